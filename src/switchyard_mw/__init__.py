@@ -1,0 +1,2 @@
+from importlib.metadata import version
+__version__ = version("switchyard-mw")
