@@ -1,2 +1,3 @@
 from importlib.metadata import version
+
 __version__ = version("switchyard-mw")

@@ -1,0 +1,268 @@
+"""What every switchyard middleware shares: reading the request once, the context, the headers.
+
+The first switchyard middleware a request meets owns it: it reads the body (bounded), parses
+the view, creates the context, sets the ContextVar for the app, adds the `x-switchyard-*`
+headers to the response and ends the request's telemetry. The others find the context and run
+their policy only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from typing import Any
+
+from opentelemetry import trace
+
+from .. import telemetry as tm
+from ..config import Server
+from ..context import RequestContext, attach, context_of, current_var
+from ..core.deadline import BUDGET_HEADERS, parse_budget_ms
+from ..wire import WIRE_PATHS, Wire, WireError, error_body, read_request
+from ._types import ASGIApp, Message, Receive, Scope, Send
+
+
+class ClientDisconnected(Exception):
+    """The client left while switchyard was still reading its request."""
+
+
+class PolicyMiddleware(ABC):
+    """Base of the four policy middlewares; `handle` runs the policy around the app."""
+
+    def __init__(self, app: ASGIApp, *, server: Server | None = None) -> None:
+        self.app = app
+        self.server = server or Server()
+        self._paths: dict[str, Wire] = dict(WIRE_PATHS)
+        for path in self.server.generic_paths:
+            self._paths.setdefault(path, Wire.GENERIC)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        ctx = context_of(scope)
+        if ctx is not None:
+            return await self.handle(ctx, scope, receive, send)
+        await self._own(scope, receive, send)
+
+    @abstractmethod
+    async def handle(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run this policy for one request, calling `self.app` (or answering itself)."""
+
+    async def _own(self, scope: Scope, receive: Receive, send: Send) -> None:
+        wire = self._wire_of(scope)
+        watcher: asyncio.Task[None] | None = None
+        if wire is None:
+            ctx = RequestContext()
+        else:
+            try:
+                body = await read_body(scope, receive, limit=self.server.max_body_bytes)
+                ctx = RequestContext(view=read_request(wire, body), body=body)
+            except ClientDisconnected:
+                return
+            except WireError as exc:
+                await send_error(send, wire, exc.status, exc.error_type, exc.message)
+                return
+            ctx.budget_at = _budget_at(scope, ctx.started_at)
+            gone = asyncio.Event()
+            watcher = asyncio.create_task(
+                _watch_disconnect(ctx, receive, gone, asyncio.current_task())
+            )
+            receive = replay_receive(ctx, gone)
+        attach(scope, ctx)
+        if self.server.expose_headers:
+            send = _exposing(ctx, send)
+        span = trace.get_current_span()
+        own_span = None
+        if not span.is_recording():
+            # No ASGI instrumentation above us: the request still gets one span to hang on.
+            own_span = span = tm.tracer.start_span(tm.SPAN_REQUEST, kind=trace.SpanKind.SERVER)
+        token = current_var.set(ctx)
+        try:
+            with trace.use_span(span, end_on_exit=False):
+                await self.handle(ctx, scope, receive, send)
+        except asyncio.CancelledError:
+            # Our own cancellation for a client that left is finished here: nobody to answer.
+            task = asyncio.current_task()
+            if not ctx.disconnected or task is None or task.uncancel() > 0:
+                raise
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+            current_var.reset(token)
+            _annotate(span, ctx)
+            if own_span is not None:
+                own_span.end()
+
+    def _wire_of(self, scope: Scope) -> Wire | None:
+        if scope.get("method") != "POST":
+            return None
+        path: str = scope["path"]
+        root = scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root) :]
+        wire = self._paths.get(path)
+        if wire is None:
+            return None
+        content_type = header(scope, b"content-type")
+        if content_type is not None:
+            media = content_type.split(b";", 1)[0].strip().lower()
+            if media != b"application/json" and not media.endswith(b"+json"):
+                return None  # not JSON: the design passes it through unread
+        return wire
+
+
+def header(scope: Scope, name: bytes) -> bytes | None:
+    """The first value of a request header (`name` lowercase)."""
+    for key, value in scope.get("headers", ()):
+        if key.lower() == name:
+            return bytes(value)
+    return None
+
+
+async def read_body(scope: Scope, receive: Receive, *, limit: int) -> bytes:
+    """The whole request body; `WireError` 413 past `limit` bytes, before reading when possible."""
+    declared = header(scope, b"content-length")
+    if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected
+        chunk = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _too_large(limit: int) -> WireError:
+    return WireError(413, "request_too_large", f"request body exceeds {limit} bytes")
+
+
+def replay_receive(ctx: RequestContext, gone: asyncio.Event) -> Receive:
+    """A `receive` that yields the (possibly rewritten) body once, then waits for a disconnect.
+
+    The body is built when the app first asks, so every policy has decided the model by then.
+    A failover makes a new one, so each attempt reads the whole body again.
+    """
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": ctx.body_for_app(), "more_body": False}
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    return replay
+
+
+async def _watch_disconnect(
+    ctx: RequestContext, receive: Receive, gone: asyncio.Event, owner: asyncio.Task[Any] | None
+) -> None:
+    """Cancel the request's work the moment its client leaves.
+
+    An app awaiting its upstream call does not read `receive`, so nobody else would notice:
+    the call would run to its end for a client that is gone.
+    """
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+    ctx.disconnected = True
+    gone.set()
+    if owner is not None:
+        owner.cancel("client disconnected")
+
+
+def _budget_at(scope: Scope, started_at: float) -> float | None:
+    """When the caller's overall budget ends: the shortest valid budget header wins."""
+    budgets = []
+    for name in BUDGET_HEADERS:
+        value = header(scope, name)
+        if value is None:
+            continue
+        secs = parse_budget_ms(value)
+        if secs is None:
+            tm.budget_invalid.add(1, {"header": name.decode()})
+        else:
+            budgets.append(secs)
+    return started_at + min(budgets) if budgets else None
+
+
+async def send_error(
+    send: Send,
+    wire: Wire,
+    status: int,
+    error_type: str,
+    message: str,
+    extra_headers: Iterable[tuple[bytes, bytes]] = (),
+) -> None:
+    """A complete JSON error response in the wire's format."""
+    body = error_body(wire, error_type, message)
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *extra_headers,
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _exposing(ctx: RequestContext, send: Send) -> Send:
+    async def send_with_headers(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            extra = exposed_headers(ctx)
+            if extra:
+                message = {**message, "headers": [*message.get("headers", ()), *extra]}
+        await send(message)
+
+    return send_with_headers
+
+
+def exposed_headers(ctx: RequestContext) -> list[tuple[bytes, bytes]]:
+    """The `x-switchyard-*` response headers that say what was decided."""
+    out: list[tuple[bytes, bytes]] = []
+    if ctx.resolved_model is not None:
+        out.append((b"x-switchyard-model", ctx.resolved_model.encode()))
+    if ctx.client is not None:
+        out.append((b"x-switchyard-account", ctx.client.name.encode()))
+    if ctx.attempts:
+        out.append((b"x-switchyard-attempts", str(ctx.attempts).encode()))
+    if ctx.attempt_deadline_secs is not None:
+        out.append(
+            (b"x-switchyard-deadline-ms", str(round(ctx.attempt_deadline_secs * 1000)).encode())
+        )
+    if ctx.route is not None:
+        out.append((b"x-switchyard-route", ctx.route.encode()))
+    return out
+
+
+def _annotate(span: trace.Span, ctx: RequestContext) -> None:
+    if not span.is_recording():
+        return
+    attributes: dict[str, str | int] = {}
+    if ctx.view is not None:
+        attributes[tm.REQUEST_MODEL] = ctx.view.model
+        if ctx.view.max_tokens is not None:
+            attributes[tm.REQUEST_MAX_TOKENS] = ctx.view.max_tokens
+    if ctx.resolved_model is not None:
+        attributes[tm.RESPONSE_MODEL] = ctx.resolved_model
+    if ctx.client is not None:
+        attributes[tm.ACCOUNT] = ctx.client.name
+    if ctx.attempts:
+        attributes[tm.ATTEMPTS] = ctx.attempts
+    if ctx.attempt_deadline_secs is not None:
+        attributes[tm.DEADLINE_MS] = round(ctx.attempt_deadline_secs * 1000)
+    if ctx.route is not None:
+        attributes[tm.ROUTE] = ctx.route
+    if ctx.key_kind is not None:
+        attributes[tm.VARIANT_KEY_KIND] = ctx.key_kind
+    span.set_attributes(attributes)

@@ -1,0 +1,188 @@
+"""DeadlineMiddleware: a total bound on every upstream attempt, growing with the output cap.
+
+The bound runs as an `asyncio.timeout` in the app's own task (no task group: the app keeps its
+ContextVars). A stream's `send` moves the timer: the response must start within
+`timeout_secs`, and then every chunk re-arms it for `stream_idle_secs`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from .. import telemetry as tm
+from ..config import Server
+from ..context import RequestContext
+from ..core.deadline import attempt_deadline_secs
+from ..wire import Wire, stream_error_event
+from ._base import PolicyMiddleware, send_error
+from ._types import ASGIApp, Message, Receive, Scope, Send
+
+DEADLINE_EXCEEDED = "deadline_exceeded"
+
+
+class DeadlineExceededAfterStart(Exception):
+    """A non-stream response that had started when its deadline expired; the server drops it."""
+
+
+class DeadlineMiddleware(PolicyMiddleware):
+    """Bounds the app's work on each request as the deadline rule says.
+
+    The limits come from the account the cooling policy chose (`ctx.client`) when there is one,
+    else from this middleware's own `timeout_secs`, `stream_idle_secs` and `default_max_tokens`.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        timeout_secs: float = 60.0,
+        stream_idle_secs: float = 60.0,
+        default_max_tokens: int | None = None,
+        server: Server | None = None,
+    ) -> None:
+        super().__init__(app, server=server)
+        if timeout_secs <= 0 or stream_idle_secs <= 0:
+            raise ValueError("timeout_secs and stream_idle_secs must be > 0")
+        self.timeout_secs = timeout_secs
+        self.stream_idle_secs = stream_idle_secs
+        self.default_max_tokens = default_max_tokens
+
+    async def handle(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
+        view = ctx.view
+        if view is None:
+            return await self.app(scope, receive, send)
+        timeout, idle, default_cap = (
+            self.timeout_secs,
+            self.stream_idle_secs,
+            self.default_max_tokens,
+        )
+        if ctx.client is not None:
+            spec = ctx.client.spec
+            timeout, idle, default_cap = (
+                spec.timeout_secs,
+                spec.stream_idle_secs,
+                spec.default_max_tokens,
+            )
+        if view.stream:
+            first = timeout
+        else:
+            first = attempt_deadline_secs(
+                timeout_secs=timeout, max_tokens=view.max_tokens, default_max_tokens=default_cap
+            )
+        now = time.monotonic()
+        ctx.attempt_deadline_secs = first
+        ctx.deadline_at = now + first
+        guard = _Guard(ctx, send, stream=view.stream, first=first, idle=idle, now=now)
+        try:
+            async with guard.timer():
+                await self.app(scope, receive, guard.send)
+        except TimeoutError:
+            if not guard.expired:
+                raise  # the app's own timeout, not ours
+            await guard.answer_expiry(view.wire)
+
+
+class _Guard:
+    """One attempt's timer and the `send` that moves it; per request, never shared."""
+
+    __slots__ = (
+        "_budget_left",
+        "_cm",
+        "_first",
+        "_idle",
+        "_loop",
+        "_sse",
+        "_started",
+        "ctx",
+        "raw_send",
+    )
+
+    def __init__(
+        self,
+        ctx: RequestContext,
+        send: Send,
+        *,
+        stream: bool,
+        first: float,
+        idle: float,
+        now: float,
+    ) -> None:
+        self.ctx = ctx
+        self.raw_send = send
+        self._loop = asyncio.get_running_loop()
+        self._idle = idle if stream else None
+        self._started = False
+        self._sse = False
+        self._cm: asyncio.Timeout | None = None
+        self._budget_left = None if ctx.budget_at is None else ctx.budget_at - now
+        self._first = first
+
+    def timer(self) -> asyncio.Timeout:
+        self._cm = asyncio.timeout(self._bound(self._first))
+        return self._cm
+
+    def _bound(self, secs: float) -> float:
+        """`secs` from now, or less when the request's budget ends sooner."""
+        if self.ctx.budget_at is not None:
+            secs = min(secs, self.ctx.budget_at - time.monotonic())
+        return max(secs, 0.0)
+
+    @property
+    def expired(self) -> bool:
+        return self._cm is not None and self._cm.expired()
+
+    async def send(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            self._started = True
+            for name, value in message.get("headers", ()):
+                if name.lower() == b"content-type" and value.startswith(b"text/event-stream"):
+                    self._sse = True
+            if self._idle is not None:
+                self._rearm(self._idle)
+        elif kind == "http.response.body":
+            if not message.get("more_body", False):
+                self._disarm()
+            elif self._idle is not None:
+                self._rearm(self._idle)
+        await self.raw_send(message)
+
+    def _rearm(self, secs: float) -> None:
+        if self._cm is not None:
+            self._cm.reschedule(self._loop.time() + self._bound(secs))
+            self.ctx.deadline_at = time.monotonic() + secs
+
+    def _disarm(self) -> None:
+        if self._cm is not None and not self._cm.expired():
+            self._cm.reschedule(None)
+
+    def _phase(self) -> str:
+        ctx = self.ctx
+        if ctx.budget_at is not None and time.monotonic() >= ctx.budget_at - 0.001:
+            return "budget"
+        if not self._started:
+            return "headers" if self._idle is not None else "total"
+        return "idle" if self._idle is not None else "total"
+
+    async def answer_expiry(self, wire: Wire) -> None:
+        phase = self._phase()
+        self.ctx.deadline_phase = phase
+        tm.deadline_exceeded.add(1, {"phase": phase})
+        message = _MESSAGES[phase]
+        if not self._started:
+            await send_error(self.raw_send, wire, 504, DEADLINE_EXCEEDED, message)
+        elif self._sse:
+            event = stream_error_event(wire, DEADLINE_EXCEEDED, message)
+            await self.raw_send({"type": "http.response.body", "body": event, "more_body": True})
+            await self.raw_send({"type": "http.response.body", "body": b"", "more_body": False})
+        else:
+            raise DeadlineExceededAfterStart(message)
+
+
+_MESSAGES = {
+    "total": "the upstream attempt did not finish within its deadline",
+    "headers": "the upstream stream did not start within its deadline",
+    "idle": "the upstream stream went silent for longer than its idle limit",
+    "budget": "the request's overall time budget ran out",
+}

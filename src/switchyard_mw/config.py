@@ -1,0 +1,287 @@
+"""The config schema (frozen msgspec Structs) and its loader.
+
+Loading checks types section by section, so one bad client does not hide the problems of the
+next, then checks the rules that span sections (a canary naming a model no client serves).
+Every problem is reported as `key.path: rule`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar
+
+import msgspec
+from msgspec import Meta, Struct
+
+from .errors import ConfigError, StartupError
+
+PositiveSecs = Annotated[float, Meta(gt=0)]
+PositiveInt = Annotated[int, Meta(gt=0)]
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+class LLMClient(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One upstream account: an endpoint, its credential and how to treat its faults."""
+
+    base_url: str
+    models: list[str]
+    api_key_env: str | None = None
+    auth: Literal["x-api-key", "bearer"] = "bearer"
+    priority: int = 0
+    timeout_secs: PositiveSecs = 60.0
+    stream_idle_secs: PositiveSecs = 60.0
+    default_max_tokens: PositiveInt | None = None
+    failure_threshold: PositiveInt = 3
+    cooldown_secs: PositiveSecs = 30.0
+    max_cooldown_secs: PositiveSecs = 300.0
+    envoy_cluster: str | None = None
+
+    def serves(self, model: str) -> bool:
+        return "*" in self.models or model in self.models
+
+
+class Canary(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """A rollout: the percent of keys moved from the base model to each variant."""
+
+    variants: dict[str, float]
+    salt: str = ""
+
+
+class Route(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """A requested model name whose real model an LLM judge picks."""
+
+    classifier: Literal["llm"]
+    judge: str
+    judge_model: str
+    choices: dict[str, str]
+    fallback: str
+    judge_deadline_ms: PositiveInt | None = None
+    judge_input_max_chars: PositiveInt = 4000
+
+
+class Server(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """How the middlewares treat every request, whatever its policy."""
+
+    expose_headers: bool = True
+    max_body_bytes: PositiveInt = 32 * 1024 * 1024
+    generic_paths: list[str] = []
+    """Paths besides the three wire paths whose JSON body is read for its `model` field."""
+
+
+class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    llm_clients: dict[str, LLMClient] = {}
+    canaries: dict[str, Canary] = {}
+    routes: dict[str, Route] = {}
+    server: Server = Server()
+
+    def clients_serving(self, model: str) -> list[str]:
+        return [name for name, client in self.llm_clients.items() if client.serves(model)]
+
+
+_S = TypeVar("_S", bound=Struct)
+_SECTIONS: dict[str, type[Struct]] = {
+    "llm_clients": LLMClient,
+    "canaries": Canary,
+    "routes": Route,
+}
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Read and validate a TOML config file; raise `ConfigError` listing every problem."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError([f"{p}: no such file"]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([f"{p}: cannot read: {exc}"]) from None
+    return parse_config(text, source=str(p))
+
+
+def parse_config(text: str, *, source: str = "<config>") -> Config:
+    """Validate TOML text; raise `ConfigError` listing every problem."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([f"{source}: invalid TOML: {exc}"]) from None
+    return config_from_mapping(raw)
+
+
+def config_from_mapping(raw: Mapping[str, Any]) -> Config:
+    """Validate an already-parsed mapping (the shape of the TOML file)."""
+    problems: list[str] = []
+    sections: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key == "server":
+            server = _convert(value, Server, "server", problems)
+            if server is not None:
+                sections["server"] = server
+        elif key in _SECTIONS:
+            if not isinstance(value, dict):
+                problems.append(f"{key}: expected a table")
+                continue
+            entries = {}
+            for name, entry in value.items():
+                converted = _convert(entry, _SECTIONS[key], f"{key}.{_quote(name)}", problems)
+                if converted is not None:
+                    entries[name] = converted
+            sections[key] = entries
+        else:
+            problems.append(f"{key}: unknown key")
+    config = Config(**sections)
+    # A client that failed its own checks is missing here; "no client serves X" would mislead.
+    clients_complete = not any(p.startswith("llm_clients") for p in problems)
+    declared = raw.get("llm_clients")
+    declared_clients = set(declared) if isinstance(declared, dict) else set()
+    problems.extend(
+        _cross_check(config, clients_complete=clients_complete, declared_clients=declared_clients)
+    )
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+def _convert(value: Any, kind: type[_S], where: str, problems: list[str]) -> _S | None:
+    """Check a table field by field so that every bad field is reported, not just the first."""
+    if not isinstance(value, dict):
+        problems.append(f"{where}: expected a table, got {type(value).__name__}")
+        return None
+    fields = {f.encode_name: f for f in msgspec.structs.fields(kind)}
+    before = len(problems)
+    for key in value:
+        if key not in fields:
+            problems.append(f"{where}.{_quote(key)}: unknown key")
+    for name, field in fields.items():
+        if name not in value:
+            if field.required:
+                problems.append(f"{where}.{name}: required")
+            continue
+        try:
+            msgspec.convert(value[name], field.type, strict=True)
+        except msgspec.ValidationError as exc:
+            problems.append(_describe(exc, f"{where}.{name}"))
+    if len(problems) > before:
+        return None
+    return msgspec.convert(value, kind, strict=True)
+
+
+_AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
+_BOUND = re.compile(r"^Expected `(?P<type>[^`]+)` (?P<op>[<>]=?) (?P<n>[-0-9.e+]+)$")
+
+
+def _describe(exc: msgspec.ValidationError, where: str) -> str:
+    """Turn msgspec's message into `key.path: rule` in our vocabulary."""
+    match = _AT.match(str(exc))
+    what = match.group("what") if match else str(exc)
+    path = where + (match.group("path") if match and match.group("path") else "")
+    if m := _BOUND.match(what):
+        op, n = m.group("op"), float(m.group("n"))
+        if m.group("type") == "int" and op == ">=" and n == 1:
+            op, n = ">", 0.0  # msgspec states int `gt=0` as `>= 1`; say what the config meant
+        shown = int(n) if n.is_integer() else n
+        return f"{path}: must be {op} {shown}"
+    return f"{path}: {what[0].lower()}{what[1:]}"
+
+
+def _quote(name: str) -> str:
+    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else f'"{name}"'
+
+
+def _cross_check(
+    config: Config, *, clients_complete: bool, declared_clients: set[str]
+) -> list[str]:
+    problems: list[str] = []
+    served: set[str] = set()
+    any_wildcard = False
+    for name, client in config.llm_clients.items():
+        at = f"llm_clients.{_quote(name)}"
+        if not client.models:
+            problems.append(f"{at}.models: must list at least one model")
+        served.update(client.models)
+        any_wildcard = any_wildcard or "*" in client.models
+        if not client.base_url.startswith(("http://", "https://")):
+            problems.append(f"{at}.base_url: must start with http:// or https://")
+        if client.api_key_env is not None and not _ENV_NAME.match(client.api_key_env):
+            problems.append(f"{at}.api_key_env: not an environment variable name")
+        if client.max_cooldown_secs < client.cooldown_secs:
+            problems.append(f"{at}.max_cooldown_secs: must be >= cooldown_secs")
+
+    def unserved(model: str) -> bool:
+        return clients_complete and not any_wildcard and model not in served
+
+    for model, canary in config.canaries.items():
+        at = f"canaries.{_quote(model)}"
+        if unserved(model):
+            problems.append(f'{at}: no llm_clients entry serves model "{model}"')
+        if not canary.variants:
+            problems.append(f"{at}.variants: must name at least one variant")
+        for variant, percent in canary.variants.items():
+            if not 0 <= percent <= 100:
+                problems.append(f"{at}.variants.{_quote(variant)}: must be between 0 and 100")
+            if variant == model:
+                problems.append(f"{at}.variants.{_quote(variant)}: is the base model itself")
+            elif unserved(variant):
+                problems.append(f"{at}.variants.{_quote(variant)}: {_unserved_msg(variant)}")
+        total = math.fsum(canary.variants.values())
+        if total > 100:
+            shown = int(total) if total.is_integer() else round(total, 4)
+            problems.append(f"{at}.variants: percentages sum to {shown} > 100")
+
+    for name, route in config.routes.items():
+        at = f"routes.{_quote(name)}"
+        judge = config.llm_clients.get(route.judge)
+        if judge is None and route.judge not in declared_clients:
+            problems.append(f'{at}.judge: no llm_clients entry "{route.judge}"')
+        elif judge is not None and not judge.serves(route.judge_model):
+            problems.append(
+                f"{at}.judge_model: llm_clients.{_quote(route.judge)} does not serve "
+                f'"{route.judge_model}"'
+            )
+        if not route.choices:
+            problems.append(f"{at}.choices: must name at least one label")
+        for label, model in route.choices.items():
+            if unserved(model):
+                problems.append(
+                    f'{at}.choices.{_quote(label)}: no llm_clients entry serves model "{model}"'
+                )
+        if unserved(route.fallback):
+            problems.append(f'{at}.fallback: no llm_clients entry serves model "{route.fallback}"')
+        if name in config.canaries:
+            problems.append(f"{at}: also named as a canary base model; a route name is not a model")
+    return problems
+
+
+def _unserved_msg(model: str) -> str:
+    return f'no llm_clients entry serves model "{model}"'
+
+
+def read_api_keys(
+    config: Config, environ: Mapping[str, str] | None = None
+) -> dict[str, str | None]:
+    """Each client's key from its env variable; `StartupError` names every missing one.
+
+    The message names the variable, never a value.
+    """
+    env = os.environ if environ is None else environ
+    keys: dict[str, str | None] = {}
+    missing: list[str] = []
+    for name, client in config.llm_clients.items():
+        if client.api_key_env is None:
+            keys[name] = None
+            continue
+        value = env.get(client.api_key_env)
+        if not value:
+            missing.append(
+                f"llm_clients.{_quote(name)}.api_key_env: environment variable "
+                f"{client.api_key_env} is not set"
+            )
+        keys[name] = value
+    if missing:
+        raise StartupError("; ".join(missing))
+    return keys

@@ -1,0 +1,133 @@
+"""The request-scoped context every switchyard middleware reads and writes.
+
+The first switchyard middleware that sees a request creates it; the others find it in
+`scope["state"]["switchyard"]`. Code deep inside the app reaches it through `current_context()`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import MutableMapping
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+from .core.variants import KeyKind
+from .wire import RequestView, Wire, rewrite_model
+
+if TYPE_CHECKING:
+    from .clients import UpstreamClient
+
+
+_current: ContextVar[RequestContext | None] = ContextVar("switchyard_context", default=None)
+
+
+class RequestContext:
+    """What switchyard decided about one request, and what the app reports back.
+
+    Attributes the app reads: `view` (the parsed body, None when the request was not read),
+    `requested_model`, `resolved_model`, `client` (the account to call), `deadline` (seconds
+    left for the outbound call), `attempts`, `route`.
+    """
+
+    __slots__ = (
+        "_rewritten",
+        "attempt_deadline_secs",
+        "attempts",
+        "body",
+        "budget_at",
+        "client",
+        "deadline_at",
+        "deadline_phase",
+        "disconnected",
+        "key_kind",
+        "resolved_model",
+        "route",
+        "started_at",
+        "upstream_status",
+        "view",
+    )
+
+    def __init__(
+        self,
+        *,
+        view: RequestView | None = None,
+        body: bytes | None = None,
+        now: float | None = None,
+    ) -> None:
+        self.view = view
+        self.body = body
+        self.started_at = time.monotonic() if now is None else now
+        self.resolved_model: str | None = view.model if view else None
+        self.client: UpstreamClient | None = None
+        self.attempts = 0
+        self.attempt_deadline_secs: float | None = None
+        self.deadline_at: float | None = None
+        self.budget_at: float | None = None
+        self.route: str | None = None
+        self.key_kind: KeyKind | None = None
+        self.upstream_status: int | None = None
+        self.deadline_phase: str | None = None
+        """Set when a deadline expired: `total`, `headers`, `idle` or `budget`."""
+        self.disconnected = False
+        """Set when the client left; the app's work has been cancelled."""
+        self._rewritten: tuple[str, bytes] | None = None
+
+    @property
+    def wire(self) -> Wire | None:
+        return self.view.wire if self.view else None
+
+    @property
+    def requested_model(self) -> str | None:
+        return self.view.model if self.view else None
+
+    @property
+    def pinned_model(self) -> bool:
+        """True when no fallback may move this conversation to another model.
+
+        Signed thinking blocks bind to the model that wrote them; another model rejects them.
+        """
+        return bool(self.view and self.view.has_thinking)
+
+    @property
+    def deadline(self) -> float | None:
+        """Seconds left for the current upstream attempt (attempt deadline and budget), or None."""
+        ends = [t for t in (self.deadline_at, self.budget_at) if t is not None]
+        if not ends:
+            return None
+        return max(0.0, min(ends) - time.monotonic())
+
+    def report_upstream(self, status: int) -> None:
+        """Tell switchyard the real upstream status when the app answers the client another."""
+        self.upstream_status = status
+
+    def body_for_app(self) -> bytes:
+        """The request body with `model` set to the resolved model (rewritten at most once)."""
+        if self.body is None:
+            return b""
+        view, model = self.view, self.resolved_model
+        if view is None or model is None or model == view.model:
+            return self.body
+        if self._rewritten is None or self._rewritten[0] != model:
+            self._rewritten = (model, rewrite_model(self.body, model))
+        return self._rewritten[1]
+
+
+def context_of(scope: MutableMapping[str, Any]) -> RequestContext | None:
+    """The context of an ASGI scope, if a switchyard middleware has seen the request."""
+    state = scope.get("state")
+    if state is None:
+        return None
+    ctx = state.get("switchyard")
+    return ctx if isinstance(ctx, RequestContext) else None
+
+
+def current_context() -> RequestContext | None:
+    """The context of the request this coroutine serves (set by the outermost middleware)."""
+    return _current.get()
+
+
+def attach(scope: MutableMapping[str, Any], ctx: RequestContext) -> None:
+    scope.setdefault("state", {})["switchyard"] = ctx
+
+
+current_var = _current

@@ -1,0 +1,367 @@
+"""A pure-ASGI mock of the Anthropic Messages, OpenAI Chat Completions and OpenAI
+Responses APIs, for examples, demos and tests of LLM gateways.
+
+Endpoints (POST): ``/v1/messages``, ``/v1/chat/completions``, ``/v1/responses``; each
+answers in its own wire format, streams when the body says ``"stream": true``, and
+echoes the requested ``model`` so a test can see where a gateway routed a call.
+
+How each request is answered is chosen by its API key (``x-api-key`` or
+``Authorization: Bearer``): see :class:`Behaviour`. Behaviours can be set in process
+(:meth:`MockProvider.set_behaviour`) or over HTTP when the mock runs elsewhere::
+
+    PUT    /_mock/behaviours/{key}   body: Behaviour fields as JSON ("*" = default)
+    GET    /_mock/behaviours
+    DELETE /_mock/behaviours[/{key}]
+    GET    /_mock/requests           recorded LLM requests, bodies decoded as JSON
+    DELETE /_mock/requests
+    GET    /_mock/health
+
+Run standalone with ``python -m switchyard_mw.testing.mock_provider --port 9100``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import msgspec
+
+from switchyard_mw.testing._asgi import (
+    JSON_TYPE,
+    Receive,
+    Scope,
+    Send,
+    lifespan,
+    read_body,
+    send_empty,
+    send_json,
+    send_whole,
+    unless_disconnected,
+)
+from switchyard_mw.testing._wire_replies import (
+    ENDPOINTS,
+    Endpoint,
+    ErrorStyle,
+    ReplyContext,
+    error_body,
+    split_text,
+)
+
+__all__ = [
+    "DEFAULT_KEY",
+    "DEFAULT_REPLY",
+    "Behaviour",
+    "MockProvider",
+    "MockProviderFault",
+    "RecordedRequest",
+    "main",
+]
+
+DEFAULT_REPLY = "Hello from the mock provider."
+DEFAULT_KEY = "*"
+"""The behaviour key that applies to every API key without a behaviour of its own."""
+
+_DEFAULT_MODEL = "mock-model"
+_SSE = b"text/event-stream; charset=utf-8"
+
+
+class MockProviderFault(RuntimeError):
+    """Raised inside the ASGI app to make the server abort a response (``Behaviour.fail``)."""
+
+
+class Behaviour(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How the mock answers requests made with one API key.
+
+    Timeline of an answer: read the whole request, wait ``headers_delay_secs``, then
+    either fail, send a wire error (``status`` other than 200), or reply.
+
+    Streaming replies send the opening events at once, then ``chunks`` text deltas
+    ``chunk_interval_secs`` apart; after ``stall_after_chunks`` deltas (0 = before the
+    first) the stream waits ``body_stall_secs`` and, with ``fail="reset_mid_stream"``,
+    aborts. Non-streaming replies with a stall or a mid-stream fault send the headers
+    first (chunked, no content-length) and stall or abort before the body.
+
+    ``fail="reset_before_headers"`` raises before anything is sent. Under uvicorn this
+    does not drop the connection: uvicorn answers ``500 Internal Server Error`` in
+    text/plain with ``connection: close``. ``"reset_mid_stream"`` makes uvicorn close
+    the connection with the chunked body unfinished. Through an in-process ASGI
+    transport (httpx ``ASGITransport``) both surface as the exception itself, since
+    that transport buffers the whole body.
+    """
+
+    status: int = 200
+    headers_delay_secs: float = 0.0
+    body_stall_secs: float = 0.0
+    stall_after_chunks: int = 0
+    chunk_interval_secs: float = 0.0
+    reply: str | None = None
+    chunks: int = 3
+    fail: Literal["none", "reset_before_headers", "reset_mid_stream"] = "none"
+
+    def __post_init__(self) -> None:
+        # Checked here rather than with msgspec.Meta so direct construction is
+        # validated too, not only decoding from the control endpoint.
+        if not 200 <= self.status <= 599:
+            raise ValueError(f"status must be within 200..599, got {self.status}")
+        if self.chunks < 1:
+            raise ValueError(f"chunks must be >= 1, got {self.chunks}")
+        if self.stall_after_chunks < 0:
+            raise ValueError(f"stall_after_chunks must be >= 0, got {self.stall_after_chunks}")
+        for name in ("headers_delay_secs", "body_stall_secs", "chunk_interval_secs"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+
+class RecordedRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """One LLM request as the mock received it."""
+
+    path: str
+    key: str
+    """The API key, or "" when the request carried none."""
+    model: str | None
+    stream: bool
+    body: bytes
+    headers: dict[str, str]
+    """Header names lowercased; a repeated header keeps its last value."""
+
+
+class MockProvider:
+    """The ASGI app. One instance holds its behaviours and request records."""
+
+    def __init__(self, *, reply: str = DEFAULT_REPLY, max_recorded_requests: int = 10_000) -> None:
+        self.default_reply = reply
+        self._behaviours: dict[str, Behaviour] = {}
+        # Bounded so that a long soak test against one mock cannot grow without limit.
+        self._records: collections.deque[RecordedRequest] = collections.deque(
+            maxlen=max_recorded_requests
+        )
+        self._in_flight = 0
+
+    # --- in-process control -------------------------------------------------------------
+
+    def set_behaviour(self, key: str, behaviour: Behaviour) -> None:
+        self._behaviours[key] = behaviour
+
+    def clear_behaviour(self, key: str) -> None:
+        self._behaviours.pop(key, None)
+
+    def behaviour_for(self, key: str) -> Behaviour:
+        if key in self._behaviours:
+            return self._behaviours[key]
+        return self._behaviours.get(DEFAULT_KEY, Behaviour())
+
+    @property
+    def behaviours(self) -> dict[str, Behaviour]:
+        return dict(self._behaviours)
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        """A snapshot of the recorded LLM requests, oldest first."""
+        return list(self._records)
+
+    @property
+    def in_flight(self) -> int:
+        """LLM requests being answered now; lets a test check a gateway hung up upstream."""
+        return self._in_flight
+
+    def clear_requests(self) -> None:
+        self._records.clear()
+
+    def reset_behaviours(self) -> None:
+        self._behaviours.clear()
+
+    def reset(self) -> None:
+        """Forget all behaviours and recorded requests."""
+        self.reset_behaviours()
+        self.clear_requests()
+
+    # --- ASGI ---------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        body = await read_body(receive)
+        if body is None:
+            return
+        method: str = scope["method"]
+        path: str = scope["path"]
+        endpoint = ENDPOINTS.get(path)
+        if endpoint is not None and method == "POST":
+            self._in_flight += 1
+            try:
+                work = self._answer(endpoint, scope, body, send)
+                await unless_disconnected(work, receive)
+            finally:
+                self._in_flight -= 1
+        elif endpoint is not None:
+            await _send_error(send, "openai", 405, f"Method {method} not allowed on {path}")
+        elif path.startswith("/_mock/"):
+            await self._control(method, path.removeprefix("/_mock/"), body, send)
+        else:
+            await _send_error(send, "openai", 404, f"Invalid URL ({method} {path})")
+
+    async def _answer(self, endpoint: Endpoint, scope: Scope, body: bytes, send: Send) -> None:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        key = _api_key(headers)
+        try:
+            payload = msgspec.json.decode(body)
+        except msgspec.DecodeError:
+            payload = None
+        fields: dict[str, Any] = payload if isinstance(payload, dict) else {}
+        model = fields.get("model") if isinstance(fields.get("model"), str) else None
+        stream = fields.get("stream") is True
+        self._records.append(
+            RecordedRequest(
+                path=scope["path"], key=key, model=model, stream=stream, body=body, headers=headers
+            )
+        )
+
+        behaviour = self.behaviour_for(key)
+        await _sleep(behaviour.headers_delay_secs)
+        if behaviour.fail == "reset_before_headers":
+            raise MockProviderFault("fail=reset_before_headers")
+        if behaviour.status != 200:
+            message = f"Mock provider answering {behaviour.status} for this API key."
+            await _send_error(send, endpoint.errors, behaviour.status, message)
+            return
+        if not isinstance(payload, dict):
+            await _send_error(send, endpoint.errors, 400, "Request body is not a JSON object.")
+            return
+
+        text = behaviour.reply if behaviour.reply is not None else self.default_reply
+        options = fields.get("stream_options")
+        ctx = ReplyContext(
+            model=model or _DEFAULT_MODEL,
+            text=text,
+            parts=split_text(text, behaviour.chunks),
+            # Rough "4 bytes a token" figures: plausible, stable and free to compute.
+            input_tokens=max(1, len(body) // 4),
+            output_tokens=max(1, len(text.encode()) // 4),
+            include_usage=isinstance(options, dict) and options.get("include_usage") is True,
+        )
+        if stream:
+            await _stream(endpoint, ctx, behaviour, send)
+        else:
+            await _reply(endpoint, ctx, behaviour, send)
+
+    async def _control(self, method: str, route: str, body: bytes, send: Send) -> None:
+        if route == "health" and method == "GET":
+            await send_json(send, 200, {"status": "ok"})
+        elif route == "requests" and method == "GET":
+            await send_json(send, 200, [_record_json(r) for r in self._records])
+        elif route == "requests" and method == "DELETE":
+            self.clear_requests()
+            await send_empty(send)
+        elif route == "behaviours" and method == "GET":
+            await send_json(send, 200, self._behaviours)
+        elif route == "behaviours" and method == "DELETE":
+            self.reset_behaviours()
+            await send_empty(send)
+        elif route.startswith("behaviours/") and method in ("PUT", "DELETE"):
+            key = route.removeprefix("behaviours/")
+            if method == "DELETE":
+                self.clear_behaviour(key)
+                await send_empty(send)
+                return
+            try:
+                behaviour = msgspec.json.decode(body or b"{}", type=Behaviour)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                await _send_error(send, "openai", 400, f"Invalid behaviour: {exc}")
+                return
+            self.set_behaviour(key, behaviour)
+            await send_json(send, 200, behaviour)
+        else:
+            await _send_error(send, "openai", 404, f"No control route {method} /_mock/{route}")
+
+
+# --- answering ----------------------------------------------------------------------------
+
+
+async def _reply(endpoint: Endpoint, ctx: ReplyContext, behaviour: Behaviour, send: Send) -> None:
+    data = endpoint.reply(ctx)
+    if behaviour.body_stall_secs <= 0 and behaviour.fail == "none":
+        await send_whole(send, 200, JSON_TYPE, data)
+        return
+    # No content-length, so the server has to send the headers now and chunk the body:
+    # the client sees a response that started and then went quiet.
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-type", JSON_TYPE)]}
+    )
+    await _hiccup(behaviour)
+    await send({"type": "http.response.body", "body": data})
+
+
+async def _stream(endpoint: Endpoint, ctx: ReplyContext, behaviour: Behaviour, send: Send) -> None:
+    plan = endpoint.stream(ctx)
+    headers = [(b"content-type", _SSE), (b"cache-control", b"no-cache")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": plan.prelude, "more_body": True})
+    for index, frame in enumerate(plan.deltas):
+        if index > 0:
+            await _sleep(behaviour.chunk_interval_secs)
+        if index == behaviour.stall_after_chunks:
+            await _hiccup(behaviour)
+        await send({"type": "http.response.body", "body": frame, "more_body": True})
+    if behaviour.stall_after_chunks >= len(plan.deltas):
+        await _hiccup(behaviour)
+    await send({"type": "http.response.body", "body": plan.epilogue})
+
+
+async def _hiccup(behaviour: Behaviour) -> None:
+    await _sleep(behaviour.body_stall_secs)
+    if behaviour.fail == "reset_mid_stream":
+        raise MockProviderFault("fail=reset_mid_stream")
+
+
+async def _sleep(secs: float) -> None:
+    if secs > 0:
+        await asyncio.sleep(secs)
+
+
+def _api_key(headers: dict[str, str]) -> str:
+    if "x-api-key" in headers:
+        return headers["x-api-key"]
+    scheme, _, token = headers.get("authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+def _record_json(record: RecordedRequest) -> dict[str, Any]:
+    body: Any
+    try:
+        body = msgspec.json.decode(record.body)
+    except msgspec.DecodeError:
+        body = record.body.decode("utf-8", "replace")
+    return {**msgspec.structs.asdict(record), "body": body}
+
+
+async def _send_error(send: Send, style: ErrorStyle, status: int, message: str) -> None:
+    await send_whole(send, status, JSON_TYPE, error_body(style, status, message))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m switchyard_mw.testing.mock_provider",
+        description="Serve the mock Anthropic/OpenAI provider over HTTP.",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=9100)
+    parser.add_argument("--reply", default=DEFAULT_REPLY, help="default reply text")
+    parser.add_argument("--log-level", default="info")
+    args = parser.parse_args(argv)
+    try:
+        import uvicorn
+    except ImportError:
+        # uvicorn is only a dev dependency of switchyard-mw.
+        parser.exit(2, "error: the mock provider server needs uvicorn: pip install uvicorn\n")
+    app = MockProvider(reply=args.reply)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,319 @@
+"""Reads an LLM request body once into a small typed view, and writes the wire's own errors.
+
+Only the fields a policy needs are decoded; msgspec skips the rest without building objects.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta, Raw, Struct
+
+NonNegInt = Annotated[int, Meta(ge=0)]
+
+
+class Wire(enum.Enum):
+    ANTHROPIC = "anthropic"
+    OPENAI_CHAT = "openai_chat"
+    OPENAI_RESPONSES = "openai_responses"
+    GENERIC = "generic"
+
+    @property
+    def anthropic_style(self) -> bool:
+        """Errors and stream events in Anthropic's shape; everything else speaks OpenAI's."""
+        return self is Wire.ANTHROPIC
+
+
+WIRE_PATHS: dict[str, Wire] = {
+    "/v1/messages": Wire.ANTHROPIC,
+    "/v1/chat/completions": Wire.OPENAI_CHAT,
+    "/v1/responses": Wire.OPENAI_RESPONSES,
+}
+
+
+class WireError(Exception):
+    """A request the wire reader refuses; `status` and `error_type` go into the wire's error."""
+
+    def __init__(self, status: int, error_type: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error_type = error_type
+        self.message = message
+
+
+def bad_request(message: str) -> WireError:
+    return WireError(400, "invalid_request_error", message)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestView:
+    """What the policies need to know about one request body."""
+
+    wire: Wire
+    model: str
+    max_tokens: int | None
+    stream: bool
+    user_key: str | None
+    first_turn_hash: str | None
+    has_thinking: bool
+    keyless_continuation: bool
+
+
+# --- the three wires, each decoded into just the fields it needs ---------------------------
+
+
+class _Message(Struct):
+    role: Any = None
+    content: Raw = Raw(b"null")
+
+
+class _Block(Struct):
+    type: Any = None
+    signature: Any = None
+
+
+class _AnthropicMetadata(Struct):
+    user_id: str | None = None
+
+
+class _Anthropic(Struct):
+    model: str
+    max_tokens: NonNegInt | None = None
+    stream: bool | None = None
+    metadata: _AnthropicMetadata | None = None
+    messages: list[_Message] = []
+
+
+class _Chat(Struct):
+    model: str
+    max_completion_tokens: NonNegInt | None = None
+    max_tokens: NonNegInt | None = None
+    stream: bool | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    messages: list[_Message] = []
+
+
+class _Item(Struct):
+    type: Any = None
+    role: Any = None
+    content: Raw = Raw(b"null")
+    encrypted_content: Any = None
+
+
+class _Responses(Struct):
+    model: str
+    max_output_tokens: NonNegInt | None = None
+    stream: bool | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    input: Raw = Raw(b"null")
+    previous_response_id: str | None = None
+    conversation: Raw = Raw(b"null")
+
+
+class _Generic(Struct):
+    model: str
+    max_tokens: NonNegInt | None = None
+    max_completion_tokens: NonNegInt | None = None
+    max_output_tokens: NonNegInt | None = None
+    stream: bool | None = None
+    user: str | None = None
+
+
+_DECODERS: dict[Wire, msgspec.json.Decoder[Any]] = {
+    Wire.ANTHROPIC: msgspec.json.Decoder(_Anthropic),
+    Wire.OPENAI_CHAT: msgspec.json.Decoder(_Chat),
+    Wire.OPENAI_RESPONSES: msgspec.json.Decoder(_Responses),
+    Wire.GENERIC: msgspec.json.Decoder(_Generic),
+}
+_BLOCKS = msgspec.json.Decoder(list[_Block] | str | None)
+_ITEMS = msgspec.json.Decoder(list[_Item] | str | None)
+_ANY = msgspec.json.Decoder()
+_CANONICAL = msgspec.json.Encoder(order="sorted")
+
+
+def read_request(wire: Wire, body: bytes) -> RequestView:
+    """Decode `body` for `wire`; raise `WireError` (400) when it is not what the wire allows."""
+    try:
+        req = _DECODERS[wire].decode(body)
+    except msgspec.ValidationError as exc:
+        raise bad_request(_field_message(str(exc))) from None
+    except msgspec.DecodeError as exc:
+        raise bad_request(f"request body is not valid JSON: {exc}") from None
+    if isinstance(req, _Anthropic):
+        meta_user = req.metadata.user_id if req.metadata else None
+        return RequestView(
+            wire=wire,
+            model=req.model,
+            max_tokens=req.max_tokens,
+            stream=bool(req.stream),
+            user_key=meta_user or None,
+            first_turn_hash=_first_user_hash(req.messages),
+            has_thinking=_messages_think(req.messages),
+            keyless_continuation=False,
+        )
+    if isinstance(req, _Chat):
+        return RequestView(
+            wire=wire,
+            model=req.model,
+            max_tokens=_first_set(req.max_completion_tokens, req.max_tokens),
+            stream=bool(req.stream),
+            user_key=req.user or req.safety_identifier or None,
+            first_turn_hash=_first_user_hash(req.messages),
+            has_thinking=False,
+            keyless_continuation=False,
+        )
+    if isinstance(req, _Responses):
+        return _responses_view(req)
+    return RequestView(
+        wire=wire,
+        model=req.model,
+        max_tokens=_first_set(req.max_tokens, req.max_completion_tokens, req.max_output_tokens),
+        stream=bool(req.stream),
+        user_key=req.user or None,
+        first_turn_hash=None,
+        has_thinking=False,
+        keyless_continuation=False,
+    )
+
+
+def _responses_view(req: _Responses) -> RequestView:
+    try:
+        items = _ITEMS.decode(req.input)
+    except msgspec.ValidationError as exc:
+        raise bad_request(_field_message(str(exc), prefix="input")) from None
+    user_key = req.user or req.safety_identifier or None
+    # A continuation's `input` holds only the new turn, not the conversation's first one:
+    # keying on it would move every turn somewhere else, so such a request has no turn key.
+    continues = req.previous_response_id is not None or bytes(req.conversation) != b"null"
+    first_hash: str | None = None
+    thinking = False
+    if isinstance(items, str):
+        first_hash = None if continues else _turn_hash(items)
+    elif items is not None:
+        if not continues:
+            first_hash = next(
+                (
+                    _turn_hash(_ANY.decode(item.content))
+                    for item in items
+                    if item.role == "user" and item.type in (None, "message")
+                ),
+                None,
+            )
+        thinking = any(item.type == "reasoning" and item.encrypted_content for item in items)
+    return RequestView(
+        wire=Wire.OPENAI_RESPONSES,
+        model=req.model,
+        max_tokens=req.max_output_tokens,
+        stream=bool(req.stream),
+        user_key=user_key,
+        first_turn_hash=first_hash,
+        has_thinking=thinking,
+        keyless_continuation=continues and user_key is None,
+    )
+
+
+def _first_set(*values: int | None) -> int | None:
+    return next((v for v in values if v is not None), None)
+
+
+def _first_user_hash(messages: list[_Message]) -> str | None:
+    for message in messages:
+        if message.role == "user":
+            return _turn_hash(_ANY.decode(message.content))
+    return None
+
+
+def _messages_think(messages: list[_Message]) -> bool:
+    for message in messages:
+        if message.role != "assistant" or not bytes(message.content).startswith(b"["):
+            continue
+        try:
+            blocks = _BLOCKS.decode(message.content)
+        except msgspec.ValidationError:
+            continue
+        if isinstance(blocks, list) and any(_is_signed_thinking(b) for b in blocks):
+            return True
+    return False
+
+
+def _is_signed_thinking(block: _Block) -> bool:
+    if block.type == "redacted_thinking":
+        return True  # its payload is the signed, encrypted thought itself
+    return block.type == "thinking" and bool(block.signature)
+
+
+_TEXT_TYPES = frozenset({"text", "input_text"})
+
+
+def _turn_hash(content: Any) -> str:
+    """Hash of a user turn's content, the same for every JSON spelling of that content.
+
+    Cache breakpoints are dropped and a lone run of text blocks reads as its text, since
+    clients move `cache_control` and switch between a string and text blocks across turns.
+    """
+    if isinstance(content, list):
+        blocks = [
+            {k: v for k, v in b.items() if k != "cache_control"} if isinstance(b, dict) else b
+            for b in content
+        ]
+        if blocks and all(_plain_text(b) for b in blocks):
+            content = "\n".join(b["text"] for b in blocks)
+        else:
+            content = blocks
+    return hashlib.blake2b(_CANONICAL.encode(content), digest_size=16).hexdigest()
+
+
+def _plain_text(block: Any) -> bool:
+    return (
+        isinstance(block, dict)
+        and block.get("type") in _TEXT_TYPES
+        and isinstance(block.get("text"), str)
+        and len(block) == 2
+    )
+
+
+def _field_message(raw: str, *, prefix: str = "") -> str:
+    """msgspec's `Expected `int`, got `str` - at `$.max_tokens`` as `max_tokens: expected ...`."""
+    what, _, at = raw.partition(" - at `$")
+    path = prefix + at.rstrip("`").lstrip(".")
+    if what.startswith("Object missing required field `"):
+        field = what.split("`")[1]
+        return f"{path}.{field}: required" if path else f"{field}: required"
+    what = what[:1].lower() + what[1:]
+    return f"{path}: {what}" if path else what
+
+
+# --- rewriting -------------------------------------------------------------------------------
+
+_TOP = msgspec.json.Decoder(dict[str, Raw])
+_ENCODER = msgspec.json.Encoder()
+
+
+def rewrite_model(body: bytes, model: str) -> bytes:
+    """`body` with its top-level `model` set to `model`; every other field kept byte for byte."""
+    top = _TOP.decode(body)
+    top["model"] = Raw(_ENCODER.encode(model))
+    return _ENCODER.encode(top)
+
+
+# --- errors in the wire's own shape ----------------------------------------------------------
+
+
+def error_body(wire: Wire, error_type: str, message: str) -> bytes:
+    """An error body the wire's official SDK parses into its typed error."""
+    if wire.anthropic_style:
+        return _ENCODER.encode({"type": "error", "error": {"type": error_type, "message": message}})
+    return _ENCODER.encode({"error": {"message": message, "type": error_type, "code": error_type}})
+
+
+def stream_error_event(wire: Wire, error_type: str, message: str) -> bytes:
+    """One SSE event that ends a started stream with an error the wire's SDK raises."""
+    if wire.anthropic_style:
+        return b"event: error\ndata: " + error_body(wire, error_type, message) + b"\n\n"
+    return b"data: " + error_body(wire, error_type, message) + b"\n\n"
