@@ -1,0 +1,59 @@
+"""Shared fixtures: one in-memory OpenTelemetry pipeline for the whole test session.
+
+The global meter and tracer providers can be set only once per process, so every test that
+asserts telemetry reads from these, comparing counts before and after what it does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+_READER = InMemoryMetricReader()
+_SPANS = InMemorySpanExporter()
+metrics.set_meter_provider(MeterProvider(metric_readers=[_READER]))
+_tracer_provider = TracerProvider()
+_tracer_provider.add_span_processor(SimpleSpanProcessor(_SPANS))
+trace.set_tracer_provider(_tracer_provider)
+
+
+class Metrics:
+    """Reads the current value of a counter or histogram count for given attributes."""
+
+    def __init__(self, reader: InMemoryMetricReader) -> None:
+        self._reader = reader
+
+    def value(self, name: str, **attributes: str) -> float:
+        data = self._reader.get_metrics_data()
+        total = 0.0
+        if data is None:
+            return total
+        for rm in data.resource_metrics:
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    if metric.name != name:
+                        continue
+                    for point in metric.data.data_points:
+                        attrs = dict(point.attributes or {})
+                        if all(attrs.get(k) == v for k, v in attributes.items()):
+                            total += getattr(point, "value", None) or getattr(point, "count", 0)
+        return total
+
+
+@pytest.fixture(scope="session")
+def otel_metrics() -> Metrics:
+    return Metrics(_READER)
+
+
+@pytest.fixture
+def otel_spans() -> Iterator[InMemorySpanExporter]:
+    _SPANS.clear()
+    yield _SPANS
+    _SPANS.clear()
