@@ -13,7 +13,7 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 
 import msgspec
 from msgspec import Meta, Struct
@@ -165,7 +165,11 @@ def _convert(value: Any, kind: type[_S], where: str, problems: list[str]) -> _S 
         try:
             msgspec.convert(value[name], field.type, strict=True)
         except msgspec.ValidationError as exc:
-            problems.append(_describe(exc, f"{where}.{name}"))
+            if get_origin(field.type) is Literal and isinstance(value[name], str):
+                allowed = ", ".join(f'"{a}"' for a in get_args(field.type))
+                problems.append(f"{where}.{name}: expected one of {allowed}")
+            else:
+                problems.append(_describe(exc, f"{where}.{name}"))
     if len(problems) > before:
         return None
     return msgspec.convert(value, kind, strict=True)

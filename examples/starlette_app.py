@@ -1,0 +1,90 @@
+"""An LLM gateway in front of Anthropic/OpenAI-style providers, wrapped by switchyard_stack().
+
+    python examples/starlette_app.py            # serves 127.0.0.1:8000, mock provider on :9100
+    SWITCHYARD_CONFIG=my.toml uvicorn examples.starlette_app:app
+
+Environment:
+    SWITCHYARD_CONFIG      the config file (default: examples/switchyard.toml, on the mock)
+    SWITCHYARD_START_MOCK  1 to start the bundled mock provider in this process (default: 1
+                           with the default config, else 0); SWITCHYARD_MOCK_PORT (9100)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from switchyard_mw import prometheus
+from switchyard_mw.asgi.cooling import cooling_status_app
+from switchyard_mw.asgi.stack import switchyard_stack
+from switchyard_mw.gateway import WIRE_ROUTES, Forwarder
+from switchyard_mw.outbound import make_http_client
+
+DEFAULT_CONFIG = Path(__file__).with_name("switchyard.toml")
+CONFIG = os.environ.get("SWITCHYARD_CONFIG", str(DEFAULT_CONFIG))
+START_MOCK = os.environ.get("SWITCHYARD_START_MOCK", "1" if CONFIG == str(DEFAULT_CONFIG) else "0")
+
+
+def _start_mock_provider() -> None:
+    """The bundled mock, on its own thread and event loop, so the example runs offline."""
+    import uvicorn
+
+    from switchyard_mw.testing import MockProvider
+
+    port = int(os.environ.get("SWITCHYARD_MOCK_PORT", "9100"))
+    server = uvicorn.Server(
+        uvicorn.Config(MockProvider(), host="127.0.0.1", port=port, log_level="warning")
+    )
+    threading.Thread(target=server.run, name="mock-provider", daemon=True).start()
+
+
+if START_MOCK == "1":
+    # The mock accepts any key; the default config names these variables.
+    os.environ.setdefault("MOCK_KEY_A", "mock-key-a")
+    os.environ.setdefault("MOCK_KEY_B", "mock-key-b")
+    _start_mock_provider()
+
+prometheus.install()
+http_client = make_http_client()
+forward = Forwarder(http_client)
+
+
+async def metrics(_: Request) -> Response:
+    status, body, content_type = prometheus.render()
+    return Response(body, status_code=status, media_type=content_type)
+
+
+@contextlib.asynccontextmanager
+async def lifespan(_: Starlette) -> AsyncIterator[None]:
+    yield
+    await http_client.aclose()
+    await app.aclose()
+
+
+gateway = Starlette(
+    routes=[
+        *(Route(path, forward, methods=["POST"]) for path in WIRE_ROUTES),
+        Route("/metrics", metrics),
+    ],
+    lifespan=lifespan,
+)
+app = switchyard_stack(gateway, config=CONFIG)
+gateway.mount("/switchyard/accounts", cooling_status_app(app.pool))
+
+if __name__ == "__main__":
+    import uvicorn
+
+    uvicorn.run(
+        app,
+        host=os.environ.get("HOST", "127.0.0.1"),
+        port=int(os.environ.get("PORT", "8000")),
+        log_level=os.environ.get("LOG_LEVEL", "info"),
+    )

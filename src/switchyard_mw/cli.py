@@ -1,0 +1,80 @@
+"""The `switchyard-mw` command."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import TextIO
+
+from .config import Config, load_config
+from .errors import ConfigError
+
+EXIT_OK = 0
+EXIT_INVALID = 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="switchyard-mw",
+        description="Policies for LLM gateways: deadlines, canary stickiness, fault cooling, "
+        "judge timeouts.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    check = commands.add_parser("check-config", help="validate a config file and summarise it")
+    check.add_argument("file", help="path to the TOML config")
+    args = parser.parse_args(argv)
+    if args.command == "check-config":
+        return check_config(args.file, out=sys.stdout, err=sys.stderr)
+    parser.error(f"unknown command {args.command}")  # argparse exits; kept for the type checker
+    return EXIT_INVALID
+
+
+def check_config(path: str, *, out: TextIO, err: TextIO) -> int:
+    """Print OK and a one-screen summary (exit 0), or every problem (exit 2)."""
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        print(f"{path}: {len(exc.problems)} problem(s)", file=err)
+        for problem in exc.problems:
+            print(f"  {problem}", file=err)
+        return EXIT_INVALID
+    print(f"OK {path}", file=out)
+    print(summary(config), file=out)
+    return EXIT_OK
+
+
+def summary(config: Config, environ: dict[str, str] | None = None) -> str:
+    """Clients, models, canaries and routes; key variables shown as set or unset, never read out."""
+    env = os.environ if environ is None else environ
+    lines = [f"clients ({len(config.llm_clients)}):"]
+    for name, c in config.llm_clients.items():
+        if c.api_key_env is None:
+            key = "no key"
+        else:
+            key = f"key ${c.api_key_env} {'set' if env.get(c.api_key_env) else 'NOT SET'}"
+        lines.append(
+            f"  {name}: {c.base_url} auth={c.auth} priority={c.priority} "
+            f"timeout={c.timeout_secs:g}s idle={c.stream_idle_secs:g}s {key}"
+        )
+        lines.append(f"    models: {', '.join(c.models)}")
+    lines.append(f"canaries ({len(config.canaries)}):")
+    for model, canary in config.canaries.items():
+        shares = ", ".join(f"{v} {p:g}%" for v, p in canary.variants.items())
+        lines.append(f"  {model} -> {shares}")
+    lines.append(f"routes ({len(config.routes)}):")
+    for name, route in config.routes.items():
+        deadline = (
+            f"{route.judge_deadline_ms} ms" if route.judge_deadline_ms else "request budget only"
+        )
+        choices = ", ".join(f"{label}={model}" for label, model in route.choices.items())
+        lines.append(
+            f"  {name}: judge {route.judge}/{route.judge_model} within {deadline}; "
+            f"{choices}; fallback {route.fallback}"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

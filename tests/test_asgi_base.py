@@ -1,0 +1,220 @@
+"""What every switchyard middleware shares: reading once, 400/413, pass-through, the context."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from switchyard_mw.asgi.variant import VariantMiddleware
+from switchyard_mw.config import Canary, Server
+from switchyard_mw.context import RequestContext, context_of, current_context
+
+CANARIES = {"base": Canary(variants={"v": 100.0})}
+
+
+async def _nested_model() -> str | None:
+    await asyncio.sleep(0)
+    ctx = current_context()
+    return ctx.resolved_model if ctx else None
+
+
+async def endpoint(request: Request) -> JSONResponse:
+    body = await request.json()
+    ctx = request.state.switchyard
+    assert isinstance(ctx, RequestContext)
+    assert context_of(request.scope) is ctx
+    return JSONResponse(
+        {
+            "model_in_body": body.get("model"),
+            "ctx_model": ctx.resolved_model,
+            "nested_model": await _nested_model(),
+            "requested": ctx.requested_model,
+        }
+    )
+
+
+async def echo_raw(request: Request) -> JSONResponse:
+    raw = await request.body()
+    has_ctx = getattr(request.state, "switchyard", None) is not None
+    view = request.state.switchyard.view if has_ctx else None
+    return JSONResponse({"raw": raw.decode("latin-1"), "view": view is not None})
+
+
+app = Starlette(
+    routes=[
+        Route("/v1/messages", endpoint, methods=["POST"]),
+        Route("/v1/chat/completions", endpoint, methods=["POST"]),
+        Route("/v1/responses", endpoint, methods=["POST"]),
+        Route("/other", echo_raw, methods=["POST"]),
+        Route("/v1/custom", echo_raw, methods=["POST"]),
+    ]
+)
+
+
+def client(server: Server | None = None) -> httpx.AsyncClient:
+    mw = VariantMiddleware(app, canaries=CANARIES, server=server)
+    return httpx.AsyncClient(transport=httpx.ASGITransport(mw), base_url="http://test")
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/chat/completions", "/v1/responses"])
+async def test_context_reaches_endpoint_and_nested_coroutine(path: str) -> None:
+    async with client() as c:
+        r = await c.post(path, json={"model": "base", "messages": [], "input": "hi", "user": "u", "metadata": {"user_id": "u"}})
+    assert r.status_code == 200
+    assert r.json() == {
+        "model_in_body": "v",
+        "ctx_model": "v",
+        "nested_model": "v",
+        "requested": "base",
+    }
+    assert r.headers["x-switchyard-model"] == "v"
+
+
+async def test_context_var_is_reset_after_the_request() -> None:
+    async with client() as c:
+        await c.post("/v1/messages", json={"model": "base", "messages": []})
+    assert current_context() is None
+
+
+@pytest.mark.parametrize(
+    ("path", "anthropic"),
+    [("/v1/messages", True), ("/v1/chat/completions", False), ("/v1/responses", False)],
+)
+async def test_malformed_json_is_400_in_the_wire_format(path: str, anthropic: bool) -> None:
+    async with client() as c:
+        r = await c.post(path, content=b'{"model": "m", ', headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    if anthropic:
+        assert r.json()["type"] == "error"
+        assert r.json()["error"]["type"] == "invalid_request_error"
+    else:
+        assert r.json()["error"]["code"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(
+    ("path", "anthropic"), [("/v1/messages", True), ("/v1/chat/completions", False)]
+)
+async def test_body_over_the_limit_is_413_in_the_wire_format(path: str, anthropic: bool) -> None:
+    big = json.dumps({"model": "m", "pad": "x" * 2000}).encode()
+    async with client(Server(max_body_bytes=1000)) as c:
+        r = await c.post(path, content=big, headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    error = r.json()["error"]
+    assert error["type"] == "request_too_large"
+    assert ("code" in error) is not anthropic
+
+
+async def test_413_counts_streamed_chunks_without_content_length() -> None:
+    async def chunks() -> Any:
+        for _ in range(5):
+            yield b"x" * 400
+
+    async with client(Server(max_body_bytes=1000)) as c:
+        r = await c.post("/v1/messages", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413
+
+
+async def test_unknown_paths_pass_through_untouched() -> None:
+    async with client() as c:
+        r = await c.post("/other", content=b'{"model": "base", ', headers={"content-type": "application/json"})
+    assert r.status_code == 200
+    assert r.json() == {"raw": '{"model": "base", ', "view": False}
+
+
+async def test_non_json_body_on_a_wire_path_passes_through_unread() -> None:
+    seen: list[bytes] = []
+
+    async def raw_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        seen.append((await receive())["body"])
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    mw = VariantMiddleware(raw_app, canaries=CANARIES)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(mw), base_url="http://t") as c:
+        r = await c.post("/v1/messages", content=b"not json {", headers={"content-type": "text/plain"})
+    assert r.status_code == 204
+    assert seen == [b"not json {"]
+
+
+async def test_generic_paths_are_read_for_their_model() -> None:
+    async with client(Server(generic_paths=["/v1/custom"])) as c:
+        r = await c.post("/v1/custom", json={"model": "base", "user": "u", "anything": 1})
+    assert r.status_code == 200
+    assert json.loads(r.json()["raw"])["model"] == "v"
+    assert r.json()["view"] is True
+
+
+async def test_lifespan_and_websocket_scopes_pass_straight_through() -> None:
+    seen: list[str] = []
+
+    async def inner(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        seen.append(scope["type"])
+        assert "switchyard" not in scope.get("state", {})
+
+    mw = VariantMiddleware(inner, canaries=CANARIES)
+    for kind in ("lifespan", "websocket"):
+        await mw({"type": kind, "state": {}}, _never, _discard)
+    assert seen == ["lifespan", "websocket"]
+
+
+async def _never() -> dict[str, Any]:
+    await asyncio.Event().wait()
+    raise AssertionError
+
+
+async def _discard(message: dict[str, Any]) -> None:
+    return None
+
+
+async def test_client_disconnect_cancels_the_app_and_its_finally_runs() -> None:
+    finally_ran = asyncio.Event()
+    started = asyncio.Event()
+
+    async def slow_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        started.set()
+        try:
+            await asyncio.sleep(30)  # an upstream call that would run on for a gone client
+        finally:
+            finally_ran.set()
+
+    messages = [
+        {"type": "http.request", "body": b'{"model": "m", "messages": []}', "more_body": False}
+    ]
+    disconnect = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop(0)
+        await disconnect.wait()
+        return {"type": "http.disconnect"}
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/messages",
+        "headers": [(b"content-type", b"application/json")],
+        "state": {},
+    }
+    mw = VariantMiddleware(slow_app, canaries=CANARIES)
+    task = asyncio.create_task(mw(scope, receive, send))
+    await asyncio.wait_for(started.wait(), 5)
+    disconnect.set()
+    await asyncio.wait_for(task, 5)  # returns cleanly: nobody left to answer
+    assert finally_ran.is_set()
+    assert sent == []
+    ctx = context_of(scope)
+    assert ctx is not None and ctx.disconnected

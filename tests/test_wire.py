@@ -1,0 +1,279 @@
+"""The wire reader, row by row of the design's table, and the wire-shaped errors."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+
+from switchyard_mw.wire import (
+    Wire,
+    WireError,
+    error_body,
+    read_request,
+    rewrite_model,
+    stream_error_event,
+)
+
+
+def body(obj: object) -> bytes:
+    return json.dumps(obj).encode()
+
+
+# --- Anthropic Messages ------------------------------------------------------------------
+
+
+def test_anthropic_row() -> None:
+    view = read_request(
+        Wire.ANTHROPIC,
+        body(
+            {
+                "model": "claude-opus-5",
+                "max_tokens": 1024,
+                "stream": True,
+                "metadata": {"user_id": "user-7"},
+                "system": "be brief",
+                "messages": [
+                    {"role": "user", "content": "first question"},
+                    {"role": "assistant", "content": "answer"},
+                    {"role": "user", "content": "second"},
+                ],
+            }
+        ),
+    )
+    assert view.model == "claude-opus-5"
+    assert view.max_tokens == 1024
+    assert view.stream is True
+    assert view.user_key == "user-7"
+    assert view.first_turn_hash == read_request(
+        Wire.ANTHROPIC, body({"model": "x", "messages": [{"role": "user", "content": "first question"}]})
+    ).first_turn_hash
+    assert view.has_thinking is False
+    assert view.keyless_continuation is False
+
+
+def test_anthropic_defaults_without_optional_fields() -> None:
+    view = read_request(Wire.ANTHROPIC, body({"model": "m", "messages": []}))
+    assert (view.max_tokens, view.stream, view.user_key, view.first_turn_hash) == (
+        None,
+        False,
+        None,
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("block", "thinks"),
+    [
+        ({"type": "thinking", "thinking": "hmm", "signature": "EqQBCkYI"}, True),
+        ({"type": "thinking", "thinking": "hmm"}, False),
+        ({"type": "redacted_thinking", "data": "EmwKAhgB"}, True),
+        ({"type": "text", "text": "plain"}, False),
+    ],
+)
+def test_anthropic_signed_thinking_detected(block: dict[str, str], thinks: bool) -> None:
+    messages = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": [block, {"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "r"}]},
+    ]
+    view = read_request(Wire.ANTHROPIC, body({"model": "m", "messages": messages}))
+    assert view.has_thinking is thinks
+
+
+# --- OpenAI Chat -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "cap", "user"),
+    [
+        ({"max_completion_tokens": 300, "max_tokens": 100}, 300, None),
+        ({"max_tokens": 100}, 100, None),
+        ({"user": "u1", "safety_identifier": "s1"}, None, "u1"),
+        ({"safety_identifier": "s1"}, None, "s1"),
+    ],
+)
+def test_chat_row(fields: dict[str, object], cap: int | None, user: str | None) -> None:
+    view = read_request(
+        Wire.OPENAI_CHAT,
+        body(
+            {
+                "model": "gpt-5",
+                "messages": [
+                    {"role": "system", "content": "sys"},
+                    {"role": "user", "content": [{"type": "text", "text": "hello"}]},
+                ],
+                **fields,
+            }
+        ),
+    )
+    assert view.model == "gpt-5"
+    assert view.max_tokens == cap
+    assert view.user_key == user
+    assert view.stream is False
+    # A text-only part list reads as its text: the same turn as the plain string.
+    assert view.first_turn_hash == read_request(
+        Wire.OPENAI_CHAT, body({"model": "x", "messages": [{"role": "user", "content": "hello"}]})
+    ).first_turn_hash
+
+
+def test_chat_stream_flag() -> None:
+    view = read_request(Wire.OPENAI_CHAT, body({"model": "m", "stream": True, "messages": []}))
+    assert view.stream is True
+
+
+# --- OpenAI Responses ------------------------------------------------------------------------
+
+
+def test_responses_string_input_is_the_user_turn() -> None:
+    view = read_request(
+        Wire.OPENAI_RESPONSES,
+        body({"model": "gpt-5", "input": "hi there", "max_output_tokens": 50, "stream": True}),
+    )
+    assert (view.max_tokens, view.stream) == (50, True)
+    assert view.first_turn_hash == read_request(
+        Wire.OPENAI_RESPONSES,
+        body({"model": "m", "input": [{"role": "user", "content": "hi there"}]}),
+    ).first_turn_hash
+
+
+def test_responses_items_first_user_item_and_reasoning() -> None:
+    view = read_request(
+        Wire.OPENAI_RESPONSES,
+        body(
+            {
+                "model": "gpt-5",
+                "user": "u9",
+                "input": [
+                    {"role": "developer", "content": "rules"},
+                    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "q1"}]},
+                    {"type": "reasoning", "id": "rs_1", "encrypted_content": "gAAAA", "summary": []},
+                    {"role": "user", "content": "q2"},
+                ],
+            }
+        ),
+    )
+    assert view.user_key == "u9"
+    assert view.has_thinking is True
+    assert view.first_turn_hash == read_request(
+        Wire.OPENAI_RESPONSES, body({"model": "m", "input": "q1"})
+    ).first_turn_hash
+
+
+def test_responses_keyless_continuation() -> None:
+    view = read_request(
+        Wire.OPENAI_RESPONSES,
+        body({"model": "gpt-5", "previous_response_id": "resp_1", "input": "and then?"}),
+    )
+    assert view.keyless_continuation is True
+    # The new turn is not the conversation's first: it must not key the split.
+    assert view.first_turn_hash is None
+    with_user = read_request(
+        Wire.OPENAI_RESPONSES,
+        body({"model": "gpt-5", "previous_response_id": "resp_1", "user": "u", "input": "x"}),
+    )
+    assert with_user.keyless_continuation is False
+
+
+def test_generic_body_reads_model_and_cap() -> None:
+    view = read_request(Wire.GENERIC, body({"model": "m", "max_output_tokens": 9, "stream": True}))
+    assert (view.model, view.max_tokens, view.stream) == ("m", 9, True)
+
+
+# --- canonical first-turn hashing ------------------------------------------------------------
+
+
+def test_first_turn_hash_ignores_whitespace_key_order_and_cache_control() -> None:
+    turn = [{"type": "text", "text": "Plan a trip"}, {"type": "image", "source": {"type": "url", "url": "u"}}]
+    compact = json.dumps({"model": "m", "messages": [{"role": "user", "content": turn}]}, separators=(",", ":"))
+    reordered_turn = [
+        {"text": "Plan a trip", "type": "text", "cache_control": {"type": "ephemeral"}},
+        {"source": {"url": "u", "type": "url"}, "type": "image"},
+    ]
+    spaced = json.dumps(
+        {
+            "messages": [
+                {"content": reordered_turn, "role": "user"},
+                {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": "next"},
+            ],
+            "model": "m",
+        },
+        indent=4,
+    )
+    a = read_request(Wire.ANTHROPIC, compact.encode()).first_turn_hash
+    b = read_request(Wire.ANTHROPIC, spaced.encode()).first_turn_hash
+    assert a is not None and a == b
+    other = read_request(Wire.ANTHROPIC, compact.replace("trip", "TRIP").encode()).first_turn_hash
+    assert other != a
+
+
+# --- bad input -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("wire", list(Wire))
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        (b'{"model": "m", "max_tokens": "ten"}', "max_tokens"),
+        (b'{"model": "m", "max_tokens": -1}', "max_tokens"),
+        (b'{"model": ', "not valid JSON"),
+        (b"", "not valid JSON"),
+        (b"\xff\xfe{}", "not valid JSON"),
+        (b'{"max_tokens": 1}', "model: required"),
+        (b'{"model": 5}', "model"),
+        (b"[1, 2]", "expected `object`"),
+        (b'{"model": "m", "stream": "yes"}', "stream"),
+    ],
+)
+def test_bad_bodies_are_400(wire: Wire, raw: bytes, fragment: str) -> None:
+    if wire is Wire.OPENAI_RESPONSES and fragment == "max_tokens":
+        raw = raw.replace(b"max_tokens", b"max_output_tokens")  # Responses' name for the cap
+        fragment = "max_output_tokens"
+    with pytest.raises(WireError) as info:
+        read_request(wire, raw)
+    assert info.value.status == 400
+    assert info.value.error_type == "invalid_request_error"
+    assert fragment in info.value.message
+
+
+def test_messages_of_wrong_shape_are_400() -> None:
+    with pytest.raises(WireError, match=r"messages\[0\]"):
+        read_request(Wire.ANTHROPIC, b'{"model": "m", "messages": [1]}')
+
+
+# --- rewriting and errors --------------------------------------------------------------------
+
+
+def test_rewrite_model_keeps_every_other_field() -> None:
+    original = {
+        "model": "a",
+        "max_tokens": 5,
+        "metadata": {"model": "nested stays"},
+        "messages": [{"role": "user", "content": "x"}],
+        "extra": [1.5, None, True],
+    }
+    out = json.loads(rewrite_model(json.dumps(original).encode(), "b"))
+    assert out == {**original, "model": "b"}
+    assert list(out) == list(original)
+
+
+def test_error_bodies_match_each_wire() -> None:
+    assert json.loads(error_body(Wire.ANTHROPIC, "deadline_exceeded", "late")) == {
+        "type": "error",
+        "error": {"type": "deadline_exceeded", "message": "late"},
+    }
+    for wire in (Wire.OPENAI_CHAT, Wire.OPENAI_RESPONSES, Wire.GENERIC):
+        assert json.loads(error_body(wire, "deadline_exceeded", "late")) == {
+            "error": {"message": "late", "type": "deadline_exceeded", "code": "deadline_exceeded"}
+        }
+
+
+def test_stream_error_events() -> None:
+    anthropic = stream_error_event(Wire.ANTHROPIC, "deadline_exceeded", "late")
+    assert anthropic.startswith(b"event: error\ndata: ") and anthropic.endswith(b"\n\n")
+    payload = msgspec.json.decode(anthropic.split(b"data: ", 1)[1])
+    assert payload["error"]["type"] == "deadline_exceeded"
+    openai = stream_error_event(Wire.OPENAI_CHAT, "deadline_exceeded", "late")
+    assert openai.startswith(b'data: {"error":') and openai.endswith(b"\n\n")
