@@ -54,7 +54,7 @@ if START_MOCK == "1":
 
 prometheus.install()
 http_client = make_http_client()
-forward = Forwarder(http_client)
+forwarder = Forwarder(http_client)
 
 
 async def metrics(_: Request) -> Response:
@@ -71,7 +71,7 @@ async def lifespan(_: Starlette) -> AsyncIterator[None]:
 
 gateway = Starlette(
     routes=[
-        *(Route(path, forward, methods=["POST"]) for path in WIRE_ROUTES),
+        *(Route(path, forwarder.forward, methods=["POST"]) for path in WIRE_ROUTES),
         Route("/metrics", metrics),
     ],
     lifespan=lifespan,

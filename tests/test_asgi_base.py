@@ -67,7 +67,16 @@ def client(server: Server | None = None) -> httpx.AsyncClient:
 @pytest.mark.parametrize("path", ["/v1/messages", "/v1/chat/completions", "/v1/responses"])
 async def test_context_reaches_endpoint_and_nested_coroutine(path: str) -> None:
     async with client() as c:
-        r = await c.post(path, json={"model": "base", "messages": [], "input": "hi", "user": "u", "metadata": {"user_id": "u"}})
+        r = await c.post(
+            path,
+            json={
+                "model": "base",
+                "messages": [],
+                "input": "hi",
+                "user": "u",
+                "metadata": {"user_id": "u"},
+            },
+        )
     assert r.status_code == 200
     assert r.json() == {
         "model_in_body": "v",
@@ -90,7 +99,9 @@ async def test_context_var_is_reset_after_the_request() -> None:
 )
 async def test_malformed_json_is_400_in_the_wire_format(path: str, anthropic: bool) -> None:
     async with client() as c:
-        r = await c.post(path, content=b'{"model": "m", ', headers={"content-type": "application/json"})
+        r = await c.post(
+            path, content=b'{"model": "m", ', headers={"content-type": "application/json"}
+        )
     assert r.status_code == 400
     if anthropic:
         assert r.json()["type"] == "error"
@@ -118,13 +129,17 @@ async def test_413_counts_streamed_chunks_without_content_length() -> None:
             yield b"x" * 400
 
     async with client(Server(max_body_bytes=1000)) as c:
-        r = await c.post("/v1/messages", content=chunks(), headers={"content-type": "application/json"})
+        r = await c.post(
+            "/v1/messages", content=chunks(), headers={"content-type": "application/json"}
+        )
     assert r.status_code == 413
 
 
 async def test_unknown_paths_pass_through_untouched() -> None:
     async with client() as c:
-        r = await c.post("/other", content=b'{"model": "base", ', headers={"content-type": "application/json"})
+        r = await c.post(
+            "/other", content=b'{"model": "base", ', headers={"content-type": "application/json"}
+        )
     assert r.status_code == 200
     assert r.json() == {"raw": '{"model": "base", ', "view": False}
 
@@ -139,7 +154,9 @@ async def test_non_json_body_on_a_wire_path_passes_through_unread() -> None:
 
     mw = VariantMiddleware(raw_app, canaries=CANARIES)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(mw), base_url="http://t") as c:
-        r = await c.post("/v1/messages", content=b"not json {", headers={"content-type": "text/plain"})
+        r = await c.post(
+            "/v1/messages", content=b"not json {", headers={"content-type": "text/plain"}
+        )
     assert r.status_code == 204
     assert seen == [b"not json {"]
 

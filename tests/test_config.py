@@ -64,29 +64,105 @@ def test_config_is_frozen() -> None:
 @pytest.mark.parametrize(
     ("old", "new", "expected"),
     [
-        ('auth = "x-api-key"', 'auth = "x-api-key"\ntimeout_secs = 0', "llm_clients.a.timeout_secs: must be > 0"),
-        ('auth = "x-api-key"', 'auth = "x-api-key"\nstream_idle_secs = -1', "llm_clients.a.stream_idle_secs: must be > 0"),
-        ('auth = "x-api-key"', 'auth = "x-api-key"\nfailure_threshold = 0', "llm_clients.a.failure_threshold: must be > 0"),
-        ('auth = "x-api-key"', 'auth = "x-api-key"\ncooldown_secs = 0', "llm_clients.a.cooldown_secs: must be > 0"),
-        ('auth = "x-api-key"', 'auth = "x-api-key"\ndefault_max_tokens = 0', "llm_clients.a.default_max_tokens: must be > 0"),
+        (
+            'auth = "x-api-key"',
+            'auth = "x-api-key"\ntimeout_secs = 0',
+            "llm_clients.a.timeout_secs: must be > 0",
+        ),
+        (
+            'auth = "x-api-key"',
+            'auth = "x-api-key"\nstream_idle_secs = -1',
+            "llm_clients.a.stream_idle_secs: must be > 0",
+        ),
+        (
+            'auth = "x-api-key"',
+            'auth = "x-api-key"\nfailure_threshold = 0',
+            "llm_clients.a.failure_threshold: must be > 0",
+        ),
+        (
+            'auth = "x-api-key"',
+            'auth = "x-api-key"\ncooldown_secs = 0',
+            "llm_clients.a.cooldown_secs: must be > 0",
+        ),
+        (
+            'auth = "x-api-key"',
+            'auth = "x-api-key"\ndefault_max_tokens = 0',
+            "llm_clients.a.default_max_tokens: must be > 0",
+        ),
         ('auth = "x-api-key"', 'auth = "basic"', "llm_clients.a.auth: expected one of"),
-        ('auth = "x-api-key"', 'auth = "x-api-key"\nmax_tokens = 5', "llm_clients.a.max_tokens: unknown key"),
-        ('auth = "x-api-key"', 'auth = "x-api-key"\ntimeout_secs = "60"', "llm_clients.a.timeout_secs: expected `float`, got `str`"),
-        ('auth = "x-api-key"', 'auth = "x-api-key"\ncooldown_secs = 60\nmax_cooldown_secs = 30', "llm_clients.a.max_cooldown_secs: must be >= cooldown_secs"),
-        ('base_url = "http://127.0.0.1:9"\napi_key_env', 'base_url = "ftp://x"\napi_key_env', "llm_clients.a.base_url: must start with http:// or https://"),
-        ('api_key_env = "KEY_A"', 'api_key_env = "NOT A NAME"', "llm_clients.a.api_key_env: not an environment variable name"),
+        (
+            'auth = "x-api-key"',
+            'auth = "x-api-key"\nmax_tokens = 5',
+            "llm_clients.a.max_tokens: unknown key",
+        ),
+        (
+            'auth = "x-api-key"',
+            'auth = "x-api-key"\ntimeout_secs = "60"',
+            "llm_clients.a.timeout_secs: expected `float`, got `str`",
+        ),
+        (
+            'auth = "x-api-key"',
+            'auth = "x-api-key"\ncooldown_secs = 60\nmax_cooldown_secs = 30',
+            "llm_clients.a.max_cooldown_secs: must be >= cooldown_secs",
+        ),
+        (
+            'base_url = "http://127.0.0.1:9"\napi_key_env',
+            'base_url = "ftp://x"\napi_key_env',
+            "llm_clients.a.base_url: must start with http:// or https://",
+        ),
+        (
+            'api_key_env = "KEY_A"',
+            'api_key_env = "NOT A NAME"',
+            "llm_clients.a.api_key_env: not an environment variable name",
+        ),
         ('models = ["judge"]', "models = []", "llm_clients.j.models: must list at least one model"),
-        ("judge_deadline_ms = 800", "judge_deadline_ms = 0", "routes.auto.judge_deadline_ms: must be > 0"),
-        ("judge_deadline_ms = 800", "judge_deadline_ms = -5", "routes.auto.judge_deadline_ms: must be > 0"),
+        (
+            "judge_deadline_ms = 800",
+            "judge_deadline_ms = 0",
+            "routes.auto.judge_deadline_ms: must be > 0",
+        ),
+        (
+            "judge_deadline_ms = 800",
+            "judge_deadline_ms = -5",
+            "routes.auto.judge_deadline_ms: must be > 0",
+        ),
         ('judge = "j"', 'judge = "nobody"', 'routes.auto.judge: no llm_clients entry "nobody"'),
-        ('judge_model = "judge"', 'judge_model = "other"', 'routes.auto.judge_model: llm_clients.j does not serve "other"'),
-        ('fallback = "m"', 'fallback = "ghost"', 'routes.auto.fallback: no llm_clients entry serves model "ghost"'),
-        ('complex = "m2"', 'complex = "ghost"', 'routes.auto.choices.complex: no llm_clients entry serves model "ghost"'),
+        (
+            'judge_model = "judge"',
+            'judge_model = "other"',
+            'routes.auto.judge_model: llm_clients.j does not serve "other"',
+        ),
+        (
+            'fallback = "m"',
+            'fallback = "ghost"',
+            'routes.auto.fallback: no llm_clients entry serves model "ghost"',
+        ),
+        (
+            'complex = "m2"',
+            'complex = "ghost"',
+            'routes.auto.choices.complex: no llm_clients entry serves model "ghost"',
+        ),
         ('classifier = "llm"', 'classifier = "regex"', "routes.auto.classifier: expected one of"),
-        ("variants = { m2 = 10 }", "variants = { m2 = 130 }", "canaries.m.variants.m2: must be between 0 and 100"),
-        ("variants = { m2 = 10 }", "variants = { m2 = 70, m = 0 }", "canaries.m.variants.m: is the base model itself"),
-        ("variants = { m2 = 10 }", "variants = { m2 = 10, ghost = 5 }", 'canaries.m.variants.ghost: no llm_clients entry serves model "ghost"'),
-        ("[canaries.m]", "[canaries.ghost]", 'canaries.ghost: no llm_clients entry serves model "ghost"'),
+        (
+            "variants = { m2 = 10 }",
+            "variants = { m2 = 130 }",
+            "canaries.m.variants.m2: must be between 0 and 100",
+        ),
+        (
+            "variants = { m2 = 10 }",
+            "variants = { m2 = 70, m = 0 }",
+            "canaries.m.variants.m: is the base model itself",
+        ),
+        (
+            "variants = { m2 = 10 }",
+            "variants = { m2 = 10, ghost = 5 }",
+            'canaries.m.variants.ghost: no llm_clients entry serves model "ghost"',
+        ),
+        (
+            "[canaries.m]",
+            "[canaries.ghost]",
+            'canaries.ghost: no llm_clients entry serves model "ghost"',
+        ),
         ("[canaries.m]", "[canaries.m]\nshare = 3", "canaries.m.share: unknown key"),
     ],
 )
@@ -137,7 +213,9 @@ def test_missing_file_and_invalid_toml(tmp_path: Path) -> None:
 
 def test_missing_key_variable_is_a_startup_error_naming_it() -> None:
     config = parse_config(VALID)
-    with pytest.raises(StartupError, match=r"llm_clients\.a\.api_key_env: environment variable KEY_A is not set"):
+    with pytest.raises(
+        StartupError, match=r"llm_clients\.a\.api_key_env: environment variable KEY_A is not set"
+    ):
         read_api_keys(config, {})
     clients = build_clients(config, {"KEY_A": "sk-secret-123"})
     assert clients["a"].auth_headers() == [("x-api-key", "sk-secret-123")]
@@ -173,7 +251,10 @@ def test_check_config_ok_prints_summary_without_key_values(
     [
         (None, "no such file"),
         ("[[[", "invalid TOML"),
-        (VALID.replace("judge_deadline_ms = 800", "judge_deadline_ms = 0"), "routes.auto.judge_deadline_ms: must be > 0"),
+        (
+            VALID.replace("judge_deadline_ms = 800", "judge_deadline_ms = 0"),
+            "routes.auto.judge_deadline_ms: must be > 0",
+        ),
     ],
 )
 def test_check_config_errors_exit_2_without_traceback(

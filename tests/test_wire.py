@@ -46,9 +46,13 @@ def test_anthropic_row() -> None:
     assert view.max_tokens == 1024
     assert view.stream is True
     assert view.user_key == "user-7"
-    assert view.first_turn_hash == read_request(
-        Wire.ANTHROPIC, body({"model": "x", "messages": [{"role": "user", "content": "first question"}]})
-    ).first_turn_hash
+    assert (
+        view.first_turn_hash
+        == read_request(
+            Wire.ANTHROPIC,
+            body({"model": "x", "messages": [{"role": "user", "content": "first question"}]}),
+        ).first_turn_hash
+    )
     assert view.has_thinking is False
     assert view.keyless_continuation is False
 
@@ -75,7 +79,10 @@ def test_anthropic_defaults_without_optional_fields() -> None:
 def test_anthropic_signed_thinking_detected(block: dict[str, str], thinks: bool) -> None:
     messages = [
         {"role": "user", "content": "q"},
-        {"role": "assistant", "content": [block, {"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
+        {
+            "role": "assistant",
+            "content": [block, {"type": "tool_use", "id": "t", "name": "f", "input": {}}],
+        },
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "r"}]},
     ]
     view = read_request(Wire.ANTHROPIC, body({"model": "m", "messages": messages}))
@@ -113,9 +120,13 @@ def test_chat_row(fields: dict[str, object], cap: int | None, user: str | None) 
     assert view.user_key == user
     assert view.stream is False
     # A text-only part list reads as its text: the same turn as the plain string.
-    assert view.first_turn_hash == read_request(
-        Wire.OPENAI_CHAT, body({"model": "x", "messages": [{"role": "user", "content": "hello"}]})
-    ).first_turn_hash
+    assert (
+        view.first_turn_hash
+        == read_request(
+            Wire.OPENAI_CHAT,
+            body({"model": "x", "messages": [{"role": "user", "content": "hello"}]}),
+        ).first_turn_hash
+    )
 
 
 def test_chat_stream_flag() -> None:
@@ -132,10 +143,13 @@ def test_responses_string_input_is_the_user_turn() -> None:
         body({"model": "gpt-5", "input": "hi there", "max_output_tokens": 50, "stream": True}),
     )
     assert (view.max_tokens, view.stream) == (50, True)
-    assert view.first_turn_hash == read_request(
-        Wire.OPENAI_RESPONSES,
-        body({"model": "m", "input": [{"role": "user", "content": "hi there"}]}),
-    ).first_turn_hash
+    assert (
+        view.first_turn_hash
+        == read_request(
+            Wire.OPENAI_RESPONSES,
+            body({"model": "m", "input": [{"role": "user", "content": "hi there"}]}),
+        ).first_turn_hash
+    )
 
 
 def test_responses_items_first_user_item_and_reasoning() -> None:
@@ -147,8 +161,17 @@ def test_responses_items_first_user_item_and_reasoning() -> None:
                 "user": "u9",
                 "input": [
                     {"role": "developer", "content": "rules"},
-                    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "q1"}]},
-                    {"type": "reasoning", "id": "rs_1", "encrypted_content": "gAAAA", "summary": []},
+                    {
+                        "type": "message",
+                        "role": "user",
+                        "content": [{"type": "input_text", "text": "q1"}],
+                    },
+                    {
+                        "type": "reasoning",
+                        "id": "rs_1",
+                        "encrypted_content": "gAAAA",
+                        "summary": [],
+                    },
                     {"role": "user", "content": "q2"},
                 ],
             }
@@ -156,9 +179,10 @@ def test_responses_items_first_user_item_and_reasoning() -> None:
     )
     assert view.user_key == "u9"
     assert view.has_thinking is True
-    assert view.first_turn_hash == read_request(
-        Wire.OPENAI_RESPONSES, body({"model": "m", "input": "q1"})
-    ).first_turn_hash
+    assert (
+        view.first_turn_hash
+        == read_request(Wire.OPENAI_RESPONSES, body({"model": "m", "input": "q1"})).first_turn_hash
+    )
 
 
 def test_responses_keyless_continuation() -> None:
@@ -185,8 +209,13 @@ def test_generic_body_reads_model_and_cap() -> None:
 
 
 def test_first_turn_hash_ignores_whitespace_key_order_and_cache_control() -> None:
-    turn = [{"type": "text", "text": "Plan a trip"}, {"type": "image", "source": {"type": "url", "url": "u"}}]
-    compact = json.dumps({"model": "m", "messages": [{"role": "user", "content": turn}]}, separators=(",", ":"))
+    turn = [
+        {"type": "text", "text": "Plan a trip"},
+        {"type": "image", "source": {"type": "url", "url": "u"}},
+    ]
+    compact = json.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": turn}]}, separators=(",", ":")
+    )
     reordered_turn = [
         {"text": "Plan a trip", "type": "text", "cache_control": {"type": "ephemeral"}},
         {"source": {"url": "u", "type": "url"}, "type": "image"},

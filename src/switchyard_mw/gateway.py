@@ -52,7 +52,8 @@ class Forwarder:
     def __init__(self, http_client: httpx.AsyncClient) -> None:
         self.http = http_client
 
-    async def __call__(self, request: Request) -> Response:
+    async def forward(self, request: Request) -> Response:
+        """A Starlette endpoint: `Route(path, forwarder.forward, methods=["POST"])`."""
         ctx = current_context()
         if ctx is None or ctx.client is None or ctx.view is None:
             return _error(Wire.OPENAI_CHAT, 500, "gateway_misconfigured", "no switchyard stack")
@@ -91,7 +92,9 @@ async def _relay(response: httpx.Response, ctx: RequestContext) -> AsyncIterator
             yield chunk
     except httpx.HTTPError as exc:
         wire = ctx.wire or Wire.OPENAI_CHAT
-        yield stream_error_event(wire, "upstream_error", f"upstream stream failed: {type(exc).__name__}")
+        yield stream_error_event(
+            wire, "upstream_error", f"upstream stream failed: {type(exc).__name__}"
+        )
 
 
 def _error(wire: Wire, status: int, error_type: str, message: str) -> Response:

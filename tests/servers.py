@@ -1,0 +1,103 @@
+"""Real servers for live tests: uvicorn in a thread (in-process apps) or a subprocess (the example)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_for_port(port: int, timeout: float = 15.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout} s")
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: Any, port: int | None = None) -> Iterator[str]:
+    """Serve an ASGI app with uvicorn on its own thread and loop; yields its base URL."""
+    port = port or free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_for_port(port)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@contextlib.contextmanager
+def example_gateway(config_text: str, tmp_path: Path, env: Mapping[str, str] | None = None) -> Iterator[str]:
+    """`uvicorn examples.starlette_app:app` in a subprocess with this config; yields its URL."""
+    config = tmp_path / "switchyard.toml"
+    config.write_text(config_text)
+    port = free_port()
+    full_env = {
+        **os.environ,
+        "SWITCHYARD_CONFIG": str(config),
+        "SWITCHYARD_START_MOCK": "0",
+        **(env or {}),
+    }
+    log = (tmp_path / "gateway.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "examples.starlette_app:app", "--host", "127.0.0.1",
+         "--port", str(port), "--log-level", "warning"],
+        cwd=ROOT,
+        env=full_env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        try:
+            wait_for_port(port)
+        except TimeoutError:
+            proc.kill()
+            raise RuntimeError((tmp_path / "gateway.log").read_text()) from None
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def metric_value(base_url: str, name: str, **labels: str) -> float:
+    """Sum of a Prometheus sample over series matching `labels`, read from /metrics."""
+    text = httpx.get(f"{base_url}/metrics").text
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        series, _, value = line.rpartition(" ")
+        if all(f'{k}="{v}"' in series for k, v in labels.items()):
+            total += float(value)
+    return total

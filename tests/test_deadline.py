@@ -1,0 +1,299 @@
+"""The deadline policy: the formula at its boundaries, and its enforcement on the app."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from conftest import Metrics
+from switchyard_mw.asgi.deadline import DeadlineMiddleware
+from switchyard_mw.clients import UpstreamClient
+from switchyard_mw.config import LLMClient
+from switchyard_mw.context import context_of, current_context
+from switchyard_mw.core.deadline import attempt_deadline_secs, parse_budget_ms
+from switchyard_mw.outbound import timeout_for
+
+App = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
+
+# --- the formula -----------------------------------------------------------------------------
+
+TABLE = [
+    # (max_tokens, timeout_secs, expected deadline seconds)
+    (0, 1, 1.0),
+    (0, 60, 60.0),
+    (0, 900, 900.0),
+    (100, 1, 2.8125),
+    (100, 60, 60.0),
+    (100, 900, 900.0),
+    (16384, 1, 460.8),
+    (16384, 60, 460.8),
+    (16384, 900, 900.0),
+    (32000, 1, 600.0),
+    (32000, 60, 600.0),
+    (32000, 900, 900.0),
+]
+
+
+@pytest.mark.parametrize(("max_tokens", "timeout", "expected"), TABLE)
+def test_formula_table(max_tokens: int, timeout: float, expected: float) -> None:
+    got = attempt_deadline_secs(timeout_secs=timeout, max_tokens=max_tokens)
+    assert got == pytest.approx(expected)
+
+
+def test_formula_boundaries() -> None:
+    # The cap: 600 s is reached at exactly 128000 * 600 / 3600 = 21333.3 tokens.
+    assert attempt_deadline_secs(timeout_secs=1, max_tokens=21334) == 600.0
+    assert attempt_deadline_secs(timeout_secs=1, max_tokens=21333) < 600.0
+    assert attempt_deadline_secs(timeout_secs=1, max_tokens=10**9) == 600.0
+    # A floor above the cap holds.
+    assert attempt_deadline_secs(timeout_secs=601, max_tokens=10**9) == 601.0
+    # No cap in the request: the client's default, else 0.
+    assert attempt_deadline_secs(timeout_secs=1, max_tokens=None, default_max_tokens=16384) == 460.8
+    assert attempt_deadline_secs(timeout_secs=1, max_tokens=None) == 1.0
+    # The request's own cap wins over the default, even when smaller.
+    assert attempt_deadline_secs(timeout_secs=1, max_tokens=100, default_max_tokens=16384) == 2.8125
+
+
+def test_readme_table_matches_the_code() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme.split("<!-- deadline-table -->")[1].split("<!-- /deadline-table -->")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) == 4
+    for row in rows:
+        cells = [c.strip().removesuffix(" s") for c in row.strip("|").split("|")]
+        max_tokens = int(cells[0])
+        for timeout, cell in zip((1, 60, 900), cells[1:], strict=True):
+            expected = attempt_deadline_secs(timeout_secs=timeout, max_tokens=max_tokens)
+            assert float(cell) == pytest.approx(expected), row
+
+
+@pytest.mark.parametrize(
+    ("raw", "secs"),
+    [(b"1500", 1.5), (b" 250 ", 0.25), (b"0", 0.0), ("12.5", 0.0125)],
+)
+def test_budget_header_values(raw: bytes | str, secs: float) -> None:
+    assert parse_budget_ms(raw) == pytest.approx(secs)
+
+
+@pytest.mark.parametrize("raw", [b"", b"-1", b"abc", b"nan", b"inf", b"1e400", b"9" * 40])
+def test_invalid_budget_values_are_rejected(raw: bytes) -> None:
+    assert parse_budget_ms(raw) is None
+
+
+# --- enforcement -----------------------------------------------------------------------------
+
+
+def sleeper(
+    *, before_start: float = 0.0, sse_gaps: list[float] | None = None
+) -> tuple[App, dict[str, Any]]:
+    """An app that waits, then answers JSON or a stream with the given gaps between chunks."""
+    state: dict[str, Any] = {"finally": False, "cancelled": False, "deadline": None}
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        ctx = current_context()
+        state["deadline"] = ctx.deadline if ctx else None
+        try:
+            await asyncio.sleep(before_start)
+            if sse_gaps is None:
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 200,
+                        "headers": [(b"content-type", b"application/json")],
+                    }
+                )
+                await send({"type": "http.response.body", "body": b'{"ok": true}'})
+                return
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")],
+                }
+            )
+            for gap in sse_gaps:
+                await asyncio.sleep(gap)
+                await send(
+                    {"type": "http.response.body", "body": b"data: {}\n\n", "more_body": True}
+                )
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            state["cancelled"] = True
+            raise
+        finally:
+            state["finally"] = True
+
+    return app, state
+
+
+def post(
+    mw: Any, path: str, payload: dict[str, Any], headers: dict[str, str] | None = None
+) -> Awaitable[httpx.Response]:
+    async def go() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(mw), base_url="http://t") as c:
+            return await c.post(path, json=payload, headers=headers or {})
+
+    return go()
+
+
+async def test_fast_app_passes_and_sees_its_deadline() -> None:
+    app, state = sleeper()
+    mw = DeadlineMiddleware(app, timeout_secs=1.0)
+    r = await post(mw, "/v1/messages", {"model": "m", "max_tokens": 100})
+    assert r.status_code == 200
+    assert r.headers["x-switchyard-deadline-ms"] == "2812"
+    assert 2.0 < state["deadline"] <= 2.8125
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/chat/completions", "/v1/responses"])
+async def test_504_in_the_wire_format_before_start_and_app_cancelled(
+    path: str, otel_metrics: Metrics
+) -> None:
+    before = otel_metrics.value("switchyard.deadline.exceeded", phase="total")
+    app, state = sleeper(before_start=5)
+    mw = DeadlineMiddleware(app, timeout_secs=0.1)
+    started = time.monotonic()
+    r = await post(mw, path, {"model": "m", "max_tokens": 1, "max_output_tokens": 1})
+    assert time.monotonic() - started < 2
+    assert r.status_code == 504
+    body = r.json()
+    if path == "/v1/messages":
+        assert body == {
+            "type": "error",
+            "error": {"type": "deadline_exceeded", "message": body["error"]["message"]},
+        }
+    else:
+        assert body["error"]["type"] == body["error"]["code"] == "deadline_exceeded"
+    assert state["cancelled"] and state["finally"]
+    assert otel_metrics.value("switchyard.deadline.exceeded", phase="total") == before + 1
+
+
+async def test_larger_output_cap_buys_time() -> None:
+    # 0.15 s of work: 10 tokens (0.28 s) is enough at a 0.1 s floor, 1 token (0.1 s) is not.
+    app, _ = sleeper(before_start=0.15)
+    mw = DeadlineMiddleware(app, timeout_secs=0.1)
+    assert (await post(mw, "/v1/messages", {"model": "m", "max_tokens": 10})).status_code == 200
+    assert (await post(mw, "/v1/messages", {"model": "m", "max_tokens": 1})).status_code == 504
+
+
+async def test_stream_that_never_starts_gets_504_headers_phase(otel_metrics: Metrics) -> None:
+    before = otel_metrics.value("switchyard.deadline.exceeded", phase="headers")
+    app, _ = sleeper(before_start=5, sse_gaps=[])
+    mw = DeadlineMiddleware(app, timeout_secs=0.1, stream_idle_secs=5)
+    r = await post(mw, "/v1/chat/completions", {"model": "m", "stream": True, "max_tokens": 10**6})
+    assert r.status_code == 504
+    assert otel_metrics.value("switchyard.deadline.exceeded", phase="headers") == before + 1
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/chat/completions"])
+async def test_stalled_stream_ends_with_one_wire_error_event(
+    path: str, otel_metrics: Metrics
+) -> None:
+    before = otel_metrics.value("switchyard.deadline.exceeded", phase="idle")
+    app, state = sleeper(sse_gaps=[0.0, 0.0, 5.0])
+    mw = DeadlineMiddleware(app, timeout_secs=1, stream_idle_secs=0.2)
+    r = await post(mw, path, {"model": "m", "stream": True})
+    assert r.status_code == 200
+    events = r.text.split("\n\n")
+    assert events[:2] == ["data: {}", "data: {}"]
+    last = events[2]
+    if path == "/v1/messages":
+        assert last.startswith("event: error\ndata: ")
+        payload = json.loads(last.split("data: ", 1)[1])
+        assert payload["type"] == "error" and payload["error"]["type"] == "deadline_exceeded"
+    else:
+        payload = json.loads(last.removeprefix("data: "))
+        assert payload["error"]["type"] == "deadline_exceeded"
+    assert r.text.count("deadline_exceeded") == (1 if path == "/v1/messages" else 2)  # type+code
+    assert state["cancelled"] and state["finally"]
+    assert otel_metrics.value("switchyard.deadline.exceeded", phase="idle") == before + 1
+
+
+async def test_steady_slow_stream_outlives_the_idle_cap_many_times() -> None:
+    # Chunks every 0.5 x idle: total 1.2 s, far beyond the 0.2 s idle cap and the 0.3 s start bound.
+    app, state = sleeper(sse_gaps=[0.1] * 12)
+    mw = DeadlineMiddleware(app, timeout_secs=0.3, stream_idle_secs=0.2)
+    r = await post(mw, "/v1/messages", {"model": "m", "stream": True})
+    assert r.status_code == 200
+    assert r.text.count("data: {}") == 12
+    assert "error" not in r.text
+    assert not state["cancelled"]
+
+
+async def test_budget_header_wins_over_a_longer_attempt_deadline(otel_metrics: Metrics) -> None:
+    before = otel_metrics.value("switchyard.deadline.exceeded", phase="budget")
+    app, state = sleeper(before_start=5)
+    mw = DeadlineMiddleware(app, timeout_secs=10)
+    started = time.monotonic()
+    r = await post(mw, "/v1/messages", {"model": "m"}, headers={"x-switchyard-timeout-ms": "150"})
+    assert time.monotonic() - started < 2
+    assert r.status_code == 504
+    assert state["deadline"] <= 0.15
+    assert otel_metrics.value("switchyard.deadline.exceeded", phase="budget") == before + 1
+
+
+async def test_envoy_budget_header_and_the_shorter_budget_wins() -> None:
+    app, state = sleeper()
+    mw = DeadlineMiddleware(app, timeout_secs=10)
+    headers = {"x-envoy-expected-rq-timeout-ms": "3000", "x-switchyard-timeout-ms": "9000"}
+    r = await post(mw, "/v1/messages", {"model": "m"}, headers=headers)
+    assert r.status_code == 200
+    assert 2.0 < state["deadline"] <= 3.0
+
+
+async def test_invalid_budget_is_ignored_and_counted(otel_metrics: Metrics) -> None:
+    before = otel_metrics.value("switchyard.budget.invalid")
+    app, state = sleeper()
+    mw = DeadlineMiddleware(app, timeout_secs=1)
+    r = await post(mw, "/v1/messages", {"model": "m"}, headers={"x-switchyard-timeout-ms": "-5"})
+    assert r.status_code == 200
+    assert state["deadline"] > 0.5
+    assert otel_metrics.value("switchyard.budget.invalid") == before + 1
+
+
+async def test_limits_come_from_the_chosen_client() -> None:
+    seen: dict[str, Any] = {}
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        seen["timeout"] = timeout_for(current_context())
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    account = UpstreamClient(
+        name="a",
+        spec=LLMClient(base_url="http://x", models=["m"], timeout_secs=7, default_max_tokens=32000),
+    )
+
+    async def with_client(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        ctx = context_of(scope)
+        assert ctx is not None
+        ctx.client = account
+        await deadline(scope, receive, send)
+
+    deadline = DeadlineMiddleware(app, timeout_secs=1)
+    from switchyard_mw.asgi.variant import VariantMiddleware
+
+    outer = VariantMiddleware(with_client, canaries={})
+    r = await post(outer, "/v1/messages", {"model": "m"})
+    assert r.headers["x-switchyard-deadline-ms"] == "600000"  # default_max_tokens 32000 -> 600 s
+    assert 590 < seen["timeout"].read <= 600
+
+
+async def test_app_timeout_error_of_its_own_is_not_ours() -> None:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        raise TimeoutError("the app's own")
+
+    mw = DeadlineMiddleware(app, timeout_secs=5)
+    with pytest.raises(TimeoutError, match="the app's own"):
+        await post(mw, "/v1/messages", {"model": "m"})
