@@ -43,6 +43,10 @@ VARIANT_KEY_KIND = "switchyard.variant.key"
 VARIANT_KEY_HASH = "switchyard.variant.key_hash"
 ATTEMPT_STATUS = "switchyard.attempt.status"
 ATTEMPT_OUTCOME = "switchyard.attempt.outcome"
+JUDGE_ROUTE = "switchyard.judge.route"
+JUDGE_OUTCOME = "switchyard.judge.outcome"
+JUDGE_LABEL = "switchyard.judge.label"
+JUDGE_REASON = "switchyard.judge.reason"
 
 tracer = trace.get_tracer(SCOPE, __version__)
 meter = metrics.get_meter(SCOPE, __version__)

@@ -317,3 +317,60 @@ def stream_error_event(wire: Wire, error_type: str, message: str) -> bytes:
     if wire.anthropic_style:
         return b"event: error\ndata: " + error_body(wire, error_type, message) + b"\n\n"
     return b"data: " + error_body(wire, error_type, message) + b"\n\n"
+
+
+# --- the last user turn, as text (what a judge classifies) ------------------------------------
+
+
+class _Turns(Struct):
+    messages: list[_Message] | None = None
+    input: Raw = Raw(b"null")
+
+
+_TURNS = msgspec.json.Decoder(_Turns)
+
+
+def last_user_text(wire: Wire, body: bytes) -> str:
+    """The text of the conversation's last user turn; "" when there is none.
+
+    Anthropic and Chat read `messages`, Responses reads `input` (a string is the user turn),
+    a generic body whichever it has. Text blocks are joined with newlines; images, files and
+    tool results are skipped. Never raises: the body was validated when it was read, and an
+    odd shape here only means there is less text to show.
+    """
+    try:
+        turns = _TURNS.decode(body)
+        if wire is not Wire.OPENAI_RESPONSES and turns.messages:
+            for message in reversed(turns.messages):
+                if message.role == "user":
+                    return _text_of(_ANY.decode(message.content))
+            return ""
+        if wire in (Wire.OPENAI_RESPONSES, Wire.GENERIC):
+            items = _ANY.decode(turns.input)
+            if isinstance(items, str):
+                return items
+            if isinstance(items, list):
+                for item in reversed(items):
+                    if (
+                        isinstance(item, dict)
+                        and item.get("role") == "user"
+                        and item.get("type", "message") == "message"
+                    ):
+                        return _text_of(item.get("content"))
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        pass
+    return ""
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    return "\n".join(
+        block["text"]
+        for block in content
+        if isinstance(block, dict)
+        and block.get("type") in _TEXT_TYPES
+        and isinstance(block.get("text"), str)
+    )
