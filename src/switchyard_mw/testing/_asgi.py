@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
+from collections.abc import Awaitable, Callable, Coroutine, MutableMapping, Sequence
 from typing import Any
 
 import msgspec
@@ -64,10 +64,15 @@ async def lifespan(receive: Receive, send: Send) -> None:
             return
 
 
-async def send_whole(send: Send, status: int, content_type: bytes, body: bytes) -> None:
+async def send_whole(
+    send: Send,
+    status: int,
+    content_type: bytes,
+    body: bytes,
+    extra_headers: Sequence[tuple[bytes, bytes]] = (),
+) -> None:
     headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
-    if status == 429:
-        headers.append((b"retry-after", b"1"))
+    headers.extend(extra_headers)
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

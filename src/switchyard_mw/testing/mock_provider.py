@@ -76,7 +76,7 @@ class Behaviour(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     """How the mock answers requests made with one API key.
 
     Timeline of an answer: read the whole request, wait ``headers_delay_secs``, then
-    either fail, send a wire error (``status`` other than 200), or reply.
+    either fail, send a wire error (``status`` 4xx/5xx), or reply.
 
     Streaming replies send the opening events at once, then ``chunks`` text deltas
     ``chunk_interval_secs`` apart; after ``stall_after_chunks`` deltas (0 = before the
@@ -104,8 +104,8 @@ class Behaviour(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     def __post_init__(self) -> None:
         # Checked here rather than with msgspec.Meta so direct construction is
         # validated too, not only decoding from the control endpoint.
-        if not 200 <= self.status <= 599:
-            raise ValueError(f"status must be within 200..599, got {self.status}")
+        if self.status != 200 and not 400 <= self.status <= 599:
+            raise ValueError(f"status must be 200 or within 400..599, got {self.status}")
         if self.chunks < 1:
             raise ValueError(f"chunks must be >= 1, got {self.chunks}")
         if self.stall_after_chunks < 0:
@@ -341,7 +341,9 @@ def _record_json(record: RecordedRequest) -> dict[str, Any]:
 
 
 async def _send_error(send: Send, style: ErrorStyle, status: int, message: str) -> None:
-    await send_whole(send, status, JSON_TYPE, error_body(style, status, message))
+    # Both real APIs send retry-after on 429, and the SDKs' retry logic reads it.
+    extra = [(b"retry-after", b"1")] if status == 429 else []
+    await send_whole(send, status, JSON_TYPE, error_body(style, status, message), extra)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -1,0 +1,49 @@
+"""Operator views: small pure-ASGI apps to mount next to the gateway's own routes."""
+
+from __future__ import annotations
+
+import msgspec
+
+from ..core.clock import Clock, monotonic
+from ..core.pool import AccountPool
+from ._types import ASGIApp, Receive, Scope, Send
+
+
+def cooling_status_app(pool: AccountPool, *, clock: Clock = monotonic) -> ASGIApp:
+    """Answers GET with each account's breaker state as JSON.
+
+    `clock` must be the pool's. A cooling end is shown as seconds from now
+    (`cooled_for_secs`), since the pool's monotonic time means nothing outside the process.
+    The pool holds names and counters only, so no key can leak through this view.
+    """
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        headers = [(b"content-type", b"application/json")]
+        if scope.get("method") in ("GET", "HEAD"):
+            now = clock()
+            accounts = [
+                {
+                    "name": s.name,
+                    "state": s.state.value,
+                    "consecutive_faults": s.consecutive_faults,
+                    "cooled_for_secs": (
+                        None if s.cooled_until is None else round(max(0.0, s.cooled_until - now), 3)
+                    ),
+                    "current_cooldown_secs": s.current_cooldown_secs,
+                    "probe_in_flight": s.probe_in_flight,
+                }
+                for s in pool.status()
+            ]
+            status, body = 200, msgspec.json.encode({"accounts": accounts})
+        else:
+            status, body = 405, b'{"error":"method not allowed"}'
+            headers.append((b"allow", b"GET, HEAD"))
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        if scope.get("method") == "HEAD":
+            body = b""
+        await send({"type": "http.response.body", "body": body})
+
+    return app

@@ -1,0 +1,335 @@
+"""CoolingMiddleware: picks the account for each upstream attempt and fails over on faults.
+
+Every attempt runs the app once with `ctx.client` set to the account the pool chose. Its
+`http.response.start` is held back only while a failover is still possible: a fault or a 429
+that another account may absorb is swallowed and the same body replayed to the next account;
+anything else goes to the client at once. Once a byte reached the client, there is no failover.
+
+Status codes and error types this middleware answers with itself, in the wire's error format:
+503 `no_healthy_account` (every account serving the model is cooling; `retry-after` says when
+the earliest recovers) and 502 `upstream_unreachable` (every attempt raised, e.g. connection
+refused, and no upstream answer exists to pass on). When all accounts answered with errors,
+the client gets the last of those answers unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+
+import httpx
+from opentelemetry import trace
+
+from .. import telemetry as tm
+from ..clients import UpstreamClient
+from ..config import Server
+from ..context import RequestContext
+from ..core.clock import Clock, monotonic
+from ..core.pool import AccountPool, AccountSpec, BreakerState, Lease, Outcome, classify_status
+from ..wire import Wire
+from ._base import PolicyMiddleware, send_error
+from ._types import ASGIApp, Message, Receive, Scope, Send
+from .admin import cooling_status_app as cooling_status_app  # re-exported for existing imports
+
+NO_HEALTHY_ACCOUNT = "no_healthy_account"
+UPSTREAM_UNREACHABLE = "upstream_unreachable"
+MAX_HELD_BYTES = 1 << 20
+"""A held error body larger than this is forwarded: failover gives way to bounded memory."""
+
+_ACCOUNT_PHASES = frozenset({"total", "headers", "idle"})  # a deadline that is the account's fault
+_log = logging.getLogger(__name__)
+
+
+def pool_from_clients(
+    clients: Mapping[str, UpstreamClient], *, clock: Clock = monotonic
+) -> AccountPool:
+    """The account pool for `clients`, keyed by their `llm_clients` names."""
+    return AccountPool(
+        [
+            AccountSpec(
+                name=name,
+                models=frozenset(c.spec.models),
+                priority=c.spec.priority,
+                failure_threshold=c.spec.failure_threshold,
+                cooldown_secs=c.spec.cooldown_secs,
+                max_cooldown_secs=c.spec.max_cooldown_secs,
+            )
+            for name, c in clients.items()
+        ],
+        clock=clock,
+    )
+
+
+class _Attempt:
+    """The `send` of one attempt: forwards at once unless `hold_if(status)` says hold."""
+
+    __slots__ = ("_hold_if", "_send", "complete", "finished", "forwarded", "held", "size", "status")
+
+    def __init__(self, send: Send, hold_if: Callable[[int], bool]) -> None:
+        self._send = send
+        self._hold_if = hold_if
+        self.status: int | None = None
+        self.forwarded = False
+        self.finished = False  # the client has the whole response
+        self.held: list[Message] | None = None
+        self.size = 0  # bytes held
+        self.complete = False  # the held response is whole: it can be swallowed
+
+    async def send(self, message: Message) -> None:
+        if self.held is None:
+            if message["type"] == "http.response.start" and self.status is None:
+                self.status = message["status"]
+                if self._hold_if(message["status"]):
+                    self.held = [message]
+                    return
+            await self._forward(message)
+            return
+        self.held.append(message)
+        if message["type"] == "http.response.body":
+            self.size += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                self.complete = True
+            elif self.size > MAX_HELD_BYTES:
+                await self.flush()
+
+    async def flush(self) -> None:
+        held, self.held = self.held or [], None
+        for message in held:
+            await self._forward(message)
+
+    async def _forward(self, message: Message) -> None:
+        self.forwarded = True
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            self.finished = True
+        await self._send(message)
+
+
+class CoolingMiddleware(PolicyMiddleware):
+    """Chooses an account per attempt from `clients`, cools faulty ones, fails over.
+
+    `pool` defaults to `pool_from_clients(clients, clock=clock)`; pass one to share it (the
+    pool is the only state shared between requests). Requests for a model no account serves
+    pass through untouched, as do requests that are not LLM calls.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        clients: Mapping[str, UpstreamClient],
+        pool: AccountPool | None = None,
+        clock: Clock = monotonic,
+        server: Server | None = None,
+    ) -> None:
+        super().__init__(app, server=server)
+        self.clients = dict(clients)
+        self.pool = pool if pool is not None else pool_from_clients(self.clients, clock=clock)
+
+    async def handle(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
+        model, wire = ctx.resolved_model, ctx.wire
+        if wire is None or model is None:
+            return await self.app(scope, receive, send)
+        if not self.pool.accounts_for(model) and self._fallback(ctx) is None:
+            return await self.app(scope, receive, send)
+        tried: list[str] = []
+        last: tuple[list[Message], UpstreamClient | None, str | None] | None = None
+        while (lease := self._acquire(ctx, tried)) is not None:
+            if tried:
+                tm.failovers.add(1, {"route_model": ctx.resolved_model or ""})
+            tried.append(lease.account)
+            attempt = _Attempt(send, lambda status: self._may_retry(ctx, status, tried))
+            if await self._attempt(ctx, lease, scope, receive, attempt):
+                return
+            if attempt.held is not None:
+                last = (attempt.held, ctx.client, ctx.resolved_model)
+            if not self._another_possible(ctx, tried):
+                break
+        if last is not None:
+            # The last upstream answer says more than anything we could make up (a 429 keeps
+            # its retry-after); the exposed headers name the account that gave it.
+            held, ctx.client, ctx.resolved_model = last
+            for message in held:
+                await send(message)
+        elif tried:
+            text = "no upstream account could be reached"
+            await send_error(send, wire, 502, UPSTREAM_UNREACHABLE, text)
+        else:
+            await self._no_healthy_account(ctx, wire, send)
+
+    async def _attempt(
+        self, ctx: RequestContext, lease: Lease, scope: Scope, receive: Receive, attempt: _Attempt
+    ) -> bool:
+        """Run one attempt; False when it failed before reaching the client (fail over)."""
+        ctx.client = self.clients[lease.account]
+        ctx.attempts += 1
+        ctx.upstream_status = None
+        ctx.deadline_phase = None
+        span = tm.tracer.start_span(
+            tm.SPAN_ATTEMPT, attributes={tm.ACCOUNT: lease.account, tm.ATTEMPT_PROBE: lease.probe}
+        )
+        try:
+            with trace.use_span(span, end_on_exit=False):
+                try:
+                    await self.app(scope, _replay(ctx, receive), attempt.send)
+                except asyncio.CancelledError:
+                    # A response already sent whole still has its outcome (uvicorn reports a
+                    # disconnect once a response completes, and the base cancels then).
+                    self._settle(lease, span, *_verdict(ctx, attempt, gone="cancelled"))
+                    raise
+                except Exception as exc:
+                    span.record_exception(exc)
+                    gone = ctx.disconnected and not attempt.finished
+                    if gone:
+                        self._settle(lease, span, None, "disconnected")
+                    else:
+                        self._settle(lease, span, Outcome.FAULT, _error_text(ctx, exc))
+                    if gone or attempt.forwarded:
+                        raise  # the response started (or nobody waits): nothing left to save
+                    attempt.held = None  # an unfinished answer is never passed on
+                    _log.warning("account %s failed (%s)", lease.account, type(exc).__name__)
+                    return False
+            if attempt.held is not None and not attempt.complete:
+                await attempt.flush()  # the app returned mid-body: pass on what it sent
+            self._settle(lease, span, *_verdict(ctx, attempt))
+            return attempt.status is not None and attempt.held is None
+        finally:
+            span.end()
+
+    def _settle(self, lease: Lease, span: trace.Span, outcome: Outcome | None, status: str) -> None:
+        """Give the lease back with what the attempt said about the account's health."""
+        span.set_attributes(
+            {tm.ATTEMPT_STATUS: status, tm.ATTEMPT_OUTCOME: outcome.value if outcome else "none"}
+        )
+        if outcome is None:
+            self.pool.release(lease)
+            return
+        name = lease.account
+        before = self.pool.status_of(name).state
+        self.pool.record(lease, outcome)
+        if outcome is Outcome.FAULT:
+            tm.account_faults.add(1, {"account": name, "status": status})
+            if before is not BreakerState.COOLED and self.pool.status_of(name).state is (
+                BreakerState.COOLED
+            ):
+                tm.account_cooled.add(1, {"account": name})
+
+    def _may_retry(self, ctx: RequestContext, status: int, tried: list[str]) -> bool:
+        """Whether a response starting with `status` should be held for a failover."""
+        if ctx.deadline_phase == "budget":
+            return False  # the caller's budget ran out: no account is to blame
+        outcome, _ = _outcome(ctx, status)
+        return outcome is not Outcome.SUCCESS and self._another_possible(ctx, tried)
+
+    def _another_possible(self, ctx: RequestContext, tried: list[str]) -> bool:
+        """Whether one more attempt could start now; peeks without claiming a probe slot."""
+        if ctx.disconnected or (ctx.budget_at is not None and time.monotonic() >= ctx.budget_at):
+            return False
+        models = [ctx.resolved_model, self._fallback(ctx)]
+        for model in models:
+            if model is None:
+                continue
+            untried = set(self.pool.accounts_for(model)).difference(tried)
+            if untried and self.pool.retry_after_secs(model, allowed=untried) == 0.0:
+                return True
+        return False
+
+    def _acquire(self, ctx: RequestContext, tried: list[str]) -> Lease | None:
+        model = ctx.resolved_model
+        lease = self.pool.acquire(model, exclude=tried) if model is not None else None
+        fallback = self._fallback(ctx) if lease is None else None
+        if fallback is not None:
+            lease = self.pool.acquire(fallback, exclude=tried)
+            if lease is not None:
+                ctx.resolved_model = fallback  # `body_for_app()` rewrites the body to match
+        return lease
+
+    def _fallback(self, ctx: RequestContext) -> str | None:
+        """The model a canary variant falls back to when none of its accounts can serve.
+
+        Only the canary's own base (the requested model, when no judge routed the request),
+        and never for a conversation whose signed thinking binds it to its model.
+        """
+        requested = ctx.requested_model
+        if (
+            ctx.pinned_model
+            or ctx.route is not None
+            or requested is None
+            or requested == ctx.resolved_model
+            or not self.pool.accounts_for(requested)
+        ):
+            return None
+        return requested
+
+    async def _no_healthy_account(self, ctx: RequestContext, wire: Wire, send: Send) -> None:
+        waits = [
+            self.pool.retry_after_secs(model)
+            for model in (ctx.resolved_model, self._fallback(ctx))
+            if model is not None
+        ]
+        wait = min((w for w in waits if w is not None), default=1.0)
+        retry_after = str(max(1, math.ceil(wait))).encode()
+        message = f"no healthy upstream account for model {ctx.resolved_model!r}"
+        await send_error(
+            send, wire, 503, NO_HEALTHY_ACCOUNT, message, [(b"retry-after", retry_after)]
+        )
+
+
+def _verdict(
+    ctx: RequestContext, attempt: _Attempt, *, gone: str | None = None
+) -> tuple[Outcome | None, str]:
+    """What an ended attempt says about its account; None: nothing (release the lease).
+
+    `gone` names why the app was cancelled; a response already sent whole still counts.
+    """
+    if (gone or ctx.disconnected) and not attempt.finished:
+        return None, gone or "disconnected"
+    if attempt.status is None:
+        return Outcome.FAULT, "no_response"
+    if ctx.deadline_phase == "budget":
+        return None, "budget"  # the caller's budget ran out, whoever answered
+    return _outcome(ctx, attempt.status)
+
+
+def _outcome(ctx: RequestContext, status: int) -> tuple[Outcome, str]:
+    """An attempt's outcome and its status as metrics show it."""
+    if ctx.deadline_phase in _ACCOUNT_PHASES:
+        return Outcome.FAULT, "deadline"
+    status = ctx.upstream_status if ctx.upstream_status is not None else status
+    return classify_status(status), str(status)
+
+
+def _error_text(ctx: RequestContext, exc: Exception) -> str:
+    if ctx.deadline_phase in _ACCOUNT_PHASES:
+        return "deadline"
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | ConnectionError):
+        return "connect_error"
+    if isinstance(exc, httpx.TimeoutException):
+        return "timeout"
+    if isinstance(exc, httpx.TransportError):
+        return "transport_error"
+    return "exception"
+
+
+def _replay(ctx: RequestContext, receive: Receive) -> Receive:
+    """A fresh `receive` per attempt: the body once, then whatever `receive` says next.
+
+    The body comes from `ctx.body_for_app()`, so every attempt reads the same bytes (with the
+    model rewrite). What `receive` itself still holds of the body is skipped: only a
+    disconnect can follow.
+    """
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": ctx.body_for_app(), "more_body": False}
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return message
+
+    return replay
