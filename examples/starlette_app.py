@@ -30,7 +30,8 @@ from switchyard_mw.outbound import make_http_client
 
 DEFAULT_CONFIG = Path(__file__).with_name("switchyard.toml")
 CONFIG = os.environ.get("SWITCHYARD_CONFIG", str(DEFAULT_CONFIG))
-START_MOCK = os.environ.get("SWITCHYARD_START_MOCK", "1" if CONFIG == str(DEFAULT_CONFIG) else "0")
+USING_DEFAULT = str(DEFAULT_CONFIG) == CONFIG
+START_MOCK = os.environ.get("SWITCHYARD_START_MOCK", "1" if USING_DEFAULT else "0")
 
 
 def _start_mock_provider() -> None:
@@ -77,7 +78,7 @@ gateway = Starlette(
     lifespan=lifespan,
 )
 app = switchyard_stack(gateway, config=CONFIG)
-gateway.mount("/switchyard/accounts", cooling_status_app(app.pool))
+gateway.add_route("/switchyard/accounts", cooling_status_app(app.pool), methods=["GET", "HEAD"])
 
 if __name__ == "__main__":
     import uvicorn

@@ -1,4 +1,4 @@
-"""Real servers for live tests: uvicorn in a thread (in-process apps) or a subprocess (the example)."""
+"""Real servers for live tests: uvicorn on a thread (in-process apps) or a subprocess."""
 
 from __future__ import annotations
 
@@ -53,7 +53,9 @@ def serve_in_thread(app: Any, port: int | None = None) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def example_gateway(config_text: str, tmp_path: Path, env: Mapping[str, str] | None = None) -> Iterator[str]:
+def example_gateway(
+    config_text: str, tmp_path: Path, env: Mapping[str, str] | None = None
+) -> Iterator[str]:
     """`uvicorn examples.starlette_app:app` in a subprocess with this config; yields its URL."""
     config = tmp_path / "switchyard.toml"
     config.write_text(config_text)
@@ -66,8 +68,18 @@ def example_gateway(config_text: str, tmp_path: Path, env: Mapping[str, str] | N
     }
     log = (tmp_path / "gateway.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "examples.starlette_app:app", "--host", "127.0.0.1",
-         "--port", str(port), "--log-level", "warning"],
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "examples.starlette_app:app",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
         cwd=ROOT,
         env=full_env,
         stdout=log,

@@ -234,4 +234,5 @@ async def test_client_disconnect_cancels_the_app_and_its_finally_runs() -> None:
     assert finally_ran.is_set()
     assert sent == []
     ctx = context_of(scope)
-    assert ctx is not None and ctx.disconnected
+    assert ctx is not None
+    assert ctx.disconnected

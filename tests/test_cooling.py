@@ -470,15 +470,19 @@ async def test_disconnect_releases_the_probe(clock: FakeClock) -> None:
     )
 
 
-async def test_outcome_counts_when_cancelled_after_the_response_ended(clock: FakeClock) -> None:
-    """uvicorn reports a disconnect once a response is complete; the probe's success stands."""
+async def test_after_work_runs_and_outcome_counts_once_the_response_ended(
+    clock: FakeClock,
+) -> None:
+    """uvicorn reports a disconnect once a response is complete: that must cancel nothing."""
     finished = asyncio.Event()
+    after_work_done = asyncio.Event()
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         await receive()
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
-        await asyncio.sleep(30)  # e.g. a background task, cancelled by the disconnect
+        await asyncio.sleep(0.05)  # e.g. a background task closing the upstream response
+        after_work_done.set()
 
     gateway, pool = stack(app, account("a"), clock=clock)
     cool(pool, "a")
@@ -499,6 +503,7 @@ async def test_outcome_counts_when_cancelled_after_the_response_ended(clock: Fak
 
     async with asyncio.timeout(5):
         await gateway(_scope(), receive, send)
+    assert after_work_done.is_set()
     status = pool.status_of("a")
     assert (status.state, status.consecutive_faults) == (BreakerState.CLOSED, 0)
 

@@ -126,7 +126,7 @@ async def _create(client: anthropic.AsyncAnthropic, status: int) -> Any:
 
 
 def _account(gateway: str, name: str) -> dict[str, Any]:
-    accounts = httpx.get(f"{gateway}/switchyard/accounts/").json()["accounts"]
+    accounts = httpx.get(f"{gateway}/switchyard/accounts").json()["accounts"]
     (found,) = [a for a in accounts if a["name"] == name]
     assert isinstance(found, dict)
     return found

@@ -173,7 +173,8 @@ async def test_504_in_the_wire_format_before_start_and_app_cancelled(
         }
     else:
         assert body["error"]["type"] == body["error"]["code"] == "deadline_exceeded"
-    assert state["cancelled"] and state["finally"]
+    assert state["cancelled"]
+    assert state["finally"]
     assert otel_metrics.value("switchyard.deadline.exceeded", phase="total") == before + 1
 
 
@@ -209,12 +210,14 @@ async def test_stalled_stream_ends_with_one_wire_error_event(
     if path == "/v1/messages":
         assert last.startswith("event: error\ndata: ")
         payload = json.loads(last.split("data: ", 1)[1])
-        assert payload["type"] == "error" and payload["error"]["type"] == "deadline_exceeded"
+        assert payload["type"] == "error"
+        assert payload["error"]["type"] == "deadline_exceeded"
     else:
         payload = json.loads(last.removeprefix("data: "))
         assert payload["error"]["type"] == "deadline_exceeded"
     assert r.text.count("deadline_exceeded") == (1 if path == "/v1/messages" else 2)  # type+code
-    assert state["cancelled"] and state["finally"]
+    assert state["cancelled"]
+    assert state["finally"]
     assert otel_metrics.value("switchyard.deadline.exceeded", phase="idle") == before + 1
 
 

@@ -44,7 +44,9 @@ def mock() -> Iterator[tuple[MockProvider, str]]:
 
 
 @pytest.fixture(scope="module")
-def gateway(mock: tuple[MockProvider, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def gateway(
+    mock: tuple[MockProvider, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
     _, mock_url = mock
     with example_gateway(config(mock_url), tmp_path_factory.mktemp("gw"), ENV) as url:
         yield url
@@ -55,14 +57,17 @@ def clean_mock(mock: tuple[MockProvider, str]) -> None:
     mock[0].reset()
 
 
-async def test_anthropic_sdk_non_streaming_and_streaming(gateway: str, mock: tuple[MockProvider, str]) -> None:
+async def test_anthropic_sdk_non_streaming_and_streaming(
+    gateway: str, mock: tuple[MockProvider, str]
+) -> None:
     provider, _ = mock
     client = anthropic.AsyncAnthropic(base_url=gateway, api_key="caller-key", max_retries=0)
     raw = await client.messages.with_raw_response.create(
         model="gpt-5", max_tokens=50, messages=[{"role": "user", "content": "hi"}]
     )
     message = await raw.parse()
-    assert message.content[0].type == "text" and message.content[0].text
+    assert message.content[0].type == "text"
+    assert message.content[0].text
     assert message.model == "gpt-5"
     assert raw.headers["x-switchyard-account"] == "a"
     assert raw.headers["x-switchyard-attempts"] == "1"
@@ -98,7 +103,9 @@ async def test_openai_sdk_chat_and_responses(gateway: str, mock: tuple[MockProvi
     assert "".join(chunks)
     response = await client.responses.create(model="gpt-5", input="hi")
     assert response.output_text
-    events = [e.type async for e in await client.responses.create(model="gpt-5", input="hi", stream=True)]
+    events = [
+        e.type async for e in await client.responses.create(model="gpt-5", input="hi", stream=True)
+    ]
     assert events[-1] == "response.completed"
     await client.close()
 
@@ -110,11 +117,18 @@ async def test_canary_conversation_sticks_to_one_variant_through_the_gateway(
     client = anthropic.AsyncAnthropic(base_url=gateway, api_key="k", max_retries=0)
     landed: dict[str, set[str]] = {}
     for i in range(12):
-        history: list[anthropic.types.MessageParam] = [{"role": "user", "content": f"conversation {i}"}]
+        history: list[anthropic.types.MessageParam] = [
+            {"role": "user", "content": f"conversation {i}"}
+        ]
         for _turn in range(3):
-            reply = await client.messages.create(model="claude-opus-5", max_tokens=20, messages=history)
+            reply = await client.messages.create(
+                model="claude-opus-5", max_tokens=20, messages=history
+            )
             landed.setdefault(str(i), set()).add(reply.model)
-            history += [{"role": "assistant", "content": reply.content[0].text}, {"role": "user", "content": "go on"}]
+            history += [
+                {"role": "assistant", "content": reply.content[0].text},
+                {"role": "user", "content": "go on"},
+            ]
     assert all(len(models) == 1 for models in landed.values())
     assert set().union(*landed.values()) == {"claude-opus-5", "claude-opus-5-5"}
     # The mock saw the resolved model in the body, not the requested one.
@@ -124,7 +138,9 @@ async def test_canary_conversation_sticks_to_one_variant_through_the_gateway(
 
 async def test_bad_input_gets_the_wire_error_through_the_sdk(gateway: str) -> None:
     async with httpx.AsyncClient(base_url=gateway) as http:
-        r = await http.post("/v1/messages", content=b'{"model": ', headers={"content-type": "application/json"})
+        r = await http.post(
+            "/v1/messages", content=b'{"model": ', headers={"content-type": "application/json"}
+        )
     assert r.status_code == 400
     assert r.json()["type"] == "error"
     client = anthropic.AsyncAnthropic(base_url=gateway, api_key="k", max_retries=0)
@@ -136,7 +152,11 @@ async def test_bad_input_gets_the_wire_error_through_the_sdk(gateway: str) -> No
 def test_metrics_and_accounts_endpoints(gateway: str) -> None:
     httpx.post(
         f"{gateway}/v1/chat/completions",
-        json={"model": "claude-opus-5", "user": "u1", "messages": [{"role": "user", "content": "x"}]},
+        json={
+            "model": "claude-opus-5",
+            "user": "u1",
+            "messages": [{"role": "user", "content": "x"}],
+        },
     )
     assert metric_value(gateway, "switchyard_variant_assignments_total", model="claude-opus-5") >= 1
     accounts = httpx.get(f"{gateway}/switchyard/accounts")
@@ -152,8 +172,10 @@ def slow_gateway(mock: tuple[MockProvider, str], tmp_path: Path) -> Iterator[str
         yield url
 
 
-async def test_live_deadline_grows_with_the_output_cap(slow_gateway: str, mock: tuple[MockProvider, str]) -> None:
-    """timeout_secs = 1 and a 2 s upstream: 100 tokens (2.81 s) succeeds, 10 tokens (1 s) gets 504."""
+async def test_live_deadline_grows_with_the_output_cap(
+    slow_gateway: str, mock: tuple[MockProvider, str]
+) -> None:
+    """timeout_secs 1, a 2 s upstream: 100 tokens (2.81 s) succeed, 10 tokens (1 s) get 504."""
     provider, _ = mock
     provider.set_behaviour("*", Behaviour(headers_delay_secs=2.0))
     client = anthropic.AsyncAnthropic(base_url=slow_gateway, api_key="k", max_retries=0)
@@ -165,7 +187,9 @@ async def test_live_deadline_grows_with_the_output_cap(slow_gateway: str, mock: 
 
     started = time.monotonic()
     with pytest.raises(anthropic.APIStatusError) as info:
-        await client.messages.create(model="gpt-5", max_tokens=10, messages=[{"role": "user", "content": "short"}])
+        await client.messages.create(
+            model="gpt-5", max_tokens=10, messages=[{"role": "user", "content": "short"}]
+        )
     elapsed = time.monotonic() - started
     assert info.value.status_code == 504
     assert info.value.body["error"]["type"] == "deadline_exceeded"  # type: ignore[index]

@@ -233,7 +233,8 @@ def test_first_turn_hash_ignores_whitespace_key_order_and_cache_control() -> Non
     )
     a = read_request(Wire.ANTHROPIC, compact.encode()).first_turn_hash
     b = read_request(Wire.ANTHROPIC, spaced.encode()).first_turn_hash
-    assert a is not None and a == b
+    assert a is not None
+    assert a == b
     other = read_request(Wire.ANTHROPIC, compact.replace("trip", "TRIP").encode()).first_turn_hash
     assert other != a
 
@@ -301,8 +302,10 @@ def test_error_bodies_match_each_wire() -> None:
 
 def test_stream_error_events() -> None:
     anthropic = stream_error_event(Wire.ANTHROPIC, "deadline_exceeded", "late")
-    assert anthropic.startswith(b"event: error\ndata: ") and anthropic.endswith(b"\n\n")
+    assert anthropic.startswith(b"event: error\ndata: ")
+    assert anthropic.endswith(b"\n\n")
     payload = msgspec.json.decode(anthropic.split(b"data: ", 1)[1])
     assert payload["error"]["type"] == "deadline_exceeded"
     openai = stream_error_event(Wire.OPENAI_CHAT, "deadline_exceeded", "late")
-    assert openai.startswith(b'data: {"error":') and openai.endswith(b"\n\n")
+    assert openai.startswith(b'data: {"error":')
+    assert openai.endswith(b"\n\n")

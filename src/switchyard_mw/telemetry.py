@@ -7,10 +7,11 @@ Without an OpenTelemetry SDK configured, every call below is the API's no-op.
 from __future__ import annotations
 
 import hashlib
+from importlib.metadata import version
 
 from opentelemetry import metrics, trace
 
-from . import __version__
+__version__ = version("switchyard-mw")
 
 SCOPE = "switchyard_mw"
 

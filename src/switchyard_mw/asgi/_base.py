@@ -70,8 +70,8 @@ class PolicyMiddleware(ABC):
             )
             receive = replay_receive(ctx, gone)
         attach(scope, ctx)
-        if self.server.expose_headers:
-            send = _exposing(ctx, send)
+        if watcher is not None or self.server.expose_headers:
+            send = _tracking(ctx, send, watcher, expose=self.server.expose_headers)
         span = trace.get_current_span()
         own_span = None
         if not span.is_recording():
@@ -216,15 +216,24 @@ async def send_error(
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-def _exposing(ctx: RequestContext, send: Send) -> Send:
-    async def send_with_headers(message: Message) -> None:
-        if message["type"] == "http.response.start":
+def _tracking(
+    ctx: RequestContext, send: Send, watcher: asyncio.Task[None] | None, *, expose: bool
+) -> Send:
+    """Adds the `x-switchyard-*` headers, and stops watching for a disconnect once the response
+    is complete: servers report one then, and the app's after-work (background tasks) must run.
+    """
+
+    async def send_tracked(message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.start" and expose:
             extra = exposed_headers(ctx)
             if extra:
                 message = {**message, "headers": [*message.get("headers", ()), *extra]}
+        elif kind == "http.response.body" and not message.get("more_body", False) and watcher:
+            watcher.cancel()
         await send(message)
 
-    return send_with_headers
+    return send_tracked
 
 
 def exposed_headers(ctx: RequestContext) -> list[tuple[bytes, bytes]]:

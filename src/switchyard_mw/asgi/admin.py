@@ -9,34 +9,25 @@ from ..core.pool import AccountPool
 from ._types import ASGIApp, Receive, Scope, Send
 
 
-def cooling_status_app(pool: AccountPool, *, clock: Clock = monotonic) -> ASGIApp:
+class CoolingStatusApp:
     """Answers GET with each account's breaker state as JSON.
 
     `clock` must be the pool's. A cooling end is shown as seconds from now
     (`cooled_for_secs`), since the pool's monotonic time means nothing outside the process.
     The pool holds names and counters only, so no key can leak through this view.
+    A class rather than a function, so Starlette's `Route` serves it as an ASGI app.
     """
 
-    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+    def __init__(self, pool: AccountPool, *, clock: Clock = monotonic) -> None:
+        self.pool = pool
+        self.clock = clock
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
         headers = [(b"content-type", b"application/json")]
         if scope.get("method") in ("GET", "HEAD"):
-            now = clock()
-            accounts = [
-                {
-                    "name": s.name,
-                    "state": s.state.value,
-                    "consecutive_faults": s.consecutive_faults,
-                    "cooled_for_secs": (
-                        None if s.cooled_until is None else round(max(0.0, s.cooled_until - now), 3)
-                    ),
-                    "current_cooldown_secs": s.current_cooldown_secs,
-                    "probe_in_flight": s.probe_in_flight,
-                }
-                for s in pool.status()
-            ]
-            status, body = 200, msgspec.json.encode({"accounts": accounts})
+            status, body = 200, msgspec.json.encode({"accounts": self.snapshot()})
         else:
             status, body = 405, b'{"error":"method not allowed"}'
             headers.append((b"allow", b"GET, HEAD"))
@@ -46,4 +37,23 @@ def cooling_status_app(pool: AccountPool, *, clock: Clock = monotonic) -> ASGIAp
             body = b""
         await send({"type": "http.response.body", "body": body})
 
-    return app
+    def snapshot(self) -> list[dict[str, object]]:
+        now = self.clock()
+        return [
+            {
+                "name": s.name,
+                "state": s.state.value,
+                "consecutive_faults": s.consecutive_faults,
+                "cooled_for_secs": (
+                    None if s.cooled_until is None else round(max(0.0, s.cooled_until - now), 3)
+                ),
+                "current_cooldown_secs": s.current_cooldown_secs,
+                "probe_in_flight": s.probe_in_flight,
+            }
+            for s in self.pool.status()
+        ]
+
+
+def cooling_status_app(pool: AccountPool, *, clock: Clock = monotonic) -> ASGIApp:
+    """The operator view of `pool` as an ASGI app (see `CoolingStatusApp`)."""
+    return CoolingStatusApp(pool, clock=clock)
