@@ -140,11 +140,20 @@ _CANONICAL = msgspec.json.Encoder(order="sorted")
 def read_request(wire: Wire, body: bytes) -> RequestView:
     """Decode `body` for `wire`; raise `WireError` (400) when it is not what the wire allows."""
     try:
-        req = _DECODERS[wire].decode(body)
+        return _read(wire, body)
     except msgspec.ValidationError as exc:
         raise bad_request(_field_message(str(exc))) from None
     except msgspec.DecodeError as exc:
         raise bad_request(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise bad_request("request body nests too deeply") from None
+
+
+def _read(wire: Wire, body: bytes) -> RequestView:
+    req = _DECODERS[wire].decode(body)
+    # The body is rewritten by its top-level fields; a body they cannot be split into is
+    # refused here rather than failing later inside the app's `receive()`.
+    _TOP.decode(body)
     if isinstance(req, _Anthropic):
         meta_user = req.metadata.user_id if req.metadata else None
         return RequestView(
@@ -187,6 +196,7 @@ def _responses_view(req: _Responses) -> RequestView:
         items = _ITEMS.decode(req.input)
     except msgspec.ValidationError as exc:
         raise bad_request(_field_message(str(exc), prefix="input")) from None
+
     user_key = req.user or req.safety_identifier or None
     # A continuation's `input` holds only the new turn, not the conversation's first one:
     # keying on it would move every turn somewhere else, so such a request has no turn key.
