@@ -23,6 +23,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from switchyard_mw import prometheus
+from switchyard_mw.asgi.admin import HealthApp
 from switchyard_mw.asgi.cooling import cooling_status_app
 from switchyard_mw.asgi.stack import switchyard_stack
 from switchyard_mw.gateway import WIRE_ROUTES, Forwarder
@@ -79,6 +80,7 @@ gateway = Starlette(
 )
 app = switchyard_stack(gateway, config=CONFIG)
 gateway.add_route("/switchyard/accounts", cooling_status_app(app.pool), methods=["GET", "HEAD"])
+gateway.add_route("/switchyard/health", HealthApp(), methods=["GET"])
 
 if __name__ == "__main__":
     import uvicorn
