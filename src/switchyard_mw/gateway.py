@@ -91,10 +91,12 @@ async def _relay(response: httpx.Response, ctx: RequestContext) -> AsyncIterator
         async for chunk in response.aiter_raw():
             yield chunk
     except httpx.HTTPError as exc:
+        # The client already has a 200: end its stream with the wire's error event, and let
+        # the cooling policy count the account's fault all the same.
+        ctx.report_upstream(502)
         wire = ctx.wire or Wire.OPENAI_CHAT
-        yield stream_error_event(
-            wire, "upstream_error", f"upstream stream failed: {type(exc).__name__}"
-        )
+        message = f"upstream stream failed: {type(exc).__name__}"
+        yield stream_error_event(wire, "upstream_error", message)
 
 
 def _error(wire: Wire, status: int, error_type: str, message: str) -> Response:
