@@ -18,7 +18,7 @@ import pytest
 from servers import example_gateway, metric_value, serve_in_thread
 from switchyard_mw.testing import Behaviour, MockProvider
 
-ENV = {"KEY_A": "key-a-secret", "KEY_B": "key-b-secret"}
+ENV = {"KEY_A": "key-a-secret", "KEY_B": "key-b-secret", "JUDGE_KEY": "judge-key"}
 
 
 def config(mock_url: str, *, timeout_secs: float = 60) -> str:
@@ -31,8 +31,21 @@ models = ["claude-opus-5", "claude-opus-5-5", "gpt-5"]
 timeout_secs = {timeout_secs}
 failure_threshold = 100
 
+[llm_clients.judge]
+base_url = "{mock_url}"
+api_key_env = "JUDGE_KEY"
+models = ["gpt-judge"]
+
 [canaries."claude-opus-5"]
 variants = {{ "claude-opus-5-5" = 50.0 }}
+
+[routes.auto]
+classifier = "llm"
+judge = "judge"
+judge_model = "gpt-judge"
+judge_deadline_ms = 300
+choices = {{ simple = "gpt-5", complex = "claude-opus-5" }}
+fallback = "claude-opus-5-5"
 """
 
 
@@ -195,3 +208,38 @@ async def test_live_deadline_grows_with_the_output_cap(
     assert info.value.body["error"]["type"] == "deadline_exceeded"  # type: ignore[index]
     assert 0.9 < elapsed < 1.9
     await client.close()
+
+
+async def test_stalled_judge_fails_open_within_its_deadline_and_metrics_show_it(
+    gateway: str, mock: tuple[MockProvider, str]
+) -> None:
+    provider, _ = mock
+    before = metric_value(gateway, "switchyard_classifier_fail_open_total", reason="deadline")
+    provider.set_behaviour("judge-key", Behaviour(headers_delay_secs=30))
+    client = openai.AsyncOpenAI(base_url=f"{gateway}/v1", api_key="k", max_retries=0)
+    started = time.monotonic()
+    raw = await client.chat.completions.with_raw_response.create(
+        model="auto", messages=[{"role": "user", "content": "which model?"}]
+    )
+    elapsed = time.monotonic() - started
+    completion = raw.parse()
+    assert completion.model == "claude-opus-5-5"  # the route's fallback
+    assert raw.headers["x-switchyard-route"] == "fail_open:deadline"
+    assert elapsed < 0.3 + 1.5
+    after = metric_value(gateway, "switchyard_classifier_fail_open_total", reason="deadline")
+    assert after == before + 1
+    await client.close()
+
+
+async def test_judge_answer_routes_to_its_choice(
+    gateway: str, mock: tuple[MockProvider, str]
+) -> None:
+    mock[0].set_behaviour("judge-key", Behaviour(reply="simple"))
+    async with httpx.AsyncClient(base_url=gateway) as http:
+        r = await http.post(
+            "/v1/chat/completions",
+            json={"model": "auto", "messages": [{"role": "user", "content": "2+2?"}]},
+        )
+    assert r.status_code == 200
+    assert r.json()["model"] == "gpt-5"
+    assert r.headers["x-switchyard-route"] == "judge:simple"
