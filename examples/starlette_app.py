@@ -7,6 +7,9 @@ Environment:
     SWITCHYARD_CONFIG      the config file (default: examples/switchyard.toml, on the mock)
     SWITCHYARD_START_MOCK  1 to start the bundled mock provider in this process (default: 1
                            with the default config, else 0); SWITCHYARD_MOCK_PORT (9100)
+    OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME, ...   the standard OpenTelemetry variables:
+                           with an endpoint, traces and metrics also go out over OTLP
+                           (`switchyard_mw.otel.configure`); metrics are always on /metrics
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from switchyard_mw import prometheus
+from switchyard_mw import otel, prometheus
 from switchyard_mw.asgi.admin import HealthApp
 from switchyard_mw.asgi.cooling import cooling_status_app
 from switchyard_mw.asgi.stack import switchyard_stack
@@ -54,7 +57,7 @@ if START_MOCK == "1":
     os.environ.setdefault("MOCK_KEY_B", "mock-key-b")
     _start_mock_provider()
 
-prometheus.install()
+otel.configure(service_name="switchyard-gateway")
 http_client = make_http_client()
 forwarder = Forwarder(http_client)
 

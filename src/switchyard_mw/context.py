@@ -39,8 +39,11 @@ class RequestContext:
         "deadline_at",
         "deadline_phase",
         "disconnected",
+        "input_tokens",
         "key_kind",
+        "output_tokens",
         "resolved_model",
+        "response_status",
         "route",
         "started_at",
         "upstream_status",
@@ -70,6 +73,11 @@ class RequestContext:
         """Set when a deadline expired: `total`, `headers`, `idle` or `budget`."""
         self.disconnected = False
         """Set when the client left; the app's work has been cancelled."""
+        self.input_tokens: int | None = None
+        self.output_tokens: int | None = None
+        """Token usage the app reported (`report_usage`); telemetry only."""
+        self.response_status: int | None = None
+        """The status the client was answered with, once the response started."""
         self._rewritten: tuple[str, bytes] | None = None
 
     @property
@@ -99,6 +107,17 @@ class RequestContext:
     def report_upstream(self, status: int) -> None:
         """Tell switchyard the real upstream status when the app answers the client another."""
         self.upstream_status = status
+
+    def report_usage(
+        self, *, input_tokens: int | None = None, output_tokens: int | None = None
+    ) -> None:
+        """Tell switchyard the tokens the upstream call used, for the request's span.
+
+        Counts as the GenAI conventions mean them: input includes cached prompt tokens.
+        A later report replaces an earlier one (the answer that reached the client wins).
+        """
+        self.input_tokens = input_tokens
+        self.output_tokens = output_tokens
 
     def body_for_app(self) -> bytes:
         """The request body with `model` set to the resolved model (rewritten at most once)."""

@@ -6,8 +6,12 @@ Without an OpenTelemetry SDK configured, every call below is the API's no-op.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
+from contextlib import AbstractContextManager
 from importlib.metadata import version
+from urllib.parse import urlsplit
 
 from opentelemetry import metrics, trace
 
@@ -30,6 +34,8 @@ STATE_DEGRADED = "switchyard.state.degraded"
 SPAN_REQUEST = "switchyard.request"
 SPAN_JUDGE = "switchyard.judge"
 SPAN_ATTEMPT = "switchyard.attempt"
+SPAN_OUTBOUND = "POST"
+"""The outbound call to the provider: a CLIENT span named by its HTTP method (HTTP conventions)."""
 
 # Attribute names (OpenTelemetry GenAI conventions where they exist).
 REQUEST_MODEL = "gen_ai.request.model"
@@ -49,6 +55,15 @@ JUDGE_ROUTE = "switchyard.judge.route"
 JUDGE_OUTCOME = "switchyard.judge.outcome"
 JUDGE_LABEL = "switchyard.judge.label"
 JUDGE_REASON = "switchyard.judge.reason"
+DEADLINE_PHASE = "switchyard.deadline.phase"
+USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+ERROR_TYPE = "error.type"
+HTTP_METHOD = "http.request.method"
+HTTP_STATUS = "http.response.status_code"
+SERVER_ADDRESS = "server.address"
+SERVER_PORT = "server.port"
+URL_FULL = "url.full"
 
 tracer = trace.get_tracer(SCOPE, __version__)
 meter = metrics.get_meter(SCOPE, __version__)
@@ -85,3 +100,58 @@ state_degraded = meter.create_counter(
 def short_hash(value: str) -> str:
     """A user key as telemetry may show it: 12 hex digits, never the key itself."""
     return hashlib.blake2b(value.encode(), digest_size=6).hexdigest()
+
+
+# Providers by API host, as the GenAI conventions name them (`gen_ai.provider.name`). Only hosts
+# that identify their provider beyond doubt: a gateway, proxy or mock on another host gets no
+# name, because a wrong one would mislead a dashboard more than a missing one.
+_PROVIDER_HOSTS = {
+    "api.anthropic.com": "anthropic",
+    "api.openai.com": "openai",
+    "api.deepseek.com": "deepseek",
+    "api.mistral.ai": "mistral_ai",
+    "api.groq.com": "groq",
+    "api.x.ai": "x_ai",
+    "api.perplexity.ai": "perplexity",
+    "api.cohere.com": "cohere",
+}
+_PROVIDER_SUFFIXES = ((".openai.azure.com", "azure.ai.openai"),)
+
+
+@functools.lru_cache(maxsize=256)
+def provider_name(base_url: str) -> str | None:
+    """`gen_ai.provider.name` of an account's `base_url`, or None when the host does not say.
+
+    Cached: a process has a handful of accounts, and requests must not parse URLs.
+    """
+    host = (urlsplit(base_url).hostname or "").lower()
+    name = _PROVIDER_HOSTS.get(host)
+    if name is None:
+        name = next((n for suffix, n in _PROVIDER_SUFFIXES if host.endswith(suffix)), None)
+    return name
+
+
+def tracing() -> bool:
+    """Whether an SDK (any real tracer provider) is installed, so that spans are worth making.
+
+    Without one, `get_tracer_provider()` returns the API's proxy: a type check, no allocation.
+    Lets the hot path skip building attributes, propagation carriers and parsing for spans
+    that would all be no-ops.
+    """
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
+_NO_SPAN: AbstractContextManager[None] = contextlib.nullcontext()  # stateless: reusable
+
+
+def activate(span: trace.Span) -> AbstractContextManager[object]:
+    """Make `span` current for a block, unless it is the no-op span (then: a shared no-op).
+
+    Unlike `trace.use_span`'s defaults, it records no exception and sets no status from one:
+    an exception's text may quote a prompt, so callers record only its type (`error.type`).
+    A sampled-out span still has a valid context and is activated, so that the decision to
+    drop it propagates downstream.
+    """
+    if not span.get_span_context().is_valid:
+        return _NO_SPAN
+    return trace.use_span(span, record_exception=False, set_status_on_exception=False)

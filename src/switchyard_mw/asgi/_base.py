@@ -13,7 +13,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import Any
 
-from opentelemetry import trace
+from opentelemetry import propagate, trace
+from opentelemetry.propagators.textmap import Getter
 
 from .. import telemetry as tm
 from ..config import Server
@@ -70,27 +71,38 @@ class PolicyMiddleware(ABC):
             )
             receive = replay_receive(ctx, gone)
         attach(scope, ctx)
-        if watcher is not None or self.server.expose_headers:
-            send = _tracking(ctx, send, watcher, expose=self.server.expose_headers)
         span = trace.get_current_span()
         own_span = None
-        if not span.is_recording():
-            # No ASGI instrumentation above us: the request still gets one span to hang on.
-            own_span = span = tm.tracer.start_span(tm.SPAN_REQUEST, kind=trace.SpanKind.SERVER)
+        if not span.is_recording() and tm.tracing():
+            # No ASGI instrumentation above us: the request still gets one span to hang on. It
+            # continues the caller's trace (`traceparent`) unless a span above us already did.
+            parent = None
+            if not span.get_span_context().is_valid:
+                parent = propagate.extract(scope, getter=_SCOPE_HEADERS)
+            own_span = span = tm.tracer.start_span(
+                tm.SPAN_REQUEST, context=parent, kind=trace.SpanKind.SERVER
+            )
+        if watcher is not None or self.server.expose_headers or own_span is not None:
+            send = _tracking(ctx, send, watcher, expose=self.server.expose_headers)
         token = current_var.set(ctx)
         try:
-            with trace.use_span(span, end_on_exit=False):
+            with tm.activate(span):
                 await self.handle(ctx, scope, receive, send)
         except asyncio.CancelledError:
             # Our own cancellation for a client that left is finished here: nobody to answer.
             task = asyncio.current_task()
             if not ctx.disconnected or task is None or task.uncancel() > 0:
                 raise
+        except Exception as exc:
+            if own_span is not None:  # an instrumentation's span records its own exceptions
+                own_span.set_attribute(tm.ERROR_TYPE, type(exc).__qualname__)
+                own_span.set_status(trace.StatusCode.ERROR)
+            raise
         finally:
             if watcher is not None:
                 watcher.cancel()
             current_var.reset(token)
-            _annotate(span, ctx)
+            _annotate(span, ctx, own=own_span is not None, method=scope.get("method"))
             if own_span is not None:
                 own_span.end()
 
@@ -219,15 +231,16 @@ async def send_error(
 def _tracking(
     ctx: RequestContext, send: Send, watcher: asyncio.Task[None] | None, *, expose: bool
 ) -> Send:
-    """Adds the `x-switchyard-*` headers, and stops watching for a disconnect once the response
-    is complete: servers report one then, and the app's after-work (background tasks) must run.
+    """Adds the `x-switchyard-*` headers, notes the status for the request's span, and stops
+    watching for a disconnect once the response is complete: servers report one then, and the
+    app's after-work (background tasks) must run.
     """
 
     async def send_tracked(message: Message) -> None:
         kind = message["type"]
-        if kind == "http.response.start" and expose:
-            extra = exposed_headers(ctx)
-            if extra:
+        if kind == "http.response.start":
+            ctx.response_status = message["status"]
+            if expose and (extra := exposed_headers(ctx)):
                 message = {**message, "headers": [*message.get("headers", ()), *extra]}
         elif kind == "http.response.body" and not message.get("more_body", False) and watcher:
             watcher.cancel()
@@ -254,10 +267,35 @@ def exposed_headers(ctx: RequestContext) -> list[tuple[bytes, bytes]]:
     return out
 
 
-def _annotate(span: trace.Span, ctx: RequestContext) -> None:
+class _ScopeHeaders(Getter[Scope]):
+    """Reads propagation headers (`traceparent`, ...) straight from an ASGI scope."""
+
+    def get(self, carrier: Scope, key: str) -> list[str] | None:
+        name = key.lower().encode("latin-1")
+        found = [v.decode("latin-1") for k, v in carrier.get("headers", ()) if k.lower() == name]
+        return found or None
+
+    def keys(self, carrier: Scope) -> list[str]:
+        return [k.decode("latin-1") for k, _ in carrier.get("headers", ())]
+
+
+_SCOPE_HEADERS = _ScopeHeaders()
+
+
+def _annotate(span: trace.Span, ctx: RequestContext, *, own: bool, method: str | None) -> None:
+    """The request's decisions on its span; `own`: switchyard's own span, which also gets the
+    HTTP attributes an ASGI instrumentation would otherwise have set."""
     if not span.is_recording():
         return
     attributes: dict[str, str | int] = {}
+    if own:
+        if method is not None:
+            attributes[tm.HTTP_METHOD] = method
+        if ctx.response_status is not None:
+            attributes[tm.HTTP_STATUS] = ctx.response_status
+            if ctx.response_status >= 500:  # server spans: only 5xx are the server's errors
+                attributes[tm.ERROR_TYPE] = str(ctx.response_status)
+                span.set_status(trace.StatusCode.ERROR)
     if ctx.view is not None:
         attributes[tm.REQUEST_MODEL] = ctx.view.model
         if ctx.view.max_tokens is not None:
@@ -266,6 +304,8 @@ def _annotate(span: trace.Span, ctx: RequestContext) -> None:
         attributes[tm.RESPONSE_MODEL] = ctx.resolved_model
     if ctx.client is not None:
         attributes[tm.ACCOUNT] = ctx.client.name
+        if (provider := tm.provider_name(ctx.client.base_url)) is not None:
+            attributes[tm.PROVIDER_NAME] = provider
     if ctx.attempts:
         attributes[tm.ATTEMPTS] = ctx.attempts
     if ctx.attempt_deadline_secs is not None:
@@ -274,4 +314,10 @@ def _annotate(span: trace.Span, ctx: RequestContext) -> None:
         attributes[tm.ROUTE] = ctx.route
     if ctx.key_kind is not None:
         attributes[tm.VARIANT_KEY_KIND] = ctx.key_kind
+    if ctx.deadline_phase is not None:
+        attributes[tm.DEADLINE_PHASE] = ctx.deadline_phase
+    if ctx.input_tokens is not None:
+        attributes[tm.USAGE_INPUT_TOKENS] = ctx.input_tokens
+    if ctx.output_tokens is not None:
+        attributes[tm.USAGE_OUTPUT_TOKENS] = ctx.output_tokens
     span.set_attributes(attributes)

@@ -167,11 +167,11 @@ class CoolingMiddleware(PolicyMiddleware):
         ctx.attempts += 1
         ctx.upstream_status = None
         ctx.deadline_phase = None
-        span = tm.tracer.start_span(
-            tm.SPAN_ATTEMPT, attributes={tm.ACCOUNT: lease.account, tm.ATTEMPT_PROBE: lease.probe}
-        )
+        span = tm.tracer.start_span(tm.SPAN_ATTEMPT)
+        if span.is_recording():  # no attribute dict per attempt when tracing is off
+            span.set_attributes(_attempt_attributes(ctx, lease))
         try:
-            with trace.use_span(span, end_on_exit=False):
+            with tm.activate(span):
                 try:
                     await self.app(scope, _replay(ctx, receive), attempt.send)
                 except asyncio.CancelledError:
@@ -180,7 +180,8 @@ class CoolingMiddleware(PolicyMiddleware):
                     self._settle(lease, span, *_verdict(ctx, attempt, gone="cancelled"))
                     raise
                 except Exception as exc:
-                    span.record_exception(exc)
+                    # The type only: an exception's text may quote the request or the reply.
+                    span.set_attribute(tm.ERROR_TYPE, type(exc).__qualname__)
                     gone = ctx.disconnected and not attempt.finished
                     if gone:
                         self._settle(lease, span, None, "disconnected")
@@ -196,13 +197,21 @@ class CoolingMiddleware(PolicyMiddleware):
             self._settle(lease, span, *_verdict(ctx, attempt))
             return attempt.status is not None and attempt.held is None
         finally:
+            if ctx.deadline_phase is not None and span.is_recording():
+                span.set_attribute(tm.DEADLINE_PHASE, ctx.deadline_phase)
             span.end()
 
     def _settle(self, lease: Lease, span: trace.Span, outcome: Outcome | None, status: str) -> None:
         """Give the lease back with what the attempt said about the account's health."""
-        span.set_attributes(
-            {tm.ATTEMPT_STATUS: status, tm.ATTEMPT_OUTCOME: outcome.value if outcome else "none"}
-        )
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    tm.ATTEMPT_STATUS: status,
+                    tm.ATTEMPT_OUTCOME: outcome.value if outcome else "none",
+                }
+            )
+            if outcome is Outcome.FAULT:
+                span.set_status(trace.StatusCode.ERROR, status)
         if outcome is None:
             self.pool.release(lease)
             return
@@ -275,6 +284,13 @@ class CoolingMiddleware(PolicyMiddleware):
         await send_error(
             send, wire, 503, NO_HEALTHY_ACCOUNT, message, [(b"retry-after", retry_after)]
         )
+
+
+def _attempt_attributes(ctx: RequestContext, lease: Lease) -> dict[str, str | bool]:
+    attributes: dict[str, str | bool] = {tm.ACCOUNT: lease.account, tm.ATTEMPT_PROBE: lease.probe}
+    if ctx.client is not None and (provider := tm.provider_name(ctx.client.base_url)):
+        attributes[tm.PROVIDER_NAME] = provider
+    return attributes
 
 
 def _verdict(
