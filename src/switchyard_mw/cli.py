@@ -24,9 +24,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     check = commands.add_parser("check-config", help="validate a config file and summarise it")
     check.add_argument("file", help="path to the TOML config")
+    extproc = commands.add_parser("extproc", help="serve the policies to Envoy (ext_proc gRPC)")
+    extproc.add_argument("--config", required=True, help="path to the TOML config")
+    extproc.add_argument(
+        "--listen",
+        default="127.0.0.1:50051",
+        help="HOST:PORT or unix:/path (default: 127.0.0.1:50051, loopback only)",
+    )
     args = parser.parse_args(argv)
     if args.command == "check-config":
         return check_config(args.file, out=sys.stdout, err=sys.stderr)
+    if args.command == "extproc":
+        return run_extproc(args.config, args.listen, err=sys.stderr)
     parser.error(f"unknown command {args.command}")  # argparse exits; kept for the type checker
     return EXIT_INVALID
 
@@ -42,6 +51,40 @@ def check_config(path: str, *, out: TextIO, err: TextIO) -> int:
         return EXIT_INVALID
     print(f"OK {path}", file=out)
     print(summary(config), file=out)
+    return EXIT_OK
+
+
+def run_extproc(path: str, listen: str, *, err: TextIO) -> int:
+    """Serve ext_proc until SIGTERM; a bad config, listen address or key is exit 2."""
+    import asyncio
+
+    from .errors import StartupError
+    from .extproc import ExtProcServer, parse_listen, serve
+
+    try:
+        config = load_config(path)
+        parse_listen(listen)
+    except ConfigError as exc:
+        print(f"{path}: {len(exc.problems)} problem(s)", file=err)
+        for problem in exc.problems:
+            print(f"  {problem}", file=err)
+        return EXIT_INVALID
+    except ValueError as exc:
+        print(f"--listen {exc}", file=err)
+        return EXIT_INVALID
+
+    def ready(server: ExtProcServer) -> None:
+        where = listen if server.port is None else f"{listen.rpartition(':')[0]}:{server.port}"
+        print(f"switchyard-mw extproc listening on {where}", file=err, flush=True)
+
+    try:
+        asyncio.run(serve(config, listen, ready=ready))
+    except StartupError as exc:
+        print(f"{path}: {exc}", file=err)
+        return EXIT_INVALID
+    except OSError as exc:
+        print(str(exc), file=err)
+        return 1
     return EXIT_OK
 
 

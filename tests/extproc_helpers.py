@@ -1,0 +1,120 @@
+"""Synthetic ext_proc traffic: build the `ProcessingRequest`s Envoy would send, read answers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from google.protobuf import struct_pb2
+
+from switchyard_mw.extproc import ExtProcServicer
+
+
+class FakeContext:
+    """The two things the servicer asks of a grpc.aio context."""
+
+    def __init__(self, metadata: Sequence[tuple[str, str]] = ()) -> None:
+        self._metadata = tuple(metadata)
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+
+class Stream:
+    """One ext_proc stream driven message by message, as Envoy does."""
+
+    def __init__(self, servicer: ExtProcServicer, metadata: Sequence[tuple[str, str]] = ()):
+        self._inbox: asyncio.Queue[ep.ProcessingRequest | None] = asyncio.Queue()
+
+        async def requests() -> AsyncIterator[ep.ProcessingRequest]:
+            while (item := await self._inbox.get()) is not None:
+                yield item
+
+        self._answers = servicer.Process(requests(), FakeContext(metadata))
+
+    async def send(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
+        await self._inbox.put(request)
+        answer: ep.ProcessingResponse = await anext(self._answers)
+        return answer
+
+    async def close(self) -> None:
+        await self._inbox.put(None)
+        with contextlib.suppress(StopAsyncIteration):
+            await anext(self._answers)
+
+
+def _header_map(headers: Mapping[str, str]) -> base_pb2.HeaderMap:
+    # As Envoy sends them: the value in raw_value, `value` empty.
+    return base_pb2.HeaderMap(
+        headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in headers.items()]
+    )
+
+
+def request_headers(
+    path: str = "/v1/messages", extra: Mapping[str, str] | None = None, *, end: bool = False
+) -> ep.ProcessingRequest:
+    headers = {
+        ":method": "POST",
+        ":path": path,
+        ":authority": "gw",
+        "content-type": "application/json",
+        "x-request-id": "rid-1",
+        **(extra or {}),
+    }
+    return ep.ProcessingRequest(
+        request_headers=ep.HttpHeaders(headers=_header_map(headers), end_of_stream=end)
+    )
+
+
+def upstream_headers(extra: Mapping[str, str]) -> ep.ProcessingRequest:
+    return request_headers(extra=extra)
+
+
+def request_body(body: bytes) -> ep.ProcessingRequest:
+    return ep.ProcessingRequest(request_body=ep.HttpBody(body=body, end_of_stream=True))
+
+
+def response_headers(
+    status: int, extra: Mapping[str, str] | None = None, *, details: str | None = None
+) -> ep.ProcessingRequest:
+    headers = {":status": str(status), **(extra or {})}
+    request = ep.ProcessingRequest(response_headers=ep.HttpHeaders(headers=_header_map(headers)))
+    if details is not None:
+        fields = struct_pb2.Struct()
+        fields.update({"response.code_details": details})
+        request.attributes["envoy.filters.http.ext_proc"].CopyFrom(fields)
+    return request
+
+
+def common(response: ep.ProcessingResponse) -> ep.CommonResponse:
+    kind = response.WhichOneof("response")
+    assert kind in ("request_headers", "request_body", "response_headers"), kind
+    result: ep.CommonResponse = getattr(response, kind).response
+    return result
+
+
+def sets(response: ep.ProcessingResponse) -> dict[str, bytes]:
+    """Headers an answer sets; every value must travel in raw_value."""
+    out = {}
+    for option in common(response).header_mutation.set_headers:
+        assert option.header.value == "", option.header.key
+        out[option.header.key] = option.header.raw_value
+    return out
+
+
+def removes(response: ep.ProcessingResponse) -> list[str]:
+    return list(common(response).header_mutation.remove_headers)
+
+
+def immediate(response: ep.ProcessingResponse) -> tuple[int, dict[str, bytes], Any]:
+    """(status, headers, decoded JSON body) of an ImmediateResponse."""
+    import msgspec
+
+    assert response.WhichOneof("response") == "immediate_response", response
+    reply = response.immediate_response
+    headers = {o.header.key: o.header.raw_value for o in reply.headers.set_headers}
+    return reply.status.code, headers, msgspec.json.decode(reply.body)

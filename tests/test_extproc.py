@@ -1,0 +1,390 @@
+"""The ext_proc servicer, phase by phase, with synthetic `ProcessingRequest`s.
+
+Each test drives `ExtProcServicer.Process` the way Envoy does: one message, one answer. The
+judge is the mock provider in process; the upstream calls are never made (Envoy would).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from extproc_helpers import (
+    Stream,
+    immediate,
+    removes,
+    request_body,
+    request_headers,
+    response_headers,
+    sets,
+    upstream_headers,
+)
+from switchyard_mw import telemetry as tm
+from switchyard_mw.clients import build_clients
+from switchyard_mw.config import parse_config
+from switchyard_mw.core.pool import BreakerState, Outcome
+from switchyard_mw.extproc import ExtProcServicer, Policies
+from switchyard_mw.testing import Behaviour, MockProvider
+
+CONFIG = """
+[llm_clients.a]
+base_url = "https://prov.example"
+api_key_env = "KEY_A"
+auth = "x-api-key"
+models = ["m-base", "m-var", "small", "big"]
+priority = 0
+timeout_secs = 10
+failure_threshold = 1
+envoy_cluster = "prov"
+
+[llm_clients.b]
+base_url = "https://prov.example"
+api_key_env = "KEY_B"
+models = ["m-base", "m-var", "small", "big"]
+priority = 1
+timeout_secs = 10
+failure_threshold = 1
+envoy_cluster = "prov"
+
+[llm_clients.c]
+base_url = "https://other.example"
+api_key_env = "KEY_C"
+models = ["solo"]
+envoy_cluster = "other"
+
+[llm_clients.j]
+base_url = "http://judge"
+models = ["judge-model"]
+
+[canaries."m-base"]
+variants = { "m-var" = 100.0 }
+
+[routes.auto]
+classifier = "llm"
+judge = "j"
+judge_model = "judge-model"
+judge_deadline_ms = 300
+choices = { simple = "small", complex = "big" }
+fallback = "big"
+"""
+ENV = {"KEY_A": "secret-a", "KEY_B": "secret-b", "KEY_C": "secret-c"}
+UPSTREAM = [("x-switchyard-filter", "upstream")]
+
+
+@dataclass
+class Env:
+    mock: MockProvider
+    policies: Policies
+    servicer: ExtProcServicer
+
+    def stream(self, metadata: list[tuple[str, str]] | None = None) -> Stream:
+        return Stream(self.servicer, metadata or [])
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[Env]:
+    mock = MockProvider()
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=mock))
+    config = parse_config(CONFIG)
+    policies = Policies(config, build_clients(config, ENV), judge_http_client=http)
+    yield Env(mock, policies, ExtProcServicer(policies))
+    await http.aclose()
+
+
+def anthropic(model: str = "m-base", **fields: Any) -> bytes:
+    body = {"model": model, "max_tokens": 12800, "metadata": {"user_id": "u1"}, **fields}
+    body.setdefault("messages", [{"role": "user", "content": "hi"}])
+    return msgspec.json.encode(body)
+
+
+async def routed(env: Env, body: bytes, extra: dict[str, str] | None = None) -> tuple[Stream, Any]:
+    stream = env.stream()
+    await stream.send(request_headers(extra=extra))
+    return stream, await stream.send(request_body(body))
+
+
+# --- request headers -------------------------------------------------------------------------
+
+
+async def test_client_routing_ticket_and_envoy_control_headers_are_removed(env: Env) -> None:
+    stream = env.stream()
+    forged = {
+        "x-switchyard-cluster": "internal-admin",
+        "x-switchyard-ticket": "guess",
+        "x-envoy-upstream-rq-timeout-ms": "99999999",
+        "x-envoy-retry-on": "5xx",
+    }
+    answer = await stream.send(request_headers(extra=forged))
+    assert set(forged) <= set(removes(answer))
+    await stream.close()
+
+
+async def test_other_requests_pass_through_but_lose_the_routing_header(env: Env) -> None:
+    stream = env.stream()
+    get = request_headers("/v1/models", {":method": "GET", "x-switchyard-cluster": "x"}, end=True)
+    answer = await stream.send(get)
+    assert removes(answer) == ["x-switchyard-cluster", "x-switchyard-ticket"]
+    mode = processing_mode_pb2.ProcessingMode
+    assert answer.mode_override.request_body_mode == mode.NONE
+    assert answer.mode_override.response_header_mode == mode.SKIP
+    await stream.close()
+
+
+# --- request body: route, rewrite, credential, deadline --------------------------------------
+
+
+async def test_the_body_phase_routes_rewrites_and_sets_the_credential(env: Env) -> None:
+    stream, answer = await routed(
+        env, anthropic(), {"authorization": "Bearer caller", "x-switchyard-cluster": "evil"}
+    )
+    mutation = answer.request_body.response
+    assert mutation.clear_route_cache
+    new_body = mutation.body_mutation.body
+    assert msgspec.json.decode(new_body)["model"] == "m-var"  # the canary variant
+    headers = sets(answer)
+    assert headers["content-length"] == str(len(new_body)).encode()
+    assert headers["x-switchyard-cluster"] == b"prov"  # the account's cluster, not the client's
+    assert headers["x-api-key"] == b"secret-a"
+    assert {"authorization", "x-api-key"} <= set(removes(answer))
+    # max(10, min(600, 12800 * 3600 / 128000)) = 360 s
+    assert headers["x-envoy-upstream-rq-timeout-ms"] == b"360000"
+    assert headers["x-switchyard-ticket"]
+    await stream.close()
+
+
+async def test_an_incoming_budget_only_shortens_the_envoy_timeout(env: Env) -> None:
+    stream, answer = await routed(env, anthropic(), {"x-switchyard-timeout-ms": "1500"})
+    assert 1400 <= int(sets(answer)["x-envoy-upstream-rq-timeout-ms"]) <= 1500
+    await stream.close()
+    stream, answer = await routed(env, anthropic(), {"x-switchyard-timeout-ms": "9999999"})
+    assert sets(answer)["x-envoy-upstream-rq-timeout-ms"] == b"360000"
+    await stream.close()
+
+
+async def test_a_stream_gets_no_total_timeout_without_a_budget(env: Env) -> None:
+    stream, answer = await routed(env, anthropic(stream=True))
+    assert "x-envoy-upstream-rq-timeout-ms" not in sets(answer)
+    await stream.close()
+
+
+async def test_a_model_no_routable_account_serves_passes_untouched(env: Env) -> None:
+    stream, answer = await routed(env, anthropic("unknown-model"))
+    assert not answer.request_body.response.HasField("header_mutation")
+    assert not answer.request_body.response.HasField("body_mutation")
+    await stream.close()
+
+
+# --- immediate responses in the wire's error format ------------------------------------------
+
+
+async def test_malformed_json_is_a_400_in_anthropic_format(env: Env) -> None:
+    stream = env.stream()
+    await stream.send(request_headers())
+    status, headers, body = immediate(await stream.send(request_body(b"{nope")))
+    assert status == 400
+    assert headers["content-type"] == b"application/json"
+    assert body["type"] == "error"
+    assert body["error"]["type"] == "invalid_request_error"
+    await stream.close()
+
+
+async def test_a_body_over_the_limit_is_a_413_in_openai_format(env: Env) -> None:
+    stream = env.stream()
+    too_big = {"content-length": str(64 * 1024 * 1024)}
+    status, _, body = immediate(await stream.send(request_headers("/v1/chat/completions", too_big)))
+    assert status == 413
+    assert body["error"]["type"] == body["error"]["code"] == "request_too_large"
+    await stream.close()
+
+
+async def test_no_healthy_account_is_a_503_with_retry_after(env: Env) -> None:
+    for name in ("a", "b"):
+        lease = env.policies.pool.acquire("m-var", allowed={name})
+        assert lease is not None
+        env.policies.pool.record(lease, Outcome.FAULT)
+    stream = env.stream()
+    await stream.send(request_headers("/v1/chat/completions"))
+    chat = msgspec.json.encode(
+        {"model": "m-base", "user": "u1", "messages": [{"role": "user", "content": "hi"}]}
+    )
+    status, headers, body = immediate(await stream.send(request_body(chat)))
+    assert status == 503
+    assert body["error"]["type"] == "no_healthy_account"
+    assert 1 <= int(headers["retry-after"]) <= 30
+    assert headers["x-switchyard-model"] == b"m-var"
+    await stream.close()
+
+
+# --- response headers: outcomes, timeouts, exposed headers -----------------------------------
+
+
+async def test_the_final_status_is_the_attempts_outcome(env: Env, otel_metrics: Any) -> None:
+    before = otel_metrics.value(tm.ACCOUNT_FAULTS, account="a", status="401")
+    cooled = otel_metrics.value(tm.ACCOUNT_COOLED, account="a")
+    stream, _ = await routed(env, anthropic())
+    answer = await stream.send(response_headers(401, details="via_upstream"))
+    await stream.close()
+    assert otel_metrics.value(tm.ACCOUNT_FAULTS, account="a", status="401") == before + 1
+    assert otel_metrics.value(tm.ACCOUNT_COOLED, account="a") == cooled + 1
+    assert env.policies.pool.status_of("a").state is BreakerState.COOLED
+    exposed = sets(answer)
+    assert exposed["x-switchyard-model"] == b"m-var"
+    assert exposed["x-switchyard-account"] == b"a"
+    assert exposed["x-switchyard-attempts"] == b"1"
+    assert exposed["x-switchyard-deadline-ms"] == b"360000"
+    assert "x-switchyard-retry" in removes(answer)
+
+
+async def test_envoys_timeout_becomes_a_504_deadline_exceeded(env: Env, otel_metrics: Any) -> None:
+    before = otel_metrics.value(tm.DEADLINE_EXCEEDED, phase="total")
+    stream, _ = await routed(env, anthropic())
+    timeout = response_headers(504, {"content-type": "text/plain"}, details="response_timeout")
+    status, headers, body = immediate(await stream.send(timeout))
+    await stream.close()
+    assert status == 504
+    assert body["error"]["type"] == "deadline_exceeded"
+    assert headers["x-switchyard-account"] == b"a"
+    assert otel_metrics.value(tm.DEADLINE_EXCEEDED, phase="total") == before + 1
+    assert env.policies.pool.status_of("a").consecutive_faults == 1
+
+
+async def test_an_upstream_504_is_passed_on_as_the_upstreams(env: Env) -> None:
+    stream, _ = await routed(env, anthropic())
+    answer = await stream.send(response_headers(504, details="via_upstream"))
+    await stream.close()
+    assert answer.WhichOneof("response") == "response_headers"
+
+
+# --- the upstream-level filter: failover inside one request ----------------------------------
+
+
+async def test_a_refused_key_fails_over_to_the_next_on_the_cluster(
+    env: Env, otel_metrics: Any
+) -> None:
+    failovers = otel_metrics.value(tm.FAILOVERS, route_model="m-var")
+    router, answer = await routed(env, anthropic())
+    ticket = sets(answer)["x-switchyard-ticket"].decode()
+
+    first = env.stream(UPSTREAM)  # attempt 1: the ticket, and the credential already set
+    attempt = await first.send(upstream_headers({"x-switchyard-ticket": ticket}))
+    assert removes(attempt) == ["x-switchyard-ticket"]
+    assert "x-api-key" not in sets(attempt)
+    retry = await first.send(response_headers(402))
+    assert sets(retry) == {"x-switchyard-retry": b"1"}
+    await first.close()
+
+    second = env.stream(UPSTREAM)  # attempt 2: found by x-request-id, key b swapped in
+    attempt = await second.send(upstream_headers({"x-api-key": "secret-a"}))
+    assert sets(attempt) == {"authorization": b"Bearer secret-b"}
+    assert {"authorization", "x-api-key"} <= set(removes(attempt))
+    assert sets(await second.send(response_headers(200))) == {}
+    await second.close()
+
+    final = sets(await router.send(response_headers(200, details="via_upstream")))
+    await router.close()
+    assert final["x-switchyard-account"] == b"b"
+    assert final["x-switchyard-attempts"] == b"2"
+    assert env.policies.pool.status_of("a").state is BreakerState.COOLED
+    assert otel_metrics.value(tm.FAILOVERS, route_model="m-var") == failovers + 1
+    assert len(env.servicer.flights) == 0
+
+
+async def test_a_429_may_fail_over_but_never_cools(env: Env) -> None:
+    router, answer = await routed(env, anthropic())
+    upstream = env.stream(UPSTREAM)
+    await upstream.send(
+        upstream_headers({"x-switchyard-ticket": sets(answer)["x-switchyard-ticket"].decode()})
+    )
+    assert sets(await upstream.send(response_headers(429))) == {"x-switchyard-retry": b"1"}
+    await upstream.close()
+    await router.close()
+    assert env.policies.pool.status_of("a").state is BreakerState.CLOSED
+    assert env.policies.pool.status_of("a").consecutive_faults == 0
+
+
+async def test_no_retry_is_asked_when_no_other_account_shares_the_cluster(env: Env) -> None:
+    router, answer = await routed(env, anthropic("solo"))
+    assert sets(answer)["x-switchyard-cluster"] == b"other"
+    upstream = env.stream(UPSTREAM)
+    await upstream.send(
+        upstream_headers({"x-switchyard-ticket": sets(answer)["x-switchyard-ticket"].decode()})
+    )
+    assert sets(await upstream.send(response_headers(500))) == {}
+    await upstream.close()
+    await router.close()
+
+
+async def test_an_upstream_stream_without_a_flight_changes_nothing(env: Env) -> None:
+    upstream = env.stream(UPSTREAM)
+    answer = await upstream.send(upstream_headers({"x-switchyard-ticket": "forged"}))
+    assert sets(answer) == {}
+    assert removes(answer) == []
+    await upstream.close()
+
+
+# --- judge and tracing -----------------------------------------------------------------------
+
+
+async def test_a_stalled_judge_fails_open(env: Env, otel_metrics: Any) -> None:
+    env.mock.set_behaviour("*", Behaviour(headers_delay_secs=5))
+    before = otel_metrics.value(tm.CLASSIFIER_FAIL_OPEN, route="auto", reason="deadline")
+    stream, answer = await routed(env, anthropic("auto"))
+    assert msgspec.json.decode(answer.request_body.response.body_mutation.body)["model"] == "big"
+    final = sets(await stream.send(response_headers(200, details="via_upstream")))
+    await stream.close()
+    assert final["x-switchyard-route"] == b"fail_open:deadline"
+    assert (
+        otel_metrics.value(tm.CLASSIFIER_FAIL_OPEN, route="auto", reason="deadline") == before + 1
+    )
+
+
+async def test_the_judges_verdict_routes_the_request(env: Env) -> None:
+    env.mock.set_behaviour("*", Behaviour(reply="simple"))
+    stream, answer = await routed(env, anthropic("auto"))
+    assert msgspec.json.decode(answer.request_body.response.body_mutation.body)["model"] == "small"
+    await stream.close()
+
+
+async def test_a_cancelled_stream_during_the_judge_counts_a_disconnect(
+    env: Env, otel_metrics: Any
+) -> None:
+    import asyncio
+
+    env.mock.set_behaviour("*", Behaviour(headers_delay_secs=5))
+    before = otel_metrics.value(tm.CLASSIFIER_FAIL_OPEN, route="auto", reason="disconnect")
+    stream = env.stream()
+    await stream.send(request_headers())
+    task = asyncio.create_task(stream.send(request_body(anthropic("auto"))))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert (
+        otel_metrics.value(tm.CLASSIFIER_FAIL_OPEN, route="auto", reason="disconnect") == before + 1
+    )
+
+
+async def test_spans_join_envoys_trace(env: Env, otel_spans: InMemorySpanExporter) -> None:
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    parent = f"00-{trace_id}-00f067aa0ba902b7-01"
+    stream = env.stream([("traceparent", parent)])
+    await stream.send(request_headers())
+    await stream.send(request_body(anthropic()))
+    await stream.send(response_headers(200, details="via_upstream"))
+    await stream.close()
+    spans = {s.name: s for s in otel_spans.get_finished_spans()}
+    request = spans[tm.SPAN_REQUEST]
+    assert format(request.context.trace_id, "032x") == trace_id
+    assert request.parent is not None
+    assert format(request.parent.span_id, "016x") == "00f067aa0ba902b7"
+    assert (request.attributes or {})[tm.RESPONSE_MODEL] == "m-var"
+    attempt = spans[tm.SPAN_ATTEMPT]
+    assert attempt.parent is not None
+    assert attempt.parent.span_id == request.context.span_id
