@@ -74,17 +74,32 @@ class Server(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Paths besides the three wire paths whose JSON body is read for its `model` field."""
 
 
+class State(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Where account health (cooling) lives: in each process, or shared through Redis."""
+
+    backend: Literal["memory", "redis"] = "memory"
+    url: str | None = None
+    """`redis://[:password@]host:port/db`, `rediss://...` or `unix:///path`; redis only."""
+    key_prefix: str = "switchyard"
+    timeout_ms: PositiveInt = 100
+    """Longest wait for one store call; past it the replica goes on with its local state."""
+    probe_lease_secs: PositiveSecs = 60.0
+    """How long a claimed probe slot stays claimed if its holder never reports the outcome."""
+
+
 class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     llm_clients: dict[str, LLMClient] = {}
     canaries: dict[str, Canary] = {}
     routes: dict[str, Route] = {}
     server: Server = Server()
+    state: State = State()
 
     def clients_serving(self, model: str) -> list[str]:
         return [name for name, client in self.llm_clients.items() if client.serves(model)]
 
 
 _S = TypeVar("_S", bound=Struct)
+_TABLES: dict[str, type[Struct]] = {"server": Server, "state": State}
 _SECTIONS: dict[str, type[Struct]] = {
     "llm_clients": LLMClient,
     "canaries": Canary,
@@ -118,10 +133,10 @@ def config_from_mapping(raw: Mapping[str, Any]) -> Config:
     problems: list[str] = []
     sections: dict[str, Any] = {}
     for key, value in raw.items():
-        if key == "server":
-            server = _convert(value, Server, "server", problems)
-            if server is not None:
-                sections["server"] = server
+        if key in _TABLES:
+            table = _convert(value, _TABLES[key], key, problems)
+            if table is not None:
+                sections[key] = table
         elif key in _SECTIONS:
             if not isinstance(value, dict):
                 problems.append(f"{key}: expected a table")
@@ -258,6 +273,18 @@ def _cross_check(
             problems.append(f'{at}.fallback: no llm_clients entry serves model "{route.fallback}"')
         if name in config.canaries:
             problems.append(f"{at}: also named as a canary base model; a route name is not a model")
+    problems.extend(_check_state(config.state))
+    return problems
+
+
+def _check_state(state: State) -> list[str]:
+    problems: list[str] = []
+    if state.backend == "redis" and state.url is None:
+        problems.append('state.url: required when backend = "redis"')
+    if state.url is not None and not state.url.startswith(("redis://", "rediss://", "unix://")):
+        problems.append("state.url: must start with redis://, rediss:// or unix://")
+    if not state.key_prefix:
+        problems.append("state.key_prefix: must not be empty")
     return problems
 
 
