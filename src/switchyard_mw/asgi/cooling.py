@@ -27,8 +27,9 @@ from .. import telemetry as tm
 from ..clients import UpstreamClient
 from ..config import Server
 from ..context import RequestContext
+from ..cooling_outcomes import settle
 from ..core.clock import Clock, monotonic
-from ..core.pool import AccountPool, AccountSpec, BreakerState, Lease, Outcome, classify_status
+from ..core.pool import AccountPool, AccountSpec, Lease, Outcome, classify_status
 from ..wire import Wire
 from ._base import PolicyMiddleware, send_error
 from ._types import ASGIApp, Message, Receive, Scope, Send
@@ -212,18 +213,7 @@ class CoolingMiddleware(PolicyMiddleware):
             )
             if outcome is Outcome.FAULT:
                 span.set_status(trace.StatusCode.ERROR, status)
-        if outcome is None:
-            self.pool.release(lease)
-            return
-        name = lease.account
-        before = self.pool.status_of(name).state
-        self.pool.record(lease, outcome)
-        if outcome is Outcome.FAULT:
-            tm.account_faults.add(1, {"account": name, "status": status})
-            if before is not BreakerState.COOLED and self.pool.status_of(name).state is (
-                BreakerState.COOLED
-            ):
-                tm.account_cooled.add(1, {"account": name})
+        settle(self.pool, lease, outcome, status)
 
     def _may_retry(self, ctx: RequestContext, status: int, tried: list[str]) -> bool:
         """Whether a response starting with `status` should be held for a failover."""
