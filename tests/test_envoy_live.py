@@ -197,6 +197,27 @@ async def test_envoy_enforces_the_deadline(
     assert long.headers["x-switchyard-deadline-ms"] == "600000"
 
 
+async def test_a_stream_must_start_in_time_but_may_run_long(
+    rig: Rig, http: httpx.AsyncClient, otel_metrics: Any
+) -> None:
+    rig.configure(timeout_secs=1, failure_threshold=5)
+    body = {**message("claude-haiku-5"), "stream": True}
+    # Started at once, then 1.2 s of chunks: longer than timeout_secs, and never cut.
+    rig.mock.set_behaviour("key-a", Behaviour(chunks=4, chunk_interval_secs=0.4))
+    slow = await http.post("/v1/messages", json=body)
+    assert slow.status_code == 200
+    assert "message_stop" in slow.text
+    # Not started within timeout_secs: 504 in the wire's format, counted as `headers`.
+    rig.mock.set_behaviour("key-a", Behaviour(headers_delay_secs=2))
+    before = otel_metrics.value(tm.DEADLINE_EXCEEDED, phase="headers")
+    started = time.monotonic()
+    stalled = await http.post("/v1/messages", json=body)
+    assert stalled.status_code == 504
+    assert stalled.json()["error"]["type"] == "deadline_exceeded"
+    assert time.monotonic() - started < 1.8
+    assert otel_metrics.value(tm.DEADLINE_EXCEEDED, phase="headers") == before + 1
+
+
 @pytest.mark.parametrize("status", [401, 402, 403, 503])
 async def test_a_refused_key_fails_over_inside_the_request(
     rig: Rig, http: httpx.AsyncClient, otel_metrics: Any, status: int

@@ -168,9 +168,14 @@ async def test_an_incoming_budget_only_shortens_the_envoy_timeout(env: Env) -> N
     await stream.close()
 
 
-async def test_a_stream_gets_no_total_timeout_without_a_budget(env: Env) -> None:
+async def test_a_stream_must_start_in_time_but_has_no_total_timeout(env: Env) -> None:
     stream, answer = await routed(env, anthropic(stream=True))
+    assert sets(answer)["x-envoy-upstream-rq-per-try-timeout-ms"] == b"10000"  # timeout_secs
     assert "x-envoy-upstream-rq-timeout-ms" not in sets(answer)
+    await stream.close()
+    stream, answer = await routed(env, anthropic(stream=True), {"x-switchyard-timeout-ms": "5000"})
+    assert 4900 <= int(sets(answer)["x-envoy-upstream-rq-per-try-timeout-ms"]) <= 5000
+    assert 4900 <= int(sets(answer)["x-envoy-upstream-rq-timeout-ms"]) <= 5000
     await stream.close()
 
 

@@ -28,6 +28,13 @@ from ..judging import Judge
 from ..wire import WIRE_PATHS, Wire
 from .flights import Flight
 
+TIMEOUT_HEADER = "x-envoy-upstream-rq-timeout-ms"
+PER_TRY_TIMEOUT_HEADER = "x-envoy-upstream-rq-per-try-timeout-ms"
+
+
+def _ms(secs: float) -> bytes:
+    return str(max(1, math.ceil(secs * 1000))).encode()
+
 
 class Policies:
     """Judge, variants, account pool and deadlines for requests arriving through Envoy."""
@@ -140,16 +147,19 @@ class Policies:
         wait = min((w for w in waits if w is not None), default=1.0)
         return max(1, math.ceil(wait))
 
-    def envoy_timeout_ms(self, flight: Flight, client: UpstreamClient) -> int | None:
-        """`x-envoy-upstream-rq-timeout-ms` for the request (all its attempts), or None.
+    def deadline_headers(self, flight: Flight, client: UpstreamClient) -> list[tuple[str, bytes]]:
+        """The Envoy timeouts that enforce the deadline rule for this request.
 
-        Non-streaming: the attempt deadline, cut to what is left of the incoming budget.
-        Streaming: only the budget, since Envoy's route timeout spans the whole response and
-        would cut a long healthy stream; the route's `idle_timeout` bounds the gaps.
+        Non-streaming: `x-envoy-upstream-rq-timeout-ms` = the attempt deadline, cut to what is
+        left of the incoming budget (it bounds all attempts together, as the budget does).
+        Streaming: the response must start within `timeout_secs`, which is Envoy's per-try
+        timeout (it stops at the response headers, so it never cuts a long healthy stream);
+        the total timeout is only the budget, if any. The gaps between chunks are bounded by
+        the route's `idle_timeout` in envoy.yaml (`stream_idle_secs`).
         """
         ctx, view, spec = flight.ctx, flight.ctx.view, client.spec
         if view is None:
-            return None
+            return []
         if view.stream:
             attempt = spec.timeout_secs
         else:
@@ -160,9 +170,14 @@ class Policies:
             )
         ctx.attempt_deadline_secs = attempt
         left = None if ctx.budget_at is None else ctx.budget_at - time.monotonic()
-        secs = left if view.stream else attempt if left is None else min(attempt, left)
-        flight.budget_bound = left is not None and (view.stream or left < attempt)
-        return None if secs is None else max(1, math.ceil(secs * 1000))
+        flight.budget_bound = left is not None and left < attempt
+        first = attempt if left is None else min(attempt, left)
+        if not view.stream:
+            return [(TIMEOUT_HEADER, _ms(first))]
+        headers = [(PER_TRY_TIMEOUT_HEADER, _ms(first))]
+        if left is not None:
+            headers.append((TIMEOUT_HEADER, _ms(left)))
+        return headers
 
     # --- failover inside one request: the accounts sharing the routed cluster ---------------
 

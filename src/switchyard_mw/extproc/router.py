@@ -29,7 +29,6 @@ from .policy import Policies
 
 CLUSTER_HEADER = "x-switchyard-cluster"
 RETRY_HEADER = "x-switchyard-retry"
-TIMEOUT_HEADER = "x-envoy-upstream-rq-timeout-ms"
 CREDENTIAL_HEADERS = ("authorization", "x-api-key")
 NO_HEALTHY_ACCOUNT = "no_healthy_account"
 UPSTREAM_UNREACHABLE = "upstream_unreachable"
@@ -135,9 +134,7 @@ class RouterStream:
         flight.cluster = client.spec.envoy_cluster
         sets = [(CLUSTER_HEADER, (flight.cluster or "").encode())]
         sets += [(k, v.encode()) for k, v in client.auth_headers()]
-        timeout_ms = self.p.envoy_timeout_ms(flight, client)
-        if timeout_ms is not None:
-            sets.append((TIMEOUT_HEADER, str(timeout_ms).encode()))
+        sets += self.p.deadline_headers(flight, client)
         if self.flights.open(flight):
             sets.append((TICKET_HEADER, flight.ticket.encode()))
         return self._body_response(ctx, sets, list(CREDENTIAL_HEADERS))
@@ -173,8 +170,9 @@ class RouterStream:
         return msg.response_headers(msg.mutation(self._exposed(), [RETRY_HEADER]))
 
     def _deadline(self, flight: Flight) -> ep.ProcessingResponse:
-        """Envoy's route timeout fired before the response started."""
-        phase = "budget" if flight.budget_bound else "total"
+        """Envoy's total or per-try timeout fired before the response started."""
+        stream = flight.ctx.view is not None and flight.ctx.view.stream
+        phase = "budget" if flight.budget_bound else "headers" if stream else "total"
         flight.ctx.deadline_phase = phase
         tm.deadline_exceeded.add(1, {"phase": phase})
         # The caller's budget ran out: no account is to blame.
