@@ -7,6 +7,7 @@ asserts telemetry reads from these, comparing counts before and after what it do
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from opentelemetry import metrics, trace
@@ -45,6 +46,15 @@ class Metrics:
                         if all(attrs.get(k) == v for k, v in attributes.items()):
                             total += getattr(point, "value", None) or getattr(point, "count", 0)
         return total
+
+    def points(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        """(metric name, attributes) of every data point recorded so far."""
+        data = self._reader.get_metrics_data()
+        for rm in data.resource_metrics if data is not None else ():
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    for point in metric.data.data_points:
+                        yield metric.name, dict(point.attributes or {})
 
 
 @pytest.fixture(scope="session")

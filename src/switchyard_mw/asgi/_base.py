@@ -9,8 +9,9 @@ their policy only.
 from __future__ import annotations
 
 import asyncio
+import functools
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from opentelemetry import propagate, trace
@@ -82,9 +83,15 @@ class PolicyMiddleware(ABC):
             own_span = span = tm.tracer.start_span(
                 tm.SPAN_REQUEST, context=parent, kind=trace.SpanKind.SERVER
             )
-        if watcher is not None or self.server.expose_headers or own_span is not None:
-            send = _tracking(ctx, send, watcher, expose=self.server.expose_headers)
+        annotate = None
+        if span.is_recording():
+            annotate = functools.partial(
+                _annotate, span, ctx, own=own_span is not None, method=scope.get("method")
+            )
+        if watcher is not None or self.server.expose_headers or annotate is not None:
+            send = _tracking(ctx, send, watcher, expose=self.server.expose_headers, last=annotate)
         token = current_var.set(ctx)
+        failure = None
         try:
             with tm.activate(span):
                 await self.handle(ctx, scope, receive, send)
@@ -94,16 +101,18 @@ class PolicyMiddleware(ABC):
             if not ctx.disconnected or task is None or task.uncancel() > 0:
                 raise
         except Exception as exc:
-            if own_span is not None:  # an instrumentation's span records its own exceptions
-                own_span.set_attribute(tm.ERROR_TYPE, type(exc).__qualname__)
-                own_span.set_status(trace.StatusCode.ERROR)
+            failure = type(exc).__qualname__  # the type only: its text may quote a prompt
             raise
         finally:
             if watcher is not None:
                 watcher.cancel()
             current_var.reset(token)
-            _annotate(span, ctx, own=own_span is not None, method=scope.get("method"))
-            if own_span is not None:
+            if annotate is not None:
+                annotate()  # again: what changed after the response (or with no response)
+            if own_span is not None:  # an instrumentation's span records its own exceptions
+                if failure is not None:
+                    own_span.set_attribute(tm.ERROR_TYPE, failure)
+                    own_span.set_status(trace.StatusCode.ERROR)
                 own_span.end()
 
     def _wire_of(self, scope: Scope) -> Wire | None:
@@ -229,11 +238,19 @@ async def send_error(
 
 
 def _tracking(
-    ctx: RequestContext, send: Send, watcher: asyncio.Task[None] | None, *, expose: bool
+    ctx: RequestContext,
+    send: Send,
+    watcher: asyncio.Task[None] | None,
+    *,
+    expose: bool,
+    last: Callable[[], None] | None = None,
 ) -> Send:
     """Adds the `x-switchyard-*` headers, notes the status for the request's span, and stops
     watching for a disconnect once the response is complete: servers report one then, and the
     app's after-work (background tasks) must run.
+
+    `last` runs just before the response's last message: an ASGI instrumentation ends its
+    span as that message passes, so the request's attributes must be on it by then.
     """
 
     async def send_tracked(message: Message) -> None:
@@ -242,8 +259,11 @@ def _tracking(
             ctx.response_status = message["status"]
             if expose and (extra := exposed_headers(ctx)):
                 message = {**message, "headers": [*message.get("headers", ()), *extra]}
-        elif kind == "http.response.body" and not message.get("more_body", False) and watcher:
-            watcher.cancel()
+        elif kind == "http.response.body" and not message.get("more_body", False):
+            if watcher is not None:
+                watcher.cancel()
+            if last is not None:
+                last()
         await send(message)
 
     return send_tracked
