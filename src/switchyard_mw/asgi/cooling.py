@@ -137,7 +137,7 @@ class CoolingMiddleware(PolicyMiddleware):
             return await self.app(scope, receive, send)
         tried: list[str] = []
         last: tuple[list[Message], UpstreamClient | None, str | None] | None = None
-        while (lease := self._acquire(ctx, tried)) is not None:
+        while (lease := await self._acquire(ctx, tried)) is not None:
             if tried:
                 tm.failovers.add(1, {"route_model": ctx.resolved_model or ""})
             tried.append(lease.account)
@@ -235,12 +235,13 @@ class CoolingMiddleware(PolicyMiddleware):
                 return True
         return False
 
-    def _acquire(self, ctx: RequestContext, tried: list[str]) -> Lease | None:
+    async def _acquire(self, ctx: RequestContext, tried: list[str]) -> Lease | None:
+        # aacquire: with shared state, a probe is claimed across replicas before it is sent.
         model = ctx.resolved_model
-        lease = self.pool.acquire(model, exclude=tried) if model is not None else None
+        lease = await self.pool.aacquire(model, exclude=tried) if model is not None else None
         fallback = self._fallback(ctx) if lease is None else None
         if fallback is not None:
-            lease = self.pool.acquire(fallback, exclude=tried)
+            lease = await self.pool.aacquire(fallback, exclude=tried)
             if lease is not None:
                 ctx.resolved_model = fallback  # `body_for_app()` rewrites the body to match
         return lease

@@ -12,18 +12,26 @@ loop (ASGI handlers and grpc.aio servicers alike); "two concurrent requests neve
 holds because :meth:`AccountPool.acquire` claims the probe slot before it returns. It is *not*
 thread-safe: use it from one thread.
 
-The per-account state machine lives in :class:`_Breaker`, apart from the selection logic, so a
-shared store (e.g. Redis) can later replace it without touching the ordering.
+The per-account state machine lives in :mod:`~switchyard_mw.core.breaker`, apart from the
+selection logic. With a shared store attached (:meth:`AccountPool.attach`, e.g. Redis across
+replicas) the pool stays the local view every decision is made from: it tells the store about
+transitions that change an account's health and merges what the store reports back
+(:meth:`AccountPool.merge`). Only the probe needs the store's word before it is sent:
+:meth:`AccountPool.aacquire` is :meth:`AccountPool.acquire` plus that claim.
 """
 
 from __future__ import annotations
 
 import enum
-import math
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
+from switchyard_mw.core.breaker import AccountSpec as AccountSpec
+from switchyard_mw.core.breaker import AccountStatus as AccountStatus
+from switchyard_mw.core.breaker import Admit, Breaker
+from switchyard_mw.core.breaker import BreakerState as BreakerState
 from switchyard_mw.core.clock import Clock, monotonic
+from switchyard_mw.core.shared import Change, Shared, StateStore
 
 PROBE_RETRY_AFTER_SECS = 1.0
 """What :meth:`AccountPool.retry_after_secs` reports while the only hope is an in-flight probe:
@@ -48,59 +56,6 @@ def classify_status(status: int) -> Outcome:
     return Outcome.SUCCESS
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AccountSpec:
-    """Static config of one upstream account.
-
-    ``models`` lists the model names it serves (``"*"`` serves any); lower ``priority`` is
-    preferred and equal priorities share traffic; times are in seconds.
-    """
-
-    name: str
-    models: frozenset[str]
-    priority: int = 0
-    failure_threshold: int = 3
-    cooldown_secs: float = 30.0
-    max_cooldown_secs: float = 300.0
-
-    def __post_init__(self) -> None:
-        # A bare string would silently become a set of characters.
-        if isinstance(self.models, str):
-            raise TypeError(f"account {self.name!r}: models must be a collection, not a str")
-        # Config loaders hand over lists; normalise so `serves` is a set lookup.
-        object.__setattr__(self, "models", frozenset(self.models))
-        if self.failure_threshold < 1:
-            raise ValueError(f"account {self.name!r}: failure_threshold must be >= 1")
-        if not self.cooldown_secs > 0:
-            raise ValueError(f"account {self.name!r}: cooldown_secs must be > 0")
-        if not self.max_cooldown_secs >= self.cooldown_secs:
-            raise ValueError(f"account {self.name!r}: max_cooldown_secs must be >= cooldown_secs")
-
-    def serves(self, model: str) -> bool:
-        """Whether this account may be used for ``model``."""
-        return "*" in self.models or model in self.models
-
-
-class BreakerState(enum.Enum):
-    """``COOLED`` lasts until a probe is admitted, even after ``cooled_until`` has passed."""
-
-    CLOSED = "closed"
-    COOLED = "cooled"
-    HALF_OPEN = "half_open"
-
-
-@dataclass(frozen=True, slots=True)
-class AccountStatus:
-    """Snapshot of one account for operators; ``cooled_until`` is clock time (s), else None."""
-
-    name: str
-    state: BreakerState
-    consecutive_faults: int
-    cooled_until: float | None
-    current_cooldown_secs: float
-    probe_in_flight: bool
-
-
 @dataclass(frozen=True, slots=True, eq=False)
 class Lease:
     """Permission to send one attempt to ``account``; give it back via record() or release().
@@ -113,87 +68,12 @@ class Lease:
     probe: bool
 
 
-class _Admit(enum.Enum):
-    """Answer of :meth:`_Breaker.admit`."""
-
-    DENY = 0
-    GRANT = 1
-    PROBE = 2
-
-
-class _Breaker:
-    """One account's breaker state and transitions; the only mutable per-account state."""
-
-    __slots__ = ("cooled_until", "faults", "name", "period", "probe_in_flight", "spec", "state")
-
-    def __init__(self, spec: AccountSpec) -> None:
-        self.spec = spec
-        self.name = spec.name
-        self.state = BreakerState.CLOSED
-        self.faults = 0
-        # -inf so `max()` keeps cooling end monotonic from the first cooling on.
-        self.cooled_until = -math.inf
-        self.period = spec.cooldown_secs
-        self.probe_in_flight = False
-
-    def admit(self, now: float) -> _Admit:
-        """Whether an attempt may start at ``now``; PROBE claims the single probe slot."""
-        if self.state is BreakerState.CLOSED:
-            return _Admit.GRANT
-        if self.probe_in_flight or (self.state is BreakerState.COOLED and now < self.cooled_until):
-            return _Admit.DENY
-        self.state = BreakerState.HALF_OPEN
-        self.probe_in_flight = True
-        return _Admit.PROBE
-
-    def on_fault(self, now: float, probe: bool) -> None:
-        self.faults += 1
-        if probe:
-            self.probe_in_flight = False
-            self.period = min(self.period * 2, self.spec.max_cooldown_secs)
-            self._cool(now)
-        elif self.state is BreakerState.CLOSED and self.faults >= self.spec.failure_threshold:
-            self._cool(now)
-        # Otherwise a straggler acquired before the cooling: the account is already being dealt
-        # with, so it must neither restart the cooling nor double the period.
-
-    def on_success(self, probe: bool) -> None:
-        self.faults = 0
-        if probe:
-            self.probe_in_flight = False
-            self.state = BreakerState.CLOSED
-            self.period = self.spec.cooldown_secs
-
-    def on_throttle(self, probe: bool) -> None:
-        # A 429 says nothing about the account's health (nor does a release, which shares this):
-        # free the slot so the next caller probes, stay half-open.
-        if probe:
-            self.probe_in_flight = False
-
-    on_release = on_throttle
-
-    def _cool(self, now: float) -> None:
-        self.state = BreakerState.COOLED
-        self.cooled_until = max(self.cooled_until, now + self.period)
-
-    def snapshot(self) -> AccountStatus:
-        cooled = self.state is BreakerState.COOLED
-        return AccountStatus(
-            self.name,
-            self.state,
-            self.faults,
-            self.cooled_until if cooled else None,
-            self.period,
-            self.probe_in_flight,
-        )
-
-
 class _Group:
     """Accounts of one priority serving one model, with its round-robin cursor."""
 
     __slots__ = ("cursor", "members")
 
-    def __init__(self, members: tuple[_Breaker, ...]) -> None:
+    def __init__(self, members: tuple[Breaker, ...]) -> None:
         self.members = members
         self.cursor = 0
 
@@ -203,12 +83,12 @@ class _Route:
 
     __slots__ = ("breakers", "groups", "names")
 
-    def __init__(self, breakers: Iterable[_Breaker]) -> None:
+    def __init__(self, breakers: Iterable[Breaker]) -> None:
         # Stable sort: within a priority, config order sets the round-robin order.
         ordered = sorted(breakers, key=lambda b: b.spec.priority)
         self.breakers = tuple(ordered)
         self.names = tuple(b.name for b in ordered)
-        groups: dict[int, list[_Breaker]] = {}
+        groups: dict[int, list[Breaker]] = {}
         for b in ordered:
             groups.setdefault(b.spec.priority, []).append(b)
         self.groups = tuple(_Group(tuple(g)) for g in groups.values())
@@ -219,11 +99,11 @@ class AccountPool:
 
     def __init__(self, accounts: Sequence[AccountSpec], *, clock: Clock = monotonic) -> None:
         self._clock = clock
-        self._breakers: dict[str, _Breaker] = {}
+        self._breakers: dict[str, Breaker] = {}
         for spec in accounts:
             if spec.name in self._breakers:
                 raise ValueError(f"duplicate account name {spec.name!r}")
-            self._breakers[spec.name] = _Breaker(spec)
+            self._breakers[spec.name] = Breaker(spec)
         # Only models some account names explicitly get their own cached route, so the cache is
         # bounded by the config, not by whatever model strings clients send. Every other model is
         # served by the "*" accounts alone, through one shared route.
@@ -233,6 +113,21 @@ class AccountPool:
         self._wildcard: _Route | None = _Route(wildcard) if wildcard else None
         # The lease currently probing each account, to tell it apart from stale probe leases.
         self._probes: dict[str, Lease] = {}
+        self._store: StateStore | None = None
+
+    @property
+    def specs(self) -> tuple[AccountSpec, ...]:
+        """Every account's config, in config order."""
+        return tuple(b.spec for b in self._breakers.values())
+
+    @property
+    def clock(self) -> Clock:
+        """The clock every time in this pool is read from."""
+        return self._clock
+
+    def attach(self, store: StateStore | None) -> None:
+        """Share state through ``store`` from now on (None: local state only)."""
+        self._store = store
 
     def _route(self, model: str) -> _Route | None:
         route = self._routes.get(model)
@@ -277,16 +172,54 @@ class AccountPool:
                 if b.name in exclude or (allowed is not None and b.name not in allowed):
                     continue
                 admit = b.admit(now)
-                if admit is _Admit.DENY:
+                if admit is Admit.DENY:
                     continue
                 # Next caller starts after this account: even spreading within the group.
                 group.cursor = idx
-                if admit is _Admit.GRANT:
+                if admit is Admit.GRANT:
                     return Lease(b.name, False)
                 lease = Lease(b.name, True)
                 self._probes[b.name] = lease
                 return lease
         return None
+
+    async def aacquire(
+        self,
+        model: str,
+        *,
+        exclude: Collection[str] = (),
+        allowed: Collection[str] | None = None,
+    ) -> Lease | None:
+        """:meth:`acquire`, with the probe slot claimed across replicas when state is shared.
+
+        When the local choice is a probe, the attached store is asked for the shared slot; if
+        another replica holds it (or the shared cooling lasts longer), that account is skipped
+        and the next one chosen. Without a store, or for a non-probe lease, nothing is awaited.
+        Use it wherever state may be shared; :meth:`acquire` stays for purely local pools.
+        """
+        lease = self.acquire(model, exclude=exclude, allowed=allowed)
+        store = self._store
+        # Each refusal makes its account ineligible here, so this ends within len(accounts).
+        while store is not None and lease is not None and lease.probe:
+            shared = await store.claim_probe(lease.account)
+            if shared is None:
+                return lease
+            # Not ours after all: hand the local slot back without an outcome, learn why.
+            self._breakers[lease.account].on_release(self._take_probe(lease))
+            self.merge(lease.account, shared)
+            lease = self.acquire(model, exclude=exclude, allowed=allowed)
+        return lease
+
+    def merge(self, name: str, shared: Shared) -> None:
+        """Take in an account's state as the shared store reports it (unknown names: ignored,
+        another replica may run a newer config). A cooling end only ever moves later."""
+        b = self._breakers.get(name)
+        if b is not None:
+            b.merge(self._clock(), shared)
+
+    def view(self, name: str) -> Shared:
+        """One account's local state as a :class:`Shared` snapshot; KeyError if unknown."""
+        return self._breakers[name].view(self._clock())
 
     def _take_probe(self, lease: Lease) -> bool:
         """Whether ``lease`` is the account's live probe; if so, it stops being one."""
@@ -299,16 +232,35 @@ class AccountPool:
         """Feed back how the attempt under ``lease`` ended. Record each lease once."""
         b = self._breakers[lease.account]
         probe = self._take_probe(lease)
+        closed, faults = b.state is BreakerState.CLOSED, b.faults
+        change: Change | None = None
         if outcome is Outcome.FAULT:
             b.on_fault(self._clock(), probe)
+            if probe:
+                change = Change.PROBE_FAULT
+            elif closed:
+                change = Change.FAULT
         elif outcome is Outcome.SUCCESS:
             b.on_success(probe)
+            if probe:
+                change = Change.PROBE_SUCCESS
+            elif closed and faults:
+                change = Change.RESET
         else:
             b.on_throttle(probe)
+            if probe:
+                change = Change.PROBE_FREED
+        # A success on a healthy account changes nothing: the hot path never reaches the store.
+        if change is not None and self._store is not None:
+            self._store.changed(b.name, change, b.view(self._clock()))
 
     def release(self, lease: Lease) -> None:
         """The attempt ended without an outcome (e.g. client gone): free a probe slot only."""
-        self._breakers[lease.account].on_release(self._take_probe(lease))
+        b = self._breakers[lease.account]
+        probe = self._take_probe(lease)
+        b.on_release(probe)
+        if probe and self._store is not None:
+            self._store.changed(b.name, Change.PROBE_FREED, b.view(self._clock()))
 
     def retry_after_secs(
         self, model: str, *, allowed: Collection[str] | None = None
@@ -330,7 +282,7 @@ class AccountPool:
                 continue
             if b.state is BreakerState.CLOSED:
                 return 0.0
-            if b.probe_in_flight:
+            if b.probe_in_flight or b.cooled_until <= now < b.probe_elsewhere_until:
                 wait = PROBE_RETRY_AFTER_SECS
             elif b.state is BreakerState.HALF_OPEN:
                 return 0.0
@@ -342,8 +294,9 @@ class AccountPool:
 
     def status(self) -> list[AccountStatus]:
         """Snapshot of every account, in config order."""
-        return [b.snapshot() for b in self._breakers.values()]
+        now = self._clock()
+        return [b.snapshot(now) for b in self._breakers.values()]
 
     def status_of(self, name: str) -> AccountStatus:
         """Snapshot of one account; KeyError if unknown."""
-        return self._breakers[name].snapshot()
+        return self._breakers[name].snapshot(self._clock())

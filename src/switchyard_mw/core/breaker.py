@@ -1,0 +1,191 @@
+"""One account's circuit breaker: its config, states and transitions (sans-IO).
+
+Internal to :mod:`switchyard_mw.core`; the public names are re-exported by
+:mod:`switchyard_mw.core.pool`. Kept apart from the selection logic so that the state machine,
+including how it merges what other replicas report (:meth:`Breaker.merge`), reads on one page.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+from switchyard_mw.core.shared import Shared
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AccountSpec:
+    """Static config of one upstream account.
+
+    ``models`` lists the model names it serves (``"*"`` serves any); lower ``priority`` is
+    preferred and equal priorities share traffic; times are in seconds.
+    """
+
+    name: str
+    models: frozenset[str]
+    priority: int = 0
+    failure_threshold: int = 3
+    cooldown_secs: float = 30.0
+    max_cooldown_secs: float = 300.0
+
+    def __post_init__(self) -> None:
+        # A bare string would silently become a set of characters.
+        if isinstance(self.models, str):
+            raise TypeError(f"account {self.name!r}: models must be a collection, not a str")
+        # Config loaders hand over lists; normalise so `serves` is a set lookup.
+        object.__setattr__(self, "models", frozenset(self.models))
+        if self.failure_threshold < 1:
+            raise ValueError(f"account {self.name!r}: failure_threshold must be >= 1")
+        if not self.cooldown_secs > 0:
+            raise ValueError(f"account {self.name!r}: cooldown_secs must be > 0")
+        if not self.max_cooldown_secs >= self.cooldown_secs:
+            raise ValueError(f"account {self.name!r}: max_cooldown_secs must be >= cooldown_secs")
+
+    def serves(self, model: str) -> bool:
+        """Whether this account may be used for ``model``."""
+        return "*" in self.models or model in self.models
+
+
+class BreakerState(enum.Enum):
+    """``COOLED`` lasts until a probe is admitted, even after ``cooled_until`` has passed."""
+
+    CLOSED = "closed"
+    COOLED = "cooled"
+    HALF_OPEN = "half_open"
+
+
+@dataclass(frozen=True, slots=True)
+class AccountStatus:
+    """Snapshot of one account for operators; ``cooled_until`` is clock time (s), else None.
+
+    ``probe_in_flight`` counts a probe sent by another replica too (shared state).
+    """
+
+    name: str
+    state: BreakerState
+    consecutive_faults: int
+    cooled_until: float | None
+    current_cooldown_secs: float
+    probe_in_flight: bool
+
+
+class Admit(enum.Enum):
+    """Answer of :meth:`Breaker.admit`."""
+
+    DENY = 0
+    GRANT = 1
+    PROBE = 2
+
+
+class Breaker:
+    """One account's breaker state and transitions; the only mutable per-account state."""
+
+    __slots__ = (
+        "cooled_until",
+        "faults",
+        "name",
+        "period",
+        "probe_elsewhere_until",
+        "probe_in_flight",
+        "spec",
+        "state",
+    )
+
+    def __init__(self, spec: AccountSpec) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.state = BreakerState.CLOSED
+        self.faults = 0
+        # -inf so `max()` keeps cooling end monotonic from the first cooling on.
+        self.cooled_until = -math.inf
+        self.period = spec.cooldown_secs
+        self.probe_in_flight = False
+        # Until when another replica holds the probe slot (shared state only).
+        self.probe_elsewhere_until = -math.inf
+
+    def admit(self, now: float) -> Admit:
+        """Whether an attempt may start at ``now``; PROBE claims the single probe slot."""
+        if self.state is BreakerState.CLOSED:
+            return Admit.GRANT
+        if (
+            self.probe_in_flight
+            or now < self.probe_elsewhere_until
+            or (self.state is BreakerState.COOLED and now < self.cooled_until)
+        ):
+            return Admit.DENY
+        self.state = BreakerState.HALF_OPEN
+        self.probe_in_flight = True
+        return Admit.PROBE
+
+    def on_fault(self, now: float, probe: bool) -> None:
+        self.faults += 1
+        if probe:
+            self.probe_in_flight = False
+            self.period = min(self.period * 2, self.spec.max_cooldown_secs)
+            self._cool(now + self.period)
+        elif self.state is BreakerState.CLOSED and self.faults >= self.spec.failure_threshold:
+            self._cool(now + self.period)
+        # Otherwise a straggler acquired before the cooling: the account is already being dealt
+        # with, so it must neither restart the cooling nor double the period.
+
+    def on_success(self, probe: bool) -> None:
+        self.faults = 0
+        if probe:
+            self.probe_in_flight = False
+            self.state = BreakerState.CLOSED
+            self.period = self.spec.cooldown_secs
+
+    def on_throttle(self, probe: bool) -> None:
+        # A 429 says nothing about the account's health (nor does a release, which shares this):
+        # free the slot so the next caller probes, stay half-open.
+        if probe:
+            self.probe_in_flight = False
+
+    on_release = on_throttle
+
+    def _cool(self, until: float) -> None:
+        self.state = BreakerState.COOLED
+        self.cooled_until = max(self.cooled_until, until)
+
+    def merge(self, now: float, shared: Shared) -> None:
+        """Take in what the shared store says; a cooling end never moves earlier.
+
+        Only a probe success (``closed``) ends a cooling early. A cooling reported while this
+        replica's own probe is out is left to that probe's outcome.
+        """
+        if shared.probe_for_secs is not None:
+            self.probe_elsewhere_until = (
+                now + shared.probe_for_secs if shared.probe_for_secs > 0 else -math.inf
+            )
+        if shared.closed:
+            self.state = BreakerState.CLOSED
+            self.faults = shared.faults
+            self.period = shared.period_secs
+            return
+        self.faults = shared.faults
+        self.period = max(self.period, shared.period_secs)
+        left = shared.cooled_for_secs
+        if left is None:
+            return
+        if self.state is BreakerState.HALF_OPEN and (self.probe_in_flight or left <= 0):
+            return  # our probe decides, or the cooling reported is the one already over
+        self._cool(now + left)
+
+    def view(self, now: float) -> Shared:
+        """This breaker as a :class:`Shared` snapshot (what a store pushes after an outage)."""
+        left = None if self.state is BreakerState.CLOSED else self.cooled_until - now
+        if left is not None and not math.isfinite(left):
+            left = 0.0
+        return Shared(self.faults, self.period, left)
+
+    def snapshot(self, now: float) -> AccountStatus:
+        cooled = self.state is BreakerState.COOLED
+        return AccountStatus(
+            self.name,
+            self.state,
+            self.faults,
+            self.cooled_until if cooled else None,
+            self.period,
+            self.probe_in_flight or now < self.probe_elsewhere_until,
+        )

@@ -1,0 +1,70 @@
+"""What the account pool and a shared state store tell each other (sans-IO: types only).
+
+The pool stays the local view every decision is made from. A store (``switchyard_mw.state``)
+hears about the transitions that change an account's health — never about a success on a
+healthy account, so the hot path makes no round trip — and feeds back what other replicas did,
+as :class:`Shared` snapshots that the pool merges (a cooling end only ever moves later).
+
+The one place a decision has to wait for the store is the half-open probe: every replica may see
+the cooling end at the same moment, and only one of them may send the probe.
+:meth:`~switchyard_mw.core.pool.AccountPool.aacquire` asks :meth:`StateStore.claim_probe`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class Change(enum.Enum):
+    """A transition of one account that other replicas must hear about."""
+
+    FAULT = "fault"
+    """A fault counted while the account was closed (it may have cooled it)."""
+    PROBE_FAULT = "probe_fault"
+    """The probe faulted: the account cools again with the doubled period."""
+    RESET = "reset"
+    """A success after faults: the consecutive count is back to 0."""
+    PROBE_SUCCESS = "probe_success"
+    """The probe succeeded: the account is closed again."""
+    PROBE_FREED = "probe_freed"
+    """The probe ended without a verdict (a 429, the client left): the slot is free."""
+
+
+@dataclass(frozen=True, slots=True)
+class Shared:
+    """One account's state as a store reports it, in seconds from the moment it was read.
+
+    ``cooled_for_secs``: None when no cooling is in force, else the seconds until the probe is
+    due (<= 0: due now). ``closed``: a probe succeeded somewhere, so the account is closed
+    whatever this replica believed. ``probe_for_secs``: None when unknown, 0 when no replica
+    holds the probe slot, else the longest the current holder may keep it.
+    """
+
+    faults: int
+    period_secs: float
+    cooled_for_secs: float | None = None
+    closed: bool = False
+    probe_for_secs: float | None = None
+
+
+class StateStore(Protocol):
+    """What an :class:`~switchyard_mw.core.pool.AccountPool` needs from a shared store.
+
+    Neither method may raise or wait long: a store that cannot reach its backend answers from
+    nothing (``claim_probe`` returns None, so the local decision stands) and catches up later.
+    """
+
+    def changed(self, account: str, change: Change, local: Shared) -> None:
+        """Hear about a transition; ``local`` is the pool's view right after it. Never blocks:
+        the write happens in the background."""
+
+    async def claim_probe(self, account: str) -> Shared | None:
+        """Claim the single probe slot of ``account`` across replicas.
+
+        None: the probe is this replica's to send. Otherwise the shared state that says why
+        not (another replica holds the slot, or the cooling lasts longer than this replica
+        knew); the pool merges it and moves on to another account.
+        """
+        ...
