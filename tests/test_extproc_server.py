@@ -151,3 +151,39 @@ def test_the_cli_names_a_missing_key_with_exit_2(
     err = io.StringIO()
     assert cli.run_extproc(str(good), "127.0.0.1:0", err=err) == 2
     assert "KEY_A" in err.getvalue()
+
+
+def test_the_cli_serves_until_sigterm_and_exits_cleanly(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    config = tmp_path / "sy.toml"
+    config.write_text(CONFIG)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "switchyard_mw.cli",
+            "extproc",
+            "--config",
+            str(config),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        env={**os.environ, "KEY_A": "ka"},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        assert line.startswith("switchyard-mw extproc listening on 127.0.0.1:")
+        assert not line.rstrip().endswith(":0")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
