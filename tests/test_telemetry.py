@@ -7,10 +7,12 @@ the real ones. Spans and metrics come from the session's in-memory pipeline (con
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -227,20 +229,42 @@ async def test_judge_failing_open_is_a_child_span_and_the_route_says_why(
     assert attributes[tm.USAGE_OUTPUT_TOKENS] == usage["completion_tokens"]
 
 
+class SlowStream(httpx.AsyncBaseTransport):
+    """An upstream whose headers come at once and whose SSE events trickle in after."""
+
+    def __init__(self) -> None:
+        self.headers_at = 0.0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        async def events() -> AsyncIterator[bytes]:
+            for n in range(3):
+                await asyncio.sleep(0.05)
+                yield f"event: ping\ndata: {n}\n\n".encode()
+
+        self.headers_at = time.time_ns()
+        headers = {"content-type": "text/event-stream"}
+        return httpx.Response(200, headers=headers, content=events())
+
+
 async def test_streamed_call_span_lasts_until_the_stream_ends(
-    gw: Gateway, otel_spans: InMemorySpanExporter
+    otel_spans: InMemorySpanExporter,
 ) -> None:
-    gw.mock.set_behaviour("*", Behaviour(chunks=3, chunk_interval_secs=0.05))
-    async with gw.client() as client:
+    upstream = SlowStream()
+    forwarder = Forwarder(httpx.AsyncClient(transport=upstream))
+    app = Starlette(routes=[Route(p, forwarder.forward, methods=["POST"]) for p in WIRE_ROUTES])
+    stack = switchyard_stack(app, config=parse_config(CONFIG), environ=ENV)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=stack), base_url="http://gw.test"
+    ) as client:
         reply = await client.post("/v1/messages", json={**MESSAGE, "stream": True})
-    assert reply.status_code == 200
-    assert "message_stop" in reply.text
+    assert reply.text.count("event: ping") == 3
     spans = otel_spans.get_finished_spans()
     (attempt,) = named(spans, tm.SPAN_ATTEMPT)
     (call,) = named(spans, tm.SPAN_OUTBOUND)
     assert attempt.context is not None
     assert parent_of(call) == attempt.context.span_id
-    assert (call.end_time or 0) - (call.start_time or 0) >= 0.1e9  # the chunks' intervals
+    # Not over when the headers came: over when the last event had been read.
+    assert (call.end_time or 0) - upstream.headers_at >= 0.15e9
     assert (call.end_time or 0) <= (attempt.end_time or 0)
 
 
