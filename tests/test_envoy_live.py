@@ -164,6 +164,20 @@ async def test_variants_are_rewritten_and_sticky(rig: Rig, http: httpx.AsyncClie
         assert not any(h.startswith("x-switchyard") for h in record.headers)
 
 
+async def test_a_large_body_is_rewritten_whole(rig: Rig, http: httpx.AsyncClient) -> None:
+    """6 MiB: over gRPC's 4 MiB default and Envoy's 1 MiB buffer, both raised for this."""
+    rig.configure()
+    split = Split.build("claude-opus-5", [("claude-opus-5-5", 50.0)], SALT)
+    user = next(u for u in (f"big-{i}" for i in range(100)) if split.pick(u) == "claude-opus-5-5")
+    body = message("claude-opus-5", user=user)
+    body["messages"][0]["content"] = "x" * (6 << 20)
+    response = await http.post("/v1/messages", json=body)
+    assert response.status_code == 200, response.text[:200]
+    (record,) = rig.mock.requests
+    assert record.model == "claude-opus-5-5"  # the model rewritten in the 6 MiB body
+    assert len(record.body) > 6 << 20
+
+
 async def test_bad_json_is_answered_in_the_wires_format(rig: Rig, http: httpx.AsyncClient) -> None:
     rig.configure()
     response = await http.post(
