@@ -7,8 +7,9 @@ import os
 import sys
 from collections.abc import Sequence
 from typing import TextIO
+from urllib.parse import urlsplit
 
-from .config import Config, load_config
+from .config import Config, State, load_config
 from .errors import ConfigError
 
 EXIT_OK = 0
@@ -116,7 +117,21 @@ def summary(config: Config, environ: dict[str, str] | None = None) -> str:
             f"  {name}: judge {route.judge}/{route.judge_model} within {deadline}; "
             f"{choices}; fallback {route.fallback}"
         )
+    lines.append(f"state: {_state_summary(config.state)}")
     return "\n".join(lines)
+
+
+def _state_summary(state: State) -> str:
+    """Where cooling state lives; a Redis URL is shown without its credentials."""
+    if state.backend == "memory":
+        return "memory (each process cools accounts on its own)"
+    assert state.url is not None  # required by validation for this backend
+    url = urlsplit(state.url)
+    where = f"{url.scheme}://{url.hostname or url.path}" + (f":{url.port}" if url.port else "")
+    return (
+        f"redis at {where}, key prefix {state.key_prefix!r}, timeout {state.timeout_ms} ms, "
+        f"probe lease {state.probe_lease_secs:g}s (shared across replicas)"
+    )
 
 
 if __name__ == "__main__":
