@@ -7,6 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
+import msgspec
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from google.protobuf import struct_pb2
@@ -112,8 +113,6 @@ def removes(response: ep.ProcessingResponse) -> list[str]:
 
 def immediate(response: ep.ProcessingResponse) -> tuple[int, dict[str, bytes], Any]:
     """(status, headers, decoded JSON body) of an ImmediateResponse."""
-    import msgspec
-
     assert response.WhichOneof("response") == "immediate_response", response
     reply = response.immediate_response
     headers = {o.header.key: o.header.raw_value for o in reply.headers.set_headers}

@@ -6,6 +6,7 @@ judge is the mock provider in process; the upstream calls are never made (Envoy 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -360,8 +361,6 @@ async def test_the_judges_verdict_routes_the_request(env: Env) -> None:
 async def test_a_cancelled_stream_during_the_judge_counts_a_disconnect(
     env: Env, otel_metrics: Any
 ) -> None:
-    import asyncio
-
     env.mock.set_behaviour("*", Behaviour(headers_delay_secs=5))
     before = otel_metrics.value(tm.CLASSIFIER_FAIL_OPEN, route="auto", reason="disconnect")
     stream = env.stream()
