@@ -54,9 +54,12 @@ def serve_in_thread(app: Any, port: int | None = None) -> Iterator[str]:
 
 @contextlib.contextmanager
 def example_gateway(
-    config_text: str, tmp_path: Path, env: Mapping[str, str] | None = None
+    config_text: str, tmp_path: Path, env: Mapping[str, str] | None = None, *, workers: int = 1
 ) -> Iterator[str]:
-    """`uvicorn examples.starlette_app:app` in a subprocess with this config; yields its URL."""
+    """`uvicorn examples.starlette_app:app` in a subprocess with this config; yields its URL.
+
+    `workers` > 1 runs that many worker processes behind one port (`uvicorn --workers`).
+    """
     config = tmp_path / "switchyard.toml"
     config.write_text(config_text)
     port = free_port()
@@ -79,6 +82,7 @@ def example_gateway(
             str(port),
             "--log-level",
             "warning",
+            *(["--workers", str(workers)] if workers > 1 else []),
         ],
         cwd=ROOT,
         env=full_env,

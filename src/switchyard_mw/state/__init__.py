@@ -1,0 +1,54 @@
+"""Where account health lives: in each process (``memory``) or shared through Redis (``redis``).
+
+:func:`build_store` turns the config's ``[state]`` table into a :class:`Store`; the pool it is
+bound to keeps making every decision from its local view, and the store keeps that view in step
+with the other replicas (see :mod:`switchyard_mw.core.shared`).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ..config import State
+from ..core.pool import AccountPool
+from ..core.shared import StateStore
+from ..errors import StartupError
+from .memory import MemoryStore
+
+__all__ = ["MemoryStore", "Store", "build_store"]
+
+
+class Store(StateStore, Protocol):
+    """A :class:`~switchyard_mw.core.shared.StateStore` with a lifecycle."""
+
+    name: str
+    """The backend, as `[state] backend` names it."""
+
+    def bind(self, pool: AccountPool) -> None:
+        """Share ``pool``'s state (one pool per store)."""
+
+    async def start(self) -> None:
+        """Connect and catch up; returns within a small bound even if the backend is down."""
+
+    async def aclose(self) -> None:
+        """Stop background work and close connections."""
+
+
+def build_store(state: State) -> Store:
+    """The store `[state]` asks for; `StartupError` if its client library is missing."""
+    if state.backend == "memory":
+        return MemoryStore()
+    try:
+        from .redis_store import RedisStore
+    except ImportError as exc:
+        raise StartupError(
+            "state.backend = \"redis\" needs the redis package: pip install 'switchyard-mw[redis]'"
+            f" ({exc})"
+        ) from None
+    assert state.url is not None  # config validation requires it for this backend
+    return RedisStore(
+        state.url,
+        key_prefix=state.key_prefix,
+        timeout_secs=state.timeout_ms / 1000,
+        probe_lease_secs=state.probe_lease_secs,
+    )

@@ -1,0 +1,27 @@
+"""The embedded store: state stays in the process, as the pool holds it."""
+
+from __future__ import annotations
+
+from ..core.pool import AccountPool
+from ..core.shared import Change, Shared
+
+
+class MemoryStore:
+    """Shares nothing. Binding it attaches nothing to the pool, so the pool never calls it."""
+
+    name = "memory"
+
+    def bind(self, pool: AccountPool) -> None:
+        pass
+
+    def changed(self, account: str, change: Change, local: Shared) -> None:
+        pass
+
+    async def claim_probe(self, account: str) -> Shared | None:
+        return None  # one process: the pool's own probe slot is the only one
+
+    async def start(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass

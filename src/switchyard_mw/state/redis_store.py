@@ -1,0 +1,310 @@
+"""Account health shared across replicas through Redis.
+
+Keys (``P`` = ``key_prefix``, ``A`` = account; README "Sharing cooling across replicas"):
+``P:account:{A}`` hash, no TTL (it must outlive any cooling and is never evicted under a
+``volatile-*`` policy); ``P:probe:{A}`` the probe slot, ``PX`` = the lease; channel ``P:events``.
+Every change runs one Lua script (:mod:`._lua`). Writes go out from a background task, in order;
+only the probe claim is awaited by a request, for at most ``timeout_secs``. Any failure or
+timeout starts an outage: logged and counted once (``switchyard.state.degraded``), the pool
+decides alone, and a reconnect loop re-subscribes and merges both ways (max) when Redis is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import logging
+import secrets
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.client import PubSub
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+from redis.retry import Retry
+
+from .. import telemetry as tm
+from ..core.pool import AccountPool, AccountSpec
+from ..core.shared import Change, Shared
+from ._lua import SCRIPT, keys, name_of, parse, redacted, script_args
+
+_log = logging.getLogger(__name__)
+_ERRORS = (RedisError, OSError, TimeoutError)
+_PROBE_OUTCOMES = frozenset({Change.PROBE_FAULT, Change.PROBE_SUCCESS, Change.PROBE_FREED})
+MAX_QUEUED = 10_000
+"""Writes waiting for Redis beyond this mean it is too slow to keep up: treated as an outage."""
+
+_Call = tuple[tuple[str, str], list[str | int]]  # KEYS, ARGV
+
+
+class RedisStore:
+    """A :class:`~switchyard_mw.state.Store` on Redis; bind it to a pool, then ``start()``."""
+
+    name = "redis"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        key_prefix: str = "switchyard",
+        timeout_secs: float = 0.1,
+        probe_lease_secs: float = 60.0,
+        reconnect_max_secs: float = 2.0,
+    ) -> None:
+        self._url = url
+        self._where = redacted(url)
+        self._prefix = key_prefix
+        self._channel = f"{key_prefix}:events"
+        self._timeout = timeout_secs
+        # Connecting, subscribing and the resync happen off the request path: more room.
+        self._connect_timeout = max(1.0, 10 * timeout_secs)
+        self._reconnect_max = reconnect_max_secs
+        self._lease_ms = max(1, round(probe_lease_secs * 1000))
+        self._origin = secrets.token_hex(6)  # tells this replica's own events apart
+        self._tokens = itertools.count()
+        self._claims: dict[str, str] = {}  # account -> token of the probe slot we hold
+        self._pool: AccountPool | None = None
+        self._specs: dict[str, AccountSpec] = {}
+        self._commands: aioredis.Redis | None = None
+        self._pubsub: PubSub | None = None
+        self._pubsub_client: aioredis.Redis | None = None
+        self._sha: str | None = None
+        self._healthy = False
+        self._outage = False
+        self._closing = False
+        self._queue: deque[tuple[str, Change, Shared, str]] = deque()
+        self._wake = asyncio.Event()
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    @property
+    def healthy(self) -> bool:
+        """Connected and subscribed: changes are shared as they happen."""
+        return self._healthy
+
+    def bind(self, pool: AccountPool) -> None:
+        self._pool = pool
+        self._specs = {spec.name: spec for spec in pool.specs}
+        pool.attach(self)
+
+    async def start(self) -> None:
+        if self._closing:
+            return
+        if "writer" not in self._tasks:
+            self._tasks["writer"] = asyncio.create_task(self._write_loop())
+        connector = self._tasks.get("connector")
+        if connector is None:
+            connector = self._tasks["connector"] = asyncio.create_task(self._connect_loop())
+        # Wait a little so that the first requests already see shared state, never longer.
+        await asyncio.wait({connector}, timeout=self._timeout)
+
+    async def aclose(self) -> None:
+        if self._healthy and self._claims:
+            # A probe slot left claimed would keep every replica from probing until its lease
+            # ran out; a server shutting down has finished its requests by now.
+            freed = [self._call(a, "probe_freed", t) for a, t in self._claims.items()]
+            with contextlib.suppress(*_ERRORS):
+                await self._run(freed, self._timeout)
+        self._closing = True
+        self._healthy = False
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+        await self._close_pubsub()
+        if self._commands is not None:
+            with contextlib.suppress(*_ERRORS):
+                await self._commands.aclose()
+            self._commands = None
+
+    # --- what the pool tells the store ---------------------------------------------------
+
+    def changed(self, account: str, change: Change, local: Shared) -> None:
+        token = self._claims.pop(account, "") if change in _PROBE_OUTCOMES else ""
+        if not self._healthy or account not in self._specs:
+            return  # during an outage the resync merges the local state once Redis is back
+        if len(self._queue) >= MAX_QUEUED:
+            self._lost(TimeoutError(f"{MAX_QUEUED} writes waiting"))
+            return
+        self._queue.append((account, change, local, token))
+        self._wake.set()
+
+    async def claim_probe(self, account: str) -> Shared | None:
+        if not self._healthy or account not in self._specs:
+            return None  # nobody to ask: the local decision stands
+        token = f"{self._origin}:{next(self._tokens)}"
+        try:
+            (reply,) = await self._run([self._call(account, "claim", token)], self._timeout)
+        except _ERRORS as exc:
+            self._lost(exc)
+            return None
+        kind, _, shared = parse(reply)
+        if kind == "granted":
+            self._claims[account] = token
+            return None
+        return shared
+
+    async def snapshot(self, account: str) -> Shared:
+        """The shared state of ``account`` as Redis holds it now (for operators and tests)."""
+        (reply,) = await self._run([self._call(account, "merge", "", Shared(0, 0.0))], 1.0)
+        return parse(reply)[2]
+
+    # --- background work -------------------------------------------------------------------
+
+    async def _write_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._queue and self._healthy:
+                batch = list(self._queue)
+                self._queue.clear()
+                calls = [self._call(a, c.value, token, local) for a, c, local, token in batch]
+                try:
+                    replies = await self._run(calls, self._timeout)
+                except _ERRORS as exc:
+                    self._lost(exc)
+                    break
+                for reply in replies:
+                    self._apply(reply, own=True)
+
+    async def _connect_loop(self) -> None:
+        delay = 0.1
+        while not self._closing:
+            try:
+                await self._connect()
+                return
+            except _ERRORS as exc:
+                self._degrade(exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self._reconnect_max)
+
+    async def _connect(self) -> None:
+        await self._close_pubsub()
+        async with asyncio.timeout(self._connect_timeout):
+            if self._commands is None:
+                self._commands = self._client(socket_timeout=self._timeout)
+            self._sha = await self._commands.script_load(SCRIPT)
+            # Subscribe before reading the shared keys: no change can fall between the two.
+            self._pubsub_client = self._client(socket_timeout=None, decode=False)
+            self._pubsub = self._pubsub_client.pubsub(ignore_subscribe_messages=True)
+            await self._pubsub.subscribe(self._channel)
+            self._tasks["listener"] = asyncio.create_task(self._listen(self._pubsub))
+            self._healthy = True
+            await self._resync()
+        if self._outage:
+            self._outage = False
+            _log.warning("state store %s is back: cooling is shared again", self._where)
+
+    async def _resync(self) -> None:
+        """Merge both ways: what this replica learnt alone goes up, the shared state comes down;
+        by max(), so the longer cooling and the larger count win."""
+        if self._pool is None or not self._specs:
+            return
+        pool = self._pool
+        calls = [self._call(name, "merge", "", pool.view(name)) for name in self._specs]
+        for reply in await self._run(calls, self._connect_timeout):
+            self._apply(reply, own=True)
+
+    async def _listen(self, pubsub: PubSub) -> None:
+        try:
+            async for message in pubsub.listen():
+                data = message.get("data")
+                if message.get("type") == "message" and isinstance(data, bytes):
+                    # Raw bytes: anyone may publish here, and junk must not break decoding.
+                    self._apply(data.decode("utf-8", "replace"), own=False)
+        except Exception as exc:  # whatever broke the subscription, resubscribe and resync
+            self._lost(exc)
+            return
+        self._lost(ConnectionError("subscription ended"))
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _client(self, *, socket_timeout: float | None, decode: bool = True) -> aioredis.Redis:
+        # No client-side retries: a failure must surface at once, so the request goes on with
+        # local state, and the reconnect loop (which resyncs) is the only retry.
+        client: aioredis.Redis = aioredis.Redis.from_url(
+            self._url,
+            decode_responses=decode,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=self._connect_timeout,
+            retry=Retry(NoBackoff(), 0),
+        )
+        return client
+
+    def _call(self, account: str, op: str, token: str, local: Shared | None = None) -> _Call:
+        spec = self._specs[account]
+        args = script_args(op, self._channel, self._origin, spec, token, self._lease_ms, local)
+        return keys(self._prefix, account), args
+
+    async def _run(self, calls: Sequence[_Call], bound: float) -> list[str]:
+        commands, sha = self._commands, self._sha
+        if commands is None or sha is None:
+            raise ConnectionError("not connected")
+        async with asyncio.timeout(bound):
+            if len(calls) == 1:
+                (keys_, args) = calls[0]
+                return [await commands.evalsha(sha, 2, *keys_, *args)]
+            async with commands.pipeline(transaction=False) as pipe:
+                for keys_, args in calls:
+                    pipe.evalsha(sha, 2, *keys_, *args)
+                replies: list[str] = await pipe.execute()
+                return replies
+
+    def _apply(self, reply: Any, *, own: bool) -> None:
+        if self._pool is None or not isinstance(reply, str):
+            return
+        try:
+            _, origin, shared = parse(reply)
+        except ValueError:
+            return  # not ours: anyone may publish on the channel
+        if own:
+            # Our own probe success already closed the local breaker; by the time the reply
+            # lands, newer local faults may have cooled it again, which `closed` would undo.
+            shared = dataclasses.replace(shared, closed=False)
+        elif origin == self._origin:
+            return  # our own change, already applied from the script's reply
+        self._pool.merge(name_of(reply), shared)
+
+    def _lost(self, exc: BaseException) -> None:
+        """An outage seen outside the connect loop: degrade, and start reconnecting."""
+        if self._closing:
+            return
+        self._degrade(exc)
+        connector = self._tasks.get("connector")
+        if connector is None or connector.done():
+            self._tasks["connector"] = asyncio.create_task(self._connect_loop())
+
+    def _degrade(self, exc: BaseException) -> None:
+        self._healthy = False
+        self._queue.clear()
+        listener = self._tasks.pop("listener", None)
+        if listener is not None and listener is not asyncio.current_task():
+            listener.cancel()
+        if not self._outage:
+            # Once per outage, not per request: a flapping store must not flood the logs.
+            self._outage = True
+            tm.state_degraded.add(1)
+            _log.warning(
+                "state store %s unreachable (%s): each replica cools accounts on its own "
+                "until it is back",
+                self._where,
+                type(exc).__name__,
+            )
+
+    async def _close_pubsub(self) -> None:
+        listener = self._tasks.pop("listener", None)
+        if listener is not None and listener is not asyncio.current_task():
+            listener.cancel()
+            await asyncio.gather(listener, return_exceptions=True)
+        pubsub, client = self._pubsub, self._pubsub_client
+        self._pubsub = self._pubsub_client = None
+        with contextlib.suppress(*_ERRORS):
+            async with asyncio.timeout(self._timeout):
+                if pubsub is not None:
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                if client is not None:
+                    await client.aclose()

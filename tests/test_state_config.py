@@ -1,0 +1,108 @@
+"""`[state]` config: validation with key paths, the check-config line, and the stack's wiring."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from redis_server import RedisServer, running_redis, until
+from switchyard_mw.asgi.stack import switchyard_stack
+from switchyard_mw.cli import main
+from switchyard_mw.config import parse_config
+from switchyard_mw.core.pool import BreakerState, Outcome
+from switchyard_mw.errors import ConfigError
+from switchyard_mw.state import MemoryStore
+from switchyard_mw.state.redis_store import RedisStore
+
+CLIENT = """
+[llm_clients.a]
+base_url = "http://127.0.0.1:9"
+models = ["m"]
+failure_threshold = 1
+"""
+
+
+def problems(text: str) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        parse_config(textwrap.dedent(text))
+    return list(info.value.problems)
+
+
+def test_memory_is_the_default() -> None:
+    state = parse_config(CLIENT).state
+    assert (state.backend, state.url, state.key_prefix) == ("memory", None, "switchyard")
+    assert (state.timeout_ms, state.probe_lease_secs) == (100, 60.0)
+
+
+@pytest.mark.parametrize(
+    ("table", "expected"),
+    [
+        ('backend = "redis"', 'state.url: required when backend = "redis"'),
+        ('backend = "etcd"', 'state.backend: expected one of "memory", "redis"'),
+        ('backend = "redis"\nurl = "http://x"', "state.url: must start with redis://"),
+        ('key_prefix = ""', "state.key_prefix: must not be empty"),
+        ("timeout_ms = 0", "state.timeout_ms: must be > 0"),
+        ("probe_lease_secs = -1", "state.probe_lease_secs: must be > 0"),
+        ("ttl = 5", "state.ttl: unknown key"),
+    ],
+)
+def test_bad_state_tables_name_the_key(table: str, expected: str) -> None:
+    found = problems(f"[state]\n{table}\n")
+    assert any(p.startswith(expected) for p in found), found
+
+
+def test_check_config_names_the_backend_without_credentials(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text('[state]\nbackend = "redis"\nurl = "redis://:hunter2@10.0.0.5:6380/2"\n')
+    assert main(["check-config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "state: redis at redis://10.0.0.5:6380, key prefix 'switchyard'" in out
+    assert "hunter2" not in out
+
+
+async def test_the_stack_keeps_state_in_memory_by_default() -> None:
+    stack = switchyard_stack(_app, config=parse_config(CLIENT), environ={})
+    assert isinstance(stack.store, MemoryStore)
+    await stack.aclose()
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    yield from running_redis(tmp_path)
+
+
+async def test_two_stacks_on_one_redis_share_a_cooling(redis_server: RedisServer) -> None:
+    text = CLIENT + f'[state]\nbackend = "redis"\nurl = "{redis_server.url}"\nkey_prefix = "s"\n'
+    config = parse_config(text)
+    first = switchyard_stack(_app, config=config, environ={})
+    second = switchyard_stack(_app, config=config, environ={})
+    try:
+        assert isinstance(first.store, RedisStore)
+        for stack in (first, second):  # the first ASGI call (lifespan here) starts the store
+            await stack({"type": "lifespan"}, _receive_shutdown, _ignore)
+        await until(lambda: first.store.healthy and second.store.healthy)  # type: ignore[attr-defined]
+        lease = await first.pool.aacquire("m")
+        assert lease is not None
+        first.pool.record(lease, Outcome.FAULT)
+        await until(lambda: second.pool.status_of("a").state is BreakerState.COOLED)
+    finally:
+        await first.aclose()
+        await second.aclose()
+    assert not first.store.healthy  # type: ignore[attr-defined]
+
+
+async def _app(scope: object, receive: object, send: object) -> None:
+    pass
+
+
+async def _receive_shutdown() -> dict[str, str]:
+    return {"type": "lifespan.shutdown"}
+
+
+async def _ignore(message: object) -> None:
+    pass

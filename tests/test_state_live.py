@@ -1,0 +1,150 @@
+"""Shared cooling across processes: a replica in a subprocess, and the example gateway under
+`uvicorn --workers 2` with `[state] backend = "redis"`, on a real `redis-server` and the mock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from redis_server import RedisServer, running_redis
+from servers import ROOT, example_gateway, serve_in_thread
+from switchyard_mw.core.pool import AccountPool, AccountSpec, BreakerState, Outcome
+from switchyard_mw.state.redis_store import RedisStore
+from switchyard_mw.testing import Behaviour, MockProvider
+
+WATCHER = """
+import asyncio, sys, time
+from switchyard_mw.core.pool import AccountPool, AccountSpec, BreakerState
+from switchyard_mw.state.redis_store import RedisStore
+
+async def main() -> None:
+    pool = AccountPool([AccountSpec(name="x", models=frozenset({"m"}), failure_threshold=1)])
+    store = RedisStore(sys.argv[1], key_prefix="live")
+    store.bind(pool)
+    await store.start()
+    while not store.healthy:
+        await asyncio.sleep(0.001)
+    print("ready", flush=True)
+    while pool.status_of("x").state is not BreakerState.COOLED:
+        await asyncio.sleep(0.0002)
+    print(time.monotonic(), flush=True)  # CLOCK_MONOTONIC: one clock for every process
+    await store.aclose()
+
+asyncio.run(main())
+"""
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    yield from running_redis(tmp_path)
+
+
+async def test_a_cooling_reaches_another_process_in_milliseconds(
+    redis_server: RedisServer,
+) -> None:
+    watcher = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", WATCHER, redis_server.url, cwd=ROOT, stdout=subprocess.PIPE
+    )
+    assert watcher.stdout is not None
+    pool = AccountPool([AccountSpec(name="x", models=frozenset({"m"}), failure_threshold=1)])
+    store = RedisStore(redis_server.url, key_prefix="live")
+    store.bind(pool)
+    try:
+        await store.start()
+        assert (await watcher.stdout.readline()).strip() == b"ready"
+        lease = await pool.aacquire("m")
+        assert lease is not None
+        cooled_at = time.monotonic()
+        pool.record(lease, Outcome.FAULT)
+        seen_at = float(await watcher.stdout.readline())
+        assert await asyncio.wait_for(watcher.wait(), 10) == 0
+    finally:
+        if watcher.returncode is None:
+            watcher.kill()
+            await watcher.wait()
+        await store.aclose()
+    latency = seen_at - cooled_at
+    print(f"cross-process propagation: {latency * 1000:.2f} ms")
+    assert 0 < latency < 0.25
+    assert pool.status_of("x").state is BreakerState.COOLED
+
+
+@pytest.fixture(scope="module")
+def mock() -> Iterator[tuple[MockProvider, str]]:
+    provider = MockProvider()
+    with serve_in_thread(provider) as url:
+        yield provider, url
+
+
+def gateway_config(mock_url: str, state: str) -> str:
+    accounts = ""
+    for name, priority in (("refused", 0), ("good", 1)):
+        accounts += f"""
+        [llm_clients.{name}]
+        base_url = "{mock_url}"
+        api_key_env = "KEY_{name.upper()}"
+        auth = "x-api-key"
+        models = ["claude-shared"]
+        priority = {priority}
+        failure_threshold = 1
+        cooldown_secs = 300
+        """
+    return textwrap.dedent(state) + textwrap.dedent(accounts)
+
+
+def ask(gateway: str) -> httpx.Response:
+    """One request on a fresh connection, so that the kernel may hand it to either worker."""
+    messages = [{"role": "user", "content": "hi"}]
+    body = {"model": "claude-shared", "max_tokens": 16, "messages": messages}
+    with httpx.Client(base_url=gateway, timeout=10) as client:
+        return client.post("/v1/messages", json=body, headers={"x-api-key": "caller"})
+
+
+def refused_tries(requests: int, mock: tuple[MockProvider, str], tmp_path: Path, state: str) -> int:
+    """Send `requests` through a two-worker gateway; how often the refused key reached the mock."""
+    provider, url = mock
+    provider.reset()
+    provider.set_behaviour("refused-key", Behaviour(status=401))
+    env = {"KEY_REFUSED": "refused-key", "KEY_GOOD": "good-key"}
+    with example_gateway(gateway_config(url, state), tmp_path, env, workers=2) as gateway:
+        for _ in range(requests):
+            response = ask(gateway)
+            assert response.status_code == 200
+            assert response.headers["x-switchyard-account"] == "good"
+        for _ in range(10):  # every worker, whichever answers, shows the account cooled
+            accounts = httpx.get(f"{gateway}/switchyard/accounts").json()["accounts"]
+            (refused,) = [a for a in accounts if a["name"] == "refused"]
+            assert refused["state"] == "cooled"
+    return sum(1 for r in provider.requests if r.key == "refused-key")
+
+
+def test_two_workers_try_a_refused_key_once_in_total(
+    mock: tuple[MockProvider, str], redis_server: RedisServer, tmp_path: Path
+) -> None:
+    state = f"""
+    [state]
+    backend = "redis"
+    url = "{redis_server.url}"
+    key_prefix = "gateway-live"
+    """
+    assert refused_tries(20, mock, tmp_path, state) == 1
+
+
+def test_control_without_redis_each_worker_tries_the_refused_key(
+    mock: tuple[MockProvider, str], tmp_path: Path
+) -> None:
+    """The same traffic on per-process state: the key is tried once per worker. Shows the test
+    above really spreads requests over both workers."""
+    tries = refused_tries(20, mock, tmp_path, "")
+    if tries == 1:
+        pytest.skip("the kernel handed every connection to one worker: the control says nothing")
+    assert tries == 2
