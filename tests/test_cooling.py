@@ -268,18 +268,35 @@ async def test_no_failover_once_the_response_started(
         seen.append(client_name())
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"part", "more_body": True})
-        raise RuntimeError("upstream stream broke")
+        raise httpx.RemoteProtocolError("upstream stream broke")
 
     gateway, pool = stack(
         app, account("a", failure_threshold=3), account("b", priority=1), clock=clock
     )
-    faults = otel_metrics.value(tm.ACCOUNT_FAULTS, account="a", status="exception")
+    faults = otel_metrics.value(tm.ACCOUNT_FAULTS, account="a", status="transport_error")
     async with http(gateway) as client:
-        with pytest.raises(RuntimeError, match="stream broke"):
+        with pytest.raises(httpx.RemoteProtocolError, match="stream broke"):
             await client.post(MESSAGES, json=BODY)
     assert seen == ["a"]
     assert pool.status_of("a").consecutive_faults == 1
-    assert otel_metrics.value(tm.ACCOUNT_FAULTS, account="a", status="exception") == faults + 1
+    assert (
+        otel_metrics.value(tm.ACCOUNT_FAULTS, account="a", status="transport_error") == faults + 1
+    )
+
+
+async def test_a_bug_in_the_app_is_not_an_account_fault(clock: FakeClock) -> None:
+    seen: list[str] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        seen.append(client_name())
+        raise KeyError("a bug in the gateway's own code")
+
+    gateway, pool = stack(app, account("a", failure_threshold=1), account("b"), clock=clock)
+    async with http(gateway) as client:
+        with pytest.raises(KeyError):
+            await client.post(MESSAGES, json=BODY)
+    assert len(seen) == 1  # no failover: another account would hit the same bug
+    assert all(pool.status_of(n).consecutive_faults == 0 for n in ("a", "b"))
 
 
 async def test_oversized_error_body_is_forwarded_without_failover(clock: FakeClock) -> None:

@@ -37,6 +37,8 @@ from .admin import cooling_status_app as cooling_status_app  # re-exported for e
 
 NO_HEALTHY_ACCOUNT = "no_healthy_account"
 UPSTREAM_UNREACHABLE = "upstream_unreachable"
+APP_ERROR = "app_error"
+"""An exception that is not a transport error or a deadline: the app's own bug, not a fault."""
 MAX_HELD_BYTES = 1 << 20
 """A held error body larger than this is forwarded: failover gives way to bounded memory."""
 
@@ -184,12 +186,15 @@ class CoolingMiddleware(PolicyMiddleware):
                     # The type only: an exception's text may quote the request or the reply.
                     span.set_attribute(tm.ERROR_TYPE, type(exc).__qualname__)
                     gone = ctx.disconnected and not attempt.finished
-                    if gone:
-                        self._settle(lease, span, None, "disconnected")
+                    kind = _error_text(ctx, exc)
+                    if gone or kind == APP_ERROR:
+                        # A client that left, or a bug in the app, says nothing about the
+                        # account: counting it would let one bad code path cool every account.
+                        self._settle(lease, span, None, "disconnected" if gone else kind)
                     else:
-                        self._settle(lease, span, Outcome.FAULT, _error_text(ctx, exc))
-                    if gone or attempt.forwarded:
-                        raise  # the response started (or nobody waits): nothing left to save
+                        self._settle(lease, span, Outcome.FAULT, kind)
+                    if gone or attempt.forwarded or kind == APP_ERROR:
+                        raise  # the response started, nobody waits, or the app is broken
                     attempt.held = None  # an unfinished answer is never passed on
                     _log.warning("account %s failed (%s)", lease.account, type(exc).__name__)
                     return False
@@ -315,9 +320,9 @@ def _error_text(ctx: RequestContext, exc: Exception) -> str:
         return "connect_error"
     if isinstance(exc, httpx.TimeoutException):
         return "timeout"
-    if isinstance(exc, httpx.TransportError):
+    if isinstance(exc, httpx.TransportError | OSError):
         return "transport_error"
-    return "exception"
+    return APP_ERROR
 
 
 def _replay(ctx: RequestContext, receive: Receive) -> Receive:
