@@ -1,0 +1,229 @@
+"""`make_http_client()`: httpx's API and exceptions over the aiohttp pool it is built on.
+
+A raw TCP server on loopback answers exactly what each test needs (or misbehaves on purpose).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import httpx
+import pytest
+
+from switchyard_mw.context import RequestContext
+from switchyard_mw.outbound import make_http_client, timeout_for
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def raw_server(handler: Handler) -> AsyncIterator[tuple[str, list[int]]]:
+    """Serve `handler` per connection; yields the base URL and a list counting connections."""
+    connections: list[int] = []
+
+    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        try:
+            await handler(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", connections
+    finally:
+        server.close()
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":", 1)[1])
+    return await reader.readexactly(length) if length else b""
+
+
+def ok(body: bytes, extra: bytes = b"") -> bytes:
+    return b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n%s\r\n%s" % (len(body), extra, body)
+
+
+async def stall_forever(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await read_request(reader)
+    await reader.read()  # until the client hangs up
+
+
+async def test_keep_alive_reuses_one_connection() -> None:
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            body = await read_request(reader)
+            writer.write(ok(body))
+            await writer.drain()
+
+    async with raw_server(echo) as (url, connections), make_http_client() as http:
+        for i in range(3):
+            response = await http.post(url + "/v1/messages", content=b"hello %d" % i)
+            assert response.status_code == 200
+            assert response.content == b"hello %d" % i
+    assert len(connections) == 1
+
+
+async def test_per_request_timeout_bounds_the_wait_for_headers() -> None:
+    async with raw_server(stall_forever) as (url, _), make_http_client() as http:
+        with pytest.raises(httpx.ReadTimeout):
+            await http.post(url, content=b"{}", timeout=httpx.Timeout(0.2))
+
+
+async def test_timeout_for_a_context_applies() -> None:
+    ctx = RequestContext()
+    ctx.deadline_at = ctx.started_at + 0.2
+    async with raw_server(stall_forever) as (url, _), make_http_client() as http:
+        with pytest.raises(httpx.TimeoutException):
+            await http.post(url, content=b"{}", timeout=timeout_for(ctx))
+
+
+async def test_read_timeout_applies_to_every_body_chunk_and_aiter_raw_streams() -> None:
+    async def one_chunk_then_stall(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        await read_request(reader)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\n\r\n"
+        )
+        writer.write(b"f\r\ndata: first\r\n\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    async with raw_server(one_chunk_then_stall) as (url, _), make_http_client() as http:
+        request = http.build_request("POST", url, content=b"{}", timeout=httpx.Timeout(0.3))
+        response = await http.send(request, stream=True)
+        chunks = []
+        with pytest.raises(httpx.ReadTimeout):
+            async for chunk in response.aiter_raw():
+                chunks.append(chunk)  # the first chunk arrives before the stall
+        await response.aclose()
+    assert b"".join(chunks) == b"data: first\r\n\r\n"
+
+
+async def test_aiter_raw_yields_each_chunk_as_it_arrives() -> None:
+    go_on = asyncio.Event()
+
+    async def two_chunks(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n6\r\nfirst\n\r\n")
+        await writer.drain()
+        await go_on.wait()  # sent only once the client has the first chunk
+        writer.write(b"7\r\nsecond\n\r\n0\r\n\r\n")
+        await writer.drain()
+
+    async with raw_server(two_chunks) as (url, _), make_http_client() as http:
+        async with asyncio.timeout(10), http.stream("POST", url, content=b"{}") as response:
+            got = []
+            async for chunk in response.aiter_raw():
+                got.append(chunk)
+                go_on.set()
+    assert b"".join(got) == b"first\nsecond\n"
+    assert got[0] == b"first\n"
+
+
+async def test_aclose_mid_stream_hangs_up_and_the_pool_goes_on() -> None:
+    hung_up = asyncio.Event()
+
+    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        body = await read_request(reader)
+        if body == b"short":
+            writer.write(ok(b"done"))
+            await writer.drain()
+            await reader.read()
+            return
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        try:
+            while True:
+                writer.write(b"5\r\nchunk\r\n")
+                await writer.drain()
+                await asyncio.sleep(0.01)
+        except ConnectionError:
+            hung_up.set()
+
+    async with raw_server(endless) as (url, connections), make_http_client() as http:
+        response = await http.send(http.build_request("POST", url, content=b"{}"), stream=True)
+        async for _ in response.aiter_raw():
+            break
+        await response.aclose()
+        async with asyncio.timeout(10):
+            await hung_up.wait()
+        after = await http.post(url, content=b"short")
+        assert after.content == b"done"
+    assert len(connections) == 2  # the half-read connection was not reused
+
+
+async def test_connection_refused_is_connect_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, never listening: connections are refused
+        async with make_http_client() as http:
+            with pytest.raises(httpx.ConnectError):
+                await http.post(f"http://127.0.0.1:{port}/", content=b"{}")
+
+
+async def test_hang_up_before_answering_is_remote_protocol_error() -> None:
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+
+    async with raw_server(hang_up) as (url, _), make_http_client() as http:
+        with pytest.raises(httpx.RemoteProtocolError):
+            await http.post(url, content=b"{}")
+
+
+async def test_hang_up_mid_body_is_an_httpx_error() -> None:
+    async def short_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly part")
+        await writer.drain()
+
+    async with raw_server(short_body) as (url, _), make_http_client() as http:
+        with pytest.raises(httpx.RemoteProtocolError):
+            await http.post(url, content=b"{}")
+        async with http.stream("POST", url, content=b"{}") as response:
+            with pytest.raises(httpx.HTTPError):
+                async for _ in response.aiter_raw():
+                    pass
+
+
+async def test_malformed_status_line_is_remote_protocol_error() -> None:
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+        await writer.drain()
+
+    async with raw_server(garbage) as (url, _), make_http_client() as http:
+        with pytest.raises(httpx.RemoteProtocolError):
+            await http.post(url, content=b"{}")
+
+
+def test_one_client_serves_successive_event_loops() -> None:
+    http = make_http_client()
+
+    async def once() -> bytes:
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await read_request(reader)
+            writer.write(ok(b"hi"))
+            await writer.drain()
+
+        async with raw_server(answer) as (url, _):
+            return (await http.post(url, content=b"{}")).content
+
+    assert asyncio.run(once()) == b"hi"
+    assert asyncio.run(once()) == b"hi"
+
+    async def close() -> None:
+        await http.aclose()
+
+    asyncio.run(close())
