@@ -294,6 +294,13 @@ async def test_a_hung_redis_delays_no_request_beyond_the_timeout(
     finally:
         redis_server.resume()
     await until(lambda: store.healthy)
+    # Back for good: what the hung connection left behind must not tear down the new one.
+    a.record(probe, Outcome.FAULT)
+    b, _ = await replica(*accounts)
+    await asyncio.sleep(0.3)
+    assert store.healthy
+    await fault(b, "y")
+    await until(lambda: a.status_of("y").consecutive_faults == 1, within=1.0)
 
 
 async def test_foreign_messages_on_the_channel_are_ignored(
@@ -310,3 +317,29 @@ async def test_foreign_messages_on_the_channel_are_ignored(
     await fault(a)
     await until(lambda: cooled(b))
     assert store_b.healthy
+
+
+async def test_a_connection_lost_while_catching_up_is_retried(
+    replica: MakeReplica, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis dropping the subscription just as a reconnect finishes its resync: the reconnect
+    must not report success with no subscription left (white-box: the race is too narrow to
+    hit from outside reliably)."""
+    a, store = await replica(spec("x"))
+    b, _ = await replica(spec("x"))
+    resync = store._resync
+    calls = 0
+
+    async def resync_then_drop() -> None:
+        nonlocal calls
+        calls += 1
+        await resync()
+        if calls == 1:  # what the listener reports when the connection drops right here
+            store._lost(ConnectionError("dropped"), store._generation)
+
+    monkeypatch.setattr(store, "_resync", resync_then_drop)
+    store._lost(ConnectionError("test"), store._generation)
+    await until(lambda: calls >= 2 and store.healthy)
+    await asyncio.sleep(0.1)
+    await fault(b)
+    await until(lambda: a.status_of("x").consecutive_faults == 1, within=1.0)

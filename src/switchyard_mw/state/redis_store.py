@@ -76,6 +76,7 @@ class RedisStore:
         self._healthy = False
         self._outage = False
         self._closing = False
+        self._generation = 0  # one per connection: tells stale failures from current ones
         self._queue: deque[tuple[str, Change, Shared, str]] = deque()
         self._wake = asyncio.Event()
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -128,7 +129,7 @@ class RedisStore:
         if not self._healthy or account not in self._specs:
             return  # during an outage the resync merges the local state once Redis is back
         if len(self._queue) >= MAX_QUEUED:
-            self._lost(TimeoutError(f"{MAX_QUEUED} writes waiting"))
+            self._lost(TimeoutError(f"{MAX_QUEUED} writes waiting"), self._generation)
             return
         self._queue.append((account, change, local, token))
         self._wake.set()
@@ -137,10 +138,11 @@ class RedisStore:
         if not self._healthy or account not in self._specs:
             return None  # nobody to ask: the local decision stands
         token = f"{self._origin}:{next(self._tokens)}"
+        generation = self._generation
         try:
             (reply,) = await self._run([self._call(account, "claim", token)], self._timeout)
         except _ERRORS as exc:
-            self._lost(exc)
+            self._lost(exc, generation)
             return None
         kind, _, shared = parse(reply)
         if kind == "granted":
@@ -163,10 +165,11 @@ class RedisStore:
                 batch = list(self._queue)
                 self._queue.clear()
                 calls = [self._call(a, c.value, token, local) for a, c, local, token in batch]
+                generation = self._generation
                 try:
                     replies = await self._run(calls, self._timeout)
                 except _ERRORS as exc:
-                    self._lost(exc)
+                    self._lost(exc, generation)
                     break
                 for reply in replies:
                     self._apply(reply, own=True)
@@ -192,9 +195,13 @@ class RedisStore:
             self._pubsub_client = self._client(socket_timeout=None, decode=False)
             self._pubsub = self._pubsub_client.pubsub(ignore_subscribe_messages=True)
             await self._pubsub.subscribe(self._channel)
-            self._tasks["listener"] = asyncio.create_task(self._listen(self._pubsub))
+            self._generation += 1
+            generation = self._generation
+            self._tasks["listener"] = asyncio.create_task(self._listen(self._pubsub, generation))
             self._healthy = True
             await self._resync()
+        if not self._healthy or generation != self._generation:
+            raise ConnectionError("lost again while catching up")  # the loop tries again
         if self._outage:
             self._outage = False
             _log.warning("state store %s is back: cooling is shared again", self._where)
@@ -209,7 +216,7 @@ class RedisStore:
         for reply in await self._run(calls, self._connect_timeout):
             self._apply(reply, own=True)
 
-    async def _listen(self, pubsub: PubSub) -> None:
+    async def _listen(self, pubsub: PubSub, generation: int) -> None:
         try:
             async for message in pubsub.listen():
                 data = message.get("data")
@@ -217,9 +224,9 @@ class RedisStore:
                     # Raw bytes: anyone may publish here, and junk must not break decoding.
                     self._apply(data.decode("utf-8", "replace"), own=False)
         except Exception as exc:  # whatever broke the subscription, resubscribe and resync
-            self._lost(exc)
+            self._lost(exc, generation)
             return
-        self._lost(ConnectionError("subscription ended"))
+        self._lost(ConnectionError("subscription ended"), generation)
 
     # --- helpers ---------------------------------------------------------------------------
 
@@ -269,9 +276,13 @@ class RedisStore:
             return  # our own change, already applied from the script's reply
         self._pool.merge(name_of(reply), shared)
 
-    def _lost(self, exc: BaseException) -> None:
-        """An outage seen outside the connect loop: degrade, and start reconnecting."""
-        if self._closing:
+    def _lost(self, exc: BaseException, generation: int) -> None:
+        """An outage seen outside the connect loop: degrade, and start reconnecting.
+
+        Only a failure on the current connection counts: a call or a subscription left over
+        from before a reconnect must not tear down the connection that replaced it.
+        """
+        if self._closing or generation != self._generation:
             return
         self._degrade(exc)
         connector = self._tasks.get("connector")
