@@ -23,17 +23,14 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
-from redis.retry import Retry
 
 from .. import telemetry as tm
 from ..core.pool import AccountPool, AccountSpec
 from ..core.shared import Change, Shared
 from ._lua import SCRIPT, keys, name_of, parse, redacted, script_args
+from ._redis_io import ERRORS, close_quietly, make_client
 
 _log = logging.getLogger(__name__)
-_ERRORS = (RedisError, OSError, TimeoutError)
 _PROBE_OUTCOMES = frozenset({Change.PROBE_FAULT, Change.PROBE_SUCCESS, Change.PROBE_FREED})
 MAX_QUEUED = 10_000
 """Writes waiting for Redis beyond this mean it is too slow to keep up: treated as an outage."""
@@ -107,7 +104,7 @@ class RedisStore:
             # A probe slot left claimed would keep every replica from probing until its lease
             # ran out; a server shutting down has finished its requests by now.
             freed = [self._call(a, "probe_freed", t) for a, t in self._claims.items()]
-            with contextlib.suppress(*_ERRORS):
+            with contextlib.suppress(*ERRORS):
                 await self._run(freed, self._timeout)
         self._closing = True
         self._healthy = False
@@ -117,10 +114,8 @@ class RedisStore:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
         await self._close_pubsub()
-        if self._commands is not None:
-            with contextlib.suppress(*_ERRORS):
-                await self._commands.aclose()
-            self._commands = None
+        await close_quietly(None, self._commands, within=self._timeout)
+        self._commands = None
 
     # --- what the pool tells the store ---------------------------------------------------
 
@@ -141,7 +136,7 @@ class RedisStore:
         generation = self._generation
         try:
             (reply,) = await self._run([self._call(account, "claim", token)], self._timeout)
-        except _ERRORS as exc:
+        except ERRORS as exc:
             self._lost(exc, generation)
             return None
         kind, _, shared = parse(reply)
@@ -168,7 +163,7 @@ class RedisStore:
                 generation = self._generation
                 try:
                     replies = await self._run(calls, self._timeout)
-                except _ERRORS as exc:
+                except ERRORS as exc:
                     self._lost(exc, generation)
                     break
                 for reply in replies:
@@ -180,7 +175,7 @@ class RedisStore:
             try:
                 await self._connect()
                 return
-            except _ERRORS as exc:
+            except ERRORS as exc:
                 self._degrade(exc)
             await asyncio.sleep(delay)
             delay = min(delay * 2, self._reconnect_max)
@@ -189,10 +184,16 @@ class RedisStore:
         await self._close_pubsub()
         async with asyncio.timeout(self._connect_timeout):
             if self._commands is None:
-                self._commands = self._client(socket_timeout=self._timeout)
+                self._commands = make_client(
+                    self._url, socket_timeout=self._timeout, connect_timeout=self._connect_timeout
+                )
             self._sha = await self._commands.script_load(SCRIPT)
             # Subscribe before reading the shared keys: no change can fall between the two.
-            self._pubsub_client = self._client(socket_timeout=None, decode=False)
+            # No read timeout on the subscription (it is silent when nothing changes); raw
+            # bytes, because anyone may publish on the channel and junk must not break decoding.
+            self._pubsub_client = make_client(
+                self._url, socket_timeout=None, connect_timeout=self._connect_timeout, decode=False
+            )
             self._pubsub = self._pubsub_client.pubsub(ignore_subscribe_messages=True)
             await self._pubsub.subscribe(self._channel)
             self._generation += 1
@@ -221,7 +222,6 @@ class RedisStore:
             async for message in pubsub.listen():
                 data = message.get("data")
                 if message.get("type") == "message" and isinstance(data, bytes):
-                    # Raw bytes: anyone may publish here, and junk must not break decoding.
                     self._apply(data.decode("utf-8", "replace"), own=False)
         except Exception as exc:  # whatever broke the subscription, resubscribe and resync
             self._lost(exc, generation)
@@ -229,18 +229,6 @@ class RedisStore:
         self._lost(ConnectionError("subscription ended"), generation)
 
     # --- helpers ---------------------------------------------------------------------------
-
-    def _client(self, *, socket_timeout: float | None, decode: bool = True) -> aioredis.Redis:
-        # No client-side retries: a failure must surface at once, so the request goes on with
-        # local state, and the reconnect loop (which resyncs) is the only retry.
-        client: aioredis.Redis = aioredis.Redis.from_url(
-            self._url,
-            decode_responses=decode,
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=self._connect_timeout,
-            retry=Retry(NoBackoff(), 0),
-        )
-        return client
 
     def _call(self, account: str, op: str, token: str, local: Shared | None = None) -> _Call:
         spec = self._specs[account]
@@ -313,9 +301,4 @@ class RedisStore:
             await asyncio.gather(listener, return_exceptions=True)
         pubsub, client = self._pubsub, self._pubsub_client
         self._pubsub = self._pubsub_client = None
-        with contextlib.suppress(*_ERRORS):
-            async with asyncio.timeout(self._timeout):
-                if pubsub is not None:
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
-                if client is not None:
-                    await client.aclose()
+        await close_quietly(pubsub, client, within=self._timeout)
