@@ -343,3 +343,20 @@ async def test_a_connection_lost_while_catching_up_is_retried(
     await asyncio.sleep(0.1)
     await fault(b)
     await until(lambda: a.status_of("x").consecutive_faults == 1, within=1.0)
+
+
+async def test_closing_a_replica_frees_the_probe_slot_it_holds(replica: MakeReplica) -> None:
+    accounts = (spec("x", failure_threshold=1, cooldown_secs=0.1),)
+    a, store_a = await replica(*accounts)
+    b, _ = await replica(*accounts)
+    await fault(a)
+    await asyncio.sleep(0.15)
+    probe = await a.aacquire("m")
+    assert probe is not None
+    assert probe.probe
+    await until(lambda: b.status_of("x").probe_in_flight)
+    await store_a.aclose()  # e.g. a rolling restart, its lease still 60 s from running out
+    await until(lambda: not b.status_of("x").probe_in_flight, within=1.0)
+    again = await b.aacquire("m")
+    assert again is not None
+    assert again.probe

@@ -100,12 +100,13 @@ class RedisStore:
         await asyncio.wait({connector}, timeout=self._timeout)
 
     async def aclose(self) -> None:
-        if self._healthy and self._claims:
-            # A probe slot left claimed would keep every replica from probing until its lease
-            # ran out; a server shutting down has finished its requests by now.
-            freed = [self._call(a, "probe_freed", t) for a, t in self._claims.items()]
+        # Last writes, and the probe slots still claimed: left alone, a slot would keep every
+        # replica from probing until its lease ran out (the server has finished its requests).
+        last = [self._call(a, c.value, token, local) for a, c, local, token in self._queue]
+        last += [self._call(a, "probe_freed", token) for a, token in self._claims.items()]
+        if self._healthy and last:
             with contextlib.suppress(*ERRORS):
-                await self._run(freed, self._timeout)
+                await self._run(last, self._timeout)
         self._closing = True
         self._healthy = False
         tasks = list(self._tasks.values())
