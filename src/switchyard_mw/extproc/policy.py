@@ -25,6 +25,7 @@ from ..core.clock import Clock, monotonic
 from ..core.deadline import BUDGET_HEADERS, attempt_deadline_secs, parse_budget_ms
 from ..core.pool import AccountPool, Lease, Outcome
 from ..judging import Judge
+from ..state import Store, build_store
 from ..wire import WIRE_PATHS, Wire
 from .flights import Flight
 
@@ -47,11 +48,15 @@ class Policies:
         pool: AccountPool | None = None,
         judge_http_client: httpx.AsyncClient | None = None,
         clock: Clock = monotonic,
+        store: Store | None = None,
     ) -> None:
         self.config = config
         self.server = config.server
         self.clients = dict(clients)
         self.pool = pool if pool is not None else pool_from_clients(self.clients, clock=clock)
+        # `[state]`: with Redis, processors (and ASGI replicas) share one cooling state.
+        self.store: Store = store if store is not None else build_store(config.state)
+        self.store.bind(self.pool)
         self.judge = Judge(
             routes=config.routes, clients=self.clients, http_client=judge_http_client
         )
@@ -62,7 +67,12 @@ class Policies:
         for path in self.server.generic_paths:
             self.paths.setdefault(path, Wire.GENERIC)
 
+    async def start(self) -> None:
+        """Connect the shared state store (waiting at most its timeout)."""
+        await self.store.start()
+
     async def aclose(self) -> None:
+        await self.store.aclose()
         await self.judge.aclose()
 
     def wire_of(self, method: bytes, path: bytes, content_type: bytes | None) -> Wire | None:
@@ -126,12 +136,15 @@ class Policies:
             return None
         return requested
 
-    def first_lease(self, ctx: RequestContext) -> Lease | None:
-        """The account for the first attempt (switching a canary to its base if need be)."""
+    async def first_lease(self, ctx: RequestContext) -> Lease | None:
+        """The account for the first attempt (switching a canary to its base if need be).
+
+        `aacquire`: with shared state, a probe is claimed across replicas before it is sent.
+        """
         for model in (ctx.resolved_model, self.fallback(ctx)):
             if model is None:
                 continue
-            lease = self.pool.acquire(model, allowed=self.routable)
+            lease = await self.pool.aacquire(model, allowed=self.routable)
             if lease is not None:
                 ctx.resolved_model = model
                 return lease
@@ -204,12 +217,12 @@ class Policies:
             and (self.pool.retry_after_secs(model, allowed=candidates) == 0.0)
         )
 
-    def next_on_cluster(self, flight: Flight) -> Lease | None:
+    async def next_on_cluster(self, flight: Flight) -> Lease | None:
         candidates = self._on_cluster(flight)
         model = flight.ctx.resolved_model
         if not candidates or model is None:
             return None
-        return self.pool.acquire(model, allowed=candidates)
+        return await self.pool.aacquire(model, allowed=candidates)
 
     def start_attempt(self, flight: Flight, lease: Lease) -> UpstreamClient:
         """Make `lease` the flight's attempt in flight; its span hangs under the request's."""

@@ -119,7 +119,7 @@ class RouterStream:
         self.flight = flight = Flight(ctx=ctx, span=self.span)
         with trace.use_span(self.span, end_on_exit=False):
             await self.p.decide_model(ctx, self.gone)
-        lease = self.p.first_lease(ctx)
+        lease = await self.p.first_lease(ctx)
         if lease is None:
             if ctx.resolved_model is None or not self.p.serving(ctx.resolved_model):
                 # No account Envoy can route to serves it: on, untouched but for the model.

@@ -69,6 +69,7 @@ async def start_server(policies: Policies, listen: str = DEFAULT_LISTEN) -> ExtP
             ("grpc.max_send_message_length", limit),
         ]
     )
+    await policies.start()
     servicer = ExtProcServicer(policies)
     ep_grpc.add_ExternalProcessorServicer_to_server(servicer, server)
     checker = health.aio.HealthServicer()

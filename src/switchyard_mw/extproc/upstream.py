@@ -36,12 +36,12 @@ class UpstreamStream:
     async def on(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
         kind = request.WhichOneof("request")
         if kind == "request_headers":
-            return self.on_request_headers(msg.headers_of(request.request_headers))
+            return await self.on_request_headers(msg.headers_of(request.request_headers))
         if kind == "response_headers":
             return self.on_response_headers(msg.headers_of(request.response_headers))
         return msg.empty_for(request)
 
-    def on_request_headers(self, headers: msg.Headers) -> ep.ProcessingResponse:
+    async def on_request_headers(self, headers: msg.Headers) -> ep.ProcessingResponse:
         flight, unticket = self.flights.claim(
             headers.get(TICKET_HEADER), headers.get("x-request-id")
         )
@@ -55,7 +55,7 @@ class UpstreamStream:
             return msg.request_headers(msg.mutation(remove=remove) if remove else None)
         if flight.lease is not None:  # the previous attempt ended without a response
             self.p.settle(flight, Outcome.FAULT, "no_response")
-        lease = self.p.next_on_cluster(flight)
+        lease = await self.p.next_on_cluster(flight)
         if lease is None:
             # Eligible when the retry was asked for, gone since (another request cooled it):
             # the attempt goes with the previous credential, the only one left.

@@ -1,0 +1,74 @@
+"""Two ext_proc processors with `[state] backend = "redis"` share one cooling state."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from extproc_helpers import Stream, request_body, request_headers, response_headers, sets
+from redis_server import RedisServer, running_redis
+from switchyard_mw.clients import build_clients
+from switchyard_mw.config import parse_config
+from switchyard_mw.core.pool import BreakerState
+from switchyard_mw.extproc import ExtProcServicer, Policies
+
+CONFIG = """
+[state]
+backend = "redis"
+url = "{url}"
+key_prefix = "extproc-test"
+
+[llm_clients.a]
+base_url = "https://prov.example"
+api_key_env = "KEY_A"
+models = ["m"]
+failure_threshold = 1
+envoy_cluster = "prov"
+
+[llm_clients.b]
+base_url = "https://prov.example"
+api_key_env = "KEY_B"
+models = ["m"]
+priority = 1
+envoy_cluster = "prov"
+"""
+KEYS = {"KEY_A": "ka", "KEY_B": "kb"}
+BODY = b'{"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}'
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    yield from running_redis(tmp_path)
+
+
+async def routed_to(servicer: ExtProcServicer, status: int) -> bytes:
+    """One request through one processor; the account's key it set, after `status` came back."""
+    stream = Stream(servicer)
+    await stream.send(request_headers())
+    answer = await stream.send(request_body(BODY))
+    key = sets(answer)["authorization"]
+    await stream.send(response_headers(status))
+    await stream.close()
+    return key
+
+
+async def test_a_cooling_in_one_processor_reroutes_the_other(redis_server: RedisServer) -> None:
+    config = parse_config(CONFIG.format(url=redis_server.url))
+    one, two = (Policies(config, build_clients(config, KEYS)) for _ in range(2))
+    await one.start()
+    await two.start()
+    try:
+        assert await routed_to(ExtProcServicer(one), 401) == b"Bearer ka"  # refused: cools a
+        end = time.monotonic() + 1.0
+        while two.pool.status_of("a").state is not BreakerState.COOLED:
+            assert time.monotonic() < end, "the other processor never heard of the cooling"
+            await asyncio.sleep(0.005)
+        # The second processor sends its next request straight to b.
+        assert await routed_to(ExtProcServicer(two), 200) == b"Bearer kb"
+    finally:
+        await one.aclose()
+        await two.aclose()
