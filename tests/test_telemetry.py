@@ -219,6 +219,10 @@ async def test_judge_failing_open_is_a_child_span_and_the_route_says_why(
         tm.JUDGE_REASON: "http_error",
     }
     assert judge.status.status_code is StatusCode.ERROR
+    # The judge was told which span asked it, as the provider is.
+    (judge_call,) = [r for r in gw.mock.requests if r.key == ENV["KEY_J"]]
+    assert judge.context is not None
+    assert judge_call.headers["traceparent"] == traceparent(judge)
 
     attributes = dict(request.attributes or {})
     assert attributes[tm.ROUTE] == "fail_open:http_error"

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import httpx
-from opentelemetry import trace
+from opentelemetry import propagate, trace
 
 from . import telemetry as tm
 from .clients import UpstreamClient
@@ -201,6 +201,11 @@ class Judge:
             ("content-type", "application/json"),
             ("accept", "application/json"),
         ]
+        if tm.tracing():
+            # The judge's own traces join the request's: it runs under the judge span.
+            carrier: dict[str, str] = {}
+            propagate.inject(carrier)
+            headers.extend(carrier.items())
         # `timeout=None`: the consultation's one deadline is ours; per-operation httpx timeouts
         # would fire apart from it and be counted as transport errors.
         async with self._http_client().stream(
