@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from dataclasses import dataclass
 from typing import Annotated, Any
 
 import msgspec
@@ -49,18 +48,76 @@ def bad_request(message: str) -> WireError:
     return WireError(400, "invalid_request_error", message)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RequestView:
-    """What the policies need to know about one request body."""
+_UNSET: Any = object()
 
-    wire: Wire
-    model: str
-    max_tokens: int | None
-    stream: bool
-    user_key: str | None
-    first_turn_hash: str | None
-    has_thinking: bool
-    keyless_continuation: bool
+
+class RequestView:
+    """What the policies need to know about one request body.
+
+    `first_turn_hash` and `has_thinking` are worked out on first use: most requests (no
+    canary, no failover) never ask, and hashing a conversation's first turn is the costliest
+    part of reading a request.
+    """
+
+    __slots__ = (
+        "_hash",
+        "_messages",
+        "_thinking",
+        "_turn",
+        "keyless_continuation",
+        "max_tokens",
+        "model",
+        "stream",
+        "user_key",
+        "wire",
+    )
+
+    def __init__(
+        self,
+        *,
+        wire: Wire,
+        model: str,
+        max_tokens: int | None,
+        stream: bool,
+        user_key: str | None,
+        keyless_continuation: bool = False,
+        first_turn: Raw | str | None = None,
+        messages: list[_Message] | None = None,
+        has_thinking: bool = False,
+    ) -> None:
+        self.wire = wire
+        self.model = model
+        self.max_tokens = max_tokens
+        self.stream = stream
+        self.user_key = user_key
+        self.keyless_continuation = keyless_continuation
+        self._turn = first_turn
+        self._messages = messages
+        self._hash: str | None = _UNSET
+        self._thinking: bool = _UNSET if messages is not None else has_thinking
+
+    @property
+    def first_turn_hash(self) -> str | None:
+        """Canonical hash of the conversation's first user turn; None when it has none."""
+        if self._hash is _UNSET:
+            turn = self._turn
+            if turn is None and self._messages is not None:
+                turn = next((m.content for m in self._messages if m.role == "user"), None)
+            self._hash = None if turn is None else _turn_hash_of(turn)
+        return self._hash
+
+    @property
+    def has_thinking(self) -> bool:
+        """Whether an assistant turn carries signed thinking (it binds the conversation's model)."""
+        if self._thinking is _UNSET:
+            self._thinking = _messages_think(self._messages or [])
+        return self._thinking
+
+    def __repr__(self) -> str:
+        return (
+            f"RequestView(wire={self.wire}, model={self.model!r}, max_tokens={self.max_tokens}, "
+            f"stream={self.stream}, user_key={'set' if self.user_key else None})"
+        )
 
 
 # --- the three wires, each decoded into just the fields it needs ---------------------------
@@ -162,9 +219,7 @@ def _read(wire: Wire, body: bytes) -> RequestView:
             max_tokens=req.max_tokens,
             stream=bool(req.stream),
             user_key=meta_user or None,
-            first_turn_hash=_first_user_hash(req.messages),
-            has_thinking=_messages_think(req.messages),
-            keyless_continuation=False,
+            messages=req.messages,
         )
     if isinstance(req, _Chat):
         return RequestView(
@@ -173,9 +228,7 @@ def _read(wire: Wire, body: bytes) -> RequestView:
             max_tokens=_first_set(req.max_completion_tokens, req.max_tokens),
             stream=bool(req.stream),
             user_key=req.user or req.safety_identifier or None,
-            first_turn_hash=_first_user_hash(req.messages),
-            has_thinking=False,
-            keyless_continuation=False,
+            first_turn=next((m.content for m in req.messages if m.role == "user"), None),
         )
     if isinstance(req, _Responses):
         return _responses_view(req)
@@ -185,9 +238,6 @@ def _read(wire: Wire, body: bytes) -> RequestView:
         max_tokens=_first_set(req.max_tokens, req.max_completion_tokens, req.max_output_tokens),
         stream=bool(req.stream),
         user_key=req.user or None,
-        first_turn_hash=None,
-        has_thinking=False,
-        keyless_continuation=False,
     )
 
 
@@ -196,20 +246,19 @@ def _responses_view(req: _Responses) -> RequestView:
         items = _ITEMS.decode(req.input)
     except msgspec.ValidationError as exc:
         raise bad_request(_field_message(str(exc), prefix="input")) from None
-
     user_key = req.user or req.safety_identifier or None
     # A continuation's `input` holds only the new turn, not the conversation's first one:
     # keying on it would move every turn somewhere else, so such a request has no turn key.
     continues = req.previous_response_id is not None or bytes(req.conversation) != b"null"
-    first_hash: str | None = None
+    first_turn: Raw | str | None = None
     thinking = False
     if isinstance(items, str):
-        first_hash = None if continues else _turn_hash(items)
+        first_turn = None if continues else items
     elif items is not None:
         if not continues:
-            first_hash = next(
+            first_turn = next(
                 (
-                    _turn_hash(_ANY.decode(item.content))
+                    item.content
                     for item in items
                     if item.role == "user" and item.type in (None, "message")
                 ),
@@ -222,9 +271,9 @@ def _responses_view(req: _Responses) -> RequestView:
         max_tokens=req.max_output_tokens,
         stream=bool(req.stream),
         user_key=user_key,
-        first_turn_hash=first_hash,
-        has_thinking=thinking,
         keyless_continuation=continues and user_key is None,
+        first_turn=first_turn,
+        has_thinking=thinking,
     )
 
 
@@ -232,11 +281,14 @@ def _first_set(*values: int | None) -> int | None:
     return next((v for v in values if v is not None), None)
 
 
-def _first_user_hash(messages: list[_Message]) -> str | None:
-    for message in messages:
-        if message.role == "user":
-            return _turn_hash(_ANY.decode(message.content))
-    return None
+def _turn_hash_of(turn: Raw | str) -> str:
+    if isinstance(turn, str):
+        return _turn_hash(turn)
+    try:
+        return _turn_hash(_ANY.decode(turn))
+    except (msgspec.DecodeError, RecursionError):
+        # Not decodable (bad UTF-8 deep inside, say): its bytes still key it stably.
+        return hashlib.blake2b(bytes(turn), digest_size=16).hexdigest()
 
 
 def _messages_think(messages: list[_Message]) -> bool:
@@ -245,7 +297,7 @@ def _messages_think(messages: list[_Message]) -> bool:
             continue
         try:
             blocks = _BLOCKS.decode(message.content)
-        except msgspec.ValidationError:
+        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
             continue
         if isinstance(blocks, list) and any(_is_signed_thinking(b) for b in blocks):
             return True
