@@ -12,7 +12,6 @@ import asyncio
 import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from opentelemetry import propagate, trace
 from opentelemetry.propagators.textmap import Getter
@@ -22,6 +21,7 @@ from ..config import Server
 from ..context import RequestContext, attach, context_of, current_var
 from ..core.deadline import BUDGET_HEADERS, parse_budget_ms
 from ..wire import WIRE_PATHS, Wire, WireError, error_body, read_request
+from ._disconnect import DisconnectWatch, replay_receive
 from ._types import ASGIApp, Message, Receive, Scope, Send
 
 
@@ -53,7 +53,7 @@ class PolicyMiddleware(ABC):
 
     async def _own(self, scope: Scope, receive: Receive, send: Send) -> None:
         wire = self._wire_of(scope)
-        watcher: asyncio.Task[None] | None = None
+        watch: DisconnectWatch | None = None
         if wire is None:
             ctx = RequestContext()
         else:
@@ -66,11 +66,8 @@ class PolicyMiddleware(ABC):
                 await send_error(send, wire, exc.status, exc.error_type, exc.message)
                 return
             ctx.budget_at = _budget_at(scope, ctx.started_at)
-            gone = asyncio.Event()
-            watcher = asyncio.create_task(
-                _watch_disconnect(ctx, receive, gone, asyncio.current_task())
-            )
-            receive = replay_receive(ctx, gone)
+            watch = DisconnectWatch(ctx, receive)
+            receive = replay_receive(ctx, watch)
         attach(scope, ctx)
         span = trace.get_current_span()
         own_span = None
@@ -88,8 +85,8 @@ class PolicyMiddleware(ABC):
             annotate = functools.partial(
                 _annotate, span, ctx, own=own_span is not None, method=scope.get("method")
             )
-        if watcher is not None or self.server.expose_headers or annotate is not None:
-            send = _tracking(ctx, send, watcher, expose=self.server.expose_headers, last=annotate)
+        if watch is not None or self.server.expose_headers or annotate is not None:
+            send = _tracking(ctx, send, watch, expose=self.server.expose_headers, last=annotate)
         token = current_var.set(ctx)
         failure = None
         try:
@@ -104,8 +101,8 @@ class PolicyMiddleware(ABC):
             failure = type(exc).__qualname__  # the type only: its text may quote a prompt
             raise
         finally:
-            if watcher is not None:
-                watcher.cancel()
+            if watch is not None:
+                watch.stop()
             current_var.reset(token)
             if annotate is not None:
                 annotate()  # again: what changed after the response (or with no response)
@@ -166,43 +163,6 @@ def _too_large(limit: int) -> WireError:
     return WireError(413, "request_too_large", f"request body exceeds {limit} bytes")
 
 
-def replay_receive(ctx: RequestContext, gone: asyncio.Event) -> Receive:
-    """A `receive` that yields the (possibly rewritten) body once, then waits for a disconnect.
-
-    The body is built when the app first asks, so every policy has decided the model by then.
-    A failover makes a new one, so each attempt reads the whole body again.
-    """
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": ctx.body_for_app(), "more_body": False}
-        await gone.wait()
-        return {"type": "http.disconnect"}
-
-    return replay
-
-
-async def _watch_disconnect(
-    ctx: RequestContext, receive: Receive, gone: asyncio.Event, owner: asyncio.Task[Any] | None
-) -> None:
-    """Cancel the request's work the moment its client leaves.
-
-    An app awaiting its upstream call does not read `receive`, so nobody else would notice:
-    the call would run to its end for a client that is gone.
-    """
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            break
-    ctx.disconnected = True
-    gone.set()
-    if owner is not None:
-        owner.cancel("client disconnected")
-
-
 def _budget_at(scope: Scope, started_at: float) -> float | None:
     """When the caller's overall budget ends: the shortest valid budget header wins."""
     budgets = []
@@ -240,7 +200,7 @@ async def send_error(
 def _tracking(
     ctx: RequestContext,
     send: Send,
-    watcher: asyncio.Task[None] | None,
+    watch: DisconnectWatch | None,
     *,
     expose: bool,
     last: Callable[[], None] | None = None,
@@ -260,8 +220,8 @@ def _tracking(
             if expose and (extra := exposed_headers(ctx)):
                 message = {**message, "headers": [*message.get("headers", ()), *extra]}
         elif kind == "http.response.body" and not message.get("more_body", False):
-            if watcher is not None:
-                watcher.cancel()
+            if watch is not None:
+                watch.stop()
             if last is not None:
                 last()
         await send(message)
