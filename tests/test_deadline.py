@@ -300,3 +300,26 @@ async def test_app_timeout_error_of_its_own_is_not_ours() -> None:
     mw = DeadlineMiddleware(app, timeout_secs=5)
     with pytest.raises(TimeoutError, match="the app's own"):
         await post(mw, "/v1/messages", {"model": "m"})
+
+
+async def test_alarm_moved_later_fires_at_the_new_time_and_earlier_re_arms() -> None:
+    from switchyard_mw.asgi.deadline import _Alarm
+
+    loop = asyncio.get_running_loop()
+    target = asyncio.create_task(asyncio.sleep(30))
+    alarm = _Alarm(loop, target, loop.time() + 0.05)
+    alarm.move(loop.time() + 0.3)  # later: the first timer must not fire the alarm
+    await asyncio.sleep(0.15)
+    assert not alarm.fired
+    assert not target.done()
+    alarm.move(loop.time() + 0.05)  # earlier than 0.3: re-armed
+    await asyncio.sleep(0.2)
+    assert alarm.fired
+    assert target.cancelled()
+    other = asyncio.create_task(asyncio.sleep(30))
+    disarmed = _Alarm(loop, other, loop.time() + 0.05)
+    disarmed.cancel()
+    await asyncio.sleep(0.1)
+    assert not disarmed.fired
+    assert not other.done()
+    other.cancel()

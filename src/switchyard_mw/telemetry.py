@@ -138,7 +138,20 @@ def tracing() -> bool:
     Lets the hot path skip building attributes, propagation carriers and parsing for spans
     that would all be no-ops.
     """
-    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    global _tracing
+    if _tracing:
+        return True  # a provider, once set, stays set for the process
+    # `get_tracer_provider()` reads an environment variable on every call while none is set;
+    # the module global it falls back on answers the same question without that cost.
+    provider = getattr(trace, "_TRACER_PROVIDER", _UNKNOWN)
+    if provider is _UNKNOWN:
+        provider = trace.get_tracer_provider()
+    _tracing = provider is not None and not isinstance(provider, trace.ProxyTracerProvider)
+    return _tracing
+
+
+_UNKNOWN = object()
+_tracing = False
 
 
 _NO_SPAN: AbstractContextManager[None] = contextlib.nullcontext()  # stateless: reusable

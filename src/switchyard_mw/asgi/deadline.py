@@ -1,14 +1,16 @@
 """DeadlineMiddleware: a total bound on every upstream attempt, growing with the output cap.
 
-The bound runs as an `asyncio.timeout` in the app's own task (no task group: the app keeps its
-ContextVars). A stream's `send` moves the timer: the response must start within
-`timeout_secs`, and then every chunk re-arms it for `stream_idle_secs`.
+The bound is an alarm that cancels the app's own task (no task group: the app keeps its
+ContextVars), as `asyncio.timeout` does but with no new timer per stream chunk. A stream's
+`send` moves it: the response must start within `timeout_secs`, and then every chunk re-arms
+it for `stream_idle_secs`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from .. import telemetry as tm
 from ..config import Server
@@ -74,21 +76,69 @@ class DeadlineMiddleware(PolicyMiddleware):
         ctx.attempt_deadline_secs = first
         ctx.deadline_at = now + first
         guard = _Guard(ctx, send, stream=view.stream, first=first, idle=idle, now=now)
+        task = asyncio.current_task()
+        assert task is not None  # an ASGI app runs in a task
+        guard.arm(task)
         try:
-            async with guard.timer():
-                await self.app(scope, receive, guard.send)
-        except TimeoutError:
-            if not guard.expired:
-                raise  # the app's own timeout, not ours
+            await self.app(scope, receive, guard.send)
+        except asyncio.CancelledError:
+            # Ours only if the alarm fired and nobody else cancelled the task as well.
+            if not guard.fired or task.uncancel() > 0:
+                raise
             await guard.answer_expiry(view.wire)
+        else:
+            if guard.fired:
+                task.uncancel()  # the app swallowed our cancellation and finished anyway
+        finally:
+            guard.disarm()
+
+
+class _Alarm:
+    """Cancels a task at `when` (loop time). Moving it later allocates nothing: when the old
+    handle fires early it re-arms for the new time, so a stream's per-chunk re-arm stays cheap.
+    """
+
+    __slots__ = ("_handle", "_loop", "_task", "fired", "when")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any], when: float):
+        self._loop = loop
+        self._task = task
+        self.when: float | None = when
+        self.fired = False
+        self._handle: asyncio.TimerHandle | None = loop.call_at(when, self._check)
+
+    def move(self, when: float) -> None:
+        if self.fired:
+            return
+        if self._handle is None or (self.when is not None and when < self.when):
+            if self._handle is not None:
+                self._handle.cancel()
+            self._handle = self._loop.call_at(when, self._check)
+        self.when = when
+
+    def cancel(self) -> None:
+        self.when = None
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _check(self) -> None:
+        self._handle = None
+        if self.when is None:
+            return
+        if self._loop.time() < self.when:
+            self._handle = self._loop.call_at(self.when, self._check)
+            return
+        self.fired = True
+        self._task.cancel("switchyard deadline")
 
 
 class _Guard:
     """One attempt's timer and the `send` that moves it; per request, never shared."""
 
     __slots__ = (
+        "_alarm",
         "_budget_left",
-        "_cm",
         "_first",
         "_idle",
         "_loop",
@@ -114,13 +164,16 @@ class _Guard:
         self._idle = idle if stream else None
         self._started = False
         self._sse = False
-        self._cm: asyncio.Timeout | None = None
+        self._alarm: _Alarm | None = None
         self._budget_left = None if ctx.budget_at is None else ctx.budget_at - now
         self._first = first
 
-    def timer(self) -> asyncio.Timeout:
-        self._cm = asyncio.timeout(self._bound(self._first))
-        return self._cm
+    def arm(self, task: asyncio.Task[Any]) -> None:
+        self._alarm = _Alarm(self._loop, task, self._loop.time() + self._bound(self._first))
+
+    def disarm(self) -> None:
+        if self._alarm is not None:
+            self._alarm.cancel()
 
     def _bound(self, secs: float) -> float:
         """`secs` from now, or less when the request's budget ends sooner."""
@@ -129,8 +182,8 @@ class _Guard:
         return max(secs, 0.0)
 
     @property
-    def expired(self) -> bool:
-        return self._cm is not None and self._cm.expired()
+    def fired(self) -> bool:
+        return self._alarm is not None and self._alarm.fired
 
     async def send(self, message: Message) -> None:
         kind = message["type"]
@@ -143,19 +196,15 @@ class _Guard:
                 self._rearm(self._idle)
         elif kind == "http.response.body":
             if not message.get("more_body", False):
-                self._disarm()
+                self.disarm()
             elif self._idle is not None:
                 self._rearm(self._idle)
         await self.raw_send(message)
 
     def _rearm(self, secs: float) -> None:
-        if self._cm is not None:
-            self._cm.reschedule(self._loop.time() + self._bound(secs))
+        if self._alarm is not None:
+            self._alarm.move(self._loop.time() + self._bound(secs))
             self.ctx.deadline_at = time.monotonic() + secs
-
-    def _disarm(self) -> None:
-        if self._cm is not None and not self._cm.expired():
-            self._cm.reschedule(None)
 
     def _phase(self) -> str:
         ctx = self.ctx
