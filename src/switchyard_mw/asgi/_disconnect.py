@@ -3,25 +3,28 @@
 An app awaiting its upstream call does not read `receive`, so nobody else would notice: the
 call would run to its end for a client that is gone. A watcher task reads `receive` for it —
 but only once a request has lasted `WATCH_AFTER_SECS` (or the app asks `receive` itself): most
-requests end sooner, and a task per request would be most of the stack's cost.
+requests end sooner, and a task or even a timer per request would be most of the stack's cost.
+One sweeper task per event loop starts the watchers of the requests that outlast that.
 """
 
 from __future__ import annotations
 
 import asyncio
+import weakref
 from typing import Any
 
 from ..context import RequestContext
 from ._types import Message, Receive
 
 WATCH_AFTER_SECS = 0.02
-"""How long a request runs before its client is watched: the longest a departure goes unseen."""
+"""How long a request runs before its client is watched: about the longest a departure goes
+unseen (the sweeper looks twice as often)."""
 
 
 class DisconnectWatch:
     """One request's watch; `stop()` when its response is complete or its work has ended."""
 
-    __slots__ = ("_ctx", "_handle", "_owner", "_receive", "_task", "gone")
+    __slots__ = ("__weakref__", "_ctx", "_owner", "_receive", "_sweeper", "_task", "gone")
 
     def __init__(self, ctx: RequestContext, receive: Receive) -> None:
         self._ctx = ctx
@@ -29,23 +32,24 @@ class DisconnectWatch:
         self._owner: asyncio.Task[Any] | None = asyncio.current_task()
         self._task: asyncio.Task[None] | None = None
         self.gone = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        self._handle: asyncio.TimerHandle | None = loop.call_later(WATCH_AFTER_SECS, self.start)
+        self._sweeper: _Sweeper | None = _Sweeper.of(asyncio.get_running_loop())
+        self._sweeper.add(self)
 
     def start(self) -> None:
         if self._task is not None:
             return
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
+        self._leave_sweeper()
         self._task = asyncio.get_running_loop().create_task(self._watch())
 
     def stop(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
+        self._leave_sweeper()
         if self._task is not None:
             self._task.cancel()
+
+    def _leave_sweeper(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.discard(self)
+            self._sweeper = None
 
     async def _watch(self) -> None:
         while True:
@@ -56,6 +60,50 @@ class DisconnectWatch:
         self.gone.set()
         if self._owner is not None:
             self._owner.cancel("client disconnected")
+
+
+class _Sweeper:
+    """Starts the watch of every request older than `WATCH_AFTER_SECS`; sleeps when idle."""
+
+    _by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Sweeper] = (
+        weakref.WeakKeyDictionary()
+    )
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._watches: dict[DisconnectWatch, float] = {}  # insertion order is age order
+        self._wake = asyncio.Event()
+        self._task = loop.create_task(self._run())
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> _Sweeper:
+        sweeper = cls._by_loop.get(loop)
+        if sweeper is None or sweeper._task.done():
+            sweeper = cls._by_loop[loop] = cls(loop)
+        return sweeper
+
+    def add(self, watch: DisconnectWatch) -> None:
+        self._watches[watch] = self._loop.time()
+        if not self._wake.is_set():
+            self._wake.set()
+
+    def discard(self, watch: DisconnectWatch) -> None:
+        self._watches.pop(watch, None)
+
+    async def _run(self) -> None:
+        while True:
+            if not self._watches:
+                self._wake.clear()
+                await self._wake.wait()
+            await asyncio.sleep(WATCH_AFTER_SECS / 2)
+            cutoff = self._loop.time() - WATCH_AFTER_SECS
+            due = []
+            for watch, since in self._watches.items():
+                if since > cutoff:
+                    break
+                due.append(watch)
+            for watch in due:
+                watch.start()
 
 
 def replay_receive(ctx: RequestContext, watch: DisconnectWatch) -> Receive:

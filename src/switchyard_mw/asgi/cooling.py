@@ -170,7 +170,8 @@ class CoolingMiddleware(PolicyMiddleware):
         ctx.attempts += 1
         ctx.upstream_status = None
         ctx.deadline_phase = None
-        span = tm.tracer.start_span(tm.SPAN_ATTEMPT)
+        # Without an SDK, no span object at all: the shared invalid span is a no-op.
+        span = tm.tracer.start_span(tm.SPAN_ATTEMPT) if tm.tracing() else trace.INVALID_SPAN
         if span.is_recording():  # no attribute dict per attempt when tracing is off
             span.set_attributes(_attempt_attributes(ctx, lease))
         try:
