@@ -74,6 +74,24 @@ async def test_keep_alive_reuses_one_connection() -> None:
     assert len(connections) == 1
 
 
+async def test_cookies_an_upstream_sets_are_not_sent_again() -> None:
+    seen: list[bytes] = []
+
+    async def set_cookie(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            seen.append(head)
+            await reader.readexactly(2)
+            writer.write(ok(b"{}", b"set-cookie: __cf_bm=abc; Path=/\r\n"))
+            await writer.drain()
+
+    async with raw_server(set_cookie) as (url, _), make_http_client() as http:
+        for _ in range(2):
+            assert (await http.post(url, content=b"{}")).status_code == 200
+        assert not http.cookies
+    assert all(b"cookie" not in head.lower().replace(b"set-cookie", b"") for head in seen)
+
+
 async def test_per_request_timeout_bounds_the_wait_for_headers() -> None:
     async with raw_server(stall_forever) as (url, _), make_http_client() as http:
         with pytest.raises(httpx.ReadTimeout):
@@ -104,10 +122,14 @@ async def test_read_timeout_applies_to_every_body_chunk_and_aiter_raw_streams() 
     async with raw_server(one_chunk_then_stall) as (url, _), make_http_client() as http:
         request = http.build_request("POST", url, content=b"{}", timeout=httpx.Timeout(0.3))
         response = await http.send(request, stream=True)
-        chunks = []
-        with pytest.raises(httpx.ReadTimeout):
+        chunks: list[bytes] = []
+
+        async def read_all() -> None:
             async for chunk in response.aiter_raw():
                 chunks.append(chunk)  # the first chunk arrives before the stall
+
+        with pytest.raises(httpx.ReadTimeout):
+            await read_all()
         await response.aclose()
     assert b"".join(chunks) == b"data: first\r\n\r\n"
 
@@ -123,12 +145,16 @@ async def test_aiter_raw_yields_each_chunk_as_it_arrives() -> None:
         writer.write(b"7\r\nsecond\n\r\n0\r\n\r\n")
         await writer.drain()
 
-    async with raw_server(two_chunks) as (url, _), make_http_client() as http:
-        async with asyncio.timeout(10), http.stream("POST", url, content=b"{}") as response:
-            got = []
-            async for chunk in response.aiter_raw():
-                got.append(chunk)
-                go_on.set()
+    got = []
+    async with (
+        raw_server(two_chunks) as (url, _),
+        make_http_client() as http,
+        asyncio.timeout(10),
+        http.stream("POST", url, content=b"{}") as response,
+    ):
+        async for chunk in response.aiter_raw():
+            got.append(chunk)
+            go_on.set()
     assert b"".join(got) == b"first\nsecond\n"
     assert got[0] == b"first\n"
 
@@ -193,8 +219,7 @@ async def test_hang_up_mid_body_is_an_httpx_error() -> None:
             await http.post(url, content=b"{}")
         async with http.stream("POST", url, content=b"{}") as response:
             with pytest.raises(httpx.HTTPError):
-                async for _ in response.aiter_raw():
-                    pass
+                await response.aread()
 
 
 async def test_malformed_status_line_is_remote_protocol_error() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import NoReturn
 
 import aiohttp
@@ -28,7 +29,8 @@ def make_http_client(
 ) -> httpx.AsyncClient:
     """A pooled async client for upstream calls; build one per process and reuse it.
 
-    No timeout of its own: each call passes the deadline of its request (`timeout_for`).
+    No timeout of its own: each call passes the deadline of its request (`timeout_for`). It
+    keeps no cookies: what one upstream answer sets is never sent with another request.
     Build it anywhere (at import time too): its pool is made on first use, in the running loop.
     """
     limits = httpx.Limits(
@@ -39,7 +41,14 @@ def make_http_client(
         transport=PooledTransport(limits=limits, trust_env=False),
         timeout=None,
         trust_env=False,
+        cookies=_no_cookies(),
     )
+
+
+def _no_cookies() -> CookieJar:
+    """A jar that keeps no cookie: one client serves every user and every account, so a
+    provider's `Set-Cookie` for one request must not ride along on all the others."""
+    return CookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
 
 
 def timeout_for(ctx: RequestContext | None, *, default_secs: float = 60.0) -> httpx.Timeout:
