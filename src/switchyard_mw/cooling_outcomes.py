@@ -24,10 +24,12 @@ def settle(pool: AccountPool, lease: Lease, outcome: Outcome | None, status: str
     if outcome is None:
         pool.release(lease)
         return
+    if outcome is not Outcome.FAULT:
+        pool.record(lease, outcome)  # the hot path: no state snapshot, no metric
+        return
     name = lease.account
     before = pool.status_of(name).state
     pool.record(lease, outcome)
-    if outcome is Outcome.FAULT:
-        tm.account_faults.add(1, {"account": name, "status": status})
-        if before is not BreakerState.COOLED and pool.status_of(name).state is BreakerState.COOLED:
-            tm.account_cooled.add(1, {"account": name})
+    tm.account_faults.add(1, {"account": name, "status": status})
+    if before is not BreakerState.COOLED and pool.status_of(name).state is BreakerState.COOLED:
+        tm.account_cooled.add(1, {"account": name})
