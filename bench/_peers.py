@@ -1,0 +1,223 @@
+"""Section 3: peers and floors, side by side, all in front of the same mock upstream.
+
+The mock upstream is Envoy answering every request at once (`direct_response`, one worker),
+pinned to core 1 with wrk; each server under test runs alone on core 0, one process. Every row
+posts the same 1 KB OpenAI Chat body (`gpt-4o-mini`, a model in LiteLLM's price list).
+
+Rows: a bare Starlette pass-through (no policy) with each outbound client (aiohttp: the floor;
+httpx; httpx over `httpx_aiohttp.AiohttpTransport`; httpx2), the example gateway
+(`uvicorn examples.starlette_app:app`, the full stack) with each httpx-API client, and the
+LiteLLM proxy (two deployments of the model plus a fallback group, in its own virtualenv under
+`bench/.peers/`, installed on first use).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from _harness import (
+    BENCH,
+    MASTER_KEY,
+    OPENAI_PATH,
+    PYTHON,
+    SERVER_CORE,
+    Processes,
+    Result,
+    Skip,
+    free_port,
+    load_result,
+    measure,
+    openai_body,
+    pinned,
+    probe,
+)
+
+SECTION = "3 peers"
+MODEL = "gpt-4o-mini"
+PEERS = BENCH / ".peers"
+LITELLM_VENV = PEERS / "litellm"
+FLOOR = "pass-through aiohttp"
+
+GATEWAY_CONFIG = """
+[llm_clients.up-a]
+base_url = "{mock}"
+api_key_env = "BENCH_KEY_A"
+models = ["gpt-4o-mini", "gpt-4o-mini-canary", "gpt-judge"]
+[llm_clients.up-b]
+base_url = "{mock}"
+api_key_env = "BENCH_KEY_B"
+auth = "x-api-key"
+models = ["gpt-4o-mini", "gpt-4o-mini-canary"]
+priority = 1
+[canaries."gpt-4o-mini"]
+variants = {{ "gpt-4o-mini-canary" = 10.0 }}
+[routes.auto]
+classifier = "llm"
+judge = "up-a"
+judge_model = "gpt-judge"
+judge_deadline_ms = 800
+choices = {{ simple = "gpt-4o-mini", complex = "gpt-4o-mini-canary" }}
+fallback = "gpt-4o-mini"
+"""
+
+
+def shipped_transport() -> str:
+    """What `make_http_client()` builds today, in words."""
+    import httpx
+    from httpx_aiohttp import AiohttpTransport
+
+    from switchyard_mw.outbound import make_http_client
+
+    transport = make_http_client()._transport
+    if isinstance(transport, AiohttpTransport):
+        return "httpx+aiohttp"
+    if isinstance(transport, httpx.AsyncHTTPTransport):
+        return "httpx"
+    return type(transport).__name__
+
+
+def _uvicorn(target: str, port: int, app_dir: str) -> list[str]:
+    cmd = [PYTHON, "-m", "uvicorn", "--app-dir", app_dir, target, "--host", "127.0.0.1"]
+    cmd += ["--port", str(port), "--log-level", "warning", "--no-access-log"]
+    return pinned(SERVER_CORE, cmd)
+
+
+def ensure_litellm(log: Path) -> Path | str:
+    """The `litellm` command of the peers' virtualenv, installed on first use; else why not."""
+    exe = LITELLM_VENV / "bin" / "litellm"
+    if exe.exists():
+        return exe
+    print("  installing litellm[proxy] into bench/.peers/litellm (first use only) ...", flush=True)
+    try:
+        with log.open("wb") as out:
+            subprocess.run([PYTHON, "-m", "venv", str(LITELLM_VENV)], check=True, stdout=out)
+            pip = [str(LITELLM_VENV / "bin" / "pip"), "install", "-q", "litellm[proxy]"]
+            subprocess.run(pip, check=True, stdout=out, stderr=subprocess.STDOUT, timeout=1200)
+    except (subprocess.SubprocessError, OSError) as exc:
+        return f"litellm[proxy] could not be installed ({type(exc).__name__}; see {log})"
+    return exe if exe.exists() else "litellm[proxy] installed no `litellm` command"
+
+
+def litellm_config(mock: str) -> str:
+    def deployment(name: str, key: str) -> dict[str, object]:
+        params = {"model": f"openai/{MODEL}", "api_base": f"{mock}/v1", "api_key": key}
+        return {"model_name": name, "litellm_params": params}
+
+    config = {
+        "model_list": [
+            deployment(MODEL, "sk-upstream-a"),
+            deployment(MODEL, "sk-upstream-b"),
+            deployment(f"{MODEL}-fallback", "sk-upstream-c"),
+        ],
+        "router_settings": {
+            "routing_strategy": "simple-shuffle",
+            "fallbacks": [{MODEL: [f"{MODEL}-fallback"]}],
+            "num_retries": 1,
+        },
+        "litellm_settings": {"telemetry": False, "set_verbose": False},
+        "general_settings": {"master_key": MASTER_KEY},
+    }
+    return json.dumps(config, indent=1)  # JSON is YAML
+
+
+def run(
+    procs: Processes,
+    mock: str,
+    *,
+    conns: list[int],
+    secs: float,
+    warmup: float,
+    repeat: int = 1,
+    litellm: bool,
+    smoke: bool = False,
+) -> tuple[list[Result], list[Skip]]:
+    workdir = procs.workdir
+    body = openai_body(MODEL)
+    config = workdir / "gateway.toml"
+    config.write_text(GATEWAY_CONFIG.format(mock=mock))
+    shipped = shipped_transport()
+    base_env = {
+        "BENCH_UPSTREAM": mock,
+        "BENCH_KEY_A": "sk-upstream-a",
+        "BENCH_KEY_B": "sk-upstream-b",
+        "SWITCHYARD_CONFIG": str(config),
+        "SWITCHYARD_START_MOCK": "0",
+    }
+    servers: list[tuple[str, list[str] | None, dict[str, str], str]] = []
+    # A smoke run keeps the floor and the shipped gateway only.
+    passthrough_kinds = ["aiohttp"] if smoke else ["aiohttp", "httpx", "httpx-aiohttp", "httpx2"]
+    for kind in passthrough_kinds:
+        servers.append(
+            (
+                f"pass-through {kind}",
+                None,
+                {"BENCH_CLIENT": kind},
+                "_apps:passthrough_app",
+            )
+        )
+    # The example gateway with httpx's own pool (as before the choice), with httpx2 standing in
+    # for httpx, and with `make_http_client()` as shipped.
+    gateways = [("httpx", "httpx"), ("httpx2", "httpx2")]
+    gateways = [*([] if smoke else gateways), ("default", f"shipped ({shipped})")]
+    for kind, label in gateways:
+        name = f"example gateway, {label}"
+        servers.append((name, None, {"BENCH_CLIENT": kind}, "_apps:gateway_app"))
+    skips: list[Skip] = []
+    if litellm:
+        exe = ensure_litellm(workdir / "litellm-install.log")
+        if isinstance(exe, str):
+            skips.append(Skip(SECTION, f"LiteLLM proxy skipped: {exe}"))
+        else:
+            cfg = workdir / "litellm.yaml"
+            cfg.write_text(litellm_config(mock))
+            cmd = [str(exe), "--config", str(cfg), "--host", "127.0.0.1", "--num_workers", "1"]
+            env = {
+                "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                "LITELLM_LOG": "ERROR",
+                "LITELLM_MODE": "PRODUCTION",
+                "DISABLE_ADMIN_UI": "True",
+                "NO_DOCS": "True",
+            }
+            servers.append(("LiteLLM proxy", cmd, env, ""))
+    results: list[Result] = []
+    for name, command, extra_env, target in servers:
+        port = free_port()
+        if command is None:
+            cmd = _uvicorn(target, port, "bench")
+        else:
+            cmd = pinned(SERVER_CORE, [*command, "--port", str(port)])
+        env = {**base_env, **extra_env}
+        try:
+            proc = procs.start(_slug(name), cmd, port=port, env=env, timeout=180)
+        except (RuntimeError, TimeoutError) as exc:
+            skips.append(Skip(SECTION, f"{name} did not start: {str(exc)[:300]}"))
+            continue
+        try:
+            url = f"http://127.0.0.1:{port}{OPENAI_PATH}"
+            probe(url, body, expect_header="x-switchyard-model" if "gateway" in name else None)
+            for c in conns:
+                load = measure(
+                    url,
+                    body,
+                    workdir,
+                    conns=c,
+                    secs=secs,
+                    warmup=warmup,
+                    cpu_pid=proc.pid,
+                    repeat=repeat,
+                )
+                results.append(load_result(SECTION, name, load, c))
+        finally:
+            procs.stop(proc)
+    floors = {r.conns: r for r in results if r.name == FLOOR}
+    for r in results:
+        floor = floors.get(r.conns)
+        if floor is not None and floor.req_s and r.req_s is not None:
+            r.ratio, r.ratio_to = r.req_s / floor.req_s, FLOOR
+    return results, skips
+
+
+def _slug(name: str) -> str:
+    return "".join(ch if ch.isalnum() else "-" for ch in name).strip("-")

@@ -1,0 +1,292 @@
+"""The report: a table on stdout, results.json, results.md, the chart and the targets."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from _harness import Result, Skip
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+STACK = "switchyard_stack"
+LITELLM = "LiteLLM proxy"
+FLOOR = "pass-through aiohttp"
+ENVOY_PLAIN = "Envoy, no processor"
+ENVOY_PROC = "Envoy + switchyard-mw extproc"
+SHIPPED_GATEWAY = "example gateway, shipped"
+
+
+@dataclass
+class Target:
+    name: str
+    goal: str
+    measured: str
+    met: bool | None  # None: not measured in this run
+
+
+def _f(value: float | None, spec: str = ".1f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def table(results: Sequence[Result]) -> str:
+    """Every result, one block per section, as a Markdown table."""
+    lines: list[str] = []
+    for section in sorted({r.section for r in results}):
+        rows = [r for r in results if r.section == section]
+        lines.append(f"**{section}**\n")
+        if rows[0].us_per_req is not None:
+            lines.append("| middleware [body] | µs/request | x bare app | added |")
+            lines.append("|---|---:|---:|---:|")
+            for r in rows:
+                added = r.extra.get("added_us")
+                lines.append(
+                    f"| {r.name} | {_f(r.us_per_req)} | {_f(r.ratio, '.2f')} | "
+                    f"{'' if r.name.startswith('bare') else _f(added) + ' µs'} |"
+                )
+        else:
+            lines.append("| server | conns | req/s | p50 ms | p99 ms | CPU ms/req | ratio | note |")
+            lines.append("|---|---:|---:|---:|---:|---:|---:|---|")
+            for r in rows:
+                ratio = f"{r.ratio:.2f} x {r.ratio_to}" if r.ratio is not None else ""
+                lines.append(
+                    f"| {r.name} | {r.conns} | {_f(r.req_s, '.0f')} | {_f(r.p50_ms, '.2f')} | "
+                    f"{_f(r.p99_ms, '.2f')} | {_f(r.cpu_ms, '.3f')} | {ratio} | {r.note} |"
+                )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _find(results: Sequence[Result], section: str, name: str, conns: int) -> Result | None:
+    return next(
+        (
+            r
+            for r in results
+            if r.section.startswith(section) and r.name == name and r.conns == conns
+        ),
+        None,
+    )
+
+
+def targets(results: Sequence[Result]) -> list[Target]:
+    out: list[Target] = []
+    stack = [r for r in results if r.section.startswith("1") and r.name.startswith(STACK)]
+    if stack:
+        worst = max(r.extra["added_us"] for r in stack)
+        best = min(r.extra["added_us"] for r in stack)
+        out.append(
+            Target(
+                "whole ASGI stack, in process",
+                "adds ≤ 15 µs/request",
+                f"adds {best:.0f}-{worst:.0f} µs/request (4 bodies)",
+                worst <= 15,
+            )
+        )
+    served = [r for r in results if r.section.startswith("2") and r.name == STACK]
+    for r in served:
+        if r.ratio is not None:
+            out.append(
+                Target(
+                    f"stacked app served, {r.conns} conns",
+                    "≥ 0.90 x bare app req/s",
+                    f"{r.ratio:.2f} x ({r.req_s:.0f} req/s)",
+                    r.ratio >= 0.90,
+                )
+            )
+    gateways = [
+        r for r in results if r.section.startswith("3") and r.name.startswith(SHIPPED_GATEWAY)
+    ]
+    for g in gateways:
+        assert g.conns is not None
+        if g.ratio is not None:
+            out.append(
+                Target(
+                    f"example gateway (make_http_client()), {g.conns} conns",
+                    f"≥ 0.80 x {FLOOR} req/s",
+                    f"{g.ratio:.2f} x ({g.req_s:.0f} req/s)",
+                    g.ratio >= 0.80,
+                )
+            )
+        peer = _find(results, "3", LITELLM, g.conns)
+        if peer is not None and peer.req_s and g.req_s is not None:
+            times = g.req_s / peer.req_s
+            lower = g.p99_ms is not None and peer.p99_ms is not None and g.p99_ms < peer.p99_ms
+            out.append(
+                Target(
+                    f"example gateway vs LiteLLM proxy, {g.conns} conns",
+                    "≥ 30 x its req/s at a lower p99",
+                    f"{times:.1f} x; p99 {_f(g.p99_ms, '.1f')} vs {_f(peer.p99_ms, '.1f')} ms",
+                    times >= 30 and lower,
+                )
+            )
+    proc16 = _find(results, "4", ENVOY_PROC, 16)
+    if proc16 is not None and proc16.ratio is not None:
+        out.append(
+            Target(
+                "Envoy + extproc, 16 conns",
+                "≥ 0.75 x Envoy's req/s without a processor",
+                f"{proc16.ratio:.2f} x ({proc16.req_s:.0f} req/s)",
+                proc16.ratio >= 0.75,
+            )
+        )
+    for r in results:
+        if r.section.startswith("4") and r.name == ENVOY_PROC and r.cpu_ms is not None:
+            out.append(
+                Target(
+                    f"processor CPU, {r.conns} conns",
+                    "≤ 0.25 ms/request",
+                    f"{r.cpu_ms:.3f} ms/request",
+                    r.cpu_ms <= 0.25,
+                )
+            )
+    return out
+
+
+def targets_table(items: Sequence[Target]) -> str:
+    lines = ["| target | goal | measured | met |", "|---|---|---|---|"]
+    for t in items:
+        met = "n/a" if t.met is None else ("yes" if t.met else "**no**")
+        lines.append(f"| {t.name} | {t.goal} | {t.measured} | {met} |")
+    return "\n".join(lines)
+
+
+def write(
+    out: Path,
+    results: Sequence[Result],
+    skips: Sequence[Skip],
+    meta: dict[str, object],
+) -> str:
+    """Write results.json, results.md and bench.png into `out`; return the text report."""
+    items = targets(results)
+    notes = [f"- skipped ({s.section}): {s.reason}" for s in skips]
+    text = "\n".join(
+        [
+            table(results),
+            "**targets**\n",
+            targets_table(items),
+            "",
+            *notes,
+        ]
+    )
+    (out / "results.md").write_text(text + "\n")
+    payload = {
+        "meta": meta,
+        "results": [r.to_json() for r in results],
+        "skipped": [{"section": s.section, "reason": s.reason} for s in skips],
+        "targets": [t.__dict__ for t in items],
+    }
+    (out / "results.json").write_text(json.dumps(payload, indent=1, ensure_ascii=False) + "\n")
+    chart(out / "bench.png", results, meta, items)
+    return text
+
+
+def chart(
+    path: Path, results: Sequence[Result], meta: dict[str, object], items: Sequence[Target]
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure(figsize=(16, 17))
+    grid = fig.add_gridspec(3, 2, height_ratios=[1.0, 1.25, 0.75])
+    title = "switchyard-mw overhead"
+    if meta.get("smoke"):
+        title += " (SMOKE RUN: seconds-long runs, not for reading numbers)"
+    fig.suptitle(
+        f"{title}  ({meta.get('date', '')}, commit {meta.get('commit', '?')})", fontsize=14
+    )
+    _inproc_panel(fig.add_subplot(grid[0, 0]), results)
+    _load_panel(
+        fig.add_subplot(grid[0, 1]),
+        results,
+        "2",
+        "2. served by one uvicorn worker (answers at once)",
+    )
+    _load_panel(
+        fig.add_subplot(grid[1, :]),
+        results,
+        "3",
+        "3. peers and floors, in front of a mock upstream",
+    )
+    _load_panel(fig.add_subplot(grid[2, 0]), results, "4", "4. Envoy → mock upstream")
+    _targets_panel(fig.add_subplot(grid[2, 1]), items)
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def _targets_panel(ax: Axes, items: Sequence[Target]) -> None:
+    ax.set_axis_off()
+    ax.set_title("targets")
+    lines = []
+    for t in items:
+        mark = "n/a" if t.met is None else ("met" if t.met else "NOT met")
+        lines.append(f"[{mark}] {t.name}: {t.goal}\n        measured {t.measured}")
+    ax.text(0, 1, "\n".join(lines) or "(none measured)", va="top", fontsize=8, family="monospace")
+
+
+def _inproc_panel(ax: Axes, results: Sequence[Result]) -> None:
+    rows = [r for r in results if r.section.startswith("1") and not r.name.startswith("bare")]
+    if not rows:
+        _empty(ax, "1. in-process: not run")
+        return
+    names = list(dict.fromkeys(r.name.split(" [")[0] for r in rows))
+    bodies = list(dict.fromkeys(r.name.split(" [")[1].rstrip("]") for r in rows))
+    width = 0.8 / len(bodies)
+    for i, body in enumerate(bodies):
+        values = [
+            next((r.extra["added_us"] for r in rows if r.name == f"{n} [{body}]"), 0.0)
+            for n in names
+        ]
+        ax.bar([x + i * width for x in range(len(names))], values, width, label=body)
+    ax.axhline(15, color="red", linestyle="--", linewidth=1, label="target: stack ≤ 15 µs")
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(names))])
+    ax.set_xticklabels(names, rotation=15, fontsize=8)
+    ax.set_ylabel("µs added per request over the bare app")
+    ax.set_title("1. in-process, 1 KB bodies (median of rounds)")
+    ax.legend(fontsize=8)
+
+
+def _load_panel(ax: Axes, results: Sequence[Result], section: str, title: str) -> None:
+    rows = [r for r in results if r.section.startswith(section) and r.req_s is not None]
+    if not rows:
+        _empty(ax, f"{title}: not run")
+        return
+    names = list(dict.fromkeys(r.name for r in rows))
+    conns = sorted({r.conns for r in rows if r.conns is not None})
+    height = 0.8 / len(conns)
+    for i, c in enumerate(conns):
+        values: list[float] = []
+        labels: list[str] = []
+        for n in names:
+            r = next((x for x in rows if x.name == n and x.conns == c), None)
+            if r is None or not r.req_s:
+                values.append(0.0)
+                labels.append("")
+                continue
+            values.append(r.req_s)
+            cpu = f", {r.cpu_ms:.2f} ms CPU" if r.cpu_ms is not None else ""
+            labels.append(f" {r.req_s:.0f}/s, p99 {_f(r.p99_ms)} ms{cpu}")
+        bars = ax.barh(
+            [y + i * height for y in range(len(names))], values, height, label=f"{c} conns"
+        )
+        for bar, label in zip(bars, labels, strict=True):
+            y = bar.get_y() + bar.get_height() / 2
+            ax.text(bar.get_width(), y, label, va="center", fontsize=7)
+    ax.set_yticks([y + 0.4 - height / 2 for y in range(len(names))])
+    ax.set_yticklabels(names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("requests/s (server under test: one process, one core)")
+    ax.set_xlim(0, max(r.req_s or 0.0 for r in rows) * 1.7)
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="lower right")
+
+
+def _empty(ax: Axes, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center")
+    ax.set_axis_off()

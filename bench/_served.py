@@ -1,0 +1,82 @@
+"""Section 2: the bare app and the stacked app served by one uvicorn worker, driven by wrk.
+
+uvicorn runs pinned to core 0 (`taskset -c 0`), wrk pinned to core 1, posting the 1 KB
+Anthropic body; no upstream is involved (the app answers at once).
+"""
+
+from __future__ import annotations
+
+from _harness import (
+    ANTHROPIC_PATH,
+    PYTHON,
+    SERVER_CORE,
+    Processes,
+    Result,
+    anthropic_body,
+    free_port,
+    load_result,
+    measure,
+    pinned,
+    probe,
+)
+from _inproc import ENV, write_config
+
+SECTION = "2 served"
+
+
+def uvicorn_cmd(target: str, port: int) -> list[str]:
+    return pinned(
+        SERVER_CORE,
+        [
+            PYTHON,
+            "-m",
+            "uvicorn",
+            "--app-dir",
+            "bench",
+            target,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            "--no-access-log",
+        ],
+    )
+
+
+def run(
+    procs: Processes, *, conns: list[int], secs: float, warmup: float, repeat: int = 1
+) -> list[Result]:
+    config = write_config(procs.workdir)
+    body = anthropic_body("claude-opus-5")  # the canaried model: every policy has work to do
+    results: list[Result] = []
+    for name, target in (("bare app", "_apps:bare"), ("switchyard_stack", "_apps:stacked_app")):
+        port = free_port()
+        env = {**ENV, "BENCH_CONFIG": str(config)}
+        proc = procs.start(
+            f"served-{name.replace(' ', '-')}", uvicorn_cmd(target, port), port=port, env=env
+        )
+        try:
+            url = f"http://127.0.0.1:{port}{ANTHROPIC_PATH}"
+            probe(url, body, expect_header="x-switchyard-model" if "stack" in name else None)
+            for c in conns:
+                load = measure(
+                    url,
+                    body,
+                    procs.workdir,
+                    conns=c,
+                    secs=secs,
+                    warmup=warmup,
+                    cpu_pid=proc.pid,
+                    repeat=repeat,
+                )
+                results.append(load_result(SECTION, name, load, c))
+        finally:
+            procs.stop(proc)
+    bare = {r.conns: r for r in results if r.name == "bare app"}
+    for r in results:
+        floor = bare.get(r.conns)
+        if floor is not None and floor.req_s and r.req_s is not None:
+            r.ratio, r.ratio_to = r.req_s / floor.req_s, "bare app"
+    return results

@@ -1,0 +1,34 @@
+"""`python bench/run.py --smoke` runs, prints its table and writes its chart.
+
+Nothing here checks a number: the run only has to complete. Sections that need wrk (or an
+Envoy binary) are skipped by the bench itself, with a note, on a machine without them.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.timeout(240)  # a guard against a hang, not a time target
+def test_bench_smoke_prints_the_table_and_writes_the_chart(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "run.py"), "--smoke", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=230,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "| switchyard_stack [anthropic] |" in done.stdout
+    assert "**targets**" in done.stdout
+    chart = out / "bench.png"
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "results.json").exists()
