@@ -8,43 +8,18 @@ account (priority 0, its key scripted on the mock) and a good one (priority 1).
 
 from __future__ import annotations
 
-import contextlib
-import os
-import socket
-import subprocess
-import sys
-import threading
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
 import httpx
 import pytest
-import uvicorn
 
+from servers import example_gateway, serve_in_thread
 from switchyard_mw.testing import Behaviour, MockProvider
 
-ROOT = Path(__file__).resolve().parents[1]
 CASES = (401, 402, 403, 503, 429)
 MESSAGES: Any = [{"role": "user", "content": "Say hello"}]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _wait_for(port: int, timeout: float = 20.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"nothing listening on 127.0.0.1:{port}")
 
 
 def _config(mock_url: str) -> str:
@@ -76,47 +51,16 @@ def _keys() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def mock() -> Iterator[tuple[MockProvider, str]]:
     provider = MockProvider()
-    port = _free_port()
-    config = uvicorn.Config(
-        provider, host="127.0.0.1", port=port, log_level="warning", lifespan="off"
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="mock-provider", daemon=True)
-    thread.start()
-    try:
-        _wait_for(port)
-        yield provider, f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with serve_in_thread(provider) as url:
+        yield provider, url
 
 
 @pytest.fixture(scope="module")
 def gateway(
     mock: tuple[MockProvider, str], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    tmp = tmp_path_factory.mktemp("cooling-live")
-    config = tmp / "switchyard.toml"
-    config.write_text(_config(mock[1]))
-    port = _free_port()
-    env = {**os.environ, **_keys(), "SWITCHYARD_CONFIG": str(config), "SWITCHYARD_START_MOCK": "0"}
-    command = [sys.executable, "-m", "uvicorn", "examples.starlette_app:app"]
-    command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
-    with (tmp / "gateway.log").open("wb") as log:
-        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            try:
-                _wait_for(port)
-            except TimeoutError:
-                raise RuntimeError((tmp / "gateway.log").read_text()) from None
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    with example_gateway(_config(mock[1]), tmp_path_factory.mktemp("cooling-live"), _keys()) as url:
+        yield url
 
 
 async def _create(client: anthropic.AsyncAnthropic, status: int) -> Any:
