@@ -45,12 +45,13 @@ def _start_mock_provider() -> None:
     """The bundled mock, on its own thread and event loop, so the example runs offline."""
     import uvicorn
 
-    from switchyard_mw.testing import MockProvider
+    from switchyard_mw.testing import Behaviour, MockProvider
 
     port = int(os.environ.get("SWITCHYARD_MOCK_PORT", "9100"))
-    server = uvicorn.Server(
-        uvicorn.Config(MockProvider(), host="127.0.0.1", port=port, log_level="warning")
-    )
+    mock = MockProvider()
+    # The judge of the `auto` route is the mock too: have it answer with one of the labels.
+    mock.set_behaviour("mock-judge-key", Behaviour(reply="complex"))
+    server = uvicorn.Server(uvicorn.Config(mock, host="127.0.0.1", port=port, log_level="warning"))
     threading.Thread(target=server.run, name="mock-provider", daemon=True).start()
 
 
@@ -58,6 +59,7 @@ if START_MOCK == "1":
     # The mock accepts any key; the default config names these variables.
     os.environ.setdefault("MOCK_KEY_A", "mock-key-a")
     os.environ.setdefault("MOCK_KEY_B", "mock-key-b")
+    os.environ.setdefault("MOCK_JUDGE_KEY", "mock-judge-key")
     _start_mock_provider()
 
 otel.configure(service_name="switchyard-gateway")

@@ -50,7 +50,15 @@ _DROP_REQUEST = frozenset(
     }
 )
 _DROP_RESPONSE = frozenset(
-    {"content-length", "connection", "keep-alive", "transfer-encoding", "content-encoding"}
+    {
+        "content-length",
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "content-encoding",
+        "date",  # the gateway's own server sets these two; forwarded, they would appear twice
+        "server",
+    }
 )
 
 
