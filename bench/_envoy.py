@@ -24,6 +24,7 @@ from _harness import (
     Result,
     Skip,
     anthropic_body,
+    compare,
     free_port,
     hcm,
     load_result,
@@ -140,6 +141,7 @@ def run(
                 warmup=warmup,
                 cpu_pid=envoy.pid,
                 repeat=repeat,
+                ours=procs.pids(),
             )
             results.append(load_result(SECTION, "Envoy, no processor", load, c, "CPU: Envoy"))
     finally:
@@ -181,6 +183,7 @@ def run(
                 warmup=warmup,
                 cpu_pid=processor.pid,
                 repeat=repeat,
+                ours=procs.pids(),
             )
             results.append(
                 load_result(SECTION, "Envoy + switchyard-mw extproc", load, c, "CPU: processor")
@@ -188,9 +191,5 @@ def run(
     finally:
         procs.stop(envoy)
         procs.stop(processor)
-    plain = {r.conns: r for r in results if r.name == "Envoy, no processor"}
-    for r in results:
-        floor = plain.get(r.conns)
-        if floor is not None and floor.req_s and r.req_s is not None:
-            r.ratio, r.ratio_to = r.req_s / floor.req_s, "Envoy, no processor"
+    compare(results, "Envoy, no processor", cpu=False)  # Envoy's CPU vs the processor's
     return results, skips

@@ -219,6 +219,9 @@ class Processes:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(5)
 
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs if p.poll() is None]
+
     def close(self) -> None:
         for proc in reversed(list(self._procs)):
             self.stop(proc)
@@ -287,10 +290,27 @@ class Load:
     p99_ms: float
     cpu_ms: float | None
     core_busy: float | None = None  # share of the server core that was busy (any process)
+    other_load: float | None = None  # share of the machine's CPU used by processes not ours
 
     @property
     def req_s(self) -> float:
         return self.requests / self.secs if self.secs else 0.0
+
+
+def machine_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine from /proc/stat."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(values) - values[3] - values[4], sum(values)
+
+
+def own_ticks(pids: Sequence[int]) -> int:
+    """CPU ticks of this process, its reaped children (wrk) and the live trees of `pids`."""
+    import resource
+
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    secs = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    return round(secs * CLK_TCK) + sum(cpu_ticks(p) for p in pids)
 
 
 def core_ticks(core: str) -> tuple[int, int]:
@@ -363,18 +383,30 @@ def measure(
     warmup: float,
     cpu_pid: int | None,
     repeat: int = 1,
+    ours: Sequence[int] = (),
 ) -> Load:
-    """`repeat` wrk runs after a warm-up; the one with the median req/s is kept."""
+    """`repeat` wrk runs after a warm-up; the one with the median req/s is kept.
+
+    `ours`: every process of the bench's setup (server, upstream), so that the CPU the rest of
+    the machine used meanwhile (other work on a shared machine) is reported as `other_load`.
+    """
     script = lua_script(workdir, body)
     if warmup > 0:
         wrk(url, script, conns=conns, secs=warmup)
     runs: list[Load] = []
     for _ in range(max(1, repeat)):
         busy0, total0 = core_ticks(SERVER_CORE)
+        all0, all_total0 = machine_ticks()
+        ours0 = own_ticks(ours)
         load = wrk(url, script, conns=conns, secs=secs, cpu_pid=cpu_pid)
         busy1, total1 = core_ticks(SERVER_CORE)
+        all1, all_total1 = machine_ticks()
+        ours1 = own_ticks(ours)
         if total1 > total0:
             load.core_busy = (busy1 - busy0) / (total1 - total0)
+        if all_total1 > all_total0:
+            other = (all1 - all0) - (ours1 - ours0)  # loopback softirq lands here too
+            load.other_load = max(0.0, other / (all_total1 - all_total0))
         runs.append(load)
     runs.sort(key=lambda x: x.req_s)
     return runs[len(runs) // 2]
@@ -389,6 +421,10 @@ def load_result(section: str, name: str, load: Load, conns: int, note: str = "")
         extra["server_core_busy"] = load.core_busy
         if load.core_busy < 0.85:
             note = f"{note}; server core only {load.core_busy:.0%} busy".lstrip("; ")
+    if load.other_load is not None:
+        extra["other_load"] = load.other_load
+        if load.other_load > 0.10:
+            note = f"{note}; other processes used {load.other_load:.0%} of the CPU".lstrip("; ")
     return Result(
         section=section,
         name=name,
@@ -422,6 +458,20 @@ def probe(url: str, body: bytes, *, expect_header: str | None = None) -> None:
             raise RuntimeError(
                 f"{url} answered without {expect_header}: is switchyard in the path?"
             )
+
+
+def compare(results: Sequence[Result], floor_name: str, *, cpu: bool = True) -> None:
+    """Set each result's ratio to `floor_name` at the same connections: req/s over the floor's,
+    and (with `cpu`) the CPU-capacity ratio, the floor's CPU per request over this one's: what
+    one saturated core would serve, less sensitive to other load on a shared machine."""
+    floors = {r.conns: r for r in results if r.name == floor_name}
+    for r in results:
+        floor = floors.get(r.conns)
+        if floor is None or not floor.req_s or r.req_s is None:
+            continue
+        r.ratio, r.ratio_to = r.req_s / floor.req_s, floor_name
+        if cpu and floor.cpu_ms and r.cpu_ms:
+            r.extra["cpu_ratio"] = floor.cpu_ms / r.cpu_ms
 
 
 def median(values: Sequence[float]) -> float:

@@ -26,6 +26,7 @@ from _harness import (
     Processes,
     Result,
     Skip,
+    compare,
     free_port,
     load_result,
     measure,
@@ -207,15 +208,12 @@ def run(
                     warmup=warmup,
                     cpu_pid=proc.pid,
                     repeat=repeat,
+                    ours=procs.pids(),
                 )
                 results.append(load_result(SECTION, name, load, c))
         finally:
             procs.stop(proc)
-    floors = {r.conns: r for r in results if r.name == FLOOR}
-    for r in results:
-        floor = floors.get(r.conns)
-        if floor is not None and floor.req_s and r.req_s is not None:
-            r.ratio, r.ratio_to = r.req_s / floor.req_s, FLOOR
+    compare(results, FLOOR)
     return results, skips
 
 

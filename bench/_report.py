@@ -49,13 +49,20 @@ def table(results: Sequence[Result]) -> str:
                     f"{'' if r.name.startswith('bare') else _f(added) + ' µs'} |"
                 )
         else:
-            lines.append("| server | conns | req/s | p50 ms | p99 ms | CPU ms/req | ratio | note |")
-            lines.append("|---|---:|---:|---:|---:|---:|---:|---|")
+            floor = next((r.ratio_to for r in rows if r.ratio_to), "")
+            lines.append(
+                f"| server | conns | req/s | p50 ms | p99 ms | CPU ms/req | "
+                f"req/s ratio to {floor} | CPU-capacity ratio | other load | note |"
+            )
+            lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
             for r in rows:
-                ratio = f"{r.ratio:.2f} x {r.ratio_to}" if r.ratio is not None else ""
+                cpu_ratio = r.extra.get("cpu_ratio")
+                other = r.extra.get("other_load")
+                load = "" if other is None else f"{other:.0%}"
                 lines.append(
                     f"| {r.name} | {r.conns} | {_f(r.req_s, '.0f')} | {_f(r.p50_ms, '.2f')} | "
-                    f"{_f(r.p99_ms, '.2f')} | {_f(r.cpu_ms, '.3f')} | {ratio} | {r.note} |"
+                    f"{_f(r.p99_ms, '.2f')} | {_f(r.cpu_ms, '.3f')} | {_f(r.ratio, '.2f')} | "
+                    f"{_f(cpu_ratio, '.2f')} | {load} | {r.note} |"
                 )
         lines.append("")
     return "\n".join(lines)
@@ -70,6 +77,11 @@ def _find(results: Sequence[Result], section: str, name: str, conns: int) -> Res
         ),
         None,
     )
+
+
+def _capacity(r: Result) -> str:
+    ratio = r.extra.get("cpu_ratio")
+    return "" if ratio is None else f"; CPU capacity {ratio:.2f} x"
 
 
 def targets(results: Sequence[Result]) -> list[Target]:
@@ -93,7 +105,7 @@ def targets(results: Sequence[Result]) -> list[Target]:
                 Target(
                     f"stacked app served, {r.conns} conns",
                     "≥ 0.90 x bare app req/s",
-                    f"{r.ratio:.2f} x ({r.req_s:.0f} req/s)",
+                    f"{r.ratio:.2f} x ({r.req_s:.0f} req/s){_capacity(r)}",
                     r.ratio >= 0.90,
                 )
             )
@@ -107,19 +119,21 @@ def targets(results: Sequence[Result]) -> list[Target]:
                 Target(
                     f"example gateway (make_http_client()), {g.conns} conns",
                     f"≥ 0.80 x {FLOOR} req/s",
-                    f"{g.ratio:.2f} x ({g.req_s:.0f} req/s)",
+                    f"{g.ratio:.2f} x ({g.req_s:.0f} req/s){_capacity(g)}",
                     g.ratio >= 0.80,
                 )
             )
         peer = _find(results, "3", LITELLM, g.conns)
         if peer is not None and peer.req_s and g.req_s is not None:
             times = g.req_s / peer.req_s
+            cpu_times = (peer.cpu_ms / g.cpu_ms) if peer.cpu_ms and g.cpu_ms else None
             lower = g.p99_ms is not None and peer.p99_ms is not None and g.p99_ms < peer.p99_ms
             out.append(
                 Target(
                     f"example gateway vs LiteLLM proxy, {g.conns} conns",
                     "≥ 30 x its req/s at a lower p99",
-                    f"{times:.1f} x; p99 {_f(g.p99_ms, '.1f')} vs {_f(peer.p99_ms, '.1f')} ms",
+                    f"{times:.1f} x (CPU capacity {_f(cpu_times)} x); "
+                    f"p99 {_f(g.p99_ms, '.1f')} vs {_f(peer.p99_ms, '.1f')} ms",
                     times >= 30 and lower,
                 )
             )

@@ -13,6 +13,7 @@ from _harness import (
     Processes,
     Result,
     anthropic_body,
+    compare,
     free_port,
     load_result,
     measure,
@@ -70,13 +71,10 @@ def run(
                     warmup=warmup,
                     cpu_pid=proc.pid,
                     repeat=repeat,
+                    ours=procs.pids(),
                 )
                 results.append(load_result(SECTION, name, load, c))
         finally:
             procs.stop(proc)
-    bare = {r.conns: r for r in results if r.name == "bare app"}
-    for r in results:
-        floor = bare.get(r.conns)
-        if floor is not None and floor.req_s and r.req_s is not None:
-            r.ratio, r.ratio_to = r.req_s / floor.req_s, "bare app"
+    compare(results, "bare app")
     return results
