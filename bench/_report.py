@@ -293,7 +293,7 @@ def _load_panel(ax: Axes, results: Sequence[Result], section: str, title: str) -
             y = bar.get_y() + bar.get_height() / 2
             ax.text(bar.get_width(), y, label, va="center", fontsize=7)
     ax.set_yticks([y + 0.4 - height / 2 for y in range(len(names))])
-    ax.set_yticklabels(names, fontsize=8)
+    ax.set_yticklabels([n.replace(", ", ",\n", 1) if len(n) > 30 else n for n in names], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("requests/s (server under test: one process, one core)")
     ax.set_xlim(0, max(r.req_s or 0.0 for r in rows) * 1.7)
