@@ -71,7 +71,13 @@ def request_headers(
     )
 
 
-def upstream_headers(extra: Mapping[str, str]) -> ep.ProcessingRequest:
+def upstream_headers(
+    extra: Mapping[str, str], *, attempt: int | None = None
+) -> ep.ProcessingRequest:
+    """An upstream-level attempt's request headers; `attempt` as Envoy's x-envoy-attempt-count
+    (set when the virtual host has include_request_attempt_count)."""
+    if attempt is not None:
+        extra = {**extra, "x-envoy-attempt-count": str(attempt)}
     return request_headers(extra=extra)
 
 
@@ -80,13 +86,24 @@ def request_body(body: bytes) -> ep.ProcessingRequest:
 
 
 def response_headers(
-    status: int, extra: Mapping[str, str] | None = None, *, details: str | None = None
+    status: int,
+    extra: Mapping[str, str] | None = None,
+    *,
+    details: str | None = None,
+    request_id: str | None = None,
 ) -> ep.ProcessingRequest:
+    """Response headers; `details` and `request_id` as the `response.code_details` and
+    `request.id` attributes Envoy attaches when the filter asks for them."""
     headers = {":status": str(status), **(extra or {})}
     request = ep.ProcessingRequest(response_headers=ep.HttpHeaders(headers=_header_map(headers)))
+    attributes = {}
     if details is not None:
+        attributes["response.code_details"] = details
+    if request_id is not None:
+        attributes["request.id"] = request_id
+    if attributes:
         fields = struct_pb2.Struct()
-        fields.update({"response.code_details": details})
+        fields.update(attributes)
         request.attributes["envoy.filters.http.ext_proc"].CopyFrom(fields)
     return request
 

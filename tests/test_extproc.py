@@ -114,11 +114,10 @@ async def routed(env: Env, body: bytes, extra: dict[str, str] | None = None) -> 
 # --- request headers -------------------------------------------------------------------------
 
 
-async def test_client_routing_ticket_and_envoy_control_headers_are_removed(env: Env) -> None:
+async def test_client_routing_and_envoy_control_headers_are_removed(env: Env) -> None:
     stream = env.stream()
     forged = {
         "x-switchyard-cluster": "internal-admin",
-        "x-switchyard-ticket": "guess",
         "x-envoy-upstream-rq-timeout-ms": "99999999",
         "x-envoy-retry-on": "5xx",
     }
@@ -131,7 +130,7 @@ async def test_other_requests_pass_through_but_lose_the_routing_header(env: Env)
     stream = env.stream()
     get = request_headers("/v1/models", {":method": "GET", "x-switchyard-cluster": "x"}, end=True)
     answer = await stream.send(get)
-    assert removes(answer) == ["x-switchyard-cluster", "x-switchyard-ticket"]
+    assert removes(answer) == ["x-switchyard-cluster"]
     mode = processing_mode_pb2.ProcessingMode
     assert answer.mode_override.request_body_mode == mode.NONE
     assert answer.mode_override.response_header_mode == mode.SKIP
@@ -156,8 +155,10 @@ async def test_the_body_phase_routes_rewrites_and_sets_the_credential(env: Env) 
     assert {"authorization", "x-api-key"} <= set(removes(answer))
     # max(10, min(600, 12800 * 3600 / 128000)) = 360 s
     assert headers["x-envoy-upstream-rq-timeout-ms"] == b"360000"
-    assert headers["x-switchyard-ticket"]
+    assert not any(name.startswith("x-switchyard-t") for name in headers)  # no ticket any more
+    assert len(env.servicer.flights) == 1  # found by the request's x-request-id
     await stream.close()
+    assert len(env.servicer.flights) == 0
 
 
 async def test_an_incoming_budget_only_shortens_the_envoy_timeout(env: Env) -> None:
@@ -274,41 +275,59 @@ async def test_an_upstream_504_is_passed_on_as_the_upstreams(env: Env) -> None:
 async def test_a_refused_key_fails_over_to_the_next_on_the_cluster(
     env: Env, otel_metrics: Any
 ) -> None:
+    """As the example envoy.yaml runs the upstream-level filter: a response-only stream on a
+    refused attempt (found by the `request.id` attribute), a request-only one on the retry."""
     failovers = otel_metrics.value(tm.FAILOVERS, route_model="m-var")
-    router, answer = await routed(env, anthropic())
-    ticket = sets(answer)["x-switchyard-ticket"].decode()
+    router, _ = await routed(env, anthropic())
 
-    first = env.stream(UPSTREAM)  # attempt 1: the ticket, and the credential already set
-    attempt = await first.send(upstream_headers({"x-switchyard-ticket": ticket}))
-    assert removes(attempt) == ["x-switchyard-ticket"]
-    assert "x-api-key" not in sets(attempt)
-    retry = await first.send(response_headers(402))
+    refused = env.stream(UPSTREAM)  # attempt 1's response: a refusal
+    retry = await refused.send(response_headers(402, request_id="rid-1"))
     assert sets(retry) == {"x-switchyard-retry": b"1"}
-    await first.close()
+    await refused.close()
+    assert env.policies.pool.status_of("a").state is BreakerState.COOLED  # recorded at once
 
-    second = env.stream(UPSTREAM)  # attempt 2: found by x-request-id, key b swapped in
-    attempt = await second.send(upstream_headers({"x-api-key": "secret-a"}))
+    second = env.stream(UPSTREAM)  # attempt 2's request headers: key b swapped in
+    attempt = await second.send(upstream_headers({"x-api-key": "secret-a"}, attempt=2))
     assert sets(attempt) == {"authorization": b"Bearer secret-b"}
     assert {"authorization", "x-api-key"} <= set(removes(attempt))
-    assert sets(await second.send(response_headers(200))) == {}
     await second.close()
 
+    # Attempt 2 succeeded: no upstream-level stream for it; the router-level one records it.
     final = sets(await router.send(response_headers(200, details="via_upstream")))
     await router.close()
     assert final["x-switchyard-account"] == b"b"
     assert final["x-switchyard-attempts"] == b"2"
-    assert env.policies.pool.status_of("a").state is BreakerState.COOLED
+    assert env.policies.pool.status_of("b").consecutive_faults == 0
     assert otel_metrics.value(tm.FAILOVERS, route_model="m-var") == failovers + 1
     assert len(env.servicer.flights) == 0
 
 
+async def test_a_filter_that_sees_every_phase_of_every_attempt_works_too(env: Env) -> None:
+    """An upstream-level filter without matchers (every attempt, both phases, and no
+    x-envoy-attempt-count): attempt 1's request headers change nothing."""
+    router, _ = await routed(env, anthropic())
+    first = env.stream(UPSTREAM)
+    attempt = await first.send(upstream_headers({}))
+    assert sets(attempt) == {}
+    assert removes(attempt) == []
+    assert sets(await first.send(response_headers(500))) == {"x-switchyard-retry": b"1"}
+    await first.close()
+    second = env.stream(UPSTREAM)
+    attempt = await second.send(upstream_headers({"x-api-key": "secret-a"}))
+    assert sets(attempt) == {"authorization": b"Bearer secret-b"}
+    assert sets(await second.send(response_headers(200))) == {}
+    await second.close()
+    final = sets(await router.send(response_headers(200, details="via_upstream")))
+    await router.close()
+    assert final["x-switchyard-attempts"] == b"2"
+    assert env.policies.pool.status_of("a").state is BreakerState.COOLED
+
+
 async def test_a_429_may_fail_over_but_never_cools(env: Env) -> None:
-    router, answer = await routed(env, anthropic())
+    router, _ = await routed(env, anthropic())
     upstream = env.stream(UPSTREAM)
-    await upstream.send(
-        upstream_headers({"x-switchyard-ticket": sets(answer)["x-switchyard-ticket"].decode()})
-    )
-    assert sets(await upstream.send(response_headers(429))) == {"x-switchyard-retry": b"1"}
+    answer = await upstream.send(response_headers(429, request_id="rid-1"))
+    assert sets(answer) == {"x-switchyard-retry": b"1"}
     await upstream.close()
     await router.close()
     assert env.policies.pool.status_of("a").state is BreakerState.CLOSED
@@ -319,20 +338,38 @@ async def test_no_retry_is_asked_when_no_other_account_shares_the_cluster(env: E
     router, answer = await routed(env, anthropic("solo"))
     assert sets(answer)["x-switchyard-cluster"] == b"other"
     upstream = env.stream(UPSTREAM)
-    await upstream.send(
-        upstream_headers({"x-switchyard-ticket": sets(answer)["x-switchyard-ticket"].decode()})
-    )
-    assert sets(await upstream.send(response_headers(500))) == {}
+    assert sets(await upstream.send(response_headers(500, request_id="rid-1"))) == {}
     await upstream.close()
     await router.close()
 
 
 async def test_an_upstream_stream_without_a_flight_changes_nothing(env: Env) -> None:
     upstream = env.stream(UPSTREAM)
-    answer = await upstream.send(upstream_headers({"x-switchyard-ticket": "forged"}))
+    answer = await upstream.send(upstream_headers({"x-request-id": "unknown"}, attempt=2))
     assert sets(answer) == {}
     assert removes(answer) == []
+    assert sets(await upstream.send(response_headers(500, request_id="unknown"))) == {}
     await upstream.close()
+
+
+async def test_two_requests_sharing_an_id_get_no_failover_and_no_mixup(env: Env) -> None:
+    """A client may send its own x-request-id: two live requests with the same one are told
+    apart by nothing, so neither is found (each is recorded by its own router-level stream)."""
+    first, _ = await routed(env, anthropic())
+    second, _ = await routed(env, anthropic())
+    upstream = env.stream(UPSTREAM)
+    assert sets(await upstream.send(response_headers(401, request_id="rid-1"))) == {}
+    await upstream.close()
+    assert env.policies.pool.status_of("a").consecutive_faults == 0  # nobody's lease touched
+    await first.send(response_headers(401, details="via_upstream"))
+    await first.close()
+    assert env.policies.pool.status_of("a").state is BreakerState.COOLED
+    # The other still holds its id: a later stream finds nothing until it ends too.
+    upstream = env.stream(UPSTREAM)
+    assert sets(await upstream.send(response_headers(401, request_id="rid-1"))) == {}
+    await upstream.close()
+    await second.close()
+    assert len(env.servicer.flights) == 0
 
 
 # --- judge and tracing -----------------------------------------------------------------------

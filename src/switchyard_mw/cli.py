@@ -32,11 +32,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="127.0.0.1:50051",
         help="HOST:PORT or unix:/path (default: 127.0.0.1:50051, loopback only)",
     )
+    extproc.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="processes sharing the port (SO_REUSEPORT), one core each (default: 1)",
+    )
     args = parser.parse_args(argv)
     if args.command == "check-config":
         return check_config(args.file, out=sys.stdout, err=sys.stderr)
     if args.command == "extproc":
-        return run_extproc(args.config, args.listen, err=sys.stderr)
+        return run_extproc(args.config, args.listen, err=sys.stderr, workers=args.workers)
     parser.error(f"unknown command {args.command}")  # argparse exits; kept for the type checker
     return EXIT_INVALID
 
@@ -55,7 +61,7 @@ def check_config(path: str, *, out: TextIO, err: TextIO) -> int:
     return EXIT_OK
 
 
-def run_extproc(path: str, listen: str, *, err: TextIO) -> int:
+def run_extproc(path: str, listen: str, *, err: TextIO, workers: int = 1) -> int:
     """Serve ext_proc until SIGTERM; a bad config, listen address or key is exit 2."""
     import asyncio
 
@@ -73,6 +79,11 @@ def run_extproc(path: str, listen: str, *, err: TextIO) -> int:
     except ValueError as exc:
         print(f"--listen {exc}", file=err)
         return EXIT_INVALID
+
+    if workers != 1:
+        from .extproc.workers import run_workers
+
+        return run_workers(config, listen, workers, err=err)
 
     def ready(server: ExtProcServer) -> None:
         where = listen if server.port is None else f"{listen.rpartition(':')[0]}:{server.port}"

@@ -2,6 +2,11 @@
 
 Header values travel in `raw_value` (bytes): Envoy fills `raw_value`, not `value`, and a
 mutation that sets `value` would be applied as an empty header by some Envoy versions.
+
+Hot-path economy: answers that never change are built once (`UNCHANGED_*`, `answer_for`), and
+header options that repeat (a cluster, a credential, an exposed model name) are built once and
+copied into each answer (`Options`), which is several times cheaper than building them anew.
+Built answers are shared: never mutate one.
 """
 
 from __future__ import annotations
@@ -18,13 +23,17 @@ from ..wire import Wire, error_body
 Headers = dict[str, bytes]
 ATTRIBUTES_KEY = "envoy.filters.http.ext_proc"
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+_Mode = processing_mode_pb2.ProcessingMode
 
 
-def headers_of(http_headers: ep.HttpHeaders) -> Headers:
-    """Header names (lowercase, as Envoy sends them) to values; a repeated name keeps its first."""
+def headers_of(http_headers: ep.HttpHeaders, wanted: frozenset[str] | None = None) -> Headers:
+    """Header names (lowercase, as Envoy sends them) to values; a repeated name keeps its first.
+    With `wanted`, only those names are kept."""
     out: Headers = {}
     for header in http_headers.headers.headers:
-        out.setdefault(header.key, header.raw_value or header.value.encode())
+        key = header.key
+        if (wanted is None or key in wanted) and key not in out:
+            out[key] = header.raw_value or header.value.encode()
     return out
 
 
@@ -39,18 +48,47 @@ def attribute(request: ep.ProcessingRequest, name: str) -> str | None:
     return value.string_value if value.HasField("string_value") else None
 
 
+def option(key: str, value: bytes) -> base_pb2.HeaderValueOption:
+    return base_pb2.HeaderValueOption(
+        header=base_pb2.HeaderValue(key=key, raw_value=value), append_action=_OVERWRITE
+    )
+
+
+class Options:
+    """Header options by (name, value), built once each; bounded, so values that never repeat
+    (a deadline cut to an incoming budget) cannot grow it without limit."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._built: dict[tuple[str, bytes], base_pb2.HeaderValueOption] = {}
+        self._limit = limit
+
+    def get(self, key: str, value: bytes) -> base_pb2.HeaderValueOption:
+        built = self._built.get((key, value))
+        if built is None:
+            if len(self._built) >= self._limit:
+                self._built.clear()
+            built = self._built[(key, value)] = option(key, value)
+        return built
+
+
 def mutation(
     set_headers: Iterable[tuple[str, bytes]] = (), remove: Iterable[str] = ()
 ) -> ep.HeaderMutation:
     return ep.HeaderMutation(
-        set_headers=[
-            base_pb2.HeaderValueOption(
-                header=base_pb2.HeaderValue(key=key, raw_value=value), append_action=_OVERWRITE
-            )
-            for key, value in set_headers
-        ],
+        set_headers=[option(key, value) for key, value in set_headers],
         remove_headers=list(remove),
     )
+
+
+def fill(
+    common: ep.CommonResponse,
+    options: Iterable[base_pb2.HeaderValueOption],
+    remove: Iterable[str] = (),
+) -> None:
+    """Copy prebuilt header `options` (and removals) into `common`'s header mutation."""
+    change = common.header_mutation
+    change.set_headers.extend(options)
+    change.remove_headers.extend(remove)
 
 
 def request_headers(
@@ -62,9 +100,8 @@ def request_headers(
         request_headers=ep.HeadersResponse(response=ep.CommonResponse(header_mutation=change))
     )
     if pass_through:
-        mode = processing_mode_pb2.ProcessingMode
         response.mode_override.CopyFrom(
-            mode(request_body_mode=mode.NONE, response_header_mode=mode.SKIP)
+            _Mode(request_body_mode=_Mode.NONE, response_header_mode=_Mode.SKIP)
         )
     return response
 
@@ -76,7 +113,7 @@ def request_body(
     a re-route needs the route cache cleared, which is always asked for when headers change."""
     common = ep.CommonResponse(header_mutation=change, clear_route_cache=change is not None)
     if body is not None:
-        common.body_mutation.CopyFrom(ep.BodyMutation(body=body))
+        common.body_mutation.body = body
     return ep.ProcessingResponse(request_body=ep.BodyResponse(response=common))
 
 
@@ -86,14 +123,21 @@ def response_headers(change: ep.HeaderMutation | None = None) -> ep.ProcessingRe
     )
 
 
+UNCHANGED_REQUEST_HEADERS = request_headers()
+UNCHANGED_RESPONSE_HEADERS = response_headers()
+_EMPTY = {
+    "request_headers": UNCHANGED_REQUEST_HEADERS,
+    "response_headers": UNCHANGED_RESPONSE_HEADERS,
+    "request_body": ep.ProcessingResponse(request_body=ep.BodyResponse()),
+    "response_body": ep.ProcessingResponse(response_body=ep.BodyResponse()),
+    "request_trailers": ep.ProcessingResponse(request_trailers=ep.TrailersResponse()),
+    "response_trailers": ep.ProcessingResponse(response_trailers=ep.TrailersResponse()),
+}
+
+
 def empty_for(request: ep.ProcessingRequest) -> ep.ProcessingResponse:
     """A no-change answer to any phase (trailers, a body nobody asked to see)."""
-    kind = request.WhichOneof("request")
-    if kind in ("request_body", "response_body"):
-        return ep.ProcessingResponse(**{kind: ep.BodyResponse()})
-    if kind in ("request_trailers", "response_trailers"):
-        return ep.ProcessingResponse(**{kind: ep.TrailersResponse()})
-    return ep.ProcessingResponse(**{kind or "request_headers": ep.HeadersResponse()})
+    return _EMPTY.get(request.WhichOneof("request") or "", UNCHANGED_REQUEST_HEADERS)
 
 
 def immediate(

@@ -1,19 +1,21 @@
 """Requests in flight through Envoy, shared by the router-level and upstream-level filters.
 
-Envoy opens one ext_proc stream for the router-level filter (the whole request) and one per
-upstream attempt for the filter in the cluster's upstream chain. The router-level stream
-registers a `Flight` and hands Envoy an unguessable ticket in `x-switchyard-ticket`; the first
-attempt's stream finds the flight by it, removes the header and binds the flight to the
-request's `x-request-id`, which every later attempt of the request carries (Envoy keeps an
-upstream filter's request mutations for the retries, so the ticket is gone by then).
+Envoy opens one ext_proc stream for the router-level filter (the whole request) and, when the
+upstream-level filter runs, one per upstream attempt. Both carry the request's `x-request-id`
+(Envoy sets it before any filter runs): the router-level stream registers a `Flight` under it,
+and an upstream-level stream finds the flight by it, from the request headers of a retry or
+from the `request.id` attribute on an attempt's response.
+
+Two requests in flight under the same id (a client may send its own) are told apart by
+nothing, so neither is findable while both live: they get no in-request failover, and an
+upstream-level stream finds no flight and changes nothing.
 
 In-process state: both filters must reach the same processor process (one processor per
-Envoy, or one gRPC connection). A stream that finds no flight simply does nothing extra.
+Envoy, or one gRPC connection per Envoy worker thread, which is what Envoy opens).
 """
 
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass, field
 
 from opentelemetry import trace
@@ -21,7 +23,6 @@ from opentelemetry import trace
 from ..context import RequestContext
 from ..core.pool import Lease
 
-TICKET_HEADER = "x-switchyard-ticket"
 MAX_FLIGHTS = 100_000
 """A bound on state kept for Envoy: a flight lives as long as its router-level stream."""
 
@@ -31,62 +32,61 @@ class Flight:
     """One request's decisions and its upstream attempts."""
 
     ctx: RequestContext
-    span: trace.Span
-    ticket: str = field(default_factory=lambda: secrets.token_urlsafe(18))
+    span: trace.Span | None = None
+    """The request's span; None when no tracer SDK is installed (nothing would record it)."""
     cluster: str | None = None
     lease: Lease | None = None
     """The attempt in flight, until its outcome is recorded."""
     attempt_span: trace.Span | None = None
     tried: list[str] = field(default_factory=list)
     upstream_attempts: int = 0
-    """Attempts an upstream-level filter has seen (0: none configured, or not reached yet)."""
+    """Attempts whose request headers an upstream-level filter has seen."""
     request_id: str | None = None
+    """The id the flight is registered under (None: not registered)."""
     budget_bound: bool = False
     """The incoming budget, not the attempt deadline, set Envoy's timeout."""
 
 
 class Flights:
-    """Flights by ticket and by bound request id. Not thread-safe: one event loop."""
+    """Flights by request id. Not thread-safe: one event loop."""
 
     def __init__(self, max_flights: int = MAX_FLIGHTS) -> None:
-        self._by_ticket: dict[str, Flight] = {}
-        self._by_request_id: dict[str, Flight] = {}
+        self._by_id: dict[str, Flight | None] = {}
+        """None marks an id shared by live flights: none of them is findable."""
+        self._live: dict[str, int] = {}
+        self._count = 0
         self._max = max_flights
 
     def __len__(self) -> int:
-        return len(self._by_ticket)
+        return self._count
 
-    def open(self, flight: Flight) -> bool:
-        """Register `flight`; False when full (the request then gets no in-request failover)."""
-        if len(self._by_ticket) >= self._max:
+    def open(self, flight: Flight, request_id: str) -> bool:
+        """Register `flight` under `request_id`; whether upstream-level streams can find it
+        (False when full, or when another live flight has the same id)."""
+        if self._count >= self._max:
             return False
-        self._by_ticket[flight.ticket] = flight
-        return True
+        live = self._live.get(request_id, 0)
+        self._live[request_id] = live + 1
+        self._by_id[request_id] = flight if live == 0 else None
+        flight.request_id = request_id
+        self._count += 1
+        return live == 0
 
-    def claim(self, ticket: bytes | None, request_id: bytes | None) -> tuple[Flight | None, bool]:
-        """The flight an upstream attempt belongs to, and whether its ticket may be removed.
-
-        The ticket is removed only once the flight is bound to the request id that the later
-        attempts will carry; two live requests sharing an id keep their tickets instead.
-        """
-        rid = request_id.decode("latin-1") if request_id else None
-        if ticket is not None:
-            flight = self._by_ticket.get(ticket.decode("latin-1"))
-            if flight is None:
-                return None, False
-            if rid is None:
-                return flight, False
-            bound = self._by_request_id.get(rid)
-            if bound is None:
-                self._by_request_id[rid] = flight
-                flight.request_id = rid
-                return flight, True
-            return flight, bound is flight
-        if rid is None:
-            return None, False
-        return self._by_request_id.get(rid), False
+    def find(self, request_id: str | bytes | None) -> Flight | None:
+        if not request_id:
+            return None
+        if isinstance(request_id, bytes):
+            request_id = request_id.decode("latin-1")
+        return self._by_id.get(request_id)
 
     def close(self, flight: Flight) -> None:
-        self._by_ticket.pop(flight.ticket, None)
-        if flight.request_id is not None and self._by_request_id.get(flight.request_id) is flight:
-            del self._by_request_id[flight.request_id]
+        request_id, flight.request_id = flight.request_id, None
+        if request_id is None:
+            return
+        self._count -= 1
+        live = self._live[request_id] - 1
+        if live:
+            self._live[request_id] = live  # the id stays ambiguous while another lives
+        else:
+            del self._live[request_id]
+            del self._by_id[request_id]

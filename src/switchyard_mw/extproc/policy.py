@@ -27,8 +27,10 @@ from ..core.pool import AccountPool, Lease, Outcome
 from ..judging import Judge
 from ..state import Store, build_store
 from ..wire import WIRE_PATHS, Wire
+from . import _messages as msg
 from .flights import Flight
 
+CLUSTER_HEADER = "x-switchyard-cluster"
 TIMEOUT_HEADER = "x-envoy-upstream-rq-timeout-ms"
 PER_TRY_TIMEOUT_HEADER = "x-envoy-upstream-rq-per-try-timeout-ms"
 
@@ -66,6 +68,20 @@ class Policies:
         self.paths: dict[str, Wire] = dict(WIRE_PATHS)
         for path in self.server.generic_paths:
             self.paths.setdefault(path, Wire.GENERIC)
+        # Built at load: what every request routed to an account sets (its key, its cluster).
+        self.auth_options = {
+            name: [msg.option(k, v.encode()) for k, v in self.clients[name].auth_headers()]
+            for name in self.routable
+        }
+        self.route_options = {
+            name: [msg.option(CLUSTER_HEADER, self.cluster_of(name).encode()), *options]
+            for name, options in self.auth_options.items()
+        }
+        self.options = msg.Options()
+        """Header options that repeat across requests (deadlines, exposed decisions)."""
+
+    def cluster_of(self, account: str) -> str:
+        return self.clients[account].spec.envoy_cluster or ""
 
     async def start(self) -> None:
         """Connect the shared state store (waiting at most its timeout)."""
@@ -113,10 +129,12 @@ class Policies:
             ctx.resolved_model, ctx.route = decision.model, decision.route_header
         split = self.splits.get(ctx.resolved_model or "")
         if split is not None:
-            chosen, kind = split.choose(view.user_key, view.first_turn_hash)
+            # The first turn is hashed only when there is no user id to split on.
+            turn = None if view.user_key else view.first_turn_hash
+            chosen, kind = split.choose(view.user_key, turn)
             ctx.resolved_model, ctx.key_kind = chosen, kind
             tm.variant_assignments.add(1, {"model": split.base, "variant": chosen, "key": kind})
-            if view.user_key and (span := trace.get_current_span()).is_recording():
+            if view.user_key and tm.tracing() and (span := trace.get_current_span()).is_recording():
                 span.set_attribute(tm.VARIANT_KEY_HASH, tm.short_hash(view.user_key))
 
     def serving(self, model: str) -> list[str]:
@@ -231,6 +249,8 @@ class Policies:
         ctx.client = client
         flight.lease = lease
         flight.tried.append(lease.account)
+        if flight.span is None:
+            return client  # no tracer SDK: no span to hang the attempt's under
         attributes: dict[str, str | bool] = {
             tm.ACCOUNT: lease.account,
             tm.ATTEMPT_PROBE: lease.probe,

@@ -1,11 +1,15 @@
 """The router-level filter's stream: one request, from its headers to its response headers.
 
-Request headers: strip what a client may not set (the routing header, a flight ticket) and
-refuse a body over the limit. Buffered body: read it with the wire reader, run the judge and the
-variants, pick the account, then tell Envoy where to send it (`x-switchyard-cluster`, with the
-route cache cleared), with which credential and for how long. Response headers: the final
-status is the last attempt's outcome (unless an upstream-level filter recorded it already), an
-Envoy timeout becomes a 504 in the wire's format, and the `x-switchyard-*` headers are added.
+Request headers: strip what a client may not set (the routing header, Envoy's control
+headers) and refuse a body over the limit. Buffered body: read it with the wire reader, run the
+judge and the variants, pick the account, then tell Envoy where to send it
+(`x-switchyard-cluster`, with the route cache cleared), with which credential and for how long.
+Response headers: the final status is the last attempt's outcome (unless an upstream-level
+filter recorded it already, as it does for refusals), an Envoy timeout becomes a 504 in the
+wire's format, and the `x-switchyard-*` headers are added.
+
+Only the headers read here are looked at (`_READ`); envoy.yaml's `forward_rules` can keep Envoy
+from sending the others at all.
 """
 
 from __future__ import annotations
@@ -21,19 +25,20 @@ from .. import telemetry as tm
 from ..asgi._base import exposed_headers
 from ..context import RequestContext
 from ..cooling_outcomes import outcome_of
+from ..core.deadline import BUDGET_HEADERS
 from ..core.pool import Outcome
 from ..wire import Wire, WireError, read_request
 from . import _messages as msg
-from .flights import TICKET_HEADER, Flight, Flights
-from .policy import Policies
+from .flights import Flight, Flights
+from .policy import CLUSTER_HEADER, Policies
 
-CLUSTER_HEADER = "x-switchyard-cluster"
 RETRY_HEADER = "x-switchyard-retry"
 CREDENTIAL_HEADERS = ("authorization", "x-api-key")
 NO_HEALTHY_ACCOUNT = "no_healthy_account"
 UPSTREAM_UNREACHABLE = "upstream_unreachable"
 DEADLINE_EXCEEDED = "deadline_exceeded"
-_UNTRUSTED = [CLUSTER_HEADER, TICKET_HEADER]
+REQUEST_ID_HEADER = "x-request-id"
+_UNTRUSTED = [CLUSTER_HEADER]
 """Headers only the processor may set: a client's copies are removed before routing."""
 _ENVOY_CONTROL = [
     "x-envoy-upstream-rq-timeout-ms",
@@ -45,6 +50,19 @@ _ENVOY_CONTROL = [
 ]
 """Headers that would let a client lengthen its deadline or steer retries: the deadline and
 failover are policy (an incoming budget header can only shorten, and stays)."""
+_READ = frozenset(
+    [":method", ":path", "content-type", "content-length", REQUEST_ID_HEADER]
+    + [name.decode() for name in BUDGET_HEADERS]
+)
+_READ_RESPONSE = frozenset([":status", "content-type", "x-envoy-upstream-service-time"])
+# The answers to request headers never vary: built once.
+_PASS_THROUGH = msg.request_headers(msg.mutation(remove=_UNTRUSTED), pass_through=True)
+_READ_BODY = msg.request_headers(msg.mutation(remove=[*_UNTRUSTED, *_ENVOY_CONTROL]))
+
+
+def _gone() -> bool:
+    """Asked by the judge when its wait is cancelled: a cancelled stream is Envoy hanging up."""
+    return True
 
 
 class RouterStream:
@@ -54,12 +72,13 @@ class RouterStream:
         self,
         policies: Policies,
         flights: Flights,
-        parent: otel_context.Context,
-        gone: Callable[[], bool],
+        parent: otel_context.Context | None,
+        gone: Callable[[], bool] = _gone,
     ) -> None:
         self.p = policies
         self.flights = flights
         self.parent = parent
+        """The trace context Envoy sent; None when no tracer SDK is installed (no spans)."""
         self.gone = gone
         self.wire: Wire | None = None
         self.headers: msg.Headers = {}
@@ -84,15 +103,16 @@ class RouterStream:
         return answer
 
     def on_request_headers(self, http: ep.HttpHeaders) -> ep.ProcessingResponse:
-        self.headers = h = msg.headers_of(http)
+        self.headers = h = msg.headers_of(http, _READ)
         self.wire = self.p.wire_of(
             h.get(":method", b""), h.get(":path", b""), h.get("content-type")
         )
         if self.wire is None:
-            return msg.request_headers(msg.mutation(remove=_UNTRUSTED), pass_through=True)
-        self.span = tm.tracer.start_span(
-            tm.SPAN_REQUEST, context=self.parent, kind=trace.SpanKind.SERVER
-        )
+            return _PASS_THROUGH
+        if self.parent is not None:
+            self.span = tm.tracer.start_span(
+                tm.SPAN_REQUEST, context=self.parent, kind=trace.SpanKind.SERVER
+            )
         limit = self.p.server.max_body_bytes
         declared = h.get("content-length", b"").strip()
         if declared.isdigit() and int(declared) > limit:
@@ -102,11 +122,10 @@ class RouterStream:
                 read_request(self.wire, b"")
             except WireError as exc:
                 return self.refuse(exc)
-        return msg.request_headers(msg.mutation(remove=[*_UNTRUSTED, *_ENVOY_CONTROL]))
+        return _READ_BODY
 
     async def on_request_body(self, body: bytes) -> ep.ProcessingResponse:
         assert self.wire is not None
-        assert self.span is not None
         limit = self.p.server.max_body_bytes
         if len(body) > limit:
             return self.refuse(_too_large(limit))
@@ -117,13 +136,16 @@ class RouterStream:
         ctx = RequestContext(view=view, body=body, now=self.started_at)
         ctx.budget_at = self.p.budget_at(self.headers, self.started_at)
         self.flight = flight = Flight(ctx=ctx, span=self.span)
-        with trace.use_span(self.span, end_on_exit=False):
+        if self.span is None:
             await self.p.decide_model(ctx, self.gone)
+        else:
+            with trace.use_span(self.span, end_on_exit=False):
+                await self.p.decide_model(ctx, self.gone)
         lease = await self.p.first_lease(ctx)
         if lease is None:
             if ctx.resolved_model is None or not self.p.serving(ctx.resolved_model):
                 # No account Envoy can route to serves it: on, untouched but for the model.
-                return self._body_response(ctx, [], [])
+                return self._unrouted(ctx)
             retry_after = str(self.p.retry_after(ctx)).encode()
             message = f"no healthy upstream account for model {ctx.resolved_model!r}"
             return self.refuse(
@@ -132,27 +154,34 @@ class RouterStream:
         ctx.attempts = 1
         client = self.p.start_attempt(flight, lease)
         flight.cluster = client.spec.envoy_cluster
-        sets = [(CLUSTER_HEADER, (flight.cluster or "").encode())]
-        sets += [(k, v.encode()) for k, v in client.auth_headers()]
-        sets += self.p.deadline_headers(flight, client)
-        if self.flights.open(flight):
-            sets.append((TICKET_HEADER, flight.ticket.encode()))
-        return self._body_response(ctx, sets, list(CREDENTIAL_HEADERS))
+        request_id = self.headers.get(REQUEST_ID_HEADER)
+        if request_id:  # upstream-level streams find the flight by it
+            self.flights.open(flight, request_id.decode("latin-1"))
+        options = self.p.options
+        sets = [*self.p.route_options[lease.account]]
+        sets += [options.get(k, v) for k, v in self.p.deadline_headers(flight, client)]
+        answer = ep.ProcessingResponse()
+        common = answer.request_body.response
+        new_body = ctx.body_for_app()
+        if new_body is not body:
+            sets.append(msg.option("content-length", str(len(new_body)).encode()))
+            common.body_mutation.body = new_body
+        msg.fill(common, sets, CREDENTIAL_HEADERS)
+        common.clear_route_cache = True
+        return answer
 
-    def _body_response(
-        self, ctx: RequestContext, sets: list[tuple[str, bytes]], remove: list[str]
-    ) -> ep.ProcessingResponse:
+    def _unrouted(self, ctx: RequestContext) -> ep.ProcessingResponse:
         body = ctx.body_for_app()
         if body is ctx.body:
-            return msg.request_body(msg.mutation(sets, remove) if sets or remove else None)
-        sets.append(("content-length", str(len(body)).encode()))
-        return msg.request_body(msg.mutation(sets, remove), body)
+            return msg.request_body()
+        length = [("content-length", str(len(body)).encode())]
+        return msg.request_body(msg.mutation(length), body)
 
     def on_response_headers(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
         flight = self.flight
         if flight is None:
-            return msg.response_headers()
-        h = msg.headers_of(request.response_headers)
+            return msg.UNCHANGED_RESPONSE_HEADERS
+        h = msg.headers_of(request.response_headers, _READ_RESPONSE)
         status = int(h.get(":status", b"0") or 0)
         details = msg.attribute(request, "response.code_details")
         local = details != "via_upstream" if details else _looks_local(h)
@@ -167,7 +196,11 @@ class RouterStream:
                 self.p.settle(flight, None, "local_reply")  # Envoy's own answer: no account's
             else:
                 self.p.settle(flight, *outcome_of(status))
-        return msg.response_headers(msg.mutation(self._exposed(), [RETRY_HEADER]))
+        answer = ep.ProcessingResponse()
+        options = self.p.options
+        exposed = [options.get(k, v) for k, v in self._exposed()]
+        msg.fill(answer.response_headers.response, exposed, [RETRY_HEADER])
+        return answer
 
     def _deadline(self, flight: Flight) -> ep.ProcessingResponse:
         """Envoy's total or per-try timeout fired before the response started."""

@@ -58,8 +58,15 @@ class ExtProcServer:
         await self.servicer.policies.aclose()
 
 
-async def start_server(policies: Policies, listen: str = DEFAULT_LISTEN) -> ExtProcServer:
-    """Serve `policies` on `listen` (see `parse_listen`); port 0 picks a free one."""
+async def start_server(
+    policies: Policies, listen: str = DEFAULT_LISTEN, *, reuse_port: bool = False
+) -> ExtProcServer:
+    """Serve `policies` on `listen` (see `parse_listen`); port 0 picks a free one.
+
+    `reuse_port`: share the port with other processes that set it too (SO_REUSEPORT; the
+    kernel spreads connections among them), as `--workers` does. Without it a port another
+    process serves is refused rather than silently shared.
+    """
     address = parse_listen(listen)
     # Envoy sends a buffered body in one message and takes a rewritten one back the same way.
     limit = policies.server.max_body_bytes + _MESSAGE_SLACK
@@ -67,6 +74,7 @@ async def start_server(policies: Policies, listen: str = DEFAULT_LISTEN) -> ExtP
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
+            ("grpc.so_reuseport", 1 if reuse_port else 0),
         ]
     )
     await policies.start()
@@ -93,10 +101,11 @@ async def serve(
     environ: Mapping[str, str] | None = None,
     grace_secs: float = GRACE_SECS,
     ready: Callable[[ExtProcServer], None] | None = None,
+    reuse_port: bool = False,
 ) -> None:
     """Run until SIGTERM or SIGINT, then stop gracefully. API keys are read from `environ`."""
     policies = Policies(config, build_clients(config, environ))
-    running = await start_server(policies, listen)
+    running = await start_server(policies, listen, reuse_port=reuse_port)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

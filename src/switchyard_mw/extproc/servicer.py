@@ -2,19 +2,22 @@
 
 Which filter opened the stream is read from its gRPC initial metadata (`x-switchyard-filter:
 upstream` for the filter in a cluster's upstream chain; anything else is the router-level
-filter). The trace context Envoy sends in the metadata (`traceparent`) parents the request's
-spans, so they join Envoy's trace.
+filter). When a tracer SDK is installed, the trace context Envoy sends in the metadata
+(`traceparent`) parents the request's spans, so they join Envoy's trace; without one, no span
+is made and the metadata is not parsed for it.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+from opentelemetry import context as otel_context
 from opentelemetry import propagate
 
+from .. import telemetry as tm
 from .flights import Flights
 from .policy import Policies
 from .router import RouterStream
@@ -33,21 +36,23 @@ class ExtProcServicer(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         request_iterator: AsyncIterator[ep.ProcessingRequest],
         context: grpc.aio.ServicerContext[ep.ProcessingRequest, ep.ProcessingResponse],
     ) -> AsyncIterator[ep.ProcessingResponse]:
-        metadata = {
-            key: value if isinstance(value, str) else value.decode("latin-1")
-            for key, value in (context.invocation_metadata() or ())
-        }
-        stream: RouterStream | UpstreamStream
-        if metadata.get(FILTER_METADATA) == "upstream":
-            stream = UpstreamStream(self.policies, self.flights)
+        metadata: Iterable[tuple[str, str | bytes]] = context.invocation_metadata() or ()
+        upstream = any(k == FILTER_METADATA and v in ("upstream", b"upstream") for k, v in metadata)
+        if upstream:
+            stream: RouterStream | UpstreamStream = UpstreamStream(self.policies, self.flights)
         else:
-            # A cancelled stream is Envoy hanging up: the downstream client left (or the
-            # server stopped past its grace period), which the judge counts as `disconnect`.
-            parent = propagate.extract(metadata)
-            stream = RouterStream(self.policies, self.flights, parent, gone=lambda: True)
+            stream = RouterStream(self.policies, self.flights, _trace_parent(metadata))
         try:
             async for request in request_iterator:
                 yield await stream.on(request)
         finally:
             if isinstance(stream, RouterStream):
                 stream.close()
+
+
+def _trace_parent(metadata: Iterable[tuple[str, str | bytes]]) -> otel_context.Context | None:
+    """The trace context Envoy sent, when spans are worth making (a tracer SDK is installed)."""
+    if not tm.tracing():
+        return None
+    carrier = {k: v if isinstance(v, str) else v.decode("latin-1") for k, v in metadata}
+    return propagate.extract(carrier)

@@ -1,12 +1,20 @@
-"""The upstream-level filter's stream: one upstream attempt of a request, retries included.
+"""The upstream-level filter's streams: the attempts of a request that may change account.
 
 Envoy runs a filter in a cluster's upstream chain once per attempt, so this is where a request
 changes account without leaving Envoy. Attempt 1 goes with the account the router-level stream
-chose. Its response status is recorded at once; when it is a fault or a 429 and another account
-on the same cluster can serve now, the response gets `x-switchyard-retry: 1`, which the route's
-retry policy (`retry_on: retriable-headers`) turns into a retry, and the retry's stream here
-swaps in that account's credential. The decision to retry is the processor's alone, so Envoy
-never re-sends a request to the key that just refused it.
+chose. When its response is a fault or a 429 and another account on the same cluster can serve
+now, the outcome is recorded at once and the response gets `x-switchyard-retry: 1`, which the
+route's retry policy (`retry_on: retriable-headers`) turns into a retry; the retry's request
+headers swap in that account's credential. The decision to retry is the processor's alone, so
+Envoy never re-sends a request to the key that just refused it.
+
+The example envoy.yaml runs this filter only where it can matter, so that a request answered
+well by its first account costs no upstream-level stream at all: on an attempt's response only
+when its status is a fault or a 429 (a matcher on `:status`), and on an attempt's request
+headers only for a retry (`x-envoy-attempt-count` above 1). The response-only stream finds its
+request by the `request.id` attribute. A filter configured to see every phase of every attempt
+works too: attempt 1's request headers then change nothing, and its success is recorded here
+rather than by the router-level stream.
 """
 
 from __future__ import annotations
@@ -17,12 +25,18 @@ from .. import telemetry as tm
 from ..cooling_outcomes import outcome_of
 from ..core.pool import Outcome
 from . import _messages as msg
-from .flights import TICKET_HEADER, Flight, Flights
+from .flights import Flight, Flights
 from .policy import Policies
-from .router import CREDENTIAL_HEADERS, RETRY_HEADER
+from .router import CREDENTIAL_HEADERS, REQUEST_ID_HEADER, RETRY_HEADER
 
 FILTER_METADATA = "x-switchyard-filter"
 """gRPC initial metadata naming the filter level; `upstream` for the upstream-level filter."""
+ATTEMPT_HEADER = "x-envoy-attempt-count"
+"""Set by Envoy on each attempt when the virtual host has `include_request_attempt_count`."""
+REQUEST_ID_ATTRIBUTE = "request.id"
+_READ = frozenset([REQUEST_ID_HEADER, ATTEMPT_HEADER])
+_STATUS = frozenset([":status"])
+_RETRY = msg.response_headers(msg.mutation([(RETRY_HEADER, b"1")]))
 
 
 class UpstreamStream:
@@ -36,44 +50,49 @@ class UpstreamStream:
     async def on(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
         kind = request.WhichOneof("request")
         if kind == "request_headers":
-            return await self.on_request_headers(msg.headers_of(request.request_headers))
+            return await self.on_request_headers(msg.headers_of(request.request_headers, _READ))
         if kind == "response_headers":
-            return self.on_response_headers(msg.headers_of(request.response_headers))
+            return self.on_response_headers(request)
         return msg.empty_for(request)
 
     async def on_request_headers(self, headers: msg.Headers) -> ep.ProcessingResponse:
-        flight, unticket = self.flights.claim(
-            headers.get(TICKET_HEADER), headers.get("x-request-id")
-        )
+        flight = self.flights.find(headers.get(REQUEST_ID_HEADER))
         if flight is None:
-            return msg.request_headers()
+            return msg.UNCHANGED_REQUEST_HEADERS
         self.flight = flight
-        remove = [TICKET_HEADER] if unticket else []
         flight.upstream_attempts += 1
-        if flight.upstream_attempts == 1 and flight.lease is not None:
+        attempt = headers.get(ATTEMPT_HEADER, b"")
+        first = attempt == b"1" if attempt else flight.upstream_attempts == 1
+        if first:
             # The router-level stream chose this attempt's account and set its credential.
-            return msg.request_headers(msg.mutation(remove=remove) if remove else None)
-        if flight.lease is not None:  # the previous attempt ended without a response
-            self.p.settle(flight, Outcome.FAULT, "no_response")
+            return msg.UNCHANGED_REQUEST_HEADERS
+        if flight.lease is not None:
+            # Envoy retried an attempt whose outcome nobody recorded (no response-side stream
+            # saw a refusal, e.g. the provider itself sent the retry header): no outcome known.
+            self.p.settle(flight, None, "retried")
         lease = await self.p.next_on_cluster(flight)
         if lease is None:
             # Eligible when the retry was asked for, gone since (another request cooled it):
             # the attempt goes with the previous credential, the only one left.
-            return msg.request_headers(msg.mutation(remove=remove) if remove else None)
+            return msg.UNCHANGED_REQUEST_HEADERS
         ctx = flight.ctx
         tm.failovers.add(1, {"route_model": ctx.resolved_model or ""})
         ctx.attempts += 1
-        client = self.p.start_attempt(flight, lease)
-        sets = [(k, v.encode()) for k, v in client.auth_headers()]
-        return msg.request_headers(msg.mutation(sets, [*CREDENTIAL_HEADERS, *remove]))
+        self.p.start_attempt(flight, lease)
+        answer = ep.ProcessingResponse()
+        common = answer.request_headers.response
+        msg.fill(common, self.p.auth_options[lease.account], CREDENTIAL_HEADERS)
+        return answer
 
-    def on_response_headers(self, headers: msg.Headers) -> ep.ProcessingResponse:
+    def on_response_headers(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
         flight = self.flight
+        if flight is None:
+            flight = self.flight = self.flights.find(msg.attribute(request, REQUEST_ID_ATTRIBUTE))
         if flight is None or flight.lease is None:
-            return msg.response_headers()
-        status = int(headers.get(":status", b"0") or 0)
-        outcome, text = outcome_of(status)
+            return msg.UNCHANGED_RESPONSE_HEADERS
+        headers = msg.headers_of(request.response_headers, _STATUS)
+        outcome, text = outcome_of(int(headers.get(":status", b"0") or 0))
         self.p.settle(flight, outcome, text)
         if outcome is not Outcome.SUCCESS and self.p.another_on_cluster(flight):
-            return msg.response_headers(msg.mutation([(RETRY_HEADER, b"1")]))
-        return msg.response_headers()
+            return _RETRY
+        return msg.UNCHANGED_RESPONSE_HEADERS
