@@ -131,9 +131,9 @@ class PolicyMiddleware(ABC):
 
 
 def header(scope: Scope, name: bytes) -> bytes | None:
-    """The first value of a request header (`name` lowercase)."""
+    """The first value of a request header (`name` lowercase, as ASGI servers give them)."""
     for key, value in scope.get("headers", ()):
-        if key.lower() == name:
+        if key == name:
             return bytes(value)
     return None
 

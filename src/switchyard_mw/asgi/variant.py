@@ -40,7 +40,9 @@ class VariantMiddleware(PolicyMiddleware):
         split = self._splits.get(model) if model is not None else None
         if split is not None and ctx.view is not None:
             view = ctx.view
-            chosen, kind = split.choose(view.user_key, view.first_turn_hash)
+            # A user id decides alone: the first turn is hashed only when there is none.
+            turn = None if view.user_key else view.first_turn_hash
+            chosen, kind = split.choose(view.user_key, turn)
             ctx.resolved_model = chosen
             ctx.key_kind = kind
             tm.variant_assignments.add(1, {"model": split.base, "variant": chosen, "key": kind})
