@@ -18,6 +18,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from extproc_helpers import request_body, request_headers, sets
 from switchyard_mw import cli
+from switchyard_mw.clients import build_clients
+from switchyard_mw.config import parse_config
+from switchyard_mw.extproc import Policies, start_server
 
 CONFIG = """
 [llm_clients.a]
@@ -119,3 +122,21 @@ def test_a_missing_key_is_named_once_with_exit_2(
     err = io.StringIO()
     assert cli.run_extproc(str(config), "127.0.0.1:0", err=err, workers=2) == 2
     assert err.getvalue().count("KEY_A") == 1
+
+
+async def test_one_processor_does_not_silently_share_a_port_another_serves() -> None:
+    """Without --workers, a port already served is an error, not a second listener that
+    would take half of Envoy's connections (and half of its requests' failover)."""
+    config = parse_config(CONFIG)
+    first = await start_server(
+        Policies(config, build_clients(config, {"KEY_A": "ka"})), "127.0.0.1:0"
+    )
+    try:
+        assert first.port is not None
+        with pytest.raises(OSError, match="cannot listen"):
+            await start_server(
+                Policies(config, build_clients(config, {"KEY_A": "ka"})),
+                f"127.0.0.1:{first.port}",
+            )
+    finally:
+        await first.stop(grace_secs=0)
