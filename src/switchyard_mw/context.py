@@ -11,6 +11,7 @@ from collections.abc import MutableMapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
+from . import telemetry as tm
 from .core.variants import KeyKind
 from .wire import RequestView, Wire, rewrite_model
 
@@ -96,6 +97,23 @@ class RequestContext:
         """
         return bool(self.view and self.view.has_thinking)
 
+    def canary_base(self) -> str | None:
+        """The model a canary variant may fall back to when none of its accounts can serve.
+
+        Only the canary's own base (the requested model, when no judge routed the request),
+        and never for a conversation whose signed thinking binds it to its model. The caller
+        still checks that some account serves it.
+        """
+        requested = self.requested_model
+        if (
+            self.pinned_model
+            or self.route is not None
+            or requested is None
+            or requested == self.resolved_model
+        ):
+            return None
+        return requested
+
     @property
     def deadline(self) -> float | None:
         """Seconds left for the current upstream attempt (attempt deadline and budget), or None."""
@@ -129,6 +147,36 @@ class RequestContext:
         if self._rewritten is None or self._rewritten[0] != model:
             self._rewritten = (model, rewrite_model(self.body, model))
         return self._rewritten[1]
+
+
+def decision_attributes(ctx: RequestContext) -> dict[str, str | int]:
+    """What switchyard decided about a request, as attributes of its span (every transport)."""
+    attributes: dict[str, str | int] = {}
+    if ctx.view is not None:
+        attributes[tm.REQUEST_MODEL] = ctx.view.model
+        if ctx.view.max_tokens is not None:
+            attributes[tm.REQUEST_MAX_TOKENS] = ctx.view.max_tokens
+    if ctx.resolved_model is not None:
+        attributes[tm.RESPONSE_MODEL] = ctx.resolved_model
+    if ctx.client is not None:
+        attributes[tm.ACCOUNT] = ctx.client.name
+        if (provider := tm.provider_name(ctx.client.base_url)) is not None:
+            attributes[tm.PROVIDER_NAME] = provider
+    if ctx.attempts:
+        attributes[tm.ATTEMPTS] = ctx.attempts
+    if ctx.attempt_deadline_secs is not None:
+        attributes[tm.DEADLINE_MS] = round(ctx.attempt_deadline_secs * 1000)
+    if ctx.route is not None:
+        attributes[tm.ROUTE] = ctx.route
+    if ctx.key_kind is not None:
+        attributes[tm.VARIANT_KEY_KIND] = ctx.key_kind
+    if ctx.deadline_phase is not None:
+        attributes[tm.DEADLINE_PHASE] = ctx.deadline_phase
+    if ctx.input_tokens is not None:
+        attributes[tm.USAGE_INPUT_TOKENS] = ctx.input_tokens
+    if ctx.output_tokens is not None:
+        attributes[tm.USAGE_OUTPUT_TOKENS] = ctx.output_tokens
+    return attributes
 
 
 def context_of(scope: MutableMapping[str, Any]) -> RequestContext | None:

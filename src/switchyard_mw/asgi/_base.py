@@ -17,9 +17,9 @@ from opentelemetry import propagate, trace
 from opentelemetry.propagators.textmap import Getter
 
 from .. import telemetry as tm
+from ..budget import budget_end
 from ..config import Server
-from ..context import RequestContext, attach, context_of, current_var
-from ..core.deadline import BUDGET_HEADERS, parse_budget_ms
+from ..context import RequestContext, attach, context_of, current_var, decision_attributes
 from ..wire import WIRE_PATHS, Wire, WireError, error_body, read_request
 from ._disconnect import DisconnectWatch, replay_receive
 from ._types import ASGIApp, Message, Receive, Scope, Send
@@ -65,7 +65,7 @@ class PolicyMiddleware(ABC):
             except WireError as exc:
                 await send_error(send, wire, exc.status, exc.error_type, exc.message)
                 return
-            ctx.budget_at = _budget_at(scope, ctx.started_at)
+            ctx.budget_at = budget_end(lambda name: header(scope, name), ctx.started_at)
             watch = DisconnectWatch(ctx, receive)
             receive = replay_receive(ctx, watch)
         attach(scope, ctx)
@@ -161,21 +161,6 @@ async def read_body(scope: Scope, receive: Receive, *, limit: int) -> bytes:
 
 def _too_large(limit: int) -> WireError:
     return WireError(413, "request_too_large", f"request body exceeds {limit} bytes")
-
-
-def _budget_at(scope: Scope, started_at: float) -> float | None:
-    """When the caller's overall budget ends: the shortest valid budget header wins."""
-    budgets = []
-    for name in BUDGET_HEADERS:
-        value = header(scope, name)
-        if value is None:
-            continue
-        secs = parse_budget_ms(value)
-        if secs is None:
-            tm.budget_invalid.add(1, {"header": name.decode()})
-        else:
-            budgets.append(secs)
-    return started_at + min(budgets) if budgets else None
 
 
 async def send_error(
@@ -276,28 +261,5 @@ def _annotate(span: trace.Span, ctx: RequestContext, *, own: bool, method: str |
             if ctx.response_status >= 500:  # server spans: only 5xx are the server's errors
                 attributes[tm.ERROR_TYPE] = str(ctx.response_status)
                 span.set_status(trace.StatusCode.ERROR)
-    if ctx.view is not None:
-        attributes[tm.REQUEST_MODEL] = ctx.view.model
-        if ctx.view.max_tokens is not None:
-            attributes[tm.REQUEST_MAX_TOKENS] = ctx.view.max_tokens
-    if ctx.resolved_model is not None:
-        attributes[tm.RESPONSE_MODEL] = ctx.resolved_model
-    if ctx.client is not None:
-        attributes[tm.ACCOUNT] = ctx.client.name
-        if (provider := tm.provider_name(ctx.client.base_url)) is not None:
-            attributes[tm.PROVIDER_NAME] = provider
-    if ctx.attempts:
-        attributes[tm.ATTEMPTS] = ctx.attempts
-    if ctx.attempt_deadline_secs is not None:
-        attributes[tm.DEADLINE_MS] = round(ctx.attempt_deadline_secs * 1000)
-    if ctx.route is not None:
-        attributes[tm.ROUTE] = ctx.route
-    if ctx.key_kind is not None:
-        attributes[tm.VARIANT_KEY_KIND] = ctx.key_kind
-    if ctx.deadline_phase is not None:
-        attributes[tm.DEADLINE_PHASE] = ctx.deadline_phase
-    if ctx.input_tokens is not None:
-        attributes[tm.USAGE_INPUT_TOKENS] = ctx.input_tokens
-    if ctx.output_tokens is not None:
-        attributes[tm.USAGE_OUTPUT_TOKENS] = ctx.output_tokens
+    attributes.update(decision_attributes(ctx))
     span.set_attributes(attributes)

@@ -253,21 +253,9 @@ class CoolingMiddleware(PolicyMiddleware):
         return lease
 
     def _fallback(self, ctx: RequestContext) -> str | None:
-        """The model a canary variant falls back to when none of its accounts can serve.
-
-        Only the canary's own base (the requested model, when no judge routed the request),
-        and never for a conversation whose signed thinking binds it to its model.
-        """
-        requested = ctx.requested_model
-        if (
-            ctx.pinned_model
-            or ctx.route is not None
-            or requested is None
-            or requested == ctx.resolved_model
-            or not self.pool.accounts_for(requested)
-        ):
-            return None
-        return requested
+        """The canary's base model, if it may take over (`ctx.canary_base`) and is served."""
+        base = ctx.canary_base()
+        return base if base is not None and self.pool.accounts_for(base) else None
 
     async def _no_healthy_account(self, ctx: RequestContext, wire: Wire, send: Send) -> None:
         waits = [

@@ -17,12 +17,13 @@ from opentelemetry import trace
 from .. import telemetry as tm
 from ..asgi.cooling import pool_from_clients
 from ..asgi.variant import build_splits
+from ..budget import budget_end
 from ..clients import UpstreamClient
 from ..config import Config
 from ..context import RequestContext
 from ..cooling_outcomes import settle
 from ..core.clock import Clock, monotonic
-from ..core.deadline import BUDGET_HEADERS, attempt_deadline_secs, parse_budget_ms
+from ..core.deadline import attempt_deadline_secs
 from ..core.pool import AccountPool, Lease, Outcome
 from ..judging import Judge
 from ..state import Store, build_store
@@ -105,17 +106,7 @@ class Policies:
     @staticmethod
     def budget_at(headers: Mapping[str, bytes], started_at: float) -> float | None:
         """When the caller's overall budget ends: the shortest valid budget header wins."""
-        budgets = []
-        for name in BUDGET_HEADERS:
-            value = headers.get(name.decode())
-            if value is None:
-                continue
-            secs = parse_budget_ms(value)
-            if secs is None:
-                tm.budget_invalid.add(1, {"header": name.decode()})
-            else:
-                budgets.append(secs)
-        return started_at + min(budgets) if budgets else None
+        return budget_end(lambda name: headers.get(name.decode()), started_at)
 
     async def decide_model(self, ctx: RequestContext, gone: Callable[[], bool]) -> None:
         """Judge (for a route), then variants: `ctx.resolved_model` and `ctx.route`."""
@@ -141,18 +132,10 @@ class Policies:
         return [n for n in self.pool.accounts_for(model) if n in self.routable]
 
     def fallback(self, ctx: RequestContext) -> str | None:
-        """A canary's base model, when none of its variant's accounts can serve (as in the ASGI
-        cooling): never for a judged route, nor for a conversation pinned by signed thinking."""
-        requested = ctx.requested_model
-        if (
-            ctx.pinned_model
-            or ctx.route is not None
-            or requested is None
-            or requested == ctx.resolved_model
-            or not self.serving(requested)
-        ):
-            return None
-        return requested
+        """The canary's base model, if it may take over (`ctx.canary_base`) and Envoy can
+        route to an account serving it (as in the ASGI cooling)."""
+        base = ctx.canary_base()
+        return base if base is not None and self.serving(base) else None
 
     async def first_lease(self, ctx: RequestContext) -> Lease | None:
         """The account for the first attempt (switching a canary to its base if need be).

@@ -23,7 +23,7 @@ from opentelemetry import trace
 
 from .. import telemetry as tm
 from ..asgi._base import exposed_headers
-from ..context import RequestContext
+from ..context import RequestContext, decision_attributes
 from ..cooling_outcomes import outcome_of
 from ..core.deadline import BUDGET_HEADERS
 from ..core.pool import Outcome
@@ -253,20 +253,5 @@ def _looks_local(headers: msg.Headers) -> bool:
 
 
 def _annotate(span: trace.Span, ctx: RequestContext) -> None:
-    if not span.is_recording():
-        return
-    attributes: dict[str, str | int] = {}
-    if ctx.view is not None:
-        attributes[tm.REQUEST_MODEL] = ctx.view.model
-        if ctx.view.max_tokens is not None:
-            attributes[tm.REQUEST_MAX_TOKENS] = ctx.view.max_tokens
-    if ctx.resolved_model is not None:
-        attributes[tm.RESPONSE_MODEL] = ctx.resolved_model
-    if ctx.client is not None:
-        attributes[tm.ACCOUNT] = ctx.client.name
-    attributes[tm.ATTEMPTS] = ctx.attempts
-    if ctx.attempt_deadline_secs is not None:
-        attributes[tm.DEADLINE_MS] = round(ctx.attempt_deadline_secs * 1000)
-    if ctx.route is not None:
-        attributes[tm.ROUTE] = ctx.route
-    span.set_attributes(attributes)
+    if span.is_recording():
+        span.set_attributes(decision_attributes(ctx))
