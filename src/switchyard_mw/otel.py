@@ -191,6 +191,14 @@ def _metric_exporter(env: Mapping[str, str]) -> MetricExporter:
 
 
 def _missing(exc: ImportError) -> StartupError:
+    if "opentelemetry.proto" in str(exc) or (exc.name or "").startswith("opentelemetry.proto"):
+        # xds-protos (Envoy's protos) ships an old copy of opentelemetry-proto's modules; when
+        # pip installs it last, that copy overwrites the one the exporter needs.
+        return StartupError(
+            f"the OTLP exporter cannot load opentelemetry-proto ({exc}): xds-protos overwrote "
+            "it with an older copy; repair with: "
+            "pip install --force-reinstall --no-deps opentelemetry-proto"
+        )
     return StartupError(
         f"an OTLP endpoint is set but its exporter is not installed ({exc.name}): "
         "pip install 'switchyard-mw[otlp]' (or opentelemetry-exporter-otlp-proto-grpc for grpc)"
