@@ -13,8 +13,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import httpx
 import pytest
 
+from servers import serve_in_thread
 from switchyard_mw.context import RequestContext
-from switchyard_mw.outbound import make_http_client, timeout_for
+from switchyard_mw.outbound import make_http_client, send_direct, timeout_for, transport_of
+from switchyard_mw.testing import MockProvider
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -252,3 +254,22 @@ def test_one_client_serves_successive_event_loops() -> None:
         await http.aclose()
 
     asyncio.run(close())
+
+
+async def test_a_client_we_built_exposes_its_transport_for_direct_sends() -> None:
+    ours = make_http_client()
+    theirs = httpx.AsyncClient()
+    transport = transport_of(ours)
+    assert transport is not None
+    assert transport_of(theirs) is None  # someone else's client: the Forwarder uses its API
+    provider = MockProvider()
+    with serve_in_thread(provider) as url:
+        request = httpx.Request("POST", f"{url}/v1/messages", json={"model": "m", "messages": []})
+        response = await send_direct(transport, request, httpx.Timeout(5))
+        body = await response.aread()
+        await response.aclose()
+    assert response.status_code == 200
+    assert response.request is request
+    assert b'"model":"m"' in body.replace(b" ", b"")
+    await ours.aclose()
+    await theirs.aclose()

@@ -24,7 +24,7 @@ from starlette.responses import Response, StreamingResponse
 
 from . import telemetry as tm
 from .context import RequestContext, current_context
-from .outbound import timeout_for
+from .outbound import send_direct, timeout_for, transport_of
 from .wire import Wire, error_body, stream_error_event
 
 WIRE_ROUTES = ("/v1/messages", "/v1/chat/completions", "/v1/responses")
@@ -67,6 +67,8 @@ class Forwarder:
 
     def __init__(self, http_client: httpx.AsyncClient) -> None:
         self.http = http_client
+        # A client from `make_http_client()`: send straight to its transport (see there).
+        self._transport = transport_of(http_client)
 
     async def forward(self, request: Request) -> Response:
         """A Starlette endpoint: `Route(path, forwarder.forward, methods=["POST"])`."""
@@ -77,18 +79,31 @@ class Forwarder:
         headers = [(k, v) for k, v in request.headers.items() if k not in _DROP_REQUEST]
         headers.extend(client.auth_headers())
         headers.append(("accept-encoding", "identity"))
-        upstream = self.http.build_request(
-            "POST",
-            client.url(request.url.path),
-            params=request.query_params,
-            headers=headers,
-            content=await request.body(),
-            timeout=timeout_for(ctx),
-        )
+        timeout = timeout_for(ctx)
+        if self._transport is not None:
+            upstream = httpx.Request(
+                "POST",
+                client.url(request.url.path),
+                params=request.query_params or None,
+                headers=headers,
+                content=await request.body(),
+            )
+        else:
+            upstream = self.http.build_request(
+                "POST",
+                client.url(request.url.path),
+                params=request.query_params,
+                headers=headers,
+                content=await request.body(),
+                timeout=timeout,
+            )
         span = _start_call(upstream, client.base_url) if tm.tracing() else None
         try:
             with tm.activate(span or trace.INVALID_SPAN):
-                response = await self.http.send(upstream, stream=True)
+                if self._transport is not None:
+                    response = await send_direct(self._transport, upstream, timeout)
+                else:
+                    response = await self.http.send(upstream, stream=True)
         except BaseException as exc:  # cancellation too: the span must end to be exported
             _end_call(span, exc)
             raise
