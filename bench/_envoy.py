@@ -27,10 +27,8 @@ from _harness import (
     compare,
     free_port,
     hcm,
-    load_result,
-    measure,
+    measure_path,
     pinned,
-    probe,
     start_envoy,
 )
 
@@ -128,22 +126,21 @@ def run(
     envoy = start_envoy(
         procs, "envoy-plain", plain_config(port, admin, upstream_port), port, SERVER_CORE
     )
-    url = f"http://127.0.0.1:{port}{ANTHROPIC_PATH}"
     try:
-        probe(url, body)
-        for c in conns:
-            load = measure(
-                url,
-                body,
-                workdir,
-                conns=c,
-                secs=secs,
-                warmup=warmup,
-                cpu_pid=envoy.pid,
-                repeat=repeat,
-                ours=procs.pids(),
-            )
-            results.append(load_result(SECTION, "Envoy, no processor", load, c, "CPU: Envoy"))
+        results += measure_path(
+            f"http://127.0.0.1:{port}{ANTHROPIC_PATH}",
+            body,
+            workdir,
+            section=SECTION,
+            name="Envoy, no processor",
+            conns=conns,
+            secs=secs,
+            warmup=warmup,
+            cpu_pid=envoy.pid,
+            repeat=repeat,
+            ours=procs.pids(),
+            note="CPU: Envoy",
+        )
     finally:
         procs.stop(envoy)
 
@@ -170,24 +167,22 @@ def run(
     except (RuntimeError, TimeoutError) as exc:
         procs.stop(processor)
         return results, [Skip(SECTION, f"Envoy with the example config did not start: {exc}")]
-    url = f"http://127.0.0.1:{port}{ANTHROPIC_PATH}"
     try:
-        probe(url, body, expect_header="x-switchyard-model")
-        for c in conns:
-            load = measure(
-                url,
-                body,
-                workdir,
-                conns=c,
-                secs=secs,
-                warmup=warmup,
-                cpu_pid=processor.pid,
-                repeat=repeat,
-                ours=procs.pids(),
-            )
-            results.append(
-                load_result(SECTION, "Envoy + switchyard-mw extproc", load, c, "CPU: processor")
-            )
+        results += measure_path(
+            f"http://127.0.0.1:{port}{ANTHROPIC_PATH}",
+            body,
+            workdir,
+            section=SECTION,
+            name="Envoy + switchyard-mw extproc",
+            conns=conns,
+            secs=secs,
+            warmup=warmup,
+            cpu_pid=processor.pid,
+            repeat=repeat,
+            ours=procs.pids(),
+            note="CPU: processor",
+            expect_header="x-switchyard-model",
+        )
     finally:
         procs.stop(envoy)
         procs.stop(processor)

@@ -460,6 +460,46 @@ def probe(url: str, body: bytes, *, expect_header: str | None = None) -> None:
             )
 
 
+def measure_path(
+    url: str,
+    body: bytes,
+    workdir: Path,
+    *,
+    section: str,
+    name: str,
+    conns: Sequence[int],
+    secs: float,
+    warmup: float,
+    cpu_pid: int | None,
+    repeat: int = 1,
+    ours: Sequence[int] = (),
+    note: str = "",
+    expect_header: str | None = None,
+) -> list[Result]:
+    """Probe `url` once, then measure it at each connection count: one result per count."""
+    probe(url, body, expect_header=expect_header)
+    return [
+        load_result(
+            section,
+            name,
+            measure(
+                url,
+                body,
+                workdir,
+                conns=c,
+                secs=secs,
+                warmup=warmup,
+                cpu_pid=cpu_pid,
+                repeat=repeat,
+                ours=ours,
+            ),
+            c,
+            note,
+        )
+        for c in conns
+    ]
+
+
 def compare(results: Sequence[Result], floor_name: str, *, cpu: bool = True) -> None:
     """Set each result's ratio to `floor_name` at the same connections: req/s over the floor's,
     and (with `cpu`) the CPU-capacity ratio, the floor's CPU per request over this one's: what

@@ -28,11 +28,9 @@ from _harness import (
     Skip,
     compare,
     free_port,
-    load_result,
-    measure,
+    measure_path,
     openai_body,
     pinned,
-    probe,
 )
 
 SECTION = "3 peers"
@@ -196,21 +194,20 @@ def run(
             skips.append(Skip(SECTION, f"{name} did not start: {str(exc)[:300]}"))
             continue
         try:
-            url = f"http://127.0.0.1:{port}{OPENAI_PATH}"
-            probe(url, body, expect_header="x-switchyard-model" if "gateway" in name else None)
-            for c in conns:
-                load = measure(
-                    url,
-                    body,
-                    workdir,
-                    conns=c,
-                    secs=secs,
-                    warmup=warmup,
-                    cpu_pid=proc.pid,
-                    repeat=repeat,
-                    ours=procs.pids(),
-                )
-                results.append(load_result(SECTION, name, load, c))
+            results += measure_path(
+                f"http://127.0.0.1:{port}{OPENAI_PATH}",
+                body,
+                workdir,
+                section=SECTION,
+                name=name,
+                conns=conns,
+                secs=secs,
+                warmup=warmup,
+                cpu_pid=proc.pid,
+                repeat=repeat,
+                ours=procs.pids(),
+                expect_header="x-switchyard-model" if "gateway" in name else None,
+            )
         finally:
             procs.stop(proc)
     compare(results, FLOOR)

@@ -15,10 +15,8 @@ from _harness import (
     anthropic_body,
     compare,
     free_port,
-    load_result,
-    measure,
+    measure_path,
     pinned,
-    probe,
 )
 from _inproc import ENV, write_config
 
@@ -59,21 +57,20 @@ def run(
             f"served-{name.replace(' ', '-')}", uvicorn_cmd(target, port), port=port, env=env
         )
         try:
-            url = f"http://127.0.0.1:{port}{ANTHROPIC_PATH}"
-            probe(url, body, expect_header="x-switchyard-model" if "stack" in name else None)
-            for c in conns:
-                load = measure(
-                    url,
-                    body,
-                    procs.workdir,
-                    conns=c,
-                    secs=secs,
-                    warmup=warmup,
-                    cpu_pid=proc.pid,
-                    repeat=repeat,
-                    ours=procs.pids(),
-                )
-                results.append(load_result(SECTION, name, load, c))
+            results += measure_path(
+                f"http://127.0.0.1:{port}{ANTHROPIC_PATH}",
+                body,
+                procs.workdir,
+                section=SECTION,
+                name=name,
+                conns=conns,
+                secs=secs,
+                warmup=warmup,
+                cpu_pid=proc.pid,
+                repeat=repeat,
+                ours=procs.pids(),
+                expect_header="x-switchyard-model" if "stack" in name else None,
+            )
         finally:
             procs.stop(proc)
     compare(results, "bare app")
