@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
@@ -9,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -117,3 +118,26 @@ def metric_value(base_url: str, name: str, **labels: str) -> float:
         if all(f'{k}="{v}"' in series for k, v in labels.items()):
             total += float(value)
     return total
+
+
+@contextlib.asynccontextmanager
+async def serving(app: Any, *, lifespan: str = "off") -> AsyncIterator[str]:
+    """`app` under real uvicorn in this event loop, on a free loopback port; yields its URL."""
+    # IPPROTO_TCP given explicitly: asyncio then sets TCP_NODELAY on accepted connections,
+    # so responses written in two parts do not wait ~40 ms on Nagle's algorithm.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(
+        app, log_level="warning", access_log=False, lifespan=lifespan, timeout_graceful_shutdown=1
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        async with asyncio.timeout(5):
+            while not server.started:  # noqa: ASYNC110 - uvicorn exposes no event for this
+                await asyncio.sleep(0.005)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()

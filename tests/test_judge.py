@@ -7,7 +7,6 @@ mid-body stalls are real network behaviour; the client side is in process (ASGIT
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -17,9 +16,9 @@ import httpx
 import msgspec
 import pytest
 import pytest_asyncio
-import uvicorn
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from servers import serving
 from switchyard_mw import telemetry as tm
 from switchyard_mw.asgi._types import Message, Receive, Scope, Send
 from switchyard_mw.asgi.judge import MAX_VERDICT_BYTES, JudgeMiddleware
@@ -250,27 +249,6 @@ def test_judge_deadline_is_optional() -> None:
 
 
 # --- the middleware --------------------------------------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def serving(app: Any) -> AsyncIterator[str]:
-    """`app` under real uvicorn on a free loopback port; yields its base URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(
-        app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=1
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        async with asyncio.timeout(5):
-            while not server.started:  # noqa: ASYNC110 - uvicorn exposes no event for this
-                await asyncio.sleep(0.005)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        await task
-        sock.close()
 
 
 # One judge server for the module (starting and stopping uvicorn costs ~0.2 s); the tests that

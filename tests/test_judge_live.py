@@ -6,9 +6,6 @@ the gateway is JudgeMiddleware around a minimal forwarding app, under uvicorn to
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import socket
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,8 +13,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import uvicorn
 
+from servers import serving
 from switchyard_mw import telemetry as tm
 from switchyard_mw.asgi._types import Receive, Scope, Send
 from switchyard_mw.asgi.judge import JudgeMiddleware
@@ -28,27 +25,6 @@ from switchyard_mw.testing import Behaviour, MockProvider
 
 JUDGE_KEY = "judge-key"
 UPSTREAM_KEY = "upstream-key"
-
-
-@contextlib.asynccontextmanager
-async def serving(app: Any) -> AsyncIterator[str]:
-    """`app` under real uvicorn (lifespan on) on a free loopback port; yields its base URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(
-        app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=1
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        async with asyncio.timeout(5):
-            while not server.started:  # noqa: ASYNC110 - uvicorn exposes no event for this
-                await asyncio.sleep(0.005)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        await task
-        sock.close()
 
 
 class Forwarder:
@@ -86,7 +62,7 @@ class Forwarder:
 async def stack() -> AsyncIterator[tuple[MockProvider, str]]:
     """(the mock provider, the gateway's base URL)."""
     mock = MockProvider()
-    async with serving(mock) as provider_url:
+    async with serving(mock, lifespan="on") as provider_url:
         route = Route(
             classifier="llm",
             judge="judge",
@@ -100,7 +76,7 @@ async def stack() -> AsyncIterator[tuple[MockProvider, str]]:
         gateway = JudgeMiddleware(
             Forwarder(provider_url), routes={"auto": route}, clients={"judge": judge}
         )
-        async with serving(gateway) as gateway_url:
+        async with serving(gateway, lifespan="on") as gateway_url:
             yield mock, gateway_url
 
 
