@@ -19,7 +19,8 @@ from opentelemetry.propagators.textmap import Getter
 from .. import telemetry as tm
 from ..budget import budget_end
 from ..config import Server
-from ..context import RequestContext, attach, context_of, current_var, decision_attributes
+from ..context import RequestContext, context_of, current_var, decision_attributes
+from ..core.deadline import BUDGET_HEADERS
 from ..wire import WIRE_PATHS, Wire, WireError, error_body, read_request
 from ._disconnect import DisconnectWatch, replay_receive
 from ._types import ASGIApp, Message, Receive, Scope, Send
@@ -52,26 +53,56 @@ class PolicyMiddleware(ABC):
         """Run this policy for one request, calling `self.app` (or answering itself)."""
 
     async def _own(self, scope: Scope, receive: Receive, send: Send) -> None:
-        wire = self._wire_of(scope)
+        found = _scan(scope)
+        wire = self._wire_of(scope, found)
         watch: DisconnectWatch | None = None
         if wire is None:
             ctx = RequestContext()
         else:
             try:
-                body = await read_body(scope, receive, limit=self.server.max_body_bytes)
+                body = await read_body(
+                    receive, limit=self.server.max_body_bytes, declared=found.get(_LENGTH)
+                )
                 ctx = RequestContext(view=read_request(wire, body), body=body)
             except ClientDisconnected:
                 return
             except WireError as exc:
                 await send_error(send, wire, exc.status, exc.error_type, exc.message)
                 return
-            ctx.budget_at = budget_end(lambda name: header(scope, name), ctx.started_at)
+            if _BUDGET_NAMES.intersection(found):
+                ctx.budget_at = budget_end(found.get, ctx.started_at)
             watch = DisconnectWatch(ctx, receive)
             receive = replay_receive(ctx, watch)
-        attach(scope, ctx)
+        scope.setdefault("state", {})["switchyard"] = ctx
+        if tm.tracing():
+            return await self._own_traced(ctx, watch, scope, receive, send)
+        if watch is not None or self.server.expose_headers:
+            send = _tracking(ctx, send, watch, expose=self.server.expose_headers)
+        token = current_var.set(ctx)
+        try:
+            await self.handle(ctx, scope, receive, send)
+        except asyncio.CancelledError:
+            # Our own cancellation for a client that left is finished here: nobody to answer.
+            task = asyncio.current_task()
+            if not ctx.disconnected or task is None or task.uncancel() > 0:
+                raise
+        finally:
+            if watch is not None:
+                watch.stop()
+            current_var.reset(token)
+
+    async def _own_traced(
+        self,
+        ctx: RequestContext,
+        watch: DisconnectWatch | None,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        """`_own`'s second half with an OpenTelemetry SDK installed: the request's span."""
         span = trace.get_current_span()
         own_span = None
-        if not span.is_recording() and tm.tracing():
+        if not span.is_recording():
             # No ASGI instrumentation above us: the request still gets one span to hang on. It
             # continues the caller's trace (`traceparent`) unless a span above us already did.
             parent = None
@@ -93,7 +124,6 @@ class PolicyMiddleware(ABC):
             with tm.activate(span):
                 await self.handle(ctx, scope, receive, send)
         except asyncio.CancelledError:
-            # Our own cancellation for a client that left is finished here: nobody to answer.
             task = asyncio.current_task()
             if not ctx.disconnected or task is None or task.uncancel() > 0:
                 raise
@@ -112,7 +142,7 @@ class PolicyMiddleware(ABC):
                     own_span.set_status(trace.StatusCode.ERROR)
                 own_span.end()
 
-    def _wire_of(self, scope: Scope) -> Wire | None:
+    def _wire_of(self, scope: Scope, found: dict[bytes, bytes]) -> Wire | None:
         if scope.get("method") != "POST":
             return None
         path: str = scope["path"]
@@ -122,12 +152,27 @@ class PolicyMiddleware(ABC):
         wire = self._paths.get(path)
         if wire is None:
             return None
-        content_type = header(scope, b"content-type")
+        content_type = found.get(_TYPE)
         if content_type is not None:
             media = content_type.split(b";", 1)[0].strip().lower()
             if media != b"application/json" and not media.endswith(b"+json"):
                 return None  # not JSON: the design passes it through unread
         return wire
+
+
+_TYPE = b"content-type"
+_LENGTH = b"content-length"
+_BUDGET_NAMES = frozenset(BUDGET_HEADERS)
+_WANTED = frozenset({_TYPE, _LENGTH, *BUDGET_HEADERS})
+
+
+def _scan(scope: Scope) -> dict[bytes, bytes]:
+    """The first value of each request header the owner path reads, in one pass."""
+    found: dict[bytes, bytes] = {}
+    for key, value in scope.get("headers", ()):
+        if key in _WANTED and key not in found:
+            found[bytes(key)] = bytes(value)
+    return found
 
 
 def header(scope: Scope, name: bytes) -> bytes | None:
@@ -138,9 +183,9 @@ def header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
-async def read_body(scope: Scope, receive: Receive, *, limit: int) -> bytes:
-    """The whole request body; `WireError` 413 past `limit` bytes, before reading when possible."""
-    declared = header(scope, b"content-length")
+async def read_body(receive: Receive, *, limit: int, declared: bytes | None = None) -> bytes:
+    """The whole request body; `WireError` 413 past `limit` bytes, before reading when the
+    `declared` content-length already says so."""
     if declared is not None and declared.strip().isdigit() and int(declared) > limit:
         raise _too_large(limit)
     chunks: list[bytes] = []

@@ -4,14 +4,15 @@ An app awaiting its upstream call does not read `receive`, so nobody else would 
 call would run to its end for a client that is gone. A watcher task reads `receive` for it —
 but only once a request has lasted `WATCH_AFTER_SECS` (or the app asks `receive` itself): most
 requests end sooner, and a task or even a timer per request would be most of the stack's cost.
-One sweeper task per event loop starts the watchers of the requests that outlast that.
+One sweeper task per event loop starts the watchers of the requests that outlast that; the
+deadline policy defers its alarms the same way (`defer`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import weakref
-from typing import Any
+from typing import Any, Protocol
 
 from ..context import RequestContext
 from ._types import Message, Receive
@@ -21,19 +22,33 @@ WATCH_AFTER_SECS = 0.02
 unseen (the sweeper looks twice as often)."""
 
 
+class Deferred(Protocol):
+    """Work a request starts only if it lasts `WATCH_AFTER_SECS` (see `defer`)."""
+
+    def start(self) -> None: ...
+
+
 class DisconnectWatch:
     """One request's watch; `stop()` when its response is complete or its work has ended."""
 
-    __slots__ = ("__weakref__", "_ctx", "_owner", "_receive", "_sweeper", "_task", "gone")
+    __slots__ = ("__weakref__", "_ctx", "_gone", "_owner", "_receive", "_sweeper", "_task")
 
     def __init__(self, ctx: RequestContext, receive: Receive) -> None:
         self._ctx = ctx
         self._receive = receive
         self._owner: asyncio.Task[Any] | None = asyncio.current_task()
         self._task: asyncio.Task[None] | None = None
-        self.gone = asyncio.Event()
-        self._sweeper: _Sweeper | None = _Sweeper.of(asyncio.get_running_loop())
-        self._sweeper.add(self)
+        self._gone: asyncio.Event | None = None
+        self._sweeper: _Sweeper | None = defer(self)
+
+    @property
+    def gone(self) -> asyncio.Event:
+        """Set once the client has left (made on first use: most requests never ask)."""
+        if self._gone is None:
+            self._gone = asyncio.Event()
+            if self._ctx.disconnected:
+                self._gone.set()
+        return self._gone
 
     def start(self) -> None:
         if self._task is not None:
@@ -62,48 +77,62 @@ class DisconnectWatch:
             self._owner.cancel("client disconnected")
 
 
+def defer(work: Deferred) -> _Sweeper:
+    """Have `work.start()` called once `WATCH_AFTER_SECS` have passed, unless it leaves first
+    (`_Sweeper.discard`). Costs a dict entry, not a timer or a task."""
+    sweeper = _Sweeper.of(asyncio.get_running_loop())
+    sweeper.add(work)
+    return sweeper
+
+
 class _Sweeper:
-    """Starts the watch of every request older than `WATCH_AFTER_SECS`; sleeps when idle."""
+    """Starts the deferred work of every request older than `WATCH_AFTER_SECS`; sleeps when idle."""
 
     _by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Sweeper] = (
         weakref.WeakKeyDictionary()
     )
+    _last: _Sweeper | None = None  # the one asked for last: nearly always the loop's own
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._watches: dict[DisconnectWatch, float] = {}  # insertion order is age order
+        self._waiting: dict[Deferred, float] = {}  # insertion order is age order
         self._wake = asyncio.Event()
         self._task = loop.create_task(self._run())
 
     @classmethod
     def of(cls, loop: asyncio.AbstractEventLoop) -> _Sweeper:
+        last = cls._last
+        if last is not None and last._loop is loop and not last._task.done():
+            return last
         sweeper = cls._by_loop.get(loop)
         if sweeper is None or sweeper._task.done():
             sweeper = cls._by_loop[loop] = cls(loop)
+        cls._last = sweeper
         return sweeper
 
-    def add(self, watch: DisconnectWatch) -> None:
-        self._watches[watch] = self._loop.time()
+    def add(self, work: Deferred) -> None:
+        self._waiting[work] = self._loop.time()
         if not self._wake.is_set():
             self._wake.set()
 
-    def discard(self, watch: DisconnectWatch) -> None:
-        self._watches.pop(watch, None)
+    def discard(self, work: Deferred) -> None:
+        self._waiting.pop(work, None)
 
     async def _run(self) -> None:
         while True:
-            if not self._watches:
+            if not self._waiting:
                 self._wake.clear()
                 await self._wake.wait()
             await asyncio.sleep(WATCH_AFTER_SECS / 2)
             cutoff = self._loop.time() - WATCH_AFTER_SECS
             due = []
-            for watch, since in self._watches.items():
+            for work, since in self._waiting.items():
                 if since > cutoff:
                     break
-                due.append(watch)
-            for watch in due:
-                watch.start()
+                due.append(work)
+            for work in due:
+                self._waiting.pop(work, None)
+                work.start()
 
 
 def replay_receive(ctx: RequestContext, watch: DisconnectWatch) -> Receive:

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 import httpx
 from opentelemetry import trace
@@ -42,6 +42,7 @@ APP_ERROR = "app_error"
 MAX_HELD_BYTES = 1 << 20
 """A held error body larger than this is forwarded: failover gives way to bounded memory."""
 
+Inner = Callable[[RequestContext, Scope, Receive, Send], Awaitable[None]]
 _ACCOUNT_PHASES = frozenset({"total", "headers", "idle"})  # a deadline that is the account's fault
 _log = logging.getLogger(__name__)
 
@@ -130,13 +131,21 @@ class CoolingMiddleware(PolicyMiddleware):
         super().__init__(app, server=server)
         self.clients = dict(clients)
         self.pool = pool if pool is not None else pool_from_clients(self.clients, clock=clock)
+        self.inner: Inner = self._call_app
+        """What each attempt runs: the app, or (in `SwitchyardStack`) the deadline policy's
+        `handle` around it, called directly rather than through another ASGI layer."""
+
+    async def _call_app(
+        self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        await self.app(scope, receive, send)
 
     async def handle(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
         model, wire = ctx.resolved_model, ctx.wire
         if wire is None or model is None:
-            return await self.app(scope, receive, send)
+            return await self.inner(ctx, scope, receive, send)
         if not self.pool.accounts_for(model) and self._fallback(ctx) is None:
-            return await self.app(scope, receive, send)
+            return await self.inner(ctx, scope, receive, send)
         tried: list[str] = []
         last: tuple[list[Message], UpstreamClient | None, str | None] | None = None
         while (lease := await self._acquire(ctx, tried)) is not None:
@@ -170,47 +179,52 @@ class CoolingMiddleware(PolicyMiddleware):
         ctx.attempts += 1
         ctx.upstream_status = None
         ctx.deadline_phase = None
-        # Without an SDK, no span object at all: the shared invalid span is a no-op.
-        span = tm.tracer.start_span(tm.SPAN_ATTEMPT) if tm.tracing() else trace.INVALID_SPAN
-        if span.is_recording():  # no attribute dict per attempt when tracing is off
-            span.set_attributes(_attempt_attributes(ctx, lease))
+        # Without an SDK, no span at all: nothing to build, activate or end.
+        span = _attempt_span(ctx, lease) if tm.tracing() else None
         try:
-            with tm.activate(span):
-                try:
-                    await self.app(scope, _replay(ctx, receive), attempt.send)
-                except asyncio.CancelledError:
-                    # A response already sent whole still has its outcome (uvicorn reports a
-                    # disconnect once a response completes, and the base cancels then).
-                    self._settle(lease, span, *_verdict(ctx, attempt, gone="cancelled"))
-                    raise
-                except Exception as exc:
+            try:
+                if span is None:
+                    await self.inner(ctx, scope, _replay(ctx, receive), attempt.send)
+                else:
+                    with tm.activate(span):
+                        await self.inner(ctx, scope, _replay(ctx, receive), attempt.send)
+            except asyncio.CancelledError:
+                # A response already sent whole still has its outcome (uvicorn reports a
+                # disconnect once a response completes, and the base cancels then).
+                self._settle(lease, span, *_verdict(ctx, attempt, gone="cancelled"))
+                raise
+            except Exception as exc:
+                if span is not None:
                     # The type only: an exception's text may quote the request or the reply.
                     span.set_attribute(tm.ERROR_TYPE, type(exc).__qualname__)
-                    gone = ctx.disconnected and not attempt.finished
-                    kind = _error_text(ctx, exc)
-                    if gone or kind == APP_ERROR:
-                        # A client that left, or a bug in the app, says nothing about the
-                        # account: counting it would let one bad code path cool every account.
-                        self._settle(lease, span, None, "disconnected" if gone else kind)
-                    else:
-                        self._settle(lease, span, Outcome.FAULT, kind)
-                    if gone or attempt.forwarded or kind == APP_ERROR:
-                        raise  # the response started, nobody waits, or the app is broken
-                    attempt.held = None  # an unfinished answer is never passed on
-                    _log.warning("account %s failed (%s)", lease.account, type(exc).__name__)
-                    return False
+                gone = ctx.disconnected and not attempt.finished
+                kind = _error_text(ctx, exc)
+                if gone or kind == APP_ERROR:
+                    # A client that left, or a bug in the app, says nothing about the
+                    # account: counting it would let one bad code path cool every account.
+                    self._settle(lease, span, None, "disconnected" if gone else kind)
+                else:
+                    self._settle(lease, span, Outcome.FAULT, kind)
+                if gone or attempt.forwarded or kind == APP_ERROR:
+                    raise  # the response started, nobody waits, or the app is broken
+                attempt.held = None  # an unfinished answer is never passed on
+                _log.warning("account %s failed (%s)", lease.account, type(exc).__name__)
+                return False
             if attempt.held is not None and not attempt.complete:
                 await attempt.flush()  # the app returned mid-body: pass on what it sent
             self._settle(lease, span, *_verdict(ctx, attempt))
             return attempt.status is not None and attempt.held is None
         finally:
-            if ctx.deadline_phase is not None and span.is_recording():
-                span.set_attribute(tm.DEADLINE_PHASE, ctx.deadline_phase)
-            span.end()
+            if span is not None:
+                if ctx.deadline_phase is not None:
+                    span.set_attribute(tm.DEADLINE_PHASE, ctx.deadline_phase)
+                span.end()
 
-    def _settle(self, lease: Lease, span: trace.Span, outcome: Outcome | None, status: str) -> None:
+    def _settle(
+        self, lease: Lease, span: trace.Span | None, outcome: Outcome | None, status: str
+    ) -> None:
         """Give the lease back with what the attempt said about the account's health."""
-        if span.is_recording():
+        if span is not None and span.is_recording():
             span.set_attributes(
                 {
                     tm.ATTEMPT_STATUS: status,
@@ -271,11 +285,17 @@ class CoolingMiddleware(PolicyMiddleware):
         )
 
 
-def _attempt_attributes(ctx: RequestContext, lease: Lease) -> dict[str, str | bool]:
-    attributes: dict[str, str | bool] = {tm.ACCOUNT: lease.account, tm.ATTEMPT_PROBE: lease.probe}
-    if ctx.client is not None and (provider := tm.provider_name(ctx.client.base_url)):
-        attributes[tm.PROVIDER_NAME] = provider
-    return attributes
+def _attempt_span(ctx: RequestContext, lease: Lease) -> trace.Span:
+    span = tm.tracer.start_span(tm.SPAN_ATTEMPT)
+    if span.is_recording():
+        attributes: dict[str, str | bool] = {
+            tm.ACCOUNT: lease.account,
+            tm.ATTEMPT_PROBE: lease.probe,
+        }
+        if ctx.client is not None and (provider := tm.provider_name(ctx.client.base_url)):
+            attributes[tm.PROVIDER_NAME] = provider
+        span.set_attributes(attributes)
+    return span
 
 
 def _verdict(

@@ -18,6 +18,7 @@ from ..context import RequestContext
 from ..core.deadline import attempt_deadline_secs
 from ..wire import Wire, stream_error_event
 from ._base import PolicyMiddleware, send_error
+from ._disconnect import WATCH_AFTER_SECS, _Sweeper, defer
 from ._types import ASGIApp, Message, Receive, Scope, Send
 
 DEADLINE_EXCEEDED = "deadline_exceeded"
@@ -75,42 +76,64 @@ class DeadlineMiddleware(PolicyMiddleware):
         now = time.monotonic()
         ctx.attempt_deadline_secs = first
         ctx.deadline_at = now + first
-        guard = _Guard(ctx, send, stream=view.stream, first=first, idle=idle, now=now)
-        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task(loop)
         assert task is not None  # an ASGI app runs in a task
-        guard.arm(task)
+        guard = _Guard(ctx, send, loop, task, stream=view.stream, first=first, idle=idle, now=now)
         try:
             await self.app(scope, receive, guard.send)
         except asyncio.CancelledError:
             # Ours only if the alarm fired and nobody else cancelled the task as well.
-            if not guard.fired or task.uncancel() > 0:
+            if not guard.alarm.fired or task.uncancel() > 0:
                 raise
             await guard.answer_expiry(view.wire)
         else:
-            if guard.fired:
+            if guard.alarm.fired:
                 task.uncancel()  # the app swallowed our cancellation and finished anyway
         finally:
-            guard.disarm()
+            guard.alarm.cancel()
 
 
 class _Alarm:
-    """Cancels a task at `when` (loop time). Moving it later allocates nothing: when the old
-    handle fires early it re-arms for the new time, so a stream's per-chunk re-arm stays cheap.
+    """Cancels a task at `when` (loop time).
+
+    No timer at first: most attempts end long before their deadline, and a timer per attempt
+    would be a large share of the stack's cost. The alarm waits in the loop's sweeper
+    (`defer`) and sets its timer once the attempt has lasted `WATCH_AFTER_SECS`; only a bound
+    shorter than twice that gets its timer at once. Moving it later allocates nothing: when
+    the old timer fires early it re-arms for the new time, so a stream's per-chunk re-arm
+    stays cheap.
     """
 
-    __slots__ = ("_handle", "_loop", "_task", "fired", "when")
+    __slots__ = ("__weakref__", "_handle", "_loop", "_sweeper", "_task", "fired", "when")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any], when: float):
         self._loop = loop
         self._task = task
         self.when: float | None = when
         self.fired = False
-        self._handle: asyncio.TimerHandle | None = loop.call_at(when, self._check)
+        self._handle: asyncio.TimerHandle | None = None
+        self._sweeper: _Sweeper | None = None
+        if when - loop.time() > 2 * WATCH_AFTER_SECS:
+            self._sweeper = defer(self)
+        else:
+            self._handle = loop.call_at(when, self._check)
+
+    def start(self) -> None:
+        """Called by the sweeper: the attempt outlasted the wait, so set the timer now."""
+        self._sweeper = None
+        if self.when is not None and self._handle is None and not self.fired:
+            self._handle = self._loop.call_at(self.when, self._check)
 
     def move(self, when: float) -> None:
         if self.fired:
             return
-        if self._handle is None or (self.when is not None and when < self.when):
+        if self._sweeper is not None and when - self._loop.time() <= 2 * WATCH_AFTER_SECS:
+            self._sweeper.discard(self)  # too soon for the sweeper to be in time
+            self._sweeper = None
+        if self._sweeper is None and (
+            self._handle is None or (self.when is not None and when < self.when)
+        ):
             if self._handle is not None:
                 self._handle.cancel()
             self._handle = self._loop.call_at(when, self._check)
@@ -118,6 +141,9 @@ class _Alarm:
 
     def cancel(self) -> None:
         self.when = None
+        if self._sweeper is not None:
+            self._sweeper.discard(self)
+            self._sweeper = None
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
@@ -134,24 +160,16 @@ class _Alarm:
 
 
 class _Guard:
-    """One attempt's timer and the `send` that moves it; per request, never shared."""
+    """One attempt's alarm and the `send` that moves it; per request, never shared."""
 
-    __slots__ = (
-        "_alarm",
-        "_budget_left",
-        "_first",
-        "_idle",
-        "_loop",
-        "_sse",
-        "_started",
-        "ctx",
-        "raw_send",
-    )
+    __slots__ = ("_idle", "_loop", "_start", "alarm", "ctx", "raw_send")
 
     def __init__(
         self,
         ctx: RequestContext,
         send: Send,
+        loop: asyncio.AbstractEventLoop,
+        task: asyncio.Task[Any],
         *,
         stream: bool,
         first: float,
@@ -160,20 +178,13 @@ class _Guard:
     ) -> None:
         self.ctx = ctx
         self.raw_send = send
-        self._loop = asyncio.get_running_loop()
+        self._loop = loop
         self._idle = idle if stream else None
-        self._started = False
-        self._sse = False
-        self._alarm: _Alarm | None = None
-        self._budget_left = None if ctx.budget_at is None else ctx.budget_at - now
-        self._first = first
-
-    def arm(self, task: asyncio.Task[Any]) -> None:
-        self._alarm = _Alarm(self._loop, task, self._loop.time() + self._bound(self._first))
-
-    def disarm(self) -> None:
-        if self._alarm is not None:
-            self._alarm.cancel()
+        self._start: Message | None = None  # the response's start, once sent
+        budget_at = ctx.budget_at
+        if budget_at is not None:
+            first = max(0.0, min(first, budget_at - now))
+        self.alarm = _Alarm(loop, task, loop.time() + first)
 
     def _bound(self, secs: float) -> float:
         """`secs` from now, or less when the request's budget ends sooner."""
@@ -181,36 +192,37 @@ class _Guard:
             secs = min(secs, self.ctx.budget_at - time.monotonic())
         return max(secs, 0.0)
 
-    @property
-    def fired(self) -> bool:
-        return self._alarm is not None and self._alarm.fired
-
     async def send(self, message: Message) -> None:
         kind = message["type"]
         if kind == "http.response.start":
-            self._started = True
-            for name, value in message.get("headers", ()):
-                if name.lower() == b"content-type" and value.startswith(b"text/event-stream"):
-                    self._sse = True
+            self._start = message
             if self._idle is not None:
                 self._rearm(self._idle)
         elif kind == "http.response.body":
             if not message.get("more_body", False):
-                self.disarm()
+                self.alarm.cancel()
             elif self._idle is not None:
                 self._rearm(self._idle)
         await self.raw_send(message)
 
     def _rearm(self, secs: float) -> None:
-        if self._alarm is not None:
-            self._alarm.move(self._loop.time() + self._bound(secs))
-            self.ctx.deadline_at = time.monotonic() + secs
+        self.alarm.move(self._loop.time() + self._bound(secs))
+        self.ctx.deadline_at = time.monotonic() + secs
+
+    @property
+    def _sse(self) -> bool:
+        """Whether the response that started is an event stream."""
+        headers = self._start.get("headers", ()) if self._start is not None else ()
+        return any(
+            name.lower() == b"content-type" and bytes(value).startswith(b"text/event-stream")
+            for name, value in headers
+        )
 
     def _phase(self) -> str:
         ctx = self.ctx
         if ctx.budget_at is not None and time.monotonic() >= ctx.budget_at - 0.001:
             return "budget"
-        if not self._started:
+        if self._start is None:
             return "headers" if self._idle is not None else "total"
         return "idle" if self._idle is not None else "total"
 
@@ -219,7 +231,7 @@ class _Guard:
         self.ctx.deadline_phase = phase
         tm.deadline_exceeded.add(1, {"phase": phase})
         message = _MESSAGES[phase]
-        if not self._started:
+        if self._start is None:
             await send_error(self.raw_send, wire, 504, DEADLINE_EXCEEDED, message)
         elif self._sse:
             event = stream_error_event(wire, DEADLINE_EXCEEDED, message)

@@ -66,6 +66,11 @@ class JudgeMiddleware(PolicyMiddleware):
         await super().__call__(scope, receive, send)
 
     async def handle(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.route(ctx)
+        await self.app(scope, receive, send)
+
+    async def route(self, ctx: RequestContext) -> None:
+        """The judge's choice for a request whose model names a route; nothing otherwise."""
         name = ctx.requested_model
         if name is not None and name in self.judge.routes and ctx.view is not None:
             decision = await self.judge.decide(
@@ -73,4 +78,3 @@ class JudgeMiddleware(PolicyMiddleware):
             )
             ctx.resolved_model = decision.model
             ctx.route = decision.route_header
-        await self.app(scope, receive, send)

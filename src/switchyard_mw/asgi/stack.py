@@ -10,9 +10,11 @@ import httpx
 
 from ..clients import UpstreamClient, build_clients
 from ..config import Config, load_config
+from ..context import RequestContext
 from ..core.clock import Clock, monotonic
 from ..core.pool import AccountPool
 from ..state import Store, build_store
+from ._base import PolicyMiddleware
 from ._types import ASGIApp, Receive, Scope, Send
 from .cooling import CoolingMiddleware, pool_from_clients
 from .deadline import DeadlineMiddleware
@@ -20,8 +22,12 @@ from .judge import JudgeMiddleware
 from .variant import VariantMiddleware
 
 
-class SwitchyardStack:
+class SwitchyardStack(PolicyMiddleware):
     """The app wrapped as Judge → Variant → Cooling → Deadline → app. An ASGI app itself.
+
+    One layer, not four: the request is read once and each policy's step runs in that order
+    as a plain call, so the stack costs about what its work costs. `judge`, `variant`,
+    `cooling` and `deadline` are the policies (each also usable as a middleware alone).
 
     `pool` is the account pool (for an operator view); `store` shares its state as
     `[state]` says (built from the config unless given). The store connects on the first
@@ -39,31 +45,39 @@ class SwitchyardStack:
         clock: Clock = monotonic,
         store: Store | None = None,
     ) -> None:
+        server = config.server
+        super().__init__(app, server=server)
         self.config = config
         self.clients = dict(clients)
         self.pool: AccountPool = pool_from_clients(self.clients, clock=clock)
         self.store: Store = store if store is not None else build_store(config.state)
         self.store.bind(self.pool)
         self._store_started = False
-        server = config.server
-        inner: ASGIApp = DeadlineMiddleware(app, server=server)
-        inner = CoolingMiddleware(inner, clients=self.clients, pool=self.pool, server=server)
-        inner = VariantMiddleware(inner, canaries=config.canaries, server=server)
+        self.deadline = DeadlineMiddleware(app, server=server)
+        self.cooling = CoolingMiddleware(app, clients=self.clients, pool=self.pool, server=server)
+        self.cooling.inner = self.deadline.handle
+        self.variant = VariantMiddleware(app, canaries=config.canaries, server=server)
         self.judge = JudgeMiddleware(
-            inner,
+            app,
             routes=config.routes,
             clients=self.clients,
             http_client=judge_http_client,
             server=server,
         )
-        self._app: ASGIApp = self.judge
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not self._store_started:
             # The store needs the server's event loop, which the constructor may not have.
             self._store_started = True
             await self.store.start()
-        await self._app(scope, receive, send)
+        if scope["type"] == "lifespan":
+            return await self.judge(scope, receive, send)  # it closes its pool at shutdown
+        await super().__call__(scope, receive, send)
+
+    async def handle(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.judge.route(ctx)
+        self.variant.assign(ctx)
+        await self.cooling.handle(ctx, scope, receive, send)
 
     async def aclose(self) -> None:
         await self.store.aclose()

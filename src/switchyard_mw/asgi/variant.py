@@ -36,6 +36,11 @@ class VariantMiddleware(PolicyMiddleware):
         self._splits = build_splits(canaries)
 
     async def handle(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
+        self.assign(ctx)
+        await self.app(scope, receive, send)
+
+    def assign(self, ctx: RequestContext) -> None:
+        """Move the request to its variant when its model has a canary."""
         model = ctx.resolved_model
         split = self._splits.get(model) if model is not None else None
         if split is not None and ctx.view is not None:
@@ -48,4 +53,3 @@ class VariantMiddleware(PolicyMiddleware):
             tm.variant_assignments.add(1, {"model": split.base, "variant": chosen, "key": kind})
             if view.user_key and (span := trace.get_current_span()).is_recording():
                 span.set_attribute(tm.VARIANT_KEY_HASH, tm.short_hash(view.user_key))
-        await self.app(scope, receive, send)

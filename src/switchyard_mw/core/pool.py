@@ -104,6 +104,9 @@ class AccountPool:
             if spec.name in self._breakers:
                 raise ValueError(f"duplicate account name {spec.name!r}")
             self._breakers[spec.name] = Breaker(spec)
+        # A plain grant carries no identity that matters (only probes are told apart), so each
+        # account's is made once rather than per attempt.
+        self._grants = {name: Lease(name, False) for name in self._breakers}
         # Only models some account names explicitly get their own cached route, so the cache is
         # bounded by the config, not by whatever model strings clients send. Every other model is
         # served by the "*" accounts alone, through one shared route.
@@ -177,7 +180,7 @@ class AccountPool:
                 # Next caller starts after this account: even spreading within the group.
                 group.cursor = idx
                 if admit is Admit.GRANT:
-                    return Lease(b.name, False)
+                    return self._grants[b.name]
                 lease = Lease(b.name, True)
                 self._probes[b.name] = lease
                 return lease
