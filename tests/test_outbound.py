@@ -10,12 +10,13 @@ import contextlib
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+import aiohttp
 import httpx
 import pytest
 
-from servers import serve_in_thread
+from servers import free_port, serve_in_thread
 from switchyard_mw.context import RequestContext
-from switchyard_mw.outbound import make_http_client, send_direct, timeout_for, transport_of
+from switchyard_mw.outbound import as_httpx_error, make_http_client, pool_of, timeout_for
 from switchyard_mw.testing import MockProvider
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -256,20 +257,35 @@ def test_one_client_serves_successive_event_loops() -> None:
     asyncio.run(close())
 
 
-async def test_a_client_we_built_exposes_its_transport_for_direct_sends() -> None:
+async def test_a_client_we_built_exposes_its_pool_for_direct_sends() -> None:
     ours = make_http_client()
     theirs = httpx.AsyncClient()
-    transport = transport_of(ours)
-    assert transport is not None
-    assert transport_of(theirs) is None  # someone else's client: the Forwarder uses its API
+    pool = pool_of(ours)
+    assert pool is not None
+    assert pool_of(theirs) is None  # someone else's client: the Forwarder uses its API
     provider = MockProvider()
     with serve_in_thread(provider) as url:
-        request = httpx.Request("POST", f"{url}/v1/messages", json={"model": "m", "messages": []})
-        response = await send_direct(transport, request, httpx.Timeout(5))
-        body = await response.aread()
-        await response.aclose()
-    assert response.status_code == 200
-    assert response.request is request
+        session = pool.session()
+        assert pool.session() is session  # one pool per loop, shared with the httpx API
+        async with session.post(f"{url}/v1/messages", json={"model": "m", "messages": []}) as r:
+            body = await r.read()
+            status = r.status
+        assert (await ours.post(f"{url}/v1/messages", json={"model": "m"})).status_code == 200
+    assert status == 200
     assert b'"model":"m"' in body.replace(b" ", b"")
     await ours.aclose()
     await theirs.aclose()
+    assert session.closed  # closing the client closes the pool it shares
+
+
+async def test_errors_of_the_direct_pool_read_as_httpx_errors() -> None:
+    pool = pool_of(make_http_client())
+    assert pool is not None
+    port = free_port()  # nothing listens there
+    try:
+        await pool.session().post(f"http://127.0.0.1:{port}/v1/messages", data=b"{}")
+    except aiohttp.ClientError as exc:
+        error: aiohttp.ClientError = exc
+    with pytest.raises(httpx.ConnectError):
+        as_httpx_error(error)
+    await pool.aclose()

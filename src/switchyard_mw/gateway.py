@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import aiohttp
 import httpx
 import msgspec
 from opentelemetry import propagate, trace
@@ -24,7 +25,7 @@ from starlette.responses import Response, StreamingResponse
 
 from . import telemetry as tm
 from .context import RequestContext, current_context
-from .outbound import send_direct, timeout_for, transport_of
+from .outbound import PooledTransport, as_httpx_error, pool_of, timeout_for
 from .wire import Wire, error_body, stream_error_event
 
 WIRE_ROUTES = ("/v1/messages", "/v1/chat/completions", "/v1/responses")
@@ -62,13 +63,22 @@ _DROP_RESPONSE = frozenset(
 )
 
 
+_DROP_RESPONSE_RAW = frozenset(name.encode() for name in _DROP_RESPONSE)
+_UPSTREAM_ERRORS = (httpx.HTTPError, aiohttp.ClientError)
+
+
 class Forwarder:
-    """The endpoint that proxies one wire request; share one per process (one httpx pool)."""
+    """The endpoint that proxies one wire request; share one per process (one pool).
+
+    With a client from `make_http_client()` it sends through that client's aiohttp pool
+    directly (`pool_of`): for a call that only forwards bytes, httpx's request and response
+    objects cost about half of the CPU. Any other httpx client is used through its own API.
+    Either way the app sees httpx's exceptions.
+    """
 
     def __init__(self, http_client: httpx.AsyncClient) -> None:
         self.http = http_client
-        # A client from `make_http_client()`: send straight to its transport (see there).
-        self._transport = transport_of(http_client)
+        self._pool = pool_of(http_client)
 
     async def forward(self, request: Request) -> Response:
         """A Starlette endpoint: `Route(path, forwarder.forward, methods=["POST"])`."""
@@ -79,61 +89,148 @@ class Forwarder:
         headers = [(k, v) for k, v in request.headers.items() if k not in _DROP_REQUEST]
         headers.extend(client.auth_headers())
         headers.append(("accept-encoding", "identity"))
-        timeout = timeout_for(ctx)
-        if self._transport is not None:
-            upstream = httpx.Request(
-                "POST",
-                client.url(request.url.path),
-                params=request.query_params or None,
-                headers=headers,
-                content=await request.body(),
-            )
-        else:
-            upstream = self.http.build_request(
-                "POST",
-                client.url(request.url.path),
-                params=request.query_params,
-                headers=headers,
-                content=await request.body(),
-                timeout=timeout,
-            )
-        span = _start_call(upstream, client.base_url) if tm.tracing() else None
+        url = client.url(request.url.path)
+        query = request.scope.get("query_string", b"")
+        if query:
+            url = f"{url}?{query.decode('latin-1')}"
+        body = await request.body()
+        span = None
+        if tm.tracing():
+            span = _start_call(httpx.URL(url), client.base_url)
+            headers = _propagated(headers, span)
         try:
-            with tm.activate(span or trace.INVALID_SPAN):
-                if self._transport is not None:
-                    response = await send_direct(self._transport, upstream, timeout)
-                else:
-                    response = await self.http.send(upstream, stream=True)
+            if self._pool is not None:
+                reply = await _Reply.pooled(self._pool, url, headers, body, ctx.deadline)
+            else:
+                reply = await _Reply.httpx(self.http, url, headers, body, timeout_for(ctx))
         except BaseException as exc:  # cancellation too: the span must end to be exported
             _end_call(span, exc)
             raise
         if span is not None:
-            _answered(span, response.status_code)
-        out_headers = {k: v for k, v in response.headers.items() if k not in _DROP_RESPONSE}
-        content_type = response.headers.get("content-type", "")
-        if content_type.startswith("text/event-stream") and response.status_code < 400:
-            chunks = _relay(response, ctx)
-            return StreamingResponse(
+            _answered(span, reply.status)
+        content_type = reply.content_type
+        if content_type.startswith("text/event-stream") and reply.status < 400:
+            chunks = _relay(reply, ctx)
+            streaming = StreamingResponse(
                 chunks if span is None else _traced(chunks, span, ctx),
-                status_code=response.status_code,
-                headers=out_headers,
-                background=BackgroundTask(response.aclose),
+                status_code=reply.status,
+                background=BackgroundTask(reply.aclose),
             )
+            return _with_headers(streaming, reply)
         try:
-            body = await response.aread()
+            data = await reply.read()
         except BaseException as exc:
             _end_call(span, exc)
             raise
         finally:
-            await response.aclose()
+            await reply.aclose()
         if span is not None:
             span.end()
-            if response.status_code < 300 and "json" in content_type:
-                _report_usage(ctx, body)
-        return Response(body, status_code=response.status_code, headers=out_headers)
+            if reply.status < 300 and "json" in content_type:
+                _report_usage(ctx, data)
+        return _with_headers(Response(data, status_code=reply.status), reply)
 
 
-async def _relay(response: httpx.Response, ctx: RequestContext) -> AsyncIterator[bytes]:
+class _Reply:
+    """An upstream answer from either client, raising httpx's exceptions while it is read."""
+
+    __slots__ = ("_aiohttp", "_httpx", "content_type", "raw_headers", "status")
+
+    def __init__(
+        self,
+        status: int,
+        raw_headers: list[tuple[bytes, bytes]],
+        *,
+        aiohttp_response: aiohttp.ClientResponse | None = None,
+        httpx_response: httpx.Response | None = None,
+    ) -> None:
+        self.status = status
+        self.raw_headers = raw_headers
+        self._aiohttp = aiohttp_response
+        self._httpx = httpx_response
+        self.content_type = next(
+            (v.decode("latin-1") for k, v in raw_headers if k.lower() == b"content-type"), ""
+        )
+
+    @classmethod
+    async def pooled(
+        cls,
+        pool: PooledTransport,
+        url: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        deadline: float | None,
+    ) -> _Reply:
+        # What `timeout_for` gives httpx, in aiohttp's terms: connecting, waiting for a pooled
+        # connection and every read are each bounded by what is left of the deadline.
+        secs = 60.0 if deadline is None else max(deadline, 0.001)
+        limits = aiohttp.ClientTimeout(total=None, connect=secs, sock_connect=secs, sock_read=secs)
+        try:
+            response = await pool.session().request(
+                "POST",
+                url,
+                headers=headers,
+                data=body,
+                allow_redirects=False,
+                auto_decompress=False,
+                timeout=limits,
+            )
+        except aiohttp.ClientError as exc:
+            as_httpx_error(exc)
+        return cls(response.status, list(response.raw_headers), aiohttp_response=response)
+
+    @classmethod
+    async def httpx(
+        cls,
+        http: httpx.AsyncClient,
+        url: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        limits: httpx.Timeout,
+    ) -> _Reply:
+        upstream = http.build_request("POST", url, headers=headers, content=body, timeout=limits)
+        response = await http.send(upstream, stream=True)
+        return cls(response.status_code, response.headers.raw, httpx_response=response)
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        if self._httpx is not None:
+            async for chunk in self._httpx.aiter_raw():
+                yield chunk
+            return
+        assert self._aiohttp is not None
+        try:
+            async for chunk in self._aiohttp.content.iter_any():
+                yield chunk
+        except aiohttp.ClientError as exc:
+            as_httpx_error(exc)
+
+    async def read(self) -> bytes:
+        if self._httpx is not None:
+            return await self._httpx.aread()
+        assert self._aiohttp is not None
+        try:
+            return await self._aiohttp.read()
+        except aiohttp.ClientError as exc:
+            as_httpx_error(exc)
+
+    async def aclose(self) -> None:
+        if self._httpx is not None:
+            await self._httpx.aclose()
+        elif self._aiohttp is not None:
+            self._aiohttp.release()  # back to the pool when read whole; closed otherwise
+
+
+def _with_headers(response: Response, reply: _Reply) -> Response:
+    """`response` with the upstream's headers, duplicates kept, minus hop-by-hop ones."""
+    response.raw_headers.extend(
+        (name, value)
+        for name, value in ((k.lower(), v) for k, v in reply.raw_headers)
+        if name not in _DROP_RESPONSE_RAW
+    )
+    return response
+
+
+async def _relay(reply: _Reply, ctx: RequestContext) -> AsyncIterator[bytes]:
     """The upstream's stream, passed on one whole event at a time.
 
     A chunk may end inside an event; that tail waits for the rest, so that if the upstream
@@ -142,13 +239,13 @@ async def _relay(response: httpx.Response, ctx: RequestContext) -> AsyncIterator
     """
     pending = b""
     try:
-        async for chunk in response.aiter_raw():
+        async for chunk in reply.chunks():
             data = pending + chunk if pending else chunk
             cut = _events_end(data)
             pending = data[cut:]
             if cut:
                 yield data if cut == len(data) else data[:cut]
-    except httpx.HTTPError as exc:
+    except _UPSTREAM_ERRORS as exc:
         # The client already has a 200: end its stream with the wire's error event, and let
         # the cooling policy count the account's fault all the same.
         ctx.report_upstream(502)
@@ -178,12 +275,10 @@ def _error(wire: Wire, status: int, error_type: str, message: str) -> Response:
 # --- telemetry of the outbound call -----------------------------------------------------------
 
 
-def _start_call(request: httpx.Request, base_url: str) -> trace.Span:
-    """The CLIENT span of one outbound call (a child of the current attempt), propagated in
-    the request's headers, where it replaces any `traceparent` the caller sent."""
-    url = request.url
+def _start_call(url: httpx.URL, base_url: str) -> trace.Span:
+    """The CLIENT span of one outbound call (a child of the current attempt)."""
     attributes: dict[str, str | int] = {
-        tm.HTTP_METHOD: request.method,
+        tm.HTTP_METHOD: "POST",
         tm.SERVER_ADDRESS: url.host,
         tm.SERVER_PORT: url.port or (443 if url.scheme == "https" else 80),
         # Neither query nor userinfo: either may carry a credential.
@@ -191,10 +286,18 @@ def _start_call(request: httpx.Request, base_url: str) -> trace.Span:
     }
     if (provider := tm.provider_name(base_url)) is not None:
         attributes[tm.PROVIDER_NAME] = provider
-    span = tm.tracer.start_span(tm.SPAN_OUTBOUND, kind=trace.SpanKind.CLIENT, attributes=attributes)
-    # A sampled-out span is propagated too: the provider then keeps the same decision.
-    propagate.inject(request.headers, context=trace.set_span_in_context(span))
-    return span
+    return tm.tracer.start_span(tm.SPAN_OUTBOUND, kind=trace.SpanKind.CLIENT, attributes=attributes)
+
+
+def _propagated(headers: list[tuple[str, str]], span: trace.Span) -> list[tuple[str, str]]:
+    """`headers` carrying `span`'s context, in place of any `traceparent` the caller sent.
+
+    A sampled-out span is propagated too: the provider then keeps the same decision.
+    """
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=trace.set_span_in_context(span))
+    names = {name.lower() for name in carrier}
+    return [(k, v) for k, v in headers if k.lower() not in names] + list(carrier.items())
 
 
 def _answered(span: trace.Span, status: int) -> None:
@@ -241,18 +344,18 @@ class _Usage(msgspec.Struct):
     completion_tokens: int | None = None
 
 
-class _Reply(msgspec.Struct):
+class _Answer(msgspec.Struct):
     usage: _Usage | None = None
 
 
-_REPLY = msgspec.json.Decoder(_Reply)  # skips every other field of the answer unread
+_ANSWER = msgspec.json.Decoder(_Answer)  # skips every other field of the answer unread
 
 
 def _report_usage(ctx: RequestContext, body: bytes) -> None:
     """`ctx.report_usage` from a JSON answer's `usage`, in the GenAI conventions' terms:
     input tokens include cached ones."""
     try:
-        usage = _REPLY.decode(body).usage
+        usage = _ANSWER.decode(body).usage
     except msgspec.DecodeError:
         return  # not a shape we know: report nothing rather than something wrong
     if usage is None:

@@ -18,6 +18,7 @@ from typing import NoReturn
 
 import aiohttp
 import httpx
+from aiohttp import ClientSession
 from httpx_aiohttp import AiohttpTransport
 
 from .context import RequestContext
@@ -49,28 +50,19 @@ def make_http_client(
     return client
 
 
-_transports: weakref.WeakKeyDictionary[httpx.AsyncClient, httpx.AsyncBaseTransport] = (
+_transports: weakref.WeakKeyDictionary[httpx.AsyncClient, PooledTransport] = (
     weakref.WeakKeyDictionary()
 )
 
 
-def transport_of(client: httpx.AsyncClient) -> httpx.AsyncBaseTransport | None:
-    """The transport under a client `make_http_client()` built; None for any other client.
+def pool_of(client: httpx.AsyncClient) -> PooledTransport | None:
+    """The aiohttp pool under a client `make_http_client()` built; None for any other client.
 
-    A proxy that only forwards can send straight to it: the client's own layer (cookies,
-    redirects, auth, event hooks) does nothing for such a call and costs a fifth of its CPU.
+    A proxy that only forwards can send through it directly (`PooledTransport.session()`):
+    httpx's request and response objects do nothing for such a call and cost about half its
+    CPU. Errors must then go through `as_httpx_error`, so callers still see httpx's.
     """
     return _transports.get(client)
-
-
-async def send_direct(
-    transport: httpx.AsyncBaseTransport, request: httpx.Request, limits: httpx.Timeout
-) -> httpx.Response:
-    """`request` through `transport` with httpx per-request timeouts `limits`; it streams."""
-    request.extensions["timeout"] = limits.as_dict()
-    response = await transport.handle_async_request(request)
-    response.request = request
-    return response
 
 
 def _no_cookies() -> CookieJar:
@@ -104,17 +96,22 @@ class PooledTransport(AiohttpTransport):
 
     _loop: asyncio.AbstractEventLoop | None = None
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+    def session(self) -> aiohttp.ClientSession:
+        """The aiohttp session (the pool) of the running loop, made on first use there."""
         loop = asyncio.get_running_loop()
-        if self._loop is not loop or (
-            isinstance(self.client, aiohttp.ClientSession) and self.client.closed
-        ):
-            self.client = None  # the base builds a new session (pool) on this request
+        client = self.client
+        if self._loop is not loop or not isinstance(client, ClientSession) or client.closed:
+            self.client = None  # else the base hands back the old loop's session
+            client = self.client = self.get_client()
             self._loop = loop
+        return client
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.session()  # the base then uses this loop's session
         try:
             response = await super().handle_async_request(request)
         except (aiohttp.ClientError, httpx.TransportError) as exc:
-            _reraise(exc)
+            as_httpx_error(exc)
         stream = response.stream
         assert isinstance(stream, httpx.AsyncByteStream)
         response.stream = _Body(stream)
@@ -132,13 +129,13 @@ class _Body(httpx.AsyncByteStream):
             async for chunk in self._inner:
                 yield chunk
         except (aiohttp.ClientError, httpx.TransportError) as exc:
-            _reraise(exc)
+            as_httpx_error(exc)
 
     async def aclose(self) -> None:
         try:
             await self._inner.aclose()
         except (aiohttp.ClientError, httpx.TransportError) as exc:
-            _reraise(exc)
+            as_httpx_error(exc)
 
 
 # Most specific first: the first class an error is an instance of decides.
@@ -158,7 +155,7 @@ _ERRORS: tuple[tuple[type[BaseException], type[httpx.TransportError]], ...] = (
 )
 
 
-def _reraise(exc: Exception) -> NoReturn:
+def as_httpx_error(exc: Exception) -> NoReturn:
     """Raise the httpx error for `exc`: an aiohttp error, or the base transport's translation
     of one (which names some wrongly: a refused connection as a timeout)."""
     original = exc.__cause__ if isinstance(exc.__cause__, aiohttp.ClientError) else exc
