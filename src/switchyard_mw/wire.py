@@ -21,6 +21,10 @@ class Wire(enum.Enum):
     OPENAI_RESPONSES = "openai_responses"
     GENERIC = "generic"
 
+    # Members are singletons compared by identity: hash them that way too, in C, rather than
+    # by Enum's Python-level hash of the name (a dict keyed by wire is read on every request).
+    __hash__ = object.__hash__
+
     @property
     def anthropic_style(self) -> bool:
         """Errors and stream events in Anthropic's shape; everything else speaks OpenAI's."""

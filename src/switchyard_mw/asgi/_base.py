@@ -53,8 +53,10 @@ class PolicyMiddleware(ABC):
         """Run this policy for one request, calling `self.app` (or answering itself)."""
 
     async def _own(self, scope: Scope, receive: Receive, send: Send) -> None:
-        found = _scan(scope)
-        wire = self._wire_of(scope, found)
+        wire = self._wire_of(scope)
+        found = _scan(scope) if wire is not None else {}
+        if wire is not None and not _json_media(found.get(_TYPE)):
+            wire = None  # not JSON: the design passes it through unread
         watch: DisconnectWatch | None = None
         if wire is None:
             ctx = RequestContext()
@@ -142,28 +144,37 @@ class PolicyMiddleware(ABC):
                     own_span.set_status(trace.StatusCode.ERROR)
                 own_span.end()
 
-    def _wire_of(self, scope: Scope, found: dict[bytes, bytes]) -> Wire | None:
+    def _wire_of(self, scope: Scope) -> Wire | None:
+        """The wire of an LLM call's method and path; None for anything else."""
         if scope.get("method") != "POST":
             return None
         path: str = scope["path"]
         root = scope.get("root_path", "")
         if root and path.startswith(root):
             path = path[len(root) :]
-        wire = self._paths.get(path)
-        if wire is None:
-            return None
-        content_type = found.get(_TYPE)
-        if content_type is not None:
-            media = content_type.split(b";", 1)[0].strip().lower()
-            if media != b"application/json" and not media.endswith(b"+json"):
-                return None  # not JSON: the design passes it through unread
-        return wire
+        return self._paths.get(path)
 
 
 _TYPE = b"content-type"
 _LENGTH = b"content-length"
 _BUDGET_NAMES = frozenset(BUDGET_HEADERS)
 _WANTED = frozenset({_TYPE, _LENGTH, *BUDGET_HEADERS})
+
+
+def _json_media(content_type: bytes | None) -> bool:
+    """Whether a request's content-type is JSON (a missing one counts as JSON)."""
+    if content_type is None:
+        return True
+    known = _MEDIA.get(content_type)
+    if known is None:
+        media = content_type.split(b";", 1)[0].strip().lower()
+        known = media == b"application/json" or media.endswith(b"+json")
+        if len(_MEDIA) < 64:  # the few spellings clients use; never grown by odd ones
+            _MEDIA[content_type] = known
+    return known
+
+
+_MEDIA: dict[bytes, bool] = {}
 
 
 def _scan(scope: Scope) -> dict[bytes, bytes]:

@@ -11,8 +11,10 @@ deadline policy defers its alarms the same way (`defer`).
 from __future__ import annotations
 
 import asyncio
+import time
 import weakref
-from typing import Any, Protocol
+from collections import deque
+from typing import Any
 
 from ..context import RequestContext
 from ._types import Message, Receive
@@ -22,16 +24,41 @@ WATCH_AFTER_SECS = 0.02
 unseen (the sweeper looks twice as often)."""
 
 
-class Deferred(Protocol):
-    """Work a request starts only if it lasts `WATCH_AFTER_SECS` (see `defer`)."""
+class Deferred:
+    """Work a request starts only if it lasts `WATCH_AFTER_SECS` (see `defer`).
 
-    def start(self) -> None: ...
+    Leaving the queue is setting `waiting` to False: nothing is removed, the sweeper drops
+    the entry when it comes due, so joining and leaving cost an append and a flag.
+    """
+
+    __slots__ = ("due", "waiting")
+
+    def __init__(self) -> None:
+        self.due = 0.0
+        self.waiting = False
+
+    def start(self) -> None:
+        raise NotImplementedError
 
 
-class DisconnectWatch:
+def defer(work: Deferred, since: float) -> None:
+    """Have `work.start()` called once `WATCH_AFTER_SECS` have passed since `since`
+    (`time.monotonic()`), unless `work.waiting` was set to False before then."""
+    loop = asyncio.get_running_loop()
+    sweeper = _Sweeper.last
+    if sweeper is None or sweeper.loop is not loop or sweeper.task.done():
+        sweeper = _Sweeper.of(loop)
+    work.due = since + WATCH_AFTER_SECS
+    work.waiting = True
+    sweeper.queue.append(work)
+    if sweeper.idle:
+        sweeper.wake()
+
+
+class DisconnectWatch(Deferred):
     """One request's watch; `stop()` when its response is complete or its work has ended."""
 
-    __slots__ = ("__weakref__", "_ctx", "_gone", "_owner", "_receive", "_sweeper", "_task")
+    __slots__ = ("_ctx", "_gone", "_owner", "_receive", "_task")
 
     def __init__(self, ctx: RequestContext, receive: Receive) -> None:
         self._ctx = ctx
@@ -39,7 +66,7 @@ class DisconnectWatch:
         self._owner: asyncio.Task[Any] | None = asyncio.current_task()
         self._task: asyncio.Task[None] | None = None
         self._gone: asyncio.Event | None = None
-        self._sweeper: _Sweeper | None = defer(self)
+        defer(self, ctx.started_at)
 
     @property
     def gone(self) -> asyncio.Event:
@@ -51,20 +78,14 @@ class DisconnectWatch:
         return self._gone
 
     def start(self) -> None:
-        if self._task is not None:
-            return
-        self._leave_sweeper()
-        self._task = asyncio.get_running_loop().create_task(self._watch())
+        self.waiting = False
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._watch())
 
     def stop(self) -> None:
-        self._leave_sweeper()
+        self.waiting = False
         if self._task is not None:
             self._task.cancel()
-
-    def _leave_sweeper(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.discard(self)
-            self._sweeper = None
 
     async def _watch(self) -> None:
         while True:
@@ -77,62 +98,47 @@ class DisconnectWatch:
             self._owner.cancel("client disconnected")
 
 
-def defer(work: Deferred) -> _Sweeper:
-    """Have `work.start()` called once `WATCH_AFTER_SECS` have passed, unless it leaves first
-    (`_Sweeper.discard`). Costs a dict entry, not a timer or a task."""
-    sweeper = _Sweeper.of(asyncio.get_running_loop())
-    sweeper.add(work)
-    return sweeper
-
-
 class _Sweeper:
     """Starts the deferred work of every request older than `WATCH_AFTER_SECS`; sleeps when idle."""
 
     _by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Sweeper] = (
         weakref.WeakKeyDictionary()
     )
-    _last: _Sweeper | None = None  # the one asked for last: nearly always the loop's own
+    last: _Sweeper | None = None  # the one asked for last: nearly always the loop's own
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._waiting: dict[Deferred, float] = {}  # insertion order is age order
+        self.loop = loop
+        self.queue: deque[Deferred] = deque()  # in order of `due`: every wait is the same
+        self.idle = False
         self._wake = asyncio.Event()
-        self._task = loop.create_task(self._run())
+        self.task = loop.create_task(self._run())
 
     @classmethod
     def of(cls, loop: asyncio.AbstractEventLoop) -> _Sweeper:
-        last = cls._last
-        if last is not None and last._loop is loop and not last._task.done():
-            return last
         sweeper = cls._by_loop.get(loop)
-        if sweeper is None or sweeper._task.done():
+        if sweeper is None or sweeper.task.done():
             sweeper = cls._by_loop[loop] = cls(loop)
-        cls._last = sweeper
+        cls.last = sweeper
         return sweeper
 
-    def add(self, work: Deferred) -> None:
-        self._waiting[work] = self._loop.time()
-        if not self._wake.is_set():
-            self._wake.set()
-
-    def discard(self, work: Deferred) -> None:
-        self._waiting.pop(work, None)
+    def wake(self) -> None:
+        self.idle = False
+        self._wake.set()
 
     async def _run(self) -> None:
+        queue = self.queue
         while True:
-            if not self._waiting:
+            if not queue:
                 self._wake.clear()
+                self.idle = True
                 await self._wake.wait()
             await asyncio.sleep(WATCH_AFTER_SECS / 2)
-            cutoff = self._loop.time() - WATCH_AFTER_SECS
-            due = []
-            for work, since in self._waiting.items():
-                if since > cutoff:
-                    break
-                due.append(work)
-            for work in due:
-                self._waiting.pop(work, None)
-                work.start()
+            now = time.monotonic()
+            while queue and queue[0].due <= now:
+                work = queue.popleft()
+                if work.waiting:
+                    work.waiting = False
+                    work.start()
 
 
 def replay_receive(ctx: RequestContext, watch: DisconnectWatch) -> Receive:

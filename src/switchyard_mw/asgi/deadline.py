@@ -18,7 +18,7 @@ from ..context import RequestContext
 from ..core.deadline import attempt_deadline_secs
 from ..wire import Wire, stream_error_event
 from ._base import PolicyMiddleware, send_error
-from ._disconnect import WATCH_AFTER_SECS, _Sweeper, defer
+from ._disconnect import WATCH_AFTER_SECS, Deferred, defer
 from ._types import ASGIApp, Message, Receive, Scope, Send
 
 DEADLINE_EXCEEDED = "deadline_exceeded"
@@ -94,7 +94,7 @@ class DeadlineMiddleware(PolicyMiddleware):
             guard.alarm.cancel()
 
 
-class _Alarm:
+class _Alarm(Deferred):
     """Cancels a task at `when` (loop time).
 
     No timer at first: most attempts end long before their deadline, and a timer per attempt
@@ -105,7 +105,7 @@ class _Alarm:
     stays cheap.
     """
 
-    __slots__ = ("__weakref__", "_handle", "_loop", "_sweeper", "_task", "fired", "when")
+    __slots__ = ("_handle", "_loop", "_task", "fired", "when")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any], when: float):
         self._loop = loop
@@ -113,25 +113,24 @@ class _Alarm:
         self.when: float | None = when
         self.fired = False
         self._handle: asyncio.TimerHandle | None = None
-        self._sweeper: _Sweeper | None = None
+        self.waiting = False
         if when - loop.time() > 2 * WATCH_AFTER_SECS:
-            self._sweeper = defer(self)
+            defer(self, time.monotonic())
         else:
             self._handle = loop.call_at(when, self._check)
 
     def start(self) -> None:
         """Called by the sweeper: the attempt outlasted the wait, so set the timer now."""
-        self._sweeper = None
+        self.waiting = False
         if self.when is not None and self._handle is None and not self.fired:
             self._handle = self._loop.call_at(self.when, self._check)
 
     def move(self, when: float) -> None:
         if self.fired:
             return
-        if self._sweeper is not None and when - self._loop.time() <= 2 * WATCH_AFTER_SECS:
-            self._sweeper.discard(self)  # too soon for the sweeper to be in time
-            self._sweeper = None
-        if self._sweeper is None and (
+        if self.waiting and when - self._loop.time() <= 2 * WATCH_AFTER_SECS:
+            self.waiting = False  # too soon for the sweeper to be in time
+        if not self.waiting and (
             self._handle is None or (self.when is not None and when < self.when)
         ):
             if self._handle is not None:
@@ -141,9 +140,7 @@ class _Alarm:
 
     def cancel(self) -> None:
         self.when = None
-        if self._sweeper is not None:
-            self._sweeper.discard(self)
-            self._sweeper = None
+        self.waiting = False
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None

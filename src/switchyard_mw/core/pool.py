@@ -128,6 +128,11 @@ class AccountPool:
         """The clock every time in this pool is read from."""
         return self._clock
 
+    @property
+    def shared(self) -> bool:
+        """Whether a store shares this pool's state (then use :meth:`aacquire`)."""
+        return self._store is not None
+
     def attach(self, store: StateStore | None) -> None:
         """Share state through ``store`` from now on (None: local state only)."""
         self._store = store
