@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from typing import Any
 
 import httpx
@@ -236,3 +237,34 @@ async def test_client_disconnect_cancels_the_app_and_its_finally_runs() -> None:
     ctx = context_of(scope)
     assert ctx is not None
     assert ctx.disconnected
+
+
+def test_running_loop_is_the_running_loop_across_loops_and_threads() -> None:
+    from switchyard_mw.asgi._disconnect import running_loop
+
+    async def check() -> asyncio.AbstractEventLoop:
+        loop = running_loop()
+        assert loop is asyncio.get_running_loop()
+        assert running_loop() is loop  # the cached answer
+        return loop
+
+    first = asyncio.run(check())
+    second = asyncio.run(check())  # a new loop in the same thread: not the stopped one
+    assert first is not second
+    seen: list[asyncio.AbstractEventLoop] = []
+
+    def in_thread() -> None:
+        async def both() -> None:
+            seen.append(await check())
+            await asyncio.sleep(0)
+            seen.append(await check())
+
+        asyncio.run(both())
+
+    threads = [threading.Thread(target=in_thread) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(seen) == 6
+    assert len({id(loop) for loop in seen}) == 3  # each thread saw its own loop, twice

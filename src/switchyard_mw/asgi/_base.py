@@ -22,7 +22,7 @@ from ..config import Server
 from ..context import RequestContext, context_of, current_var, decision_attributes
 from ..core.deadline import BUDGET_HEADERS
 from ..wire import WIRE_PATHS, Wire, WireError, error_body, read_request
-from ._disconnect import DisconnectWatch, replay_receive
+from ._disconnect import DisconnectWatch, replay_receive, running_loop
 from ._types import ASGIApp, Message, Receive, Scope, Send
 
 
@@ -32,6 +32,10 @@ class ClientDisconnected(Exception):
 
 class PolicyMiddleware(ABC):
     """Base of the four policy middlewares; `handle` runs the policy around the app."""
+
+    runs_steps_inline = False
+    """True when `handle` runs every policy step itself, in the task of `_own` (never across
+    an app that may start another task): the steps may then share the owner's loop and task."""
 
     def __init__(self, app: ASGIApp, *, server: Server | None = None) -> None:
         self.app = app
@@ -73,7 +77,11 @@ class PolicyMiddleware(ABC):
                 return
             if _BUDGET_NAMES.intersection(found):
                 ctx.budget_at = budget_end(found.get, ctx.started_at)
-            watch = DisconnectWatch(ctx, receive)
+            loop = running_loop()
+            task = asyncio.current_task(loop)
+            if self.runs_steps_inline:
+                ctx.runner = (loop, task)
+            watch = DisconnectWatch(ctx, receive, loop, task)
             receive = replay_receive(ctx, watch)
         scope.setdefault("state", {})["switchyard"] = ctx
         if tm.tracing():

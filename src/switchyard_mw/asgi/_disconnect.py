@@ -11,6 +11,7 @@ deadline policy defers its alarms the same way (`defer`).
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import weakref
 from collections import deque
@@ -22,6 +23,26 @@ from ._types import Message, Receive
 WATCH_AFTER_SECS = 0.02
 """How long a request runs before its client is watched: about the longest a departure goes
 unseen (the sweeper looks twice as often)."""
+
+
+def running_loop() -> asyncio.AbstractEventLoop:
+    """`asyncio.get_running_loop()`, without its system call on every request.
+
+    CPython's version checks the process id (`getpid()`, a system call since glibc 2.25; the
+    costliest single line of the stack when served). A thread runs one loop at a time, and
+    asyncio's loop records the thread running it (`_thread_id`, None once it stops), so the
+    loop found last is still the running one when it records this thread. Loops without that
+    record (other implementations) are always asked for afresh.
+    """
+    global _last_loop
+    loop = _last_loop
+    if loop is not None and getattr(loop, "_thread_id", None) == threading.get_ident():
+        return loop
+    loop = _last_loop = asyncio.get_running_loop()
+    return loop
+
+
+_last_loop: asyncio.AbstractEventLoop | None = None
 
 
 class Deferred:
@@ -41,10 +62,10 @@ class Deferred:
         raise NotImplementedError
 
 
-def defer(work: Deferred, since: float) -> None:
+def defer(work: Deferred, since: float, loop: asyncio.AbstractEventLoop) -> None:
     """Have `work.start()` called once `WATCH_AFTER_SECS` have passed since `since`
-    (`time.monotonic()`), unless `work.waiting` was set to False before then."""
-    loop = asyncio.get_running_loop()
+    (`time.monotonic()`), unless `work.waiting` was set to False before then. `loop` is the
+    running loop (asking asyncio for it costs a system call, so callers pass theirs)."""
     sweeper = _Sweeper.last
     if sweeper is None or sweeper.loop is not loop or sweeper.task.done():
         sweeper = _Sweeper.of(loop)
@@ -58,15 +79,22 @@ def defer(work: Deferred, since: float) -> None:
 class DisconnectWatch(Deferred):
     """One request's watch; `stop()` when its response is complete or its work has ended."""
 
-    __slots__ = ("_ctx", "_gone", "_owner", "_receive", "_task")
+    __slots__ = ("_ctx", "_gone", "_loop", "_owner", "_receive", "_task")
 
-    def __init__(self, ctx: RequestContext, receive: Receive) -> None:
+    def __init__(
+        self,
+        ctx: RequestContext,
+        receive: Receive,
+        loop: asyncio.AbstractEventLoop,
+        owner: asyncio.Task[Any] | None,
+    ) -> None:
         self._ctx = ctx
         self._receive = receive
-        self._owner: asyncio.Task[Any] | None = asyncio.current_task()
+        self._loop = loop
+        self._owner = owner  # the task serving the request: cancelled when the client leaves
         self._task: asyncio.Task[None] | None = None
         self._gone: asyncio.Event | None = None
-        defer(self, ctx.started_at)
+        defer(self, ctx.started_at, loop)
 
     @property
     def gone(self) -> asyncio.Event:
@@ -80,7 +108,7 @@ class DisconnectWatch(Deferred):
     def start(self) -> None:
         self.waiting = False
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._watch())
+            self._task = self._loop.create_task(self._watch())
 
     def stop(self) -> None:
         self.waiting = False

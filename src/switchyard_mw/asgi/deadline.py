@@ -18,7 +18,7 @@ from ..context import RequestContext
 from ..core.deadline import attempt_deadline_secs
 from ..wire import Wire, stream_error_event
 from ._base import PolicyMiddleware, send_error
-from ._disconnect import WATCH_AFTER_SECS, Deferred, defer
+from ._disconnect import WATCH_AFTER_SECS, Deferred, defer, running_loop
 from ._types import ASGIApp, Message, Receive, Scope, Send
 
 DEADLINE_EXCEEDED = "deadline_exceeded"
@@ -76,8 +76,12 @@ class DeadlineMiddleware(PolicyMiddleware):
         now = time.monotonic()
         ctx.attempt_deadline_secs = first
         ctx.deadline_at = now + first
-        loop = asyncio.get_running_loop()
-        task = asyncio.current_task(loop)
+        runner = ctx.runner
+        if runner is None:
+            loop = running_loop()
+            task = asyncio.current_task(loop)
+        else:
+            loop, task = runner
         assert task is not None  # an ASGI app runs in a task
         guard = _Guard(ctx, send, loop, task, stream=view.stream, first=first, idle=idle, now=now)
         try:
@@ -115,7 +119,7 @@ class _Alarm(Deferred):
         self._handle: asyncio.TimerHandle | None = None
         self.waiting = False
         if when - loop.time() > 2 * WATCH_AFTER_SECS:
-            defer(self, time.monotonic())
+            defer(self, time.monotonic(), loop)
         else:
             self._handle = loop.call_at(when, self._check)
 

@@ -35,6 +35,8 @@ class SwitchyardStack(PolicyMiddleware):
     closes the store and the judge's connection pool when the stack built it.
     """
 
+    runs_steps_inline = True
+
     def __init__(
         self,
         app: ASGIApp,
