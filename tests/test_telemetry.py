@@ -567,3 +567,40 @@ def test_configure_refuses_an_unknown_protocol() -> None:
     """
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_EXPORTER_OTLP_PROTOCOL": "x"}
     assert "OTEL_EXPORTER_OTLP_PROTOCOL" in run_python(code, env)
+
+
+def test_variant_assignments_are_exported_as_exact_cumulative_counts(
+    otel_metrics: Metrics,
+) -> None:
+    """The tally behind `switchyard.variant.assignments` loses no count, from any thread, and
+    reaches a reader as a monotonic sum with the counter's attributes."""
+    import threading
+
+    from opentelemetry.sdk.metrics.export import Sum
+
+    name = tm.VARIANT_ASSIGNMENTS
+    before = otel_metrics.value(name, model="tally-m", variant="tally-v", key="user")
+
+    def count() -> None:
+        for _ in range(5_000):
+            tm.variant_assignments.add("tally-m", "tally-v", "user")
+
+    threads = [threading.Thread(target=count) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    tm.variant_assignments.add("tally-m", "tally-other", "first_turn")
+    after = otel_metrics.value(name, model="tally-m", variant="tally-v", key="user")
+    assert after - before == 20_000
+    assert otel_metrics.value(name, variant="tally-other", key="first_turn") >= 1
+    data = otel_metrics._reader.get_metrics_data()
+    assert data is not None
+    kinds = {
+        (type(metric.data), getattr(metric.data, "is_monotonic", None))
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+        if metric.name == name
+    }
+    assert kinds == {(Sum, True)}

@@ -50,6 +50,6 @@ class VariantMiddleware(PolicyMiddleware):
             chosen, kind = split.choose(view.user_key, turn)
             ctx.resolved_model = chosen
             ctx.key_kind = kind
-            tm.variant_assignments.add(1, {"model": split.base, "variant": chosen, "key": kind})
+            tm.variant_assignments.add(split.base, chosen, kind)
             if view.user_key and (span := trace.get_current_span()).is_recording():
                 span.set_attribute(tm.VARIANT_KEY_HASH, tm.short_hash(view.user_key))

@@ -124,7 +124,7 @@ class Policies:
             turn = None if view.user_key else view.first_turn_hash
             chosen, kind = split.choose(view.user_key, turn)
             ctx.resolved_model, ctx.key_kind = chosen, kind
-            tm.variant_assignments.add(1, {"model": split.base, "variant": chosen, "key": kind})
+            tm.variant_assignments.add(split.base, chosen, kind)
             if view.user_key and tm.tracing() and (span := trace.get_current_span()).is_recording():
                 span.set_attribute(tm.VARIANT_KEY_HASH, tm.short_hash(view.user_key))
 
