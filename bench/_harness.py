@@ -138,6 +138,19 @@ def pinned(core: str, cmd: Sequence[str]) -> list[str]:
     return ["taskset", "-c", core, *cmd] if have("taskset") else list(cmd)
 
 
+def uvicorn_cmd(target: str, port: int) -> list[str]:
+    """One uvicorn worker serving `target` (from `bench/`) on the server core.
+
+    Its C parser (httptools) and asyncio's loop, named explicitly so that what is installed
+    never changes the server under test: httptools is what `uvicorn[standard]` deploys, and
+    its floor is about a third of h11's CPU per request, which makes every row's own cost show.
+    """
+    cmd = [PYTHON, "-m", "uvicorn", "--app-dir", "bench", target, "--host", "127.0.0.1"]
+    cmd += ["--port", str(port), "--http", "httptools", "--loop", "asyncio"]
+    cmd += ["--log-level", "warning", "--no-access-log"]
+    return pinned(SERVER_CORE, cmd)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -31,6 +31,7 @@ from _harness import (
     measure_path,
     openai_body,
     pinned,
+    uvicorn_cmd,
 )
 
 SECTION = "3 peers"
@@ -75,12 +76,6 @@ def shipped_transport() -> str:
     if isinstance(transport, httpx.AsyncHTTPTransport):
         return "httpx"
     return type(transport).__name__
-
-
-def _uvicorn(target: str, port: int, app_dir: str) -> list[str]:
-    cmd = [PYTHON, "-m", "uvicorn", "--app-dir", app_dir, target, "--host", "127.0.0.1"]
-    cmd += ["--port", str(port), "--log-level", "warning", "--no-access-log"]
-    return pinned(SERVER_CORE, cmd)
 
 
 def ensure_litellm(log: Path) -> Path | str:
@@ -184,7 +179,7 @@ def run(
     for name, command, extra_env, target in servers:
         port = free_port()
         if command is None:
-            cmd = _uvicorn(target, port, "bench")
+            cmd = uvicorn_cmd(target, port)
         else:
             cmd = pinned(SERVER_CORE, [*command, "--port", str(port)])
         env = {**base_env, **extra_env}

@@ -8,40 +8,17 @@ from __future__ import annotations
 
 from _harness import (
     ANTHROPIC_PATH,
-    PYTHON,
-    SERVER_CORE,
     Processes,
     Result,
     anthropic_body,
     compare,
     free_port,
     measure_path,
-    pinned,
+    uvicorn_cmd,
 )
 from _inproc import ENV, write_config
 
 SECTION = "2 served"
-
-
-def uvicorn_cmd(target: str, port: int) -> list[str]:
-    return pinned(
-        SERVER_CORE,
-        [
-            PYTHON,
-            "-m",
-            "uvicorn",
-            "--app-dir",
-            "bench",
-            target,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-            "--no-access-log",
-        ],
-    )
 
 
 def run(
