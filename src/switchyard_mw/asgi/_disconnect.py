@@ -32,17 +32,19 @@ def running_loop() -> asyncio.AbstractEventLoop:
     costliest single line of the stack when served). A thread runs one loop at a time, and
     asyncio's loop records the thread running it (`_thread_id`, None once it stops), so the
     loop found last is still the running one when it records this thread. Loops without that
-    record (other implementations) are always asked for afresh.
+    record as asyncio's do (uvloop and other implementations) are always asked for afresh.
     """
     global _last_loop
     loop = _last_loop
     if loop is not None and getattr(loop, "_thread_id", None) == threading.get_ident():
         return loop
-    loop = _last_loop = asyncio.get_running_loop()
-    return loop
+    running = asyncio.get_running_loop()
+    # Only asyncio's own loops are known to keep that record this way.
+    _last_loop = running if isinstance(running, asyncio.BaseEventLoop) else None
+    return running
 
 
-_last_loop: asyncio.AbstractEventLoop | None = None
+_last_loop: asyncio.BaseEventLoop | None = None
 
 
 class Deferred:
