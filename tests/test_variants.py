@@ -209,3 +209,14 @@ async def test_no_canary_means_no_rewrite_and_keyless_continuation_pins() -> Non
     assert bodies[0] == raw_other  # byte for byte: no rewrite without a canary
     assert bodies[1] == raw_cont  # keyless continuation stays on the requested model
     assert r.headers["x-switchyard-model"] == "A"
+
+
+def test_bucket_is_blake2b_of_salt_model_key_and_pick_uses_it() -> None:
+    import hashlib
+
+    split = Split.build("m", [("m2", 50.0)], "s")
+    for key in KEYS[:200]:
+        joined = b"\x00".join((b"s", b"m", key.encode()))
+        expected = int.from_bytes(hashlib.blake2b(joined, digest_size=8).digest(), "big") % 10_000
+        assert bucket("s", "m", key) == expected
+        assert split.pick(key) == ("m2" if expected < 5_000 else "m")

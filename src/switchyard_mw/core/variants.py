@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 BUCKETS = 10_000
@@ -20,9 +20,16 @@ KeyKind = Literal["user", "first_turn", "none"]
 
 def bucket(salt: str, model: str, key: str) -> int:
     """A stable bucket in [0, 10000) for this key; the same in every process and replica."""
-    digest = hashlib.blake2b(
-        b"\x00".join((salt.encode(), model.encode(), key.encode())), digest_size=8
-    ).digest()
+    return _bucket(_prefix(salt, model), key)
+
+
+def _prefix(salt: str, model: str) -> bytes:
+    return salt.encode() + b"\x00" + model.encode() + b"\x00"
+
+
+def _bucket(prefix: bytes, key: str) -> int:
+    # blake2b(salt NUL model NUL key): the prefix is the same for every key of one canary.
+    digest = hashlib.blake2b(prefix + key.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") % BUCKETS
 
 
@@ -33,6 +40,10 @@ class Split:
     base: str
     salt: str
     ranges: tuple[tuple[int, int, str], ...]
+    prefix: bytes = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prefix", _prefix(self.salt, self.base))
 
     @classmethod
     def build(cls, base: str, variants: Sequence[tuple[str, float]], salt: str = "") -> Split:
@@ -54,7 +65,7 @@ class Split:
         """The model for this key; a request without a key stays on the base model."""
         if key is None or not self.ranges:
             return self.base
-        b = bucket(self.salt, self.base, key)
+        b = _bucket(self.prefix, key)
         for low, high, model in self.ranges:
             if low <= b < high:
                 return model
