@@ -198,8 +198,4 @@ def current_context() -> RequestContext | None:
     return _current.get()
 
 
-def attach(scope: MutableMapping[str, Any], ctx: RequestContext) -> None:
-    scope.setdefault("state", {})["switchyard"] = ctx
-
-
 current_var = _current

@@ -194,14 +194,6 @@ def _scan(scope: Scope) -> dict[bytes, bytes]:
     return found
 
 
-def header(scope: Scope, name: bytes) -> bytes | None:
-    """The first value of a request header (`name` lowercase, as ASGI servers give them)."""
-    for key, value in scope.get("headers", ()):
-        if key == name:
-            return bytes(value)
-    return None
-
-
 async def read_body(receive: Receive, *, limit: int, declared: bytes | None = None) -> bytes:
     """The whole request body; `WireError` 413 past `limit` bytes, before reading when the
     `declared` content-length already says so."""
