@@ -15,7 +15,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import Any
+from typing import Any, ClassVar
 
 from ..context import RequestContext
 from ._types import Message, Receive
@@ -136,10 +136,10 @@ class DisconnectWatch(Deferred):
 class _Sweeper:
     """Starts the deferred work of every request older than `WATCH_AFTER_SECS`; sleeps when idle."""
 
-    _by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Sweeper] = (
+    _by_loop: ClassVar[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Sweeper]] = (
         weakref.WeakKeyDictionary()
     )
-    last: _Sweeper | None = None  # the one asked for last: nearly always the loop's own
+    last: ClassVar[_Sweeper | None] = None  # the one asked for last: nearly always the loop's own
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop

@@ -142,7 +142,8 @@ class Breaker:
         if probe:
             self.probe_in_flight = False
 
-    on_release = on_throttle
+    def on_release(self, probe: bool) -> None:
+        self.on_throttle(probe)
 
     def _cool(self, until: float) -> None:
         self.state = BreakerState.COOLED
