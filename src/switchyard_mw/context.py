@@ -6,7 +6,6 @@ The first switchyard middleware that sees a request creates it; the others find 
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import MutableMapping
 from contextvars import ContextVar
@@ -47,7 +46,6 @@ class RequestContext:
         "resolved_model",
         "response_status",
         "route",
-        "runner",
         "started_at",
         "upstream_status",
         "view",
@@ -82,9 +80,6 @@ class RequestContext:
         self.response_status: int | None = None
         """The status the client was answered with, once the response started."""
         self._rewritten: tuple[str, bytes] | None = None
-        self.runner: tuple[asyncio.AbstractEventLoop, asyncio.Task[Any] | None] | None = None
-        """The loop and task every policy step runs in, when one layer runs them all in its
-        own task (`SwitchyardStack`); None otherwise. Internal: saves asking asyncio again."""
 
     @property
     def wire(self) -> Wire | None:

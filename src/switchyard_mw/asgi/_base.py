@@ -33,10 +33,6 @@ class ClientDisconnected(Exception):
 class PolicyMiddleware(ABC):
     """Base of the four policy middlewares; `handle` runs the policy around the app."""
 
-    runs_steps_inline = False
-    """True when `handle` runs every policy step itself, in the task of `_own` (never across
-    an app that may start another task): the steps may then share the owner's loop and task."""
-
     def __init__(self, app: ASGIApp, *, server: Server | None = None) -> None:
         self.app = app
         self.server = server or Server()
@@ -78,62 +74,29 @@ class PolicyMiddleware(ABC):
             if _BUDGET_NAMES.intersection(found):
                 ctx.budget_at = budget_end(found.get, ctx.started_at)
             loop = running_loop()
-            task = asyncio.current_task(loop)
-            if self.runs_steps_inline:
-                ctx.runner = (loop, task)
-            watch = DisconnectWatch(ctx, receive, loop, task)
+            watch = DisconnectWatch(ctx, receive, loop, asyncio.current_task(loop))
             receive = replay_receive(ctx, watch)
         scope.setdefault("state", {})["switchyard"] = ctx
+        # Without an SDK, no span work at all: nothing to look up, start, activate or end.
+        span = own_span = annotate = None
         if tm.tracing():
-            return await self._own_traced(ctx, watch, scope, receive, send)
-        if watch is not None or self.server.expose_headers:
-            send = _tracking(ctx, send, watch, expose=self.server.expose_headers)
-        token = current_var.set(ctx)
-        try:
-            await self.handle(ctx, scope, receive, send)
-        except asyncio.CancelledError:
-            # Our own cancellation for a client that left is finished here: nobody to answer.
-            task = asyncio.current_task()
-            if not ctx.disconnected or task is None or task.uncancel() > 0:
-                raise
-        finally:
-            if watch is not None:
-                watch.stop()
-            current_var.reset(token)
-
-    async def _own_traced(
-        self,
-        ctx: RequestContext,
-        watch: DisconnectWatch | None,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-    ) -> None:
-        """`_own`'s second half with an OpenTelemetry SDK installed: the request's span."""
-        span = trace.get_current_span()
-        own_span = None
-        if not span.is_recording():
-            # No ASGI instrumentation above us: the request still gets one span to hang on. It
-            # continues the caller's trace (`traceparent`) unless a span above us already did.
-            parent = None
-            if not span.get_span_context().is_valid:
-                parent = propagate.extract(scope, getter=_SCOPE_HEADERS)
-            own_span = span = tm.tracer.start_span(
-                tm.SPAN_REQUEST, context=parent, kind=trace.SpanKind.SERVER
-            )
-        annotate = None
-        if span.is_recording():
-            annotate = functools.partial(
-                _annotate, span, ctx, own=own_span is not None, method=scope.get("method")
-            )
+            span, own_span = _request_span(scope)
+            if span.is_recording():
+                annotate = functools.partial(
+                    _annotate, span, ctx, own=own_span is not None, method=scope.get("method")
+                )
         if watch is not None or self.server.expose_headers or annotate is not None:
             send = _tracking(ctx, send, watch, expose=self.server.expose_headers, last=annotate)
         token = current_var.set(ctx)
         failure = None
         try:
-            with tm.activate(span):
+            if span is None:
                 await self.handle(ctx, scope, receive, send)
+            else:
+                with tm.activate(span):
+                    await self.handle(ctx, scope, receive, send)
         except asyncio.CancelledError:
+            # Our own cancellation for a client that left is finished here: nobody to answer.
             task = asyncio.current_task()
             if not ctx.disconnected or task is None or task.uncancel() > 0:
                 raise
@@ -301,6 +264,20 @@ class _ScopeHeaders(Getter[Scope]):
 
 
 _SCOPE_HEADERS = _ScopeHeaders()
+
+
+def _request_span(scope: Scope) -> tuple[trace.Span, trace.Span | None]:
+    """The span the request's decisions go on, and the one switchyard started for it if it
+    had to (no ASGI instrumentation above us): that one continues the caller's trace
+    (`traceparent`) unless a span above us already did."""
+    span = trace.get_current_span()
+    if span.is_recording():
+        return span, None
+    parent = None
+    if not span.get_span_context().is_valid:
+        parent = propagate.extract(scope, getter=_SCOPE_HEADERS)
+    own = tm.tracer.start_span(tm.SPAN_REQUEST, context=parent, kind=trace.SpanKind.SERVER)
+    return own, own
 
 
 def _annotate(span: trace.Span, ctx: RequestContext, *, own: bool, method: str | None) -> None:

@@ -76,14 +76,10 @@ class DeadlineMiddleware(PolicyMiddleware):
         now = time.monotonic()
         ctx.attempt_deadline_secs = first
         ctx.deadline_at = now + first
-        runner = ctx.runner
-        if runner is None:
-            loop = running_loop()
-            task = asyncio.current_task(loop)
-        else:
-            loop, task = runner
+        loop = running_loop()
+        task = asyncio.current_task(loop)
         assert task is not None  # an ASGI app runs in a task
-        guard = _Guard(ctx, send, loop, task, stream=view.stream, first=first, idle=idle, now=now)
+        guard = _Guard(ctx, send, loop, task, stream=view.stream, first=first, idle=idle)
         try:
             await self.app(scope, receive, guard.send)
         except asyncio.CancelledError:
@@ -175,17 +171,13 @@ class _Guard:
         stream: bool,
         first: float,
         idle: float,
-        now: float,
     ) -> None:
         self.ctx = ctx
         self.raw_send = send
         self._loop = loop
         self._idle = idle if stream else None
         self._start: Message | None = None  # the response's start, once sent
-        budget_at = ctx.budget_at
-        if budget_at is not None:
-            first = max(0.0, min(first, budget_at - now))
-        self.alarm = _Alarm(loop, task, loop.time() + first)
+        self.alarm = _Alarm(loop, task, loop.time() + self._bound(first))
 
     def _bound(self, secs: float) -> float:
         """`secs` from now, or less when the request's budget ends sooner."""

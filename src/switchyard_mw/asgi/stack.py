@@ -35,8 +35,6 @@ class SwitchyardStack(PolicyMiddleware):
     closes the store and the judge's connection pool when the stack built it.
     """
 
-    runs_steps_inline = True
-
     def __init__(
         self,
         app: ASGIApp,
