@@ -70,20 +70,9 @@ def pool_from_clients(
 class _Attempt:
     """The `send` of one attempt: forwards at once unless `hold_if(status)` says hold."""
 
-    __slots__ = (
-        "_ctx",
-        "_hold_if",
-        "_send",
-        "complete",
-        "finished",
-        "forwarded",
-        "held",
-        "size",
-        "status",
-    )
+    __slots__ = ("_hold_if", "_send", "complete", "finished", "forwarded", "held", "size", "status")
 
-    def __init__(self, ctx: RequestContext, send: Send, hold_if: Callable[[int], bool]) -> None:
-        self._ctx = ctx
+    def __init__(self, send: Send, hold_if: Callable[[int], bool]) -> None:
         self._send = send
         self._hold_if = hold_if
         self.status: int | None = None
@@ -95,17 +84,12 @@ class _Attempt:
 
     async def send(self, message: Message) -> None:
         if self.held is None:
-            kind = message["type"]
-            if kind == "http.response.start":
-                if self.status is None:
-                    status = self.status = message["status"]
-                    if self._may_hold(status) and self._hold_if(status):
-                        self.held = [message]
-                        return
-            elif kind == "http.response.body" and not message.get("more_body", False):
-                self.finished = True
-            self.forwarded = True
-            await self._send(message)
+            if message["type"] == "http.response.start" and self.status is None:
+                self.status = message["status"]
+                if self._hold_if(message["status"]):
+                    self.held = [message]
+                    return
+            await self._forward(message)
             return
         self.held.append(message)
         if message["type"] == "http.response.body":
@@ -114,24 +98,6 @@ class _Attempt:
                 self.complete = True
             elif self.size > MAX_HELD_BYTES:
                 await self.flush()
-
-    def _may_hold(self, status: int) -> bool:
-        """False when `status` is a success for sure: below 400 every status is, unless the
-        app reported another upstream status or a deadline expired (then `hold_if` decides)."""
-        ctx = self._ctx
-        return status >= 400 or ctx.upstream_status is not None or ctx.deadline_phase is not None
-
-    @property
-    def plain_success(self) -> bool:
-        """Forwarded whole or in part with a status below 400, nothing else to weigh: the
-        verdict is a success without working it out."""
-        ctx = self._ctx
-        return (
-            self.held is None
-            and self.status is not None
-            and not self._may_hold(self.status)
-            and not ctx.disconnected
-        )
 
     async def flush(self) -> None:
         held, self.held = self.held or [], None
@@ -186,7 +152,7 @@ class CoolingMiddleware(PolicyMiddleware):
             if tried:
                 tm.failovers.add(1, {"route_model": ctx.resolved_model or ""})
             tried.append(lease.account)
-            attempt = _Attempt(ctx, send, lambda status: self._may_retry(ctx, status, tried))
+            attempt = _Attempt(send, lambda status: self._may_retry(ctx, status, tried))
             if await self._attempt(ctx, lease, scope, receive, attempt):
                 return
             if attempt.held is not None:
@@ -246,9 +212,6 @@ class CoolingMiddleware(PolicyMiddleware):
                 return False
             if attempt.held is not None and not attempt.complete:
                 await attempt.flush()  # the app returned mid-body: pass on what it sent
-            if span is None and attempt.plain_success:
-                self.pool.record(lease, Outcome.SUCCESS)  # `settle` of a success, no metric
-                return True
             self._settle(lease, span, *_verdict(ctx, attempt))
             return attempt.status is not None and attempt.held is None
         finally:
@@ -274,6 +237,8 @@ class CoolingMiddleware(PolicyMiddleware):
 
     def _may_retry(self, ctx: RequestContext, status: int, tried: list[str]) -> bool:
         """Whether a response starting with `status` should be held for a failover."""
+        if status < 400 and ctx.upstream_status is None and ctx.deadline_phase is None:
+            return False  # a success for sure (every fault and throttle is 4xx/5xx)
         if ctx.deadline_phase == "budget":
             return False  # the caller's budget ran out: no account is to blame
         outcome, _ = _outcome(ctx, status)
