@@ -25,7 +25,7 @@ from starlette.responses import Response, StreamingResponse
 
 from . import telemetry as tm
 from .context import RequestContext, current_context
-from .outbound import PooledTransport, as_httpx_error, pool_of, timeout_for
+from .outbound import PooledTransport, as_httpx_error, pool_of, seconds_left, timeout_for
 from .wire import Wire, error_body, stream_error_event
 
 WIRE_ROUTES = ("/v1/messages", "/v1/chat/completions", "/v1/responses")
@@ -64,7 +64,6 @@ _DROP_RESPONSE = frozenset(
 
 
 _DROP_RESPONSE_RAW = frozenset(name.encode() for name in _DROP_RESPONSE)
-_UPSTREAM_ERRORS = (httpx.HTTPError, aiohttp.ClientError)
 
 
 class Forwarder:
@@ -100,7 +99,7 @@ class Forwarder:
             headers = _propagated(headers, span)
         try:
             if self._pool is not None:
-                reply = await _Reply.pooled(self._pool, url, headers, body, ctx.deadline)
+                reply = await _Reply.pooled(self._pool, url, headers, body, seconds_left(ctx))
             else:
                 reply = await _Reply.httpx(self.http, url, headers, body, timeout_for(ctx))
         except BaseException as exc:  # cancellation too: the span must end to be exported
@@ -159,11 +158,10 @@ class _Reply:
         url: str,
         headers: list[tuple[str, str]],
         body: bytes,
-        deadline: float | None,
+        secs: float,
     ) -> _Reply:
         # What `timeout_for` gives httpx, in aiohttp's terms: connecting, waiting for a pooled
         # connection and every read are each bounded by what is left of the deadline.
-        secs = 60.0 if deadline is None else max(deadline, 0.001)
         limits = aiohttp.ClientTimeout(total=None, connect=secs, sock_connect=secs, sock_read=secs)
         try:
             response = await pool.session().request(
@@ -245,7 +243,7 @@ async def _relay(reply: _Reply, ctx: RequestContext) -> AsyncIterator[bytes]:
             pending = data[cut:]
             if cut:
                 yield data if cut == len(data) else data[:cut]
-    except _UPSTREAM_ERRORS as exc:
+    except httpx.HTTPError as exc:  # `_Reply` raises httpx's errors for either client
         # The client already has a 200: end its stream with the wire's error event, and let
         # the cooling policy count the account's fault all the same.
         ctx.report_upstream(502)

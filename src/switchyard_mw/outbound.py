@@ -77,8 +77,13 @@ def timeout_for(ctx: RequestContext | None, *, default_secs: float = 60.0) -> ht
     httpx applies it per operation (connect, each read); the deadline middleware bounds the
     attempt as a whole, so a trickling upstream cannot stretch it.
     """
+    return httpx.Timeout(seconds_left(ctx, default_secs=default_secs))
+
+
+def seconds_left(ctx: RequestContext | None, *, default_secs: float = 60.0) -> float:
+    """What `timeout_for` bounds each operation by, in seconds (at least 1 ms)."""
     remaining = ctx.deadline if ctx is not None else None
-    return httpx.Timeout(default_secs if remaining is None else max(remaining, 0.001))
+    return default_secs if remaining is None else max(remaining, 0.001)
 
 
 class PooledTransport(AiohttpTransport):
