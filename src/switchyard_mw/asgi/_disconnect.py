@@ -61,9 +61,8 @@ class Deferred:
 
     __slots__ = ("due", "waiting")
 
-    def __init__(self) -> None:
-        self.due = 0.0
-        self.waiting = False
+    due: float
+    waiting: bool  # both set by `defer`
 
     def start(self) -> None:
         raise NotImplementedError
@@ -73,9 +72,7 @@ def defer(work: Deferred, since: float, loop: asyncio.AbstractEventLoop) -> None
     """Have `work.start()` called once `WATCH_AFTER_SECS` have passed since `since`
     (`time.monotonic()`), unless `work.waiting` was set to False before then. `loop` is the
     running loop (asking asyncio for it costs a system call, so callers pass theirs)."""
-    sweeper = _Sweeper.last
-    if sweeper is None or sweeper.loop is not loop or sweeper.task.done():
-        sweeper = _Sweeper.of(loop)
+    sweeper = _Sweeper.of(loop)
     work.due = since + WATCH_AFTER_SECS
     work.waiting = True
     sweeper.queue.append(work)
@@ -150,6 +147,10 @@ class _Sweeper:
 
     @classmethod
     def of(cls, loop: asyncio.AbstractEventLoop) -> _Sweeper:
+        """The sweeper of `loop`, started on first use (again if its task has ended)."""
+        sweeper = cls.last
+        if sweeper is not None and sweeper.loop is loop and not sweeper.task.done():
+            return sweeper
         sweeper = cls._by_loop.get(loop)
         if sweeper is None or sweeper.task.done():
             sweeper = cls._by_loop[loop] = cls(loop)
