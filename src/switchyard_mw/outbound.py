@@ -18,7 +18,6 @@ from typing import NoReturn
 
 import aiohttp
 import httpx
-from aiohttp import ClientSession
 from httpx_aiohttp import AiohttpTransport
 
 from .context import RequestContext
@@ -105,7 +104,7 @@ class PooledTransport(AiohttpTransport):
         """The aiohttp session (the pool) of the running loop, made on first use there."""
         loop = asyncio.get_running_loop()
         client = self.client
-        if self._loop is not loop or not isinstance(client, ClientSession) or client.closed:
+        if self._loop is not loop or not isinstance(client, aiohttp.ClientSession) or client.closed:
             self.client = None  # else the base hands back the old loop's session
             client = self.client = self.get_client()
             self._loop = loop
