@@ -16,11 +16,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 if TYPE_CHECKING:
     import httpx
     from starlette.applications import Starlette
 
-    from switchyard_mw.asgi._types import Receive, Scope, Send
+    from switchyard_mw.asgi._types import ASGIApp, Message, Receive, Scope, Send
 
 ROOT = Path(__file__).resolve().parents[1]
 POOL = 256  # connections of every outbound pool (the shipped default)
@@ -49,6 +51,53 @@ async def bare(scope: Scope, receive: Receive, send: Send) -> None:
         more = message.get("more_body", False)
     await send({"type": "http.response.start", "status": 200, "headers": _REPLY_HEADERS})
     await send({"type": "http.response.body", "body": _REPLY})
+
+
+class _Fields(msgspec.Struct):
+    model: str = ""
+    max_tokens: int | None = None
+    stream: bool = False
+
+
+class MinimalMiddleware:
+    """The least any body-reading policy middleware does: a reference floor, not a product.
+
+    It reads the whole body, decodes the three fields the deadline and variant rules need,
+    hands the app the same body through a replaying `receive` and adds one response header.
+    No context, no deadline, no account, no telemetry: what a Python middleware costs before
+    it decides anything. The stack's figures are read against it as well as the bare app.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self._decode = msgspec.json.Decoder(_Fields).decode
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        chunks = []
+        more = True
+        while more:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        header = (b"x-model", self._decode(body).model.encode())
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async def send_with_header(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), header]}
+            await send(message)
+
+        await self.app(scope, replay, send_with_header)
 
 
 def plain_httpx_client() -> httpx.AsyncClient:
@@ -153,6 +202,8 @@ def __getattr__(name: str) -> Any:
     client = os.environ.get("BENCH_CLIENT", "default")
     if name == "stacked_app":
         app = stacked()
+    elif name == "minimal_app":
+        app = MinimalMiddleware(bare)
     elif name == "passthrough_app":
         app = passthrough(client)
     elif name == "gateway_app":

@@ -33,6 +33,8 @@ from _harness import (
 )
 
 SECTION = "4 envoy"
+ENVOY_PROC = "Envoy + switchyard-mw extproc"
+MINIMAL_PROC = "Envoy + minimal Python processor (reference)"
 EXAMPLE = ROOT / "examples" / "envoy"
 
 
@@ -109,8 +111,8 @@ def run(
     procs: Processes, mock: str, *, conns: list[int], secs: float, warmup: float, repeat: int = 1
 ) -> tuple[list[Result], list[Skip]]:
     try:
-        import switchyard_mw.extproc  # noqa: F401
-        from switchyard_mw.testing.envoy import with_ports
+        import switchyard_mw.extproc
+        import switchyard_mw.testing.envoy  # noqa: F401
     except ImportError as exc:
         return [], [Skip(SECTION, f"switchyard_mw.extproc cannot be imported: {exc}")]
     if not (EXAMPLE / "envoy.yaml").exists():
@@ -144,15 +146,58 @@ def run(
     finally:
         procs.stop(envoy)
 
-    # With switchyard-mw extproc.
+    # With a processor: the example's config as shipped; switchyard's, then the reference.
+    config = processor_config(workdir, mock)
+    processors = [
+        (
+            ENVOY_PROC,
+            [PYTHON, "-m", "switchyard_mw.cli", "extproc", "--config", str(config)],
+            "x-switchyard-model",
+        ),
+        (MINIMAL_PROC, [PYTHON, str(Path(__file__).with_name("_minimal_extproc.py"))], None),
+    ]
+    for name, cmd, expect_header in processors:
+        measured, skip = _with_processor(
+            procs,
+            upstream_port,
+            body,
+            name,
+            cmd,
+            expect_header,
+            conns=conns,
+            secs=secs,
+            warmup=warmup,
+            repeat=repeat,
+        )
+        results += measured
+        skips += skip
+    compare(results, "Envoy, no processor", cpu=False)  # Envoy's CPU vs the processor's
+    return results, skips
+
+
+def _with_processor(
+    procs: Processes,
+    upstream_port: int,
+    body: bytes,
+    name: str,
+    cmd: list[str],
+    expect_header: str | None,
+    *,
+    conns: list[int],
+    secs: float,
+    warmup: float,
+    repeat: int,
+) -> tuple[list[Result], list[Skip]]:
+    """Envoy with the example config in front of the processor `cmd` (given `--listen`)."""
+    from switchyard_mw.testing.envoy import with_ports
+
     proc_port = free_port()
-    cmd = [PYTHON, "-m", "switchyard_mw.cli", "extproc"]
-    cmd += ["--config", str(processor_config(workdir, mock)), "--listen", f"127.0.0.1:{proc_port}"]
+    cmd = [*cmd, "--listen", f"127.0.0.1:{proc_port}"]
     env = {"MOCK_KEY_A": "mock-key-a", "MOCK_KEY_B": "mock-key-b"}
     try:
         processor = procs.start("extproc", pinned(SERVER_CORE, cmd), port=proc_port, env=env)
     except (RuntimeError, TimeoutError) as exc:
-        return results, [Skip(SECTION, f"switchyard-mw extproc did not start: {str(exc)[:300]}")]
+        return [], [Skip(SECTION, f"{name}: the processor did not start: {str(exc)[:300]}")]
     port, admin = free_port(), free_port()
     ports = {
         "listener": port,
@@ -166,14 +211,14 @@ def run(
         envoy = start_envoy(procs, "envoy-extproc", config, port, SERVER_CORE)
     except (RuntimeError, TimeoutError) as exc:
         procs.stop(processor)
-        return results, [Skip(SECTION, f"Envoy with the example config did not start: {exc}")]
+        return [], [Skip(SECTION, f"Envoy with the example config did not start: {exc}")]
     try:
-        results += measure_path(
+        return measure_path(
             f"http://127.0.0.1:{port}{ANTHROPIC_PATH}",
             body,
-            workdir,
+            procs.workdir,
             section=SECTION,
-            name="Envoy + switchyard-mw extproc",
+            name=name,
             conns=conns,
             secs=secs,
             warmup=warmup,
@@ -181,10 +226,8 @@ def run(
             repeat=repeat,
             ours=procs.pids(),
             note="CPU: processor",
-            expect_header="x-switchyard-model",
-        )
+            expect_header=expect_header,
+        ), []
     finally:
         procs.stop(envoy)
         procs.stop(processor)
-    compare(results, "Envoy, no processor", cpu=False)  # Envoy's CPU vs the processor's
-    return results, skips

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _apps import bare
+from _apps import MinimalMiddleware, bare
 from _harness import (
     ANTHROPIC_PATH,
     OPENAI_PATH,
@@ -93,6 +93,7 @@ def build_apps(config_path: Path) -> dict[str, ASGIApp]:
         "Variant": VariantMiddleware(bare, canaries=config.canaries),
         "Cooling": CoolingMiddleware(bare, clients=clients),
         "Judge (no route hit)": JudgeMiddleware(bare, routes=config.routes, clients=clients),
+        "minimal middleware (reference)": MinimalMiddleware(bare),
         "switchyard_stack": switchyard_stack(bare, config=config, environ=ENV),
     }
 

@@ -19,6 +19,8 @@ FLOOR = "pass-through aiohttp"
 ENVOY_PLAIN = "Envoy, no processor"
 ENVOY_PROC = "Envoy + switchyard-mw extproc"
 SHIPPED_GATEWAY = "example gateway, shipped"
+MINIMAL = "minimal middleware (reference)"
+MINIMAL_PROC = "Envoy + minimal Python processor (reference)"
 
 
 @dataclass
@@ -90,22 +92,35 @@ def targets(results: Sequence[Result]) -> list[Target]:
     if stack:
         worst = max(r.extra["added_us"] for r in stack)
         best = min(r.extra["added_us"] for r in stack)
+        minimal = [
+            r.extra["added_us"]
+            for r in results
+            if r.section.startswith("1") and r.name.startswith(MINIMAL)
+        ]
+        floor = f"; minimal middleware: {min(minimal):.0f}-{max(minimal):.0f} µs" if minimal else ""
         out.append(
             Target(
                 "whole ASGI stack, in process",
                 "adds ≤ 15 µs/request",
-                f"adds {best:.0f}-{worst:.0f} µs/request (4 bodies)",
+                f"adds {best:.0f}-{worst:.0f} µs/request (4 bodies){floor}",
                 worst <= 15,
             )
         )
     served = [r for r in results if r.section.startswith("2") and r.name == STACK]
     for r in served:
         if r.ratio is not None:
+            assert r.conns is not None
+            reference = _find(results, "2", MINIMAL, r.conns)
+            floor = (
+                f"; minimal middleware: {reference.ratio:.2f} x"
+                if reference is not None and reference.ratio is not None
+                else ""
+            )
             out.append(
                 Target(
                     f"stacked app served, {r.conns} conns",
                     "≥ 0.90 x bare app req/s",
-                    f"{r.ratio:.2f} x ({r.req_s:.0f} req/s){_capacity(r)}",
+                    f"{r.ratio:.2f} x ({r.req_s:.0f} req/s){_capacity(r)}{floor}",
                     r.ratio >= 0.90,
                 )
             )
@@ -139,21 +154,34 @@ def targets(results: Sequence[Result]) -> list[Target]:
             )
     proc16 = _find(results, "4", ENVOY_PROC, 16)
     if proc16 is not None and proc16.ratio is not None:
+        reference = _find(results, "4", MINIMAL_PROC, 16)
+        floor = (
+            f"; minimal Python processor: {reference.ratio:.2f} x"
+            if reference is not None and reference.ratio is not None
+            else ""
+        )
         out.append(
             Target(
                 "Envoy + extproc, 16 conns",
                 "≥ 0.75 x Envoy's req/s without a processor",
-                f"{proc16.ratio:.2f} x ({proc16.req_s:.0f} req/s)",
+                f"{proc16.ratio:.2f} x ({proc16.req_s:.0f} req/s){floor}",
                 proc16.ratio >= 0.75,
             )
         )
     for r in results:
         if r.section.startswith("4") and r.name == ENVOY_PROC and r.cpu_ms is not None:
+            assert r.conns is not None
+            reference = _find(results, "4", MINIMAL_PROC, r.conns)
+            floor = (
+                f"; minimal Python processor: {reference.cpu_ms:.3f}"
+                if reference is not None and reference.cpu_ms is not None
+                else ""
+            )
             out.append(
                 Target(
                     f"processor CPU, {r.conns} conns",
                     "≤ 0.25 ms/request",
-                    f"{r.cpu_ms:.3f} ms/request",
+                    f"{r.cpu_ms:.3f} ms/request{floor}",
                     r.cpu_ms <= 0.25,
                 )
             )

@@ -1,4 +1,5 @@
-"""Section 2: the bare app and the stacked app served by one uvicorn worker, driven by wrk.
+"""Section 2: the bare app, the minimal reference middleware and the stacked app, each served
+by one uvicorn worker and driven by wrk.
 
 uvicorn runs pinned to core 0 (`taskset -c 0`), wrk pinned to core 1, posting the 1 KB
 Anthropic body; no upstream is involved (the app answers at once).
@@ -19,6 +20,12 @@ from _harness import (
 from _inproc import ENV, write_config
 
 SECTION = "2 served"
+SERVED = (
+    ("bare app", "_apps:bare"),
+    # What any middleware that reads and parses the body costs here: the floor under the stack.
+    ("minimal middleware (reference)", "_apps:minimal_app"),
+    ("switchyard_stack", "_apps:stacked_app"),
+)
 
 
 def run(
@@ -27,7 +34,7 @@ def run(
     config = write_config(procs.workdir)
     body = anthropic_body("claude-opus-5")  # the canaried model: every policy has work to do
     results: list[Result] = []
-    for name, target in (("bare app", "_apps:bare"), ("switchyard_stack", "_apps:stacked_app")):
+    for name, target in SERVED:
         port = free_port()
         env = {**ENV, "BENCH_CONFIG": str(config)}
         proc = procs.start(

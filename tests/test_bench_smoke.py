@@ -6,6 +6,7 @@ Envoy binary) are skipped by the bench itself, with a note, on a machine without
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,12 @@ def test_bench_smoke_prints_the_table_and_writes_the_chart(tmp_path: Path) -> No
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "| switchyard_stack [anthropic] |" in done.stdout
+    # The reference floors are measured in the same run as what is compared with them.
+    assert "| minimal middleware (reference) [anthropic] |" in done.stdout
+    if shutil.which("wrk"):
+        assert "| minimal middleware (reference) | 16 |" in done.stdout
+        if "**4 envoy**" in done.stdout:
+            assert "| Envoy + minimal Python processor (reference) | 16 |" in done.stdout
     assert "**targets**" in done.stdout
     chart = out / "bench.png"
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
