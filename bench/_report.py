@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -288,7 +289,7 @@ def _inproc_panel(ax: Axes, results: Sequence[Result]) -> None:
         ax.bar([x + i * width for x in range(len(names))], values, width, label=body)
     ax.axhline(15, color="red", linestyle="--", linewidth=1, label="target: stack ≤ 15 µs")
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(names))])
-    ax.set_xticklabels(names, rotation=15, fontsize=8)
+    ax.set_xticklabels([textwrap.fill(n, 16, break_long_words=False) for n in names], fontsize=8)
     ax.set_ylabel("µs added per request over the bare app")
     ax.set_title("1. in-process, 1 KB bodies (median of rounds)")
     ax.legend(fontsize=8)
