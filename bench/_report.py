@@ -82,6 +82,18 @@ def _find(results: Sequence[Result], section: str, name: str, conns: int) -> Res
     )
 
 
+def _reference(
+    results: Sequence[Result], section: str, name: str, conns: int, field: str, unit: str
+) -> str:
+    """ "; <reference>: <value>" from the reference row of the same run, or "" without one."""
+    row = _find(results, section, name, conns)
+    value = getattr(row, field) if row is not None else None
+    if value is None:
+        return ""
+    label = name.removeprefix("Envoy + ").removesuffix(" (reference)")
+    return f"; {label}: {value:.{3 if field == 'cpu_ms' else 2}f}{unit}"
+
+
 def _capacity(r: Result) -> str:
     ratio = r.extra.get("cpu_ratio")
     return "" if ratio is None else f"; CPU capacity {ratio:.2f} x"
@@ -111,12 +123,7 @@ def targets(results: Sequence[Result]) -> list[Target]:
     for r in served:
         if r.ratio is not None:
             assert r.conns is not None
-            reference = _find(results, "2", MINIMAL, r.conns)
-            floor = (
-                f"; minimal middleware: {reference.ratio:.2f} x"
-                if reference is not None and reference.ratio is not None
-                else ""
-            )
+            floor = _reference(results, "2", MINIMAL, r.conns, "ratio", " x")
             out.append(
                 Target(
                     f"stacked app served, {r.conns} conns",
@@ -155,12 +162,7 @@ def targets(results: Sequence[Result]) -> list[Target]:
             )
     proc16 = _find(results, "4", ENVOY_PROC, 16)
     if proc16 is not None and proc16.ratio is not None:
-        reference = _find(results, "4", MINIMAL_PROC, 16)
-        floor = (
-            f"; minimal Python processor: {reference.ratio:.2f} x"
-            if reference is not None and reference.ratio is not None
-            else ""
-        )
+        floor = _reference(results, "4", MINIMAL_PROC, 16, "ratio", " x")
         out.append(
             Target(
                 "Envoy + extproc, 16 conns",
@@ -172,12 +174,7 @@ def targets(results: Sequence[Result]) -> list[Target]:
     for r in results:
         if r.section.startswith("4") and r.name == ENVOY_PROC and r.cpu_ms is not None:
             assert r.conns is not None
-            reference = _find(results, "4", MINIMAL_PROC, r.conns)
-            floor = (
-                f"; minimal Python processor: {reference.cpu_ms:.3f}"
-                if reference is not None and reference.cpu_ms is not None
-                else ""
-            )
+            floor = _reference(results, "4", MINIMAL_PROC, r.conns, "cpu_ms", " ms")
             out.append(
                 Target(
                     f"processor CPU, {r.conns} conns",
