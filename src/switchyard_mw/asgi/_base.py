@@ -152,8 +152,8 @@ def _scan(scope: Scope) -> dict[bytes, bytes]:
     """The first value of each request header the owner path reads, in one pass."""
     found: dict[bytes, bytes] = {}
     for key, value in scope.get("headers", ()):
-        if key in _WANTED and key not in found:
-            found[bytes(key)] = bytes(value)
+        if key in _WANTED:
+            found.setdefault(key, value)
     return found
 
 

@@ -89,7 +89,8 @@ class _Attempt:
                 if self._hold_if(message["status"]):
                     self.held = [message]
                     return
-            await self._forward(message)
+            self._passing(message)
+            await self._send(message)
             return
         self.held.append(message)
         if message["type"] == "http.response.body":
@@ -102,13 +103,14 @@ class _Attempt:
     async def flush(self) -> None:
         held, self.held = self.held or [], None
         for message in held:
-            await self._forward(message)
+            self._passing(message)
+            await self._send(message)
 
-    async def _forward(self, message: Message) -> None:
+    def _passing(self, message: Message) -> None:
+        """Note what passing `message` on to the client means for this attempt."""
         self.forwarded = True
         if message["type"] == "http.response.body" and not message.get("more_body", False):
             self.finished = True
-        await self._send(message)
 
 
 class CoolingMiddleware(PolicyMiddleware):

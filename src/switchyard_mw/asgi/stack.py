@@ -75,7 +75,8 @@ class SwitchyardStack(PolicyMiddleware):
         await super().__call__(scope, receive, send)
 
     async def handle(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.judge.route(ctx)
+        if ctx.requested_model in self.judge.judge.routes:  # only then is there a choice
+            await self.judge.route(ctx)
         self.variant.assign(ctx)
         await self.cooling.handle(ctx, scope, receive, send)
 

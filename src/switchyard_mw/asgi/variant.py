@@ -51,5 +51,5 @@ class VariantMiddleware(PolicyMiddleware):
             ctx.resolved_model = chosen
             ctx.key_kind = kind
             tm.variant_assignments.add(split.base, chosen, kind)
-            if view.user_key and (span := trace.get_current_span()).is_recording():
+            if view.user_key and tm.tracing() and (span := trace.get_current_span()).is_recording():
                 span.set_attribute(tm.VARIANT_KEY_HASH, tm.short_hash(view.user_key))
