@@ -162,6 +162,43 @@ async def test_non_json_body_on_a_wire_path_passes_through_unread() -> None:
     assert seen == [b"not json {"]
 
 
+async def test_a_repeated_header_counts_by_its_first_value() -> None:
+    """The owner reads content-type, content-length and the budget headers by their first
+    value, as a server hands them over (a later duplicate changes nothing)."""
+    seen: list[RequestContext] = []
+
+    async def raw_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        seen.append(scope["state"]["switchyard"])
+        await receive()
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    body = json.dumps({"model": "base", "messages": []}).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-type", b"text/plain"),  # would make the body pass through unread
+        (b"x-switchyard-timeout-ms", b"30000"),
+        (b"x-switchyard-timeout-ms", b"1"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    scope = {"type": "http", "method": "POST", "path": "/v1/messages", "headers": headers}
+    sent: list[dict[str, Any]] = []
+    request = {"type": "http.request", "body": body, "more_body": False}
+
+    async def receive() -> dict[str, Any]:
+        return request
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await VariantMiddleware(raw_app, canaries=CANARIES)(scope, receive, send)
+    assert sent[0]["status"] == 204
+    ctx = seen[0]
+    assert ctx.view is not None  # read as JSON: the first content-type counted
+    assert ctx.budget_at is not None
+    assert ctx.budget_at - ctx.started_at == pytest.approx(30.0)
+
+
 async def test_generic_paths_are_read_for_their_model() -> None:
     async with client(Server(generic_paths=["/v1/custom"])) as c:
         r = await c.post("/v1/custom", json={"model": "base", "user": "u", "anything": 1})
