@@ -129,6 +129,17 @@ class Skip:
 # --- processes --------------------------------------------------------------------------------
 
 
+def commit_measured() -> str:
+    """The commit measured, `+dirty` when src/ or examples/ differ from it."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
+        return done.stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return head + ("+dirty" if git("status", "--porcelain", "src", "examples") else "")
+
+
 def have(tool: str) -> bool:
     return shutil.which(tool) is not None
 

@@ -23,7 +23,6 @@ import argparse
 import os
 import platform
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,24 +35,22 @@ import _inproc
 import _peers
 import _report
 import _served
-from _harness import BENCH, ROOT, Processes, Result, Skip, envoy_binary, have, mock_upstream
+from _harness import (
+    BENCH,
+    Processes,
+    Result,
+    Skip,
+    commit_measured,
+    envoy_binary,
+    have,
+    mock_upstream,
+)
 
 SECTIONS = ("inproc", "served", "peers", "envoy")
 
 
 def _stop(signum: int, _frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)  # unwinds through every `finally`: all processes stopped
-
-
-def _commit() -> str:
-    """The commit measured, `+dirty` when src/ or examples/ differ from it."""
-
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
-        return done.stdout.strip()
-
-    head = git("rev-parse", "--short", "HEAD") or "unknown"
-    return head + ("+dirty" if git("status", "--porcelain", "src", "examples") else "")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -151,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "elapsed_s": round(time.monotonic() - started, 1),
         "date": time.strftime("%Y-%m-%d %H:%M"),
-        "commit": _commit(),
+        "commit": commit_measured(),
     }
     text = _report.write(out, results, skips, meta)
     print()

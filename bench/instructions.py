@@ -1,0 +1,243 @@
+"""Instructions per request, counted by valgrind: the bench's figure that noise does not move.
+
+Wall-clock figures on a shared machine move by a fifth between runs, more than most changes
+being judged; the number of instructions a request executes does not. Each figure is
+(instructions of a run with N requests - those of the same run with none) / N, counted by
+`valgrind --tool=callgrind` over the whole process, so start-up and imports cancel out.
+
+    python bench/instructions.py                  # both modes
+    python bench/instructions.py --mode inproc    # section 1's apps, driven in process
+    python bench/instructions.py --mode served    # bare, minimal and stacked app under uvicorn
+    python bench/instructions.py --smoke          # two apps in process, few requests (a test)
+
+in process: every app of section 1, on one 1 KB body, through section 1's own driver.
+served: the bare app, the minimal middleware and `switchyard_stack` under one uvicorn worker
+(httptools, as section 2), sent exactly N requests over 8 keep-alive connections by a client
+outside valgrind; every answer must be a 200.
+Counts are of instructions, not time: a cache miss or a system call costs far more time than
+its instructions say, so the served bare app's share of time is larger than its share here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _harness import (
+    ANTHROPIC_PATH,
+    BENCH,
+    PYTHON,
+    ROOT,
+    anthropic_body,
+    commit_measured,
+    free_port,
+    have,
+)
+
+SERVED = ("bare app", "minimal middleware (reference)", "switchyard_stack")
+_TARGETS = {
+    "bare app": "_apps:bare",
+    "minimal middleware (reference)": "_apps:minimal_app",
+    "switchyard_stack": "_apps:stacked_app",
+}
+_COLLECTED = re.compile(rb"Collected : (\d+)")
+_CONNECTIONS = 8
+_WARMUP = 40
+
+
+def _valgrind(cmd: Sequence[str]) -> list[str]:
+    return ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *cmd]
+
+
+def _collected(output: bytes) -> int:
+    found = _COLLECTED.findall(output)
+    if not found:
+        raise RuntimeError(f"no instruction count in valgrind's output: {output[-2000:]!r}")
+    return int(found[-1])
+
+
+# --- in process ---------------------------------------------------------------------------------
+
+
+def _child_inproc(name: str, label: str, n: int) -> None:
+    """Runs under valgrind: build section 1's apps, warm `name` up, then serve `n` requests."""
+    import _inproc
+
+    apps = _inproc.build_apps(_inproc.write_config(Path(tempfile.mkdtemp())))
+    path, body = {lbl: (p, b) for lbl, p, b in _inproc.BODIES}[label]
+    make = _inproc._driver(path, body)
+
+    async def main() -> None:
+        await _inproc._check(apps[name], name, path, body)
+        await _inproc._round(apps[name], make, 300)
+        if n:
+            await _inproc._round(apps[name], make, n)
+
+    asyncio.run(main())
+
+
+def _inproc_count(name: str, label: str, n: int) -> int:
+    cmd = [PYTHON, __file__, "--child-inproc", name, label, str(n)]
+    done = subprocess.run(_valgrind(cmd), cwd=ROOT, capture_output=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{name} [{label}] failed: {done.stderr[-2000:]!r}")
+    return _collected(done.stderr)
+
+
+def inproc(names: Sequence[str], label: str, n: int, jobs: int) -> dict[str, float]:
+    with ThreadPoolExecutor(jobs) as pool:
+        runs = {
+            (name, k): pool.submit(_inproc_count, name, label, k) for name in names for k in (0, n)
+        }
+        return {name: (runs[name, n].result() - runs[name, 0].result()) / n for name in names}
+
+
+# --- served -------------------------------------------------------------------------------------
+
+
+async def _post(port: int, body: bytes, n: int) -> None:
+    """Exactly `n` requests over `_CONNECTIONS` keep-alive connections; each must get a 200."""
+    head = f"POST {ANTHROPIC_PATH} HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
+    request = (head + f"content-length: {len(body)}\r\n\r\n").encode() + body
+
+    async def one_connection(count: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            for _ in range(count):
+                writer.write(request)
+                status = (await reader.readline()).split()[1]
+                length = 0
+                while (line := await reader.readline()) not in (b"\r\n", b""):
+                    name, _, value = line.partition(b":")
+                    if name.lower() == b"content-length":
+                        length = int(value)
+                await reader.readexactly(length)
+                if status != b"200":
+                    raise RuntimeError(f"the server answered {status.decode()}")
+        finally:
+            writer.close()
+
+    share, rest = divmod(n, _CONNECTIONS)
+    await asyncio.gather(*(one_connection(share + (i < rest)) for i in range(_CONNECTIONS)))
+
+
+def _served_count(name: str, n: int, workdir: Path) -> int:
+    port = free_port()
+    log = workdir / f"served-{n}-{port}.log"
+    cmd = [PYTHON, "-m", "uvicorn", "--app-dir", "bench", _TARGETS[name], "--host", "127.0.0.1"]
+    cmd += ["--port", str(port), "--http", "httptools", "--loop", "asyncio"]
+    cmd += ["--log-level", "warning", "--no-access-log"]
+    import _inproc
+
+    env = {**os.environ, **_inproc.ENV, "BENCH_CONFIG": str(_inproc.write_config(workdir))}
+    with log.open("wb") as out:
+        server = subprocess.Popen(_valgrind(cmd), cwd=ROOT, env=env, stdout=out, stderr=out)
+    try:
+        deadline = time.monotonic() + 300  # imports under valgrind take a while
+        while True:
+            try:
+                asyncio.run(_post(port, anthropic_body("claude-opus-5"), _WARMUP))
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"{name} did not start: {log.read_bytes()[-2000:]!r}"
+                    ) from None
+                time.sleep(0.5)
+        if n:
+            asyncio.run(_post(port, anthropic_body("claude-opus-5"), n))
+    finally:
+        server.send_signal(signal.SIGINT)  # uvicorn's clean exit: valgrind then reports
+        server.wait(120)
+    return _collected(log.read_bytes())
+
+
+def served(names: Sequence[str], n: int, jobs: int, workdir: Path) -> dict[str, float]:
+    with ThreadPoolExecutor(jobs) as pool:
+        runs = {
+            (name, k): pool.submit(_served_count, name, k, workdir)
+            for name in names
+            for k in (0, n)
+        }
+        return {name: (runs[name, n].result() - runs[name, 0].result()) / n for name in names}
+
+
+# --- report -------------------------------------------------------------------------------------
+
+
+def table(title: str, counts: dict[str, float]) -> str:
+    bare = counts.get("bare app")
+    lines = [f"**{title}**\n", "| app | instructions/request | added over the bare app |"]
+    lines.append("|---|---:|---:|")
+    for name, count in counts.items():
+        added = "" if bare is None or name == "bare app" else f"{(count - bare) / 1000:+,.1f}k"
+        lines.append(f"| {name} | {count / 1000:,.1f}k | {added} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--mode", choices=("both", "inproc", "served"), default="both")
+    parser.add_argument("--smoke", action="store_true", help="two apps in process, 100 requests")
+    parser.add_argument("--body", default="anthropic+canary", help="section 1's body label")
+    parser.add_argument("--out", type=Path, default=BENCH / "out", help="results directory")
+    parser.add_argument("--child-inproc", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child_inproc:
+        name, label, n = args.child_inproc
+        _child_inproc(name, label, int(n))
+        return 0
+    if not have("valgrind"):
+        print("valgrind is not installed (apt-get install valgrind)", file=sys.stderr)
+        return 2
+    import _inproc
+
+    jobs = os.cpu_count() or 1
+    out: Path = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    report: dict[str, dict[str, float]] = {}
+    texts: list[str] = []
+    if args.mode in ("both", "inproc") or args.smoke:
+        with tempfile.TemporaryDirectory() as tmp:
+            names = list(_inproc.build_apps(_inproc.write_config(Path(tmp))))
+        if args.smoke:
+            names = ["bare app", "switchyard_stack"]
+        counts = inproc(names, args.body, 100 if args.smoke else 1500, jobs)
+        report["in process"] = counts
+        texts.append(table(f"in process [{args.body}]", counts))
+    if args.mode in ("both", "served") and not args.smoke:
+        workdir = out / "logs"
+        workdir.mkdir(exist_ok=True)
+        counts = served(SERVED, 1600, jobs, workdir)
+        report["served"] = counts
+        texts.append(table("served by uvicorn [anthropic+canary]", counts))
+    text = "\n\n".join(texts)
+    print(text)
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "commit": commit_measured(),
+        "smoke": args.smoke,
+    }
+    payload = {"meta": meta, **report}
+    (out / "instructions.json").write_text(json.dumps(payload, indent=1) + "\n")
+    (out / "instructions.md").write_text(f"{text}\n\n(commit {meta['commit']}, {meta['date']})\n")
+    print(f"\n({out / 'instructions.json'}; {time.monotonic() - started:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
