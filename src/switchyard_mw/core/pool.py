@@ -47,13 +47,20 @@ class Outcome(enum.Enum):
     THROTTLE = "throttle"
 
 
+# Read on every attempt: module constants, since Enum member access is slow on Python 3.11
+# (see `breaker._CLOSED`).
+_SUCCESS, _FAULT, _THROTTLE = Outcome.SUCCESS, Outcome.FAULT, Outcome.THROTTLE
+_DENY, _GRANT = Admit.DENY, Admit.GRANT
+_CLOSED = BreakerState.CLOSED
+
+
 def classify_status(status: int) -> Outcome:
     """Map an upstream HTTP status to an :class:`Outcome` (401/402/403/5xx fault, 429 throttle)."""
     if status == 429:
-        return Outcome.THROTTLE
+        return _THROTTLE
     if status in (401, 402, 403) or 500 <= status <= 599:
-        return Outcome.FAULT
-    return Outcome.SUCCESS
+        return _FAULT
+    return _SUCCESS
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -180,11 +187,11 @@ class AccountPool:
                 if b.name in exclude or (allowed is not None and b.name not in allowed):
                     continue
                 admit = b.admit(now)
-                if admit is Admit.DENY:
+                if admit is _DENY:
                     continue
                 # Next caller starts after this account: even spreading within the group.
                 group.cursor = idx
-                if admit is Admit.GRANT:
+                if admit is _GRANT:
                     return self._grants[b.name]
                 lease = Lease(b.name, True)
                 self._probes[b.name] = lease
@@ -240,15 +247,15 @@ class AccountPool:
         """Feed back how the attempt under ``lease`` ended. Record each lease once."""
         b = self._breakers[lease.account]
         probe = self._take_probe(lease)
-        closed, faults = b.state is BreakerState.CLOSED, b.faults
+        closed, faults = b.state is _CLOSED, b.faults
         change: Change | None = None
-        if outcome is Outcome.FAULT:
+        if outcome is _FAULT:
             b.on_fault(self._clock(), probe)
             if probe:
                 change = Change.PROBE_FAULT
             elif closed:
                 change = Change.FAULT
-        elif outcome is Outcome.SUCCESS:
+        elif outcome is _SUCCESS:
             b.on_success(probe)
             if probe:
                 change = Change.PROBE_SUCCESS
