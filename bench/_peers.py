@@ -116,6 +116,20 @@ def litellm_config(mock: str) -> str:
     return json.dumps(config, indent=1)  # JSON is YAML
 
 
+def environment(workdir: Path, mock: str) -> dict[str, str]:
+    """What the pass-throughs and the example gateway read (`_apps`), all in front of `mock`;
+    `BENCH_CLIENT` picks the outbound client of each."""
+    config = workdir / "gateway.toml"
+    config.write_text(GATEWAY_CONFIG.format(mock=mock))
+    return {
+        "BENCH_UPSTREAM": mock,
+        "BENCH_KEY_A": "sk-upstream-a",
+        "BENCH_KEY_B": "sk-upstream-b",
+        "SWITCHYARD_CONFIG": str(config),
+        "SWITCHYARD_START_MOCK": "0",
+    }
+
+
 def run(
     procs: Processes,
     mock: str,
@@ -129,16 +143,8 @@ def run(
 ) -> tuple[list[Result], list[Skip]]:
     workdir = procs.workdir
     body = openai_body(MODEL)
-    config = workdir / "gateway.toml"
-    config.write_text(GATEWAY_CONFIG.format(mock=mock))
     shipped = shipped_transport()
-    base_env = {
-        "BENCH_UPSTREAM": mock,
-        "BENCH_KEY_A": "sk-upstream-a",
-        "BENCH_KEY_B": "sk-upstream-b",
-        "SWITCHYARD_CONFIG": str(config),
-        "SWITCHYARD_START_MOCK": "0",
-    }
+    base_env = environment(workdir, mock)
     servers: list[tuple[str, list[str] | None, dict[str, str], str]] = []
     # A smoke run keeps the floor and the shipped gateway only.
     passthrough_kinds = ["aiohttp"] if smoke else ["aiohttp", "httpx", "httpx-aiohttp", "httpx2"]

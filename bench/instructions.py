@@ -12,8 +12,9 @@ being judged; the number of instructions a request executes does not. Each figur
 
 in process: every app of section 1, on one 1 KB body, through section 1's own driver.
 served: the bare app, the minimal middleware and `switchyard_stack` under one uvicorn worker
-(httptools, as section 2), sent exactly N requests over 8 keep-alive connections by a client
-outside valgrind; every answer must be a 200.
+(httptools, as section 2), then section 3's aiohttp pass-through (the floor) and the example
+gateway in front of its mock upstream (an Envoy, not counted); each sent exactly N requests
+over 8 keep-alive connections by a client outside valgrind; every answer must be a 200.
 Counts are of instructions, not time: a cache miss or a system call costs far more time than
 its instructions say, so the served bare app's share of time is larger than its share here.
 """
@@ -39,20 +40,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import (
     ANTHROPIC_PATH,
     BENCH,
+    OPENAI_PATH,
     PYTHON,
     ROOT,
+    Processes,
     anthropic_body,
     commit_measured,
+    envoy_binary,
     free_port,
     have,
+    mock_upstream,
+    openai_body,
 )
 
-SERVED = ("bare app", "minimal middleware (reference)", "switchyard_stack")
-_TARGETS = {
-    "bare app": "_apps:bare",
-    "minimal middleware (reference)": "_apps:minimal_app",
-    "switchyard_stack": "_apps:stacked_app",
-}
+# (name, uvicorn target, extra environment): section 2's apps, answering at once ...
+SERVED: tuple[tuple[str, str, dict[str, str]], ...] = (
+    ("bare app", "_apps:bare", {}),
+    ("minimal middleware (reference)", "_apps:minimal_app", {}),
+    ("switchyard_stack", "_apps:stacked_app", {}),
+)
+# ... and section 3's floor and example gateway, in front of the mock upstream.
+PEERS: tuple[tuple[str, str, dict[str, str]], ...] = (
+    ("pass-through aiohttp", "_apps:passthrough_app", {"BENCH_CLIENT": "aiohttp"}),
+    ("example gateway, shipped", "_apps:gateway_app", {"BENCH_CLIENT": "default"}),
+)
+FLOOR = "pass-through aiohttp"
 _COLLECTED = re.compile(rb"Collected : (\d+)")
 _CONNECTIONS = 8
 _WARMUP = 40
@@ -108,9 +120,9 @@ def inproc(names: Sequence[str], label: str, n: int, jobs: int) -> dict[str, flo
 # --- served -------------------------------------------------------------------------------------
 
 
-async def _post(port: int, body: bytes, n: int) -> None:
+async def _post(port: int, path: str, body: bytes, n: int) -> None:
     """Exactly `n` requests over `_CONNECTIONS` keep-alive connections; each must get a 200."""
-    head = f"POST {ANTHROPIC_PATH} HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
+    head = f"POST {path} HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
     request = (head + f"content-length: {len(body)}\r\n\r\n").encode() + body
 
     async def one_connection(count: int) -> None:
@@ -134,56 +146,85 @@ async def _post(port: int, body: bytes, n: int) -> None:
     await asyncio.gather(*(one_connection(share + (i < rest)) for i in range(_CONNECTIONS)))
 
 
-def _served_count(name: str, n: int, workdir: Path) -> int:
+def _served_count(
+    target: str, env: dict[str, str], path: str, body: bytes, n: int, workdir: Path
+) -> int:
     port = free_port()
-    log = workdir / f"served-{n}-{port}.log"
-    cmd = [PYTHON, "-m", "uvicorn", "--app-dir", "bench", _TARGETS[name], "--host", "127.0.0.1"]
+    log = workdir / f"served-{target.split(':')[1]}-{n}-{port}.log"
+    cmd = [PYTHON, "-m", "uvicorn", "--app-dir", "bench", target, "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--http", "httptools", "--loop", "asyncio"]
     cmd += ["--log-level", "warning", "--no-access-log"]
-    import _inproc
-
-    env = {**os.environ, **_inproc.ENV, "BENCH_CONFIG": str(_inproc.write_config(workdir))}
     with log.open("wb") as out:
-        server = subprocess.Popen(_valgrind(cmd), cwd=ROOT, env=env, stdout=out, stderr=out)
+        server = subprocess.Popen(
+            _valgrind(cmd), cwd=ROOT, env={**os.environ, **env}, stdout=out, stderr=out
+        )
     try:
         deadline = time.monotonic() + 300  # imports under valgrind take a while
         while True:
             try:
-                asyncio.run(_post(port, anthropic_body("claude-opus-5"), _WARMUP))
+                asyncio.run(_post(port, path, body, _WARMUP))
                 break
             except OSError:
                 if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"{name} did not start: {log.read_bytes()[-2000:]!r}"
-                    ) from None
+                    text = log.read_bytes()[-2000:]
+                    raise RuntimeError(f"{target} did not start: {text!r}") from None
                 time.sleep(0.5)
         if n:
-            asyncio.run(_post(port, anthropic_body("claude-opus-5"), n))
+            asyncio.run(_post(port, path, body, n))
     finally:
         server.send_signal(signal.SIGINT)  # uvicorn's clean exit: valgrind then reports
         server.wait(120)
     return _collected(log.read_bytes())
 
 
-def served(names: Sequence[str], n: int, jobs: int, workdir: Path) -> dict[str, float]:
+def served(n: int, jobs: int, workdir: Path) -> tuple[dict[str, float], dict[str, float]]:
+    """Section 2's apps, then section 3's floor and gateway (when an Envoy can be the mock)."""
+    import _inproc
+    import _peers
+
+    env = {**_inproc.ENV, "BENCH_CONFIG": str(_inproc.write_config(workdir))}
+    jobs_of = [(name, target, {**env, **extra}) for name, target, extra in SERVED]
+    body = anthropic_body("claude-opus-5")
+    own = _counts(jobs_of, ANTHROPIC_PATH, body, n, jobs, workdir)
+    if envoy_binary() is None:
+        return own, {}
+    procs = Processes(workdir)
+    try:
+        with mock_upstream(procs) as mock:
+            env = _peers.environment(workdir, mock)
+            jobs_of = [(name, target, {**env, **extra}) for name, target, extra in PEERS]
+            peers = _counts(jobs_of, OPENAI_PATH, openai_body(_peers.MODEL), n, jobs, workdir)
+    finally:
+        procs.close()
+    return own, peers
+
+
+def _counts(
+    apps: Sequence[tuple[str, str, dict[str, str]]],
+    path: str,
+    body: bytes,
+    n: int,
+    jobs: int,
+    workdir: Path,
+) -> dict[str, float]:
     with ThreadPoolExecutor(jobs) as pool:
         runs = {
-            (name, k): pool.submit(_served_count, name, k, workdir)
-            for name in names
+            (name, k): pool.submit(_served_count, target, env, path, body, k, workdir)
+            for name, target, env in apps
             for k in (0, n)
         }
-        return {name: (runs[name, n].result() - runs[name, 0].result()) / n for name in names}
+        return {name: (runs[name, n].result() - runs[name, 0].result()) / n for name, _, _ in apps}
 
 
 # --- report -------------------------------------------------------------------------------------
 
 
-def table(title: str, counts: dict[str, float]) -> str:
-    bare = counts.get("bare app")
-    lines = [f"**{title}**\n", "| app | instructions/request | added over the bare app |"]
+def table(title: str, counts: dict[str, float], floor: str = "bare app") -> str:
+    base = counts.get(floor)
+    lines = [f"**{title}**\n", f"| app | instructions/request | added over the {floor} |"]
     lines.append("|---|---:|---:|")
     for name, count in counts.items():
-        added = "" if bare is None or name == "bare app" else f"{(count - bare) / 1000:+,.1f}k"
+        added = "" if base is None or name == floor else f"{(count - base) / 1000:+,.1f}k"
         lines.append(f"| {name} | {count / 1000:,.1f}k | {added} |")
     return "\n".join(lines)
 
@@ -222,9 +263,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode in ("both", "served") and not args.smoke:
         workdir = out / "logs"
         workdir.mkdir(exist_ok=True)
-        counts = served(SERVED, 1600, jobs, workdir)
-        report["served"] = counts
-        texts.append(table("served by uvicorn [anthropic+canary]", counts))
+        own, peers = served(1600, jobs, workdir)
+        report["served"] = own
+        texts.append(table("served by uvicorn [anthropic+canary]", own))
+        if peers:
+            report["peers"] = peers
+            texts.append(table("in front of the mock upstream [openai]", peers, FLOOR))
     text = "\n\n".join(texts)
     print(text)
     meta = {
