@@ -149,8 +149,8 @@ def pinned(core: str, cmd: Sequence[str]) -> list[str]:
     return ["taskset", "-c", core, *cmd] if have("taskset") else list(cmd)
 
 
-def uvicorn_cmd(target: str, port: int) -> list[str]:
-    """One uvicorn worker serving `target` (from `bench/`) on the server core.
+def uvicorn_cmd(target: str, port: int, *, pin: bool = True) -> list[str]:
+    """One uvicorn worker serving `target` (from `bench/`), on the server core when `pin`.
 
     Its C parser (httptools) and asyncio's loop, named explicitly so that what is installed
     never changes the server under test: httptools is what `uvicorn[standard]` deploys, and
@@ -159,7 +159,7 @@ def uvicorn_cmd(target: str, port: int) -> list[str]:
     cmd = [PYTHON, "-m", "uvicorn", "--app-dir", "bench", target, "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--http", "httptools", "--loop", "asyncio"]
     cmd += ["--log-level", "warning", "--no-access-log"]
-    return pinned(SERVER_CORE, cmd)
+    return pinned(SERVER_CORE, cmd) if pin else cmd
 
 
 def free_port() -> int:

@@ -51,6 +51,7 @@ from _harness import (
     have,
     mock_upstream,
     openai_body,
+    uvicorn_cmd,
 )
 
 # (name, uvicorn target, extra environment): section 2's apps, answering at once ...
@@ -151,13 +152,9 @@ def _served_count(
 ) -> int:
     port = free_port()
     log = workdir / f"served-{target.split(':')[1]}-{n}-{port}.log"
-    cmd = [PYTHON, "-m", "uvicorn", "--app-dir", "bench", target, "--host", "127.0.0.1"]
-    cmd += ["--port", str(port), "--http", "httptools", "--loop", "asyncio"]
-    cmd += ["--log-level", "warning", "--no-access-log"]
+    cmd = _valgrind(uvicorn_cmd(target, port, pin=False))
     with log.open("wb") as out:
-        server = subprocess.Popen(
-            _valgrind(cmd), cwd=ROOT, env={**os.environ, **env}, stdout=out, stderr=out
-        )
+        server = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=out, stderr=out)
     try:
         deadline = time.monotonic() + 300  # imports under valgrind take a while
         while True:
