@@ -89,7 +89,8 @@ def _child_inproc(name: str, label: str, n: int) -> None:
     """Runs under valgrind: build section 1's apps, warm `name` up, then serve `n` requests."""
     import _inproc
 
-    apps = _inproc.build_apps(_inproc.write_config(Path(tempfile.mkdtemp())))
+    with tempfile.TemporaryDirectory() as workdir:
+        apps = _inproc.build_apps(_inproc.write_config(Path(workdir)))
     path, body = {lbl: (p, b) for lbl, p, b in _inproc.BODIES}[label]
     make = _inproc._driver(path, body)
 
