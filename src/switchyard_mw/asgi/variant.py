@@ -4,21 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from opentelemetry import trace
-
-from .. import telemetry as tm
 from ..config import Canary, Server
 from ..context import RequestContext
-from ..core.variants import Split
+from ..variant_assignment import assign_variant, build_splits
 from ._base import PolicyMiddleware
 from ._types import ASGIApp, Receive, Scope, Send
-
-
-def build_splits(canaries: Mapping[str, Canary]) -> dict[str, Split]:
-    return {
-        model: Split.build(model, list(canary.variants.items()), canary.salt)
-        for model, canary in canaries.items()
-    }
 
 
 class VariantMiddleware(PolicyMiddleware):
@@ -41,15 +31,4 @@ class VariantMiddleware(PolicyMiddleware):
 
     def assign(self, ctx: RequestContext) -> None:
         """Move the request to its variant when its model has a canary."""
-        model = ctx.resolved_model
-        split = self._splits.get(model) if model is not None else None
-        if split is not None and ctx.view is not None:
-            view = ctx.view
-            # A user id decides alone: the first turn is hashed only when there is none.
-            turn = None if view.user_key else view.first_turn_hash
-            chosen, kind = split.choose(view.user_key, turn)
-            ctx.resolved_model = chosen
-            ctx.key_kind = kind
-            tm.variant_assignments.add(split.base, chosen, kind)
-            if view.user_key and tm.tracing() and (span := trace.get_current_span()).is_recording():
-                span.set_attribute(tm.VARIANT_KEY_HASH, tm.short_hash(view.user_key))
+        assign_variant(self._splits, ctx)

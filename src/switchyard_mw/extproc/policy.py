@@ -16,7 +16,6 @@ from opentelemetry import trace
 
 from .. import telemetry as tm
 from ..asgi.cooling import pool_from_clients
-from ..asgi.variant import build_splits
 from ..budget import budget_end
 from ..clients import UpstreamClient
 from ..config import Config
@@ -27,6 +26,7 @@ from ..core.deadline import attempt_deadline_secs
 from ..core.pool import AccountPool, Lease, Outcome
 from ..judging import Judge
 from ..state import Store, build_store
+from ..variant_assignment import assign_variant, build_splits
 from ..wire import WIRE_PATHS, Wire
 from . import _messages as msg
 from .flights import Flight
@@ -118,15 +118,7 @@ class Policies:
                 view.model, view, ctx.body or b"", ctx.budget_at, gone=gone
             )
             ctx.resolved_model, ctx.route = decision.model, decision.route_header
-        split = self.splits.get(ctx.resolved_model or "")
-        if split is not None:
-            # The first turn is hashed only when there is no user id to split on.
-            turn = None if view.user_key else view.first_turn_hash
-            chosen, kind = split.choose(view.user_key, turn)
-            ctx.resolved_model, ctx.key_kind = chosen, kind
-            tm.variant_assignments.add(split.base, chosen, kind)
-            if view.user_key and tm.tracing() and (span := trace.get_current_span()).is_recording():
-                span.set_attribute(tm.VARIANT_KEY_HASH, tm.short_hash(view.user_key))
+        assign_variant(self.splits, ctx)
 
     def serving(self, model: str) -> list[str]:
         return [n for n in self.pool.accounts_for(model) if n in self.routable]
