@@ -66,15 +66,21 @@ class JudgeMiddleware(PolicyMiddleware):
         await super().__call__(scope, receive, send)
 
     async def handle(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.route(ctx)
+        if self.applies(ctx):
+            await self.route(ctx)
         await self.app(scope, receive, send)
 
+    def applies(self, ctx: RequestContext) -> bool:
+        """Whether the request's model names a route: only then is there a choice to make."""
+        return ctx.view is not None and ctx.view.model in self.judge.routes
+
     async def route(self, ctx: RequestContext) -> None:
-        """The judge's choice for a request whose model names a route; nothing otherwise."""
-        name = ctx.requested_model
-        if name is not None and name in self.judge.routes and ctx.view is not None:
-            decision = await self.judge.decide(
-                name, ctx.view, ctx.body or b"", ctx.budget_at, gone=lambda: ctx.disconnected
-            )
-            ctx.resolved_model = decision.model
-            ctx.route = decision.route_header
+        """The judge's choice for a request it `applies` to; nothing for any other."""
+        view = ctx.view
+        if view is None or not self.applies(ctx):
+            return
+        decision = await self.judge.decide(
+            view.model, view, ctx.body or b"", ctx.budget_at, gone=lambda: ctx.disconnected
+        )
+        ctx.resolved_model = decision.model
+        ctx.route = decision.route_header

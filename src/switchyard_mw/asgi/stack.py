@@ -75,7 +75,7 @@ class SwitchyardStack(PolicyMiddleware):
         await super().__call__(scope, receive, send)
 
     async def handle(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
-        if ctx.requested_model in self.judge.judge.routes:  # only then is there a choice
+        if self.judge.applies(ctx):  # no coroutine for the many requests with no route
             await self.judge.route(ctx)
         self.variant.assign(ctx)
         await self.cooling.handle(ctx, scope, receive, send)
