@@ -268,6 +268,30 @@ def test_bad_bodies_are_400(wire: Wire, raw: bytes, fragment: str) -> None:
     assert fragment in info.value.message
 
 
+@pytest.mark.parametrize("wire", list(Wire))
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"model": "m", "\xff": 1}',  # a key no wire reads: skipped by the typed decode
+        b'{"model": "m", "extra": "\xff\xfe"}',
+        b'{"model": "m", "messages": [{"role": "user", "content": "caf\xe9"}]}',  # Latin-1
+    ],
+)
+def test_bodies_that_are_not_utf8_are_400(wire: Wire, raw: bytes) -> None:
+    with pytest.raises(WireError) as info:
+        read_request(wire, raw)
+    assert info.value.status == 400
+    assert "UTF-8" in info.value.message
+
+
+def test_non_ascii_utf8_bodies_are_read() -> None:
+    raw = '{"model": "m", "messages": [{"role": "user", "content": "café ☕"}]}'.encode()
+    view = read_request(Wire.ANTHROPIC, raw)
+    assert view.model == "m"
+    assert view.first_turn_hash is not None
+    assert json.loads(rewrite_model(raw, "m2")) == {**json.loads(raw), "model": "m2"}
+
+
 def test_messages_of_wrong_shape_are_400() -> None:
     with pytest.raises(WireError, match=r"messages\[0\]"):
         read_request(Wire.ANTHROPIC, b'{"model": "m", "messages": [1]}')

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from opentelemetry import propagate, trace
 from opentelemetry.propagators.textmap import Getter
@@ -40,39 +40,59 @@ class PolicyMiddleware(ABC):
         for path in self.server.generic_paths:
             self._paths.setdefault(path, Wire.GENERIC)
 
+    _start: Callable[[], Awaitable[None]] | None = None
+    """Awaited once, on the first ASGI call (e.g. connecting a store in the server's loop)."""
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._start is not None:
+            start, self._start = self._start, None
+            await start()
         if scope["type"] != "http":
-            return await self.app(scope, receive, send)
+            return await self.other(scope, receive, send)
         ctx = context_of(scope)
         if ctx is not None:
             return await self.handle(ctx, scope, receive, send)
-        await self._own(scope, receive, send)
-
-    @abstractmethod
-    async def handle(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
-        """Run this policy for one request, calling `self.app` (or answering itself)."""
-
-    async def _own(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # The owner's work, inline: this runs on every request, and each coroutine layer costs.
         wire = self._wire_of(scope)
-        found = _scan(scope) if wire is not None else {}
-        if wire is not None and not _json_media(found.get(_TYPE)):
-            wire = None  # not JSON: the design passes it through unread
         watch: DisconnectWatch | None = None
+        length = None
+        if wire is not None:
+            content_type = None
+            budgeted = False
+            for key, value in scope.get("headers", ()):
+                if key in _WANTED:
+                    if key == _TYPE:
+                        if content_type is None:
+                            content_type = value
+                    elif key == _LENGTH:
+                        if length is None:
+                            length = value
+                    else:
+                        budgeted = True
+            if content_type is not None and not _json_media(content_type):
+                wire = None  # not JSON: the design passes it through unread
         if wire is None:
             ctx = RequestContext()
         else:
             try:
-                body = await read_body(
-                    receive, limit=self.server.max_body_bytes, declared=found.get(_LENGTH)
-                )
+                limit = self.server.max_body_bytes
+                if length is not None and length.strip().isdigit() and int(length) > limit:
+                    raise _too_large(limit)
+                message = await receive()
+                if message["type"] == "http.request" and not message.get("more_body", False):
+                    body = message.get("body", b"")  # the usual case: one message holds it all
+                    if len(body) > limit:
+                        raise _too_large(limit)
+                else:
+                    body = await read_body(receive, limit=limit, first=message)
                 ctx = RequestContext(view=read_request(wire, body), body=body)
             except ClientDisconnected:
                 return
             except WireError as exc:
                 await send_error(send, wire, exc.status, exc.error_type, exc.message)
                 return
-            if _BUDGET_NAMES.intersection(found):
-                ctx.budget_at = budget_end(found.get, ctx.started_at)
+            if budgeted:
+                ctx.budget_at = budget_end(functools.partial(_first, scope), ctx.started_at)
             loop = running_loop()
             watch = DisconnectWatch(ctx, receive, loop, asyncio.current_task(loop))
             receive = replay_receive(ctx, watch)
@@ -115,6 +135,14 @@ class PolicyMiddleware(ABC):
                     own_span.set_status(trace.StatusCode.ERROR)
                 own_span.end()
 
+    @abstractmethod
+    async def handle(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run this policy for one request, calling `self.app` (or answering itself)."""
+
+    async def other(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A scope that is not an HTTP request (lifespan, websocket): passed to the app."""
+        await self.app(scope, receive, send)
+
     def _wire_of(self, scope: Scope) -> Wire | None:
         """The wire of an LLM call's method and path; None for anything else."""
         if scope.get("method") != "POST":
@@ -128,7 +156,6 @@ class PolicyMiddleware(ABC):
 
 _TYPE = b"content-type"
 _LENGTH = b"content-length"
-_BUDGET_NAMES = frozenset(BUDGET_HEADERS)
 _WANTED = frozenset({_TYPE, _LENGTH, *BUDGET_HEADERS})
 
 
@@ -148,24 +175,24 @@ def _json_media(content_type: bytes | None) -> bool:
 _MEDIA: dict[bytes, bool] = {}
 
 
-def _scan(scope: Scope) -> dict[bytes, bytes]:
-    """The first value of each request header the owner path reads, in one pass."""
-    found: dict[bytes, bytes] = {}
+def _first(scope: Scope, name: bytes) -> bytes | None:
+    """The first value of request header `name` (lower case), or None."""
     for key, value in scope.get("headers", ()):
-        if key in _WANTED:
-            found.setdefault(key, value)
-    return found
+        if key == name:
+            return value
+    return None
 
 
-async def read_body(receive: Receive, *, limit: int, declared: bytes | None = None) -> bytes:
-    """The whole request body; `WireError` 413 past `limit` bytes, before reading when the
-    `declared` content-length already says so."""
-    if declared is not None and declared.strip().isdigit() and int(declared) > limit:
-        raise _too_large(limit)
+async def read_body(receive: Receive, *, limit: int, first: Message | None = None) -> bytes:
+    """The whole request body (`first`: its first message, already received); `WireError`
+    413 past `limit` bytes."""
     chunks: list[bytes] = []
     size = 0
     while True:
-        message = await receive()
+        if first is not None:
+            message, first = first, None
+        else:
+            message = await receive()
         if message["type"] == "http.disconnect":
             raise ClientDisconnected
         chunk = message.get("body", b"")
@@ -237,18 +264,39 @@ def exposed_headers(ctx: RequestContext) -> list[tuple[bytes, bytes]]:
     """The `x-switchyard-*` response headers that say what was decided."""
     out: list[tuple[bytes, bytes]] = []
     if ctx.resolved_model is not None:
-        out.append((b"x-switchyard-model", ctx.resolved_model.encode()))
+        out.append((b"x-switchyard-model", _encoded(ctx.resolved_model)))
     if ctx.client is not None:
-        out.append((b"x-switchyard-account", ctx.client.name.encode()))
+        out.append((b"x-switchyard-account", _encoded(ctx.client.name)))
     if ctx.attempts:
-        out.append((b"x-switchyard-attempts", str(ctx.attempts).encode()))
+        out.append((b"x-switchyard-attempts", _encoded(str(ctx.attempts))))
     if ctx.attempt_deadline_secs is not None:
-        out.append(
-            (b"x-switchyard-deadline-ms", str(round(ctx.attempt_deadline_secs * 1000)).encode())
-        )
+        out.append((b"x-switchyard-deadline-ms", _millis(ctx.attempt_deadline_secs)))
     if ctx.route is not None:
-        out.append((b"x-switchyard-route", ctx.route.encode()))
+        out.append((b"x-switchyard-route", _encoded(ctx.route)))
     return out
+
+
+def _encoded(text: str) -> bytes:
+    """`text` as a header value; the few values every response repeats are encoded once."""
+    value = _ENCODED.get(text)
+    if value is None:
+        value = text.encode()
+        if len(_ENCODED) < 256:  # account, model and route names: bounded by the config
+            _ENCODED[text] = value
+    return value
+
+
+def _millis(secs: float) -> bytes:
+    value = _MILLIS.get(secs)
+    if value is None:
+        value = str(round(secs * 1000)).encode()
+        if len(_MILLIS) < 256:  # deadlines repeat: a few floors and common output caps
+            _MILLIS[secs] = value
+    return value
+
+
+_ENCODED: dict[str, bytes] = {}
+_MILLIS: dict[float, bytes] = {}
 
 
 class _ScopeHeaders(Getter[Scope]):

@@ -45,6 +45,7 @@ MAX_HELD_BYTES = 1 << 20
 Inner = Callable[[RequestContext, Scope, Receive, Send], Awaitable[None]]
 _ACCOUNT_PHASES = frozenset({"total", "headers", "idle"})  # a deadline that is the account's fault
 _log = logging.getLogger(__name__)
+_SUCCESS = Outcome.SUCCESS  # read on every attempt; Enum member access is slow on Python 3.11
 
 
 def pool_from_clients(
@@ -68,13 +69,26 @@ def pool_from_clients(
 
 
 class _Attempt:
-    """The `send` of one attempt: forwards at once unless `hold_if(status)` says hold."""
+    """The `send` of one attempt: forwards at once unless the response may be failed over."""
 
-    __slots__ = ("_hold_if", "_send", "complete", "finished", "forwarded", "held", "size", "status")
+    __slots__ = (
+        "_cooling",
+        "_ctx",
+        "_send",
+        "_tried",
+        "complete",
+        "finished",
+        "forwarded",
+        "held",
+        "size",
+        "status",
+    )
 
-    def __init__(self, send: Send, hold_if: Callable[[int], bool]) -> None:
+    def __init__(
+        self, send: Send, cooling: CoolingMiddleware, ctx: RequestContext, tried: list[str]
+    ) -> None:
         self._send = send
-        self._hold_if = hold_if
+        self._cooling, self._ctx, self._tried = cooling, ctx, tried  # for `_may_retry`
         self.status: int | None = None
         self.forwarded = False
         self.finished = False  # the client has the whole response
@@ -86,7 +100,7 @@ class _Attempt:
         if self.held is None:
             if message["type"] == "http.response.start" and self.status is None:
                 self.status = message["status"]
-                if self._hold_if(message["status"]):
+                if self._cooling._may_retry(self._ctx, message["status"], self._tried):
                     self.held = [message]
                     return
             self._passing(message)
@@ -150,17 +164,23 @@ class CoolingMiddleware(PolicyMiddleware):
             return await self.inner(ctx, scope, receive, send)
         tried: list[str] = []
         last: tuple[list[Message], UpstreamClient | None, str | None] | None = None
-        while (lease := await self._acquire(ctx, tried)) is not None:
+        pool = self.pool
+        # The usual first attempt, with nothing shared to ask: a plain call, no coroutine.
+        lease = None if pool.shared else pool.acquire(model)
+        if lease is None:
+            lease = await self._acquire(ctx, tried)
+        while lease is not None:
             if tried:
                 tm.failovers.add(1, {"route_model": ctx.resolved_model or ""})
             tried.append(lease.account)
-            attempt = _Attempt(send, lambda status: self._may_retry(ctx, status, tried))
+            attempt = _Attempt(send, self, ctx, tried)
             if await self._attempt(ctx, lease, scope, receive, attempt):
                 return
             if attempt.held is not None:
                 last = (attempt.held, ctx.client, ctx.resolved_model)
             if not self._another_possible(ctx, tried):
                 break
+            lease = await self._acquire(ctx, tried)
         if last is not None:
             # The last upstream answer says more than anything we could make up (a 429 keeps
             # its retry-after); the exposed headers name the account that gave it.
@@ -214,6 +234,10 @@ class CoolingMiddleware(PolicyMiddleware):
                 return False
             if attempt.held is not None and not attempt.complete:
                 await attempt.flush()  # the app returned mid-body: pass on what it sent
+            status = attempt.status
+            if span is None and status is not None and _plain_success(ctx, status):
+                self.pool.record(lease, _SUCCESS)  # the hot path: nothing to count or annotate
+                return True
             self._settle(lease, span, *_verdict(ctx, attempt))
             return attempt.status is not None and attempt.held is None
         finally:
@@ -239,8 +263,8 @@ class CoolingMiddleware(PolicyMiddleware):
 
     def _may_retry(self, ctx: RequestContext, status: int, tried: list[str]) -> bool:
         """Whether a response starting with `status` should be held for a failover."""
-        if status < 400 and ctx.upstream_status is None and ctx.deadline_phase is None:
-            return False  # a success for sure (every fault and throttle is 4xx/5xx)
+        if _plain_success(ctx, status):
+            return False
         if ctx.deadline_phase == "budget":
             return False  # the caller's budget ran out: no account is to blame
         outcome, _ = _outcome(ctx, status)
@@ -323,6 +347,16 @@ def _verdict(
     if ctx.deadline_phase == "budget":
         return None, "budget"  # the caller's budget ran out, whoever answered
     return _outcome(ctx, attempt.status)
+
+
+def _plain_success(ctx: RequestContext, status: int) -> bool:
+    """A success for sure: every fault and throttle is a 4xx/5xx, a deadline or a departure."""
+    return (
+        status < 400
+        and ctx.upstream_status is None
+        and ctx.deadline_phase is None
+        and not ctx.disconnected
+    )
 
 
 def _outcome(ctx: RequestContext, status: int) -> tuple[Outcome, str]:

@@ -79,7 +79,7 @@ class DeadlineMiddleware(PolicyMiddleware):
         loop = running_loop()
         task = asyncio.current_task(loop)
         assert task is not None  # an ASGI app runs in a task
-        guard = _Guard(ctx, send, loop, task, stream=view.stream, first=first, idle=idle)
+        guard = _Guard(ctx, send, loop, task, stream=view.stream, first=first, idle=idle, now=now)
         try:
             await self.app(scope, receive, guard.send)
         except asyncio.CancelledError:
@@ -107,15 +107,23 @@ class _Alarm(Deferred):
 
     __slots__ = ("_handle", "_loop", "_task", "fired", "when")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any], when: float):
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        task: asyncio.Task[Any],
+        secs: float,
+        now: float,
+    ) -> None:
+        """An alarm `secs` from now; `now` is `time.monotonic()` (the sweeper's clock)."""
         self._loop = loop
         self._task = task
+        when = loop.time() + secs
         self.when: float | None = when
         self.fired = False
         self._handle: asyncio.TimerHandle | None = None
         self.waiting = False
-        if when - loop.time() > 2 * WATCH_AFTER_SECS:
-            defer(self, time.monotonic(), loop)
+        if secs > 2 * WATCH_AFTER_SECS:
+            defer(self, now, loop)
         else:
             self._handle = loop.call_at(when, self._check)
 
@@ -171,19 +179,21 @@ class _Guard:
         stream: bool,
         first: float,
         idle: float,
+        now: float,
     ) -> None:
         self.ctx = ctx
         self.raw_send = send
         self._loop = loop
         self._idle = idle if stream else None
         self._start: Message | None = None  # the response's start, once sent
-        self.alarm = _Alarm(loop, task, loop.time() + self._bound(first))
+        self.alarm = _Alarm(loop, task, self._bound(first, now), now)
 
-    def _bound(self, secs: float) -> float:
-        """`secs` from now, or less when the request's budget ends sooner."""
-        if self.ctx.budget_at is not None:
-            secs = min(secs, self.ctx.budget_at - time.monotonic())
-        return max(secs, 0.0)
+    def _bound(self, secs: float, now: float) -> float:
+        """`secs` from `now` (monotonic), or less when the request's budget ends sooner."""
+        budget_at = self.ctx.budget_at
+        if budget_at is not None and budget_at - now < secs:
+            secs = max(budget_at - now, 0.0)
+        return secs
 
     async def send(self, message: Message) -> None:
         kind = message["type"]
@@ -199,8 +209,9 @@ class _Guard:
         await self.raw_send(message)
 
     def _rearm(self, secs: float) -> None:
-        self.alarm.move(self._loop.time() + self._bound(secs))
-        self.ctx.deadline_at = time.monotonic() + secs
+        now = time.monotonic()
+        self.alarm.move(self._loop.time() + self._bound(secs, now))
+        self.ctx.deadline_at = now + secs
 
     @property
     def _sse(self) -> bool:

@@ -54,7 +54,7 @@ class JudgeMiddleware(PolicyMiddleware):
         """Close the judge's connection pool if this middleware built it."""
         await self.judge.aclose()
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def other(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan" and self.judge.owns_http:
             # The messages pass unchanged; the pool closes just before shutdown completes.
             async def send_closing(message: Message) -> None:
@@ -63,7 +63,7 @@ class JudgeMiddleware(PolicyMiddleware):
                 await send(message)
 
             return await self.app(scope, receive, send_closing)
-        await super().__call__(scope, receive, send)
+        await self.app(scope, receive, send)
 
     async def handle(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
         if self.applies(ctx):

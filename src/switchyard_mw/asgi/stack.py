@@ -52,7 +52,8 @@ class SwitchyardStack(PolicyMiddleware):
         self.pool: AccountPool = pool_from_clients(self.clients, clock=clock)
         self.store: Store = store if store is not None else build_store(config.state)
         self.store.bind(self.pool)
-        self._store_started = False
+        # The store needs the server's event loop, which the constructor may not have.
+        self._start = self.store.start
         self.deadline = DeadlineMiddleware(app, server=server)
         self.cooling = CoolingMiddleware(app, clients=self.clients, pool=self.pool, server=server)
         self.cooling.inner = self.deadline.handle
@@ -65,14 +66,8 @@ class SwitchyardStack(PolicyMiddleware):
             server=server,
         )
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not self._store_started:
-            # The store needs the server's event loop, which the constructor may not have.
-            self._store_started = True
-            await self.store.start()
-        if scope["type"] == "lifespan":
-            return await self.judge(scope, receive, send)  # it closes its pool at shutdown
-        await super().__call__(scope, receive, send)
+    async def other(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.judge.other(scope, receive, send)  # it closes its pool at lifespan shutdown
 
     async def handle(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
         if self.judge.applies(ctx):  # no coroutine for the many requests with no route
