@@ -12,6 +12,7 @@ import asyncio
 import functools
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 from opentelemetry import propagate, trace
 from opentelemetry.propagators.textmap import Getter
@@ -179,7 +180,8 @@ def _first(scope: Scope, name: bytes) -> bytes | None:
     """The first value of request header `name` (lower case), or None."""
     for key, value in scope.get("headers", ()):
         if key == name:
-            return value
+            found: bytes = value
+            return found
     return None
 
 
@@ -264,39 +266,43 @@ def exposed_headers(ctx: RequestContext) -> list[tuple[bytes, bytes]]:
     """The `x-switchyard-*` response headers that say what was decided."""
     out: list[tuple[bytes, bytes]] = []
     if ctx.resolved_model is not None:
-        out.append((b"x-switchyard-model", _encoded(ctx.resolved_model)))
+        out.append(_MODEL.pair(ctx.resolved_model))
     if ctx.client is not None:
-        out.append((b"x-switchyard-account", _encoded(ctx.client.name)))
+        out.append(_ACCOUNT.pair(ctx.client.name))
     if ctx.attempts:
-        out.append((b"x-switchyard-attempts", _encoded(str(ctx.attempts))))
+        out.append(_ATTEMPTS.pair(ctx.attempts))
     if ctx.attempt_deadline_secs is not None:
-        out.append((b"x-switchyard-deadline-ms", _millis(ctx.attempt_deadline_secs)))
+        out.append(_DEADLINE_MS.pair(ctx.attempt_deadline_secs))
     if ctx.route is not None:
-        out.append((b"x-switchyard-route", _encoded(ctx.route)))
+        out.append(_ROUTE.pair(ctx.route))
     return out
 
 
-def _encoded(text: str) -> bytes:
-    """`text` as a header value; the few values every response repeats are encoded once."""
-    value = _ENCODED.get(text)
-    if value is None:
-        value = text.encode()
-        if len(_ENCODED) < 256:  # account, model and route names: bounded by the config
-            _ENCODED[text] = value
-    return value
+class _Exposed:
+    """One `x-switchyard-*` header: each distinct value's (name, value) pair is made once,
+    since nearly every response repeats the same few (models, accounts, deadlines)."""
+
+    __slots__ = ("_name", "_pairs", "_text")
+
+    def __init__(self, name: bytes, text: Callable[[Any], str] = str) -> None:
+        self._name = name
+        self._text = text
+        self._pairs: dict[Any, tuple[bytes, bytes]] = {}
+
+    def pair(self, value: Any) -> tuple[bytes, bytes]:
+        pair = self._pairs.get(value)
+        if pair is None:
+            pair = (self._name, self._text(value).encode())
+            if len(self._pairs) < 256:  # names the clients send are not kept past that
+                self._pairs[value] = pair
+        return pair
 
 
-def _millis(secs: float) -> bytes:
-    value = _MILLIS.get(secs)
-    if value is None:
-        value = str(round(secs * 1000)).encode()
-        if len(_MILLIS) < 256:  # deadlines repeat: a few floors and common output caps
-            _MILLIS[secs] = value
-    return value
-
-
-_ENCODED: dict[str, bytes] = {}
-_MILLIS: dict[float, bytes] = {}
+_MODEL = _Exposed(b"x-switchyard-model")
+_ACCOUNT = _Exposed(b"x-switchyard-account")
+_ATTEMPTS = _Exposed(b"x-switchyard-attempts")
+_DEADLINE_MS = _Exposed(b"x-switchyard-deadline-ms", lambda secs: str(round(secs * 1000)))
+_ROUTE = _Exposed(b"x-switchyard-route")
 
 
 class _ScopeHeaders(Getter[Scope]):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from .. import telemetry as tm
 from ..config import Server
@@ -55,23 +55,15 @@ class DeadlineMiddleware(PolicyMiddleware):
         view = ctx.view
         if view is None:
             return await self.app(scope, receive, send)
-        timeout, idle, default_cap = (
-            self.timeout_secs,
-            self.stream_idle_secs,
-            self.default_max_tokens,
-        )
-        if ctx.client is not None:
-            spec = ctx.client.spec
-            timeout, idle, default_cap = (
-                spec.timeout_secs,
-                spec.stream_idle_secs,
-                spec.default_max_tokens,
-            )
+        # The account's limits when the cooling policy chose one, else this policy's own.
+        limits: _Limits = self if ctx.client is None else ctx.client.spec
         if view.stream:
-            first = timeout
+            first = limits.timeout_secs
         else:
             first = attempt_deadline_secs(
-                timeout_secs=timeout, max_tokens=view.max_tokens, default_max_tokens=default_cap
+                timeout_secs=limits.timeout_secs,
+                max_tokens=view.max_tokens,
+                default_max_tokens=limits.default_max_tokens,
             )
         now = time.monotonic()
         ctx.attempt_deadline_secs = first
@@ -79,19 +71,31 @@ class DeadlineMiddleware(PolicyMiddleware):
         loop = running_loop()
         task = asyncio.current_task(loop)
         assert task is not None  # an ASGI app runs in a task
-        guard = _Guard(ctx, send, loop, task, stream=view.stream, first=first, idle=idle, now=now)
+        idle = limits.stream_idle_secs if view.stream else None
+        guard = _Guard(ctx, send, loop, task, first, idle, now)
         try:
             await self.app(scope, receive, guard.send)
         except asyncio.CancelledError:
             # Ours only if the alarm fired and nobody else cancelled the task as well.
-            if not guard.alarm.fired or task.uncancel() > 0:
+            if not guard.fired or task.uncancel() > 0:
                 raise
             await guard.answer_expiry(view.wire)
         else:
-            if guard.alarm.fired:
+            if guard.fired:
                 task.uncancel()  # the app swallowed our cancellation and finished anyway
         finally:
-            guard.alarm.cancel()
+            guard.cancel()
+
+
+class _Limits(Protocol):
+    """The three limits the rule reads: an account's (`LLMClient`) or the policy's own."""
+
+    @property
+    def timeout_secs(self) -> float: ...
+    @property
+    def stream_idle_secs(self) -> float: ...
+    @property
+    def default_max_tokens(self) -> int | None: ...
 
 
 class _Alarm(Deferred):
@@ -164,10 +168,10 @@ class _Alarm(Deferred):
         self._task.cancel("switchyard deadline")
 
 
-class _Guard:
-    """One attempt's alarm and the `send` that moves it; per request, never shared."""
+class _Guard(_Alarm):
+    """One attempt's alarm and the `send` that moves it; per attempt, never shared."""
 
-    __slots__ = ("_idle", "_loop", "_start", "alarm", "ctx", "raw_send")
+    __slots__ = ("_idle", "_start", "ctx", "raw_send")
 
     def __init__(
         self,
@@ -175,18 +179,17 @@ class _Guard:
         send: Send,
         loop: asyncio.AbstractEventLoop,
         task: asyncio.Task[Any],
-        *,
-        stream: bool,
         first: float,
-        idle: float,
+        idle: float | None,
         now: float,
     ) -> None:
+        """`first`: the bound until the response starts; `idle`: a stream's gap limit, re-armed
+        by every chunk (None: not a stream); `now`: `time.monotonic()`."""
         self.ctx = ctx
         self.raw_send = send
-        self._loop = loop
-        self._idle = idle if stream else None
+        self._idle = idle
         self._start: Message | None = None  # the response's start, once sent
-        self.alarm = _Alarm(loop, task, self._bound(first, now), now)
+        super().__init__(loop, task, self._bound(first, now), now)
 
     def _bound(self, secs: float, now: float) -> float:
         """`secs` from `now` (monotonic), or less when the request's budget ends sooner."""
@@ -203,14 +206,14 @@ class _Guard:
                 self._rearm(self._idle)
         elif kind == "http.response.body":
             if not message.get("more_body", False):
-                self.alarm.cancel()
+                self.cancel()
             elif self._idle is not None:
                 self._rearm(self._idle)
         await self.raw_send(message)
 
     def _rearm(self, secs: float) -> None:
         now = time.monotonic()
-        self.alarm.move(self._loop.time() + self._bound(secs, now))
+        self.move(self._loop.time() + self._bound(secs, now))
         self.ctx.deadline_at = now + secs
 
     @property
