@@ -307,7 +307,7 @@ async def test_alarm_moved_later_fires_at_the_new_time_and_earlier_re_arms() -> 
 
     loop = asyncio.get_running_loop()
     target = asyncio.create_task(asyncio.sleep(30))
-    alarm = _Alarm(loop, target, 0.05, time.monotonic())
+    alarm = _Alarm(loop, target, 0.05)
     alarm.move(loop.time() + 0.3)  # later: the first timer must not fire the alarm
     await asyncio.sleep(0.15)
     assert not alarm.fired
@@ -317,7 +317,7 @@ async def test_alarm_moved_later_fires_at_the_new_time_and_earlier_re_arms() -> 
     assert alarm.fired
     assert target.cancelled()
     other = asyncio.create_task(asyncio.sleep(30))
-    disarmed = _Alarm(loop, other, 0.05, time.monotonic())
+    disarmed = _Alarm(loop, other, 0.05)
     disarmed.cancel()
     await asyncio.sleep(0.1)
     assert not disarmed.fired

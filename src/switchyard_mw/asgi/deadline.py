@@ -116,24 +116,22 @@ class _Alarm(Deferred):
         loop: asyncio.AbstractEventLoop,
         task: asyncio.Task[Any],
         secs: float,
-        now: float,
     ) -> None:
-        """An alarm `secs` from now; `now` is `time.monotonic()` (the sweeper's clock)."""
+        """An alarm `secs` from now."""
         self._loop = loop
         self._task = task
         when = loop.time() + secs
         self.when: float | None = when
         self.fired = False
         self._handle: asyncio.TimerHandle | None = None
-        self.waiting = False
+        self._tick = None
         if secs > 2 * WATCH_AFTER_SECS:
-            defer(self, now, loop)
+            defer(self, loop)
         else:
             self._handle = loop.call_at(when, self._check)
 
     def start(self) -> None:
         """Called by the sweeper: the attempt outlasted the wait, so set the timer now."""
-        self.waiting = False
         if self.when is not None and self._handle is None and not self.fired:
             self._handle = self._loop.call_at(self.when, self._check)
 
@@ -141,7 +139,7 @@ class _Alarm(Deferred):
         if self.fired:
             return
         if self.waiting and when - self._loop.time() <= 2 * WATCH_AFTER_SECS:
-            self.waiting = False  # too soon for the sweeper to be in time
+            self.leave()  # too soon for the sweeper to be in time
         if not self.waiting and (
             self._handle is None or (self.when is not None and when < self.when)
         ):
@@ -152,7 +150,7 @@ class _Alarm(Deferred):
 
     def cancel(self) -> None:
         self.when = None
-        self.waiting = False
+        self.leave()
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
@@ -189,7 +187,7 @@ class _Guard(_Alarm):
         self.raw_send = send
         self._idle = idle
         self._start: Message | None = None  # the response's start, once sent
-        super().__init__(loop, task, self._bound(first, now), now)
+        super().__init__(loop, task, self._bound(first, now))
 
     def _bound(self, secs: float, now: float) -> float:
         """`secs` from `now` (monotonic), or less when the request's budget ends sooner."""
