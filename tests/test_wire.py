@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from switchyard_mw.wire import (
     Wire,
@@ -333,3 +336,18 @@ def test_stream_error_events() -> None:
     openai = stream_error_event(Wire.OPENAI_CHAT, "deadline_exceeded", "late")
     assert openai.startswith(b'data: {"error":')
     assert openai.endswith(b"\n\n")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text())
+def test_a_string_turn_hashes_by_its_canonical_encoding_however_it_is_spelled(text: str) -> None:
+    """An unescaped string is hashed as sent, without decoding: it must equal the canonical
+    rule, and the same text spelled with escapes must land on the same hash."""
+    expected = hashlib.blake2b(msgspec.json.encode(text), digest_size=16).hexdigest()
+    for spelling in (
+        json.dumps(text, ensure_ascii=False),  # as sent, escaping only what JSON requires
+        json.dumps(text),  # every non-ASCII character escaped
+    ):
+        raw = '{"model": "m", "messages": [{"role": "user", "content": ' + spelling + "}]}"
+        assert read_request(Wire.OPENAI_CHAT, raw.encode()).first_turn_hash == expected
+        assert read_request(Wire.ANTHROPIC, raw.encode()).first_turn_hash == expected

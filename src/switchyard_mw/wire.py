@@ -106,7 +106,7 @@ class RequestView:
         if self._hash is _UNSET:
             turn = self._turn
             if turn is None and self._messages is not None:
-                turn = next((m.content for m in self._messages if m.role == "user"), None)
+                turn = _first_user_content(self._messages)
             self._hash = None if turn is None else _turn_hash_of(turn)
         return self._hash
 
@@ -234,10 +234,14 @@ def _read(wire: Wire, body: bytes) -> RequestView:
         return RequestView(
             wire=wire,
             model=req.model,
-            max_tokens=_first_set(req.max_completion_tokens, req.max_tokens),
+            max_tokens=(
+                req.max_completion_tokens
+                if req.max_completion_tokens is not None
+                else req.max_tokens
+            ),
             stream=bool(req.stream),
             user_key=req.user or req.safety_identifier or None,
-            first_turn=next((m.content for m in req.messages if m.role == "user"), None),
+            first_turn=_first_user_content(req.messages),
         )
     if isinstance(req, _Responses):
         return _responses_view(req)
@@ -287,12 +291,28 @@ def _responses_view(req: _Responses) -> RequestView:
 
 
 def _first_set(*values: int | None) -> int | None:
-    return next((v for v in values if v is not None), None)
+    for value in values:
+        if value is not None:
+            return value
+    return None
+
+
+def _first_user_content(messages: list[_Message]) -> Raw | None:
+    for message in messages:  # a loop, not a generator: this runs on every request
+        if message.role == "user":
+            return message.content
+    return None
 
 
 def _turn_hash_of(turn: Raw | str) -> str:
     if isinstance(turn, str):
         return _turn_hash(turn)
+    raw = bytes(turn)
+    if raw[:1] == b'"' and b"\\" not in raw:
+        # A JSON string without escapes is already its canonical encoding (msgspec writes a
+        # string's characters as they are, escaping only quotes, backslashes and controls,
+        # none of which such a string can hold): hash it without decoding it first.
+        return hashlib.blake2b(raw, digest_size=16).hexdigest()
     try:
         return _turn_hash(_ANY.decode(turn))
     except (msgspec.DecodeError, RecursionError):
