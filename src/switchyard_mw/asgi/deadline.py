@@ -187,7 +187,7 @@ class _Guard(_Alarm):
         self.raw_send = send
         self._idle = idle
         self._start: Message | None = None  # the response's start, once sent
-        super().__init__(loop, task, self._bound(first, now))
+        _Alarm.__init__(self, loop, task, self._bound(first, now))  # not super(): per attempt
 
     def _bound(self, secs: float, now: float) -> float:
         """`secs` from `now` (monotonic), or less when the request's budget ends sooner."""
