@@ -55,10 +55,10 @@ class Deferred:
     """Work a request starts only if it lasts `WATCH_AFTER_SECS` (see `defer`).
 
     It waits in a set of the loop's sweeper, one set per tick: joining is an add, leaving
-    (`leave()`, when the request ends first) a discard, and a request that ended leaves
-    nothing of itself behind. The queue used to keep finished requests until their time came
-    up (about 0.1 s of every request's state under load: tens of thousands of live objects
-    for the garbage collector to walk).
+    (`leave()`, when the request ends first) a discard, so a request that ended leaves
+    nothing of itself behind. A queue that drops entries only when they come due would keep
+    about 0.1 s worth of every request's state alive under load (tens of thousands of objects
+    for the garbage collector to walk: measured, it doubled the stack's cost per request).
     """
 
     __slots__ = ("_tick",)
