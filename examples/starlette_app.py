@@ -81,7 +81,7 @@ async def lifespan(_: Starlette) -> AsyncIterator[None]:
 
 gateway = Starlette(
     routes=[
-        *(Route(path, forwarder.forward, methods=["POST"]) for path in WIRE_ROUTES),
+        *(Route(path, forwarder, methods=["POST"]) for path in WIRE_ROUTES),
         Route("/metrics", metrics),
     ],
     lifespan=lifespan,

@@ -13,17 +13,20 @@ the request's span (`ctx.report_usage`). Without an SDK none of that runs.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 
 import aiohttp
 import httpx
 import msgspec
+import yarl
 from opentelemetry import propagate, trace
 from starlette.background import BackgroundTask
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from . import telemetry as tm
+from .clients import UpstreamClient
 from .context import RequestContext, current_context
 from .outbound import PooledTransport, as_httpx_error, pool_of, seconds_left, timeout_for
 from .wire import Wire, error_body, stream_error_event
@@ -63,11 +66,17 @@ _DROP_RESPONSE = frozenset(
 )
 
 
+_DROP_REQUEST_RAW = frozenset(name.encode() for name in _DROP_REQUEST)
 _DROP_RESPONSE_RAW = frozenset(name.encode() for name in _DROP_RESPONSE)
+_IDENTITY = ("accept-encoding", "identity")
 
 
 class Forwarder:
     """The endpoint that proxies one wire request; share one per process (one pool).
+
+    Mount it as an ASGI endpoint, `Route(path, forwarder, methods=["POST"])`: it reads the
+    scope and answers with ASGI messages itself, with no Starlette request or response built.
+    `forward` is the same as a Starlette endpoint, for an app that calls it from its own.
 
     With a client from `make_http_client()` it sends through that client's aiohttp pool
     directly (`pool_of`): for a call that only forwards bytes, httpx's request and response
@@ -78,44 +87,90 @@ class Forwarder:
     def __init__(self, http_client: httpx.AsyncClient) -> None:
         self.http = http_client
         self._pool = pool_of(http_client)
+        self._accounts: dict[str, _Account] = {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ctx = current_context()
+        if ctx is None or ctx.client is None or ctx.view is None:
+            await _misconfigured()(scope, receive, send)
+            return
+        reply = await self._call(ctx, ctx.client, scope, await _request_body(receive))
+        if reply.streams:
+            await self._streaming(reply, ctx)(scope, receive, send)
+            return
+        data = await self._read(reply, ctx)
+        headers = reply.headers
+        if reply.status >= 200 and reply.status not in (204, 304):
+            headers = [(b"content-length", b"%d" % len(data)), *headers]  # as Starlette's
+        await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+        await send({"type": "http.response.body", "body": data})
 
     async def forward(self, request: Request) -> Response:
         """A Starlette endpoint: `Route(path, forwarder.forward, methods=["POST"])`."""
         ctx = current_context()
         if ctx is None or ctx.client is None or ctx.view is None:
-            return _error(Wire.OPENAI_CHAT, 500, "gateway_misconfigured", "no switchyard stack")
-        client = ctx.client
-        headers = [(k, v) for k, v in request.headers.items() if k not in _DROP_REQUEST]
-        headers.extend(client.auth_headers())
-        headers.append(("accept-encoding", "identity"))
-        url = client.url(request.url.path)
-        query = request.scope.get("query_string", b"")
-        if query:
-            url = f"{url}?{query.decode('latin-1')}"
-        body = await request.body()
+            return _misconfigured()
+        reply = await self._call(ctx, ctx.client, request.scope, await request.body())
+        if reply.streams:
+            return self._streaming(reply, ctx)
+        data = await self._read(reply, ctx)
+        response = Response(data, status_code=reply.status)
+        response.raw_headers.extend(reply.headers)
+        return response
+
+    async def _call(
+        self, ctx: RequestContext, client: UpstreamClient, scope: Scope, body: bytes
+    ) -> _Reply:
+        """Send the request upstream; the reply's headers have arrived, its body not yet."""
+        account = self._accounts.get(client.name)
+        if account is None or account.client is not client:
+            account = self._accounts[client.name] = _Account(client)
+        headers = [
+            (name.decode("latin-1"), value.decode("latin-1"))
+            for name, value in scope["headers"]
+            if name not in _DROP_REQUEST_RAW
+        ]
+        headers += account.headers
+        # The path as Starlette's `request.url.path` gives it.
+        path = scope["path"].replace("?", "%3F").replace("#", "%23").replace("\\", "%5C")
+        query = scope.get("query_string", b"")
         span = None
         if tm.tracing():
+            url = account.url(path, query)
             span = _start_call(httpx.URL(url), client.base_url)
             headers = _propagated(headers, span)
         try:
             if self._pool is not None:
-                reply = await _Reply.pooled(self._pool, url, headers, body, seconds_left(ctx))
+                reply = await _Reply.pooled(
+                    self._pool, account.yarl_url(path, query), headers, body, seconds_left(ctx)
+                )
             else:
+                url = account.url(path, query)
                 reply = await _Reply.httpx(self.http, url, headers, body, timeout_for(ctx))
         except BaseException as exc:  # cancellation too: the span must end to be exported
             _end_call(span, exc)
             raise
         if span is not None:
             _answered(span, reply.status)
-        content_type = reply.content_type
-        if content_type.startswith("text/event-stream") and reply.status < 400:
-            chunks = _relay(reply, ctx)
-            streaming = StreamingResponse(
-                chunks if span is None else _traced(chunks, span, ctx),
-                status_code=reply.status,
-                background=BackgroundTask(reply.aclose),
-            )
-            return _with_headers(streaming, reply)
+        reply.span = span
+        return reply
+
+    @staticmethod
+    def _streaming(reply: _Reply, ctx: RequestContext) -> StreamingResponse:
+        # Starlette's streaming response, for its handling of a client that leaves mid-stream.
+        chunks = _relay(reply, ctx)
+        span = reply.span
+        streaming = StreamingResponse(
+            chunks if span is None else _traced(chunks, span, ctx),
+            status_code=reply.status,
+            background=BackgroundTask(reply.aclose),
+        )
+        streaming.raw_headers.extend(reply.headers)
+        return streaming
+
+    @staticmethod
+    async def _read(reply: _Reply, ctx: RequestContext) -> bytes:
+        span = reply.span
         try:
             data = await reply.read()
         except BaseException as exc:
@@ -125,37 +180,96 @@ class Forwarder:
             await reply.aclose()
         if span is not None:
             span.end()
-            if reply.status < 300 and "json" in content_type:
+            if reply.status < 300 and "json" in reply.content_type:
                 _report_usage(ctx, data)
-        return _with_headers(Response(data, status_code=reply.status), reply)
+        return data
+
+
+class _Account:
+    """What every request to one account sends alike, built once: the key, the URLs."""
+
+    __slots__ = ("_urls", "client", "headers")
+
+    def __init__(self, client: UpstreamClient) -> None:
+        self.client = client
+        self.headers = [*client.auth_headers(), _IDENTITY]
+        self._urls: dict[str, yarl.URL] = {}
+
+    def url(self, path: str, query: bytes) -> str:
+        url = self.client.url(path)
+        return f"{url}?{query.decode('latin-1')}" if query else url
+
+    def yarl_url(self, path: str, query: bytes) -> yarl.URL | str:
+        """What aiohttp would parse `url()` into, parsed once per path (aiohttp keeps it as
+        given: a `yarl.URL` is immutable). A query string is rare; it is parsed each time."""
+        if query:
+            return self.url(path, query)
+        url = self._urls.get(path)
+        if url is None:
+            url = yarl.URL(self.client.url(path))
+            if len(self._urls) < _MAX_PATHS:  # paths come from the routes: a handful
+                self._urls[path] = url
+        return url
+
+
+_MAX_PATHS = 64
+
+
+async def _request_body(receive: Receive) -> bytes:
+    """The whole request body, as Starlette's `Request.body()` reads it."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        kind = message["type"]
+        if kind == "http.disconnect":
+            raise ClientDisconnect()
+        if kind != "http.request":
+            continue
+        chunk: bytes = message.get("body", b"")
+        if not message.get("more_body", False):
+            return b"".join((*chunks, chunk)) if chunks else chunk
+        chunks.append(chunk)
 
 
 class _Reply:
-    """An upstream answer from either client, raising httpx's exceptions while it is read."""
+    """An upstream answer from either client, raising httpx's exceptions while it is read.
 
-    __slots__ = ("_aiohttp", "_httpx", "content_type", "raw_headers", "status")
+    `headers` are those relayed to the client: names lowercased, duplicates kept, minus
+    hop-by-hop ones and those the serving server sets itself.
+    """
+
+    __slots__ = ("_aiohttp", "_httpx", "content_type", "headers", "span", "status", "streams")
 
     def __init__(
         self,
         status: int,
-        raw_headers: list[tuple[bytes, bytes]],
+        raw_headers: Iterable[tuple[bytes, bytes]],
         *,
         aiohttp_response: aiohttp.ClientResponse | None = None,
         httpx_response: httpx.Response | None = None,
     ) -> None:
         self.status = status
-        self.raw_headers = raw_headers
         self._aiohttp = aiohttp_response
         self._httpx = httpx_response
-        self.content_type = next(
-            (v.decode("latin-1") for k, v in raw_headers if k.lower() == b"content-type"), ""
-        )
+        self.span: trace.Span | None = None
+        headers: list[tuple[bytes, bytes]] = []
+        content_type: bytes | None = None
+        for name, value in raw_headers:
+            lowered = name.lower()
+            if lowered in _DROP_RESPONSE_RAW:
+                continue
+            if content_type is None and lowered == b"content-type":
+                content_type = value
+            headers.append((lowered, value))
+        self.headers = headers
+        self.content_type = content_type.decode("latin-1") if content_type is not None else ""
+        self.streams = self.content_type.startswith("text/event-stream") and status < 400
 
     @classmethod
     async def pooled(
         cls,
         pool: PooledTransport,
-        url: str,
+        url: yarl.URL | str,
         headers: list[tuple[str, str]],
         body: bytes,
         secs: float,
@@ -175,7 +289,7 @@ class _Reply:
             )
         except aiohttp.ClientError as exc:
             as_httpx_error(exc)
-        return cls(response.status, list(response.raw_headers), aiohttp_response=response)
+        return cls(response.status, response.raw_headers, aiohttp_response=response)
 
     @classmethod
     async def httpx(
@@ -218,16 +332,6 @@ class _Reply:
             self._aiohttp.release()  # back to the pool when read whole; closed otherwise
 
 
-def _with_headers(response: Response, reply: _Reply) -> Response:
-    """`response` with the upstream's headers, duplicates kept, minus hop-by-hop ones."""
-    response.raw_headers.extend(
-        (name, value)
-        for name, value in ((k.lower(), v) for k, v in reply.raw_headers)
-        if name not in _DROP_RESPONSE_RAW
-    )
-    return response
-
-
 async def _relay(reply: _Reply, ctx: RequestContext) -> AsyncIterator[bytes]:
     """The upstream's stream, passed on one whole event at a time.
 
@@ -264,10 +368,9 @@ def _events_end(data: bytes) -> int:
     return end + 4 if end >= 0 else 0
 
 
-def _error(wire: Wire, status: int, error_type: str, message: str) -> Response:
-    return Response(
-        error_body(wire, error_type, message), status_code=status, media_type="application/json"
-    )
+def _misconfigured() -> Response:
+    body = error_body(Wire.OPENAI_CHAT, "gateway_misconfigured", "no switchyard stack")
+    return Response(body, status_code=500, media_type="application/json")
 
 
 # --- telemetry of the outbound call -----------------------------------------------------------

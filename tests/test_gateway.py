@@ -1,0 +1,277 @@
+"""`gateway.Forwarder` on the wire: what it sends upstream and what it relays back.
+
+Both ways in (the ASGI endpoint and `forward`, a Starlette endpoint) and both kinds of client
+(`make_http_client()`'s pool, sent to directly, and any other httpx client, used through its
+API) must do the same; a raw TCP server on loopback records exactly what arrives upstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.routing import Route
+
+from switchyard_mw import telemetry as tm
+from switchyard_mw.asgi.stack import switchyard_stack
+from switchyard_mw.config import parse_config
+from switchyard_mw.gateway import WIRE_ROUTES, Forwarder
+from switchyard_mw.outbound import make_http_client
+
+KEY = "sk-account-0001"
+CALLER_KEY = "sk-caller-0002"
+ANSWER = b'{"id":"x","usage":{"input_tokens":3,"output_tokens":4}}'
+MESSAGE = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, list[bytes]], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def upstream(handler: Handler) -> AsyncIterator[tuple[str, list[bytes]]]:
+    """A raw HTTP/1.1 server; yields its URL and the requests (head and body) it received."""
+    seen: list[bytes] = []
+
+    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await handler(reader, writer, seen)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", seen
+    finally:
+        server.close()
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":", 1)[1])
+    return head + await reader.readexactly(length)
+
+
+async def answer_json(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seen: list[bytes]
+) -> None:
+    while True:
+        seen.append(await read_request(reader))
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+            b"X-Upstream: one\r\nx-upstream: two\r\nconnection: keep-alive\r\n"
+            b"keep-alive: timeout=5\r\ndate: Thu, 01 Jan 2026 00:00:00 GMT\r\nserver: up\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(ANSWER), ANSWER)
+        )
+        await writer.drain()
+
+
+def app_for(forwarder: Forwarder, entry: str) -> Starlette:
+    endpoint: Any = forwarder if entry == "asgi" else forwarder.forward
+    return Starlette(routes=[Route(p, endpoint, methods=["POST"]) for p in WIRE_ROUTES])
+
+
+def client_of(kind: str) -> httpx.AsyncClient:
+    return make_http_client() if kind == "pooled" else httpx.AsyncClient(timeout=None)
+
+
+def config(url: str, auth: str, extra: str = "") -> str:
+    return f"""
+[llm_clients.a]
+base_url = "{url}/"
+api_key_env = "KEY"
+auth = "{auth}"
+models = ["m"]
+{extra}
+"""
+
+
+@contextlib.asynccontextmanager
+async def gateway(
+    url: str, *, entry: str, kind: str, auth: str = "x-api-key", extra: str = ""
+) -> AsyncIterator[httpx.AsyncClient]:
+    http = client_of(kind)
+    app = app_for(Forwarder(http), entry)
+    stack = switchyard_stack(
+        app, config=parse_config(config(url, auth, extra)), environ={"KEY": KEY}
+    )
+    transport = httpx.ASGITransport(app=stack)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw.test") as client:
+        yield client
+    await http.aclose()
+
+
+def header_lines(request: bytes) -> list[tuple[str, str]]:
+    head = request.split(b"\r\n\r\n", 1)[0].decode("latin-1")
+    lines = head.split("\r\n")[1:]
+    return [(k.strip().lower(), v.strip()) for k, v in (line.split(":", 1) for line in lines)]
+
+
+ENTRIES = pytest.mark.parametrize("entry", ["asgi", "forward"])
+KINDS = pytest.mark.parametrize("kind", ["pooled", "httpx"])
+
+
+@ENTRIES
+@KINDS
+@pytest.mark.parametrize("traced", [True, False])
+async def test_request_upstream_carries_the_accounts_key_and_the_callers_other_headers(
+    entry: str, kind: str, traced: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not traced:
+        monkeypatch.setattr(tm, "tracing", lambda: False)
+    body = json.dumps(MESSAGE).encode()
+    caller = {
+        "x-api-key": CALLER_KEY,
+        "authorization": f"Bearer {CALLER_KEY}",
+        "proxy-authorization": "Basic abc",
+        "accept-encoding": "gzip, br",
+        "te": "trailers",
+        "x-switchyard-cluster": "c1",
+        "x-caller": "kept",
+        "anthropic-version": "2023-06-01",
+        "content-type": "application/json",
+    }
+    async with (
+        upstream(answer_json) as (url, seen),
+        gateway(url, entry=entry, kind=kind) as client,
+    ):
+        reply = await client.post("/v1/messages?beta=true&x=a%20b", content=body, headers=caller)
+    assert reply.status_code == 200
+    (request,) = seen
+    assert request.startswith(b"POST /v1/messages?beta=true&x=a%20b HTTP/1.1\r\n")
+    assert request.endswith(b"\r\n\r\n" + body)
+    headers = header_lines(request)
+    names = [name for name, _ in headers]
+    assert ("x-api-key", KEY) in headers
+    assert names.count("x-api-key") == 1
+    assert "authorization" not in names
+    assert "proxy-authorization" not in names
+    assert "te" not in names
+    assert "x-switchyard-cluster" not in names
+    assert ("accept-encoding", "identity") in headers
+    assert names.count("accept-encoding") == 1
+    assert ("x-caller", "kept") in headers
+    assert ("anthropic-version", "2023-06-01") in headers
+    assert ("content-length", str(len(body))) in headers
+    assert CALLER_KEY not in request.decode("latin-1")
+    assert ("traceparent" in names) is traced
+
+
+@ENTRIES
+@KINDS
+async def test_bearer_accounts_send_their_key_as_authorization(entry: str, kind: str) -> None:
+    async with (
+        upstream(answer_json) as (url, seen),
+        gateway(url, entry=entry, kind=kind, auth="bearer") as client,
+    ):
+        reply = await client.post(
+            "/v1/chat/completions", json=MESSAGE, headers={"authorization": f"Bearer {CALLER_KEY}"}
+        )
+    assert reply.status_code == 200
+    headers = header_lines(seen[0])
+    assert [v for k, v in headers if k == "authorization"] == [f"Bearer {KEY}"]
+    assert "x-api-key" not in [k for k, _ in headers]
+    assert seen[0].startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
+
+
+@ENTRIES
+@KINDS
+async def test_the_answer_is_relayed_with_its_headers_minus_hop_by_hop_ones(
+    entry: str, kind: str
+) -> None:
+    async with (
+        upstream(answer_json) as (url, _),
+        gateway(url, entry=entry, kind=kind) as client,
+    ):
+        for _ in range(2):  # the second over the kept-alive connection
+            reply = await client.post("/v1/messages", json=MESSAGE)
+            assert reply.status_code == 200
+            assert reply.content == ANSWER
+            raw = [(k.decode().lower(), v.decode()) for k, v in reply.headers.raw]
+            assert [v for k, v in raw if k == "x-upstream"] == ["one", "two"]  # duplicates kept
+            assert [v for k, v in raw if k == "content-length"] == [str(len(ANSWER))]
+            assert [v for k, v in raw if k == "content-type"] == ["application/json"]
+            for dropped in ("connection", "keep-alive", "date", "server"):
+                assert dropped not in [k for k, _ in raw]
+
+
+@ENTRIES
+@KINDS
+async def test_an_upstream_error_status_is_relayed_as_it_came(entry: str, kind: str) -> None:
+    error = b'{"type":"error","error":{"type":"invalid_request_error","message":"no"}}'
+
+    async def bad_request(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seen: list[bytes]
+    ) -> None:
+        seen.append(await read_request(reader))
+        writer.write(
+            b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(error), error)
+        )
+        await writer.drain()
+
+    async with (
+        upstream(bad_request) as (url, _),
+        gateway(url, entry=entry, kind=kind) as client,
+    ):
+        reply = await client.post("/v1/messages", json=MESSAGE)
+    assert reply.status_code == 400
+    assert reply.content == error
+
+
+@ENTRIES
+@KINDS
+async def test_a_stream_is_relayed_event_by_event_and_ends_with_an_error_if_cut(
+    entry: str, kind: str
+) -> None:
+    def chunk(data: bytes) -> bytes:
+        return b"%x\r\n%s\r\n" % (len(data), data)
+
+    async def dies_mid_event(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seen: list[bytes]
+    ) -> None:
+        seen.append(await read_request(reader))
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nx-upstream: s\r\n"
+            b"transfer-encoding: chunked\r\n\r\n"
+        )
+        writer.write(chunk(b"event: a\ndata: 1\n\nevent: b\nda"))
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(chunk(b"ta: 2\n\nevent: c\ndata: par"))
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.transport.abort()  # gone mid-event, the chunked body unfinished
+
+    async with (
+        upstream(dies_mid_event) as (url, _),
+        gateway(url, entry=entry, kind=kind) as client,
+    ):
+        reply = await client.post("/v1/messages", json={**MESSAGE, "stream": True})
+    assert reply.status_code == 200
+    assert reply.headers["x-upstream"] == "s"
+    assert reply.headers["content-type"] == "text/event-stream"
+    events, error = reply.content.split(b"event: error\n")
+    assert events == b"event: a\ndata: 1\n\nevent: b\ndata: 2\n\n"  # no half event
+    assert b"upstream stream failed" in error
+
+
+@ENTRIES
+async def test_without_a_stack_the_answer_is_a_clear_500(entry: str) -> None:
+    async with make_http_client() as http:
+        app = app_for(Forwarder(http), entry)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw.test") as client:
+            reply = await client.post("/v1/messages", json=MESSAGE)
+    assert reply.status_code == 500
+    assert reply.json()["error"]["type"] == "gateway_misconfigured"
+    assert reply.headers["content-type"] == "application/json"
