@@ -19,7 +19,9 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from switchyard_mw import telemetry as tm
+from switchyard_mw.asgi.cooling import CoolingMiddleware
 from switchyard_mw.asgi.stack import switchyard_stack
+from switchyard_mw.clients import build_clients
 from switchyard_mw.config import parse_config
 from switchyard_mw.gateway import WIRE_ROUTES, Forwarder
 from switchyard_mw.outbound import make_http_client
@@ -275,3 +277,76 @@ async def test_without_a_stack_the_answer_is_a_clear_500(entry: str) -> None:
     assert reply.status_code == 500
     assert reply.json()["error"]["type"] == "gateway_misconfigured"
     assert reply.headers["content-type"] == "application/json"
+
+
+async def stall(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seen: list[bytes]
+) -> None:
+    seen.append(await read_request(reader))
+    await reader.read()  # until the gateway hangs up
+
+
+@ENTRIES
+@KINDS
+async def test_a_stalled_answer_ends_at_the_attempts_deadline(entry: str, kind: str) -> None:
+    async with (
+        upstream(stall) as (url, _),
+        gateway(url, entry=entry, kind=kind, extra="timeout_secs = 0.2") as client,
+        asyncio.timeout(20),  # a hang fails the test instead of stalling the suite
+    ):
+        reply = await client.post("/v1/messages", json=MESSAGE)
+    assert reply.status_code == 504
+    assert reply.json()["error"]["type"] == "deadline_exceeded"
+
+
+@ENTRIES
+@KINDS
+async def test_without_the_deadline_policy_the_budget_still_bounds_the_call(
+    entry: str, kind: str
+) -> None:
+    # The cooling policy alone: nothing cancels the call, its own timeouts must end it.
+    async with upstream(stall) as (url, _):
+        http = client_of(kind)
+        clients = build_clients(parse_config(config(url, "x-api-key")), {"KEY": KEY})
+        app = CoolingMiddleware(app_for(Forwarder(http), entry), clients=clients)
+        transport = httpx.ASGITransport(app=app)
+        async with (
+            httpx.AsyncClient(transport=transport, base_url="http://gw.test") as client,
+            asyncio.timeout(20),
+        ):
+            headers = {"x-switchyard-timeout-ms": "300"}
+            # The only account failed after its answer (Starlette's 500) had started: the
+            # policy passes the call's own error on.
+            with pytest.raises(httpx.ReadTimeout):
+                await client.post("/v1/messages", json=MESSAGE, headers=headers)
+        await http.aclose()
+
+
+@ENTRIES
+@KINDS
+async def test_each_stream_read_is_bounded_by_what_was_left_when_the_call_began(
+    entry: str, kind: str
+) -> None:
+    async def one_event_then_stall(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seen: list[bytes]
+    ) -> None:
+        seen.append(await read_request(reader))
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\n\r\n12\r\nevent: a\ndata: 1\n\n\r\n"
+        )
+        await writer.drain()
+        await reader.read()
+
+    # Far longer an idle limit than the first deadline: the read's own bound ends the stream.
+    extra = "timeout_secs = 0.3\nstream_idle_secs = 30"
+    async with (
+        upstream(one_event_then_stall) as (url, _),
+        gateway(url, entry=entry, kind=kind, extra=extra) as client,
+        asyncio.timeout(20),
+    ):
+        reply = await client.post("/v1/messages", json={**MESSAGE, "stream": True})
+    assert reply.status_code == 200
+    events, error = reply.content.split(b"event: error\n")
+    assert events == b"event: a\ndata: 1\n\n"
+    assert b"upstream stream failed: ReadTimeout" in error

@@ -142,7 +142,7 @@ class Forwarder:
         try:
             if self._pool is not None:
                 reply = await _Reply.pooled(
-                    self._pool, account.yarl_url(path, query), headers, body, seconds_left(ctx)
+                    self._pool, account.yarl_url(path, query), headers, body, _limits(ctx)
                 )
             else:
                 url = account.url(path, query)
@@ -215,6 +215,25 @@ class _Account:
 _MAX_PATHS = 64
 
 
+def _limits(ctx: RequestContext) -> aiohttp.ClientTimeout:
+    """The pooled call's own timeouts: what `timeout_for` gives httpx, in aiohttp's terms
+    (connecting, waiting for a pooled connection and every read are each bounded by what is
+    left of the deadline) -- unless the deadline policy's alarm already bounds the call."""
+    view = ctx.view
+    if ctx.deadline_at is not None and view is not None and not view.stream:
+        # Only the deadline policy sets `deadline_at`, and its alarm cancels this call once
+        # the deadline (or the budget) has passed. Timers of the call's own would be set for
+        # that instant or later, so they could never end it first; they would only cost a
+        # timer per read. A stream keeps them: there the alarm bounds the silence between
+        # events by the idle limit, while each read's own bound is what was left at the start.
+        return _UNTIMED
+    secs = seconds_left(ctx)
+    return aiohttp.ClientTimeout(total=None, connect=secs, sock_connect=secs, sock_read=secs)
+
+
+_UNTIMED = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=None, sock_read=None)
+
+
 async def _request_body(receive: Receive) -> bytes:
     """The whole request body, as Starlette's `Request.body()` reads it."""
     chunks: list[bytes] = []
@@ -272,11 +291,8 @@ class _Reply:
         url: yarl.URL | str,
         headers: list[tuple[str, str]],
         body: bytes,
-        secs: float,
+        limits: aiohttp.ClientTimeout,
     ) -> _Reply:
-        # What `timeout_for` gives httpx, in aiohttp's terms: connecting, waiting for a pooled
-        # connection and every read are each bounded by what is left of the deadline.
-        limits = aiohttp.ClientTimeout(total=None, connect=secs, sock_connect=secs, sock_read=secs)
         try:
             response = await pool.session().request(
                 "POST",
