@@ -95,10 +95,23 @@ class PooledTransport(AiohttpTransport):
     - the per-request httpx timeout applies as httpx defines it: `connect` to connecting,
       `read` to every read (headers and each body chunk), `pool` to waiting for a connection;
     - a client first used in another event loop (tests, a server restarted in-process) gets
-      a new pool there instead of an error from the old loop's.
+      a new pool there instead of an error from the old loop's;
+    - its aiohttp session keeps no cookies either (see `make_http_client`).
     """
 
     _loop: asyncio.AbstractEventLoop | None = None
+
+    def get_client(self) -> aiohttp.ClientSession:
+        # The base's session, but with a jar that keeps nothing: aiohttp's own jar would keep
+        # what a provider's answer sets (it refuses only IP addresses) and send it with every
+        # later request, of any user, through httpx's API and the direct pool alike.
+        limit = self.limits.max_connections
+        connector = aiohttp.TCPConnector(
+            limit=100 if limit is None else limit,  # aiohttp's default, where the base leaves it
+            keepalive_timeout=self.limits.keepalive_expiry,
+            ssl=self.ssl_context,
+        )
+        return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
 
     def session(self) -> aiohttp.ClientSession:
         """The aiohttp session (the pool) of the running loop, made on first use there."""
