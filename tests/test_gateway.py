@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect
 from starlette.routing import Route
 
 from switchyard_mw import telemetry as tm
@@ -350,3 +351,69 @@ async def test_each_stream_read_is_bounded_by_what_was_left_when_the_call_began(
     events, error = reply.content.split(b"event: error\n")
     assert events == b"event: a\ndata: 1\n\n"
     assert b"upstream stream failed: ReadTimeout" in error
+
+
+@KINDS
+async def test_a_send_failing_mid_stream_is_the_clients_departure(kind: str) -> None:
+    # What a server of ASGI spec 2.4 does once the client has left: a send raises OSError.
+    hung_up = asyncio.Event()
+
+    async def endless(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seen: list[bytes]
+    ) -> None:
+        seen.append(await read_request(reader))
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\n\r\n"
+        )
+        try:
+            while True:
+                writer.write(b"12\r\nevent: a\ndata: 1\n\n\r\n")
+                await writer.drain()
+                await asyncio.sleep(0.01)
+        except ConnectionError:
+            hung_up.set()
+
+    body = json.dumps({**MESSAGE, "stream": True}).encode()
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/messages",
+        "raw_path": b"/v1/messages",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"content-type", b"application/json"), (b"host", b"gw.test")],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000),
+    }
+    messages: list[dict[str, Any]] = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop()
+        await asyncio.Event().wait()  # the server never says more
+        raise AssertionError
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body" and sent:
+            raise OSError("the client has gone")
+        sent.append(message)
+
+    async with upstream(endless) as (url, _):
+        http = client_of(kind)
+        app = app_for(Forwarder(http), "asgi")
+        stack = switchyard_stack(
+            app, config=parse_config(config(url, "x-api-key")), environ={"KEY": KEY}
+        )
+        async with asyncio.timeout(20):
+            with pytest.raises(ClientDisconnect):
+                await stack(scope, receive, send)
+            await hung_up.wait()  # the upstream stream was closed at once, not left to run
+        await http.aclose()
+    assert [m["type"] for m in sent] == ["http.response.start"]
+    assert stack.pool.status_of("a").consecutive_faults == 0  # nobody's fault
