@@ -33,7 +33,8 @@ from switchyard_mw import telemetry as tm
 from switchyard_mw.asgi.stack import switchyard_stack
 from switchyard_mw.config import parse_config
 from switchyard_mw.context import RequestContext
-from switchyard_mw.gateway import WIRE_ROUTES, Forwarder, _report_usage
+from switchyard_mw.gateway import WIRE_ROUTES, Forwarder
+from switchyard_mw.gateway_telemetry import report_usage
 from switchyard_mw.testing import Behaviour, MockProvider
 from switchyard_mw.wire import read_request
 
@@ -408,7 +409,7 @@ def test_usage_from_a_json_answer(
 
     body = json.dumps({"model": "m", "input": "x", "messages": []}).encode()
     ctx = RequestContext(view=read_request(WIRE_PATHS[path], body), body=body)
-    _report_usage(ctx, json.dumps(reply).encode())
+    report_usage(ctx, json.dumps(reply).encode())
     assert (ctx.input_tokens, ctx.output_tokens) == expected
 
 

@@ -17,14 +17,14 @@ from collections.abc import AsyncIterator, Iterable
 
 import aiohttp
 import httpx
-import msgspec
 import yarl
-from opentelemetry import propagate, trace
+from opentelemetry import trace
 from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from . import gateway_telemetry as ot
 from . import telemetry as tm
 from .clients import UpstreamClient
 from .context import RequestContext, current_context
@@ -137,8 +137,8 @@ class Forwarder:
         span = None
         if tm.tracing():
             url = account.url(path, query)
-            span = _start_call(httpx.URL(url), client.base_url)
-            headers = _propagated(headers, span)
+            span = ot.start_call(httpx.URL(url), client.base_url)
+            headers = ot.propagated(headers, span)
         try:
             if self._pool is not None:
                 reply = await _Reply.pooled(
@@ -148,10 +148,10 @@ class Forwarder:
                 url = account.url(path, query)
                 reply = await _Reply.httpx(self.http, url, headers, body, timeout_for(ctx))
         except BaseException as exc:  # cancellation too: the span must end to be exported
-            _end_call(span, exc)
+            ot.end_call(span, exc)
             raise
         if span is not None:
-            _answered(span, reply.status)
+            ot.answered(span, reply.status)
         reply.span = span
         return reply
 
@@ -160,7 +160,7 @@ class Forwarder:
         chunks = _relay(reply, ctx)
         span = reply.span
         streaming = StreamingResponse(
-            chunks if span is None else _traced(chunks, span, ctx),
+            chunks if span is None else ot.traced(chunks, span, ctx),
             status_code=reply.status,
             background=BackgroundTask(reply.aclose),
         )
@@ -173,14 +173,14 @@ class Forwarder:
         try:
             data = await reply.read()
         except BaseException as exc:
-            _end_call(span, exc)
+            ot.end_call(span, exc)
             raise
         finally:
             await reply.aclose()
         if span is not None:
             span.end()
             if reply.status < 300 and "json" in reply.content_type:
-                _report_usage(ctx, data)
+                ot.report_usage(ctx, data)
         return data
 
 
@@ -356,7 +356,7 @@ async def _stream(reply: _Reply, ctx: RequestContext, send: Send) -> None:
     """
     chunks = _relay(reply, ctx)
     if reply.span is not None:
-        chunks = _traced(chunks, reply.span, ctx)
+        chunks = ot.traced(chunks, reply.span, ctx)
     try:
         await send(
             {"type": "http.response.start", "status": reply.status, "headers": reply.headers}
@@ -411,100 +411,3 @@ def _events_end(data: bytes) -> int:
 def _misconfigured() -> Response:
     body = error_body(Wire.OPENAI_CHAT, "gateway_misconfigured", "no switchyard stack")
     return Response(body, status_code=500, media_type="application/json")
-
-
-# --- telemetry of the outbound call -----------------------------------------------------------
-
-
-def _start_call(url: httpx.URL, base_url: str) -> trace.Span:
-    """The CLIENT span of one outbound call (a child of the current attempt)."""
-    attributes: dict[str, str | int] = {
-        tm.HTTP_METHOD: "POST",
-        tm.SERVER_ADDRESS: url.host,
-        tm.SERVER_PORT: url.port or (443 if url.scheme == "https" else 80),
-        # Neither query nor userinfo: either may carry a credential.
-        tm.URL_FULL: f"{url.scheme}://{url.netloc.decode('ascii')}{url.path}",
-    }
-    if (provider := tm.provider_name(base_url)) is not None:
-        attributes[tm.PROVIDER_NAME] = provider
-    return tm.tracer.start_span(tm.SPAN_OUTBOUND, kind=trace.SpanKind.CLIENT, attributes=attributes)
-
-
-def _propagated(headers: list[tuple[str, str]], span: trace.Span) -> list[tuple[str, str]]:
-    """`headers` carrying `span`'s context, in place of any `traceparent` the caller sent.
-
-    A sampled-out span is propagated too: the provider then keeps the same decision.
-    """
-    carrier: dict[str, str] = {}
-    propagate.inject(carrier, context=trace.set_span_in_context(span))
-    names = {name.lower() for name in carrier}
-    return [(k, v) for k, v in headers if k.lower() not in names] + list(carrier.items())
-
-
-def _answered(span: trace.Span, status: int) -> None:
-    span.set_attribute(tm.HTTP_STATUS, status)
-    if status >= 400:  # for a client span, every 4xx and 5xx is an error of the call
-        span.set_attribute(tm.ERROR_TYPE, str(status))
-        span.set_status(trace.StatusCode.ERROR)
-
-
-def _end_call(span: trace.Span | None, exc: BaseException) -> None:
-    """End a call's span on an exception, naming only its type (its text may quote data)."""
-    if span is None:
-        return
-    span.set_attribute(tm.ERROR_TYPE, type(exc).__qualname__)
-    span.set_status(trace.StatusCode.ERROR)
-    span.end()
-
-
-async def _traced(
-    chunks: AsyncIterator[bytes], span: trace.Span, ctx: RequestContext
-) -> AsyncIterator[bytes]:
-    """The relayed stream, ending the call's span when it ends, however it ends.
-
-    Not in the response's background task: a stream cut by its deadline or by the client
-    never runs that, and a span never ended is never exported.
-    """
-    try:
-        async for chunk in chunks:
-            yield chunk
-    finally:
-        if ctx.upstream_status is not None and ctx.upstream_status >= 500:
-            # `_relay` reports a stream the upstream broke off as a 502 upstream status.
-            span.set_attribute(tm.ERROR_TYPE, "stream_interrupted")
-            span.set_status(trace.StatusCode.ERROR)
-        span.end()
-
-
-class _Usage(msgspec.Struct):
-    input_tokens: int | None = None  # Anthropic Messages, OpenAI Responses
-    output_tokens: int | None = None
-    cache_read_input_tokens: int | None = None  # Anthropic counts cached input apart
-    cache_creation_input_tokens: int | None = None
-    prompt_tokens: int | None = None  # OpenAI Chat Completions
-    completion_tokens: int | None = None
-
-
-class _Answer(msgspec.Struct):
-    usage: _Usage | None = None
-
-
-_ANSWER = msgspec.json.Decoder(_Answer)  # skips every other field of the answer unread
-
-
-def _report_usage(ctx: RequestContext, body: bytes) -> None:
-    """`ctx.report_usage` from a JSON answer's `usage`, in the GenAI conventions' terms:
-    input tokens include cached ones."""
-    try:
-        usage = _ANSWER.decode(body).usage
-    except msgspec.DecodeError:
-        return  # not a shape we know: report nothing rather than something wrong
-    if usage is None:
-        return
-    if ctx.wire is Wire.OPENAI_CHAT or usage.input_tokens is None:
-        ctx.report_usage(input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens)
-        return
-    inputs = usage.input_tokens
-    if ctx.wire is Wire.ANTHROPIC:
-        inputs += (usage.cache_read_input_tokens or 0) + (usage.cache_creation_input_tokens or 0)
-    ctx.report_usage(input_tokens=inputs, output_tokens=usage.output_tokens)
