@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator, Iterable
 
 import aiohttp
 import httpx
-import yarl
 from opentelemetry import trace
 from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect, Request
@@ -133,19 +132,15 @@ class Forwarder:
         headers += account.headers
         # The path as Starlette's `request.url.path` gives it.
         path = scope["path"].replace("?", "%3F").replace("#", "%23").replace("\\", "%5C")
-        query = scope.get("query_string", b"")
+        url = account.url(path, scope.get("query_string", b""))
         span = None
         if tm.tracing():
-            url = account.url(path, query)
             span = ot.start_call(httpx.URL(url), client.base_url)
             headers = ot.propagated(headers, span)
         try:
             if self._pool is not None:
-                reply = await _Reply.pooled(
-                    self._pool, account.yarl_url(path, query), headers, body, _limits(ctx)
-                )
+                reply = await _Reply.pooled(self._pool, url, headers, body, _limits(ctx))
             else:
-                url = account.url(path, query)
                 reply = await _Reply.httpx(self.http, url, headers, body, timeout_for(ctx))
         except BaseException as exc:  # cancellation too: the span must end to be exported
             ot.end_call(span, exc)
@@ -185,33 +180,17 @@ class Forwarder:
 
 
 class _Account:
-    """What every request to one account sends alike, built once: the key, the URLs."""
+    """What every request to one account sends alike, built once."""
 
-    __slots__ = ("_urls", "client", "headers")
+    __slots__ = ("client", "headers")
 
     def __init__(self, client: UpstreamClient) -> None:
         self.client = client
         self.headers = [*client.auth_headers(), _IDENTITY]
-        self._urls: dict[str, yarl.URL] = {}
 
     def url(self, path: str, query: bytes) -> str:
         url = self.client.url(path)
         return f"{url}?{query.decode('latin-1')}" if query else url
-
-    def yarl_url(self, path: str, query: bytes) -> yarl.URL | str:
-        """What aiohttp would parse `url()` into, parsed once per path (aiohttp keeps it as
-        given: a `yarl.URL` is immutable). A query string is rare; it is parsed each time."""
-        if query:
-            return self.url(path, query)
-        url = self._urls.get(path)
-        if url is None:
-            url = yarl.URL(self.client.url(path))
-            if len(self._urls) < _MAX_PATHS:  # paths come from the routes: a handful
-                self._urls[path] = url
-        return url
-
-
-_MAX_PATHS = 64
 
 
 def _limits(ctx: RequestContext) -> aiohttp.ClientTimeout:
@@ -287,7 +266,7 @@ class _Reply:
     async def pooled(
         cls,
         pool: PooledTransport,
-        url: yarl.URL | str,
+        url: str,
         headers: list[tuple[str, str]],
         body: bytes,
         limits: aiohttp.ClientTimeout,
