@@ -229,6 +229,17 @@ async def _discard(message: dict[str, Any]) -> None:
     return None
 
 
+def _messages_scope() -> dict[str, Any]:
+    """A fresh scope of a JSON POST to /v1/messages, as a server makes one per request."""
+    return {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/messages",
+        "headers": [(b"content-type", b"application/json")],
+        "state": {},
+    }
+
+
 def _replaying(first: dict[str, Any]) -> Any:
     """A server's `receive`: `first`, then nothing until the client leaves (never, here)."""
     messages = [first]
@@ -270,13 +281,7 @@ async def test_client_disconnect_cancels_the_app_and_its_finally_runs() -> None:
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    scope = {
-        "type": "http",
-        "method": "POST",
-        "path": "/v1/messages",
-        "headers": [(b"content-type", b"application/json")],
-        "state": {},
-    }
+    scope = _messages_scope()
     mw = VariantMiddleware(slow_app, canaries=CANARIES)
     task = asyncio.create_task(mw(scope, receive, send))
     await asyncio.wait_for(started.wait(), 5)
@@ -340,13 +345,7 @@ async def test_a_finished_request_leaves_nothing_behind_in_the_sweeper() -> None
     mw = DeadlineMiddleware(quick_app, timeout_secs=60)  # long enough to defer its alarm
     before = alive()
     for _ in range(20):
-        scope = {
-            "type": "http",
-            "method": "POST",
-            "path": "/v1/messages",
-            "headers": [(b"content-type", b"application/json")],
-            "state": {},
-        }
+        scope = _messages_scope()
         body = {"type": "http.request", "body": b'{"model": "m", "messages": []}'}
         await mw(scope, _replaying(body), _discard)
         ctx = context_of(scope)
