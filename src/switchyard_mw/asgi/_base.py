@@ -12,7 +12,6 @@ import asyncio
 import functools
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
 
 from opentelemetry import propagate, trace
 from opentelemetry.propagators.textmap import Getter
@@ -262,47 +261,49 @@ def _tracking(
     return send_tracked
 
 
-def exposed_headers(ctx: RequestContext) -> list[tuple[bytes, bytes]]:
-    """The `x-switchyard-*` response headers that say what was decided."""
+def exposed_headers(ctx: RequestContext) -> tuple[tuple[bytes, bytes], ...]:
+    """The `x-switchyard-*` response headers that say what was decided.
+
+    Nearly every response repeats one of a few decisions (model, account, attempts, deadline,
+    route), so each distinct one is encoded once and shared; the cache is bounded, since a
+    model name may be anything a client sends.
+    """
+    client = ctx.client
+    decision = (
+        ctx.resolved_model,
+        None if client is None else client.name,
+        ctx.attempts,
+        ctx.attempt_deadline_secs,
+        ctx.route,
+    )
+    headers = _EXPOSED.get(decision)
+    if headers is None:
+        headers = _encode_exposed(*decision)
+        if len(_EXPOSED) < 1024:
+            _EXPOSED[decision] = headers
+    return headers
+
+
+def _encode_exposed(
+    model: str | None, account: str | None, attempts: int, deadline: float | None, route: str | None
+) -> tuple[tuple[bytes, bytes], ...]:
     out: list[tuple[bytes, bytes]] = []
-    if ctx.resolved_model is not None:
-        out.append(_MODEL.pair(ctx.resolved_model))
-    if ctx.client is not None:
-        out.append(_ACCOUNT.pair(ctx.client.name))
-    if ctx.attempts:
-        out.append(_ATTEMPTS.pair(ctx.attempts))
-    if ctx.attempt_deadline_secs is not None:
-        out.append(_DEADLINE_MS.pair(ctx.attempt_deadline_secs))
-    if ctx.route is not None:
-        out.append(_ROUTE.pair(ctx.route))
-    return out
+    if model is not None:
+        out.append((b"x-switchyard-model", model.encode()))
+    if account is not None:
+        out.append((b"x-switchyard-account", account.encode()))
+    if attempts:
+        out.append((b"x-switchyard-attempts", str(attempts).encode()))
+    if deadline is not None:
+        out.append((b"x-switchyard-deadline-ms", str(round(deadline * 1000)).encode()))
+    if route is not None:
+        out.append((b"x-switchyard-route", route.encode()))
+    return tuple(out)
 
 
-class _Exposed:
-    """One `x-switchyard-*` header: each distinct value's (name, value) pair is made once,
-    since nearly every response repeats the same few (models, accounts, deadlines)."""
-
-    __slots__ = ("_name", "_pairs", "_text")
-
-    def __init__(self, name: bytes, text: Callable[[Any], str] = str) -> None:
-        self._name = name
-        self._text = text
-        self._pairs: dict[Any, tuple[bytes, bytes]] = {}
-
-    def pair(self, value: Any) -> tuple[bytes, bytes]:
-        pair = self._pairs.get(value)
-        if pair is None:
-            pair = (self._name, self._text(value).encode())
-            if len(self._pairs) < 256:  # names the clients send are not kept past that
-                self._pairs[value] = pair
-        return pair
-
-
-_MODEL = _Exposed(b"x-switchyard-model")
-_ACCOUNT = _Exposed(b"x-switchyard-account")
-_ATTEMPTS = _Exposed(b"x-switchyard-attempts")
-_DEADLINE_MS = _Exposed(b"x-switchyard-deadline-ms", lambda secs: str(round(secs * 1000)))
-_ROUTE = _Exposed(b"x-switchyard-route")
+_EXPOSED: dict[
+    tuple[str | None, str | None, int, float | None, str | None], tuple[tuple[bytes, bytes], ...]
+] = {}
 
 
 class _ScopeHeaders(Getter[Scope]):

@@ -122,12 +122,14 @@ class DisconnectWatch(Deferred):
         return self._gone
 
     def start(self) -> None:
-        self.leave()
+        if self._tick is not None:
+            self.leave()
         if self._task is None:
             self._task = self._loop.create_task(self._watch())
 
     def stop(self) -> None:
-        self.leave()
+        if self._tick is not None:  # called twice per request: no call at all the second time
+            self.leave()
         if self._task is not None:
             self._task.cancel()
 

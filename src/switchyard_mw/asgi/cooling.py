@@ -103,7 +103,9 @@ class _Attempt:
                 if self._cooling._may_retry(self._ctx, message["status"], self._tried):
                     self.held = [message]
                     return
-            self._passing(message)
+            self.forwarded = True
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                self.finished = True
             await self._send(message)
             return
         self.held.append(message)
@@ -117,14 +119,7 @@ class _Attempt:
     async def flush(self) -> None:
         held, self.held = self.held or [], None
         for message in held:
-            self._passing(message)
-            await self._send(message)
-
-    def _passing(self, message: Message) -> None:
-        """Note what passing `message` on to the client means for this attempt."""
-        self.forwarded = True
-        if message["type"] == "http.response.body" and not message.get("more_body", False):
-            self.finished = True
+            await self.send(message)  # no longer held: each passes on, noted as it goes
 
 
 class CoolingMiddleware(PolicyMiddleware):
@@ -160,15 +155,15 @@ class CoolingMiddleware(PolicyMiddleware):
         model, wire = ctx.resolved_model, ctx.wire
         if wire is None or model is None:
             return await self.inner(ctx, scope, receive, send)
-        if not self.pool.accounts_for(model) and self._fallback(ctx) is None:
-            return await self.inner(ctx, scope, receive, send)
-        tried: list[str] = []
-        last: tuple[list[Message], UpstreamClient | None, str | None] | None = None
         pool = self.pool
         # The usual first attempt, with nothing shared to ask: a plain call, no coroutine.
         lease = None if pool.shared else pool.acquire(model)
         if lease is None:
-            lease = await self._acquire(ctx, tried)
+            if not pool.accounts_for(model) and self._fallback(ctx) is None:
+                return await self.inner(ctx, scope, receive, send)  # not ours to place
+            lease = await self._acquire(ctx, [])
+        tried: list[str] = []
+        last: tuple[list[Message], UpstreamClient | None, str | None] | None = None
         while lease is not None:
             if tried:
                 tm.failovers.add(1, {"route_model": ctx.resolved_model or ""})

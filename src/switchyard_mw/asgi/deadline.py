@@ -150,7 +150,8 @@ class _Alarm(Deferred):
 
     def cancel(self) -> None:
         self.when = None
-        self.leave()
+        if self._tick is not None:  # called twice per attempt: no call at all the second time
+            self.leave()
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
