@@ -180,6 +180,8 @@ def tracing() -> bool:
     # `get_tracer_provider()` reads an environment variable on every call while none is set;
     # the module global it falls back on answers the same question without that cost.
     provider = getattr(trace, "_TRACER_PROVIDER", _UNKNOWN)
+    if provider is None:
+        return False  # the usual answer without an SDK, before any type check
     if provider is _UNKNOWN:
         provider = trace.get_tracer_provider()
     _tracing = provider is not None and not isinstance(provider, trace.ProxyTracerProvider)
