@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -141,3 +141,39 @@ async def serving(app: Any, *, lifespan: str = "off") -> AsyncIterator[str]:
         server.should_exit = True
         await task
         sock.close()
+
+
+RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def raw_server(handler: RawHandler) -> AsyncIterator[tuple[str, list[int]]]:
+    """A raw TCP server on loopback running `handler` per connection (a peer that says exactly
+    what a test scripts); yields its base URL and a list counting the connections."""
+    connections: list[int] = []
+
+    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        try:
+            await handler(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", connections
+    finally:
+        server.close()
+
+
+async def read_http_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """One HTTP/1.1 request off `reader`: its head (through the blank line) and its body."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":", 1)[1])
+    return head, await reader.readexactly(length) if length else b""

@@ -19,6 +19,7 @@ from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect
 from starlette.routing import Route
 
+from servers import raw_server, read_http_request
 from switchyard_mw import telemetry as tm
 from switchyard_mw.asgi.cooling import CoolingMiddleware
 from switchyard_mw.asgi.stack import switchyard_stack
@@ -41,27 +42,15 @@ async def upstream(handler: Handler) -> AsyncIterator[tuple[str, list[bytes]]]:
     seen: list[bytes] = []
 
     async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            await handler(reader, writer, seen)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
+        await handler(reader, writer, seen)
 
-    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
-    try:
-        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", seen
-    finally:
-        server.close()
+    async with raw_server(on_connect) as (url, _connections):
+        yield url, seen
 
 
 async def read_request(reader: asyncio.StreamReader) -> bytes:
-    head = await reader.readuntil(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
-            length = int(line.split(b":", 1)[1])
-    return head + await reader.readexactly(length)
+    head, body = await read_http_request(reader)
+    return head + body
 
 
 async def answer_json(

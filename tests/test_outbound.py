@@ -6,51 +6,20 @@ A raw TCP server on loopback answers exactly what each test needs (or misbehaves
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import httpx
 import pytest
 
-from servers import free_port, serve_in_thread
+from servers import free_port, raw_server, read_http_request, serve_in_thread
 from switchyard_mw.context import RequestContext
 from switchyard_mw.outbound import as_httpx_error, make_http_client, pool_of, timeout_for
 from switchyard_mw.testing import MockProvider
 
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-
-
-@contextlib.asynccontextmanager
-async def raw_server(handler: Handler) -> AsyncIterator[tuple[str, list[int]]]:
-    """Serve `handler` per connection; yields the base URL and a list counting connections."""
-    connections: list[int] = []
-
-    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connections.append(1)
-        try:
-            await handler(reader, writer)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}", connections
-    finally:
-        server.close()
-
 
 async def read_request(reader: asyncio.StreamReader) -> bytes:
-    head = await reader.readuntil(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
-            length = int(line.split(b":", 1)[1])
-    return await reader.readexactly(length) if length else b""
+    return (await read_http_request(reader))[1]
 
 
 def ok(body: bytes, extra: bytes = b"") -> bytes:
