@@ -17,6 +17,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from switchyard_mw.extproc import TRANSPORTS
+
 _READER = InMemoryMetricReader()
 _SPANS = InMemorySpanExporter()
 metrics.set_meter_provider(MeterProvider(metric_readers=[_READER]))
@@ -67,3 +69,10 @@ def otel_spans() -> Iterator[InMemorySpanExporter]:
     _SPANS.clear()
     yield _SPANS
     _SPANS.clear()
+
+
+@pytest.fixture(scope="module", params=TRANSPORTS)
+def transport(request: pytest.FixtureRequest) -> str:
+    """The ext_proc server's transport: every test that serves ext_proc runs on both."""
+    param: str = request.param
+    return param

@@ -34,7 +34,7 @@ from switchyard_mw.clients import build_clients
 from switchyard_mw.config import parse_config
 from switchyard_mw.core.pool import BreakerState
 from switchyard_mw.core.variants import Split
-from switchyard_mw.extproc import ExtProcServer, Policies, start_server
+from switchyard_mw.extproc import ExtProcServer, Policies, Transport, start_server
 from switchyard_mw.testing import Behaviour, MockProvider
 from switchyard_mw.testing.envoy import envoy_binary, run_envoy, with_ports, with_runtime
 
@@ -122,10 +122,13 @@ def otlp() -> Iterator[OtlpReceiver]:
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def rig(mock_server: tuple[MockProvider, str], otlp: OtlpReceiver) -> AsyncIterator[Rig]:
+async def rig(
+    mock_server: tuple[MockProvider, str], otlp: OtlpReceiver, transport: Transport
+) -> AsyncIterator[Rig]:
     mock, mock_url = mock_server
     config = parse_config(config_text(mock_url))
-    processor = await start_server(Policies(config, build_clients(config, KEYS)), "127.0.0.1:0")
+    policies = Policies(config, build_clients(config, KEYS))
+    processor = await start_server(policies, "127.0.0.1:0", transport=transport)
     assert processor.port is not None
     listener = free_port()
     ports = {

@@ -13,7 +13,7 @@ import pytest
 from servers import ROOT, free_port, serve_in_thread
 from switchyard_mw.clients import build_clients
 from switchyard_mw.config import parse_config
-from switchyard_mw.extproc import Policies, start_server
+from switchyard_mw.extproc import Policies, Transport, start_server
 from switchyard_mw.testing import MockProvider
 from switchyard_mw.testing.envoy import run_envoy, with_ports
 
@@ -45,7 +45,7 @@ def policies(mock_url: str) -> Policies:
 
 
 async def test_processor_restart_while_envoy_serves(
-    mock: tuple[MockProvider, str], tmp_path: Path
+    mock: tuple[MockProvider, str], tmp_path: Path, transport: Transport
 ) -> None:
     provider, mock_url = mock
     processor_port, listener = free_port(), free_port()
@@ -56,7 +56,8 @@ async def test_processor_restart_while_envoy_serves(
         "upstream": int(mock_url.rsplit(":", 1)[1]),
         "otel": free_port(),
     }
-    processor = await start_server(policies(mock_url), f"127.0.0.1:{processor_port}")
+    address = f"127.0.0.1:{processor_port}"
+    processor = await start_server(policies(mock_url), address, transport=transport)
     with run_envoy(with_ports(ENVOY_YAML, ports), listen_port=listener) as envoy:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{listener}", timeout=10) as http:
             before = await http.post("/v1/messages", json=REQUEST)
@@ -69,7 +70,7 @@ async def test_processor_restart_while_envoy_serves(
             assert during.status_code == 503  # failure_mode_allow: false: closed, not bypassed
             assert provider.requests == []  # nothing reached the provider unprocessed
 
-            processor = await start_server(policies(mock_url), f"127.0.0.1:{processor_port}")
+            processor = await start_server(policies(mock_url), address, transport=transport)
             after = await http.post("/v1/messages", json=REQUEST)
             assert after.status_code == 200
             assert after.headers["x-switchyard-account"] == "a"

@@ -24,7 +24,7 @@ from switchyard_mw import telemetry as tm
 from switchyard_mw.clients import build_clients
 from switchyard_mw.config import parse_config
 from switchyard_mw.core.pool import BreakerState
-from switchyard_mw.extproc import ExtProcServer, Policies, start_server
+from switchyard_mw.extproc import ExtProcServer, Policies, Transport, start_server
 from switchyard_mw.extproc import servicer as servicer_module
 from switchyard_mw.extproc.router import RouterStream
 from switchyard_mw.extproc.upstream import UpstreamStream
@@ -102,10 +102,11 @@ def mock_server() -> Iterator[tuple[MockProvider, str]]:
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def rig(mock_server: tuple[MockProvider, str]) -> AsyncIterator[Rig]:
+async def rig(mock_server: tuple[MockProvider, str], transport: Transport) -> AsyncIterator[Rig]:
     mock, mock_url = mock_server
     config = parse_config(config_text(mock_url, failure_threshold=3, max_body_bytes=1 << 20))
-    processor = await start_server(Policies(config, build_clients(config, KEYS)), "127.0.0.1:0")
+    policies = Policies(config, build_clients(config, KEYS))
+    processor = await start_server(policies, "127.0.0.1:0", transport=transport)
     assert processor.port is not None
     listener = free_port()
     ports = {

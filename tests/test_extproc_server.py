@@ -19,9 +19,13 @@ from extproc_helpers import request_body, request_headers, sets
 from switchyard_mw import cli
 from switchyard_mw.clients import build_clients
 from switchyard_mw.config import parse_config
-from switchyard_mw.extproc import ExtProcServer, Policies, parse_listen, start_server
+from switchyard_mw.extproc import ExtProcServer, Policies, Transport, parse_listen, start_server
+from switchyard_mw.extproc import servicer as servicer_module
+from switchyard_mw.extproc.h2_transport import PROCESS_PATH
+from switchyard_mw.extproc.router import RouterStream
 from switchyard_mw.testing import Behaviour, MockProvider
 
+PROCESS = PROCESS_PATH.decode()
 CONFIG = """
 [llm_clients.a]
 base_url = "https://prov.example"
@@ -44,12 +48,14 @@ fallback = "m"
 
 
 @pytest.fixture
-async def served() -> AsyncIterator[tuple[ExtProcServer, MockProvider, grpc.aio.Channel]]:
+async def served(
+    transport: Transport,
+) -> AsyncIterator[tuple[ExtProcServer, MockProvider, grpc.aio.Channel]]:
     mock = MockProvider()
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=mock))
     config = parse_config(CONFIG)
     policies = Policies(config, build_clients(config, {"KEY_A": "ka"}), judge_http_client=http)
-    server = await start_server(policies, "127.0.0.1:0")
+    server = await start_server(policies, "127.0.0.1:0", transport=transport)
     channel = grpc.aio.insecure_channel(
         f"127.0.0.1:{server.port}", options=[("grpc.max_receive_message_length", 64 << 20)]
     )
@@ -107,6 +113,165 @@ async def test_stop_lets_a_stream_in_flight_finish(
         await exchange(channel, request_headers())
 
 
+async def test_an_unknown_method_is_unimplemented(
+    served: tuple[ExtProcServer, MockProvider, grpc.aio.Channel],
+) -> None:
+    _, _, channel = served
+    call = channel.unary_unary("/envoy.service.ext_proc.v3.ExternalProcessor/Nope")
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call(b"")
+    assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+async def test_health_of_an_unknown_service_is_not_found(
+    served: tuple[ExtProcServer, MockProvider, grpc.aio.Channel],
+) -> None:
+    _, _, channel = served
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service="x"))
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_a_health_watch_sees_not_serving_when_the_server_stops(
+    served: tuple[ExtProcServer, MockProvider, grpc.aio.Channel],
+) -> None:
+    server, _, channel = served
+    watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest())
+    first = await watch.read()
+    assert first.status == health_pb2.HealthCheckResponse.SERVING
+    stopping = asyncio.create_task(server.stop(grace_secs=1))
+    second = await asyncio.wait_for(watch.read(), 5)
+    assert second.status == health_pb2.HealthCheckResponse.NOT_SERVING
+    watch.cancel()
+    await stopping
+
+
+async def test_a_message_over_the_limit_is_refused_and_the_server_serves_on(
+    transport: Transport,
+) -> None:
+    config = parse_config(CONFIG + "\n[server]\nmax_body_bytes = 1024\n")
+    server = await start_server(
+        Policies(config, build_clients(config, {"KEY_A": "ka"})),
+        "127.0.0.1:0",
+        transport=transport,
+    )
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            huge = request_body(b"x" * (2 << 20))  # over the body limit and its 1 MiB slack
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await exchange(channel, request_headers(), huge)
+            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            body = msgspec.json.encode(
+                {"model": "m", "messages": [{"role": "user", "content": "q"}]}
+            )
+            answers = await exchange(channel, request_headers(), request_body(body))
+            assert sets(answers[1])["x-switchyard-cluster"] == b"prov"
+    finally:
+        await server.stop(grace_secs=0)
+
+
+async def test_a_stream_whose_handling_fails_is_unknown_and_is_released(
+    served: tuple[ExtProcServer, MockProvider, grpc.aio.Channel],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _, _, channel = served
+    closed: list[RouterStream] = []
+
+    class Failing(RouterStream):
+        def on_request_headers(self, http: ep.HttpHeaders) -> ep.ProcessingResponse:
+            raise RuntimeError("boom")
+
+        def close(self) -> None:
+            closed.append(self)
+            super().close()
+
+    monkeypatch.setattr(servicer_module, "RouterStream", Failing)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await exchange(channel, request_headers())
+    assert caught.value.code() == grpc.StatusCode.UNKNOWN
+    assert "boom" in (caught.value.details() or "")
+    assert len(closed) == 1
+    monkeypatch.undo()
+    assert len(await exchange(channel, request_headers())) == 1
+
+
+async def test_a_stream_the_client_cancels_mid_judge_is_released(
+    served: tuple[ExtProcServer, MockProvider, grpc.aio.Channel],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _, mock, channel = served
+    mock.set_behaviour("*", Behaviour(headers_delay_secs=5, reply="x"))  # the judge stalls
+    closed: list[RouterStream] = []
+
+    class Recorded(RouterStream):
+        def close(self) -> None:
+            closed.append(self)
+            super().close()
+
+    monkeypatch.setattr(servicer_module, "RouterStream", Recorded)
+    body = msgspec.json.encode({"model": "slow", "messages": [{"role": "user", "content": "q"}]})
+    requests = asyncio.Queue[ep.ProcessingRequest]()
+
+    async def send() -> AsyncIterator[ep.ProcessingRequest]:
+        while True:
+            yield await requests.get()
+
+    call = ep_grpc.ExternalProcessorStub(channel).Process(send())
+    await requests.put(request_headers())
+    await call.read()
+    await requests.put(request_body(body))
+    await asyncio.sleep(0.3)  # the judge is being consulted
+    assert closed == []
+    call.cancel()
+    for _ in range(100):
+        if closed:
+            break
+        await asyncio.sleep(0.02)
+    assert len(closed) == 1
+
+
+async def test_stop_ends_what_outlasts_the_grace(
+    served: tuple[ExtProcServer, MockProvider, grpc.aio.Channel],
+) -> None:
+    server, mock, channel = served
+    mock.set_behaviour("*", Behaviour(headers_delay_secs=10, reply="x"))
+    body = msgspec.json.encode({"model": "slow", "messages": [{"role": "user", "content": "q"}]})
+    in_flight = asyncio.create_task(exchange(channel, request_headers(), request_body(body)))
+    await asyncio.sleep(0.3)
+    await asyncio.wait_for(server.stop(grace_secs=0.3), 5)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await asyncio.wait_for(in_flight, 5)
+    assert caught.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+
+
+async def test_h2_answers_a_non_grpc_request_with_415_and_garbage_with_a_close() -> None:
+    config = parse_config(CONFIG)
+    server = await start_server(
+        Policies(config, build_clients(config, {"KEY_A": "ka"})), "127.0.0.1:0", transport="h2"
+    )
+    try:
+        async with httpx.AsyncClient(http1=False, http2=True) as client:
+            reply = await client.post(
+                f"http://127.0.0.1:{server.port}{PROCESS}",
+                content=b"{}",
+                headers={"content-type": "application/json"},
+            )
+        assert reply.status_code == 415
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        said = await asyncio.wait_for(reader.read(), 5)  # returns: the server closed it
+        assert not said.startswith(b"HTTP/1")
+        writer.close()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            health = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest()
+            )
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        await server.stop(grace_secs=0)
+
+
 @pytest.mark.parametrize("good", ["127.0.0.1:50051", "[::1]:0", "unix:/tmp/sy.sock"])
 def test_listen_addresses(good: str) -> None:
     assert parse_listen(good) == good
@@ -118,11 +283,13 @@ def test_bad_listen_addresses(bad: str) -> None:
         parse_listen(bad)
 
 
-async def test_a_unix_socket_listener(tmp_path: Path) -> None:
+async def test_a_unix_socket_listener(tmp_path: Path, transport: Transport) -> None:
     config = parse_config(CONFIG)
     socket_path = tmp_path / "extproc.sock"
     server = await start_server(
-        Policies(config, build_clients(config, {"KEY_A": "ka"})), f"unix:{socket_path}"
+        Policies(config, build_clients(config, {"KEY_A": "ka"})),
+        f"unix:{socket_path}",
+        transport=transport,
     )
     try:
         assert server.port is None
@@ -153,7 +320,7 @@ def test_the_cli_names_a_missing_key_with_exit_2(
     assert "KEY_A" in err.getvalue()
 
 
-def test_the_cli_serves_until_sigterm_and_exits_cleanly(tmp_path: Path) -> None:
+def test_the_cli_serves_until_sigterm_and_exits_cleanly(tmp_path: Path, transport: str) -> None:
     import os
     import signal
     import subprocess
@@ -171,6 +338,8 @@ def test_the_cli_serves_until_sigterm_and_exits_cleanly(tmp_path: Path) -> None:
             str(config),
             "--listen",
             "127.0.0.1:0",
+            "--transport",
+            transport,
         ],
         env={**os.environ, "KEY_A": "ka"},
         stderr=subprocess.PIPE,

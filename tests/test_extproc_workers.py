@@ -20,7 +20,7 @@ from extproc_helpers import request_body, request_headers, sets
 from switchyard_mw import cli
 from switchyard_mw.clients import build_clients
 from switchyard_mw.config import parse_config
-from switchyard_mw.extproc import Policies, start_server
+from switchyard_mw.extproc import Policies, Transport, start_server
 
 CONFIG = """
 [llm_clients.a]
@@ -48,12 +48,12 @@ def children(pid: int) -> set[int]:
 
 
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], int]]:
+def served(tmp_path: Path, transport: str) -> Iterator[tuple[subprocess.Popen[str], int]]:
     config = tmp_path / "sy.toml"
     config.write_text(CONFIG)
     command = [sys.executable, "-m", "switchyard_mw.cli", "extproc", "--config", str(config)]
     proc = subprocess.Popen(
-        [*command, "--listen", "127.0.0.1:0", "--workers", "2"],
+        [*command, "--listen", "127.0.0.1:0", "--workers", "2", "--transport", transport],
         env={**os.environ, "KEY_A": "ka"},
         stderr=subprocess.PIPE,
         text=True,
@@ -124,12 +124,14 @@ def test_a_missing_key_is_named_once_with_exit_2(
     assert err.getvalue().count("KEY_A") == 1
 
 
-async def test_one_processor_does_not_silently_share_a_port_another_serves() -> None:
+async def test_one_processor_does_not_silently_share_a_port_another_serves(
+    transport: Transport,
+) -> None:
     """Without --workers, a port already served is an error, not a second listener that
     would take half of Envoy's connections (and half of its requests' failover)."""
     config = parse_config(CONFIG)
     first = await start_server(
-        Policies(config, build_clients(config, {"KEY_A": "ka"})), "127.0.0.1:0"
+        Policies(config, build_clients(config, {"KEY_A": "ka"})), "127.0.0.1:0", transport=transport
     )
     try:
         assert first.port is not None
@@ -137,6 +139,7 @@ async def test_one_processor_does_not_silently_share_a_port_another_serves() -> 
             await start_server(
                 Policies(config, build_clients(config, {"KEY_A": "ka"})),
                 f"127.0.0.1:{first.port}",
+                transport=transport,
             )
     finally:
         await first.stop(grace_secs=0)

@@ -7,14 +7,24 @@ in-request failover between accounts on one cluster, one in the cluster's upstre
 """
 
 from .policy import Policies
-from .server import DEFAULT_LISTEN, ExtProcServer, parse_listen, serve, start_server
+from .server import (
+    DEFAULT_LISTEN,
+    TRANSPORTS,
+    ExtProcServer,
+    Transport,
+    parse_listen,
+    serve,
+    start_server,
+)
 from .servicer import ExtProcServicer
 
 __all__ = [
     "DEFAULT_LISTEN",
+    "TRANSPORTS",
     "ExtProcServer",
     "ExtProcServicer",
     "Policies",
+    "Transport",
     "parse_listen",
     "serve",
     "start_server",

@@ -1,4 +1,7 @@
-"""The grpc.aio `ExternalProcessor` servicer: one ext_proc stream in, one phase answer out.
+"""The `ExternalProcessor` servicer: one ext_proc stream in, one phase answer out.
+
+`open` and `end` are the stream's life in either transport: grpc.aio calls them from `Process`,
+the `h2` transport (`h2_transport`) from its own stream handling.
 
 Which filter opened the stream is read from its gRPC initial metadata (`x-switchyard-filter:
 upstream` for the filter in a cluster's upstream chain; anything else is the router-level
@@ -36,18 +39,25 @@ class ExtProcServicer(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         request_iterator: AsyncIterator[ep.ProcessingRequest],
         context: grpc.aio.ServicerContext[ep.ProcessingRequest, ep.ProcessingResponse],
     ) -> AsyncIterator[ep.ProcessingResponse]:
-        metadata: Iterable[tuple[str, str | bytes]] = context.invocation_metadata() or ()
-        upstream = any(k == FILTER_METADATA and v in ("upstream", b"upstream") for k, v in metadata)
-        if upstream:
-            stream: RouterStream | UpstreamStream = UpstreamStream(self.policies, self.flights)
-        else:
-            stream = RouterStream(self.policies, self.flights, _trace_parent(metadata))
+        stream = self.open(context.invocation_metadata() or ())
         try:
             async for request in request_iterator:
                 yield await stream.on(request)
         finally:
-            if isinstance(stream, RouterStream):
-                stream.close()
+            self.end(stream)
+
+    def open(self, metadata: Iterable[tuple[str, str | bytes]]) -> RouterStream | UpstreamStream:
+        """The state of a new stream, for the filter level its metadata names."""
+        metadata = list(metadata)
+        if any(k == FILTER_METADATA and v in ("upstream", b"upstream") for k, v in metadata):
+            return UpstreamStream(self.policies, self.flights)
+        return RouterStream(self.policies, self.flights, _trace_parent(metadata))
+
+    @staticmethod
+    def end(stream: object) -> None:
+        """However the stream ended: a router-level stream's telemetry ends with it."""
+        if isinstance(stream, RouterStream):
+            stream.close()
 
 
 def _trace_parent(metadata: Iterable[tuple[str, str | bytes]]) -> otel_context.Context | None:

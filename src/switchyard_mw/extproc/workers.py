@@ -34,13 +34,20 @@ from typing import TextIO
 from ..clients import build_clients
 from ..config import Config
 from ..errors import StartupError
-from .server import GRACE_SECS, ExtProcServer, parse_listen, serve
+from .server import DEFAULT_TRANSPORT, GRACE_SECS, ExtProcServer, Transport, parse_listen, serve
 
 START_SECS = 60.0
 """How long the workers may take to listen."""
 
 
-def run_workers(config: Config, listen: str, workers: int, *, err: TextIO) -> int:
+def run_workers(
+    config: Config,
+    listen: str,
+    workers: int,
+    *,
+    err: TextIO,
+    transport: Transport = DEFAULT_TRANSPORT,
+) -> int:
     """The CLI's `--workers N`: 2 for a bad count, address or missing key (checked once, here,
     before any worker starts), 1 when the workers cannot listen, else `serve_workers`'s."""
     if workers < 1:
@@ -60,7 +67,7 @@ def run_workers(config: Config, listen: str, workers: int, *, err: TextIO) -> in
         )
 
     try:
-        return serve_workers(config, listen, workers, ready=ready)
+        return serve_workers(config, listen, workers, ready=ready, transport=transport)
     except ValueError as exc:
         print(f"--listen {exc}", file=err)
         return 2
@@ -76,6 +83,7 @@ def serve_workers(
     *,
     ready: Callable[[int], None] | None = None,
     grace_secs: float = GRACE_SECS,
+    transport: Transport = DEFAULT_TRANSPORT,
 ) -> int:
     """Run `workers` processes on `listen` until SIGTERM or SIGINT; the exit status (0 when
     stopped by a signal and every worker stopped cleanly). `ready` gets the bound port.
@@ -96,7 +104,7 @@ def serve_workers(
         with _reserved(host, int(port_text)) as port:
             pipes = [spawn.Pipe(duplex=False) for _ in range(workers)]
             for i, (_, sender) in enumerate(pipes):
-                args = (config, f"{host}:{port}", grace_secs, sender)
+                args = (config, f"{host}:{port}", grace_secs, transport, sender)
                 procs.append(spawn.Process(target=_worker, args=args, name=f"extproc-{i}"))
                 procs[-1].start()
                 sender.close()  # the child holds its end
@@ -171,14 +179,25 @@ def _stop_all(procs: Sequence[BaseProcess], grace_secs: float) -> None:
             proc.join(5)
 
 
-def _worker(config: Config, listen: str, grace_secs: float, conn: Connection) -> None:
+def _worker(
+    config: Config, listen: str, grace_secs: float, transport: Transport, conn: Connection
+) -> None:
     """One worker: serve until SIGTERM, telling the parent once it listens (or why not)."""
 
     def listening(server: ExtProcServer) -> None:
         conn.send(("ready", server.port))
 
     try:
-        asyncio.run(serve(config, listen, grace_secs=grace_secs, ready=listening, reuse_port=True))
+        asyncio.run(
+            serve(
+                config,
+                listen,
+                grace_secs=grace_secs,
+                ready=listening,
+                reuse_port=True,
+                transport=transport,
+            )
+        )
     except Exception as exc:  # reported to the parent, which exits with it
         with contextlib.suppress(OSError):
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
