@@ -34,6 +34,7 @@ from _harness import (
 
 SECTION = "4 envoy"
 ENVOY_PROC = "Envoy + switchyard-mw extproc"
+ENVOY_PROC_H2 = "Envoy + switchyard-mw extproc --transport h2"
 MINIMAL_PROC = "Envoy + minimal Python processor (reference)"
 EXAMPLE = ROOT / "examples" / "envoy"
 
@@ -148,12 +149,10 @@ def run(
 
     # With a processor: the example's config as shipped; switchyard's, then the reference.
     config = processor_config(workdir, mock)
+    extproc = [PYTHON, "-m", "switchyard_mw.cli", "extproc", "--config", str(config)]
     processors = [
-        (
-            ENVOY_PROC,
-            [PYTHON, "-m", "switchyard_mw.cli", "extproc", "--config", str(config)],
-            "x-switchyard-model",
-        ),
+        (ENVOY_PROC, extproc, "x-switchyard-model"),
+        (ENVOY_PROC_H2, [*extproc, "--transport", "h2"], "x-switchyard-model"),
         (MINIMAL_PROC, [PYTHON, str(Path(__file__).with_name("_minimal_extproc.py"))], None),
     ]
     for name, cmd, expect_header in processors:
