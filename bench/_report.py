@@ -111,12 +111,12 @@ def targets(results: Sequence[Result]) -> list[Target]:
             for r in results
             if r.section.startswith("1") and r.name.startswith(MINIMAL)
         ]
-        floor = f"; minimal middleware: {min(minimal):.0f}-{max(minimal):.0f} µs" if minimal else ""
+        floor = f"; minimal middleware: {min(minimal):.1f}-{max(minimal):.1f} µs" if minimal else ""
         out.append(
             Target(
                 "whole ASGI stack, in process",
                 "adds ≤ 15 µs/request",
-                f"adds {best:.0f}-{worst:.0f} µs/request (4 bodies){floor}",
+                f"adds {best:.1f}-{worst:.1f} µs/request (4 bodies){floor}",
                 worst <= 15,
             )
         )
