@@ -6,6 +6,7 @@ import asyncio
 import io
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
@@ -113,6 +114,53 @@ async def test_stop_lets_a_stream_in_flight_finish(
         await exchange(channel, request_headers())
 
 
+async def test_a_rewritten_body_larger_than_the_clients_window_arrives_whole(
+    transport: Transport,
+) -> None:
+    """The answer is sent as the client opens its window (grpcio's starts at 64 KiB)."""
+    canaried = CONFIG.replace('models = ["m",', 'models = ["m", "m2",')
+    config = parse_config(canaried + "\n[canaries.m]\nvariants = { m2 = 100 }\n")
+    server = await start_server(
+        Policies(config, build_clients(config, {"KEY_A": "ka"})),
+        "127.0.0.1:0",
+        transport=transport,
+    )
+    text = "é" * (3 << 20)  # 6 MiB of UTF-8
+    body = msgspec.json.encode({"model": "m", "messages": [{"role": "user", "content": text}]})
+    try:
+        options = [("grpc.max_receive_message_length", 64 << 20)]
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}", options=options) as ch:
+            answers = await asyncio.gather(
+                *(exchange(ch, request_headers(), request_body(body)) for _ in range(3))
+            )
+        for answer in answers:
+            rewritten = msgspec.json.decode(answer[1].request_body.response.body_mutation.body)
+            assert rewritten["model"] == "m2"
+            assert rewritten["messages"][0]["content"] == text
+    finally:
+        await server.stop(grace_secs=0)
+
+
+async def test_many_streams_on_one_connection_leave_nothing_behind(
+    served: tuple[ExtProcServer, MockProvider, grpc.aio.Channel],
+) -> None:
+    server, _, channel = served
+    body = msgspec.json.encode({"model": "m", "messages": [{"role": "user", "content": "q"}]})
+    for _ in range(200):
+        answers = await exchange(channel, request_headers(), request_body(body))
+        assert sets(answers[1])["x-switchyard-cluster"] == b"prov"
+    assert len(server.servicer.flights) == 0
+    if server.transport == "h2":  # and the transport's own bookkeeping is back to empty
+        (connection,) = server_connections(server)
+        assert connection.streams == {}
+        assert len(connection.h2.streams) <= 2  # h2 prunes closed streams as new ones open
+
+
+def server_connections(server: ExtProcServer) -> list[Any]:
+    h2 = server._stop.__self__  # type: ignore[attr-defined]  # the bound H2Server.stop
+    return list(h2.connections)
+
+
 async def test_an_unknown_method_is_unimplemented(
     served: tuple[ExtProcServer, MockProvider, grpc.aio.Channel],
 ) -> None:
@@ -179,7 +227,7 @@ async def test_a_stream_whose_handling_fails_is_unknown_and_is_released(
 
     class Failing(RouterStream):
         def on_request_headers(self, http: ep.HttpHeaders) -> ep.ProcessingResponse:
-            raise RuntimeError("boom")
+            raise RuntimeError("böom: 100% ✗")
 
         def close(self) -> None:
             closed.append(self)
@@ -189,7 +237,7 @@ async def test_a_stream_whose_handling_fails_is_unknown_and_is_released(
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await exchange(channel, request_headers())
     assert caught.value.code() == grpc.StatusCode.UNKNOWN
-    assert "boom" in (caught.value.details() or "")
+    assert "böom: 100% ✗" in (caught.value.details() or "")  # percent-encoded on the wire
     assert len(closed) == 1
     monkeypatch.undo()
     assert len(await exchange(channel, request_headers())) == 1
