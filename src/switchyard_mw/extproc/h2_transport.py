@@ -244,12 +244,11 @@ class _Connection(asyncio.Protocol):
                 encoding = value
             else:
                 metadata.append((name.decode("latin-1"), value))
-        stream = _Stream(sid, path)
-        self.streams[sid] = stream
         if not content_type.startswith(b"application/grpc"):
             self.h2.send_headers(sid, [(b":status", b"415")], end_stream=True)
-            del self.streams[sid]
             return
+        stream = _Stream(sid, path)
+        self.streams[sid] = stream
         if encoding not in (b"", b"identity"):
             self._fail(stream, UNIMPLEMENTED, f"grpc-encoding {encoding.decode('latin-1')}")
         elif path == PROCESS_PATH:
@@ -405,6 +404,10 @@ class _Connection(asyncio.Protocol):
                 if not stream.headers_sent:  # a trailers-only answer
                     trailers = _RESPONSE_HEADERS + trailers
                 h.send_headers(sid, trailers, end_stream=True)
+                if stream.status != OK and not stream.client_done:
+                    # The rest of the request is of no use: ask the client to stop sending it
+                    # (RFC 9113 8.1: a complete response, then RST_STREAM with NO_ERROR).
+                    h.reset_stream(sid, h2.errors.ErrorCodes.NO_ERROR)
                 self._release(stream)
         except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
             self._drop(stream)
