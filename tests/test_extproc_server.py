@@ -404,3 +404,15 @@ def test_the_cli_serves_until_sigterm_and_exits_cleanly(tmp_path: Path, transpor
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def test_an_unknown_transport_is_refused_by_name(tmp_path: Path) -> None:
+    config = parse_config(CONFIG)
+    policies = Policies(config, build_clients(config, {"KEY_A": "ka"}))
+    with pytest.raises(ValueError, match="transport 'grpc': expected one of grpcio, h2"):
+        await start_server(policies, "127.0.0.1:0", transport="grpc")  # type: ignore[arg-type]
+    good = tmp_path / "good.toml"
+    good.write_text(CONFIG)
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["extproc", "--config", str(good), "--transport", "grpc"])
+    assert exited.value.code == 2  # argparse names the choices on stderr
