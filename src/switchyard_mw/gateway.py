@@ -13,6 +13,7 @@ the request's span (`ctx.report_usage`). Without an SDK none of that runs.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator, Iterable
 
 import aiohttp
@@ -25,6 +26,7 @@ from starlette.types import Receive, Scope, Send
 
 from . import gateway_telemetry as ot
 from . import telemetry as tm
+from .asgi._base import ClientDisconnected, read_body
 from .clients import UpstreamClient
 from .context import RequestContext, current_context
 from .outbound import PooledTransport, as_httpx_error, pool_of, seconds_left, timeout_for
@@ -213,19 +215,12 @@ _UNTIMED = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=None, so
 
 
 async def _request_body(receive: Receive) -> bytes:
-    """The whole request body, as Starlette's `Request.body()` reads it."""
-    chunks: list[bytes] = []
-    while True:
-        message = await receive()
-        kind = message["type"]
-        if kind == "http.disconnect":
-            raise ClientDisconnect()
-        if kind != "http.request":
-            continue
-        chunk: bytes = message.get("body", b"")
-        if not message.get("more_body", False):
-            return b"".join((*chunks, chunk)) if chunks else chunk
-        chunks.append(chunk)
+    """The whole request body, as Starlette's `Request.body()` reads it (and raises)."""
+    try:
+        # No limit of its own: under the stack the body was read, bounded and replayed.
+        return await read_body(receive, limit=sys.maxsize)
+    except ClientDisconnected:
+        raise ClientDisconnect() from None
 
 
 class _Reply:
