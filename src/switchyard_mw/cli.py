@@ -6,11 +6,14 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import Literal, TextIO
+from typing import TYPE_CHECKING, TextIO
 from urllib.parse import urlsplit
 
 from .config import Config, State, load_config
 from .errors import ConfigError
+
+if TYPE_CHECKING:  # the extproc package imports grpc: only `extproc` itself needs it
+    from .extproc import Transport
 
 EXIT_OK = 0
 EXIT_INVALID = 2
@@ -80,7 +83,7 @@ def run_extproc(
     *,
     err: TextIO,
     workers: int = 1,
-    transport: Literal["grpcio", "h2"] = "grpcio",
+    transport: Transport = "grpcio",
 ) -> int:
     """Serve ext_proc until SIGTERM; a bad config, listen address or key is exit 2."""
     import asyncio

@@ -317,7 +317,7 @@ def _turn_hash_of(turn: Raw | str) -> str:
         return _turn_hash(_ANY.decode(turn))
     except (msgspec.DecodeError, RecursionError):
         # Not decodable (bad UTF-8 deep inside, say): its bytes still key it stably.
-        return hashlib.blake2b(bytes(turn), digest_size=16).hexdigest()
+        return hashlib.blake2b(raw, digest_size=16).hexdigest()
 
 
 def _messages_think(messages: list[_Message]) -> bool:

@@ -139,7 +139,7 @@ class _Stream:
         self.handler: Handler | None = None
         self.context: contextvars.Context | None = None
         self.buffer = bytearray()
-        self.pending: deque[bytes] = deque()
+        self.pending: deque[bytearray] = deque()
         self.task: asyncio.Task[None] | None = None
         self.out: deque[memoryview] = deque()
         self.headers_sent = False
@@ -284,11 +284,11 @@ class _Connection(asyncio.Protocol):
             if buffer[0]:
                 self._fail(stream, INTERNAL, "compressed message but no grpc-encoding")
                 return
-            payload = bytes(buffer[5 : 5 + size])
+            payload = buffer[5 : 5 + size]  # a copy already: protobuf parses a bytearray
             del buffer[: 5 + size]
             self._on_message(stream, payload)
 
-    def _on_message(self, stream: _Stream, payload: bytes) -> None:
+    def _on_message(self, stream: _Stream, payload: bytearray) -> None:
         if stream.handler is not None:
             stream.pending.append(payload)
             if stream.task is None:
