@@ -9,7 +9,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, TextIO
 from urllib.parse import urlsplit
 
-from .config import Config, State, load_config
+from .config import (
+    Config,
+    State,
+    config_warnings,
+    diagnose_config,
+    load_config,
+    missing_api_keys,
+)
 from .errors import ConfigError
 
 if TYPE_CHECKING:  # the extproc package imports grpc: only `extproc` itself needs it
@@ -25,9 +32,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Policies for LLM gateways: deadlines, canary stickiness, fault cooling, "
         "judge timeouts.",
     )
+    parser.add_argument("--version", action="version", version=f"switchyard-mw {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     check = commands.add_parser("check-config", help="validate a config file and summarise it")
     check.add_argument("file", help="path to the TOML config")
+    check.add_argument(
+        "--no-env",
+        action="store_true",
+        help="do not check that each account's api_key_env variable is set here",
+    )
     extproc = commands.add_parser("extproc", help="serve the policies to Envoy (ext_proc gRPC)")
     extproc.add_argument("--config", required=True, help="path to the TOML config")
     extproc.add_argument(
@@ -48,9 +61,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="grpcio (grpc.aio, the default) or h2: the same service over a plain asyncio "
         "HTTP/2 server, about a third of the CPU per request (no TLS, no compression)",
     )
+    mock = commands.add_parser(
+        "mock",
+        help="serve the bundled mock LLM provider (Anthropic/OpenAI wire formats, offline)",
+        description="Serve the bundled mock provider and its control API "
+        "(PUT /_mock/behaviours/{key} to make a key answer 401, stall, reset...).",
+    )
+    mock.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1")
+    mock.add_argument("--port", type=int, default=9100, help="default: 9100")
+    mock.add_argument("--reply", default=None, help="the reply text of every answer")
     args = parser.parse_args(argv)
     if args.command == "check-config":
-        return check_config(args.file, out=sys.stdout, err=sys.stderr)
+        return check_config(args.file, out=sys.stdout, err=sys.stderr, check_env=not args.no_env)
+    if args.command == "mock":
+        return run_mock(args.host, args.port, args.reply)
     if args.command == "extproc":
         return run_extproc(
             args.config,
@@ -63,18 +87,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     return EXIT_INVALID
 
 
-def check_config(path: str, *, out: TextIO, err: TextIO) -> int:
-    """Print OK and a one-screen summary (exit 0), or every problem (exit 2)."""
-    try:
-        config = load_config(path)
-    except ConfigError as exc:
-        print(f"{path}: {len(exc.problems)} problem(s)", file=err)
-        for problem in exc.problems:
-            print(f"  {problem}", file=err)
-        return EXIT_INVALID
+def check_config(path: str, *, out: TextIO, err: TextIO, check_env: bool = True) -> int:
+    """Print OK and a one-screen summary (exit 0), or every problem in one list (exit 2).
+
+    Warnings (`warning:` lines on stderr) never change the exit code. An unset key variable
+    is a problem unless `check_env` is off: the server would refuse to start with it.
+    """
+    config, problems = diagnose_config(path)
+    if config is not None and check_env:
+        problems.extend(missing_api_keys(config))
+    if problems or config is None:
+        return _problems(path, problems, err)
+    for warning in config_warnings(config):
+        print(f"warning: {warning}", file=err)
     print(f"OK {path}", file=out)
     print(summary(config), file=out)
     return EXIT_OK
+
+
+def _problems(path: str, problems: Sequence[str], err: TextIO) -> int:
+    print(f"{path}: {len(problems)} problem(s)", file=err)
+    for problem in problems:
+        print(f"  {problem}", file=err)
+    return EXIT_INVALID
+
+
+def run_mock(host: str, port: int, reply: str | None) -> int:
+    """Serve the bundled mock provider until Ctrl-C (needs uvicorn, as the example does)."""
+    from .testing.mock_provider import main as mock_main
+
+    argv = ["--host", host, "--port", str(port)]
+    mock_main([*argv, "--reply", reply] if reply is not None else argv)
+    return EXIT_OK
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("switchyard-mw")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
 
 
 def run_extproc(
@@ -95,12 +148,16 @@ def run_extproc(
         config = load_config(path)
         parse_listen(listen)
     except ConfigError as exc:
-        print(f"{path}: {len(exc.problems)} problem(s)", file=err)
-        for problem in exc.problems:
-            print(f"  {problem}", file=err)
-        return EXIT_INVALID
+        return _problems(path, exc.problems, err)
     except ValueError as exc:
         print(f"--listen {exc}", file=err)
+        return EXIT_INVALID
+    if not any(client.envoy_cluster for client in config.llm_clients.values()):
+        print(
+            f"{path}: no llm_clients entry sets envoy_cluster, so Envoy could reach no account; "
+            "set it to the Envoy cluster that reaches each account's base_url",
+            file=err,
+        )
         return EXIT_INVALID
 
     if workers != 1:

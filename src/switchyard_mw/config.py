@@ -7,11 +7,12 @@ Every problem is reported as `key.path: rule`.
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 
@@ -105,18 +106,35 @@ _SECTIONS: dict[str, type[Struct]] = {
     "canaries": Canary,
     "routes": Route,
 }
+_TOP_KEYS = (*_TABLES, *_SECTIONS)
 
 
 def load_config(path: str | os.PathLike[str]) -> Config:
     """Read and validate a TOML config file; raise `ConfigError` listing every problem."""
+    config, problems = diagnose_config(path)
+    if problems or config is None:
+        raise ConfigError(problems)
+    return config
+
+
+def diagnose_config(path: str | os.PathLike[str]) -> tuple[Config | None, list[str]]:
+    """The config as far as it can be read, and every problem found in it, in one pass.
+
+    With problems, the config returned (if any) has its bad entries dropped or defaulted:
+    good enough to check the environment against, never to serve with.
+    """
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError([f"{p}: no such file"]) from None
+        return None, [f"{p}: no such file"]
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError([f"{p}: cannot read: {exc}"]) from None
-    return parse_config(text, source=str(p))
+        return None, [f"{p}: cannot read: {exc}"]
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        return None, [f"{p}: invalid TOML: {exc}"]
+    return validate(raw)
 
 
 def parse_config(text: str, *, source: str = "<config>") -> Config:
@@ -130,8 +148,17 @@ def parse_config(text: str, *, source: str = "<config>") -> Config:
 
 def config_from_mapping(raw: Mapping[str, Any]) -> Config:
     """Validate an already-parsed mapping (the shape of the TOML file)."""
+    config, problems = validate(raw)
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+def validate(raw: Mapping[str, Any]) -> tuple[Config, list[str]]:
+    """Every problem of a parsed mapping, and the config as far as it could be read."""
     problems: list[str] = []
     sections: dict[str, Any] = {}
+    salvaged: set[str] = set()
     for key, value in raw.items():
         if key in _TABLES:
             table = _convert(value, _TABLES[key], key, problems)
@@ -141,25 +168,45 @@ def config_from_mapping(raw: Mapping[str, Any]) -> Config:
             if not isinstance(value, dict):
                 problems.append(f"{key}: expected a table")
                 continue
-            entries = {}
-            for name, entry in value.items():
-                converted = _convert(entry, _SECTIONS[key], f"{key}.{_quote(name)}", problems)
-                if converted is not None:
-                    entries[name] = converted
-            sections[key] = entries
+            sections[key] = _convert_section(key, value, problems, salvaged)
         else:
-            problems.append(f"{key}: unknown key")
+            problems.append(f"{key}: unknown key{_suggest(key, _TOP_KEYS)}")
     config = Config(**sections)
-    # A client that failed its own checks is missing here; "no client serves X" would mislead.
-    clients_complete = not any(p.startswith("llm_clients") for p in problems)
+    # A client missing here failed even its required fields: which models it serves is
+    # unknown, and "no client serves X" would mislead.
     declared = raw.get("llm_clients")
     declared_clients = set(declared) if isinstance(declared, dict) else set()
+    clients_complete = declared_clients <= set(config.llm_clients)
     problems.extend(
-        _cross_check(config, clients_complete=clients_complete, declared_clients=declared_clients)
+        _cross_check(
+            config,
+            clients_complete=clients_complete,
+            declared_clients=declared_clients,
+            salvaged=salvaged,
+        )
     )
-    if problems:
-        raise ConfigError(problems)
-    return config
+    return config, problems
+
+
+def _convert_section(
+    section: str, value: dict[str, Any], problems: list[str], salvaged: set[str]
+) -> dict[str, Any]:
+    """Each entry of a named section; an entry with bad fields is kept for the cross checks.
+
+    Keeping it (its bad fields at their defaults) is what lets one pass report a broken
+    client *and* the canary that names a model nobody serves: otherwise the second problem
+    shows only once the first is fixed. The config is refused all the same.
+    """
+    entries = {}
+    for name, entry in value.items():
+        where = f"{section}.{_quote(name)}"
+        converted = _convert(entry, _SECTIONS[section], where, problems)
+        if converted is None:
+            converted = _salvage(entry, _SECTIONS[section])
+            salvaged.add(where)
+        if converted is not None:
+            entries[name] = converted
+    return entries
 
 
 def _convert(value: Any, kind: type[_S], where: str, problems: list[str]) -> _S | None:
@@ -171,7 +218,7 @@ def _convert(value: Any, kind: type[_S], where: str, problems: list[str]) -> _S 
     before = len(problems)
     for key in value:
         if key not in fields:
-            problems.append(f"{where}.{_quote(key)}: unknown key")
+            problems.append(f"{where}.{_quote(key)}: unknown key{_suggest(key, fields)}")
     for name, field in fields.items():
         if name not in value:
             if field.required:
@@ -188,6 +235,31 @@ def _convert(value: Any, kind: type[_S], where: str, problems: list[str]) -> _S 
     if len(problems) > before:
         return None
     return msgspec.convert(value, kind, strict=True)
+
+
+def _salvage(value: Any, kind: type[_S]) -> _S | None:
+    """The entry with its unknown and bad fields dropped, or None if a required one is bad."""
+    if not isinstance(value, dict):
+        return None
+    good = {}
+    for field in msgspec.structs.fields(kind):
+        if field.encode_name not in value:
+            continue
+        try:
+            msgspec.convert(value[field.encode_name], field.type, strict=True)
+        except msgspec.ValidationError:
+            continue
+        good[field.encode_name] = value[field.encode_name]
+    try:
+        return msgspec.convert(good, kind, strict=True)
+    except msgspec.ValidationError:
+        return None
+
+
+def _suggest(key: str, known: Iterable[str]) -> str:
+    """` (did you mean "x"?)` for a key one typo away from a known one, else nothing."""
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    return f' (did you mean "{close[0]}"?)' if close else ""
 
 
 _AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
@@ -213,31 +285,48 @@ def _quote(name: str) -> str:
 
 
 def _cross_check(
-    config: Config, *, clients_complete: bool, declared_clients: set[str]
+    config: Config,
+    *,
+    clients_complete: bool,
+    declared_clients: set[str],
+    salvaged: set[str],
 ) -> list[str]:
-    problems: list[str] = []
     served: set[str] = set()
-    any_wildcard = False
+    for client in config.llm_clients.values():
+        served.update(client.models)
+
+    def unserved(model: str) -> bool:
+        return clients_complete and "*" not in served and model not in served
+
+    problems = _check_clients(config, salvaged)
+    problems.extend(_check_canaries(config, unserved))
+    problems.extend(_check_routes(config, unserved, declared_clients))
+    problems.extend(_check_state(config.state))
+    return problems
+
+
+def _check_clients(config: Config, salvaged: set[str]) -> list[str]:
+    problems: list[str] = []
     for name, client in config.llm_clients.items():
         at = f"llm_clients.{_quote(name)}"
         if not client.models:
             problems.append(f"{at}.models: must list at least one model")
-        served.update(client.models)
-        any_wildcard = any_wildcard or "*" in client.models
         if not client.base_url.startswith(("http://", "https://")):
             problems.append(f"{at}.base_url: must start with http:// or https://")
         if client.api_key_env is not None and not _ENV_NAME.match(client.api_key_env):
             problems.append(f"{at}.api_key_env: not an environment variable name")
-        if client.max_cooldown_secs < client.cooldown_secs:
+        # A salvaged entry may hold a default in place of a bad period: comparing would mislead.
+        if at not in salvaged and client.max_cooldown_secs < client.cooldown_secs:
             problems.append(f"{at}.max_cooldown_secs: must be >= cooldown_secs")
+    return problems
 
-    def unserved(model: str) -> bool:
-        return clients_complete and not any_wildcard and model not in served
 
+def _check_canaries(config: Config, unserved: Callable[[str], bool]) -> list[str]:
+    problems: list[str] = []
     for model, canary in config.canaries.items():
         at = f"canaries.{_quote(model)}"
         if unserved(model):
-            problems.append(f'{at}: no llm_clients entry serves model "{model}"')
+            problems.append(f"{at}: {_unserved_msg(model)}")
         if not canary.variants:
             problems.append(f"{at}.variants: must name at least one variant")
         for variant, percent in canary.variants.items():
@@ -251,7 +340,13 @@ def _cross_check(
         if total > 100:
             shown = int(total) if total.is_integer() else round(total, 4)
             problems.append(f"{at}.variants: percentages sum to {shown} > 100")
+    return problems
 
+
+def _check_routes(
+    config: Config, unserved: Callable[[str], bool], declared_clients: set[str]
+) -> list[str]:
+    problems: list[str] = []
     for name, route in config.routes.items():
         at = f"routes.{_quote(name)}"
         judge = config.llm_clients.get(route.judge)
@@ -266,14 +361,11 @@ def _cross_check(
             problems.append(f"{at}.choices: must name at least one label")
         for label, model in route.choices.items():
             if unserved(model):
-                problems.append(
-                    f'{at}.choices.{_quote(label)}: no llm_clients entry serves model "{model}"'
-                )
+                problems.append(f"{at}.choices.{_quote(label)}: {_unserved_msg(model)}")
         if unserved(route.fallback):
-            problems.append(f'{at}.fallback: no llm_clients entry serves model "{route.fallback}"')
+            problems.append(f"{at}.fallback: {_unserved_msg(route.fallback)}")
         if name in config.canaries:
             problems.append(f"{at}: also named as a canary base model; a route name is not a model")
-    problems.extend(_check_state(config.state))
     return problems
 
 
@@ -316,3 +408,34 @@ def read_api_keys(
     if missing:
         raise StartupError("; ".join(missing))
     return keys
+
+
+def missing_api_keys(config: Config, environ: Mapping[str, str] | None = None) -> list[str]:
+    """One `key.path: ...` line per client whose key variable is unset or empty."""
+    try:
+        read_api_keys(config, environ)
+    except StartupError as exc:
+        return str(exc).split("; ")
+    return []
+
+
+def config_warnings(config: Config) -> list[str]:
+    """What is valid but probably not meant: `key.path: why` lines (check-config prints them)."""
+    warnings: list[str] = []
+    judges = {route.judge for route in config.routes.values()}
+    routed_by_envoy = any(c.envoy_cluster for c in config.llm_clients.values())
+    for name, client in config.llm_clients.items():
+        at = f"llm_clients.{_quote(name)}"
+        base = client.base_url.rstrip("/")
+        if base.endswith("/v1"):
+            warnings.append(
+                f"{at}.base_url: ends in /v1, but the request path is appended to it "
+                f"({base}/v1/messages would be called); leave the /v1 out"
+            )
+        # The ext_proc server calls a judge itself; every other account is reached via Envoy.
+        if routed_by_envoy and not client.envoy_cluster and name not in judges:
+            warnings.append(
+                f"{at}.envoy_cluster: not set, so the ext_proc server never routes to this "
+                "account (other accounts set it)"
+            )
+    return warnings
