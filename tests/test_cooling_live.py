@@ -100,11 +100,12 @@ async def test_refused_account_is_cooled_after_one_failover(
     assert 0 < refused["cooled_for_secs"] <= 300
 
 
-async def test_throttled_account_is_tried_again(
+async def test_throttled_account_without_a_retry_time_is_tried_again(
     gateway: str, mock: tuple[MockProvider, str]
 ) -> None:
     provider, _ = mock
-    provider.set_behaviour("refused-429", Behaviour(status=429))
+    # No retry time: nothing is held (with one, the account would sit out; see test_throttle).
+    provider.set_behaviour("refused-429", Behaviour(status=429, headers={}))
     async with anthropic.AsyncAnthropic(base_url=gateway, api_key="x", max_retries=0) as client:
         first = await _create(client, 429)
         second = await _create(client, 429)

@@ -41,6 +41,8 @@ class LLMClient(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     failure_threshold: PositiveInt = 3
     cooldown_secs: PositiveSecs = 30.0
     max_cooldown_secs: PositiveSecs = 300.0
+    max_throttle_secs: PositiveSecs = 60.0
+    """The longest a 429's retry time keeps this account out of rotation for one model."""
     envoy_cluster: str | None = None
 
     def serves(self, model: str) -> bool:

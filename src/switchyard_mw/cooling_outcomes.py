@@ -6,8 +6,12 @@ servicer), so a fault is counted the same way whoever saw it.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterable
+
 from . import telemetry as tm
 from .core.pool import AccountPool, BreakerState, Lease, Outcome, classify_status
+from .core.throttle import READ_HEADERS, retry_secs
 
 _FAULT = Outcome.FAULT  # read on every attempt; Enum member access is slow on Python 3.11
 
@@ -35,3 +39,31 @@ def settle(pool: AccountPool, lease: Lease, outcome: Outcome | None, status: str
     tm.account_faults.add(1, {"account": name, "status": status})
     if before is not BreakerState.COOLED and pool.status_of(name).state is BreakerState.COOLED:
         tm.account_cooled.add(1, {"account": name})
+
+
+def hold(pool: AccountPool, account: str, model: str, headers: Iterable[tuple[str, str]]) -> float:
+    """Hold `account` out of rotation for `model` as long as its 429 asked (capped).
+
+    `headers`: the 429's response headers, (lowercase name, value). Without a retry time
+    nothing is held. A hold adds one to `switchyard.account.throttled{account, model}`; the
+    model label is "*" for a model no account names (a wildcard account serves any string a
+    client sends, and a label must stay bounded). Returns the seconds held (0.0: none).
+    """
+    secs = retry_secs(headers, wall_now=time.time())
+    if secs is None:
+        return 0.0
+    held = pool.hold(account, model, secs)
+    if held > 0:
+        label = model if model in pool.named_models else "*"
+        tm.account_throttled.add(1, {"account": account, "model": label})
+    return held
+
+
+def throttle_headers(raw: Iterable[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    """The headers of a 429 that say when to retry, decoded (the rest are not kept)."""
+    kept = []
+    for name, value in raw:
+        key = name.decode("latin-1").lower()
+        if key in READ_HEADERS:
+            kept.append((key, value.decode("latin-1")))
+    return kept

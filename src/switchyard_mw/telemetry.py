@@ -25,6 +25,7 @@ SCOPE = "switchyard_mw"
 CLASSIFIER_FAIL_OPEN = "switchyard.classifier_fail_open"
 ACCOUNT_FAULTS = "switchyard.account.faults"
 ACCOUNT_COOLED = "switchyard.account.cooled"
+ACCOUNT_THROTTLED = "switchyard.account.throttled"
 FAILOVERS = "switchyard.failovers"
 DEADLINE_EXCEEDED = "switchyard.deadline.exceeded"
 VARIANT_ASSIGNMENTS = "switchyard.variant.assignments"
@@ -78,6 +79,11 @@ account_faults = meter.create_counter(
 )
 account_cooled = meter.create_counter(
     ACCOUNT_COOLED, unit="{cooling}", description="Times an account started cooling"
+)
+account_throttled = meter.create_counter(
+    ACCOUNT_THROTTLED,
+    unit="{hold}",
+    description="Throttle holds: a 429 with a retry time kept an account out for a model",
 )
 failovers = meter.create_counter(
     FAILOVERS, unit="{attempt}", description="Attempts moved to another account"

@@ -52,6 +52,11 @@ class CoolingStatusApp:
                 ),
                 "current_cooldown_secs": s.current_cooldown_secs,
                 "probe_in_flight": s.probe_in_flight,
+                # Throttle holds, per model: seconds until each ends (a 429's retry time).
+                "held_for_secs": {
+                    model: round(max(0.0, until - now), 3)
+                    for model, until in self.pool.holds_of(s.name).items()
+                },
             }
             for s in self.pool.status()
         ]

@@ -6,7 +6,9 @@ that another account may absorb is swallowed and the same body replayed to the n
 anything else goes to the client at once. Once a byte reached the client, there is no failover.
 
 Status codes and error types this middleware answers with itself, in the wire's error format:
-503 `no_healthy_account` (every account serving the model is cooling; `retry-after` says when
+429 `rate_limited` (every account serving the model is held by a 429's retry time, or held and
+cooling; no upstream is called, `retry-after` says when the earliest is back), 503
+`no_healthy_account` (every account serving the model is cooling; `retry-after` says when
 the earliest recovers) and 502 `upstream_unreachable` (every attempt raised, e.g. connection
 refused, and no upstream answer exists to pass on). When all accounts answered with errors,
 the client gets the last of those answers unchanged.
@@ -27,7 +29,7 @@ from .. import telemetry as tm
 from ..clients import UpstreamClient
 from ..config import Server
 from ..context import RequestContext
-from ..cooling_outcomes import settle
+from ..cooling_outcomes import hold, settle, throttle_headers
 from ..core.clock import Clock, monotonic
 from ..core.pool import AccountPool, AccountSpec, Lease, Outcome, classify_status
 from ..wire import Wire
@@ -36,6 +38,7 @@ from ._types import ASGIApp, Message, Receive, Scope, Send
 from .admin import cooling_status_app as cooling_status_app  # re-exported for existing imports
 
 NO_HEALTHY_ACCOUNT = "no_healthy_account"
+RATE_LIMITED = "rate_limited"
 UPSTREAM_UNREACHABLE = "upstream_unreachable"
 APP_ERROR = "app_error"
 """An exception that is not a transport error or a deadline: the app's own bug, not a fault."""
@@ -45,7 +48,8 @@ MAX_HELD_BYTES = 1 << 20
 Inner = Callable[[RequestContext, Scope, Receive, Send], Awaitable[None]]
 _ACCOUNT_PHASES = frozenset({"total", "headers", "idle"})  # a deadline that is the account's fault
 _log = logging.getLogger(__name__)
-_SUCCESS = Outcome.SUCCESS  # read on every attempt; Enum member access is slow on Python 3.11
+# Read on every attempt: Enum member access is slow on Python 3.11.
+_SUCCESS, _THROTTLE = Outcome.SUCCESS, Outcome.THROTTLE
 
 
 def pool_from_clients(
@@ -61,6 +65,7 @@ def pool_from_clients(
                 failure_threshold=c.spec.failure_threshold,
                 cooldown_secs=c.spec.cooldown_secs,
                 max_cooldown_secs=c.spec.max_cooldown_secs,
+                max_throttle_secs=c.spec.max_throttle_secs,
             )
             for name, c in clients.items()
         ],
@@ -80,6 +85,7 @@ class _Attempt:
         "finished",
         "forwarded",
         "held",
+        "retry_headers",
         "size",
         "status",
     )
@@ -95,11 +101,14 @@ class _Attempt:
         self.held: list[Message] | None = None
         self.size = 0  # bytes held
         self.complete = False  # the held response is whole: it can be swallowed
+        self.retry_headers: list[tuple[str, str]] | None = None  # a 429's, for its hold
 
     async def send(self, message: Message) -> None:
         if self.held is None:
             if message["type"] == "http.response.start" and self.status is None:
                 self.status = message["status"]
+                if self.status == 429:
+                    self.retry_headers = throttle_headers(message.get("headers", ()))
                 if self._cooling._may_retry(self._ctx, message["status"], self._tried):
                     self.held = [message]
                     return
@@ -233,7 +242,10 @@ class CoolingMiddleware(PolicyMiddleware):
             if span is None and status is not None and _plain_success(ctx, status):
                 self.pool.record(lease, _SUCCESS)  # the hot path: nothing to count or annotate
                 return True
-            self._settle(lease, span, *_verdict(ctx, attempt))
+            outcome, status_text = _verdict(ctx, attempt)
+            self._settle(lease, span, outcome, status_text)
+            if outcome is _THROTTLE and attempt.retry_headers and ctx.resolved_model is not None:
+                hold(self.pool, lease.account, ctx.resolved_model, attempt.retry_headers)
             return attempt.status is not None and attempt.held is None
         finally:
             if span is not None:
@@ -308,11 +320,14 @@ class CoolingMiddleware(PolicyMiddleware):
             if model is not None
         ]
         wait = min((w for w in waits if w is not None), default=1.0)
-        retry_after = str(max(1, math.ceil(wait))).encode()
-        message = f"no healthy upstream account for model {ctx.resolved_model!r}"
-        await send_error(
-            send, wire, 503, NO_HEALTHY_ACCOUNT, message, [(b"retry-after", retry_after)]
-        )
+        retry_after = [(b"retry-after", str(max(1, math.ceil(wait))).encode())]
+        model = ctx.resolved_model
+        if model is not None and self.pool.throttled(model):
+            message = f"every upstream account for model {model!r} is rate limited"
+            await send_error(send, wire, 429, RATE_LIMITED, message, retry_after)
+            return
+        message = f"no healthy upstream account for model {model!r}"
+        await send_error(send, wire, 503, NO_HEALTHY_ACCOUNT, message, retry_after)
 
 
 def _attempt_span(ctx: RequestContext, lease: Lease) -> trace.Span:

@@ -28,6 +28,8 @@ class AccountSpec:
     failure_threshold: int = 3
     cooldown_secs: float = 30.0
     max_cooldown_secs: float = 300.0
+    max_throttle_secs: float = 60.0
+    """The longest a 429's retry time may keep this account out of rotation for a model."""
 
     def __post_init__(self) -> None:
         # A bare string would silently become a set of characters.
@@ -41,6 +43,8 @@ class AccountSpec:
             raise ValueError(f"account {self.name!r}: cooldown_secs must be > 0")
         if not self.max_cooldown_secs >= self.cooldown_secs:
             raise ValueError(f"account {self.name!r}: max_cooldown_secs must be >= cooldown_secs")
+        if not self.max_throttle_secs > 0:
+            raise ValueError(f"account {self.name!r}: max_throttle_secs must be > 0")
 
     def serves(self, model: str) -> bool:
         """Whether this account may be used for ``model``."""

@@ -23,6 +23,7 @@ transitions that change an account's health and merges what the store reports ba
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -32,6 +33,11 @@ from switchyard_mw.core.breaker import Admit, Breaker
 from switchyard_mw.core.breaker import BreakerState as BreakerState
 from switchyard_mw.core.clock import Clock, monotonic
 from switchyard_mw.core.shared import Change, Shared, StateStore
+
+MAX_HOLDS = 10_000
+"""The most throttle holds kept at once. Holds are keyed by account and model, and a wildcard
+account serves any model string a client sends; past this, a new hold is not kept (the cost is
+one more 429, never a wrong answer)."""
 
 PROBE_RETRY_AFTER_SECS = 1.0
 """What :meth:`AccountPool.retry_after_secs` reports while the only hope is an in-flight probe:
@@ -124,6 +130,14 @@ class AccountPool:
         # The lease currently probing each account, to tell it apart from stale probe leases.
         self._probes: dict[str, Lease] = {}
         self._store: StateStore | None = None
+        # Throttle holds: (account, model) -> clock time the hold ends. Apart from the breakers:
+        # a hold is neither a fault nor a cooling, and it concerns one model only.
+        self._holds: dict[tuple[str, str], float] = {}
+
+    @property
+    def named_models(self) -> frozenset[str]:
+        """Every model some account names explicitly (not through `"*"`)."""
+        return self._explicit
 
     @property
     def specs(self) -> tuple[AccountSpec, ...]:
@@ -177,6 +191,7 @@ class AccountPool:
         if route is None:
             return None
         now = self._clock()
+        holds = self._holds
         for group in route.groups:
             members = group.members
             n = len(members)
@@ -185,6 +200,8 @@ class AccountPool:
                 b = members[idx]
                 idx = idx + 1 if idx + 1 < n else 0
                 if b.name in exclude or (allowed is not None and b.name not in allowed):
+                    continue
+                if holds and holds.get((b.name, model), -math.inf) > now:
                     continue
                 admit = b.admit(now)
                 if admit is _DENY:
@@ -291,21 +308,65 @@ class AccountPool:
         if route is None:
             return None
         now = self._clock()
+        holds = self._holds
         best: float | None = None
         for b in route.breakers:
             if allowed is not None and b.name not in allowed:
                 continue
-            if b.state is BreakerState.CLOSED:
+            wait = _cooling_wait(b, now)
+            if holds:
+                # Held, and maybe cooled too: it is back when both are over.
+                wait = max(wait, holds.get((b.name, model), -math.inf) - now)
+            if wait <= 0.0:
                 return 0.0
-            if b.probe_in_flight or b.cooled_until <= now < b.probe_elsewhere_until:
-                wait = PROBE_RETRY_AFTER_SECS
-            elif b.state is BreakerState.HALF_OPEN:
-                return 0.0
-            else:
-                wait = max(0.0, b.cooled_until - now)
             if best is None or wait < best:
                 best = wait
         return best
+
+    # --- throttle holds -------------------------------------------------------------------
+
+    def hold(self, account: str, model: str, secs: float) -> float:
+        """Keep `account` out of rotation for `model` for `secs` (a 429's retry time).
+
+        Capped by the account's `max_throttle_secs`; a hold never shortens a longer one in
+        force. Not a fault and not a cooling: the breaker is untouched. Returns the seconds
+        held from now (0.0 when nothing is held: no time asked, or no room left).
+        """
+        b = self._breakers[account]
+        secs = min(secs, b.spec.max_throttle_secs)
+        if not secs > 0:
+            return 0.0
+        now = self._clock()
+        key = (account, model)
+        until = max(now + secs, self._holds.get(key, -math.inf))
+        if key not in self._holds and len(self._holds) >= MAX_HOLDS:
+            self._prune_holds(now)
+            if len(self._holds) >= MAX_HOLDS:
+                return 0.0
+        self._holds[key] = until
+        return until - now
+
+    def _prune_holds(self, now: float) -> None:
+        for key in [k for k, until in self._holds.items() if until <= now]:
+            del self._holds[key]
+
+    def hold_count(self) -> int:
+        """Holds kept now, ended ones included until they are pruned."""
+        return len(self._holds)
+
+    def holds_of(self, account: str) -> dict[str, float]:
+        """Each model `account` is held for now, with the clock time its hold ends."""
+        now = self._clock()
+        return {m: until for (a, m), until in self._holds.items() if a == account and until > now}
+
+    def throttled(self, model: str) -> bool:
+        """Whether an account serving `model` is held for it now (so a 429 explains the wait)."""
+        if not self._holds:
+            return False
+        now = self._clock()
+        return any(
+            self._holds.get((name, model), -math.inf) > now for name in self.accounts_for(model)
+        )
 
     def status(self) -> list[AccountStatus]:
         """Snapshot of every account, in config order."""
@@ -315,3 +376,14 @@ class AccountPool:
     def status_of(self, name: str) -> AccountStatus:
         """Snapshot of one account; KeyError if unknown."""
         return self._breakers[name].snapshot(self._clock())
+
+
+def _cooling_wait(b: Breaker, now: float) -> float:
+    """Seconds until the breaker admits an attempt (0.0: now), holds aside."""
+    if b.state is _CLOSED:
+        return 0.0
+    if b.probe_in_flight or b.cooled_until <= now < b.probe_elsewhere_until:
+        return PROBE_RETRY_AFTER_SECS
+    if b.state is BreakerState.HALF_OPEN:
+        return 0.0
+    return max(0.0, b.cooled_until - now)

@@ -100,6 +100,10 @@ class Behaviour(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     reply: str | None = None
     chunks: int = 3
     fail: Literal["none", "reset_before_headers", "reset_mid_stream"] = "none"
+    headers: dict[str, str] | None = None
+    """Headers of an error answer: None sends the usual ones (a 429 says `retry-after: 1`,
+    as both real APIs do); a mapping (even empty) sends exactly those, e.g. a 429 with
+    `retry-after-ms` or a provider's rate-limit reset headers, or with no retry time."""
 
     def __post_init__(self) -> None:
         # Checked here rather than with msgspec.Meta so direct construction is
@@ -228,7 +232,7 @@ class MockProvider:
             raise MockProviderFault("fail=reset_before_headers")
         if behaviour.status != 200:
             message = f"Mock provider answering {behaviour.status} for this API key."
-            await _send_error(send, endpoint.errors, behaviour.status, message)
+            await _send_error(send, endpoint.errors, behaviour.status, message, behaviour.headers)
             return
         if not isinstance(payload, dict):
             await _send_error(send, endpoint.errors, 400, "Request body is not a JSON object.")
@@ -340,9 +344,18 @@ def _record_json(record: RecordedRequest) -> dict[str, Any]:
     return {**msgspec.structs.asdict(record), "body": body}
 
 
-async def _send_error(send: Send, style: ErrorStyle, status: int, message: str) -> None:
-    # Both real APIs send retry-after on 429, and the SDKs' retry logic reads it.
-    extra = [(b"retry-after", b"1")] if status == 429 else []
+async def _send_error(
+    send: Send,
+    style: ErrorStyle,
+    status: int,
+    message: str,
+    headers: dict[str, str] | None = None,
+) -> None:
+    if headers is None:
+        # Both real APIs send retry-after on 429, and the SDKs' retry logic reads it.
+        extra = [(b"retry-after", b"1")] if status == 429 else []
+    else:
+        extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
     await send_whole(send, status, JSON_TYPE, error_body(style, status, message), extra)
 
 
