@@ -616,6 +616,7 @@ async def test_status_app_shows_state_and_no_secret(clock: FakeClock) -> None:
     clients = {"a": account("a"), "b": account("b")}
     pool = pool_from_clients(clients, clock=clock)
     cool(pool, "a")
+    pool.hold("b", "m", 40.0)  # a 429's retry time: held for that model, not cooled
     clock.now += 12
     async with http(cooling_status_app(pool, clock=clock)) as client:
         response = await client.get("/")
@@ -629,6 +630,7 @@ async def test_status_app_shows_state_and_no_secret(clock: FakeClock) -> None:
                 "cooled_for_secs": 18.0,
                 "current_cooldown_secs": 30.0,
                 "probe_in_flight": False,
+                "held_for_secs": {},
             },
             {
                 "name": "b",
@@ -637,6 +639,7 @@ async def test_status_app_shows_state_and_no_secret(clock: FakeClock) -> None:
                 "cooled_for_secs": None,
                 "current_cooldown_secs": 30.0,
                 "probe_in_flight": False,
+                "held_for_secs": {"m": 28.0},
             },
         ]
     }

@@ -448,3 +448,33 @@ async def test_the_processors_spans_join_envoys_trace(rig: Rig, http: httpx.Asyn
     assert (judged.model, forwarded.model) == ("gpt-judge", "claude-haiku-5")
     assert judged.headers["traceparent"] == f"00-{trace_id}-{judge.span_id}-01"
     assert forwarded.headers["traceparent"] == f"00-{trace_id}-{ingress.span_id}-01"
+
+
+async def test_a_429_with_a_retry_time_holds_its_key_for_the_next_requests(
+    rig: Rig, http: httpx.AsyncClient, otel_metrics: Any
+) -> None:
+    policies = rig.configure()
+    held = otel_metrics.value(tm.ACCOUNT_THROTTLED, account="key-a", model="claude-haiku-5")
+    rig.mock.set_behaviour("key-a", Behaviour(status=429, headers={"retry-after": "20"}))
+    first = await http.post("/v1/messages", json=message("claude-haiku-5"))
+    assert (first.status_code, first.headers["x-switchyard-attempts"]) == (200, "2")
+    assert (
+        otel_metrics.value(tm.ACCOUNT_THROTTLED, account="key-a", model="claude-haiku-5")
+        == held + 1
+    )
+    # The next request goes straight to the other key: the held one is not even tried.
+    rig.mock.clear_requests()
+    second = await http.post("/v1/messages", json=message("claude-haiku-5"))
+    assert second.headers["x-switchyard-attempts"] == "1"
+    assert [r.key for r in rig.mock.requests] == ["key-b"]
+    # Both held: the processor answers 429 itself, calling no upstream.
+    rig.mock.set_behaviour("key-b", Behaviour(status=429, headers={"retry-after-ms": "9000"}))
+    await http.post("/v1/messages", json=message("claude-haiku-5"))
+    rig.mock.clear_requests()
+    local = await http.post("/v1/messages", json=message("claude-haiku-5"))
+    assert local.status_code == 429
+    assert local.json()["error"]["type"] == "rate_limited"
+    assert 1 <= int(local.headers["retry-after"]) <= 9
+    assert rig.mock.requests == []
+    for key in ("key-a", "key-b"):
+        assert policies.pool.status_of(key).state is BreakerState.CLOSED  # never a cooling

@@ -20,7 +20,7 @@ from ..budget import budget_end
 from ..clients import UpstreamClient
 from ..config import Config
 from ..context import RequestContext
-from ..cooling_outcomes import settle
+from ..cooling_outcomes import hold, settle
 from ..core.clock import Clock, monotonic
 from ..core.deadline import attempt_deadline_secs
 from ..core.pool import AccountPool, Lease, Outcome
@@ -143,6 +143,11 @@ class Policies:
                 return lease
         return None
 
+    def throttled(self, ctx: RequestContext) -> bool:
+        """Whether the request waits on a throttle hold (answer 429, not 503)."""
+        model = ctx.resolved_model
+        return model is not None and self.pool.throttled(model)
+
     def retry_after(self, ctx: RequestContext) -> int:
         """Whole seconds until the earliest account for the request recovers (at least 1)."""
         waits = [
@@ -239,12 +244,24 @@ class Policies:
         )
         return client
 
-    def settle(self, flight: Flight, outcome: Outcome | None, status: str) -> None:
-        """Record the attempt in flight (None: release it without an outcome)."""
+    def settle(
+        self,
+        flight: Flight,
+        outcome: Outcome | None,
+        status: str,
+        retry: list[tuple[str, str]] | None = None,
+    ) -> None:
+        """Record the attempt in flight (None: release it without an outcome).
+
+        `retry`: a 429's retry-time headers, which hold its account out for the model.
+        """
         lease, flight.lease = flight.lease, None
         if lease is None:
             return
         settle(self.pool, lease, outcome, status)
+        model = flight.ctx.resolved_model
+        if outcome is Outcome.THROTTLE and retry and model is not None:
+            hold(self.pool, lease.account, model, retry)
         span, flight.attempt_span = flight.attempt_span, None
         if span is not None:
             span.set_attributes(

@@ -27,6 +27,7 @@ from ..context import RequestContext, decision_attributes
 from ..cooling_outcomes import outcome_of
 from ..core.deadline import BUDGET_HEADERS
 from ..core.pool import Outcome
+from ..core.throttle import READ_HEADERS as RETRY_TIME_HEADERS
 from ..wire import Wire, WireError, read_request
 from . import _messages as msg
 from .flights import Flight, Flights
@@ -35,6 +36,7 @@ from .policy import CLUSTER_HEADER, Policies
 RETRY_HEADER = "x-switchyard-retry"
 CREDENTIAL_HEADERS = ("authorization", "x-api-key")
 NO_HEALTHY_ACCOUNT = "no_healthy_account"
+RATE_LIMITED = "rate_limited"
 UPSTREAM_UNREACHABLE = "upstream_unreachable"
 DEADLINE_EXCEEDED = "deadline_exceeded"
 REQUEST_ID_HEADER = "x-request-id"
@@ -54,7 +56,9 @@ _READ = frozenset(
     [":method", ":path", "content-type", "content-length", REQUEST_ID_HEADER]
     + [name.decode() for name in BUDGET_HEADERS]
 )
-_READ_RESPONSE = frozenset([":status", "content-type", "x-envoy-upstream-service-time"])
+_READ_RESPONSE = frozenset(
+    [":status", "content-type", "x-envoy-upstream-service-time", *RETRY_TIME_HEADERS]
+)
 # The answers to request headers never vary: built once.
 _PASS_THROUGH = msg.request_headers(msg.mutation(remove=_UNTRUSTED), pass_through=True)
 _READ_BODY = msg.request_headers(msg.mutation(remove=[*_UNTRUSTED, *_ENVOY_CONTROL]))
@@ -146,11 +150,13 @@ class RouterStream:
             if ctx.resolved_model is None or not self.p.serving(ctx.resolved_model):
                 # No account Envoy can route to serves it: on, untouched but for the model.
                 return self._unrouted(ctx)
-            retry_after = str(self.p.retry_after(ctx)).encode()
-            message = f"no healthy upstream account for model {ctx.resolved_model!r}"
-            return self.refuse(
-                WireError(503, NO_HEALTHY_ACCOUNT, message), [("retry-after", retry_after)]
-            )
+            retry_after = [("retry-after", str(self.p.retry_after(ctx)).encode())]
+            model = ctx.resolved_model
+            if self.p.throttled(ctx):
+                text = f"every upstream account for model {model!r} is rate limited"
+                return self.refuse(WireError(429, RATE_LIMITED, text), retry_after)
+            message = f"no healthy upstream account for model {model!r}"
+            return self.refuse(WireError(503, NO_HEALTHY_ACCOUNT, message), retry_after)
         ctx.attempts = 1
         client = self.p.start_attempt(flight, lease)
         flight.cluster = client.spec.envoy_cluster
@@ -195,7 +201,7 @@ class RouterStream:
             if local:
                 self.p.settle(flight, None, "local_reply")  # Envoy's own answer: no account's
             else:
-                self.p.settle(flight, *outcome_of(status))
+                self.p.settle(flight, *outcome_of(status), retry_time(h, status))
         answer = ep.ProcessingResponse()
         options = self.p.options
         exposed = [options.get(k, v) for k, v in self._exposed()]
@@ -255,3 +261,10 @@ def _looks_local(headers: msg.Headers) -> bool:
 def _annotate(span: trace.Span, ctx: RequestContext) -> None:
     if span.is_recording():
         span.set_attributes(decision_attributes(ctx))
+
+
+def retry_time(headers: msg.Headers, status: int) -> list[tuple[str, str]] | None:
+    """A 429's retry-time headers, decoded, for its throttle hold (None for any other status)."""
+    if status != 429:
+        return None
+    return [(k, v.decode("latin-1")) for k, v in headers.items() if k in RETRY_TIME_HEADERS]

@@ -24,10 +24,11 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from .. import telemetry as tm
 from ..cooling_outcomes import outcome_of
 from ..core.pool import Outcome
+from ..core.throttle import READ_HEADERS as RETRY_TIME_HEADERS
 from . import _messages as msg
 from .flights import Flight, Flights
 from .policy import Policies
-from .router import CREDENTIAL_HEADERS, REQUEST_ID_HEADER, RETRY_HEADER
+from .router import CREDENTIAL_HEADERS, REQUEST_ID_HEADER, RETRY_HEADER, retry_time
 
 FILTER_METADATA = "x-switchyard-filter"
 """gRPC initial metadata naming the filter level; `upstream` for the upstream-level filter."""
@@ -35,7 +36,7 @@ ATTEMPT_HEADER = "x-envoy-attempt-count"
 """Set by Envoy on each attempt when the virtual host has `include_request_attempt_count`."""
 REQUEST_ID_ATTRIBUTE = "request.id"
 _READ = frozenset([REQUEST_ID_HEADER, ATTEMPT_HEADER])
-_STATUS = frozenset([":status"])
+_STATUS = frozenset([":status", *RETRY_TIME_HEADERS])
 _RETRY = msg.response_headers(msg.mutation([(RETRY_HEADER, b"1")]))
 
 
@@ -91,8 +92,9 @@ class UpstreamStream:
         if flight is None or flight.lease is None:
             return msg.UNCHANGED_RESPONSE_HEADERS
         headers = msg.headers_of(request.response_headers, _STATUS)
-        outcome, text = outcome_of(int(headers.get(":status", b"0") or 0))
-        self.p.settle(flight, outcome, text)
+        status = int(headers.get(":status", b"0") or 0)
+        outcome, text = outcome_of(status)
+        self.p.settle(flight, outcome, text, retry_time(headers, status))
         if outcome is not Outcome.SUCCESS and self.p.another_on_cluster(flight):
             return _RETRY
         return msg.UNCHANGED_RESPONSE_HEADERS
