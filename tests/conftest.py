@@ -17,9 +17,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from switchyard_mw import request_metrics
 from switchyard_mw.extproc import TRANSPORTS
 
-_READER = InMemoryMetricReader()
+_READER = request_metrics.bridge(InMemoryMetricReader())
 _SPANS = InMemorySpanExporter()
 metrics.set_meter_provider(MeterProvider(metric_readers=[_READER]))
 _tracer_provider = TracerProvider()

@@ -243,3 +243,36 @@ async def test_judge_answer_routes_to_its_choice(
     assert r.status_code == 200
     assert r.json()["model"] == "gpt-5"
     assert r.headers["x-switchyard-route"] == "judge:simple"
+
+
+def test_a_200_shows_on_metrics_with_its_model_variant_and_account(gateway: str) -> None:
+    labels = {
+        "gen_ai_request_model": "claude-opus-5",
+        "switchyard_account": "a",
+    }
+    name = "gen_ai_client_operation_duration_seconds_count"
+    before = metric_value(gateway, name, **labels)
+    answer = httpx.post(
+        f"{gateway}/v1/chat/completions",
+        json={
+            "model": "claude-opus-5",
+            "user": "u7",
+            "messages": [{"role": "user", "content": "x"}],
+        },
+    )
+    assert answer.status_code == 200
+    routed = answer.headers["x-switchyard-model"]
+    assert metric_value(gateway, name, **labels) == before + 1
+    assert (
+        metric_value(
+            gateway, name, **labels, gen_ai_response_model=routed, switchyard_variant=routed
+        )
+        >= 1
+    )
+    states = [
+        line
+        for line in httpx.get(f"{gateway}/metrics").text.splitlines()
+        if line.startswith("switchyard_account_state{") and 'switchyard_account="a"' in line
+    ]
+    assert len(states) == 1
+    assert states[0].endswith(" 0.0")  # closed

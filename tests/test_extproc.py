@@ -429,3 +429,26 @@ async def test_spans_join_envoys_trace(env: Env, otel_spans: InMemorySpanExporte
     attempt = spans[tm.SPAN_ATTEMPT]
     assert attempt.parent is not None
     assert attempt.parent.span_id == request.context.span_id
+
+
+async def test_the_processor_records_request_metrics_at_the_response_headers(
+    env: Env, otel_metrics: Any
+) -> None:
+    want = {
+        tm.REQUEST_MODEL: "m-base",
+        tm.RESPONSE_MODEL: "m-var",
+        tm.VARIANT: "m-var",
+        tm.ACCOUNT: "a",
+    }
+    ok = otel_metrics.value(tm.OPERATION_DURATION, **want)
+    failed = otel_metrics.value(tm.OPERATION_DURATION, **want, **{tm.ERROR_TYPE: "500"})
+    router, _ = await routed(env, anthropic())
+    await router.send(response_headers(200))
+    await router.close()
+    assert otel_metrics.value(tm.OPERATION_DURATION, **want) == ok + 1
+    router, _ = await routed(env, anthropic())
+    await router.send(response_headers(500))
+    await router.close()
+    assert otel_metrics.value(tm.OPERATION_DURATION, **want, **{tm.ERROR_TYPE: "500"}) == (
+        failed + 1
+    )

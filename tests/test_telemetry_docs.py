@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from servers import ROOT
+from switchyard_mw import request_metrics as rm
 from switchyard_mw import telemetry as tm
 
 DOC = (ROOT / "docs" / "telemetry.md").read_text()
@@ -48,11 +49,16 @@ def metric_constants() -> set[str]:
 
 def _instrument_names() -> set[str]:
     # The instruments are module attributes too; their names are the metric names.
-    return {
-        getattr(value, "name", None) or getattr(value, "_name", "")
-        for value in vars(tm).values()
-        if type(value).__name__.endswith(("Counter", "Histogram"))
-    }
+    # The request metrics are tallied apart (request_metrics) and exported as histograms.
+    return (
+        {
+            getattr(value, "name", None) or getattr(value, "_name", "")
+            for value in vars(tm).values()
+            if type(value).__name__.endswith(("Counter", "Histogram", "Gauge"))
+        }
+        | {tally.name for tally in rm.TALLIES}
+        | {tm.ACCOUNT_STATE}
+    )
 
 
 def test_every_name_in_the_code_is_documented_and_every_documented_name_exists() -> None:
@@ -72,10 +78,15 @@ def test_each_name_is_in_its_right_table() -> None:
 
 def prometheus_names() -> set[str]:
     names = set()
+    histograms = {tm.JUDGE_DURATION: "s"} | {t.name: t.unit for t in rm.TALLIES}
+    gauges = {tm.ACCOUNT_STATE}
     for name in metric_constants():
         base = name.replace(".", "_")
-        if name == tm.JUDGE_DURATION:  # the one histogram, in seconds
-            names |= {f"{base}_seconds{s}" for s in ("", "_bucket", "_sum", "_count")}
+        if name in histograms:
+            unit = "_seconds" if histograms[name] == "s" else ""
+            names |= {f"{base}{unit}{s}" for s in ("", "_bucket", "_sum", "_count")}
+        elif name in gauges:
+            names.add(base)
         else:
             names.add(f"{base}_total")
     return names

@@ -40,6 +40,7 @@ class RequestContext:
         "deadline_at",
         "deadline_phase",
         "disconnected",
+        "first_token_at",
         "input_tokens",
         "key_kind",
         "output_tokens",
@@ -48,6 +49,7 @@ class RequestContext:
         "route",
         "started_at",
         "upstream_status",
+        "variant",
         "view",
     )
 
@@ -79,6 +81,10 @@ class RequestContext:
         """Token usage the app reported (`report_usage`); telemetry only."""
         self.response_status: int | None = None
         """The status the client was answered with, once the response started."""
+        self.variant: str | None = None
+        """The model the canary split chose (None: no canary applied)."""
+        self.first_token_at: float | None = None
+        """Streams: when the first content chunk went to the client (monotonic)."""
         self._rewritten: tuple[str, bytes] | None = None
 
     @property

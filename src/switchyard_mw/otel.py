@@ -134,6 +134,10 @@ def _metrics(env: Mapping[str, str], resource: Resource, prometheus: bool) -> tu
         readers.append(PeriodicExportingMetricReader(_metric_exporter(env)))
         names.append("otlp")
     if readers:
+        from . import request_metrics
+
+        for reader in readers:
+            request_metrics.bridge(reader)  # duration, first token, usage: tallied, not SDK
         metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers))
     return tuple(names)
 

@@ -20,7 +20,10 @@ def install() -> bool:
         return False
     if isinstance(metrics.get_meter_provider(), MeterProvider):
         return True  # the application configured OpenTelemetry itself
-    metrics.set_meter_provider(MeterProvider(metric_readers=[PrometheusMetricReader()]))
+    from .request_metrics import bridge
+
+    reader = bridge(PrometheusMetricReader())  # with the request metrics (see request_metrics)
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
     return True
 
 

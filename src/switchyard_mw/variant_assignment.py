@@ -33,7 +33,7 @@ def assign_variant(splits: Mapping[str, Split], ctx: RequestContext) -> None:
     # A user id decides alone: the first turn is hashed only when there is none.
     turn = None if view.user_key else view.first_turn_hash
     chosen, kind = split.choose(view.user_key, turn)
-    ctx.resolved_model, ctx.key_kind = chosen, kind
+    ctx.resolved_model, ctx.variant, ctx.key_kind = chosen, chosen, kind
     tm.variant_assignments.add(split.base, chosen, kind)
     if view.user_key and tm.tracing() and (span := trace.get_current_span()).is_recording():
         span.set_attribute(tm.VARIANT_KEY_HASH, tm.short_hash(view.user_key))

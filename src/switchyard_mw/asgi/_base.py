@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable
 
 from opentelemetry import propagate, trace
 from opentelemetry.propagators.textmap import Getter
 
+from .. import request_metrics
 from .. import telemetry as tm
 from ..budget import budget_end
 from ..config import Server
@@ -127,6 +129,8 @@ class PolicyMiddleware(ABC):
             if watch is not None:
                 watch.stop()
             current_var.reset(token)
+            if ctx.view is not None:
+                request_metrics.observe(ctx, time.monotonic(), failure)
             if annotate is not None:
                 annotate()  # again: what changed after the response (or with no response)
             if own_span is not None:  # an instrumentation's span records its own exceptions
@@ -245,17 +249,23 @@ def _tracking(
     span as that message passes, so the request's attributes must be on it by then.
     """
 
+    stream = ctx.view is not None and ctx.view.stream
+
     async def send_tracked(message: Message) -> None:
         kind = message["type"]
         if kind == "http.response.start":
             ctx.response_status = message["status"]
             if expose and (extra := exposed_headers(ctx)):
                 message = {**message, "headers": [*message.get("headers", ()), *extra]}
-        elif kind == "http.response.body" and not message.get("more_body", False):
-            if watch is not None:
-                watch.stop()
-            if last is not None:
-                last()
+        elif kind == "http.response.body":
+            # A stream's first content: every wire's text chunks are "delta" events.
+            if stream and ctx.first_token_at is None and b"delta" in message.get("body", b""):
+                ctx.first_token_at = time.monotonic()
+            if not message.get("more_body", False):
+                if watch is not None:
+                    watch.stop()
+                if last is not None:
+                    last()
         await send(message)
 
     return send_tracked

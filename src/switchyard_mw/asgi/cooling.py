@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping
 import httpx
 from opentelemetry import trace
 
+from .. import request_metrics
 from .. import telemetry as tm
 from ..clients import UpstreamClient
 from ..config import Server
@@ -151,6 +152,7 @@ class CoolingMiddleware(PolicyMiddleware):
         super().__init__(app, server=server)
         self.clients = dict(clients)
         self.pool = pool if pool is not None else pool_from_clients(self.clients, clock=clock)
+        request_metrics.watch(self.pool)  # `switchyard.account.state`
         self.inner: Inner = self._call_app
         """What each attempt runs: the app, or (in `SwitchyardStack`) the deadline policy's
         `handle` around it, called directly rather than through another ASGI layer."""

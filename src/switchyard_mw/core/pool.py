@@ -135,6 +135,15 @@ class AccountPool:
         self._holds: dict[tuple[str, str], float] = {}
 
     @property
+    def names(self) -> tuple[str, ...]:
+        """Every account's name, in config order."""
+        return tuple(self._breakers)
+
+    def spec_of(self, name: str) -> AccountSpec:
+        """One account's config; KeyError if unknown."""
+        return self._breakers[name].spec
+
+    @property
     def named_models(self) -> frozenset[str]:
         """Every model some account names explicitly (not through `"*"`)."""
         return self._explicit

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 import httpx
 from opentelemetry import trace
 
+from .. import request_metrics
 from .. import telemetry as tm
 from ..asgi.cooling import pool_from_clients
 from ..budget import budget_end
@@ -57,6 +58,7 @@ class Policies:
         self.server = config.server
         self.clients = dict(clients)
         self.pool = pool if pool is not None else pool_from_clients(self.clients, clock=clock)
+        request_metrics.watch(self.pool)  # `switchyard.account.state`
         # `[state]`: with Redis, processors (and ASGI replicas) share one cooling state.
         self.store: Store = store if store is not None else build_store(config.state)
         self.store.bind(self.pool)

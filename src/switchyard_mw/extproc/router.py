@@ -21,6 +21,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
+from .. import request_metrics
 from .. import telemetry as tm
 from ..asgi._base import exposed_headers
 from ..context import RequestContext, decision_attributes
@@ -189,6 +190,7 @@ class RouterStream:
             return msg.UNCHANGED_RESPONSE_HEADERS
         h = msg.headers_of(request.response_headers, _READ_RESPONSE)
         status = int(h.get(":status", b"0") or 0)
+        flight.ctx.response_status = status
         details = msg.attribute(request, "response.code_details")
         local = details != "via_upstream" if details else _looks_local(h)
         if local and status == 504 and (details is None or "timeout" in details):
@@ -227,6 +229,8 @@ class RouterStream:
         self, error: WireError, extra: list[tuple[str, bytes]] | None = None
     ) -> ep.ProcessingResponse:
         assert self.wire is not None
+        if self.flight is not None:
+            self.flight.ctx.response_status = error.status
         headers = [*(extra or []), *self._exposed()]
         return msg.immediate(self.wire, error.status, error.error_type, error.message, headers)
 
@@ -241,6 +245,8 @@ class RouterStream:
         if flight is not None:
             self.p.settle(flight, None, "disconnected")
             self.flights.close(flight)
+            # Under Envoy the request ends, for switchyard, at its response headers.
+            request_metrics.observe(flight.ctx, time.monotonic())
         if span is not None:
             if flight is not None:
                 _annotate(span, flight.ctx)

@@ -1,0 +1,282 @@
+"""Request metrics for dashboards: duration, time to first token, token usage.
+
+Recorded for every request switchyard places, under the OpenTelemetry GenAI names:
+`gen_ai.client.operation.duration` (s), `gen_ai.server.time_to_first_token` (s) and
+`gen_ai.client.token.usage` ({token}, by `gen_ai.token.type`), each labelled with the requested
+and routed model, the variant, the account and `error.type` when the request failed.
+
+Why not the SDK's own histograms: one `record()` costs about as much as the whole policy stack
+does per request (attribute-set hashing, a lock and exemplar sampling, per reader). Here a
+record is a dict lookup, a bisect and a few additions under a lock, and the totals are turned
+into standard OpenTelemetry histogram points when a reader collects: `bridge(reader)` makes a
+reader's collections carry them. `otel.configure()`, `prometheus.install()` bridge the readers
+they build; an application with its own meter provider calls `bridge()` on its readers.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import metrics
+
+from . import telemetry as tm
+from .core.pool import AccountPool, BreakerState
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.metrics.export import Metric, MetricReader, MetricsData
+
+    from .context import RequestContext
+
+SECONDS_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0,
+    320.0, 600.0,
+)  # fmt: skip
+"""5 ms to 10 min: a cached reply to the longest answer the deadline rule allows."""
+TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
+"""1 to 1M tokens, by powers of four (the GenAI conventions' advice)."""
+MAX_SERIES = 2000
+"""Attribute sets one metric keeps; past it, points go to one `otel.metric.overflow` series
+(as the SDK does): a requested model is any string a client sends."""
+_OVERFLOW = ("\x00",) * 6  # no real label holds a NUL: model names with one are refused
+
+Labels = tuple[str, str, str, str, str, str]
+"""requested model, routed model, variant, account, error type ("" = none), token type."""
+_NAMES = (
+    tm.REQUEST_MODEL,
+    tm.RESPONSE_MODEL,
+    tm.VARIANT,
+    tm.ACCOUNT,
+    tm.ERROR_TYPE,
+    tm.TOKEN_TYPE,
+)
+
+
+class HistogramTally:
+    """A cumulative explicit-bucket histogram kept as plain numbers, per attribute set."""
+
+    def __init__(self, name: str, unit: str, description: str, bounds: Sequence[float]) -> None:
+        self.name, self.unit, self.description = name, unit, description
+        self.bounds = tuple(bounds)
+        # attribute set -> [count per bucket ..., count, sum, min, max]
+        self._series: dict[Labels, list[float]] = {}
+        self._lock = threading.Lock()  # event loops in several threads may record at once
+        self.start_ns = time.time_ns()
+
+    def record(self, value: float, labels: Labels) -> None:
+        index = bisect.bisect_left(self.bounds, value)  # buckets are (lower, upper]
+        with self._lock:
+            entry = self._series.get(labels)
+            if entry is None:
+                if len(self._series) >= MAX_SERIES:
+                    labels = _OVERFLOW
+                    entry = self._series.get(labels)
+                if entry is None:
+                    n = len(self.bounds) + 1
+                    entry = self._series[labels] = [0] * n + [0, 0.0, value, value]
+            n = len(self.bounds) + 1
+            entry[index] += 1
+            entry[n] += 1
+            entry[n + 1] += value
+            if value < entry[n + 2]:
+                entry[n + 2] = value
+            if value > entry[n + 3]:
+                entry[n + 3] = value
+
+    def metric(self, now_ns: int) -> Metric | None:
+        """The totals so far as an OpenTelemetry histogram metric (None: nothing recorded)."""
+        from opentelemetry.sdk.metrics.export import (
+            AggregationTemporality,
+            Histogram,
+            HistogramDataPoint,
+            Metric,
+        )
+
+        with self._lock:
+            series = [(labels, list(entry)) for labels, entry in self._series.items()]
+        if not series:
+            return None
+        n = len(self.bounds) + 1
+        points = [
+            HistogramDataPoint(
+                attributes=_attributes(labels),
+                start_time_unix_nano=self.start_ns,
+                time_unix_nano=now_ns,
+                count=int(entry[n]),
+                sum=entry[n + 1],
+                bucket_counts=[int(c) for c in entry[:n]],
+                explicit_bounds=list(self.bounds),
+                min=entry[n + 2],
+                max=entry[n + 3],
+            )
+            for labels, entry in series
+        ]
+        data = Histogram(
+            data_points=points, aggregation_temporality=AggregationTemporality.CUMULATIVE
+        )
+        return Metric(name=self.name, description=self.description, unit=self.unit, data=data)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._series.clear()
+
+
+def _attributes(labels: Labels) -> dict[str, Any]:
+    if labels == _OVERFLOW:
+        return {"otel.metric.overflow": True}
+    return {name: value for name, value in zip(_NAMES, labels, strict=True) if value}
+
+
+duration = HistogramTally(
+    tm.OPERATION_DURATION, "s", "Requests as the client saw them, start to end", SECONDS_BUCKETS
+)
+time_to_first_token = HistogramTally(
+    tm.TIME_TO_FIRST_TOKEN, "s", "Streams: request start to the first content chunk",
+    SECONDS_BUCKETS,
+)  # fmt: skip
+token_usage = HistogramTally(
+    tm.TOKEN_USAGE, "{token}", "Input and output tokens per request", TOKEN_BUCKETS
+)
+TALLIES = (duration, time_to_first_token, token_usage)
+
+
+def observe(ctx: RequestContext, end: float, error: str | None = None) -> None:
+    """Record one finished request (monotonic `end`); `error`: why it failed, if it did."""
+    view = ctx.view
+    if view is None:
+        return
+    routed = ctx.resolved_model or ""
+    client = ctx.client
+    if error is None:
+        error = _error_type(ctx)
+    base = (
+        view.model,
+        routed,
+        ctx.variant or routed,
+        "" if client is None else client.name,
+        error or "",
+    )
+    duration.record(end - ctx.started_at, (*base, ""))
+    if ctx.first_token_at is not None:
+        time_to_first_token.record(ctx.first_token_at - ctx.started_at, (*base, ""))
+    if ctx.input_tokens is not None:
+        token_usage.record(ctx.input_tokens, (*base, "input"))
+    if ctx.output_tokens is not None:
+        token_usage.record(ctx.output_tokens, (*base, "output"))
+
+
+def _error_type(ctx: RequestContext) -> str | None:
+    """`error.type` of a finished request: the deadline, or the status it was answered with."""
+    if ctx.deadline_phase is not None:
+        return "deadline_exceeded"
+    status = ctx.response_status
+    if status is None:
+        return "disconnected" if ctx.disconnected else "no_response"
+    return str(status) if status >= 400 else None
+
+
+# --- account state ----------------------------------------------------------------------------
+
+CLOSED, HALF_OPEN, COOLED, THROTTLED = 0, 1, 2, 3
+_STATE_CODES = {BreakerState.CLOSED: CLOSED, BreakerState.HALF_OPEN: HALF_OPEN}
+_pools: weakref.WeakSet[AccountPool] = weakref.WeakSet()
+
+
+def watch(pool: AccountPool) -> None:
+    """Report `pool`'s accounts in `switchyard.account.state` (while the pool lives)."""
+    _pools.add(pool)
+
+
+def account_state(pool: AccountPool, name: str) -> int:
+    """0 closed, 1 half-open, 2 cooled, 3 throttled (held for every model it names)."""
+    code = _STATE_CODES.get(pool.status_of(name).state, COOLED)
+    if code == CLOSED:
+        models = {m for m in pool.spec_of(name).models if m != "*"}
+        if models and models <= set(pool.holds_of(name)):
+            return THROTTLED
+    return code
+
+
+def _observe_states(_options: metrics.CallbackOptions) -> list[metrics.Observation]:
+    # One observation per account name: the newest pool wins where tests built several.
+    states = {name: account_state(pool, name) for pool in list(_pools) for name in pool.names}
+    return [metrics.Observation(code, {tm.ACCOUNT: name}) for name, code in states.items()]
+
+
+account_state_gauge = tm.meter.create_observable_gauge(
+    tm.ACCOUNT_STATE,
+    callbacks=[_observe_states],
+    unit="1",
+    description="Each account's state: 0 closed, 1 half-open, 2 cooled, 3 throttled",
+)
+
+
+# --- export ---------------------------------------------------------------------------------
+
+
+def add_to(metrics_data: MetricsData | None) -> MetricsData | None:
+    """`metrics_data` with the request metrics added to switchyard's scope."""
+    from opentelemetry.sdk.metrics.export import MetricsData, ResourceMetrics, ScopeMetrics
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    now = time.time_ns()
+    ours = [m for m in (t.metric(now) for t in TALLIES) if m is not None]
+    if not ours:
+        return metrics_data
+    resources = [] if metrics_data is None else list(metrics_data.resource_metrics)
+    if not resources:  # nothing else recorded yet: the provider's resource is not at hand
+        resources = [
+            ResourceMetrics(resource=Resource.get_empty(), scope_metrics=[], schema_url="")
+        ]
+    first = resources[0]
+    scopes = list(first.scope_metrics)
+    for i, found in enumerate(scopes):
+        if found.scope.name == tm.SCOPE:
+            scopes[i] = ScopeMetrics(found.scope, [*found.metrics, *ours], found.schema_url)
+            break
+    else:
+        own = InstrumentationScope(tm.SCOPE, tm.__version__)
+        scopes.append(ScopeMetrics(scope=own, metrics=ours, schema_url=""))
+    resources[0] = ResourceMetrics(first.resource, scopes, first.schema_url)
+    return MetricsData(resource_metrics=resources)
+
+
+Collect = Callable[..., "MetricsData | None"]
+
+
+def bridge(reader: MetricReader) -> MetricReader:
+    """Make every collection of `reader` carry the request metrics; returns `reader`.
+
+    A reader collects through the callback its meter provider registers on it
+    (`_set_collect_callback`); this wraps that callback on this instance, whether the reader
+    is registered yet or not, so the request metrics are there even when nothing else was
+    recorded (the SDK then collects nothing at all). Idempotent.
+    """
+    # The SDK types these hooks for its own provider only: reached through `Any` here.
+    target: Any = reader
+    if getattr(target, "_switchyard_bridged", False):
+        return reader
+    target._switchyard_bridged = True
+
+    def with_requests(collect: Collect) -> Collect:
+        def collect_with_requests(*args: Any, **kwargs: Any) -> MetricsData | None:
+            return add_to(collect(*args, **kwargs))
+
+        return collect_with_requests
+
+    registered: Collect | None = target._collect
+    if registered is not None:
+        target._collect = with_requests(registered)
+        return reader
+    register = target._set_collect_callback
+
+    def register_with_requests(func: Collect) -> None:
+        register(with_requests(func))
+
+    target._set_collect_callback = register_with_requests
+    return reader
