@@ -176,8 +176,8 @@ class Forwarder:
             await reply.aclose()
         if span is not None:
             span.end()
-            if reply.status < 300 and "json" in reply.content_type:
-                ot.report_usage(ctx, data)
+        if reply.status < 300 and "json" in reply.content_type:
+            ot.report_usage(ctx, data)  # for the request metrics, with an SDK or without
         return data
 
 
@@ -354,13 +354,16 @@ async def _relay(reply: _Reply, ctx: RequestContext) -> AsyncIterator[bytes]:
     glued to it.
     """
     pending = b""
+    usage = ot.StreamUsage()
     try:
         async for chunk in reply.chunks():
             data = pending + chunk if pending else chunk
             cut = _events_end(data)
             pending = data[cut:]
             if cut:
-                yield data if cut == len(data) else data[:cut]
+                events = data if cut == len(data) else data[:cut]
+                usage.feed(events)
+                yield events
     except httpx.HTTPError as exc:  # `_Reply` raises httpx's errors for either client
         # The client already has a 200: end its stream with the wire's error event, and let
         # the cooling policy count the account's fault all the same.
@@ -369,6 +372,8 @@ async def _relay(reply: _Reply, ctx: RequestContext) -> AsyncIterator[bytes]:
         message = f"upstream stream failed: {type(exc).__name__}"
         yield stream_error_event(wire, "upstream_error", message)
         return
+    finally:
+        usage.report(ctx)  # what the stream said of its usage, however it ended
     if pending:
         yield pending  # the upstream ended mid-event itself: pass on what it sent
 
