@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -219,3 +221,12 @@ def test_dashboard_rules_and_docs_queries_all_return_series(
             time.sleep(1)
         assert set(states) >= ALERTS, states
         assert {states[a] for a in ALERTS} <= {"pending", "firing"}
+        # The shipped renderer draws the key panels from this Prometheus (docs/dashboard.png
+        # is made this way: SWITCHYARD_RENDER_DASHBOARD=docs/dashboard.png).
+        out = Path(os.environ.get("SWITCHYARD_RENDER_DASHBOARD") or tmp_path / "dashboard.png")
+        subprocess.run(
+            [sys.executable, str(HERE / "render.py"), prom, str(out), "--minutes", "1"],
+            check=True,
+            timeout=120,
+        )
+        assert out.stat().st_size > 20_000
