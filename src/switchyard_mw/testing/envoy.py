@@ -33,8 +33,10 @@ EXAMPLE_PORTS = {
 
 
 def envoy_binary() -> str:
-    """The path of an Envoy binary; FileNotFoundError when there is none."""
+    """The path of an Envoy binary; FileNotFoundError (saying what to do) when there is none."""
     if override := os.environ.get("ENVOY_BIN"):
+        if not (os.path.isfile(override) and os.access(override, os.X_OK)):
+            raise FileNotFoundError(f"ENVOY_BIN={override}: no executable Envoy binary there")
         return override
     spec = importlib.util.find_spec("envoy")
     for root in (spec.submodule_search_locations or []) if spec else []:
