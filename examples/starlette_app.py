@@ -10,6 +10,8 @@ Environment:
     SWITCHYARD_CONFIG      the config file (default: examples/switchyard.toml, on the mock)
     SWITCHYARD_START_MOCK  1 to start the bundled mock provider in this process (default: 1
                            with the default config, else 0); SWITCHYARD_MOCK_PORT (9100)
+                           moves it (and the default config's accounts with it)
+    HOST, PORT, LOG_LEVEL  where `python examples/starlette_app.py` serves (127.0.0.1, 8000)
     OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME, ...   the standard OpenTelemetry variables:
                            with an endpoint, traces and metrics also go out over OTLP
                            (`switchyard_mw.otel.configure`); metrics are always on /metrics
@@ -32,6 +34,7 @@ from switchyard_mw import otel, prometheus
 from switchyard_mw.asgi.admin import HealthApp
 from switchyard_mw.asgi.cooling import cooling_status_app
 from switchyard_mw.asgi.stack import switchyard_stack
+from switchyard_mw.config import Config, parse_config
 from switchyard_mw.gateway import WIRE_ROUTES, Forwarder
 from switchyard_mw.outbound import make_http_client
 
@@ -50,9 +53,18 @@ def _start_mock_provider() -> None:
     port = int(os.environ.get("SWITCHYARD_MOCK_PORT", "9100"))
     mock = MockProvider()
     # The judge of the `auto` route is the mock too: have it answer with one of the labels.
-    mock.set_behaviour("mock-judge-key", Behaviour(reply="complex"))
+    mock.set_behaviour(os.environ["MOCK_JUDGE_KEY"], Behaviour(reply="complex"))
     server = uvicorn.Server(uvicorn.Config(mock, host="127.0.0.1", port=port, log_level="warning"))
     threading.Thread(target=server.run, name="mock-provider", daemon=True).start()
+
+
+def _config() -> Config | str:
+    """The config; the default one pointed at wherever the bundled mock runs."""
+    if not USING_DEFAULT:
+        return CONFIG
+    port = os.environ.get("SWITCHYARD_MOCK_PORT", "9100")
+    text = DEFAULT_CONFIG.read_text().replace("127.0.0.1:9100", f"127.0.0.1:{port}")
+    return parse_config(text, source=CONFIG)
 
 
 if START_MOCK == "1":
@@ -86,7 +98,7 @@ gateway = Starlette(
     ],
     lifespan=lifespan,
 )
-app = switchyard_stack(gateway, config=CONFIG)
+app = switchyard_stack(gateway, config=_config())
 gateway.add_route("/switchyard/accounts", cooling_status_app(app.pool), methods=["GET", "HEAD"])
 gateway.add_route("/switchyard/health", HealthApp(), methods=["GET"])
 
