@@ -18,6 +18,8 @@ import pytest
 from servers import example_gateway, metric_value, serve_in_thread
 from switchyard_mw.testing import Behaviour, MockProvider
 
+pytestmark = pytest.mark.integration
+
 ENV = {"KEY_A": "key-a-secret", "KEY_B": "key-b-secret", "JUDGE_KEY": "judge-key"}
 
 
