@@ -31,7 +31,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from switchyard_mw import otel, prometheus
-from switchyard_mw.asgi.admin import HealthApp
+from switchyard_mw.asgi.admin import CanariesStatusApp, HealthApp
 from switchyard_mw.asgi.cooling import cooling_status_app
 from switchyard_mw.asgi.stack import switchyard_stack
 from switchyard_mw.config import Config, parse_config
@@ -101,6 +101,7 @@ gateway = Starlette(
 app = switchyard_stack(gateway, config=_config())
 gateway.add_route("/switchyard/accounts", cooling_status_app(app.pool), methods=["GET", "HEAD"])
 gateway.add_route("/switchyard/health", HealthApp(), methods=["GET"])
+gateway.add_route("/switchyard/canaries", CanariesStatusApp(app.variant.canaries), methods=["GET"])
 
 if __name__ == "__main__":
     import uvicorn

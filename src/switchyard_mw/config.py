@@ -49,11 +49,21 @@ class LLMClient(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
         return "*" in self.models or model in self.models
 
 
+class Guard(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Roll a variant back when, over `window_secs`, it has at least `min_requests` attempts
+    and a fault rate above both `max_fault_rate` and its base model's."""
+
+    max_fault_rate: Annotated[float, Meta(ge=0, le=1)]
+    min_requests: PositiveInt
+    window_secs: PositiveSecs
+
+
 class Canary(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """A rollout: the percent of keys moved from the base model to each variant."""
 
     variants: dict[str, float]
     salt: str = ""
+    guard: Guard | None = None
 
 
 class Route(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

@@ -30,6 +30,7 @@ OPERATION_DURATION = "gen_ai.client.operation.duration"
 TIME_TO_FIRST_TOKEN = "gen_ai.server.time_to_first_token"
 TOKEN_USAGE = "gen_ai.client.token.usage"
 ACCOUNT_STATE = "switchyard.account.state"
+CANARY_GUARD_TRIPS = "switchyard.canary.guard_trips"
 FAILOVERS = "switchyard.failovers"
 DEADLINE_EXCEEDED = "switchyard.deadline.exceeded"
 VARIANT_ASSIGNMENTS = "switchyard.variant.assignments"
@@ -90,6 +91,11 @@ account_throttled = meter.create_counter(
     ACCOUNT_THROTTLED,
     unit="{hold}",
     description="Throttle holds: a 429 with a retry time kept an account out for a model",
+)
+canary_guard_trips = meter.create_counter(
+    CANARY_GUARD_TRIPS,
+    unit="{trip}",
+    description="Canary variants the guard rolled back (their share set to 0)",
 )
 failovers = meter.create_counter(
     FAILOVERS, unit="{attempt}", description="Attempts moved to another account"

@@ -9,6 +9,7 @@ import msgspec
 
 from ..core.clock import Clock, monotonic
 from ..core.pool import AccountPool
+from ..variant_assignment import Canaries
 from ._types import ASGIApp, Receive, Scope, Send
 
 
@@ -65,6 +66,25 @@ class CoolingStatusApp:
 def cooling_status_app(pool: AccountPool, *, clock: Clock = monotonic) -> ASGIApp:
     """The operator view of `pool` as an ASGI app (see `CoolingStatusApp`)."""
     return CoolingStatusApp(pool, clock=clock)
+
+
+class CanariesStatusApp:
+    """Answers GET with each canary's configured split, its guard's window counts (attempts
+    and faults per model) and the variants the guard tripped. No keys or user ids inside."""
+
+    def __init__(self, canaries: Canaries) -> None:
+        self.canaries = canaries
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        body = msgspec.json.encode({"canaries": self.canaries.status()})
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
 
 class HealthApp:

@@ -33,6 +33,7 @@ from ..context import RequestContext
 from ..cooling_outcomes import hold, settle, throttle_headers
 from ..core.clock import Clock, monotonic
 from ..core.pool import AccountPool, AccountSpec, Lease, Outcome, classify_status
+from ..variant_assignment import Canaries
 from ..wire import Wire
 from ._base import PolicyMiddleware, send_error
 from ._types import ASGIApp, Message, Receive, Scope, Send
@@ -153,6 +154,9 @@ class CoolingMiddleware(PolicyMiddleware):
         self.clients = dict(clients)
         self.pool = pool if pool is not None else pool_from_clients(self.clients, clock=clock)
         request_metrics.watch(self.pool)  # `switchyard.account.state`
+        self.guard: Canaries | None = None
+        """The canaries to tell every attempt's outcome (their guards count them); the stack
+        sets its variant policy's."""
         self.inner: Inner = self._call_app
         """What each attempt runs: the app, or (in `SwitchyardStack`) the deadline policy's
         `handle` around it, called directly rather than through another ASGI layer."""
@@ -219,7 +223,7 @@ class CoolingMiddleware(PolicyMiddleware):
             except asyncio.CancelledError:
                 # A response already sent whole still has its outcome (uvicorn reports a
                 # disconnect once a response completes, and the base cancels then).
-                self._settle(lease, span, *_verdict(ctx, attempt, gone="cancelled"))
+                self._settle(lease, span, *_verdict(ctx, attempt, gone="cancelled"), ctx)
                 raise
             except Exception as exc:
                 if span is not None:
@@ -230,9 +234,9 @@ class CoolingMiddleware(PolicyMiddleware):
                 if gone or kind == APP_ERROR:
                     # A client that left, or a bug in the app, says nothing about the
                     # account: counting it would let one bad code path cool every account.
-                    self._settle(lease, span, None, "disconnected" if gone else kind)
+                    self._settle(lease, span, None, "disconnected" if gone else kind, ctx)
                 else:
-                    self._settle(lease, span, Outcome.FAULT, kind)
+                    self._settle(lease, span, Outcome.FAULT, kind, ctx)
                 if gone or attempt.forwarded or kind == APP_ERROR:
                     raise  # the response started, nobody waits, or the app is broken
                 attempt.held = None  # an unfinished answer is never passed on
@@ -243,9 +247,11 @@ class CoolingMiddleware(PolicyMiddleware):
             status = attempt.status
             if span is None and status is not None and _plain_success(ctx, status):
                 self.pool.record(lease, _SUCCESS)  # the hot path: nothing to count or annotate
+                if self.guard is not None and ctx.resolved_model is not None:
+                    self.guard.record(ctx.resolved_model, fault=False)
                 return True
             outcome, status_text = _verdict(ctx, attempt)
-            self._settle(lease, span, outcome, status_text)
+            self._settle(lease, span, outcome, status_text, ctx)
             if outcome is _THROTTLE and attempt.retry_headers and ctx.resolved_model is not None:
                 hold(self.pool, lease.account, ctx.resolved_model, attempt.retry_headers)
             return attempt.status is not None and attempt.held is None
@@ -256,9 +262,16 @@ class CoolingMiddleware(PolicyMiddleware):
                 span.end()
 
     def _settle(
-        self, lease: Lease, span: trace.Span | None, outcome: Outcome | None, status: str
+        self,
+        lease: Lease,
+        span: trace.Span | None,
+        outcome: Outcome | None,
+        status: str,
+        ctx: RequestContext,
     ) -> None:
         """Give the lease back with what the attempt said about the account's health."""
+        if self.guard is not None and outcome is not None and ctx.resolved_model is not None:
+            self.guard.record(ctx.resolved_model, fault=outcome is Outcome.FAULT)
         if span is not None and span.is_recording():
             span.set_attributes(
                 {

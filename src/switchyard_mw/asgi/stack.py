@@ -57,7 +57,8 @@ class SwitchyardStack(PolicyMiddleware):
         self.deadline = DeadlineMiddleware(app, server=server)
         self.cooling = CoolingMiddleware(app, clients=self.clients, pool=self.pool, server=server)
         self.cooling.inner = self.deadline.handle
-        self.variant = VariantMiddleware(app, canaries=config.canaries, server=server)
+        self.variant = VariantMiddleware(app, canaries=config.canaries, server=server, clock=clock)
+        self.cooling.guard = self.variant.canaries  # every attempt's outcome feeds the guards
         self.judge = JudgeMiddleware(
             app,
             routes=config.routes,

@@ -6,7 +6,8 @@ from collections.abc import Mapping
 
 from ..config import Canary, Server
 from ..context import RequestContext
-from ..variant_assignment import assign_variant, build_splits
+from ..core.clock import Clock, monotonic
+from ..variant_assignment import Canaries
 from ._base import PolicyMiddleware
 from ._types import ASGIApp, Receive, Scope, Send
 
@@ -20,10 +21,16 @@ class VariantMiddleware(PolicyMiddleware):
     """
 
     def __init__(
-        self, app: ASGIApp, *, canaries: Mapping[str, Canary], server: Server | None = None
+        self,
+        app: ASGIApp,
+        *,
+        canaries: Mapping[str, Canary],
+        server: Server | None = None,
+        clock: Clock = monotonic,
     ) -> None:
         super().__init__(app, server=server)
-        self._splits = build_splits(canaries)
+        self.canaries = Canaries.from_config(canaries, clock=clock)
+        """The splits and their guards (`record` them every attempt's outcome to guard)."""
 
     async def handle(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
         self.assign(ctx)
@@ -31,4 +38,4 @@ class VariantMiddleware(PolicyMiddleware):
 
     def assign(self, ctx: RequestContext) -> None:
         """Move the request to its variant when its model has a canary."""
-        assign_variant(self._splits, ctx)
+        self.canaries.assign(ctx)

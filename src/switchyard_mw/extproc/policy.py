@@ -27,7 +27,7 @@ from ..core.deadline import attempt_deadline_secs
 from ..core.pool import AccountPool, Lease, Outcome
 from ..judging import Judge
 from ..state import Store, build_store
-from ..variant_assignment import assign_variant, build_splits
+from ..variant_assignment import Canaries
 from ..wire import WIRE_PATHS, Wire
 from . import _messages as msg
 from .flights import Flight
@@ -65,7 +65,7 @@ class Policies:
         self.judge = Judge(
             routes=config.routes, clients=self.clients, http_client=judge_http_client
         )
-        self.splits = build_splits(config.canaries)
+        self.canaries = Canaries.from_config(config.canaries, clock=clock)
         # Only accounts Envoy can route to take requests: the others have no cluster to name.
         self.routable = frozenset(n for n, c in self.clients.items() if c.spec.envoy_cluster)
         self.paths: dict[str, Wire] = dict(WIRE_PATHS)
@@ -120,7 +120,7 @@ class Policies:
                 view.model, view, ctx.body or b"", ctx.budget_at, gone=gone
             )
             ctx.resolved_model, ctx.route = decision.model, decision.route_header
-        assign_variant(self.splits, ctx)
+        self.canaries.assign(ctx)
 
     def serving(self, model: str) -> list[str]:
         return [n for n in self.pool.accounts_for(model) if n in self.routable]
@@ -262,6 +262,8 @@ class Policies:
             return
         settle(self.pool, lease, outcome, status)
         model = flight.ctx.resolved_model
+        if outcome is not None and model is not None:
+            self.canaries.record(model, fault=outcome is Outcome.FAULT)
         if outcome is Outcome.THROTTLE and retry and model is not None:
             hold(self.pool, lease.account, model, retry)
         span, flight.attempt_span = flight.attempt_span, None
