@@ -136,7 +136,7 @@ def test_bucket_bounds_fit_the_unit() -> None:
 )
 def test_a_value_lands_in_its_upper_inclusive_bucket(value: float, bucket: int) -> None:
     tally = rm.HistogramTally("t", "s", "test", rm.SECONDS_BUCKETS)
-    tally.record(value, ("m", "m", "m", "a", "", ""))
+    tally.record(value, ("m", "m", "m", "a", "", "", ""))
     metric = tally.metric(0)
     assert metric is not None
     (point,) = metric.data.data_points
@@ -149,7 +149,7 @@ def test_a_value_lands_in_its_upper_inclusive_bucket(value: float, bucket: int) 
 def test_series_past_the_limit_go_to_one_overflow_series() -> None:
     tally = rm.HistogramTally("t", "s", "test", rm.SECONDS_BUCKETS)
     for i in range(rm.MAX_SERIES + 500):
-        tally.record(1.0, (f"model-{i}", "", "", "", "", ""))
+        tally.record(1.0, (f"model-{i}", "", "", "", "", "", ""))
     metric = tally.metric(0)
     assert metric is not None
     points = list(metric.data.data_points)
@@ -165,7 +165,7 @@ def test_bridge_is_idempotent_and_adds_to_switchyards_scope() -> None:
     reader = rm.bridge(rm.bridge(InMemoryMetricReader()))
     provider = MeterProvider(metric_readers=[reader])
     provider.get_meter(tm.SCOPE).create_counter("c").add(1)
-    rm.duration.record(0.2, ("bridged", "", "", "", "", ""))
+    rm.duration.record(0.2, ("bridged", "", "", "", "", "", ""))
     data = reader.get_metrics_data()
     assert data is not None
     scopes = [s for rm_ in data.resource_metrics for s in rm_.scope_metrics]
@@ -184,7 +184,7 @@ def test_the_prometheus_text_has_real_histograms() -> None:
     registry = CollectorRegistry()
     reader = rm.bridge(PrometheusMetricReader(registry=registry))
     provider = MeterProvider(metric_readers=[reader])
-    rm.duration.record(0.3, ("prom-model", "prom-model", "prom-model", "a", "", ""))
+    rm.duration.record(0.3, ("prom-model", "prom-model", "prom-model", "a", "", "", ""))
     text = generate_latest(registry).decode()
     provider.shutdown()
     assert "# TYPE gen_ai_client_operation_duration_seconds histogram" in text

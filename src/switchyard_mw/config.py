@@ -64,6 +64,8 @@ class Canary(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     variants: dict[str, float]
     salt: str = ""
     guard: Guard | None = None
+    shadow: dict[str, float] = {}
+    """Percent of the base model's non-streaming requests mirrored to each shadow model."""
 
 
 class Route(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -85,6 +87,8 @@ class Server(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     max_body_bytes: PositiveInt = 32 * 1024 * 1024
     generic_paths: list[str] = []
     """Paths besides the three wire paths whose JSON body is read for its `model` field."""
+    shadow_max_inflight: PositiveInt = 16
+    """Shadow requests in flight at most; past it, new ones are dropped (and counted)."""
 
 
 class State(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -339,8 +343,8 @@ def _check_canaries(config: Config, unserved: Callable[[str], bool]) -> list[str
         at = f"canaries.{_quote(model)}"
         if unserved(model):
             problems.append(f"{at}: {_unserved_msg(model)}")
-        if not canary.variants:
-            problems.append(f"{at}.variants: must name at least one variant")
+        if not canary.variants and not canary.shadow:
+            problems.append(f"{at}.variants: must name at least one variant (or a shadow)")
         for variant, percent in canary.variants.items():
             if not 0 <= percent <= 100:
                 problems.append(f"{at}.variants.{_quote(variant)}: must be between 0 and 100")
@@ -352,6 +356,25 @@ def _check_canaries(config: Config, unserved: Callable[[str], bool]) -> list[str
         if total > 100:
             shown = int(total) if total.is_integer() else round(total, 4)
             problems.append(f"{at}.variants: percentages sum to {shown} > 100")
+        problems.extend(_check_shadow(at, model, canary, unserved))
+    return problems
+
+
+def _check_shadow(
+    at: str, model: str, canary: Canary, unserved: Callable[[str], bool]
+) -> list[str]:
+    problems = []
+    for shadow, percent in canary.shadow.items():
+        where = f"{at}.shadow.{_quote(shadow)}"
+        if not 0 <= percent <= 100:
+            problems.append(f"{where}: must be between 0 and 100")
+        if shadow == model:
+            problems.append(f"{where}: is the base model itself")
+        elif unserved(shadow):
+            problems.append(f"{where}: {_unserved_msg(shadow)}")
+    total = math.fsum(canary.shadow.values())
+    if total > 100:
+        problems.append(f"{at}.shadow: percentages sum to {round(total, 4):g} > 100")
     return problems
 
 

@@ -42,10 +42,11 @@ TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
 MAX_SERIES = 2000
 """Attribute sets one metric keeps; past it, points go to one `otel.metric.overflow` series
 (as the SDK does): a requested model is any string a client sends."""
-_OVERFLOW = ("\x00",) * 6  # no real label holds a NUL: model names with one are refused
+_OVERFLOW = ("\x00",) * 7  # no real label holds a NUL: model names with one are refused
 
-Labels = tuple[str, str, str, str, str, str]
-"""requested model, routed model, variant, account, error type ("" = none), token type."""
+Labels = tuple[str, str, str, str, str, str, str]
+"""requested model, routed model, variant, account, error type ("" = none), token type,
+shadow ("true" for a mirrored request, else "")."""
 _NAMES = (
     tm.REQUEST_MODEL,
     tm.RESPONSE_MODEL,
@@ -53,6 +54,7 @@ _NAMES = (
     tm.ACCOUNT,
     tm.ERROR_TYPE,
     tm.TOKEN_TYPE,
+    tm.SHADOW,
 )
 
 
@@ -128,7 +130,12 @@ class HistogramTally:
 def _attributes(labels: Labels) -> dict[str, Any]:
     if labels == _OVERFLOW:
         return {"otel.metric.overflow": True}
-    return {name: value for name, value in zip(_NAMES, labels, strict=True) if value}
+    attributes: dict[str, Any] = {
+        name: value for name, value in zip(_NAMES, labels, strict=True) if value
+    }
+    if tm.SHADOW in attributes:
+        attributes[tm.SHADOW] = True
+    return attributes
 
 
 duration = HistogramTally(
@@ -160,13 +167,20 @@ def observe(ctx: RequestContext, end: float, error: str | None = None) -> None:
         "" if client is None else client.name,
         error or "",
     )
-    duration.record(end - ctx.started_at, (*base, ""))
+    duration.record(end - ctx.started_at, (*base, "", ""))
     if ctx.first_token_at is not None:
-        time_to_first_token.record(ctx.first_token_at - ctx.started_at, (*base, ""))
+        time_to_first_token.record(ctx.first_token_at - ctx.started_at, (*base, "", ""))
     if ctx.input_tokens is not None:
-        token_usage.record(ctx.input_tokens, (*base, "input"))
+        token_usage.record(ctx.input_tokens, (*base, "input", ""))
     if ctx.output_tokens is not None:
-        token_usage.record(ctx.output_tokens, (*base, "output"))
+        token_usage.record(ctx.output_tokens, (*base, "output", ""))
+
+
+def observe_shadow(
+    *, requested: str, shadow: str, account: str, secs: float, error: str | None
+) -> None:
+    """Record one mirrored request (`switchyard.shadow = true`): its outcome and latency."""
+    duration.record(secs, (requested, shadow, shadow, account, error or "", "", "true"))
 
 
 def _error_type(ctx: RequestContext) -> str | None:

@@ -31,6 +31,7 @@ TIME_TO_FIRST_TOKEN = "gen_ai.server.time_to_first_token"
 TOKEN_USAGE = "gen_ai.client.token.usage"
 ACCOUNT_STATE = "switchyard.account.state"
 CANARY_GUARD_TRIPS = "switchyard.canary.guard_trips"
+SHADOW_DROPPED = "switchyard.shadow.dropped"
 FAILOVERS = "switchyard.failovers"
 DEADLINE_EXCEEDED = "switchyard.deadline.exceeded"
 VARIANT_ASSIGNMENTS = "switchyard.variant.assignments"
@@ -68,6 +69,7 @@ USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 ERROR_TYPE = "error.type"
 VARIANT = "switchyard.variant"
+SHADOW = "switchyard.shadow"
 TOKEN_TYPE = "gen_ai.token.type"
 HTTP_METHOD = "http.request.method"
 HTTP_STATUS = "http.response.status_code"
@@ -96,6 +98,11 @@ canary_guard_trips = meter.create_counter(
     CANARY_GUARD_TRIPS,
     unit="{trip}",
     description="Canary variants the guard rolled back (their share set to 0)",
+)
+shadow_dropped = meter.create_counter(
+    SHADOW_DROPPED,
+    unit="{request}",
+    description="Shadow requests not sent: shadow_max_inflight were already in flight",
 )
 failovers = meter.create_counter(
     FAILOVERS, unit="{attempt}", description="Attempts moved to another account"

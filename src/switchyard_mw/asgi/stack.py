@@ -13,6 +13,7 @@ from ..config import Config, load_config
 from ..context import RequestContext
 from ..core.clock import Clock, monotonic
 from ..core.pool import AccountPool
+from ..shadow import Shadows
 from ..state import Store, build_store
 from ._base import PolicyMiddleware
 from ._types import ASGIApp, Receive, Scope, Send
@@ -59,6 +60,13 @@ class SwitchyardStack(PolicyMiddleware):
         self.cooling.inner = self.deadline.handle
         self.variant = VariantMiddleware(app, canaries=config.canaries, server=server, clock=clock)
         self.cooling.guard = self.variant.canaries  # every attempt's outcome feeds the guards
+        self.shadows = Shadows.build(
+            config.canaries,
+            clients=self.clients,
+            pool=self.pool,
+            max_inflight=server.shadow_max_inflight,
+        )
+        """Mirrors a share of canaried models' requests (None: no canary has a shadow)."""
         self.judge = JudgeMiddleware(
             app,
             routes=config.routes,
@@ -74,9 +82,13 @@ class SwitchyardStack(PolicyMiddleware):
         if self.judge.applies(ctx):  # no coroutine for the many requests with no route
             await self.judge.route(ctx)
         self.variant.assign(ctx)
+        if self.shadows is not None:
+            self.shadows.mirror(ctx, scope["path"])
         await self.cooling.handle(ctx, scope, receive, send)
 
     async def aclose(self) -> None:
+        if self.shadows is not None:
+            await self.shadows.aclose()
         await self.store.aclose()
         await self.judge.aclose()
 

@@ -7,6 +7,7 @@ with an `envoy_cluster`, and within one request, those on the cluster Envoy was 
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -32,6 +33,7 @@ from ..wire import WIRE_PATHS, Wire
 from . import _messages as msg
 from .flights import Flight
 
+_log = logging.getLogger(__name__)
 CLUSTER_HEADER = "x-switchyard-cluster"
 TIMEOUT_HEADER = "x-envoy-upstream-rq-timeout-ms"
 PER_TRY_TIMEOUT_HEADER = "x-envoy-upstream-rq-per-try-timeout-ms"
@@ -66,6 +68,12 @@ class Policies:
             routes=config.routes, clients=self.clients, http_client=judge_http_client
         )
         self.canaries = Canaries.from_config(config.canaries, clock=clock)
+        if shadowed := sorted(m for m, c in config.canaries.items() if c.shadow):
+            # Envoy sends each request once, to one cluster: a copy is not ours to make.
+            _log.warning(
+                "the ext_proc server ignores `shadow` (canaries %s): shadow traffic is ASGI only",
+                ", ".join(shadowed),
+            )
         # Only accounts Envoy can route to take requests: the others have no cluster to name.
         self.routable = frozenset(n for n, c in self.clients.items() if c.spec.envoy_cluster)
         self.paths: dict[str, Wire] = dict(WIRE_PATHS)
