@@ -31,19 +31,31 @@ class LLMClient(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """One upstream account: an endpoint, its credential and how to treat its faults."""
 
     base_url: str
+    """e.g. `https://api.anthropic.com`, without `/v1`: the request path is appended to it."""
     models: list[str]
+    """The models it serves; `"*"` serves any model."""
     api_key_env: str | None = None
+    """The environment variable holding its key, read at start-up (and at each reload)."""
     auth: Literal["x-api-key", "bearer"] = "bearer"
+    """How the key is sent: an `x-api-key` header, or `Authorization: Bearer`."""
     priority: int = 0
+    """Lower is preferred; accounts of equal priority share the traffic in turn."""
     timeout_secs: PositiveSecs = 60.0
+    """The floor of a non-streaming attempt's deadline; a stream's time to start."""
     stream_idle_secs: PositiveSecs = 60.0
+    """The longest silence between two chunks of a stream."""
     default_max_tokens: PositiveInt | None = None
+    """The output cap assumed (for the deadline) when a request sets none."""
     failure_threshold: PositiveInt = 3
+    """Consecutive account faults that cool it."""
     cooldown_secs: PositiveSecs = 30.0
+    """The first cooling period; it doubles each time a probe fails."""
     max_cooldown_secs: PositiveSecs = 300.0
+    """The cap of the cooling period (at least `cooldown_secs`)."""
     max_throttle_secs: PositiveSecs = 60.0
     """The longest a 429's retry time keeps this account out of rotation for one model."""
     envoy_cluster: str | None = None
+    """ext_proc mode: the Envoy cluster that reaches `base_url` (unset: not routable there)."""
 
     def serves(self, model: str) -> bool:
         return "*" in self.models or model in self.models
@@ -54,16 +66,22 @@ class Guard(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     and a fault rate above both `max_fault_rate` and its base model's."""
 
     max_fault_rate: Annotated[float, Meta(ge=0, le=1)]
+    """The variant's fault rate (faults and deadline expiries over attempts) must exceed this."""
     min_requests: PositiveInt
+    """Attempts on the variant in the window before the guard may judge it."""
     window_secs: PositiveSecs
+    """The sliding window both rates are counted over."""
 
 
 class Canary(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """A rollout: the percent of keys moved from the base model to each variant."""
 
     variants: dict[str, float]
+    """Percent of conversations moved to each variant (raising one only moves more in)."""
     salt: str = ""
+    """Changing it reshuffles which conversations are in the canary."""
     guard: Guard | None = None
+    """The automatic rollback of a failing variant (below)."""
     shadow: dict[str, float] = {}
     """Percent of the base model's non-streaming requests mirrored to each shadow model."""
 
@@ -72,19 +90,28 @@ class Route(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """A requested model name whose real model an LLM judge picks."""
 
     classifier: Literal["llm"]
+    """The kind of route: an LLM judge picks the model."""
     judge: str
+    """The `llm_clients` entry the judge is called on (in OpenAI Chat format)."""
     judge_model: str
+    """The model the judge runs as."""
     choices: dict[str, str]
+    """Verdict label to model."""
     fallback: str
+    """The model used whenever the judge cannot answer in time or at all."""
     judge_deadline_ms: PositiveInt | None = None
+    """Bounds the whole consultation; unset: only the request's own budget bounds it."""
     judge_input_max_chars: PositiveInt = 4000
+    """How much of the last user turn the judge sees."""
 
 
 class Server(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """How the middlewares treat every request, whatever its policy."""
 
     expose_headers: bool = True
+    """Add the `x-switchyard-*` headers (model, account, attempts, deadline, route)."""
     max_body_bytes: PositiveInt = 32 * 1024 * 1024
+    """A larger request body is refused with 413 `request_too_large`."""
     generic_paths: list[str] = []
     """Paths besides the three wire paths whose JSON body is read for its `model` field."""
     shadow_max_inflight: PositiveInt = 16
@@ -95,9 +122,11 @@ class State(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Where account health (cooling) lives: in each process, or shared through Redis."""
 
     backend: Literal["memory", "redis"] = "memory"
+    """`memory`: each process keeps its own; `redis`: shared by every replica."""
     url: str | None = None
     """`redis://[:password@]host:port/db`, `rediss://...` or `unix:///path`; redis only."""
     key_prefix: str = "switchyard"
+    """One prefix per gateway fleet sharing a Redis."""
     timeout_ms: PositiveInt = 100
     """Longest wait for one store call; past it the replica goes on with its local state."""
     probe_lease_secs: PositiveSecs = 60.0
@@ -105,6 +134,8 @@ class State(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
 
 
 class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The whole config file: accounts, canaries, routes and the two tables."""
+
     llm_clients: dict[str, LLMClient] = {}
     canaries: dict[str, Canary] = {}
     routes: dict[str, Route] = {}
