@@ -351,3 +351,18 @@ def test_a_string_turn_hashes_by_its_canonical_encoding_however_it_is_spelled(te
         raw = '{"model": "m", "messages": [{"role": "user", "content": ' + spelling + "}]}"
         assert read_request(Wire.OPENAI_CHAT, raw.encode()).first_turn_hash == expected
         assert read_request(Wire.ANTHROPIC, raw.encode()).first_turn_hash == expected
+
+
+def test_thinking_is_found_only_where_signed_and_the_word_alone_is_not_enough() -> None:
+    def view(messages: list[object]) -> bool:
+        body = json.dumps({"model": "m", "max_tokens": 5, "messages": messages}).encode()
+        return read_request(Wire.ANTHROPIC, body).has_thinking
+
+    signed = {"type": "thinking", "thinking": "t", "signature": "sig"}
+    assert view([{"role": "user", "content": "hi"}, {"role": "assistant", "content": [signed]}])
+    redacted = {"type": "redacted_thinking", "data": "x"}
+    assert view([{"role": "assistant", "content": [redacted]}])
+    # The words appear, but in text: the full check runs and finds no signed thinking.
+    worded = [{"role": "user", "content": 'my "signature" and "redacted_thinking"'}]
+    assert not view(worded)
+    assert not view([{"role": "assistant", "content": [{"type": "text", "text": "no"}]}])

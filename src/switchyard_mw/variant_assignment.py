@@ -100,9 +100,12 @@ class Canaries:
             return
         # A user id decides alone: the first turn is hashed only when there is none.
         turn = None if view.user_key else view.first_turn_hash
-        chosen = self.choose(model, view.user_key, turn, pinned=view.has_thinking)
-        assert chosen is not None
-        variant, kind = chosen
+        split = self._live[model]
+        # Only once a guard tripped does the live split differ from the configured one; only
+        # then is it worth reading the conversation for signed thinking (which pins it).
+        if split is not self._splits[model] and view.has_thinking:
+            split = self._splits[model]
+        variant, kind = split.choose(view.user_key, turn)
         ctx.resolved_model, ctx.variant, ctx.key_kind = variant, variant, kind
         tm.variant_assignments.add(model, variant, kind)
         if view.user_key and tm.tracing() and (span := trace.get_current_span()).is_recording():
