@@ -18,6 +18,15 @@ after a round trip's grace, GOAWAY with the last stream id accepted; streams in 
 later ones are refused (REFUSED_STREAM, which a client may retry elsewhere). `h2` closes its
 state machine as soon as it sends a GOAWAY (python-hyper/h2#1181), which would cut the streams
 in flight, so the two GOAWAY frames are written beside it.
+
+The listener also serves whatever else can reach it, so everything a peer controls is bounded
+(`H2Limits`, one frozen object handed to the server): bytes held per stream, connection and
+process (received and not yet handed to a handler, answers not yet written), streams per
+connection (one over is refused alone, REFUSED_STREAM), stream resets per second (past the
+budget GOAWAY ENHANCE_YOUR_CALM, as Envoy, Go and nghttp2 answer a rapid reset), the preface,
+an idle connection, a message that stops arriving, a peer that stops reading, header blocks,
+and connections per process (at the cap the longest-idle connection makes room; at the fd
+limit accepting pauses for a second, one log line per episode).
 """
 
 from __future__ import annotations
@@ -25,11 +34,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
+import errno
 import logging
+import os
+import resource
+import socket
+import stat
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import h2.config
 import h2.connection
@@ -47,13 +62,28 @@ _log = logging.getLogger(__name__)
 PROCESS_PATH = b"/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 CHECK_PATH = b"/grpc.health.v1.Health/Check"
 WATCH_PATH = b"/grpc.health.v1.Health/Watch"
-MAX_STREAMS = 1000
 STREAM_WINDOW = 16 << 20
 """Our receive window per stream: a body of a few MB arrives without waiting on us."""
 CONNECTION_WINDOW = 64 << 20
 DRAIN_ROUND_TRIP_SECS = 0.2
 """Between the two GOAWAY frames: time for a stream the client opened as we sent the first."""
 _LAST_STREAM_ID = (1 << 31) - 1
+_UNLIMITED_STREAMS = (1 << 31) - 1
+"""What h2 itself enforces: over the advertised limit it would end the whole connection."""
+DEFAULT_MESSAGE_BYTES = (32 << 20) + (1 << 20)
+"""The largest message at the default `[server] max_body_bytes`, with room for framing."""
+WRITE_BUFFER_BYTES = 1 << 20
+"""Bytes the socket may hold unsent before writing pauses (asyncio's high-water mark)."""
+_WRITE_BATCH = 256 << 10
+"""Handed to the socket at a time, so that a paused socket stops a large answer midway."""
+LINGER_SECS = 1.0
+"""After a GOAWAY that ends a connection, input is read and dropped this long before closing
+(and a closing connection's unsent output is dropped after it)."""
+BACKLOG = 1024
+ACCEPT_RETRY_SECS = 1.0
+"""Out of file descriptors: accepting pauses this long (asyncio's own retry delay)."""
+_ACCEPT_BATCH = 64
+_OUT_OF_FILES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 _CONFIG = h2.config.H2Configuration(
     client_side=False,
     header_encoding=None,
@@ -72,11 +102,66 @@ _RESPONSE_HEADERS = [(b":status", b"200"), (b"content-type", b"application/grpc"
 OK = 0
 UNKNOWN = 2
 INVALID_ARGUMENT = 3
+DEADLINE_EXCEEDED = 4
 NOT_FOUND = 5
 RESOURCE_EXHAUSTED = 8
 UNIMPLEMENTED = 12
 INTERNAL = 13
 UNAVAILABLE = 14
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class H2Limits:
+    """What one peer may take of the server. The defaults sit far above what a real Envoy
+    uses (one message each way per stream, read as it is written) and well below what hurts
+    the process; `for_message_size` scales the byte bounds with the largest message."""
+
+    max_message_bytes: int = DEFAULT_MESSAGE_BYTES
+    """A gRPC message's length prefix over this fails its stream (RESOURCE_EXHAUSTED)."""
+    stream_buffer_bytes: int = 2 * DEFAULT_MESSAGE_BYTES
+    """Bytes one stream holds: received and not yet handed to its handler, plus answers not
+    yet written (body mutations included). Over it the stream fails, RESOURCE_EXHAUSTED."""
+    connection_buffer_bytes: int = 8 * DEFAULT_MESSAGE_BYTES
+    """The same, summed over a connection's streams."""
+    process_buffer_bytes: int = 16 * DEFAULT_MESSAGE_BYTES
+    """The same, summed over every connection of the process."""
+    max_streams: int = 1000
+    """Concurrent streams per connection, advertised; one more is refused (REFUSED_STREAM)."""
+    max_connections: int = 1000
+    """Per process, and at most half the open-file limit (the rest is for upstream calls)."""
+    max_header_list_bytes: int = 64 << 10
+    """A header block's decoded size (h2 also stops a CONTINUATION flood at 64 frames)."""
+    resets_per_sec: float = 100.0
+    """Streams the peer resets (or opens over `max_streams`) per second, on average..."""
+    reset_burst: int = 1000
+    """...and at once; past the budget, GOAWAY ENHANCE_YOUR_CALM and the connection closes."""
+    preface_secs: float = 10.0
+    """From accept to the client's preface and SETTINGS."""
+    idle_secs: float = 300.0
+    """A connection with no stream open and nothing received is closed (GOAWAY NO_ERROR)."""
+    message_secs: float = 30.0
+    """From a message's first byte to its last (a length prefix that lies, then silence):
+    over it the stream fails, DEADLINE_EXCEEDED."""
+    write_stall_secs: float = 30.0
+    """Answers waiting on a peer that neither reads nor opens its window: the connection
+    closes."""
+
+    @classmethod
+    def for_message_size(cls, max_message_bytes: int, **changes: Any) -> H2Limits:
+        """The defaults, with the byte bounds scaled to `max_message_bytes`."""
+        scaled = cls(
+            max_message_bytes=max_message_bytes,
+            stream_buffer_bytes=2 * max_message_bytes,
+            connection_buffer_bytes=8 * max_message_bytes,
+            process_buffer_bytes=16 * max_message_bytes,
+        )
+        return dataclasses.replace(scaled, **changes)
+
+    @property
+    def tick_secs(self) -> float:
+        """How often a connection's timers are checked: a quarter of the shortest, at most 1 s."""
+        shortest = min(self.preface_secs, self.idle_secs, self.message_secs, self.write_stall_secs)
+        return min(max(shortest / 4, 0.01), 1.0)
 
 
 class Handler(Protocol):
@@ -96,7 +181,7 @@ class Health:
 
     services: frozenset[str]
     serving: bool = True
-    watchers: list[tuple[_Connection, _Stream]] = field(default_factory=list)
+    watchers: dict[_Stream, _Connection] = field(default_factory=dict)
 
     def status_of(self, service: str) -> int | None:
         if service not in self.services:
@@ -105,7 +190,7 @@ class Health:
 
     def stop_serving(self) -> None:
         self.serving = False
-        for connection, stream in self.watchers:
+        for stream, connection in list(self.watchers.items()):
             connection.send_health(stream)
 
 
@@ -123,8 +208,10 @@ class _Stream:
         "finishing",
         "handler",
         "headers_sent",
+        "held",
         "method",
         "out",
+        "partial_at",
         "pending",
         "released",
         "service",
@@ -142,6 +229,10 @@ class _Stream:
         self.pending: deque[bytearray] = deque()
         self.task: asyncio.Task[None] | None = None
         self.out: deque[memoryview] = deque()
+        self.held = 0
+        """Bytes in `buffer`, `pending` and `out`: what the stream costs while the peer waits."""
+        self.partial_at = 0.0
+        """When the message now in `buffer` started arriving."""
         self.headers_sent = False
         self.client_done = False
         self.status = OK
@@ -157,6 +248,7 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self, server: H2Server) -> None:
         self.server = server
+        self.limits = server.limits
         self.loop = asyncio.get_running_loop()
         self.h2 = h2.connection.H2Connection(config=_CONFIG)
         self.streams: dict[int, _Stream] = {}
@@ -165,37 +257,80 @@ class _Connection(asyncio.Protocol):
         self.refuse_above: int | None = None
         """Set by the final GOAWAY: streams above it are refused."""
         self._flush_pending = False
+        self.closed = False
+        self.held = 0
+        """Bytes held by all the streams (see `_Stream.held`)."""
+        self.partial: set[_Stream] = set()
+        """Streams with a message half received: the message timer watches them."""
+        self.blocked: set[_Stream] = set()
+        """Streams with answers the peer's flow-control window holds back."""
+        now = self.loop.time()
+        self.opened_at = self.active_at = self.sent_at = now
+        self.blocked_at: float | None = None
+        self.greeted = False
+        self.writing_paused = False
+        self.reset_tokens = float(self.limits.reset_burst)
+        self.reset_tokens_at = now
+        self._timer: asyncio.TimerHandle | None = None
 
     # asyncio.Protocol ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        transport.set_write_buffer_limits(high=WRITE_BUFFER_BYTES)
+        self.server.open_connections += 1
         self.server.connections.add(self)
         self.server.idle.clear()
+        limits = self.limits
         h = self.h2
-        h.local_settings = h2.settings.Settings(
-            client=False,
-            initial_values={
-                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_STREAMS,
-                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
-                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: 1 << 16,
-            },
-        )
-        h.initiate_connection()
+        settings = {
+            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: limits.max_streams,
+            h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+            h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: limits.max_header_list_bytes,
+        }
+        h.local_settings = h2.settings.Settings(client=False, initial_values=settings)
+        h.initiate_connection()  # advertises `settings`
+        # h2 answers a stream over its own limit by ending the connection (PROTOCOL_ERROR);
+        # the limit is enforced in `_on_request` instead, refusing that stream alone.
+        settings[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS] = _UNLIMITED_STREAMS
+        h.local_settings = h2.settings.Settings(client=False, initial_values=settings)
+        h.decoder.max_header_list_size = limits.max_header_list_bytes
         h.increment_flow_control_window(CONNECTION_WINDOW - 65535)
         transport.write(h.data_to_send())
+        self._timer = self.loop.call_later(self.limits.tick_secs, self._check)
         if self.server.draining:
             self.drain()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._mark_closed()
         self.server.connections.discard(self)
         if not self.server.connections:
             self.server.idle.set()
         self.transport = None
+        if self._timer is not None:
+            self._timer.cancel()
         for stream in list(self.streams.values()):
             self._drop(stream)
 
+    def pause_writing(self) -> None:
+        # The peer reads no more: stop reading it too (a flood of PINGs or SETTINGS would
+        # otherwise queue their answers without end) until it does, or the stall timer ends it.
+        self.writing_paused = True
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.writing_paused = False
+        self.sent_at = self.loop.time()
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+        for stream in list(self.streams.values()):
+            self._send_out(stream)
+        self._flush()
+
     def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return  # lingering after a GOAWAY: read and drop, so the peer gets it (no RST)
         try:
             events = self.h2.receive_data(data)
         except h2.exceptions.ProtocolError:
@@ -203,6 +338,8 @@ class _Connection(asyncio.Protocol):
             self._close()
             return
         for event in events:
+            if self.closed:
+                return
             kind = type(event)
             if kind is h2.events.DataReceived:
                 self._on_data(event)  # type: ignore[arg-type]
@@ -211,10 +348,9 @@ class _Connection(asyncio.Protocol):
             elif kind is h2.events.StreamEnded:
                 self._on_client_end(event.stream_id)  # type: ignore[attr-defined]
             elif kind is h2.events.StreamReset:
-                stream = self.streams.get(event.stream_id)  # type: ignore[attr-defined]
-                if stream is not None:
-                    self._drop(stream)
+                self._on_reset(event.stream_id)  # type: ignore[attr-defined]
             elif kind is h2.events.WindowUpdated or kind is h2.events.RemoteSettingsChanged:
+                self.greeted = True  # the client's first SETTINGS ends its preface
                 for stream in list(self.streams.values()):
                     self._send_out(stream)
             elif kind is h2.events.ConnectionTerminated:
@@ -226,8 +362,12 @@ class _Connection(asyncio.Protocol):
     # incoming -----------------------------------------------------------------------------
     def _on_request(self, event: h2.events.RequestReceived) -> None:
         sid = event.stream_id
-        if self.refuse_above is not None and sid > self.refuse_above:
+        if (self.refuse_above is not None and sid > self.refuse_above) or len(
+            self.streams
+        ) >= self.limits.max_streams:
+            # A stream error, not a connection error (RFC 9113 5.1.2): the others live on.
             self.h2.reset_stream(sid, h2.errors.ErrorCodes.REFUSED_STREAM)
+            self._count_reset()
             return
         self.last_stream = max(self.last_stream, sid)
         path = content_type = encoding = b""
@@ -249,6 +389,7 @@ class _Connection(asyncio.Protocol):
             return
         stream = _Stream(sid, path)
         self.streams[sid] = stream
+        self.active_at = self.loop.time()
         if encoding not in (b"", b"identity"):
             self._fail(stream, UNIMPLEMENTED, f"grpc-encoding {encoding.decode('latin-1')}")
         elif path == PROCESS_PATH:
@@ -263,30 +404,97 @@ class _Connection(asyncio.Protocol):
         if event.stream_ended is not None:
             self._on_client_end(sid)
 
+    def _on_reset(self, sid: int) -> None:
+        stream = self.streams.get(sid)
+        if stream is not None:  # reset before we were done: the work a rapid reset costs us
+            self._drop(stream)
+            self._count_reset()
+
+    def _count_reset(self) -> None:
+        """Spend one of the connection's reset budget (a token bucket); past it, calm down."""
+        limits = self.limits
+        now = self.loop.time()
+        earned = (now - self.reset_tokens_at) * limits.resets_per_sec
+        self.reset_tokens = min(float(limits.reset_burst), self.reset_tokens + earned) - 1
+        self.reset_tokens_at = now
+        if self.reset_tokens < 0:
+            _log.warning(
+                "ext_proc h2: a client reset or over-opened streams faster than %g/s "
+                "(burst %d); closing its connection with ENHANCE_YOUR_CALM",
+                limits.resets_per_sec,
+                limits.reset_burst,
+            )
+            self._goodbye(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM, linger=True)
+
     def _on_data(self, event: h2.events.DataReceived) -> None:
         sid = event.stream_id
-        # Credited back at once: a stream's memory is bounded by the message size limit.
+        # Credited back at once: `_hold` bounds what a stream, connection and process keep.
         with contextlib.suppress(h2.exceptions.StreamClosedError):
             self.h2.acknowledge_received_data(event.flow_controlled_length, sid)
         stream = self.streams.get(sid)
         if stream is None or stream.finishing:
             return
+        data = event.data or b""
         buffer = stream.buffer
-        buffer += event.data or b""
-        limit = self.server.max_message_bytes
+        if not buffer:
+            stream.partial_at = self.loop.time()
+            self.partial.add(stream)
+        buffer += data
+        if not self._hold(stream, len(data)):
+            return
+        limit = self.limits.max_message_bytes
         while len(buffer) >= 5:
             size = int.from_bytes(buffer[1:5], "big")
             if size > limit:
                 self._fail(stream, RESOURCE_EXHAUSTED, f"message of {size} bytes over {limit}")
                 return
             if len(buffer) < 5 + size:
-                break
+                return
             if buffer[0]:
                 self._fail(stream, INTERNAL, "compressed message but no grpc-encoding")
                 return
             payload = buffer[5 : 5 + size]  # a copy already: protobuf parses a bytearray
             del buffer[: 5 + size]
+            self._hold(stream, -5)
+            stream.partial_at = self.loop.time()
             self._on_message(stream, payload)
+            if stream.finishing:
+                return
+        if not buffer:
+            self.partial.discard(stream)
+
+    def _hold(self, stream: _Stream, size: int) -> bool:
+        """Count `size` more bytes held for `stream`; False (and the stream failed) when that
+        is over a bound."""
+        stream.held += size
+        self.held += size
+        server = self.server
+        server.held += size
+        limits = self.limits
+        if size <= 0:
+            return True
+        if stream.held > limits.stream_buffer_bytes:
+            over = f"stream buffers over {limits.stream_buffer_bytes} bytes"
+        elif self.held > limits.connection_buffer_bytes:
+            over = f"connection buffers over {limits.connection_buffer_bytes} bytes"
+        elif server.held > limits.process_buffer_bytes:
+            over = f"process buffers over {limits.process_buffer_bytes} bytes"
+        else:
+            return True
+        self._empty(stream)
+        self._fail(stream, RESOURCE_EXHAUSTED, over)
+        return False
+
+    def _empty(self, stream: _Stream) -> None:
+        """Let go of all the stream holds (its answers unsent are lost)."""
+        stream.buffer.clear()
+        stream.pending.clear()
+        stream.out.clear()
+        self.partial.discard(stream)
+        self.blocked.discard(stream)
+        self.held -= stream.held
+        self.server.held -= stream.held
+        stream.held = 0
 
     def _on_message(self, stream: _Stream, payload: bytearray) -> None:
         if stream.handler is not None:
@@ -295,6 +503,11 @@ class _Connection(asyncio.Protocol):
                 task = self.loop.create_task(self._work(stream), context=stream.context)
                 task.add_done_callback(lambda done: self._work_done(stream, done))
                 stream.task = task
+            return
+        self._hold(stream, -len(payload))
+        if stream.service or stream in self.server.health.watchers:
+            # Check and Watch take one request; each more would answer (and watch) again.
+            self._fail(stream, INVALID_ARGUMENT, "more than one HealthCheckRequest")
             return
         try:
             service = health_pb2.HealthCheckRequest.FromString(payload).service
@@ -305,7 +518,7 @@ class _Connection(asyncio.Protocol):
         if self.server.health.status_of(service) is None:
             self._fail(stream, NOT_FOUND, f"unknown service {service!r}")
         elif stream.method == WATCH_PATH:
-            self.server.health.watchers.append((self, stream))
+            self.server.health.watchers[stream] = self
             self.send_health(stream)
         else:
             self.send_health(stream)
@@ -328,11 +541,14 @@ class _Connection(asyncio.Protocol):
         assert handler is not None
         try:
             while stream.pending and not stream.finishing:
+                payload = stream.pending.popleft()
+                self._hold(stream, -len(payload))
                 try:
-                    request = ep.ProcessingRequest.FromString(stream.pending.popleft())
+                    request = ep.ProcessingRequest.FromString(payload)
                 except DecodeError:
                     self._fail(stream, INVALID_ARGUMENT, "cannot parse ProcessingRequest")
                     break
+                del payload
                 try:
                     answer = await handler.on(request)
                 except Exception as exc:
@@ -366,15 +582,23 @@ class _Connection(asyncio.Protocol):
     def _send(self, stream: _Stream, payload: bytes) -> None:
         if stream.released:
             return
+        message = _message(payload)
+        stream.out.append(memoryview(message))
+        if not self._hold(stream, len(message)):
+            return
         if not stream.headers_sent:
             stream.headers_sent = True
             self.h2.send_headers(stream.sid, _RESPONSE_HEADERS)
-        stream.out.append(memoryview(_message(payload)))
         self._send_out(stream)
 
     def _fail(self, stream: _Stream, status: int, detail: str) -> None:
+        """End the stream with `status` once its answers are out; what it received is dropped."""
         stream.status, stream.detail = status, detail
+        dropped = len(stream.buffer) + sum(len(payload) for payload in stream.pending)
+        stream.buffer.clear()
         stream.pending.clear()
+        self.partial.discard(stream)
+        self._hold(stream, -dropped)
         self._finish(stream)
 
     def _finish(self, stream: _Stream) -> None:
@@ -386,37 +610,52 @@ class _Connection(asyncio.Protocol):
         h = self.h2
         sid = stream.sid
         out = stream.out
+        batch = 0
         try:
             while out:
                 chunk = out[0]
                 room = min(len(chunk), h.local_flow_control_window(sid), h.max_outbound_frame_size)
-                if room <= 0:
-                    return  # the rest goes when the client opens its window (WindowUpdated)
+                if room <= 0 or self.writing_paused:
+                    # The rest goes when the client opens its window (WindowUpdated) or reads
+                    # again (resume_writing); the stall timer watches the wait.
+                    self.blocked.add(stream)
+                    return
                 h.send_data(sid, chunk[:room])
+                self._hold(stream, -room)
                 if room == len(chunk):
                     out.popleft()
                 else:
                     out[0] = chunk[room:]
+                batch += room
+                if batch >= _WRITE_BATCH:  # to the socket now: a full one pauses writing
+                    batch = 0
+                    self.sent_at = self.loop.time()
+                    self._write(h.data_to_send())
+            if batch:
+                self.sent_at = self.loop.time()
+            self.blocked.discard(stream)
             if stream.finishing:
-                trailers = [(b"grpc-status", str(stream.status).encode())]
-                if stream.detail:
-                    trailers.append((b"grpc-message", _percent_encoded(stream.detail)))
-                if not stream.headers_sent:  # a trailers-only answer
-                    trailers = _RESPONSE_HEADERS + trailers
-                h.send_headers(sid, trailers, end_stream=True)
-                if stream.status != OK and not stream.client_done:
-                    # The rest of the request is of no use: ask the client to stop sending it
-                    # (RFC 9113 8.1: a complete response, then RST_STREAM with NO_ERROR).
-                    h.reset_stream(sid, h2.errors.ErrorCodes.NO_ERROR)
-                self._release(stream)
+                self._end_stream(stream)
         except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
             self._drop(stream)
+
+    def _end_stream(self, stream: _Stream) -> None:
+        trailers = [(b"grpc-status", str(stream.status).encode())]
+        if stream.detail:
+            trailers.append((b"grpc-message", _percent_encoded(stream.detail)))
+        if not stream.headers_sent:  # a trailers-only answer
+            trailers = _RESPONSE_HEADERS + trailers
+        self.h2.send_headers(stream.sid, trailers, end_stream=True)
+        if stream.status != OK and not stream.client_done:
+            # The rest of the request is of no use: ask the client to stop sending it
+            # (RFC 9113 8.1: a complete response, then RST_STREAM with NO_ERROR).
+            self.h2.reset_stream(stream.sid, h2.errors.ErrorCodes.NO_ERROR)
+        self._release(stream)
 
     def _drop(self, stream: _Stream) -> None:
         """The stream is gone (reset, or its connection closed): stop its work."""
         stream.finishing = True
-        stream.pending.clear()
-        stream.out.clear()
+        self._empty(stream)
         if stream.task is not None:
             stream.task.cancel()
         self._release(stream)
@@ -425,12 +664,12 @@ class _Connection(asyncio.Protocol):
         if stream.released:
             return
         stream.released = True
+        self._empty(stream)
         self.streams.pop(stream.sid, None)
+        self.active_at = self.loop.time()
         if stream.task is None:
             self._end(stream)  # else `_work_done` does, once the task has unwound
-        if stream.method == WATCH_PATH:
-            with contextlib.suppress(ValueError):
-                self.server.health.watchers.remove((self, stream))
+        self.server.health.watchers.pop(stream, None)
         if self.refuse_above is not None and not self.streams:
             self.loop.call_soon(self._close)
 
@@ -448,9 +687,74 @@ class _Connection(asyncio.Protocol):
             self.transport.write(data)
 
     def _close(self) -> None:
-        if self.transport is not None and not self.transport.is_closing():
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
             self._flush()
-            self.transport.close()
+            transport.close()
+            # close() waits for the peer to take what is buffered; a peer that reads no more
+            # would hold the connection open for good.
+            self.loop.call_later(LINGER_SECS, transport.abort)
+        self._mark_closed()
+
+    def _mark_closed(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.server.open_connections -= 1
+
+    def _goodbye(self, code: h2.errors.ErrorCodes, *, linger: bool = False) -> None:
+        """GOAWAY with `code` and the last stream accepted, then close; with `linger`, once
+        the peer has had `LINGER_SECS` to read it (a peer still sending would otherwise get
+        the connection reset, and the GOAWAY lost with it)."""
+        self._flush()
+        frame = GoAwayFrame(0)
+        frame.last_stream_id = self.last_stream
+        frame.error_code = code
+        self._write(frame.serialize())
+        transport = self.transport
+        if (
+            not linger
+            or transport is None
+            or transport.is_closing()
+            or not transport.can_write_eof()
+        ):
+            self._close()
+            return
+        transport.write_eof()
+        self._mark_closed()
+        for stream in list(self.streams.values()):
+            self._drop(stream)
+        self.loop.call_later(LINGER_SECS, transport.abort)
+
+    # timers -------------------------------------------------------------------------------
+    def _check(self) -> None:
+        """The connection's timers, checked every `tick_secs`: preface, stall, idle, message."""
+        if self.closed:
+            return
+        now = self.loop.time()
+        limits = self.limits
+        if not self.greeted and now - self.opened_at > limits.preface_secs:
+            self._close()  # no preface, no HTTP/2 to say goodbye in
+            return
+        if self._stalled(now):
+            self._goodbye(h2.errors.ErrorCodes.NO_ERROR)
+            return
+        if not self.streams and now - self.active_at > limits.idle_secs:
+            self._goodbye(h2.errors.ErrorCodes.NO_ERROR)
+            return
+        late = f"message incomplete after {limits.message_secs:g} s"
+        for stream in [s for s in self.partial if now - s.partial_at > limits.message_secs]:
+            self._fail(stream, DEADLINE_EXCEEDED, late)
+        self._flush()
+        self._timer = self.loop.call_later(limits.tick_secs, self._check)
+
+    def _stalled(self, now: float) -> bool:
+        """Answers have waited on the peer (its window or its reading) for `write_stall_secs`."""
+        if not (self.writing_paused or self.blocked):
+            self.blocked_at = None
+            return False
+        if self.blocked_at is None:
+            self.blocked_at = now
+        return now - max(self.blocked_at, self.sent_at) > self.limits.write_stall_secs
 
     # stopping -----------------------------------------------------------------------------
     def _goaway(self, last_stream_id: int) -> None:
@@ -478,7 +782,7 @@ class _Connection(asyncio.Protocol):
         for stream in list(self.streams.values()):
             if stream.task is not None:
                 stream.task.cancel()
-            stream.out.clear()
+            self._empty(stream)
             self._fail(stream, UNAVAILABLE, "server stopping")
         self._close()
 
@@ -500,50 +804,191 @@ class H2Server:
         end_stream: EndStream,
         *,
         services: Iterable[str],
-        max_message_bytes: int,
+        limits: H2Limits | None = None,
     ) -> None:
         self.open_stream = open_stream
         self.end_stream = end_stream
-        self.max_message_bytes = max_message_bytes
+        self.limits = limits if limits is not None else H2Limits()
         self.health = Health(frozenset(services))
         self.connections: set[_Connection] = set()
+        self.open_connections = 0
+        """Connections not yet closing: what `max_connections` counts."""
+        self.held = 0
+        """Bytes held by every stream of every connection (see `_Stream.held`)."""
         self.idle = asyncio.Event()
         """Set while no connection is open."""
         self.idle.set()
         self.draining = False
         self.port: int | None = None
-        self._listener: asyncio.Server | None = None
+        self._listeners: list[_Listener] = []
+
+    @property
+    def max_message_bytes(self) -> int:
+        return self.limits.max_message_bytes
+
+    @property
+    def max_connections(self) -> int:
+        """`limits.max_connections`, or half the open-file limit when that is lower."""
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY:
+            return self.limits.max_connections
+        return max(1, min(self.limits.max_connections, soft // 2))
 
     async def listen(self, address: str, *, reuse_port: bool = False) -> None:
         """Bind `address` (`host:port`, `[v6]:port` or `unix:/path`, as `parse_listen` checks)."""
-        loop = asyncio.get_running_loop()
         if address.startswith("unix:"):
-            self._listener = await loop.create_unix_server(
-                lambda: _Connection(self), address[len("unix:") :]
-            )
-            return
-        host, _, port = address.rpartition(":")
-        self._listener = await loop.create_server(
-            lambda: _Connection(self),
-            host.strip("[]"),
-            int(port),
-            reuse_port=reuse_port or None,
-            backlog=1024,
-        )
-        sockets = self._listener.sockets
-        self.port = sockets[0].getsockname()[1] if sockets else None
+            sockets = [_unix_socket(address[len("unix:") :])]
+        else:
+            host, _, port = address.rpartition(":")
+            sockets = await _tcp_sockets(host.strip("[]"), int(port), reuse_port)
+            self.port = sockets[0].getsockname()[1]
+        cap = self.max_connections
+        self._listeners = [_Listener(self, sock, cap) for sock in sockets]
+
+    def make_room(self) -> bool:
+        """Close the connection idle the longest (no stream open) to admit a new one; False
+        when every connection has streams open."""
+        idle = [c for c in self.connections if not c.streams and not c.closed]
+        if not idle:
+            return False
+        min(idle, key=lambda c: c.active_at)._goodbye(h2.errors.ErrorCodes.NO_ERROR)
+        return True
 
     async def stop(self, grace_secs: float) -> None:
         """NOT_SERVING, no new connections or streams, `grace_secs` for those in flight."""
         self.health.stop_serving()
         self.draining = True
-        if self._listener is not None:
-            self._listener.close()
+        for listener in self._listeners:
+            listener.close()
         for connection in list(self.connections):
             connection.drain()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.idle.wait(), max(grace_secs, DRAIN_ROUND_TRIP_SECS))
         for connection in list(self.connections):
             connection.abort()
-        if self._listener is not None:
-            await self._listener.wait_closed()
+        for listener in self._listeners:
+            await listener.closed()
+
+
+class _Listener:
+    """Accepts connections on one listening socket, up to the connection cap.
+
+    asyncio's own accept loop, on running out of file descriptors, logs a traceback for each
+    of up to `backlog` tries in a row and schedules as many retries; this one logs one line
+    per episode and retries once a second.
+    """
+
+    def __init__(self, server: H2Server, sock: socket.socket, max_connections: int) -> None:
+        self.server = server
+        self.sock = sock
+        self.max_connections = max_connections
+        self.loop = asyncio.get_running_loop()
+        self.starting: set[asyncio.Task[Any]] = set()
+        self.out_of_files = False
+        self._retry: asyncio.TimerHandle | None = None
+        self.loop.add_reader(sock.fileno(), self._accept)
+
+    def _accept(self) -> None:
+        for _ in range(_ACCEPT_BATCH):
+            try:
+                conn, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                if self.out_of_files:  # all waiting were taken: the episode is over
+                    self.out_of_files = False
+                    _log.warning("ext_proc h2: accepting connections again")
+                return
+            except OSError as exc:
+                if exc.errno not in _OUT_OF_FILES:
+                    raise
+                self._back_off(exc)
+                return
+            conn.setblocking(False)
+            if not self._admit():
+                conn.close()
+                continue
+            task = self.loop.create_task(
+                self.loop.connect_accepted_socket(lambda: _Connection(self.server), conn)
+            )
+            self.starting.add(task)
+            task.add_done_callback(self._started)
+
+    def _admit(self) -> bool:
+        count = self.server.open_connections + len(self.starting)
+        return count < self.max_connections or self.server.make_room()
+
+    def _started(self, task: asyncio.Task[Any]) -> None:
+        self.starting.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            _log.debug("ext_proc h2: a connection could not start: %s", task.exception())
+
+    def _back_off(self, exc: OSError) -> None:
+        """Out of file descriptors: pause accepting, once a second, with one log line."""
+        if not self.out_of_files:
+            self.out_of_files = True
+            _log.warning(
+                "ext_proc h2: cannot accept connections (%s); retrying every %g s",
+                exc.strerror,
+                ACCEPT_RETRY_SECS,
+            )
+        self.server.make_room()  # an idle connection's descriptor serves the next one better
+        self.loop.remove_reader(self.sock.fileno())
+        self._retry = self.loop.call_later(ACCEPT_RETRY_SECS, self._resume)
+
+    def _resume(self) -> None:
+        self._retry = None
+        if self.sock.fileno() >= 0:
+            self.loop.add_reader(self.sock.fileno(), self._accept)
+
+    def close(self) -> None:
+        if self._retry is not None:
+            self._retry.cancel()
+        if self.sock.fileno() >= 0:
+            self.loop.remove_reader(self.sock.fileno())
+            self.sock.close()
+
+    async def closed(self) -> None:
+        """Once the connections accepted before `close` have started."""
+        if self.starting:
+            await asyncio.wait(list(self.starting))
+
+
+async def _tcp_sockets(host: str, port: int, reuse_port: bool) -> list[socket.socket]:
+    """Listening sockets for every address `host` names, as asyncio's `create_server` binds."""
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(BACKLOG)
+            sock.setblocking(False)
+    except OSError:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+def _unix_socket(path: str) -> socket.socket:
+    """A listening unix socket at `path`; a stale socket file there is replaced."""
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISSOCK(os.stat(path).st_mode):
+            os.remove(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        sock.listen(BACKLOG)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock

@@ -23,7 +23,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ..clients import build_clients
 from ..config import Config
-from .h2_transport import H2Server
+from .h2_transport import H2Limits, H2Server
 from .policy import Policies
 from .servicer import ExtProcServicer
 
@@ -70,12 +70,16 @@ async def start_server(
     *,
     reuse_port: bool = False,
     transport: Transport = DEFAULT_TRANSPORT,
+    h2_limits: H2Limits | None = None,
 ) -> ExtProcServer:
     """Serve `policies` on `listen` (see `parse_listen`); port 0 picks a free one.
 
     `reuse_port`: share the port with other processes that set it too (SO_REUSEPORT; the
     kernel spreads connections among them), as `--workers` does. Without it a port another
     process serves is refused rather than silently shared.
+
+    `h2_limits`: what a peer of the `h2` transport may take (`H2Limits`); by default its
+    defaults, with the message size following `[server] max_body_bytes`.
     """
     if transport not in TRANSPORTS:
         raise ValueError(f"transport {transport!r}: expected one of {', '.join(TRANSPORTS)}")
@@ -84,9 +88,8 @@ async def start_server(
     limit = policies.server.max_body_bytes + _MESSAGE_SLACK
     servicer = ExtProcServicer(policies)
     if transport == "h2":
-        h2 = H2Server(
-            servicer.open, servicer.end, services=("", SERVICE_NAME), max_message_bytes=limit
-        )
+        limits = h2_limits if h2_limits is not None else H2Limits.for_message_size(limit)
+        h2 = H2Server(servicer.open, servicer.end, services=("", SERVICE_NAME), limits=limits)
         await policies.start()
         try:
             await h2.listen(address, reuse_port=reuse_port)
