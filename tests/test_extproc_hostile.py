@@ -1,0 +1,511 @@
+"""The `h2` transport against hostile peers: every bound a peer could push holds, and after
+each probe good requests are served in their usual time, memory is back, nothing is left.
+
+Each test runs the server in a child process (`hostile_peers.Served`) with small limits so
+that the probes stay short; `test_the_defaults_are_sane` checks the real defaults.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import resource
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import h2.errors
+import h2.events
+import pytest
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from grpc_health.v1 import health_pb2
+
+from hostile_peers import (
+    CHECK,
+    HOST,
+    PROCESS,
+    WATCH,
+    Peer,
+    Served,
+    body_message,
+    chat_body,
+    goaway,
+    good_requests,
+    grpc_message,
+    h2load,
+    headers_message,
+    status_of,
+    within_normal_latency,
+)
+from switchyard_mw.extproc.h2_transport import DEFAULT_MESSAGE_BYTES, H2Limits, H2Server
+
+pytestmark = pytest.mark.integration
+
+MB = 1 << 20
+SMALL = {
+    "preface_secs": 0.5,
+    "idle_secs": 0.5,
+    "message_secs": 0.5,
+    "write_stall_secs": 0.5,
+    "max_streams": 50,
+    "resets_per_sec": 50.0,
+    "reset_burst": 100,
+}
+"""Limits small enough that every probe meets them within a second."""
+BUFFERS = {
+    "stream_buffer_bytes": 4 * MB,
+    "connection_buffer_bytes": 8 * MB,
+    "process_buffer_bytes": 12 * MB,
+}
+
+
+class Probe:
+    """A served child with its warm-up figures; `finish()` is every test's common ending."""
+
+    def __init__(self, served: Served) -> None:
+        self.served = served
+        self.baseline: list[float] = []
+        self.rss = 0
+
+    async def warm_up(self) -> None:
+        await good_requests(self.served.port, 20)
+        self.baseline = await good_requests(self.served.port, 10)
+        self.rss = (await self.served.astats())["rss"]
+
+    async def finish(self) -> dict[str, int]:
+        """Nothing left, good requests served as fast as before, memory back within 20%."""
+        stats = await self.served.settled(streams=0, flights=0, probes=0, watchers=0, held=0)
+        latencies = await good_requests(self.served.port, 10)
+        assert within_normal_latency(latencies, self.baseline), (latencies, self.baseline)
+        stats = await self.served.settled(streams=0, flights=0, probes=0, watchers=0, held=0)
+        assert stats["rss"] <= 1.2 * self.rss, (stats["rss"], self.rss)
+        return stats
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Callable[..., Served]]:
+    started: list[Served] = []
+
+    def start(**options: Any) -> Served:
+        limits = {**SMALL, **options.pop("limits", {})}
+        served = Served(tmp_path, limits=limits, **options)
+        started.append(served)
+        return served
+
+    yield start
+    for served in started:
+        served.stop()
+
+
+@pytest.fixture
+async def probe(serve: Callable[..., Served]) -> AsyncIterator[Probe]:
+    probe = Probe(serve(limits=BUFFERS, max_message_bytes=2 * MB))
+    await probe.warm_up()
+    return probe
+
+
+def refused(event: h2.events.Event) -> bool:
+    return (
+        isinstance(event, h2.events.StreamReset)
+        and event.error_code == h2.errors.ErrorCodes.REFUSED_STREAM
+    )
+
+
+def terminated(event: h2.events.Event) -> bool:
+    return isinstance(event, h2.events.ConnectionTerminated)
+
+
+# -- rapid reset, concurrency ---------------------------------------------------------------------
+
+
+async def test_rapid_reset_gets_goaway_enhance_your_calm(probe: Probe) -> None:
+    peer = await Peer.connect(probe.served.port)
+    sent = 0
+    for _ in range(40):  # up to 2000 streams opened and reset at once, 50 a write
+        for _ in range(50):
+            peer.reset(peer.open())
+            sent += 1
+        if not await peer.flush(2):
+            break
+        await peer.receive(0.001)
+        if goaway(peer) or peer.eof:
+            break
+    event = await peer.until(terminated)
+    assert isinstance(event, h2.events.ConnectionTerminated), (sent, peer.events[-3:])
+    assert event.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+    assert await peer.closed_by_server()
+    await probe.finish()
+    assert probe.served.log().count("ENHANCE_YOUR_CALM") == 1
+
+
+async def test_resets_within_the_budget_are_served_on(probe: Probe) -> None:
+    peer = await Peer.connect(probe.served.port)
+    sid = peer.open()  # open throughout: the connection is not idle
+    await peer.send(sid, grpc_message(headers_message()))
+    for _ in range(10):  # 200 resets, twice the burst, but no faster than 50/s earns back
+        for _ in range(20):
+            peer.reset(peer.open())
+        await peer.flush()
+        await peer.receive(0.45)
+    await peer.send(sid, b"", end=True)
+    assert await peer.until(lambda e: status_of(peer, sid) is not None)
+    assert status_of(peer, sid) == 0
+    assert goaway(peer) is None
+    peer.close()
+    await probe.finish()
+
+
+async def test_a_stream_over_the_advertised_limit_is_refused_alone(probe: Probe) -> None:
+    peer = await Peer.connect(probe.served.port)
+    settings = await peer.until(lambda e: isinstance(e, h2.events.RemoteSettingsChanged))
+    assert isinstance(settings, h2.events.RemoteSettingsChanged)
+    advertised = settings.changed_settings[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS]
+    assert advertised.new_value == 50
+    sids = [peer.open() for _ in range(50)]
+    await peer.flush()
+    await peer.receive(0.2)
+    # The server's limit as the peer knows it would stop h2 from opening one more: lift it.
+    peer.h2.remote_settings = h2.settings.Settings(client=False)
+    extra = peer.open()
+    await peer.flush()
+    event = await peer.until(refused)
+    assert isinstance(event, h2.events.StreamReset)
+    assert event.stream_id == extra
+    for sid in sids:  # the other 50 live on and are answered
+        await peer.send(sid, grpc_message(headers_message()), end=True)
+    assert await peer.until(lambda e: all(status_of(peer, s) is not None for s in sids))
+    assert [status_of(peer, s) for s in sids] == [0] * 50
+    assert goaway(peer) is None
+    peer.close()
+    await probe.finish()
+
+
+# -- buffers: a peer that stops reading, lying length prefixes ----------------------------------
+
+
+async def send_large_mutations(peer: Peer, streams: int, size: int) -> int:
+    """Open `streams` streams, each asking for a rewritten body of `size` bytes; how many the
+    server took before it stopped reading."""
+    body = grpc_message(body_message(chat_body("m-base", size)))
+    for i in range(streams):
+        sid = peer.open()
+        peer.h2.send_data(sid, grpc_message(headers_message(f"big-{i}")))
+        await peer.flush(1)
+        for offset in range(0, len(body), 16384):
+            chunk = body[offset : offset + 16384]
+            if peer.h2.local_flow_control_window(sid) < len(chunk):
+                return i
+            peer.h2.send_data(sid, chunk)
+        if not await peer.flush(1):
+            return i
+    return streams
+
+
+@pytest.mark.parametrize("how", ["zero_window", "no_reads"])
+async def test_a_peer_that_stops_reading_holds_bounded_memory(probe: Probe, how: str) -> None:
+    window = 0 if how == "zero_window" else (1 << 31) - 1
+    peer = await Peer.connect(probe.served.port, window=window)
+    await peer.receive(0.2)  # the server's settings and windows; then it stops reading,
+    peer.acknowledge = False  # or reads but never opens its own window
+    taken = await send_large_mutations(peer, 60, int(1.5 * MB))  # 90 MB of answers asked
+    during = await probe.served.astats()
+    assert during["held"] <= BUFFERS["process_buffer_bytes"]
+    assert during["rss"] - probe.rss < 60 * MB, (during, taken)
+    # Stalled for write_stall_secs: the connection is closed and everything let go.
+    await probe.served.settled(connections=0)
+    peer.close()
+    await probe.finish()
+
+
+async def test_lying_length_prefixes_then_silence_time_out(probe: Probe) -> None:
+    peer = await Peer.connect(probe.served.port)
+    sids = []
+    for _ in range(20):  # each claims 1.4 MB more than the 0.5 MB it sends
+        sid = peer.open()
+        sids.append(sid)
+        await peer.send(sid, grpc_message(b"\0" * (MB // 2), claimed=int(1.9 * MB)))
+    during = await probe.served.astats()
+    assert during["held"] <= BUFFERS["process_buffer_bytes"]
+    assert during["rss"] - probe.rss < 30 * MB
+    # Over the bounds, or silent for message_secs: every stream is failed, none is left.
+    assert await peer.until(lambda e: all(status_of(peer, s) is not None for s in sids))
+    statuses = {status_of(peer, s) for s in sids}
+    assert statuses <= {4, 8}, statuses  # DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED
+    assert 4 in statuses
+    peer.close()
+    await probe.finish()
+
+
+async def test_a_length_prefix_over_the_message_limit_is_refused(probe: Probe) -> None:
+    peer = await Peer.connect(probe.served.port)
+    sid = peer.open()
+    await peer.send(sid, grpc_message(b"", claimed=(1 << 32) - 1))
+    assert await peer.until(lambda e: status_of(peer, sid) is not None)
+    assert status_of(peer, sid) == 8
+    peer.close()
+    await probe.finish()
+
+
+async def test_the_compressed_flag_without_an_encoding_is_refused(probe: Probe) -> None:
+    peer = await Peer.connect(probe.served.port)
+    sid = peer.open()
+    await peer.send(sid, grpc_message(headers_message(), compressed=True), end=True)
+    assert await peer.until(lambda e: status_of(peer, sid) is not None)
+    assert status_of(peer, sid) == 13  # INTERNAL, as grpc-core answers it
+    peer.close()
+    await probe.finish()
+
+
+# -- prefaces and idle connections ------------------------------------------------------------
+
+
+async def test_a_half_sent_preface_is_closed(probe: Probe) -> None:
+    reader, writer = await asyncio.open_connection(HOST, probe.served.port)
+    writer.write(b"PRI * HTTP/2.0\r\n")
+    await writer.drain()
+    assert await asyncio.wait_for(reader.read(), 10) is not None  # returns: closed
+    writer.close()
+    await probe.finish()
+
+
+async def test_a_silent_connection_is_closed_after_the_idle_timeout(probe: Probe) -> None:
+    peer = await Peer.connect(probe.served.port)
+    event = await peer.until(terminated, 10)
+    assert isinstance(event, h2.events.ConnectionTerminated)
+    assert event.error_code == h2.errors.ErrorCodes.NO_ERROR
+    assert await peer.closed_by_server()
+    await probe.finish()
+
+
+async def test_a_connection_with_a_stream_open_is_not_idle(probe: Probe) -> None:
+    peer = await Peer.connect(probe.served.port)
+    sid = peer.open()
+    await peer.send(sid, grpc_message(headers_message()))  # Envoy waits on the upstream
+    await peer.receive(2.0)  # four idle timeouts
+    assert goaway(peer) is None
+    assert not peer.eof
+    await peer.send(sid, b"", end=True)
+    assert await peer.until(lambda e: status_of(peer, sid) is not None)
+    assert status_of(peer, sid) == 0
+    peer.close()
+    await probe.finish()
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(64),  # a TLS ClientHello
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes(range(256)) * 8,
+        bytes(range(256)) * 64,
+    ],
+    ids=["http1", "tls", "preface-then-garbage", "random"],
+)
+async def test_a_garbage_preface_is_closed(probe: Probe, garbage: bytes) -> None:
+    reader, writer = await asyncio.open_connection(HOST, probe.served.port)
+    writer.write(garbage)
+    await writer.drain()
+    said = await asyncio.wait_for(reader.read(), 10)  # returns: the server closed it
+    assert not said.startswith(b"HTTP/1")
+    writer.close()
+    await probe.finish()
+
+
+# -- header blocks ------------------------------------------------------------------------------
+
+
+async def test_a_continuation_flood_ends_the_connection(probe: Probe) -> None:
+    peer = await Peer.connect(probe.served.port)
+    await peer.receive(0.2)
+    # HEADERS without END_HEADERS, then CONTINUATION frames that never end the block.
+    from hyperframe.frame import ContinuationFrame, HeadersFrame
+
+    first = HeadersFrame(1)
+    first.data = b"\x82"  # :method GET, indexed
+    peer.writer.write(first.serialize())
+    for _ in range(200):
+        more = ContinuationFrame(1)
+        more.data = b"\x00\x01a\x01b" * 2000  # literal a: b, 10 KB a frame
+        peer.writer.write(more.serialize())
+    with contextlib.suppress(ConnectionError):  # the server may close before it is all sent
+        await asyncio.wait_for(peer.writer.drain(), 10)
+    assert await peer.closed_by_server()
+    await probe.finish()
+
+
+async def test_a_header_list_over_the_limit_ends_the_connection(probe: Probe) -> None:
+    peer = await Peer.connect(probe.served.port)
+    big = [(f"x-pad-{i}".encode(), b"v" * 4000) for i in range(40)]  # 160 KB of headers
+    peer.open(extra=big)
+    await peer.flush()
+    event = await peer.until(terminated)
+    assert isinstance(event, h2.events.ConnectionTerminated)
+    assert await peer.closed_by_server()
+    await probe.finish()
+
+
+async def test_many_header_blocks_on_many_streams_are_bounded(probe: Probe) -> None:
+    """Headers just under the list limit on every stream the connection may open."""
+    peer = await Peer.connect(probe.served.port)
+    pad = [(f"x-pad-{i}".encode(), b"v" * 3000) for i in range(20)]  # 60 KB a stream
+    for _ in range(3):
+        for _ in range(50):
+            peer.open(extra=pad, end=True)
+        await peer.flush()
+        await peer.receive(0.2)
+    peer.close()
+    await probe.finish()
+
+
+# -- connections --------------------------------------------------------------------------------
+
+
+async def test_idle_connections_at_the_fd_limit_leave_room_for_good_ones(
+    serve: Callable[..., Served],
+) -> None:
+    # 256 descriptors: the cap is 128 connections. 300 idle ones come; the oldest make room.
+    served = serve(nofile=256, limits={"idle_secs": 60.0, "preface_secs": 60.0})
+    probe = Probe(served)
+    await probe.warm_up()
+    peers = [await Peer.connect(served.port) for _ in range(300)]
+    latencies = await good_requests(served.port, 5)  # served while the flood holds on
+    assert within_normal_latency(latencies, probe.baseline), latencies
+    stats = await served.astats()
+    assert stats["open_connections"] <= 128
+    for peer in peers:
+        peer.close()
+    await probe.finish()
+    assert len(served.log()) < 10_000, served.log()[-2000:]
+
+
+async def test_out_of_descriptors_logs_one_line_per_episode(serve: Callable[..., Served]) -> None:
+    served = serve(nofile=256, spare_fds=40, limits={"idle_secs": 60.0, "preface_secs": 60.0})
+    probe = Probe(served)
+    await probe.warm_up()
+    writers = []
+    for _ in range(100):  # more than the descriptors left: accept runs out
+        _, writer = await asyncio.open_connection(HOST, served.port)
+        writers.append(writer)
+    await asyncio.sleep(2.5)  # two retries of the accept
+    for writer in writers:
+        writer.transport.abort()
+    await probe.finish()
+    log = served.log()
+    assert log.count("cannot accept connections") == 1, log[-3000:]
+    assert "Traceback" not in log
+    assert len(log) < 5_000
+
+
+# -- health ------------------------------------------------------------------------------------
+
+
+async def test_health_watch_with_two_messages_leaves_no_watcher(probe: Probe) -> None:
+    request = grpc_message(health_pb2.HealthCheckRequest(service="").SerializeToString())
+    for _ in range(100):
+        peer = await Peer.connect(probe.served.port)
+        sid = peer.open(WATCH)
+        await peer.send(sid, request + request)
+        await peer.receive(0.05)
+        peer.close()
+    await probe.finish()
+
+
+async def test_health_check_with_two_messages_answers_once(probe: Probe) -> None:
+    request = grpc_message(health_pb2.HealthCheckRequest(service="").SerializeToString())
+    peer = await Peer.connect(probe.served.port)
+    sid = peer.open(CHECK)
+    await peer.send(sid, request + request, end=True)
+    assert await peer.until(lambda e: status_of(peer, sid) is not None)
+    answers = [e for e in peer.events if isinstance(e, h2.events.DataReceived)]
+    assert len(answers) == 1
+    assert status_of(peer, sid) == 0
+    peer.close()
+    await probe.finish()
+
+
+# -- volume (h2load) ----------------------------------------------------------------------------
+
+
+async def test_h2load_volume_leaves_nothing_behind(
+    serve: Callable[..., Served], tmp_path: Path
+) -> None:
+    # Timers no shorter than a loaded machine may take to read a connection's first bytes.
+    timers = {"preface_secs": 5.0, "idle_secs": 5.0, "message_secs": 5.0}
+    probe = Probe(serve(limits=BUFFERS | timers, max_message_bytes=2 * MB))
+    await probe.warm_up()
+    message = tmp_path / "headers.bin"
+    message.write_bytes(grpc_message(headers_message()))
+    url = f"http://{HOST}:{probe.served.port}{PROCESS.decode()}"
+    out = await h2load(
+        [
+            "-n",
+            "10000",
+            "-c",
+            "4",
+            "-m",
+            "50",  # the advertised limit (h2load opens them before it reads the SETTINGS)
+            "-d",
+            str(message),
+            "-H",
+            "content-type: application/grpc",
+            "-H",
+            "te: trailers",
+            url,
+        ]
+    )
+    assert "10000 succeeded" in out, (out, probe.served.log()[-3000:])
+    assert (await probe.served.astats())["streams"] == 0
+    await probe.finish()
+
+
+# -- the defaults --------------------------------------------------------------------------------
+
+
+def test_the_defaults_are_sane() -> None:
+    limits = H2Limits()
+    assert limits.max_message_bytes == DEFAULT_MESSAGE_BYTES
+    # A stream holds one message each way; a connection and the process many streams' worth.
+    assert limits.stream_buffer_bytes >= 2 * limits.max_message_bytes
+    assert limits.connection_buffer_bytes >= 4 * limits.stream_buffer_bytes
+    assert limits.process_buffer_bytes >= limits.connection_buffer_bytes
+    assert limits.process_buffer_bytes <= 1 << 30
+    assert limits.max_streams == 1000  # what Envoy and grpc-go expect of a server
+    assert limits.reset_burst >= limits.max_streams  # a whole connection's worth at once
+    assert 10 <= limits.resets_per_sec <= 1000
+    assert limits.preface_secs <= 30
+    assert limits.write_stall_secs <= 60
+    assert limits.idle_secs >= 60
+    assert limits.message_secs >= 10
+    assert limits.max_header_list_bytes == 64 << 10
+    scaled = H2Limits.for_message_size(100 * MB, max_streams=7)
+    assert scaled.stream_buffer_bytes == 200 * MB
+    assert scaled.max_streams == 7
+    assert limits.tick_secs == 1.0
+
+
+async def test_the_connection_cap_leaves_half_the_descriptors() -> None:
+    server = H2Server(lambda _: None, lambda _: None, services=())  # type: ignore[arg-type,return-value]
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert server.max_connections == min(1000, soft // 2)
+
+
+async def test_a_request_with_a_large_mutation_to_a_reading_peer_is_whole(probe: Probe) -> None:
+    """The bounds leave a real exchange alone: a 1.5 MB body comes back rewritten, whole."""
+    peer = await Peer.connect(probe.served.port)
+    sid = peer.open()
+    body = chat_body("m-base", int(1.5 * MB))
+    await peer.send(sid, grpc_message(headers_message()) + grpc_message(body_message(body)))
+    await peer.send(sid, b"", end=True)
+    assert await peer.until(lambda e: status_of(peer, sid) is not None)
+    assert status_of(peer, sid) == 0
+    data = b"".join(e.data for e in peer.events if isinstance(e, h2.events.DataReceived))
+    answers = []
+    while data:
+        size = int.from_bytes(data[1:5], "big")
+        answers.append(ep.ProcessingResponse.FromString(data[5 : 5 + size]))
+        data = data[5 + size :]
+    mutated = answers[1].request_body.response.body_mutation.body
+    assert len(mutated) == len(body) - 1  # "m-base" became "m-var"
+    assert b'"m-var"' in mutated
+    peer.close()
+    await probe.finish()
