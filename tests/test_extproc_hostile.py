@@ -509,3 +509,62 @@ async def test_a_request_with_a_large_mutation_to_a_reading_peer_is_whole(probe:
     assert b'"m-var"' in mutated
     peer.close()
     await probe.finish()
+
+
+# -- one stream's bounds, with handlers that stand still or echo ----------------------------------
+
+
+class Stuck:
+    """Never answers: what the peer sends next waits in the stream's queue."""
+
+    async def on(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+class Echo:
+    """Answers each body with a body mutation as large."""
+
+    async def on(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
+        mutation = ep.BodyMutation(body=request.request_body.body)
+        common = ep.CommonResponse(body_mutation=mutation)
+        return ep.ProcessingResponse(request_body=ep.BodyResponse(response=common))
+
+
+@pytest.mark.parametrize(
+    ("handler", "window"), [(Stuck, None), (Echo, 0)], ids=["queued-messages", "unread-answers"]
+)
+async def test_one_stream_holds_no_more_than_its_bound(
+    handler: Callable[[], Stuck | Echo], window: int | None
+) -> None:
+    """Messages queued behind a handler that has not answered (Stuck), or answers a peer
+    does not take (Echo, zero window): over 3 MB the stream fails, RESOURCE_EXHAUSTED."""
+    ended: list[object] = []
+    limits = H2Limits.for_message_size(MB, stream_buffer_bytes=3 * MB, **SMALL)
+    server = H2Server(lambda _: handler(), ended.append, services=(), limits=limits)
+    await server.listen(f"{HOST}:0")
+    try:
+        assert server.port is not None
+        peer = await Peer.connect(server.port, window=window)
+        await peer.receive(0.2)
+        sid = peer.open()
+        body = ep.ProcessingRequest(request_body=ep.HttpBody(body=b"x" * (MB // 2)))
+        message = grpc_message(body.SerializeToString())
+        for _ in range(10):  # 5 MB
+            await peer.send(sid, message)
+            await peer.receive(0.05)
+            if status_of(peer, sid) is not None:
+                break
+        assert await peer.until(lambda e: status_of(peer, sid) is not None)
+        assert status_of(peer, sid) == 8, peer.trailers(sid)
+        assert b"stream buffers over" in (peer.trailers(sid) or {}).get(b"grpc-message", b"")
+        peer.close()
+        for _ in range(100):
+            if not server.connections and ended:
+                break
+            await asyncio.sleep(0.02)
+        assert server.held == 0
+        assert not server.connections
+        assert len(ended) == 1  # the handler ended, once
+    finally:
+        await server.stop(0)

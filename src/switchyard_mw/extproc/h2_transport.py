@@ -669,6 +669,8 @@ class _Connection(asyncio.Protocol):
         self.active_at = self.loop.time()
         if stream.task is None:
             self._end(stream)  # else `_work_done` does, once the task has unwound
+        else:
+            stream.task.cancel()  # the stream failed mid-answer: nobody takes what it makes
         self.server.health.watchers.pop(stream, None)
         if self.refuse_above is not None and not self.streams:
             self.loop.call_soon(self._close)
