@@ -22,6 +22,7 @@ from grpc_health.v1 import health_pb2
 
 from hostile_peers import (
     CHECK,
+    CONFIG,
     HOST,
     PROCESS,
     WATCH,
@@ -37,6 +38,9 @@ from hostile_peers import (
     status_of,
     within_normal_latency,
 )
+from switchyard_mw.clients import build_clients
+from switchyard_mw.config import parse_config
+from switchyard_mw.extproc import Policies, start_server
 from switchyard_mw.extproc.h2_transport import DEFAULT_MESSAGE_BYTES, H2Limits, H2Server
 
 pytestmark = pytest.mark.integration
@@ -481,6 +485,26 @@ def test_the_defaults_are_sane() -> None:
     assert scaled.stream_buffer_bytes == 200 * MB
     assert scaled.max_streams == 7
     assert limits.tick_secs == 1.0
+
+
+async def test_the_server_advertises_its_default_limits() -> None:
+    config = parse_config(CONFIG)
+    policies = Policies(config, build_clients(config, {"KEY_A": "ka"}))
+    server = await start_server(policies, f"{HOST}:0", transport="h2")
+    try:
+        assert server.port is not None
+        limits = server._stop.__self__.limits  # type: ignore[attr-defined]  # H2Server.stop
+        assert limits == H2Limits.for_message_size(config.server.max_body_bytes + MB)
+        assert limits.max_message_bytes == DEFAULT_MESSAGE_BYTES
+        peer = await Peer.connect(server.port)
+        event = await peer.until(lambda e: isinstance(e, h2.events.RemoteSettingsChanged))
+        assert isinstance(event, h2.events.RemoteSettingsChanged)
+        advertised = {code: c.new_value for code, c in event.changed_settings.items()}
+        assert advertised[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS] == 1000
+        assert advertised[h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE] == 64 << 10
+        peer.close()
+    finally:
+        await server.stop(0)
 
 
 async def test_the_connection_cap_leaves_half_the_descriptors() -> None:

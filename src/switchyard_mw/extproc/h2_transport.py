@@ -35,7 +35,6 @@ import asyncio
 import contextlib
 import contextvars
 import dataclasses
-import errno
 import logging
 import os
 import resource
@@ -83,7 +82,6 @@ BACKLOG = 1024
 ACCEPT_RETRY_SECS = 1.0
 """Out of file descriptors: accepting pauses this long (asyncio's own retry delay)."""
 _ACCEPT_BATCH = 64
-_OUT_OF_FILES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 _CONFIG = h2.config.H2Configuration(
     client_side=False,
     header_encoding=None,
@@ -899,9 +897,7 @@ class _Listener:
                     self.out_of_files = False
                     _log.warning("ext_proc h2: accepting connections again")
                 return
-            except OSError as exc:
-                if exc.errno not in _OUT_OF_FILES:
-                    raise
+            except OSError as exc:  # EMFILE and its kin, or anything else accept may say
                 self._back_off(exc)
                 return
             conn.setblocking(False)
@@ -924,7 +920,8 @@ class _Listener:
             _log.debug("ext_proc h2: a connection could not start: %s", task.exception())
 
     def _back_off(self, exc: OSError) -> None:
-        """Out of file descriptors: pause accepting, once a second, with one log line."""
+        """Out of file descriptors (or memory): pause accepting, retry once a second, one log
+        line per episode."""
         if not self.out_of_files:
             self.out_of_files = True
             _log.warning(
