@@ -470,9 +470,9 @@ def test_the_defaults_are_sane() -> None:
     assert limits.max_message_bytes == DEFAULT_MESSAGE_BYTES
     # A stream holds one message each way; a connection and the process many streams' worth.
     assert limits.stream_buffer_bytes >= 2 * limits.max_message_bytes
-    assert limits.connection_buffer_bytes >= 4 * limits.stream_buffer_bytes
+    assert limits.connection_buffer_bytes >= 2 * limits.stream_buffer_bytes
     assert limits.process_buffer_bytes >= limits.connection_buffer_bytes
-    assert limits.process_buffer_bytes <= 1 << 30
+    assert limits.process_buffer_bytes <= 300 << 20  # what a peer may make the process hold
     assert limits.max_streams == 1000  # what Envoy and grpc-go expect of a server
     assert limits.reset_burst >= limits.max_streams  # a whole connection's worth at once
     assert 10 <= limits.resets_per_sec <= 1000

@@ -119,9 +119,9 @@ class H2Limits:
     stream_buffer_bytes: int = 2 * DEFAULT_MESSAGE_BYTES
     """Bytes one stream holds: received and not yet handed to its handler, plus answers not
     yet written (body mutations included). Over it the stream fails, RESOURCE_EXHAUSTED."""
-    connection_buffer_bytes: int = 8 * DEFAULT_MESSAGE_BYTES
+    connection_buffer_bytes: int = 4 * DEFAULT_MESSAGE_BYTES
     """The same, summed over a connection's streams."""
-    process_buffer_bytes: int = 16 * DEFAULT_MESSAGE_BYTES
+    process_buffer_bytes: int = 8 * DEFAULT_MESSAGE_BYTES
     """The same, summed over every connection of the process."""
     max_streams: int = 1000
     """Concurrent streams per connection, advertised; one more is refused (REFUSED_STREAM)."""
@@ -150,8 +150,8 @@ class H2Limits:
         scaled = cls(
             max_message_bytes=max_message_bytes,
             stream_buffer_bytes=2 * max_message_bytes,
-            connection_buffer_bytes=8 * max_message_bytes,
-            process_buffer_bytes=16 * max_message_bytes,
+            connection_buffer_bytes=4 * max_message_bytes,
+            process_buffer_bytes=8 * max_message_bytes,
         )
         return dataclasses.replace(scaled, **changes)
 
