@@ -136,7 +136,8 @@ class H2Limits:
     preface_secs: float = 10.0
     """From accept to the client's preface and SETTINGS."""
     idle_secs: float = 300.0
-    """A connection with no stream open and nothing received is closed (GOAWAY NO_ERROR)."""
+    """A connection with no stream open for this long (since its last one ended, or since it
+    opened) is closed (GOAWAY NO_ERROR); PINGs do not keep it open."""
     message_secs: float = 30.0
     """From a message's first byte to its last (a length prefix that lies, then silence):
     over it the stream fails, DEADLINE_EXCEEDED."""
