@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
+from typing import TypeVar
 
 import msgspec
 import pytest
@@ -14,10 +16,13 @@ from switchyard_mw.wire import (
     Wire,
     WireError,
     error_body,
+    last_user_text,
     read_request,
     rewrite_model,
     stream_error_event,
 )
+
+T = TypeVar("T")
 
 
 def body(obj: object) -> bytes:
@@ -293,6 +298,83 @@ def test_non_ascii_utf8_bodies_are_read() -> None:
     assert view.model == "m"
     assert view.first_turn_hash is not None
     assert json.loads(rewrite_model(raw, "m2")) == {**json.loads(raw), "model": "m2"}
+
+
+@pytest.mark.parametrize("wire", list(Wire))
+@pytest.mark.parametrize(
+    ("model", "fragment"),
+    [
+        ("claude\r\nx-injected: 1", "control"),
+        ("m\u0000", "control"),
+        ("m\x7f", "control"),
+        ("m\u0085", "control"),  # a C1 control (NEL)
+        ("m\u2028", "control"),  # a line separator
+        ("m\t", "control"),
+        ("x" * 257, "256 bytes"),
+        ("\u00e9" * 129, "256 bytes"),  # 129 characters, 258 bytes
+        ("x" * 100_000, "256 bytes"),
+    ],
+)
+def test_model_names_that_cannot_go_in_a_header_are_400(
+    wire: Wire, model: str, fragment: str
+) -> None:
+    raw = body({"model": model, "messages": [{"role": "user", "content": "hi"}]})
+    with pytest.raises(WireError) as info:
+        read_request(wire, raw)
+    assert info.value.status == 400
+    assert info.value.error_type == "invalid_request_error"
+    assert fragment in info.value.message
+    assert model not in info.value.message  # the refused name is not echoed anywhere
+
+
+@pytest.mark.parametrize(
+    "model", ["x" * 256, "\u00e9" * 128, "\u6a21" * 85, "claude opus 5", "gpt-5.1 (beta)", "auto"]
+)
+def test_model_names_up_to_256_printable_bytes_are_read(model: str) -> None:
+    raw = msgspec.json.encode({"model": model})
+    assert read_request(Wire.ANTHROPIC, raw).model == model
+
+
+def at_depth(frames: int, fn: Callable[[], T]) -> T:
+    """`fn()` called `frames` Python frames deeper than here."""
+    return fn() if frames == 0 else at_depth(frames - 1, fn)
+
+
+def outcome(fn: Callable[[], object]) -> int:
+    """200 when `fn()` reads the body, else the status it refuses it with."""
+    try:
+        fn()
+    except WireError as exc:
+        return exc.status
+    return 200
+
+
+@pytest.mark.parametrize("wire", list(Wire))
+def test_how_deep_a_body_may_nest_does_not_depend_on_who_reads_it(wire: Wire) -> None:
+    accepted = refused = 0
+    for depth in range(950, 1010):
+        content = "[" * depth + "]" * depth
+        raw = f'{{"model":"m","messages":[{{"role":"user","content":{content}}}]}}'.encode()
+        if wire is Wire.OPENAI_RESPONSES:
+            raw = raw.replace(b'"messages"', b'"input"')
+        shallow = outcome(lambda raw=raw: read_request(wire, raw))
+        deep = at_depth(300, lambda raw=raw: outcome(lambda: read_request(wire, raw)))
+        assert shallow == deep, depth
+        if shallow == 400:
+            refused += 1
+            continue
+        accepted += 1
+        # A body the reader accepted is read by every later reader, however deep they run.
+        view = read_request(wire, raw)
+        assert at_depth(500, lambda raw=raw: last_user_text(wire, raw)) == ""  # no text in it
+        rewritten = at_depth(500, lambda raw=raw: rewrite_model(raw, "m2"))
+        assert rewritten.startswith(b'{"model":"m2"')
+        turn_hash = view.first_turn_hash
+        again = at_depth(500, lambda raw=raw: read_request(wire, raw).first_turn_hash)
+        assert turn_hash == again
+        assert not at_depth(500, lambda raw=raw: read_request(wire, raw).has_thinking)
+    assert accepted
+    assert refused
 
 
 def test_messages_of_wrong_shape_are_400() -> None:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from typing import Annotated, Any
+import threading
+from collections.abc import Callable
+from typing import Annotated, Any, ParamSpec, TypeVar, cast
 
 import msgspec
 from msgspec import Meta, Raw, Struct
@@ -110,7 +112,7 @@ class RequestView:
             turn = self._turn
             if turn is None and self._messages is not None:
                 turn = _first_user_content(self._messages)
-            self._hash = None if turn is None else _turn_hash_of(turn)
+            self._hash = None if turn is None else _nested(_turn_hash_of, turn)
         return self._hash
 
     @property
@@ -121,7 +123,7 @@ class RequestView:
             # Signed thinking always has a `signature` (or is `redacted_thinking`): a body with
             # neither word has none, found by two C searches instead of decoding every turn.
             maybe = not body or b'"signature"' in body or b'"redacted_thinking"' in body
-            self._thinking = maybe and _messages_think(self._messages or [])
+            self._thinking = maybe and _nested(_messages_think, self._messages or [])
         return self._thinking
 
     def __repr__(self) -> str:
@@ -205,16 +207,40 @@ _ANY = msgspec.json.Decoder()
 _CANONICAL = msgspec.json.Encoder(order="sorted")
 
 
+MAX_MODEL_BYTES = 256
+"""The longest model name accepted (UTF-8 bytes): names are echoed in response headers."""
+
+
 def read_request(wire: Wire, body: bytes) -> RequestView:
     """Decode `body` for `wire`; raise `WireError` (400) when it is not what the wire allows."""
     try:
-        return _read(wire, body)
+        try:
+            view = _read(wire, body)
+        except RecursionError:
+            view = on_fresh_stack(_read, wire, body)  # the one nesting decision: see there
     except msgspec.ValidationError as exc:
         raise bad_request(_field_message(str(exc))) from None
     except msgspec.DecodeError as exc:
         raise bad_request(f"request body is not valid JSON: {exc}") from None
     except RecursionError:
         raise bad_request("request body nests too deeply") from None
+    check_model(view.model)
+    return view
+
+
+def check_model(model: str) -> None:
+    """Raise `WireError` (400) unless `model` is a name both fronts may echo in a header.
+
+    The model name is the one piece of client text switchyard writes into a response header
+    (`x-switchyard-model`): a control character there breaks the response (servers refuse
+    it, Envoy fails the stream), and a long one makes every response carry it. Both fronts
+    call this through `read_request`, before any policy sees the name.
+    """
+    # Four bytes at most per character: a name of up to 64 characters needs no encoding.
+    if not model.isprintable():
+        raise bad_request("model: must not contain control or other non-printable characters")
+    if len(model) > MAX_MODEL_BYTES // 4 and len(model.encode()) > MAX_MODEL_BYTES:
+        raise bad_request(f"model: must be at most {MAX_MODEL_BYTES} bytes")
 
 
 def _read(wire: Wire, body: bytes) -> RequestView:
@@ -323,7 +349,7 @@ def _turn_hash_of(turn: Raw | str) -> str:
         return hashlib.blake2b(raw, digest_size=16).hexdigest()
     try:
         return _turn_hash(_ANY.decode(turn))
-    except (msgspec.DecodeError, RecursionError):
+    except msgspec.DecodeError:
         # Not decodable (bad UTF-8 deep inside, say): its bytes still key it stably.
         return hashlib.blake2b(raw, digest_size=16).hexdigest()
 
@@ -334,7 +360,7 @@ def _messages_think(messages: list[_Message]) -> bool:
             continue
         try:
             blocks = _BLOCKS.decode(message.content)
-        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+        except (msgspec.ValidationError, msgspec.DecodeError):
             continue
         if isinstance(blocks, list) and any(_is_signed_thinking(b) for b in blocks):
             return True
@@ -388,6 +414,49 @@ def _field_message(raw: str, *, prefix: str = "") -> str:
     return f"{path}: {what}" if path else what
 
 
+# --- nesting: one limit for every reader ----------------------------------------------------
+
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
+
+
+def on_fresh_stack(fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    """`fn(*args, **kwargs)` run on a new thread's empty stack, waited for; raises as it does.
+
+    msgspec recurses once per level of nesting and stops at Python's recursion limit, counted
+    from its caller's own depth. So how deep a body may nest would depend on who reads it: the
+    body reader (at one depth under one server, another under the next) would accept a body
+    that the judge's reader or the model rewrite, called a few frames deeper, then fail on,
+    with a 500. Instead, a read that runs out of stack is done again here, where every reader
+    starts from the same depth: whether a body nests too deeply is decided once, by
+    `read_request` (400), and every later reader of a body it accepted reads no deeper than it
+    did. Only such bodies pay for the thread (about 0.1 ms); the others never come here.
+    """
+    outcome: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, fn(*args, **kwargs)))
+        except BaseException as exc:  # handed to the caller's thread as it was raised
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=run, name="switchyard-nesting", daemon=True)
+    thread.start()
+    thread.join()
+    done, value = outcome[0]
+    if not done:
+        raise value
+    return cast("_T", value)
+
+
+def _nested(fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    """`fn(*args)` where it is called, or on a fresh stack if it runs out of this one."""
+    try:
+        return fn(*args, **kwargs)
+    except RecursionError:
+        return on_fresh_stack(fn, *args, **kwargs)
+
+
 # --- rewriting -------------------------------------------------------------------------------
 
 _TOP = msgspec.json.Decoder(dict[str, Raw])
@@ -396,6 +465,10 @@ _ENCODER = msgspec.json.Encoder()
 
 def rewrite_model(body: bytes, model: str) -> bytes:
     """`body` with its top-level `model` set to `model`; every other field kept byte for byte."""
+    return _nested(_rewrite, body, model)
+
+
+def _rewrite(body: bytes, model: str) -> bytes:
     top = _TOP.decode(body)
     top["model"] = Raw(_ENCODER.encode(model))
     return _ENCODER.encode(top)
@@ -437,6 +510,10 @@ def last_user_text(wire: Wire, body: bytes) -> str:
     tool results are skipped. Never raises: the body was validated when it was read, and an
     odd shape here only means there is less text to show.
     """
+    return _nested(_last_user_text, wire, body)
+
+
+def _last_user_text(wire: Wire, body: bytes) -> str:
     try:
         turns = _TURNS.decode(body)
         if wire is not Wire.OPENAI_RESPONSES and turns.messages:

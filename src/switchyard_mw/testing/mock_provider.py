@@ -49,6 +49,7 @@ from switchyard_mw.testing._wire_replies import (
     error_body,
     split_text,
 )
+from switchyard_mw.wire import on_fresh_stack
 
 __all__ = [
     "DEFAULT_KEY",
@@ -214,8 +215,10 @@ class MockProvider:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         key = _api_key(headers)
         try:
-            payload = msgspec.json.decode(body)
-        except msgspec.DecodeError:
+            # Like a provider that reads any JSON its parser can: as deep as the gateway's
+            # reader allows (a body nested deeper than that is a 400 here too).
+            payload = _decode(body)
+        except (msgspec.DecodeError, RecursionError):
             payload = None
         fields: dict[str, Any] = payload if isinstance(payload, dict) else {}
         model = fields.get("model") if isinstance(fields.get("model"), str) else None
@@ -339,9 +342,16 @@ def _record_json(record: RecordedRequest) -> dict[str, Any]:
     body: Any
     try:
         body = msgspec.json.decode(record.body)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         body = record.body.decode("utf-8", "replace")
     return {**msgspec.structs.asdict(record), "body": body}
+
+
+def _decode(body: bytes) -> Any:
+    try:
+        return msgspec.json.decode(body)
+    except RecursionError:
+        return on_fresh_stack(msgspec.json.decode, body)
 
 
 async def _send_error(
