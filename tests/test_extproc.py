@@ -182,9 +182,42 @@ async def test_a_stream_must_start_in_time_but_has_no_total_timeout(env: Env) ->
 
 
 async def test_a_model_no_routable_account_serves_passes_untouched(env: Env) -> None:
-    stream, answer = await routed(env, anthropic("unknown-model"))
+    # Account `j` serves it, but has no Envoy cluster to route to.
+    stream, answer = await routed(env, anthropic("judge-model"))
     assert not answer.request_body.response.HasField("header_mutation")
     assert not answer.request_body.response.HasField("body_mutation")
+    await stream.close()
+
+
+@pytest.mark.parametrize(
+    ("path", "error_type"),
+    [("/v1/messages", "not_found_error"), ("/v1/chat/completions", "model_not_found")],
+)
+async def test_a_model_no_account_serves_is_a_404_naming_it(
+    env: Env, path: str, error_type: str
+) -> None:
+    stream = env.stream()
+    await stream.send(request_headers(path=path))
+    status, _, body = immediate(await stream.send(request_body(anthropic("no-such-model"))))
+    assert status == 404
+    error = body["error"]
+    assert error["type"] == error_type
+    assert "`no-such-model`" in error["message"]
+    assert env.mock.requests == []  # the judge was not asked either
+    await stream.close()
+
+
+@pytest.mark.parametrize("model", ["m-base\r\nx-evil: 1", "m\u0000", "x" * 100_000])
+async def test_a_model_name_unfit_for_a_header_is_a_400_before_any_policy(
+    env: Env, model: str
+) -> None:
+    stream = env.stream()
+    await stream.send(request_headers())
+    status, headers, body = immediate(await stream.send(request_body(anthropic(model))))
+    assert status == 400
+    assert body["error"]["type"] == "invalid_request_error"
+    assert all(len(value) < 1000 and b"\n" not in value for value in headers.values())
+    assert env.mock.requests == []
     await stream.close()
 
 

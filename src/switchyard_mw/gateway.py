@@ -30,7 +30,7 @@ from .asgi._base import ClientDisconnected, read_body
 from .clients import UpstreamClient
 from .context import RequestContext, current_context
 from .outbound import PooledTransport, as_httpx_error, pool_of, seconds_left, timeout_for
-from .wire import Wire, error_body, stream_error_event
+from .wire import Wire, error_body, model_not_served, stream_error_event
 
 WIRE_ROUTES = ("/v1/messages", "/v1/chat/completions", "/v1/responses")
 
@@ -93,7 +93,7 @@ class Forwarder:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx = current_context()
         if ctx is None or ctx.client is None or ctx.view is None:
-            await _misconfigured()(scope, receive, send)
+            await _unplaced(ctx)(scope, receive, send)
             return
         reply = await self._call(ctx, ctx.client, scope, await _request_body(receive))
         if reply.streams:
@@ -110,7 +110,7 @@ class Forwarder:
         """A Starlette endpoint: `Route(path, forwarder.forward, methods=["POST"])`."""
         ctx = current_context()
         if ctx is None or ctx.client is None or ctx.view is None:
-            return _misconfigured()
+            return _unplaced(ctx)
         reply = await self._call(ctx, ctx.client, request.scope, await request.body())
         if reply.streams:
             return self._streaming(reply, ctx)
@@ -387,6 +387,14 @@ def _events_end(data: bytes) -> int:
     return end + 4 if end >= 0 else 0
 
 
-def _misconfigured() -> Response:
-    body = error_body(Wire.OPENAI_CHAT, "gateway_misconfigured", "no switchyard stack")
-    return Response(body, status_code=500, media_type="application/json")
+def _unplaced(ctx: RequestContext | None) -> Response:
+    """The answer to a request the stack gave no account: one for a model no account serves
+    (the stack passes it on untouched, for an app that may serve it itself) is the client's
+    mistake, a 404 as the providers give it; without a stack the gateway is misconfigured."""
+    if ctx is None or ctx.view is None:
+        body = error_body(Wire.OPENAI_CHAT, "gateway_misconfigured", "no switchyard stack")
+        return Response(body, status_code=500, media_type="application/json")
+    wire = ctx.view.wire
+    error = model_not_served(wire, ctx.resolved_model or ctx.view.model)
+    body = error_body(wire, error.error_type, error.message)
+    return Response(body, status_code=error.status, media_type="application/json")

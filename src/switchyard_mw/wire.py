@@ -477,6 +477,12 @@ def _rewrite(body: bytes, model: str) -> bytes:
 # --- errors in the wire's own shape ----------------------------------------------------------
 
 
+def model_not_served(wire: Wire, model: str) -> WireError:
+    """The 404 for a model no account serves, in the terms each wire's own provider uses."""
+    error_type = "not_found_error" if wire.anthropic_style else "model_not_found"
+    return WireError(404, error_type, f"model `{model}` is not served by any account")
+
+
 def error_body(wire: Wire, error_type: str, message: str) -> bytes:
     """An error body the wire's official SDK parses into its typed error."""
     if wire.anthropic_style:

@@ -29,7 +29,7 @@ from ..cooling_outcomes import outcome_of
 from ..core.deadline import BUDGET_HEADERS
 from ..core.pool import Outcome
 from ..core.throttle import READ_HEADERS as RETRY_TIME_HEADERS
-from ..wire import Wire, WireError, read_request
+from ..wire import Wire, WireError, model_not_served, read_request
 from . import _messages as msg
 from .flights import Flight, Flights
 from .policy import CLUSTER_HEADER, Policies
@@ -148,11 +148,15 @@ class RouterStream:
                 await self.p.decide_model(ctx, self.gone)
         lease = await self.p.first_lease(ctx)
         if lease is None:
-            if ctx.resolved_model is None or not self.p.serving(ctx.resolved_model):
-                # No account Envoy can route to serves it: on, untouched but for the model.
+            model = ctx.resolved_model or view.model
+            if not self.p.pool.accounts_for(model):
+                # No account serves it: behind Envoy there is no app that might, so the
+                # processor answers as the example gateway's forwarder does.
+                return self.refuse(model_not_served(self.wire, model))
+            if not self.p.serving(model):
+                # Only accounts Envoy cannot route to serve it: on, untouched but for the model.
                 return self._unrouted(ctx)
             retry_after = [("retry-after", str(self.p.retry_after(ctx)).encode())]
-            model = ctx.resolved_model
             if self.p.throttled(ctx):
                 text = f"every upstream account for model {model!r} is rate limited"
                 return self.refuse(WireError(429, RATE_LIMITED, text), retry_after)
