@@ -376,3 +376,79 @@ async def test_deferred_work_of_a_request_that_outlasts_the_wait_starts() -> Non
     assert not kept.waiting
     assert WATCH_AFTER_SECS * 0.9 <= kept.started - begun <= WATCH_AFTER_SECS * 2
     assert not hasattr(left, "started")
+
+
+@pytest.mark.parametrize("bound", [0.05, 0.3])  # a timer at once, and one the sweeper sets
+@pytest.mark.parametrize(
+    ("first", "anthropic"),
+    [
+        ({"type": "http.request", "body": b'{"model": "m", ', "more_body": True}, True),
+        (None, False),  # not even the first chunk arrives
+    ],
+)
+async def test_a_body_that_stops_arriving_is_a_408_within_the_bound(
+    bound: float, first: dict[str, Any] | None, anthropic: bool
+) -> None:
+    app_called = False
+
+    async def app_(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        nonlocal app_called
+        app_called = True
+
+    never = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        nonlocal first
+        if first is not None:
+            message, first = first, None
+            return message
+        await never.wait()  # the client sends nothing more and stays connected
+        return {"type": "http.disconnect"}
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = _messages_scope()
+    if not anthropic:
+        scope["path"] = "/v1/chat/completions"
+    mw = VariantMiddleware(app_, canaries=CANARIES, server=Server(body_read_timeout_secs=bound))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await asyncio.wait_for(mw(scope, receive, send), 10)
+    assert loop.time() - started >= bound
+    assert not app_called
+    assert sent[0]["status"] == 408
+    assert (b"connection", b"close") in sent[0]["headers"]
+    error = json.loads(sent[1]["body"])["error"]
+    assert error["type"] == "request_timeout"
+    assert ("code" in error) is not anthropic
+    # Nothing of the request is left waiting to fire later.
+    assert asyncio.current_task() is not None
+    assert not asyncio.current_task().cancelling()  # type: ignore[union-attr]
+
+
+async def test_a_body_arriving_slowly_but_within_the_bound_is_read_whole() -> None:
+    chunks = [b'{"model": "base", ', b'"messages": [{"role": "user", ', b'"content": "hi"}]}']
+    received: list[bytes] = []
+
+    async def app_(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        received.append((await receive())["body"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def receive() -> dict[str, Any]:
+        await asyncio.sleep(0.05)
+        chunk = chunks.pop(0)
+        return {"type": "http.request", "body": chunk, "more_body": bool(chunks)}
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    mw = VariantMiddleware(app_, canaries=CANARIES, server=Server(body_read_timeout_secs=1.0))
+    await asyncio.wait_for(mw(_messages_scope(), receive, send), 10)
+    assert sent[0]["status"] == 200
+    assert json.loads(received[0])["messages"][0]["content"] == "hi"

@@ -13,6 +13,7 @@ import functools
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 from opentelemetry import propagate, trace
 from opentelemetry.propagators.textmap import Getter
@@ -24,7 +25,14 @@ from ..config import Server
 from ..context import RequestContext, context_of, current_var, decision_attributes
 from ..core.deadline import BUDGET_HEADERS
 from ..wire import WIRE_PATHS, Wire, WireError, error_body, read_request
-from ._disconnect import DisconnectWatch, replay_receive, running_loop
+from ._disconnect import (
+    WATCH_AFTER_SECS,
+    Deferred,
+    DisconnectWatch,
+    defer,
+    replay_receive,
+    running_loop,
+)
 from ._types import ASGIApp, Message, Receive, Scope, Send
 
 
@@ -76,27 +84,23 @@ class PolicyMiddleware(ABC):
         if wire is None:
             ctx = RequestContext()
         else:
+            loop = running_loop()
+            task = asyncio.current_task(loop)
             try:
                 limit = self.server.max_body_bytes
                 if length is not None and length.strip().isdigit() and int(length) > limit:
                     raise _too_large(limit)
-                message = await receive()
-                if message["type"] == "http.request" and not message.get("more_body", False):
-                    body = message.get("body", b"")  # the usual case: one message holds it all
-                    if len(body) > limit:
-                        raise _too_large(limit)
-                else:
-                    body = await read_body(receive, limit=limit, first=message)
+                body = await self._read(receive, limit, loop, task)
                 ctx = RequestContext(view=read_request(wire, body), body=body)
             except ClientDisconnected:
                 return
             except WireError as exc:
-                await send_error(send, wire, exc.status, exc.error_type, exc.message)
+                extra = _CLOSE if exc.status == 408 else ()
+                await send_error(send, wire, exc.status, exc.error_type, exc.message, extra)
                 return
             if budgeted:
                 ctx.budget_at = budget_end(functools.partial(_first, scope), ctx.started_at)
-            loop = running_loop()
-            watch = DisconnectWatch(ctx, receive, loop, asyncio.current_task(loop))
+            watch = DisconnectWatch(ctx, receive, loop, task)
             receive = replay_receive(ctx, watch)
         scope.setdefault("state", {})["switchyard"] = ctx
         # Without an SDK, no span work at all: nothing to look up, start, activate or end.
@@ -138,6 +142,38 @@ class PolicyMiddleware(ABC):
                     own_span.set_attribute(tm.ERROR_TYPE, failure)
                     own_span.set_status(trace.StatusCode.ERROR)
                 own_span.end()
+
+    async def _read(
+        self,
+        receive: Receive,
+        limit: int,
+        loop: asyncio.AbstractEventLoop,
+        task: asyncio.Task[Any] | None,
+    ) -> bytes:
+        """The whole body, within `body_read_timeout_secs` (`WireError` 408) and `limit` (413).
+
+        A client that sends its body slowly, or stops halfway, would otherwise hold the
+        request (and what it sent so far) forever.
+        """
+        timer = None if task is None else _ReadTimer(loop, task, self.server)
+        try:
+            message = await receive()
+            if message["type"] == "http.request" and not message.get("more_body", False):
+                body: bytes = message.get("body", b"")  # the usual case: one message holds it all
+                if len(body) > limit:
+                    raise _too_large(limit)
+                return body
+            return await read_body(receive, limit=limit, first=message)
+        except asyncio.CancelledError:
+            if timer is None or not timer.fired or (task is not None and task.uncancel() > 0):
+                raise
+            secs = self.server.body_read_timeout_secs
+            raise WireError(
+                408, REQUEST_TIMEOUT, f"the request body did not arrive within {secs:g} s"
+            ) from None
+        finally:
+            if timer is not None:
+                timer.stop()
 
     @abstractmethod
     async def handle(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
@@ -208,6 +244,56 @@ async def read_body(receive: Receive, *, limit: int, first: Message | None = Non
             chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+REQUEST_TIMEOUT = "request_timeout"
+_CLOSE = ((b"connection", b"close"),)
+"""On a 408 the rest of the body may still come: the connection is not reused (as Envoy's and
+nginx's request timeouts do)."""
+
+
+class _ReadTimer(Deferred):
+    """Cancels the task reading a request's body once `body_read_timeout_secs` have passed.
+
+    No timer at first, as for the deadline policy's alarm: nearly every body is whole in the
+    first message, and a timer per request would cost more than the rest of the read. It waits
+    in the loop's sweeper (`defer`) and sets its timer only if the read is still going after
+    `WATCH_AFTER_SECS`; a bound shorter than twice that gets its timer at once.
+    """
+
+    __slots__ = ("_handle", "_loop", "_task", "fired", "when")
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any], server: Server
+    ) -> None:
+        secs = server.body_read_timeout_secs
+        self._loop = loop
+        self._task = task
+        self.when = loop.time() + secs
+        self.fired = False
+        self._handle: asyncio.TimerHandle | None = None
+        self._tick = None
+        if secs > 2 * WATCH_AFTER_SECS:
+            defer(self, loop)
+        else:
+            self._handle = loop.call_at(self.when, self._fire)
+
+    def start(self) -> None:
+        """Called by the sweeper: the read outlasted the wait, so set the timer now."""
+        if self._handle is None and not self.fired:
+            self._handle = self._loop.call_at(self.when, self._fire)
+
+    def stop(self) -> None:
+        if self._tick is not None:
+            self.leave()
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _fire(self) -> None:
+        self._handle = None
+        self.fired = True
+        self._task.cancel("switchyard body read timeout")
 
 
 def _too_large(limit: int) -> WireError:
