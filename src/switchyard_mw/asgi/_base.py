@@ -86,17 +86,34 @@ class PolicyMiddleware(ABC):
         else:
             loop = running_loop()
             task = asyncio.current_task(loop)
+            # The whole body must arrive in time: a client that sends it slowly, or stops
+            # halfway, would otherwise hold the request (and what it sent) forever.
+            timer = None if task is None else _ReadTimer(loop, task, self.server)
             try:
-                limit = self.server.max_body_bytes
-                if length is not None and length.strip().isdigit() and int(length) > limit:
-                    raise _too_large(limit)
-                body = await self._read(receive, limit, loop, task)
+                try:
+                    limit = self.server.max_body_bytes
+                    if length is not None and length.strip().isdigit() and int(length) > limit:
+                        raise _too_large(limit)
+                    message = await receive()
+                    if message["type"] == "http.request" and not message.get("more_body", False):
+                        body = message.get("body", b"")  # the usual case: one message has it all
+                        if len(body) > limit:
+                            raise _too_large(limit)
+                    else:
+                        body = await read_body(receive, limit=limit, first=message)
+                finally:
+                    if timer is not None:
+                        timer.stop()
                 ctx = RequestContext(view=read_request(wire, body), body=body)
             except ClientDisconnected:
                 return
+            except asyncio.CancelledError:
+                if timer is None or not timer.fired or (task is not None and task.uncancel()):
+                    raise
+                await send_error(send, wire, *_read_timeout(self.server), _CLOSE)
+                return
             except WireError as exc:
-                extra = _CLOSE if exc.status == 408 else ()
-                await send_error(send, wire, exc.status, exc.error_type, exc.message, extra)
+                await send_error(send, wire, exc.status, exc.error_type, exc.message)
                 return
             if budgeted:
                 ctx.budget_at = budget_end(functools.partial(_first, scope), ctx.started_at)
@@ -142,38 +159,6 @@ class PolicyMiddleware(ABC):
                     own_span.set_attribute(tm.ERROR_TYPE, failure)
                     own_span.set_status(trace.StatusCode.ERROR)
                 own_span.end()
-
-    async def _read(
-        self,
-        receive: Receive,
-        limit: int,
-        loop: asyncio.AbstractEventLoop,
-        task: asyncio.Task[Any] | None,
-    ) -> bytes:
-        """The whole body, within `body_read_timeout_secs` (`WireError` 408) and `limit` (413).
-
-        A client that sends its body slowly, or stops halfway, would otherwise hold the
-        request (and what it sent so far) forever.
-        """
-        timer = None if task is None else _ReadTimer(loop, task, self.server)
-        try:
-            message = await receive()
-            if message["type"] == "http.request" and not message.get("more_body", False):
-                body: bytes = message.get("body", b"")  # the usual case: one message holds it all
-                if len(body) > limit:
-                    raise _too_large(limit)
-                return body
-            return await read_body(receive, limit=limit, first=message)
-        except asyncio.CancelledError:
-            if timer is None or not timer.fired or (task is not None and task.uncancel() > 0):
-                raise
-            secs = self.server.body_read_timeout_secs
-            raise WireError(
-                408, REQUEST_TIMEOUT, f"the request body did not arrive within {secs:g} s"
-            ) from None
-        finally:
-            if timer is not None:
-                timer.stop()
 
     @abstractmethod
     async def handle(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
@@ -250,6 +235,11 @@ REQUEST_TIMEOUT = "request_timeout"
 _CLOSE = ((b"connection", b"close"),)
 """On a 408 the rest of the body may still come: the connection is not reused (as Envoy's and
 nginx's request timeouts do)."""
+
+
+def _read_timeout(server: Server) -> tuple[int, str, str]:
+    secs = server.body_read_timeout_secs
+    return 408, REQUEST_TIMEOUT, f"the request body did not arrive within {secs:g} s"
 
 
 class _ReadTimer(Deferred):
