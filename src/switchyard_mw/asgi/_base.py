@@ -86,9 +86,10 @@ class PolicyMiddleware(ABC):
         else:
             loop = running_loop()
             task = asyncio.current_task(loop)
+            started = time.monotonic()
             # The whole body must arrive in time: a client that sends it slowly, or stops
             # halfway, would otherwise hold the request (and what it sent) forever.
-            timer = None if task is None else _ReadTimer(loop, task, self.server)
+            timer = None if task is None else _ReadTimer(loop, task, self.server, started)
             try:
                 try:
                     limit = self.server.max_body_bytes
@@ -104,7 +105,7 @@ class PolicyMiddleware(ABC):
                 finally:
                     if timer is not None:
                         timer.stop()
-                ctx = RequestContext(view=read_request(wire, body), body=body)
+                ctx = RequestContext(view=read_request(wire, body), body=body, now=started)
             except ClientDisconnected:
                 return
             except asyncio.CancelledError:
@@ -251,27 +252,33 @@ class _ReadTimer(Deferred):
     `WATCH_AFTER_SECS`; a bound shorter than twice that gets its timer at once.
     """
 
-    __slots__ = ("_handle", "_loop", "_task", "fired", "when")
+    __slots__ = ("_handle", "_loop", "_task", "fired", "until")
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any], server: Server
+        self,
+        loop: asyncio.AbstractEventLoop,
+        task: asyncio.Task[Any],
+        server: Server,
+        started: float,
     ) -> None:
+        """`started`: when the request began (`time.monotonic()`, which the context keeps)."""
         secs = server.body_read_timeout_secs
         self._loop = loop
         self._task = task
-        self.when = loop.time() + secs
+        self.until = started + secs
         self.fired = False
         self._handle: asyncio.TimerHandle | None = None
         self._tick = None
         if secs > 2 * WATCH_AFTER_SECS:
             defer(self, loop)
         else:
-            self._handle = loop.call_at(self.when, self._fire)
+            self._handle = loop.call_later(secs, self._fire)
 
     def start(self) -> None:
         """Called by the sweeper: the read outlasted the wait, so set the timer now."""
         if self._handle is None and not self.fired:
-            self._handle = self._loop.call_at(self.when, self._fire)
+            left = max(self.until - time.monotonic(), 0.0)
+            self._handle = self._loop.call_later(left, self._fire)
 
     def stop(self) -> None:
         if self._tick is not None:
