@@ -452,3 +452,32 @@ async def test_a_body_arriving_slowly_but_within_the_bound_is_read_whole() -> No
     await asyncio.wait_for(mw(_messages_scope(), receive, send), 10)
     assert sent[0]["status"] == 200
     assert json.loads(received[0])["messages"][0]["content"] == "hi"
+
+
+async def test_twenty_stalled_bodies_at_once_each_get_their_408() -> None:
+    """The sweeper sets each read's timer (a bound over twice its wait): all fire, every time."""
+    never = asyncio.Event()
+
+    async def app_(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        raise AssertionError("the app must not run for a body that never arrived")
+
+    async def stalled(sent: list[dict[str, Any]]) -> None:
+        first: dict[str, Any] | None = {"type": "http.request", "body": b"{", "more_body": True}
+
+        async def receive() -> dict[str, Any]:
+            nonlocal first
+            if first is not None:
+                message, first = first, None
+                return message
+            await never.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await mw(_messages_scope(), receive, send)
+
+    mw = VariantMiddleware(app_, canaries=CANARIES, server=Server(body_read_timeout_secs=0.25))
+    answers: list[list[dict[str, Any]]] = [[] for _ in range(20)]
+    await asyncio.wait_for(asyncio.gather(*(stalled(sent) for sent in answers)), 10)
+    assert [sent[0]["status"] for sent in answers] == [408] * 20
