@@ -113,8 +113,8 @@ class Server(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     max_body_bytes: PositiveInt = 32 * 1024 * 1024
     """A larger request body is refused with 413 `request_too_large`."""
     body_read_timeout_secs: PositiveSecs = 30.0
-    """The whole request body must arrive within this, or the client gets 408 (ASGI only:
-    behind Envoy, Envoy's own request timeout bounds the upload)."""
+    """The whole request body must arrive within this, else 408 `request_timeout` and the
+    connection closes (ASGI only: behind Envoy, Envoy's own request timeout bounds uploads)."""
     generic_paths: list[str] = []
     """Paths besides the three wire paths whose JSON body is read for its `model` field."""
     shadow_max_inflight: PositiveInt = 16
