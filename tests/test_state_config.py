@@ -14,7 +14,7 @@ from switchyard_mw.cli import main
 from switchyard_mw.config import parse_config
 from switchyard_mw.core.pool import BreakerState, Outcome
 from switchyard_mw.errors import ConfigError
-from switchyard_mw.state import MemoryStore
+from switchyard_mw.state import MemoryStore, build_store
 from switchyard_mw.state.redis_store import RedisStore
 
 CLIENT = """
@@ -47,6 +47,23 @@ def test_memory_is_the_default() -> None:
         ("timeout_ms = 0", "state.timeout_ms: must be > 0"),
         ("probe_lease_secs = -1", "state.probe_lease_secs: must be > 0"),
         ("ttl = 5", "state.ttl: unknown key"),
+        ('mode = "shards"', 'state.mode: expected one of "standalone", "cluster", "sentinel"'),
+        (
+            'backend = "redis"\nmode = "sentinel"',
+            'state.sentinels: required when mode = "sentinel"',
+        ),
+        ('mode = "sentinel"\nsentinels = ["10.0.0.1"]', "state.sentinels[0]: '10.0.0.1' is not"),
+        ('mode = "sentinel"\nsentinels = ["a:1", "b:x"]', "state.sentinels[1]: 'b:x' is not"),
+        (
+            'url = "redis://a:1"\nsentinels = ["a:1"]',
+            'state.sentinels: only with mode = "sentinel"',
+        ),
+        ('mode = "sentinel"\nsentinels = ["a:1"]\nservice = ""', "state.service: must not"),
+        (
+            'mode = "cluster"\nurl = "redis://a:1/2"',
+            "state.url: a Redis Cluster has only database 0",
+        ),
+        ('mode = "cluster"\nurl = "unix:///tmp/r.sock"', "state.url: a Redis Cluster is reached"),
     ],
 )
 def test_bad_state_tables_name_the_key(table: str, expected: str) -> None:
@@ -63,6 +80,41 @@ def test_check_config_names_the_backend_without_credentials(
     out = capsys.readouterr().out
     assert "state: redis at redis://10.0.0.5:6380, key prefix 'switchyard'" in out
     assert "hunter2" not in out
+
+
+@pytest.mark.parametrize(
+    ("table", "expected"),
+    [
+        (
+            'mode = "cluster"\nurl = "redis://:pw@10.0.0.5:7000"',
+            "state: redis at cluster redis://10.0.0.5:7000, key prefix 'switchyard'",
+        ),
+        (
+            'mode = "sentinel"\nsentinels = ["10.0.0.1:26379", "[::1]:26380"]\nservice = "sy"',
+            "state: redis at sentinel 'sy' via 10.0.0.1:26379, [::1]:26380, key prefix",
+        ),
+        (
+            'mode = "sentinel"\nsentinels = ["s:26379"]\nurl = "rediss://:pw@x/3"',
+            "state: redis at sentinel 'mymaster' via s:26379, key prefix",
+        ),
+    ],
+)
+def test_check_config_names_the_mode(
+    table: str, expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text(f'[state]\nbackend = "redis"\n{table}\n')
+    assert main(["check-config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert expected in out
+    assert "pw" not in out
+
+
+def test_a_sentinel_store_asks_the_named_sentinels() -> None:
+    text = '[state]\nbackend = "redis"\nmode = "sentinel"\nsentinels = ["h:1", "[::1]:2"]\n'
+    store = build_store(parse_config(CLIENT + text).state)
+    assert isinstance(store, RedisStore)
+    assert store._target.sentinels == (("h", 1), ("::1", 2))
 
 
 async def test_the_stack_keeps_state_in_memory_by_default() -> None:

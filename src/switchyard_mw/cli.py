@@ -216,9 +216,13 @@ def _state_summary(state: State) -> str:
     """Where cooling state lives; a Redis URL is shown without its credentials."""
     if state.backend == "memory":
         return "memory (each process cools accounts on its own)"
-    assert state.url is not None  # required by validation for this backend
-    url = urlsplit(state.url)
-    where = f"{url.scheme}://{url.hostname or url.path}" + (f":{url.port}" if url.port else "")
+    if state.mode == "sentinel":
+        where = f"sentinel {state.service!r} via {', '.join(state.sentinels)}"
+    else:
+        assert state.url is not None  # required by validation outside sentinel mode
+        url = urlsplit(state.url)
+        where = f"{url.scheme}://{url.hostname or url.path}" + (f":{url.port}" if url.port else "")
+        where = f"cluster {where}" if state.mode == "cluster" else where
     return (
         f"redis at {where}, key prefix {state.key_prefix!r}, timeout {state.timeout_ms} ms, "
         f"probe lease {state.probe_lease_secs:g}s (shared across replicas)"

@@ -15,6 +15,7 @@ import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
+from urllib.parse import urlsplit
 
 import msgspec
 from msgspec import Meta, Struct
@@ -126,8 +127,16 @@ class State(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
 
     backend: Literal["memory", "redis"] = "memory"
     """`memory`: each process keeps its own; `redis`: shared by every replica."""
+    mode: Literal["standalone", "cluster", "sentinel"] = "standalone"
+    """One Redis node (with or without replicas), a Redis Cluster, or a master behind Sentinel."""
     url: str | None = None
-    """`redis://[:password@]host:port/db`, `rediss://...` or `unix:///path`; redis only."""
+    """`redis://[:password@]host:port/db`, `rediss://...` or `unix:///path`; redis only. In
+    cluster mode any node; in sentinel mode optional, only its password, db and scheme apply to
+    the master the sentinels name."""
+    sentinels: tuple[str, ...] = ()
+    """`host:port` of each sentinel; sentinel mode only."""
+    service: str = "mymaster"
+    """The master's name as the sentinels monitor it; sentinel mode only."""
     key_prefix: str = "switchyard"
     """One prefix per gateway fleet sharing a Redis."""
     timeout_ms: PositiveInt = 100
@@ -440,13 +449,42 @@ def _check_routes(
 
 def _check_state(state: State) -> list[str]:
     problems: list[str] = []
-    if state.backend == "redis" and state.url is None:
+    if state.backend == "redis" and state.url is None and state.mode != "sentinel":
         problems.append('state.url: required when backend = "redis"')
     if state.url is not None and not state.url.startswith(("redis://", "rediss://", "unix://")):
         problems.append("state.url: must start with redis://, rediss:// or unix://")
     if not state.key_prefix:
         problems.append("state.key_prefix: must not be empty")
+    return problems + _check_state_mode(state)
+
+
+def _check_state_mode(state: State) -> list[str]:
+    problems: list[str] = []
+    if state.mode == "cluster" and state.url is not None:
+        url = urlsplit(state.url)
+        if url.scheme == "unix":
+            problems.append("state.url: a Redis Cluster is reached over TCP, not unix://")
+        elif url.path.strip("/") not in ("", "0"):
+            problems.append("state.url: a Redis Cluster has only database 0")
+    if state.mode == "sentinel" and not state.sentinels:
+        problems.append('state.sentinels: required when mode = "sentinel" (["host:port", ...])')
+    if state.mode != "sentinel" and state.sentinels:
+        problems.append('state.sentinels: only with mode = "sentinel"')
+    for i, address in enumerate(state.sentinels):
+        if sentinel_address(address) is None:
+            problems.append(f"state.sentinels[{i}]: {address!r} is not host:port")
+    if not state.service:
+        problems.append("state.service: must not be empty")
     return problems
+
+
+def sentinel_address(address: str) -> tuple[str, int] | None:
+    """`host:port` (`[::1]:port` for IPv6) -> (host, port); None when it is not one."""
+    host, sep, port = address.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host, int(port)
 
 
 def _unserved_msg(model: str) -> str:

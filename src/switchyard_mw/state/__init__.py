@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ..config import State
+from ..config import State, sentinel_address
 from ..core.pool import AccountPool
 from ..core.shared import StateStore
 from ..errors import StartupError
@@ -45,9 +45,11 @@ def build_store(state: State) -> Store:
             "state.backend = \"redis\" needs the redis package: pip install 'switchyard-mw[redis]'"
             f" ({exc})"
         ) from None
-    assert state.url is not None  # config validation requires it for this backend
     return RedisStore(
         state.url,
+        mode=state.mode,
+        sentinels=[address for a in state.sentinels if (address := sentinel_address(a))],
+        service=state.service,
         key_prefix=state.key_prefix,
         timeout_secs=state.timeout_ms / 1000,
         probe_lease_secs=state.probe_lease_secs,

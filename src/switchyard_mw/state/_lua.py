@@ -20,8 +20,6 @@ contain "|".
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
-
 from ..core.pool import AccountSpec
 from ..core.shared import Shared
 
@@ -175,10 +173,3 @@ def name_of(reply: str) -> str:
 
 def ms(secs: float) -> int:
     return round(secs * 1000)
-
-
-def redacted(url: str) -> str:
-    """The URL without credentials, for logs."""
-    parts = urlsplit(url)
-    host = parts.hostname or parts.path
-    return f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port else "")

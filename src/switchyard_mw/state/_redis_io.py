@@ -1,12 +1,22 @@
-"""Opening and closing redis-py clients the way the store needs them."""
+"""Opening and closing redis-py clients the way the store needs them, for each `[state] mode`.
+
+Topology is redis-py's business: `RedisCluster` follows MOVED/ASK and refreshes its slot map
+after a failover, `Sentinel.master_for` asks the sentinels for the master on each new
+connection. The store only sees a call that worked or an error, and reconnects on an error.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
@@ -14,25 +24,74 @@ from redis.retry import Retry
 ERRORS = (RedisError, OSError, TimeoutError)
 """What a store call may raise when Redis is down, slow or gone."""
 
+Client = aioredis.Redis | RedisCluster
+Mode = Literal["standalone", "cluster", "sentinel"]
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where the store's Redis is: `[state]`'s mode, url, sentinels and service."""
+
+    mode: Mode = "standalone"
+    url: str | None = None
+    sentinels: tuple[tuple[str, int], ...] = ()
+    service: str = "mymaster"
+
+    def describe(self) -> str:
+        """For logs: where, without credentials."""
+        if self.mode == "sentinel":
+            where = ",".join(f"{host}:{port}" for host, port in self.sentinels)
+            return f"sentinel {self.service} via {where}"
+        assert self.url is not None  # config validation requires it outside sentinel mode
+        parts = urlsplit(self.url)
+        host = parts.hostname or parts.path
+        where = f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port else "")
+        return f"cluster {where}" if self.mode == "cluster" else where
+
 
 def make_client(
-    url: str, *, socket_timeout: float | None, connect_timeout: float, decode: bool = True
-) -> aioredis.Redis:
+    target: Target, *, socket_timeout: float | None, connect_timeout: float, decode: bool = True
+) -> Client:
     # No client-side retries: a failure must surface at once, so the request goes on with
-    # local state, and the store's reconnect loop (which resyncs) is the only retry.
-    client: aioredis.Redis = aioredis.Redis.from_url(
-        url,
-        decode_responses=decode,
-        socket_timeout=socket_timeout,
-        socket_connect_timeout=connect_timeout,
-        retry=Retry(NoBackoff(), 0),
-    )
+    # local state, and the store's reconnect loop (which resyncs) is the only retry. Cluster
+    # redirections (MOVED, ASK) are not failures: RedisCluster follows them whatever `retry`.
+    options: dict[str, Any] = {
+        "decode_responses": decode,
+        "socket_timeout": socket_timeout,
+        "socket_connect_timeout": connect_timeout,
+        "retry": Retry(NoBackoff(), 0),
+    }
+    if target.mode == "sentinel":
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+            list(target.sentinels),
+            sentinel_kwargs={"socket_timeout": connect_timeout},
+            **{**options, **_credentials(target.url)},
+        )
+        master: aioredis.Redis = sentinel.master_for(target.service, **options)
+        return master
+    assert target.url is not None
+    if target.mode == "cluster":
+        return RedisCluster.from_url(target.url, **options)
+    client: aioredis.Redis = aioredis.Redis.from_url(target.url, **options)
     return client
 
 
-async def close_quietly(
-    pubsub: PubSub | None, client: aioredis.Redis | None, *, within: float
-) -> None:
+def _credentials(url: str | None) -> dict[str, object]:
+    """What of a sentinel-mode url applies to the master: user, password, db, TLS."""
+    if url is None:
+        return {}
+    parts = urlsplit(url)
+    found: dict[str, object] = {"ssl": parts.scheme == "rediss"}
+    if parts.username:
+        found["username"] = unquote(parts.username)
+    if parts.password:
+        found["password"] = unquote(parts.password)
+    if parts.path.strip("/").isdigit():
+        found["db"] = int(parts.path.strip("/"))
+    return found
+
+
+async def close_quietly(pubsub: PubSub | None, client: Client | None, *, within: float) -> None:
     """Close what is open; a dead or hung server must neither raise nor hold us up."""
     with contextlib.suppress(*ERRORS):
         async with asyncio.timeout(within):
@@ -40,3 +99,11 @@ async def close_quietly(
                 await pubsub.aclose()  # type: ignore[no-untyped-call]
             if client is not None:
                 await client.aclose()
+                await _close_sentinels(client)
+
+
+async def _close_sentinels(client: Client) -> None:
+    pool = getattr(client, "connection_pool", None)
+    if isinstance(pool, SentinelConnectionPool):
+        for sentinel in pool.sentinel_manager.sentinels:
+            await sentinel.aclose()

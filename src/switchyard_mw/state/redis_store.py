@@ -21,14 +21,14 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
+from redis.exceptions import NoScriptError
 
 from .. import telemetry as tm
 from ..core.pool import AccountPool, AccountSpec
 from ..core.shared import Change, Shared
-from ._lua import SCRIPT, keys, name_of, parse, redacted, script_args
-from ._redis_io import ERRORS, close_quietly, make_client
+from ._lua import SCRIPT, keys, name_of, parse, script_args
+from ._redis_io import ERRORS, Client, Mode, Target, close_quietly, make_client
 
 _log = logging.getLogger(__name__)
 _PROBE_OUTCOMES = frozenset({Change.PROBE_FAULT, Change.PROBE_SUCCESS, Change.PROBE_FREED})
@@ -45,15 +45,18 @@ class RedisStore:
 
     def __init__(
         self,
-        url: str,
+        url: str | None,
         *,
+        mode: Mode = "standalone",
+        sentinels: Sequence[tuple[str, int]] = (),
+        service: str = "mymaster",
         key_prefix: str = "switchyard",
         timeout_secs: float = 0.1,
         probe_lease_secs: float = 60.0,
         reconnect_max_secs: float = 2.0,
     ) -> None:
-        self._url = url
-        self._where = redacted(url)
+        self._target = Target(mode, url, tuple(sentinels), service)
+        self._where = self._target.describe()
         self._prefix = key_prefix
         self._channel = f"{key_prefix}:events"
         self._timeout = timeout_secs
@@ -66,9 +69,9 @@ class RedisStore:
         self._claims: dict[str, str] = {}  # account -> token of the probe slot we hold
         self._pool: AccountPool | None = None
         self._specs: dict[str, AccountSpec] = {}
-        self._commands: aioredis.Redis | None = None
+        self._commands: Client | None = None
         self._pubsub: PubSub | None = None
-        self._pubsub_client: aioredis.Redis | None = None
+        self._pubsub_client: Client | None = None
         self._sha: str | None = None
         self._healthy = False
         self._outage = False
@@ -186,14 +189,19 @@ class RedisStore:
         async with asyncio.timeout(self._connect_timeout):
             if self._commands is None:
                 self._commands = make_client(
-                    self._url, socket_timeout=self._timeout, connect_timeout=self._connect_timeout
+                    self._target,
+                    socket_timeout=self._timeout,
+                    connect_timeout=self._connect_timeout,
                 )
             self._sha = await self._commands.script_load(SCRIPT)
             # Subscribe before reading the shared keys: no change can fall between the two.
             # No read timeout on the subscription (it is silent when nothing changes); raw
             # bytes, because anyone may publish on the channel and junk must not break decoding.
             self._pubsub_client = make_client(
-                self._url, socket_timeout=None, connect_timeout=self._connect_timeout, decode=False
+                self._target,
+                socket_timeout=None,
+                connect_timeout=self._connect_timeout,
+                decode=False,
             )
             self._pubsub = self._pubsub_client.pubsub(ignore_subscribe_messages=True)
             await self._pubsub.subscribe(self._channel)
@@ -241,14 +249,14 @@ class RedisStore:
         if commands is None or sha is None:
             raise ConnectionError("not connected")
         async with asyncio.timeout(bound):
-            if len(calls) == 1:
-                (keys_, args) = calls[0]
-                return [await commands.evalsha(sha, 2, *keys_, *args)]
-            async with commands.pipeline(transaction=False) as pipe:
-                for keys_, args in calls:
-                    pipe.evalsha(sha, 2, *keys_, *args)
-                replies: list[str] = await pipe.execute()
-                return replies
+            try:
+                return await _evalsha(commands, sha, calls)
+            except NoScriptError:
+                # A node that never saw SCRIPT LOAD: a replica promoted by a failover, a new
+                # node a slot moved to. Every script call names its keys, so it can be loaded
+                # and the calls run again (the script did not run where it was missing).
+                await commands.script_load(SCRIPT)
+                return await _evalsha(commands, sha, calls)
 
     def _apply(self, reply: Any, *, own: bool) -> None:
         if self._pool is None or not isinstance(reply, str):
@@ -303,3 +311,15 @@ class RedisStore:
         pubsub, client = self._pubsub, self._pubsub_client
         self._pubsub = self._pubsub_client = None
         await close_quietly(pubsub, client, within=self._timeout)
+
+
+async def _evalsha(commands: Client, sha: str, calls: Sequence[_Call]) -> list[str]:
+    if len(calls) == 1:
+        (keys_, args) = calls[0]
+        return [await commands.evalsha(sha, len(keys_), *keys_, *args)]
+    # Not a transaction: in a cluster the accounts' keys live on several nodes.
+    async with commands.pipeline(transaction=False) as pipe:
+        for keys_, args in calls:
+            pipe.evalsha(sha, len(keys_), *keys_, *args)
+        replies: list[str] = await pipe.execute()
+        return replies
