@@ -18,11 +18,12 @@ from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 from redis.retry import Retry
 
-ERRORS = (RedisError, OSError, TimeoutError)
-"""What a store call may raise when Redis is down, slow or gone."""
+ERRORS = (RedisError, RedisClusterException, OSError, TimeoutError)
+"""What a store call may raise when Redis is down, slow or gone (a cluster's slot not served
+during a failover raises `SlotNotCoveredError`, which is no `RedisError`)."""
 
 Client = aioredis.Redis | RedisCluster
 Mode = Literal["standalone", "cluster", "sentinel"]
@@ -89,6 +90,13 @@ def _credentials(url: str | None) -> dict[str, object]:
     if parts.path.strip("/").isdigit():
         found["db"] = int(parts.path.strip("/"))
     return found
+
+
+async def subscriber(client: Client) -> PubSub:
+    """A pub/sub on `client`; on a cluster, one connection to the node its channel hashes to."""
+    if isinstance(client, RedisCluster):
+        await client.initialize()  # the channel's node comes from the slot map
+    return client.pubsub(ignore_subscribe_messages=True)
 
 
 async def close_quietly(pubsub: PubSub | None, client: Client | None, *, within: float) -> None:

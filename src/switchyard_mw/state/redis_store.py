@@ -22,13 +22,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from redis.asyncio.client import PubSub
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from .. import telemetry as tm
 from ..core.pool import AccountPool, AccountSpec
 from ..core.shared import Change, Shared
 from ._lua import SCRIPT, keys, name_of, parse, script_args
-from ._redis_io import ERRORS, Client, Mode, Target, close_quietly, make_client
+from ._redis_io import ERRORS, Client, Mode, Target, close_quietly, make_client, subscriber
 
 _log = logging.getLogger(__name__)
 _PROBE_OUTCOMES = frozenset({Change.PROBE_FAULT, Change.PROBE_SUCCESS, Change.PROBE_FREED})
@@ -203,7 +204,7 @@ class RedisStore:
                 connect_timeout=self._connect_timeout,
                 decode=False,
             )
-            self._pubsub = self._pubsub_client.pubsub(ignore_subscribe_messages=True)
+            self._pubsub = await subscriber(self._pubsub_client)
             await self._pubsub.subscribe(self._channel)
             self._generation += 1
             generation = self._generation
@@ -317,9 +318,29 @@ async def _evalsha(commands: Client, sha: str, calls: Sequence[_Call]) -> list[s
     if len(calls) == 1:
         (keys_, args) = calls[0]
         return [await commands.evalsha(sha, len(keys_), *keys_, *args)]
-    # Not a transaction: in a cluster the accounts' keys live on several nodes.
+    if isinstance(commands, RedisCluster):
+        return await _evalsha_by_account(commands, sha, calls)
     async with commands.pipeline(transaction=False) as pipe:
         for keys_, args in calls:
             pipe.evalsha(sha, len(keys_), *keys_, *args)
         replies: list[str] = await pipe.execute()
         return replies
+
+
+async def _evalsha_by_account(
+    commands: RedisCluster, sha: str, calls: Sequence[_Call]
+) -> list[str]:
+    """A batch on a cluster, where redis-py pipelines no script: each account's calls in their
+    order (a reset must not overtake the fault before it), the accounts side by side."""
+    replies: list[str] = [""] * len(calls)
+    by_account: dict[str, list[int]] = {}
+    for i, (keys_, _) in enumerate(calls):
+        by_account.setdefault(keys_[0], []).append(i)
+
+    async def run(indexes: list[int]) -> None:
+        for i in indexes:
+            keys_, args = calls[i]
+            replies[i] = await commands.evalsha(sha, len(keys_), *keys_, *args)
+
+    await asyncio.gather(*(run(indexes) for indexes in by_account.values()))
+    return replies

@@ -1,0 +1,184 @@
+"""Shared state on a Redis Cluster (3 masters, 3 replicas, all on loopback): two example
+gateways under uvicorn share a cooling and a probe slot, through a master's failover and
+through the migration of an account's slot; two ext_proc workers share a cooling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from redis_server import RedisCluster, running_cluster
+from servers import example_gateway, serve_in_thread
+from switchyard_mw.testing import Behaviour, MockProvider
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    yield from running_cluster(tmp_path_factory.mktemp("cluster"))
+
+
+@pytest.fixture(scope="module")
+def mock() -> Iterator[tuple[MockProvider, str]]:
+    provider = MockProvider()
+    with serve_in_thread(provider) as url:
+        yield provider, url
+
+
+def gateway_config(mock_url: str, state: str) -> str:
+    """Accounts x, p and y (refused when the mock says so) in front of good, which always
+    answers. p cools for 2 s first, so that a test can reach its probe."""
+    text = textwrap.dedent(state)
+    for name, priority, cooldown in (("x", 0, 300), ("p", 1, 2), ("y", 2, 300), ("good", 3, 300)):
+        text += textwrap.dedent(f"""
+        [llm_clients.{name}]
+        base_url = "{mock_url}"
+        api_key_env = "KEY_{name.upper()}"
+        auth = "x-api-key"
+        models = ["claude-shared"]
+        priority = {priority}
+        failure_threshold = 1
+        cooldown_secs = {cooldown}
+        max_cooldown_secs = 600
+        """)
+    return text
+
+
+KEYS = {"KEY_X": "kx", "KEY_P": "kp", "KEY_Y": "ky", "KEY_GOOD": "kgood"}
+
+
+def cluster_state(cluster: RedisCluster, prefix: str) -> str:
+    return f"""
+    [state]
+    backend = "redis"
+    mode = "cluster"
+    url = "{cluster.url}"
+    key_prefix = "{prefix}"
+    """
+
+
+def ask(gateway: str) -> httpx.Response:
+    messages = [{"role": "user", "content": "hi"}]
+    body = {"model": "claude-shared", "max_tokens": 16, "messages": messages}
+    with httpx.Client(base_url=gateway, timeout=10) as client:
+        return client.post("/v1/messages", json=body, headers={"x-api-key": "caller"})
+
+
+def account(gateway: str, name: str) -> dict[str, object]:
+    accounts = httpx.get(f"{gateway}/switchyard/accounts", timeout=10).json()["accounts"]
+    (found,) = [a for a in accounts if a["name"] == name]
+    return dict(found)
+
+
+def wait_until(check: object, within: float, what: str) -> None:
+    end = time.monotonic() + within
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < end, what
+        time.sleep(0.02)
+
+
+def tries(provider: MockProvider, key: str) -> int:
+    return sum(1 for r in provider.requests if r.key == key)
+
+
+@contextlib.contextmanager
+def two_gateways(config: str, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    with (
+        example_gateway(config, tmp_path / "a", KEYS) as a,
+        example_gateway(config, tmp_path / "b", KEYS) as b,
+    ):
+        yield a, b
+
+
+def replica_copy(cluster: RedisCluster, key: str) -> dict[str, str]:
+    """The hash `key` as the replica of its master holds it (READONLY on a replica)."""
+    master = cluster.master_of(key)
+    master_id = master.cli("cluster", "myid").strip()
+    for node in cluster.running():
+        if f"slave {master_id}" in node.cli("cluster", "nodes").split("myself", 1)[1][:120]:
+            client = redis.Redis(port=node.port, decode_responses=True)
+            with client:
+                client.readonly()
+                found: dict[str, str] = client.hgetall(key)  # type: ignore[assignment]
+                return found
+    raise AssertionError(f"no replica of {master.port} runs")
+
+
+def test_two_gateways_share_a_cooling_and_a_probe_through_a_failover(
+    cluster: RedisCluster, mock: tuple[MockProvider, str], tmp_path: Path
+) -> None:
+    provider, url = mock
+    provider.reset()
+    provider.set_behaviour("kx", Behaviour(status=401))
+    provider.set_behaviour("kp", Behaviour(status=401))
+    config = gateway_config(url, cluster_state(cluster, "fo"))
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+    with two_gateways(config, tmp_path) as (a, b):
+        # One gateway meets the refusals; the other hears of them and never tries x.
+        assert ask(a).headers["x-switchyard-account"] == "y"
+        wait_until(lambda: account(b, "x")["state"] == "cooled", 5, "b never saw x cooled")
+        for gateway in (a, b) * 3:
+            assert ask(gateway).status_code == 200
+        assert tries(provider, "kx") == 1
+        # p's cooling ends for both at once: one probe between them, which fails again.
+        wait_until(lambda: account(a, "p")["cooled_for_secs"] == 0, 10, "p still cooled")
+        probes = tries(provider, "kp")
+        for gateway in (a, b):
+            assert ask(gateway).status_code == 200
+        assert tries(provider, "kp") == probes + 1
+        wait_until(lambda: account(b, "p")["current_cooldown_secs"] == 4, 5, "b missed it")
+
+        # The master of x's slot dies; its replica takes over. Meanwhile: local state.
+        key = "fo:account:{x}"
+        wait_until(lambda: replica_copy(cluster, key).get("faults") == "1", 5, "no copy")
+        copy = replica_copy(cluster, key)
+        victim = cluster.master_of(key)
+        victim.kill()
+        answered = 0
+        end = time.monotonic() + 30
+        while not _promoted(cluster, key, victim.port):
+            assert time.monotonic() < end, "no replica took over"
+            for gateway in (a, b) * 5:
+                assert ask(gateway).status_code == 200
+                answered += 1
+        print(f"{answered} requests answered during the failover")
+
+        # Nothing the replica had is lost: x's cooling is there, and nobody tried x again.
+        survivor = redis.Redis(port=cluster.master_of(key).port, decode_responses=True)
+        with survivor:
+            assert survivor.hgetall(key) == copy
+        # Shared again once the stores reconnected: y refused on b is known to a.
+        provider.set_behaviour("ky", Behaviour(status=401))
+        before = tries(provider, "ky")
+        wait_until(lambda: _cools_y(b), 15, "y never cooled on b")
+        wait_until(lambda: account(a, "y")["state"] == "cooled", 10, "a never heard of y")
+        for gateway in (a, b) * 3:
+            assert ask(gateway).headers["x-switchyard-account"] == "good"
+        assert tries(provider, "ky") == before + 1
+        assert tries(provider, "kx") == 1
+    victim.start()  # back as a replica of the node that took over
+    cluster.wait_healthy()
+
+
+def _promoted(cluster: RedisCluster, key: str, old: int) -> bool:
+    try:
+        return cluster.master_of(key).port != old and all(
+            "cluster_state:ok" in node.cli("cluster", "info") for node in cluster.running()
+        )
+    except AssertionError:
+        return False
+
+
+def _cools_y(gateway: str) -> bool:
+    ask(gateway)
+    return account(gateway, "y")["state"] == "cooled"
