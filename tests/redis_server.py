@@ -186,9 +186,31 @@ class RedisCluster:
                     return node
         raise AssertionError(f"no running master serves slot {slot}")
 
-    def node_at(self, port: int) -> ClusterNode:
-        (node,) = [node for node in self.nodes if node.port == port]
-        return node
+    def first_slot(self, node: ClusterNode) -> int:
+        """The lowest slot `node` serves (a master)."""
+        line = next(line for line in node.cli("cluster", "nodes").splitlines() if "myself" in line)
+        return min(int(item.partition("-")[0]) for item in line.split()[8:] if item[0] != "[")
+
+    def move_slot_of(self, key: str) -> ClusterNode:
+        """`redis-cli --cluster reshard`: the slots of `key`'s master up to `key`'s slot move to
+        another master (reshard takes a master's slots from its lowest); the new master."""
+        source = self.master_of(key)
+        slot = int(source.cli("cluster", "keyslot", key))
+        target = next(
+            node
+            for node in self.running()
+            if node is not source and node.info("replication").get("role") == "master"
+        )
+        count = slot - self.first_slot(source) + 1
+        _redis_cli(
+            source.port,
+            "--cluster", "reshard", f"127.0.0.1:{source.port}",
+            "--cluster-from", source.cli("cluster", "myid").strip(),
+            "--cluster-to", target.cli("cluster", "myid").strip(),
+            "--cluster-slots", str(count), "--cluster-yes",
+            timeout=120,
+        )  # fmt: skip
+        return target
 
 
 def _serves(ranges: list[str], slot: int) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,9 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+from redis.crc import key_slot
 
-from redis_server import RedisCluster, running_cluster
-from servers import example_gateway, serve_in_thread
+from redis_server import ClusterNode, RedisCluster, running_cluster
+from servers import example_gateway, metric_value, serve_in_thread
 from switchyard_mw.testing import Behaviour, MockProvider
 
 pytestmark = pytest.mark.integration
@@ -182,3 +184,85 @@ def _promoted(cluster: RedisCluster, key: str, old: int) -> bool:
 def _cools_y(gateway: str) -> bool:
     ask(gateway)
     return account(gateway, "y")["state"] == "cooled"
+
+
+def near_a_range_start(cluster: RedisCluster, prefix: str) -> str:
+    """An account name whose slot is among the first 20 of its master's: resharding it moves
+    few slots."""
+    starts = [cluster.first_slot(node) for node in _masters(cluster)]
+    for i in range(100_000):
+        slot = key_slot(f"{prefix}:account:{{m{i}}}".encode())
+        if any(0 <= slot - start < 20 for start in starts):
+            return f"m{i}"
+    raise AssertionError("no name found")
+
+
+def _masters(cluster: RedisCluster) -> list[ClusterNode]:
+    return [n for n in cluster.running() if n.info("replication").get("role") == "master"]
+
+
+def test_a_slot_migration_under_traffic_fails_no_request(
+    cluster: RedisCluster, mock: tuple[MockProvider, str], tmp_path: Path
+) -> None:
+    provider, url = mock
+    provider.reset()
+    name = near_a_range_start(cluster, "mig")
+    provider.set_behaviour("km", Behaviour(status=401))
+    config = textwrap.dedent(cluster_state(cluster, "mig"))
+    for account_name, key_env, priority, cooldown in (
+        (name, "KEY_M", 0, 0.2),
+        ("x", "KEY_X", 1, 300),
+    ):
+        config += textwrap.dedent(f"""
+        [llm_clients.{account_name}]
+        base_url = "{url}"
+        api_key_env = "{key_env}"
+        auth = "x-api-key"
+        models = ["claude-shared"]
+        priority = {priority}
+        failure_threshold = 1
+        cooldown_secs = {cooldown}
+        """)
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+    env = {**KEYS, "KEY_M": "km"}
+    key = f"mig:account:{{{name}}}"
+    with (
+        example_gateway(config, tmp_path / "a", env) as a,
+        example_gateway(config, tmp_path / "b", env) as b,
+    ):
+        stop = threading.Event()
+        failures: list[str] = []
+        answered = [0]
+
+        def traffic() -> None:
+            # m cools for 0.2 s, is probed, cools again: a write to its keys every few
+            # requests, while its slot moves.
+            while not stop.is_set():
+                for gateway in (a, b):
+                    response = ask(gateway)
+                    answered[0] += 1
+                    if response.status_code != 200:
+                        failures.append(response.text)
+
+        thread = threading.Thread(target=traffic)
+        thread.start()
+        try:
+            before = cluster.master_of(key)
+            wait_until(lambda: tries(provider, "km") >= 3, 20, "m never probed")
+            after = cluster.move_slot_of(key)
+            moved_at = answered[0]
+            wait_until(lambda: answered[0] >= moved_at + 20, 20, "traffic stopped")
+        finally:
+            stop.set()
+            thread.join(30)
+        assert after.port != before.port
+        assert cluster.master_of(key).port == after.port
+        assert failures == []
+        print(f"{answered[0]} requests during the migration, {tries(provider, 'km')} to m")
+        for gateway in (a, b):
+            assert metric_value(gateway, "switchyard_state_degraded_total") == 0
+        # Still shared after the move: m's probes come from one gateway at a time.
+        assert (
+            account(a, name)["current_cooldown_secs"] == account(b, name)["current_cooldown_secs"]
+        )
