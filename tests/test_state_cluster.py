@@ -6,17 +6,25 @@ through the migration of an account's slot; two ext_proc workers share a cooling
 from __future__ import annotations
 
 import contextlib
+import os
+import queue
+import signal
+import subprocess
+import sys
 import textwrap
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 import httpx
 import pytest
 import redis
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from redis.crc import key_slot
 
+from extproc_helpers import request_body, request_headers, response_headers, sets
 from redis_server import ClusterNode, RedisCluster, running_cluster
 from servers import example_gateway, metric_value, serve_in_thread
 from switchyard_mw.testing import Behaviour, MockProvider
@@ -266,3 +274,94 @@ def test_a_slot_migration_under_traffic_fails_no_request(
         assert (
             account(a, name)["current_cooldown_secs"] == account(b, name)["current_cooldown_secs"]
         )
+
+
+EXTPROC = """
+[state]
+backend = "redis"
+mode = "cluster"
+url = "{url}"
+key_prefix = "workers"
+
+[llm_clients.a]
+base_url = "https://prov.example"
+api_key_env = "KEY_A"
+models = ["m"]
+failure_threshold = 1
+cooldown_secs = 300
+envoy_cluster = "prov"
+
+[llm_clients.b]
+base_url = "https://prov.example"
+api_key_env = "KEY_B"
+models = ["m"]
+priority = 1
+envoy_cluster = "prov"
+"""
+
+
+@contextlib.contextmanager
+def extproc_workers(config: str, tmp_path: Path) -> Iterator[int]:
+    """`switchyard-mw extproc --workers 2` on a free port; yields the port."""
+    path = tmp_path / "sy.toml"
+    path.write_text(config)
+    command = [sys.executable, "-m", "switchyard_mw.cli", "extproc", "--config", str(path)]
+    proc = subprocess.Popen(
+        [*command, "--listen", "127.0.0.1:0", "--workers", "2"],
+        env={**os.environ, "KEY_A": "ka", "KEY_B": "kb"},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        assert line.rstrip().endswith("(2 workers)"), line
+        yield int(line.split("127.0.0.1:")[1].split()[0])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_two_extproc_workers_share_a_cooling(cluster: RedisCluster, tmp_path: Path) -> None:
+    payload = b'{"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "q"}]}'
+    keys: list[bytes] = []
+    with extproc_workers(EXTPROC.format(url=cluster.url), tmp_path) as port:
+        # Both workers subscribed (then they read the shared state: a moment more).
+        node = cluster.master_of("workers:events")
+        wait_until(lambda: subscribers(node, "workers:events") == 2, 20, "workers not connected")
+        time.sleep(0.5)
+        # One channel is one connection, which the kernel hands to either worker (SO_REUSEPORT
+        # hashes the client port): 20 of them reach both workers but for a 2^-19 chance.
+        for _ in range(20):
+            with grpc.insecure_channel(
+                f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)]
+            ) as channel:
+                keys.append(routed(ep_grpc.ExternalProcessorStub(channel), payload))
+            time.sleep(0.05)  # room for the cooling to reach the other worker
+    # a refused once, in one worker; neither worker sent it anything again.
+    assert keys.count(b"Bearer ka") == 1, keys
+
+
+def routed(stub: ep_grpc.ExternalProcessorStub, payload: bytes) -> bytes:
+    """One request; the key it was given; the upstream refuses ka (401) and takes kb."""
+    verdict: queue.Queue[bytes] = queue.Queue()
+
+    def messages() -> Iterator[object]:
+        yield request_headers()
+        yield request_body(payload)
+        yield response_headers(401 if verdict.get(timeout=10) == b"Bearer ka" else 200)
+
+    answers = stub.Process(messages())
+    next(answers)
+    key = sets(next(answers))["authorization"]
+    verdict.put(key)
+    list(answers)
+    return key
+
+
+def subscribers(node: ClusterNode, channel: str) -> int:
+    return int(node.cli("pubsub", "numsub", channel).split()[1])
