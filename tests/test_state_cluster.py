@@ -166,7 +166,7 @@ def test_two_gateways_share_a_cooling_and_a_probe_through_a_failover(
         # Nothing the replica had is lost: x's cooling is there, and nobody tried x again.
         survivor = redis.Redis(port=cluster.master_of(key).port, decode_responses=True)
         with survivor:
-            assert survivor.hgetall(key) == copy
+            assert_kept(survivor.hgetall(key), copy)  # type: ignore[arg-type]
         # Shared again once the stores reconnected: y refused on b is known to a.
         provider.set_behaviour("ky", Behaviour(status=401))
         before = tries(provider, "ky")
@@ -178,6 +178,14 @@ def test_two_gateways_share_a_cooling_and_a_probe_through_a_failover(
         assert tries(provider, "kx") == 1
     victim.start()  # back as a replica of the node that took over
     cluster.wait_healthy()
+
+
+def assert_kept(now: dict[str, str], copy: dict[str, str]) -> None:
+    """Every field at least what the replica had: the stores' resync may have merged a later
+    local end into it (by max), never an earlier one."""
+    assert copy.keys() == {"faults", "period_ms", "until_ms"}
+    assert now.keys() == copy.keys()
+    assert all(int(now[field]) >= int(copy[field]) for field in copy), (now, copy)
 
 
 def _promoted(cluster: RedisCluster, key: str, old: int) -> bool:
