@@ -13,7 +13,7 @@ from switchyard_mw.asgi.stack import switchyard_stack
 from switchyard_mw.cli import main
 from switchyard_mw.config import parse_config
 from switchyard_mw.core.pool import BreakerState, Outcome
-from switchyard_mw.errors import ConfigError
+from switchyard_mw.errors import ConfigError, StartupError
 from switchyard_mw.state import MemoryStore, build_store
 from switchyard_mw.state.redis_store import RedisStore
 
@@ -115,6 +115,15 @@ def test_a_sentinel_store_asks_the_named_sentinels() -> None:
     store = build_store(parse_config(CLIENT + text).state)
     assert isinstance(store, RedisStore)
     assert store._target.sentinels == (("h", 1), ("::1", 2))
+
+
+def test_cluster_mode_names_the_redis_py_it_needs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from redis.asyncio.cluster import RedisCluster
+
+    monkeypatch.delattr(RedisCluster, "pubsub")  # as in redis-py < 8
+    text = '[state]\nbackend = "redis"\nmode = "cluster"\nurl = "redis://h:7000"\n'
+    with pytest.raises(StartupError, match=r"redis-py >= 8\.0"):
+        build_store(parse_config(CLIENT + text).state)
 
 
 async def test_the_stack_keeps_state_in_memory_by_default() -> None:

@@ -45,6 +45,8 @@ def build_store(state: State) -> Store:
             "state.backend = \"redis\" needs the redis package: pip install 'switchyard-mw[redis]'"
             f" ({exc})"
         ) from None
+    if state.mode == "cluster":
+        _require_cluster_pubsub()
     return RedisStore(
         state.url,
         mode=state.mode,
@@ -54,3 +56,13 @@ def build_store(state: State) -> Store:
         timeout_secs=state.timeout_ms / 1000,
         probe_lease_secs=state.probe_lease_secs,
     )
+
+
+def _require_cluster_pubsub() -> None:
+    from redis.asyncio.cluster import RedisCluster
+
+    if not hasattr(RedisCluster, "pubsub"):  # asyncio cluster pub/sub came with redis-py 8.0
+        raise StartupError(
+            'state.mode = "cluster" needs redis-py >= 8.0 (its asyncio RedisCluster has no '
+            "pub/sub before): pip install 'redis>=8'"
+        )
