@@ -142,11 +142,13 @@ def test_two_gateways_share_a_cooling_and_a_probe_through_a_failover(
         assert tries(provider, "kx") == 1
         # p's cooling ends for both at once: one probe between them, which fails again.
         wait_until(lambda: account(a, "p")["cooled_for_secs"] == 0, 10, "p still cooled")
-        probes = tries(provider, "kp")
+        probes, period = tries(provider, "kp"), account(a, "p")["current_cooldown_secs"]
         for gateway in (a, b):
             assert ask(gateway).status_code == 200
         assert tries(provider, "kp") == probes + 1
-        wait_until(lambda: account(b, "p")["current_cooldown_secs"] == 4, 5, "b missed it")
+        # (p may have been probed before, during the requests above: its period, doubled.)
+        doubled = 2 * period  # type: ignore[operator]
+        wait_until(lambda: account(b, "p")["current_cooldown_secs"] == doubled, 5, "b missed it")
 
         # The master of x's slot dies; its replica takes over. Meanwhile: local state.
         key = "fo:account:{x}"
@@ -261,6 +263,10 @@ def test_a_slot_migration_under_traffic_fails_no_request(
                     if response.status_code != 200:
                         failures.append(response.text)
 
+        node = cluster.master_of("mig:events")
+        wait_until(lambda: subscribers(node, "mig:events") == 2, 20, "gateways not connected")
+        # A start-up connect slower than its bound counts one outage: not the migration's.
+        outages = [metric_value(gateway, "switchyard_state_degraded_total") for gateway in (a, b)]
         thread = threading.Thread(target=traffic)
         thread.start()
         try:
@@ -276,8 +282,7 @@ def test_a_slot_migration_under_traffic_fails_no_request(
         assert cluster.master_of(key).port == after.port
         assert failures == []
         print(f"{answered[0]} requests during the migration, {tries(provider, 'km')} to m")
-        for gateway in (a, b):
-            assert metric_value(gateway, "switchyard_state_degraded_total") == 0
+        assert [metric_value(g, "switchyard_state_degraded_total") for g in (a, b)] == outages
         # Still shared after the move: m's probes come from one gateway at a time.
         assert (
             account(a, name)["current_cooldown_secs"] == account(b, name)["current_cooldown_secs"]

@@ -196,6 +196,12 @@ class RedisStore:
                 )
             self._sha = await self._commands.script_load(SCRIPT)
             # Subscribe before reading the shared keys: no change can fall between the two.
+            # On a cluster, classic pub/sub (the script's PUBLISH reaches every node over the
+            # cluster bus), not sharded (SPUBLISH, Redis >= 7): one subscription per process
+            # whose loss the listener sees (then resubscribe and resync), where sharded needs
+            # one per shard that redis-py moves on its own after a failover, unseen by us, and
+            # reads by polling the shards in turn. Its saving, 1 bus message per event instead
+            # of (nodes - 1), is small at the rate accounts change (README, "Redis Cluster").
             # No read timeout on the subscription (it is silent when nothing changes); raw
             # bytes, because anyone may publish on the channel and junk must not break decoding.
             self._pubsub_client = make_client(
