@@ -360,3 +360,26 @@ async def test_closing_a_replica_frees_the_probe_slot_it_holds(replica: MakeRepl
     again = await b.aacquire("m")
     assert again is not None
     assert again.probe
+
+
+@pytest.mark.parametrize("accounts", [1, 3])  # one call alone; a batch (a pipeline)
+async def test_a_server_that_lost_the_script_gets_it_again_without_an_outage(
+    replica: MakeReplica, redis_server: RedisServer, otel_metrics: Metrics, accounts: int
+) -> None:
+    """As a replica promoted by a failover, or a cluster node a slot moved to: NOSCRIPT."""
+    specs = [spec(f"a{i}", failure_threshold=1) for i in range(accounts)]
+    a, store = await replica(*specs)
+    b, _ = await replica(*specs)
+    degraded = otel_metrics.value(tm.STATE_DEGRADED)
+    client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        await client.script_flush()
+        for i in range(accounts):  # in one go: the writer takes them as one batch
+            await fault(a, f"a{i}")
+        for i in range(accounts):
+            await until(lambda i=i: cooled(b, f"a{i}"))  # type: ignore[misc]
+            assert await client.hget(f"t:account:{{a{i}}}", "faults") == "1"  # counted once
+    finally:
+        await client.aclose()
+    assert store.healthy
+    assert otel_metrics.value(tm.STATE_DEGRADED) == degraded

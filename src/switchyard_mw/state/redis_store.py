@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError
@@ -256,14 +257,15 @@ class RedisStore:
         if commands is None or sha is None:
             raise ConnectionError("not connected")
         async with asyncio.timeout(bound):
+            if len(calls) == 1 or isinstance(commands, RedisCluster):
+                return await _by_account(commands, sha, calls)
             try:
-                return await _evalsha(commands, sha, calls)
+                return await _pipelined(commands, sha, calls)
             except NoScriptError:
-                # A node that never saw SCRIPT LOAD: a replica promoted by a failover, a new
-                # node a slot moved to. Every script call names its keys, so it can be loaded
-                # and the calls run again (the script did not run where it was missing).
+                # Redis restarted (its script cache is gone): the script ran for none of the
+                # batch, all of which went to this one server. Load it, run them again.
                 await commands.script_load(SCRIPT)
-                return await _evalsha(commands, sha, calls)
+                return await _pipelined(commands, sha, calls)
 
     def _apply(self, reply: Any, *, own: bool) -> None:
         if self._pool is None or not isinstance(reply, str):
@@ -320,12 +322,7 @@ class RedisStore:
         await close_quietly(pubsub, client, within=self._timeout)
 
 
-async def _evalsha(commands: Client, sha: str, calls: Sequence[_Call]) -> list[str]:
-    if len(calls) == 1:
-        (keys_, args) = calls[0]
-        return [await commands.evalsha(sha, len(keys_), *keys_, *args)]
-    if isinstance(commands, RedisCluster):
-        return await _evalsha_by_account(commands, sha, calls)
+async def _pipelined(commands: aioredis.Redis, sha: str, calls: Sequence[_Call]) -> list[str]:
     async with commands.pipeline(transaction=False) as pipe:
         for keys_, args in calls:
             pipe.evalsha(sha, len(keys_), *keys_, *args)
@@ -333,11 +330,10 @@ async def _evalsha(commands: Client, sha: str, calls: Sequence[_Call]) -> list[s
         return replies
 
 
-async def _evalsha_by_account(
-    commands: RedisCluster, sha: str, calls: Sequence[_Call]
-) -> list[str]:
-    """A batch on a cluster, where redis-py pipelines no script: each account's calls in their
-    order (a reset must not overtake the fault before it), the accounts side by side."""
+async def _by_account(commands: Client, sha: str, calls: Sequence[_Call]) -> list[str]:
+    """Call by call: one alone, or a batch on a cluster, where redis-py pipelines no script.
+    Each account's calls in their order (a reset must not overtake the fault before it), the
+    accounts side by side."""
     replies: list[str] = [""] * len(calls)
     by_account: dict[str, list[int]] = {}
     for i, (keys_, _) in enumerate(calls):
@@ -345,8 +341,19 @@ async def _evalsha_by_account(
 
     async def run(indexes: list[int]) -> None:
         for i in indexes:
-            keys_, args = calls[i]
-            replies[i] = await commands.evalsha(sha, len(keys_), *keys_, *args)
+            replies[i] = await _one(commands, sha, calls[i])
 
     await asyncio.gather(*(run(indexes) for indexes in by_account.values()))
     return replies
+
+
+async def _one(commands: Client, sha: str, call: _Call) -> str:
+    keys_, args = call
+    try:
+        reply: str = await commands.evalsha(sha, len(keys_), *keys_, *args)
+    except NoScriptError:
+        # A server without the script: restarted, a replica just promoted, a slot's new
+        # owner. It did not run there; load it (on a cluster: on every master) and run it.
+        await commands.script_load(SCRIPT)
+        reply = await commands.evalsha(sha, len(keys_), *keys_, *args)
+    return reply
