@@ -167,3 +167,41 @@ async def _receive_shutdown() -> dict[str, str]:
 
 async def _ignore(message: object) -> None:
     pass
+
+
+@pytest.mark.parametrize("name", ["a", "x}y", "{x", "a{b}c", "über", "a b", "}{", "{}"])
+def test_both_keys_of_an_account_hash_to_one_slot(name: str) -> None:
+    from redis.crc import key_slot
+
+    from switchyard_mw.state._lua import keys
+
+    account, probe = keys("switchyard", name)
+    same = key_slot(account.encode()) == key_slot(probe.encode())
+    # The one way to break it, a name opening with "}", cluster mode refuses (and a braced prefix).
+    assert same or name.startswith("}")
+
+
+def test_a_name_opening_with_a_brace_would_split_its_keys() -> None:
+    """Why cluster mode refuses such a name: its keys land in different slots."""
+    from redis.crc import key_slot
+
+    from switchyard_mw.state._lua import keys
+
+    account, probe = keys("switchyard", "}x")
+    assert key_slot(account.encode()) != key_slot(probe.encode())
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ('key_prefix = "sy{a}"', 'state.key_prefix: no "{" or "}" in cluster mode'),
+        ('[llm_clients."}x"]\nbase_url = "http://h"\nmodels = ["m"]', 'llm_clients."}x": in cl'),
+    ],
+)
+def test_cluster_mode_refuses_what_would_split_an_account_over_slots(
+    extra: str, expected: str
+) -> None:
+    head, _, table = extra.partition("[llm_clients")
+    text = f'[state]\nbackend = "redis"\nmode = "cluster"\nurl = "redis://h:1"\n{head}\n'
+    found = problems(CLIENT + text + (f"[llm_clients{table}\n" if table else ""))
+    assert any(p.startswith(expected) for p in found), found

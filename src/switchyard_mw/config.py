@@ -361,6 +361,8 @@ def _cross_check(
     problems.extend(_check_canaries(config, unserved))
     problems.extend(_check_routes(config, unserved, declared_clients))
     problems.extend(_check_state(config.state))
+    if config.state.mode == "cluster":
+        problems.extend(_check_hash_tags(config))
     return problems
 
 
@@ -475,6 +477,22 @@ def _check_state_mode(state: State) -> list[str]:
             problems.append(f"state.sentinels[{i}]: {address!r} is not host:port")
     if not state.service:
         problems.append("state.service: must not be empty")
+    return problems
+
+
+def _check_hash_tags(config: Config) -> list[str]:
+    """Both keys of an account must hash to one slot: `P:account:{A}` and `P:probe:{A}` share
+    the tag `A` (up to its first "}") unless a brace in P, or a name opening with "}" (an
+    empty tag: the whole key is hashed), moves it."""
+    problems: list[str] = []
+    if "{" in config.state.key_prefix or "}" in config.state.key_prefix:
+        problems.append('state.key_prefix: no "{" or "}" in cluster mode (the keys\' hash tag)')
+    for name in config.llm_clients:
+        if name.startswith("}"):
+            problems.append(
+                f'llm_clients.{_quote(name)}: in cluster mode a name may not start with "}}" '
+                "(its keys would hash to different slots)"
+            )
     return problems
 
 
