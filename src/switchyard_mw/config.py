@@ -133,7 +133,7 @@ class State(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """`redis://[:password@]host:port/db`, `rediss://...` or `unix:///path`; redis only. In
     cluster mode any node; in sentinel mode optional, only its password, db and scheme apply to
     the master the sentinels name."""
-    sentinels: tuple[str, ...] = ()
+    sentinels: list[str] = []
     """`host:port` of each sentinel; sentinel mode only."""
     service: str = "mymaster"
     """The master's name as the sentinels monitor it; sentinel mode only."""
