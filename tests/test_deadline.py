@@ -15,9 +15,9 @@ from conftest import Metrics
 from switchyard_mw.asgi.deadline import DeadlineMiddleware
 from switchyard_mw.clients import UpstreamClient
 from switchyard_mw.config import LLMClient
-from switchyard_mw.context import context_of, current_context
+from switchyard_mw.context import RequestContext, context_of, current_context
 from switchyard_mw.core.deadline import attempt_deadline_secs, parse_budget_ms
-from switchyard_mw.outbound import timeout_for
+from switchyard_mw.outbound import BACKSTOP_SECS, timeout_for
 
 App = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 
@@ -289,7 +289,52 @@ async def test_limits_come_from_the_chosen_client() -> None:
     outer = VariantMiddleware(with_client, canaries={})
     r = await post(outer, "/v1/messages", {"model": "m"})
     assert r.headers["x-switchyard-deadline-ms"] == "600000"  # default_max_tokens 32000 -> 600 s
-    assert 590 < seen["timeout"].read <= 600
+    # The policy's alarm decides; the call's own bound is a backstop just past it.
+    assert 590 + BACKSTOP_SECS < seen["timeout"].read <= 600 + BACKSTOP_SECS
+
+
+def timeout_seen_by_app() -> tuple[App, dict[str, httpx.Timeout]]:
+    seen: dict[str, httpx.Timeout] = {}
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        seen["timeout"] = timeout_for(current_context())
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    return app, seen
+
+
+@pytest.mark.parametrize(
+    ("budget_ms", "start", "read"),
+    [
+        # The start by what is left of timeout_secs, each read by the idle limit (the larger,
+        # as httpx's read bound covers the wait for the response's start too)...
+        (None, 2.0, 7.0),
+        # ...both cut short by the budget.
+        ("3000", 2.0, 3.0),
+        ("1000", 1.0, 1.0),
+    ],
+)
+async def test_timeout_for_a_stream_bounds_each_read_by_the_idle_limit(
+    budget_ms: str | None, start: float, read: float
+) -> None:
+    app, seen = timeout_seen_by_app()
+    mw = DeadlineMiddleware(app, timeout_secs=2, stream_idle_secs=7)
+    headers = {"x-switchyard-timeout-ms": budget_ms} if budget_ms else {}
+    await post(mw, "/v1/messages", {"model": "m", "stream": True}, headers=headers)
+    timeout = seen["timeout"]
+    assert timeout.connect == timeout.pool == timeout.write
+    assert timeout.connect == pytest.approx(start + BACKSTOP_SECS, abs=0.1)
+    assert timeout.read == pytest.approx(read + BACKSTOP_SECS, abs=0.1)
+
+
+def test_timeout_for_without_the_deadline_policy_is_the_only_bound() -> None:
+    assert timeout_for(None, default_secs=9) == httpx.Timeout(9)
+    ctx = RequestContext()
+    ctx.budget_at = ctx.started_at + 100  # a budget read by the base, no alarm armed
+    timeout = timeout_for(ctx)
+    assert 99 < timeout.read == timeout.connect <= 100  # no backstop: nothing to back up
 
 
 async def test_app_timeout_error_of_its_own_is_not_ours() -> None:

@@ -312,34 +312,67 @@ async def test_without_the_deadline_policy_the_budget_still_bounds_the_call(
         await http.aclose()
 
 
-@ENTRIES
-@KINDS
-async def test_each_stream_read_is_bounded_by_what_was_left_when_the_call_began(
-    entry: str, kind: str
-) -> None:
-    async def one_event_then_stall(
+def events_with_pauses(pause_secs: float, *, then_stall: bool = False) -> Handler:
+    """An upstream streaming three events `pause_secs` apart (or one, then silence)."""
+
+    async def handler(
         reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seen: list[bytes]
     ) -> None:
         seen.append(await read_request(reader))
         writer.write(
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-            b"transfer-encoding: chunked\r\n\r\n12\r\nevent: a\ndata: 1\n\n\r\n"
+            b"transfer-encoding: chunked\r\n\r\n"
         )
+        for n in range(1 if then_stall else 3):
+            if n:
+                await asyncio.sleep(pause_secs)
+            writer.write(b"12\r\nevent: a\ndata: %d\n\n\r\n" % n)
+            await writer.drain()
+        if then_stall:
+            await reader.read()  # until the gateway hangs up
+            return
+        writer.write(b"0\r\n\r\n")
         await writer.drain()
-        await reader.read()
 
-    # Far longer an idle limit than the first deadline: the read's own bound ends the stream.
-    extra = "timeout_secs = 0.3\nstream_idle_secs = 30"
+    return handler
+
+
+@ENTRIES
+@KINDS
+async def test_a_stream_pausing_longer_than_timeout_secs_runs_to_its_end(
+    entry: str, kind: str
+) -> None:
+    # `timeout_secs` bounds only the wait for the stream's start; each pause is under the
+    # idle limit, so nothing may cut it (the call's own read bound included).
+    extra = "timeout_secs = 0.2\nstream_idle_secs = 3"
     async with (
-        upstream(one_event_then_stall) as (url, _),
+        upstream(events_with_pauses(0.5)) as (url, _),
+        gateway(url, entry=entry, kind=kind, extra=extra) as client,
+        asyncio.timeout(20),
+    ):
+        reply = await client.post("/v1/messages", json={**MESSAGE, "stream": True})
+    assert reply.status_code == 200
+    assert reply.content == b"event: a\ndata: 0\n\nevent: a\ndata: 1\n\nevent: a\ndata: 2\n\n"
+
+
+@ENTRIES
+@KINDS
+async def test_a_silent_stream_ends_with_deadline_exceeded_at_its_idle_limit(
+    entry: str, kind: str
+) -> None:
+    # The idle limit far shorter than the first deadline would be for a non-stream: the
+    # policy's alarm ends it, never the call's own read bound (that would say upstream_error).
+    extra = "timeout_secs = 0.3\nstream_idle_secs = 0.3"
+    async with (
+        upstream(events_with_pauses(0.0, then_stall=True)) as (url, _),
         gateway(url, entry=entry, kind=kind, extra=extra) as client,
         asyncio.timeout(20),
     ):
         reply = await client.post("/v1/messages", json={**MESSAGE, "stream": True})
     assert reply.status_code == 200
     events, error = reply.content.split(b"event: error\n")
-    assert events == b"event: a\ndata: 1\n\n"
-    assert b"upstream stream failed: ReadTimeout" in error
+    assert events == b"event: a\ndata: 0\n\n"
+    assert json.loads(error.removeprefix(b"data: "))["error"]["type"] == "deadline_exceeded"
 
 
 @KINDS

@@ -48,6 +48,7 @@ class RequestContext:
         "response_status",
         "route",
         "started_at",
+        "stream_idle_secs",
         "upstream_status",
         "variant",
         "view",
@@ -68,6 +69,8 @@ class RequestContext:
         self.attempts = 0
         self.attempt_deadline_secs: float | None = None
         self.deadline_at: float | None = None
+        self.stream_idle_secs: float | None = None
+        """A stream's limit on the silence between chunks, set by the deadline policy."""
         self.budget_at: float | None = None
         self.route: str | None = None
         self.key_kind: KeyKind | None = None

@@ -199,13 +199,13 @@ def _limits(ctx: RequestContext) -> aiohttp.ClientTimeout:
     """The pooled call's own timeouts: what `timeout_for` gives httpx, in aiohttp's terms
     (connecting, waiting for a pooled connection and every read are each bounded by what is
     left of the deadline) -- unless the deadline policy's alarm already bounds the call."""
-    view = ctx.view
-    if ctx.deadline_at is not None and view is not None and not view.stream:
-        # Only the deadline policy sets `deadline_at`, and its alarm cancels this call once
-        # the deadline (or the budget) has passed. Timers of the call's own would be set for
-        # that instant or later, so they could never end it first; they would only cost a
-        # timer per read. A stream keeps them: there the alarm bounds the silence between
-        # events by the idle limit, while each read's own bound is what was left at the start.
+    if ctx.deadline_at is not None:
+        # Only the deadline policy sets `deadline_at`, and its alarm cancels this call at the
+        # deadline, the budget's end or (in a stream) once the upstream has been silent for
+        # `stream_idle_secs`, and says which. One timer decides: a timer of the call's own
+        # could only cut a healthy stream (aiohttp's read bound cannot tell the wait for the
+        # response from a gap between chunks), or race the alarm and report an expiry as an
+        # upstream failure; for a non-stream it would only cost a timer per read.
         return _UNTIMED
     secs = seconds_left(ctx)
     return aiohttp.ClientTimeout(total=None, connect=secs, sock_connect=secs, sock_read=secs)

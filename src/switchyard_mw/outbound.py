@@ -11,6 +11,7 @@ at several times the CPU per proxied request, and throughput falling as connecti
 from __future__ import annotations
 
 import asyncio
+import time
 import weakref
 from collections.abc import AsyncIterator
 from http.cookiejar import CookieJar, DefaultCookiePolicy
@@ -70,17 +71,42 @@ def _no_cookies() -> CookieJar:
     return CookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
 
 
-def timeout_for(ctx: RequestContext | None, *, default_secs: float = 60.0) -> httpx.Timeout:
-    """An httpx timeout bounded by what is left of the request's attempt deadline and budget.
+BACKSTOP_SECS = 1.0
+"""How far past the deadline policy's own bound `timeout_for`'s bounds are set (see there)."""
 
-    httpx applies it per operation (connect, each read); the deadline middleware bounds the
-    attempt as a whole, so a trickling upstream cannot stretch it.
+
+def timeout_for(ctx: RequestContext | None, *, default_secs: float = 60.0) -> httpx.Timeout:
+    """An httpx timeout for the request's upstream call, as the deadline rule bounds it.
+
+    Connecting, sending and the wait for a pooled connection are bounded by what is left of
+    the attempt's deadline (for a stream: of `timeout_secs`, until its response starts) and
+    of the request's budget. Each read is too, except in a stream, where a read waits for the
+    next chunk: there it is bounded by `stream_idle_secs` (and the budget). httpx counts the
+    wait for the response's start as a read as well, so a stream's read bound is the larger
+    of the two; an app that passes this to a streaming call never cuts a healthy stream.
+
+    Under the deadline policy its alarm decides every expiry, so that the client and the
+    metrics always see `deadline_exceeded` with its phase: these bounds are then only a
+    backstop, set `BACKSTOP_SECS` past the policy's, where they never win a race against it.
+    Without the policy they are the only bounds (`default_secs` when nothing else applies).
     """
-    return httpx.Timeout(seconds_left(ctx, default_secs=default_secs))
+    start = seconds_left(ctx, default_secs=default_secs)
+    if ctx is None:
+        return httpx.Timeout(start)
+    read = start
+    idle = ctx.stream_idle_secs
+    if idle is not None:
+        if ctx.budget_at is not None:
+            idle = min(idle, max(ctx.budget_at - time.monotonic(), 0.001))
+        read = max(start, idle)
+    if ctx.deadline_at is not None:  # set by the deadline policy only: its alarm is armed
+        start += BACKSTOP_SECS
+        read += BACKSTOP_SECS
+    return httpx.Timeout(start, read=read)
 
 
 def seconds_left(ctx: RequestContext | None, *, default_secs: float = 60.0) -> float:
-    """What `timeout_for` bounds each operation by, in seconds (at least 1 ms)."""
+    """What is left of the attempt's deadline and the budget, in seconds (at least 1 ms)."""
     remaining = ctx.deadline if ctx is not None else None
     return default_secs if remaining is None else max(remaining, 0.001)
 

@@ -72,6 +72,7 @@ class DeadlineMiddleware(PolicyMiddleware):
         task = asyncio.current_task(loop)
         assert task is not None  # an ASGI app runs in a task
         idle = limits.stream_idle_secs if view.stream else None
+        ctx.stream_idle_secs = idle
         guard = _Guard(ctx, send, loop, task, first, idle, now)
         try:
             await self.app(scope, receive, guard.send)
