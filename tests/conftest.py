@@ -50,6 +50,23 @@ class Metrics:
                             total += getattr(point, "value", None) or getattr(point, "count", 0)
         return total
 
+    def histogram(self, name: str, **attributes: str) -> tuple[list[float], list[int]]:
+        """(bucket bounds, bucket counts) of a histogram's data point with these attributes.
+
+        Counts are cumulative over the session; ([], []) before anything was recorded.
+        """
+        data = self._reader.get_metrics_data()
+        for rm in data.resource_metrics if data is not None else ():
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    if metric.name != name:
+                        continue
+                    for point in metric.data.data_points:
+                        attrs = dict(point.attributes or {})
+                        if attrs == attributes:
+                            return list(point.explicit_bounds), list(point.bucket_counts)
+        return [], []
+
     def points(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """(metric name, attributes) of every data point recorded so far."""
         data = self._reader.get_metrics_data()

@@ -448,6 +448,32 @@ async def test_connection_refused_is_a_transport_error(closed_port: str, otel_me
 
 
 @module_loop
+async def test_a_judge_duration_lands_in_a_bucket_that_fits_it(
+    mock: MockProvider, judge_url: str, otel_metrics: Any
+) -> None:
+    # A judge taking at least 60 ms: the histogram must say about how long, not "under 5 s"
+    # (the SDK's default buckets are for milliseconds; this histogram is in seconds).
+    delay_secs = 0.06
+    mock.set_behaviour("k-slowish", Behaviour(reply="simple", headers_delay_secs=delay_secs))
+    _, mw = make_judge(judge_url, "k-slowish")
+    _, before = otel_metrics.histogram(tm.JUDGE_DURATION, route="auto", outcome="ok")
+    try:
+        response = await post(mw, chat_body())
+    finally:
+        await mw.aclose()
+    assert response.headers["x-switchyard-route"] == "judge:simple"
+    bounds, after = otel_metrics.histogram(tm.JUDGE_DURATION, route="auto", outcome="ok")
+    assert (bounds[0], bounds[-1]) == (0.005, 600)  # seconds, from 5 ms to 10 min
+    added = [a - b for a, b in zip(after, before or [0] * len(after), strict=True)]
+    assert sum(added) == 1
+    bucket = added.index(1)
+    assert 0 < bucket < len(bounds)  # neither "under the first bound" nor "over the last"
+    low, high = bounds[bucket - 1], bounds[bucket]
+    assert low >= delay_secs - 0.01  # the bucket holding a duration of at least the delay
+    assert high <= 3 * low  # and narrow enough to tell one judge latency from another
+
+
+@module_loop
 @pytest.mark.parametrize(
     "behaviour",
     [Behaviour(headers_delay_secs=10), Behaviour(body_stall_secs=10)],

@@ -147,8 +147,19 @@ variant_assignments_counter = meter.create_observable_counter(
     unit="{request}",
     description="Canary decisions, by variant and key kind",
 )
+SECONDS_BUCKETS = (
+    *(0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75),
+    *(1.0, 2.5, 5.0, 7.5, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0),
+)
+"""Bucket bounds of every histogram in seconds: 5 ms to 10 min. Passed as the API's advice:
+the SDK's default bounds (5 to 10,000) are meant for milliseconds, and would put every
+judge call in the first bucket. A view the application configures still wins."""
+
 judge_duration = meter.create_histogram(
-    JUDGE_DURATION, unit="s", description="Time spent consulting the judge"
+    JUDGE_DURATION,
+    unit="s",
+    description="Time spent consulting the judge",
+    explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
 )
 budget_invalid = meter.create_counter(
     BUDGET_INVALID, unit="{request}", description="Budget headers ignored as invalid"
