@@ -3,7 +3,9 @@
 The bound is an alarm that cancels the app's own task (no task group: the app keeps its
 ContextVars), as `asyncio.timeout` does but with no new timer per stream chunk. A stream's
 `send` moves it: the response must start within `timeout_secs`, and then every chunk re-arms
-it for `stream_idle_secs`.
+it for `stream_idle_secs`. It is the one timer that decides an expiry: the outbound call's own
+bounds (the forwarder's, `timeout_for`'s) are none or set past it, so that every expiry is
+answered and counted as `deadline_exceeded` with its phase, never as an upstream failure.
 """
 
 from __future__ import annotations
