@@ -32,13 +32,6 @@ if TYPE_CHECKING:
 
     from .context import RequestContext
 
-SECONDS_BUCKETS = (
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0,
-    320.0, 600.0,
-)  # fmt: skip
-"""5 ms to 10 min: a cached reply to the longest answer the deadline rule allows."""
-TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
-"""1 to 1M tokens, by powers of four (the GenAI conventions' advice)."""
 MAX_SERIES = 2000
 """Attribute sets one metric keeps; past it, points go to one `otel.metric.overflow` series
 (as the SDK does): a requested model is any string a client sends."""
@@ -139,14 +132,14 @@ def _attributes(labels: Labels) -> dict[str, Any]:
 
 
 duration = HistogramTally(
-    tm.OPERATION_DURATION, "s", "Requests as the client saw them, start to end", SECONDS_BUCKETS
+    tm.OPERATION_DURATION, "s", "Requests as the client saw them, start to end", tm.SECONDS_BUCKETS
 )
 time_to_first_token = HistogramTally(
     tm.TIME_TO_FIRST_TOKEN, "s", "Streams: request start to the first content chunk",
-    SECONDS_BUCKETS,
+    tm.SECONDS_BUCKETS,
 )  # fmt: skip
 token_usage = HistogramTally(
-    tm.TOKEN_USAGE, "{token}", "Input and output tokens per request", TOKEN_BUCKETS
+    tm.TOKEN_USAGE, "{token}", "Input and output tokens per request", tm.TOKEN_BUCKETS
 )
 TALLIES = (duration, time_to_first_token, token_usage)
 
