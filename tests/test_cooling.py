@@ -671,3 +671,67 @@ def _receive(body: bytes) -> Receive:
         return {"type": "http.disconnect"}
 
     return receive
+
+
+# --- a framework between the policy and the app's transport error ---------------------------
+
+
+def framework_500(*, reraise: bool, reported: bool = True) -> ASGIApp:
+    """An app whose upstream call failed in transport, as its framework answers it: Starlette
+    and FastAPI send their own 500 and re-raise; Litestar and Django send it and return."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        ctx = current_context()
+        error = httpx.ConnectError("refused")
+        if reported and ctx is not None:
+            ctx.report_transport_error(error)
+        start = {"type": "http.response.start", "status": 500, "headers": []}
+        await send(start)
+        await send({"type": "http.response.body", "body": b"Internal Server Error"})
+        if reraise:
+            raise error
+
+    return app
+
+
+@pytest.mark.parametrize(
+    ("reraise", "reported"), [(True, False), (True, True), (False, True)], ids=str
+)
+async def test_a_frameworks_500_for_a_transport_error_is_502_upstream_unreachable(
+    clock: FakeClock, otel_metrics: Metrics, reraise: bool, reported: bool
+) -> None:
+    app, pool = stack(framework_500(reraise=reraise, reported=reported), account("a"), clock=clock)
+    before = otel_metrics.value(tm.ACCOUNT_FAULTS, account="a", status="connect_error")
+    async with http(app) as client:
+        response = await client.post(MESSAGES, json=BODY)
+    assert response.status_code == 502
+    assert response.json()["error"]["type"] == "upstream_unreachable"
+    assert response.headers["x-switchyard-attempts"] == "1"
+    assert pool.status_of("a").consecutive_faults == 1
+    after = otel_metrics.value(tm.ACCOUNT_FAULTS, account="a", status="connect_error")
+    assert after == before + 1
+
+
+async def test_a_frameworks_500_for_a_transport_error_fails_over(clock: FakeClock) -> None:
+    failing = framework_500(reraise=False)
+    good = Upstream()
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await (failing if client_name() == "a" else good)(scope, receive, send)
+
+    outer, _ = stack(app, account("a"), account("b", priority=1), clock=clock)
+    async with http(outer) as client:
+        response = await client.post(MESSAGES, json=BODY)
+    assert (response.status_code, response.json()) == (200, {"account": "b"})
+    assert response.headers["x-switchyard-attempts"] == "2"
+
+
+async def test_a_5xx_without_a_transport_error_is_passed_on_once_the_app_ends(
+    clock: FakeClock,
+) -> None:
+    upstream = Upstream({"a": 503})
+    app, _ = stack(upstream, account("a", failure_threshold=5), clock=clock)
+    async with http(app) as client:
+        response = await client.post(MESSAGES, json=BODY)
+    assert (response.status_code, response.json()) == (503, {"account": "a"})

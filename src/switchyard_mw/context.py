@@ -49,6 +49,7 @@ class RequestContext:
         "route",
         "started_at",
         "stream_idle_secs",
+        "transport_error",
         "upstream_status",
         "variant",
         "view",
@@ -77,6 +78,11 @@ class RequestContext:
         self.upstream_status: int | None = None
         self.deadline_phase: str | None = None
         """Set when a deadline expired: `total`, `headers`, `idle` or `budget`."""
+        self.transport_error: type[BaseException] | None = None
+        """The type of the transport error (refused, reset, stalled) the current attempt's
+        upstream call raised: set by the client `make_http_client()` builds, or by the app
+        through `report_transport_error`. Whatever error answer the app's framework then made
+        of it is not the upstream's: switchyard fails over, or answers 502 itself."""
         self.disconnected = False
         """Set when the client left; the app's work has been cancelled."""
         self.input_tokens: int | None = None
@@ -134,6 +140,11 @@ class RequestContext:
     def report_upstream(self, status: int) -> None:
         """Tell switchyard the real upstream status when the app answers the client another."""
         self.upstream_status = status
+
+    def report_transport_error(self, exc: BaseException) -> None:
+        """Tell switchyard the upstream call failed in transport (an app whose client is not
+        `make_http_client()`'s): its 5xx answer is then taken as no upstream answer at all."""
+        self.transport_error = type(exc)
 
     def report_usage(
         self, *, input_tokens: int | None = None, output_tokens: int | None = None

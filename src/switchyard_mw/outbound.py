@@ -21,7 +21,7 @@ import aiohttp
 import httpx
 from httpx_aiohttp import AiohttpTransport
 
-from .context import RequestContext
+from .context import RequestContext, current_context
 
 DEFAULT_MAX_CONNECTIONS = 256
 
@@ -204,5 +204,16 @@ def as_httpx_error(exc: Exception) -> NoReturn:
     original = exc.__cause__ if isinstance(exc.__cause__, aiohttp.ClientError) else exc
     for aiohttp_type, httpx_type in _ERRORS:
         if isinstance(original, aiohttp_type):
+            _note(httpx_type)
             raise httpx_type(str(original) or type(original).__name__) from original
+    _note(type(exc))
     raise exc
+
+
+def _note(error: type[BaseException]) -> None:
+    """Mark the request's current attempt as failed in transport: the app's framework may
+    turn the error into an answer of its own (a 500) that the cooling policy must not take
+    for the upstream's."""
+    ctx = current_context()
+    if ctx is not None:
+        ctx.transport_error = error

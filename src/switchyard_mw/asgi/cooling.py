@@ -9,9 +9,15 @@ Status codes and error types this middleware answers with itself, in the wire's 
 429 `rate_limited` (every account serving the model is held by a 429's retry time, or held and
 cooling; no upstream is called, `retry-after` says when the earliest is back), 503
 `no_healthy_account` (every account serving the model is cooling; `retry-after` says when
-the earliest recovers) and 502 `upstream_unreachable` (every attempt raised, e.g. connection
-refused, and no upstream answer exists to pass on). When all accounts answered with errors,
-the client gets the last of those answers unchanged.
+the earliest recovers) and 502 `upstream_unreachable` (every attempt failed in transport, e.g.
+connection refused, and no upstream answer exists to pass on). When all accounts answered with
+errors, the client gets the last of those answers unchanged.
+
+A failed transport is seen two ways, as frameworks differ: an exception escaping the app
+(Starlette and FastAPI re-raise it after answering their own 500), or the context's
+`transport_error`, set by the client `make_http_client()` builds (Litestar and Django answer
+their own 500 and never re-raise). Either way the framework's 5xx is not passed on: every 5xx
+is held until the app ends, which costs nothing on the paths that answer well.
 """
 
 from __future__ import annotations
@@ -87,6 +93,7 @@ class _Attempt:
         "finished",
         "forwarded",
         "held",
+        "retry",
         "retry_headers",
         "size",
         "status",
@@ -104,14 +111,20 @@ class _Attempt:
         self.size = 0  # bytes held
         self.complete = False  # the held response is whole: it can be swallowed
         self.retry_headers: list[tuple[str, str]] | None = None  # a 429's, for its hold
+        self.retry = False  # held for a failover, not only to see whether an error follows
 
     async def send(self, message: Message) -> None:
         if self.held is None:
             if message["type"] == "http.response.start" and self.status is None:
-                self.status = message["status"]
-                if self.status == 429:
+                status = self.status = message["status"]
+                if status == 429:
                     self.retry_headers = throttle_headers(message.get("headers", ()))
-                if self._cooling._may_retry(self._ctx, message["status"], self._tried):
+                # Every 5xx is held too, until the app ends: Starlette's and FastAPI's error
+                # middleware answer an escaping exception with a 500 and then re-raise it, and
+                # a transport error is no upstream answer to pass on.
+                retry = self._cooling._may_retry(self._ctx, status, self._tried)
+                if retry or status >= 500:
+                    self.retry = retry
                     self.held = [message]
                     return
             self.forwarded = True
@@ -211,6 +224,7 @@ class CoolingMiddleware(PolicyMiddleware):
         ctx.attempts += 1
         ctx.upstream_status = None
         ctx.deadline_phase = None
+        ctx.transport_error = None
         # Without an SDK, no span at all: nothing to build, activate or end.
         span = _attempt_span(ctx, lease) if tm.tracing() else None
         try:
@@ -230,7 +244,7 @@ class CoolingMiddleware(PolicyMiddleware):
                     # The type only: an exception's text may quote the request or the reply.
                     span.set_attribute(tm.ERROR_TYPE, type(exc).__qualname__)
                 gone = ctx.disconnected and not attempt.finished
-                kind = _error_text(ctx, exc)
+                kind = _error_kind(ctx, type(exc))
                 if gone or kind == APP_ERROR:
                     # A client that left, or a bug in the app, says nothing about the
                     # account: counting it would let one bad code path cool every account.
@@ -250,6 +264,16 @@ class CoolingMiddleware(PolicyMiddleware):
                 if self.guard is not None and ctx.resolved_model is not None:
                     self.guard.record(ctx.resolved_model, fault=False)
                 return True
+            error = ctx.transport_error
+            if attempt.held is not None and error is not None and (status or 0) >= 500:
+                # The framework answered the transport error itself (Litestar, Django): its
+                # 5xx is no upstream answer, so it is dropped like an escaping exception.
+                self._settle(lease, span, Outcome.FAULT, _error_kind(ctx, error))
+                attempt.held = None
+                _log.warning("account %s failed (%s)", lease.account, error.__name__)
+                return False
+            if attempt.held is not None and not attempt.retry:
+                await attempt.flush()  # a 5xx held only to see whether an exception followed
             outcome, status_text = _verdict(ctx, attempt)
             self._settle(lease, span, outcome, status_text, ctx)
             if outcome is _THROTTLE and attempt.retry_headers and ctx.resolved_model is not None:
@@ -392,15 +416,22 @@ def _outcome(ctx: RequestContext, status: int) -> tuple[Outcome, str]:
     return classify_status(status), str(status)
 
 
-def _error_text(ctx: RequestContext, exc: Exception) -> str:
+def _error_kind(ctx: RequestContext, error: type[BaseException]) -> str:
+    """The `status` metrics show for an attempt that ended in `error` (raised or reported)."""
     if ctx.deadline_phase in _ACCOUNT_PHASES:
         return "deadline"
-    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | ConnectionError):
+    if issubclass(error, httpx.ConnectError | httpx.ConnectTimeout | ConnectionError):
         return "connect_error"
-    if isinstance(exc, httpx.TimeoutException):
+    if issubclass(error, httpx.TimeoutException):
         return "timeout"
-    if isinstance(exc, httpx.TransportError | OSError):
+    if issubclass(error, httpx.TransportError | OSError):
         return "transport_error"
+    if ctx.transport_error is error:
+        return "transport_error"  # reported by the app, in its own client's terms
+    if ctx.transport_error is not None:
+        # Not a transport error itself, but raised after one (an app that wraps the error
+        # in its own): the account is what failed.
+        return _error_kind(ctx, ctx.transport_error)
     return APP_ERROR
 
 
