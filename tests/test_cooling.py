@@ -676,14 +676,16 @@ def _receive(body: bytes) -> Receive:
 # --- a framework between the policy and the app's transport error ---------------------------
 
 
-def framework_500(*, reraise: bool, reported: bool = True) -> ASGIApp:
+def framework_500(
+    *, reraise: bool, reported: bool = True, error_type: type[httpx.HTTPError] = httpx.ConnectError
+) -> ASGIApp:
     """An app whose upstream call failed in transport, as its framework answers it: Starlette
     and FastAPI send their own 500 and re-raise; Litestar and Django send it and return."""
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         await receive()
         ctx = current_context()
-        error = httpx.ConnectError("refused")
+        error = error_type("refused")
         if reported and ctx is not None:
             ctx.report_transport_error(error)
         start = {"type": "http.response.start", "status": 500, "headers": []}
@@ -711,6 +713,18 @@ async def test_a_frameworks_500_for_a_transport_error_is_502_upstream_unreachabl
     assert pool.status_of("a").consecutive_faults == 1
     after = otel_metrics.value(tm.ACCOUNT_FAULTS, account="a", status="connect_error")
     assert after == before + 1
+
+
+@pytest.mark.parametrize("reraise", [True, False], ids=["reraised", "answered"])
+async def test_a_frameworks_500_for_the_calls_own_timeout_is_504_deadline_exceeded(
+    clock: FakeClock, reraise: bool
+) -> None:
+    failing = framework_500(reraise=reraise, error_type=httpx.ReadTimeout)
+    app, _ = stack(failing, account("a"), clock=clock)
+    async with http(app) as client:
+        response = await client.post(MESSAGES, json=BODY)
+    assert response.status_code == 504
+    assert response.json()["error"]["type"] == "deadline_exceeded"
 
 
 async def test_a_frameworks_500_for_a_transport_error_fails_over(clock: FakeClock) -> None:

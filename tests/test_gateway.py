@@ -306,10 +306,10 @@ async def test_without_the_deadline_policy_the_budget_still_bounds_the_call(
         ):
             headers = {"x-switchyard-timeout-ms": "300"}
             # The call's own error (ReadTimeout) made Starlette answer 500 before re-raising
-            # it: the policy drops that answer and says no upstream could be reached.
+            # it: the policy drops that answer and says the attempt ran out of time.
             reply = await client.post("/v1/messages", json=MESSAGE, headers=headers)
-        assert reply.status_code == 502
-        assert reply.json()["error"]["type"] == "upstream_unreachable"
+        assert reply.status_code == 504
+        assert reply.json()["error"]["type"] == "deadline_exceeded"
         await http.aclose()
 
 

@@ -9,9 +9,11 @@ Status codes and error types this middleware answers with itself, in the wire's 
 429 `rate_limited` (every account serving the model is held by a 429's retry time, or held and
 cooling; no upstream is called, `retry-after` says when the earliest is back), 503
 `no_healthy_account` (every account serving the model is cooling; `retry-after` says when
-the earliest recovers) and 502 `upstream_unreachable` (every attempt failed in transport, e.g.
-connection refused, and no upstream answer exists to pass on). When all accounts answered with
-errors, the client gets the last of those answers unchanged.
+the earliest recovers), 502 `upstream_unreachable` (every attempt failed in transport, e.g.
+connection refused, and no upstream answer exists to pass on) and 504 `deadline_exceeded` when
+the last such attempt failed by running out of time (the call's own timeout from `timeout_for`
+can beat the deadline policy to it). When all accounts answered with errors, the client gets
+the last of those answers unchanged.
 
 A failed transport is seen two ways, as frameworks differ: an exception escaping the app
 (Starlette and FastAPI re-raise it after answering their own 500), or the context's
@@ -44,6 +46,7 @@ from ..wire import Wire
 from ._base import PolicyMiddleware, send_error
 from ._types import ASGIApp, Message, Receive, Scope, Send
 from .admin import cooling_status_app as cooling_status_app  # re-exported for existing imports
+from .deadline import DEADLINE_EXCEEDED
 
 NO_HEALTHY_ACCOUNT = "no_healthy_account"
 RATE_LIMITED = "rate_limited"
@@ -55,6 +58,7 @@ MAX_HELD_BYTES = 1 << 20
 
 Inner = Callable[[RequestContext, Scope, Receive, Send], Awaitable[None]]
 _ACCOUNT_PHASES = frozenset({"total", "headers", "idle"})  # a deadline that is the account's fault
+_OUT_OF_TIME = frozenset({"deadline", "timeout"})  # failures answered 504, not 502
 _log = logging.getLogger(__name__)
 # Read on every attempt: Enum member access is slow on Python 3.11.
 _SUCCESS, _THROTTLE = Outcome.SUCCESS, Outcome.THROTTLE
@@ -90,6 +94,7 @@ class _Attempt:
         "_send",
         "_tried",
         "complete",
+        "failure",
         "finished",
         "forwarded",
         "held",
@@ -112,6 +117,7 @@ class _Attempt:
         self.complete = False  # the held response is whole: it can be swallowed
         self.retry_headers: list[tuple[str, str]] | None = None  # a 429's, for its hold
         self.retry = False  # held for a failover, not only to see whether an error follows
+        self.failure: str | None = None  # why it failed before reaching the client
 
     async def send(self, message: Message) -> None:
         if self.held is None:
@@ -192,6 +198,7 @@ class CoolingMiddleware(PolicyMiddleware):
             lease = await self._acquire(ctx, [])
         tried: list[str] = []
         last: tuple[list[Message], UpstreamClient | None, str | None] | None = None
+        failure: str | None = None  # how the last attempt that raised failed
         while lease is not None:
             if tried:
                 tm.failovers.add(1, {"route_model": ctx.resolved_model or ""})
@@ -199,6 +206,7 @@ class CoolingMiddleware(PolicyMiddleware):
             attempt = _Attempt(send, self, ctx, tried)
             if await self._attempt(ctx, lease, scope, receive, attempt):
                 return
+            failure = attempt.failure
             if attempt.held is not None:
                 last = (attempt.held, ctx.client, ctx.resolved_model)
             if not self._another_possible(ctx, tried):
@@ -210,6 +218,11 @@ class CoolingMiddleware(PolicyMiddleware):
             held, ctx.client, ctx.resolved_model = last
             for message in held:
                 await send(message)
+        elif failure in _OUT_OF_TIME:
+            # The call's own timeout (`timeout_for`) or the deadline, whichever came first:
+            # the app's framework may have answered before the deadline policy could.
+            text = "the upstream attempt did not finish within its deadline"
+            await send_error(send, wire, 504, DEADLINE_EXCEEDED, text)
         elif tried:
             text = "no upstream account could be reached"
             await send_error(send, wire, 502, UPSTREAM_UNREACHABLE, text)
@@ -254,6 +267,7 @@ class CoolingMiddleware(PolicyMiddleware):
                 if gone or attempt.forwarded or kind == APP_ERROR:
                     raise  # the response started, nobody waits, or the app is broken
                 attempt.held = None  # an unfinished answer is never passed on
+                attempt.failure = kind
                 _log.warning("account %s failed (%s)", lease.account, type(exc).__name__)
                 return False
             if attempt.held is not None and not attempt.complete:
@@ -268,7 +282,8 @@ class CoolingMiddleware(PolicyMiddleware):
             if attempt.held is not None and error is not None and (status or 0) >= 500:
                 # The framework answered the transport error itself (Litestar, Django): its
                 # 5xx is no upstream answer, so it is dropped like an escaping exception.
-                self._settle(lease, span, Outcome.FAULT, _error_kind(ctx, error))
+                attempt.failure = _error_kind(ctx, error)
+                self._settle(lease, span, Outcome.FAULT, attempt.failure)
                 attempt.held = None
                 _log.warning("account %s failed (%s)", lease.account, error.__name__)
                 return False
