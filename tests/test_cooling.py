@@ -749,3 +749,15 @@ async def test_a_5xx_without_a_transport_error_is_passed_on_once_the_app_ends(
     async with http(app) as client:
         response = await client.post(MESSAGES, json=BODY)
     assert (response.status_code, response.json()) == (503, {"account": "a"})
+
+
+def test_built_alone_from_the_config_or_from_clients_not_both(tmp_path: Any) -> None:
+    path = tmp_path / "switchyard.toml"
+    path.write_text('[llm_clients.a]\nbase_url = "http://a.test"\nmodels = ["m"]\n')
+    cooling = CoolingMiddleware(Upstream(), config=path)
+    assert list(cooling.clients) == ["a"]
+    assert cooling.pool.accounts_for("m") == ("a",)
+    with pytest.raises(TypeError):
+        CoolingMiddleware(Upstream())
+    with pytest.raises(TypeError):
+        CoolingMiddleware(Upstream(), config=path, clients=cooling.clients)

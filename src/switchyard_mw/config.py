@@ -168,6 +168,15 @@ _SECTIONS: dict[str, type[Struct]] = {
 _TOP_KEYS = (*_TABLES, *_SECTIONS)
 
 
+ConfigSource = Config | str | os.PathLike[str]
+"""A loaded `Config`, or the path of its TOML file."""
+
+
+def as_config(config: ConfigSource) -> Config:
+    """`config` itself, or the config loaded from the file it names."""
+    return config if isinstance(config, Config) else load_config(config)
+
+
 def load_config(path: str | os.PathLike[str]) -> Config:
     """Read and validate a TOML config file; raise `ConfigError` listing every problem."""
     config, problems = diagnose_config(path)

@@ -35,12 +35,13 @@ from opentelemetry import trace
 
 from .. import request_metrics
 from .. import telemetry as tm
-from ..clients import UpstreamClient
-from ..config import Server
+from ..clients import UpstreamClient, build_clients
+from ..config import ConfigSource, Server, as_config
 from ..context import RequestContext
 from ..cooling_outcomes import hold, settle, throttle_headers
 from ..core.clock import Clock, monotonic
 from ..core.pool import AccountPool, AccountSpec, Lease, Outcome, classify_status
+from ..state import Store, build_store
 from ..variant_assignment import Canaries
 from ..wire import Wire
 from ._base import PolicyMiddleware, send_error
@@ -153,22 +154,40 @@ class _Attempt:
 
 
 class CoolingMiddleware(PolicyMiddleware):
-    """Chooses an account per attempt from `clients`, cools faulty ones, fails over.
+    """Chooses an account per attempt, cools faulty ones, fails over.
 
-    `pool` defaults to `pool_from_clients(clients, clock=clock)`; pass one to share it (the
-    pool is the only state shared between requests). Requests for a model no account serves
-    pass through untouched, as do requests that are not LLM calls.
+    Alone, build it from the config (a `Config` or the path of its TOML file), as any
+    framework adds a middleware: `app.add_middleware(CoolingMiddleware, config="s.toml")`.
+    The accounts are its `[llm_clients]` (keys read from `environ`, default `os.environ`, now),
+    and `[state]` says where their health lives; a store it built connects on the first ASGI
+    call and closes at lifespan shutdown or `aclose()`.
+
+    `clients` (instead of `config`) and `pool` are how `switchyard_stack` shares one pool
+    between policies. Requests for a model no account serves pass through untouched, as do
+    requests that are not LLM calls.
     """
 
     def __init__(
         self,
         app: ASGIApp,
         *,
-        clients: Mapping[str, UpstreamClient],
+        config: ConfigSource | None = None,
+        environ: Mapping[str, str] | None = None,
+        clients: Mapping[str, UpstreamClient] | None = None,
         pool: AccountPool | None = None,
         clock: Clock = monotonic,
         server: Server | None = None,
     ) -> None:
+        store: Store | None = None
+        if config is not None:
+            if clients is not None:
+                raise TypeError("CoolingMiddleware takes config or clients, not both")
+            loaded = as_config(config)
+            clients = build_clients(loaded, environ)
+            server = server or loaded.server
+            store = build_store(loaded.state) if pool is None else None
+        elif clients is None:
+            raise TypeError("CoolingMiddleware needs config (or clients)")
         super().__init__(app, server=server)
         self.clients = dict(clients)
         self.pool = pool if pool is not None else pool_from_clients(self.clients, clock=clock)
@@ -179,6 +198,26 @@ class CoolingMiddleware(PolicyMiddleware):
         self.inner: Inner = self._call_app
         """What each attempt runs: the app, or (in `SwitchyardStack`) the deadline policy's
         `handle` around it, called directly rather than through another ASGI layer."""
+        self.store = store
+        if store is not None:
+            store.bind(self.pool)
+            self._start = store.start  # needs the server's event loop
+
+    async def aclose(self) -> None:
+        """Close the state store this middleware built from its config (none otherwise)."""
+        if self.store is not None:
+            await self.store.aclose()
+
+    async def other(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan" or self.store is None:
+            return await self.app(scope, receive, send)
+
+        async def send_closing(message: Message) -> None:
+            if message["type"] == "lifespan.shutdown.complete":
+                await self.aclose()
+            await send(message)
+
+        await self.app(scope, receive, send_closing)
 
     async def _call_app(
         self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send

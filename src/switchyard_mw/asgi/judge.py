@@ -11,8 +11,8 @@ from collections.abc import Mapping
 
 import httpx
 
-from ..clients import UpstreamClient
-from ..config import Route, Server
+from ..clients import UpstreamClient, build_clients
+from ..config import ConfigSource, Route, Server, as_config
 from ..context import RequestContext
 from ..judging import JUDGE_PATH, MAX_VERDICT_BYTES, Judge
 from ._base import PolicyMiddleware
@@ -24,21 +24,36 @@ __all__ = ["JUDGE_PATH", "MAX_VERDICT_BYTES", "JudgeMiddleware"]
 class JudgeMiddleware(PolicyMiddleware):
     """For requests whose model names a route, asks the route's judge which model to call.
 
-    `routes` maps a requested model name to its `Route`; `clients` holds every client a route's
-    `judge` names. Pass `http_client` to share a connection pool; otherwise the middleware
-    builds its own on first use and closes it on ASGI lifespan shutdown or `aclose()` (whoever
-    passes a client closes it). Requests for any other model pass straight through.
+    Alone, build it from the config (a `Config` or the path of its TOML file), as any
+    framework adds a middleware: `app.add_middleware(JudgeMiddleware, config="s.toml")`; its
+    `[routes]` and `[llm_clients]` (keys read from `environ`, default `os.environ`, now).
+    Or pass `routes` (a requested model name -> its `Route`) and `clients` (every client a
+    route's `judge` names) instead of `config`.
+
+    Pass `http_client` to share a connection pool; otherwise the middleware builds its own on
+    first use and closes it on ASGI lifespan shutdown or `aclose()` (whoever passes a client
+    closes it). Requests for any other model pass straight through.
     """
 
     def __init__(
         self,
         app: ASGIApp,
         *,
-        routes: Mapping[str, Route],
-        clients: Mapping[str, UpstreamClient],
+        config: ConfigSource | None = None,
+        environ: Mapping[str, str] | None = None,
+        routes: Mapping[str, Route] | None = None,
+        clients: Mapping[str, UpstreamClient] | None = None,
         http_client: httpx.AsyncClient | None = None,
         server: Server | None = None,
     ) -> None:
+        if config is not None:
+            if routes is not None or clients is not None:
+                raise TypeError("JudgeMiddleware takes config or routes and clients, not both")
+            loaded = as_config(config)
+            routes, clients = loaded.routes, build_clients(loaded, environ)
+            server = server or loaded.server
+        elif routes is None or clients is None:
+            raise TypeError("JudgeMiddleware needs config (or routes and clients)")
         super().__init__(app, server=server)
         self.judge = Judge(routes=routes, clients=clients, http_client=http_client)
 

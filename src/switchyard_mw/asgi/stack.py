@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
-from pathlib import Path
 
 import httpx
 
 from ..clients import UpstreamClient, build_clients
-from ..config import Config, load_config
+from ..config import Config, ConfigSource, as_config
 from ..context import RequestContext
 from ..core.clock import Clock, monotonic
 from ..core.pool import AccountPool
@@ -96,7 +94,7 @@ class SwitchyardStack(PolicyMiddleware):
 def switchyard_stack(
     app: ASGIApp,
     *,
-    config: Config | str | os.PathLike[str],
+    config: ConfigSource,
     environ: Mapping[str, str] | None = None,
     judge_http_client: httpx.AsyncClient | None = None,
     clock: Clock = monotonic,
@@ -107,8 +105,7 @@ def switchyard_stack(
     environment (`environ`, default `os.environ`) now, so a missing one fails at start-up.
     With `[state] backend = "redis"` the account pool's state is shared through Redis.
     """
-    if not isinstance(config, Config):
-        config = load_config(Path(config))
+    config = as_config(config)
     clients = build_clients(config, environ)
     return SwitchyardStack(
         app, config=config, clients=clients, judge_http_client=judge_http_client, clock=clock

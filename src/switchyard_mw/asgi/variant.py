@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..config import Canary, Server
+from ..config import Canary, ConfigSource, Server, as_config
 from ..context import RequestContext
 from ..core.clock import Clock, monotonic
 from ..variant_assignment import Canaries
@@ -18,16 +18,27 @@ class VariantMiddleware(PolicyMiddleware):
     The split key is the user id, else the conversation's first user turn, so every turn of a
     conversation lands on the same variant; the app receives the body with `model` rewritten.
     Requests for models without a canary pass with no rewrite.
+
+    Alone, build it from the config (a `Config` or the path of its TOML file) and it reads
+    `[canaries]`, or pass `canaries` itself.
     """
 
     def __init__(
         self,
         app: ASGIApp,
         *,
-        canaries: Mapping[str, Canary],
+        config: ConfigSource | None = None,
+        canaries: Mapping[str, Canary] | None = None,
         server: Server | None = None,
         clock: Clock = monotonic,
     ) -> None:
+        if config is not None:
+            if canaries is not None:
+                raise TypeError("VariantMiddleware takes config or canaries, not both")
+            loaded = as_config(config)
+            canaries, server = loaded.canaries, server or loaded.server
+        elif canaries is None:
+            raise TypeError("VariantMiddleware needs config (or canaries)")
         super().__init__(app, server=server)
         self.canaries = Canaries.from_config(canaries, clock=clock)
         """The splits and their guards (`record` them every attempt's outcome to guard)."""
