@@ -13,6 +13,7 @@ Each case has its own model, so the accounts of one case never answer another's:
 | m-401     | rejecting (the mock answers its key 401), ok      |
 | m-refused | closed (nothing listens on its port), ok          |
 | m-down    | down-1, down-2 (both closed ports)                |
+| m-alone-down | alone-down (a closed port)                     |
 | m-slow    | slow (the mock waits 3 s; timeout_secs 1)         |
 | m-stream  | streamer (1.5 s between chunks; timeout_secs 1, stream_idle_secs 4) |
 """
@@ -64,13 +65,14 @@ def _closed_port() -> int:
 
 
 def _config(mock_url: str) -> str:
-    closed = [f"http://127.0.0.1:{_closed_port()}" for _ in range(3)]
+    closed = [f"http://127.0.0.1:{_closed_port()}" for _ in range(4)]
     accounts = [
         ("ok", mock_url, "KEY_OK", ["m-ok", "m-401", "m-refused", "m-judged", "m-canary-2"], 1, ""),
         ("rejecting", mock_url, "KEY_REJECTING", ["m-401"], 0, ""),
         ("closed", closed[0], "KEY_CLOSED", ["m-refused"], 0, ""),
         ("down-1", closed[1], "KEY_CLOSED", ["m-down"], 0, ""),
         ("down-2", closed[2], "KEY_CLOSED", ["m-down"], 1, ""),
+        ("alone-down", closed[3], "KEY_CLOSED", ["m-alone-down"], 0, ""),
         ("slow", mock_url, "KEY_SLOW", ["m-slow"], 0, "timeout_secs = 1\n"),
         (
             "streamer",
@@ -334,9 +336,14 @@ def test_every_account_unreachable_is_502_upstream_unreachable(target: Target) -
         assert error.response.headers["x-switchyard-attempts"] == "2"
     assert anthropic_error.value.response.json()["error"]["type"] == "upstream_unreachable"
     assert openai_error.value.response.json()["error"]["code"] == "upstream_unreachable"
+    with pytest.raises(anthropic.APIStatusError) as one_account:
+        _anthropic(target).messages.create(model="m-alone-down", max_tokens=32, messages=MESSAGES)
+    assert one_account.value.status_code == 502
+    assert one_account.value.response.headers["x-switchyard-attempts"] == "1"
+    assert one_account.value.response.json()["error"]["type"] == "upstream_unreachable"
     log = target.log()[mark:]
     assert "Traceback" not in log
-    assert log.count(FAILED_ATTEMPT) == 4  # two requests, two attempts each
+    assert log.count(FAILED_ATTEMPT) == 5  # two requests of two attempts, one of one
 
 
 def test_slow_upstream_is_504_deadline_exceeded(target: Target) -> None:
