@@ -322,7 +322,7 @@ class CoolingMiddleware(PolicyMiddleware):
                 # The framework answered the transport error itself (Litestar, Django): its
                 # 5xx is no upstream answer, so it is dropped like an escaping exception.
                 attempt.failure = _error_kind(ctx, error)
-                self._settle(lease, span, Outcome.FAULT, attempt.failure)
+                self._settle(lease, span, Outcome.FAULT, attempt.failure, ctx)
                 attempt.held = None
                 _log.warning("account %s failed (%s)", lease.account, error.__name__)
                 return False
