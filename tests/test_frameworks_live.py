@@ -354,11 +354,6 @@ def test_slow_upstream_is_504_deadline_exceeded(target: Target) -> None:
     assert error.value.response.headers["x-switchyard-account"] == "slow"
 
 
-@pytest.mark.xfail(
-    reason="issue 19 symptom 2 (its own fix): each stream read is still bounded by what was "
-    "left of timeout_secs (timeout_for, the forwarder's read timeout)",
-    strict=False,
-)
 def test_stream_with_gaps_under_the_idle_limit_completes(target: Target) -> None:
     """1.5 s between chunks: longer than timeout_secs (1), shorter than stream_idle_secs (4)."""
     with _anthropic(target).messages.stream(
