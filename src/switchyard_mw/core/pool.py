@@ -242,7 +242,13 @@ class AccountPool:
         store = self._store
         # Each refusal makes its account ineligible here, so this ends within len(accounts).
         while store is not None and lease is not None and lease.probe:
-            shared = await store.claim_probe(lease.account)
+            try:
+                shared = await store.claim_probe(lease.account)
+            except BaseException:
+                # Cancelled (the caller left) or failed: a slot nobody holds goes back, or the
+                # account would stay half-open with no probe ever answering.
+                self._breakers[lease.account].on_release(self._take_probe(lease))
+                raise
             if shared is None:
                 return lease
             # Not ours after all: hand the local slot back without an outcome, learn why.

@@ -16,15 +16,20 @@ Envoy, or one gRPC connection per Envoy worker thread, which is what Envoy opens
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from opentelemetry import trace
 
 from ..context import RequestContext
+from ..core.clock import Clock, monotonic
 from ..core.pool import Lease
 
 MAX_FLIGHTS = 100_000
 """A bound on state kept for Envoy: a flight lives as long as its router-level stream."""
+LOG_EVERY_SECS = 60.0
+"""At most one line per this many seconds about peers breaking the phase order."""
+_log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False, slots=True, kw_only=True)
@@ -45,6 +50,8 @@ class Flight:
     """The id the flight is registered under (None: not registered)."""
     budget_bound: bool = False
     """The incoming budget, not the attempt deadline, set Envoy's timeout."""
+    closed: bool = False
+    """Its router-level stream ended: no attempt may start on it any more."""
 
 
 class Flights:
@@ -63,7 +70,7 @@ class Flights:
     def open(self, flight: Flight, request_id: str) -> bool:
         """Register `flight` under `request_id`; whether upstream-level streams can find it
         (False when full, or when another live flight has the same id)."""
-        if self._count >= self._max:
+        if self._count >= self._max or flight.request_id is not None or flight.closed:
             return False
         live = self._live.get(request_id, 0)
         self._live[request_id] = live + 1
@@ -80,6 +87,8 @@ class Flights:
         return self._by_id.get(request_id)
 
     def close(self, flight: Flight) -> None:
+        """Unregister `flight` (once) and mark it ended."""
+        flight.closed = True
         request_id, flight.request_id = flight.request_id, None
         if request_id is None:
             return
@@ -90,3 +99,33 @@ class Flights:
         else:
             del self._live[request_id]
             del self._by_id[request_id]
+
+
+class _Episodes:
+    """Counts peers' phase-order breaches, saying so in one log line per `LOG_EVERY_SECS`
+    however many there are: a hostile peer sends them by the hundred thousand."""
+
+    def __init__(self, clock: Clock = monotonic) -> None:
+        self.clock = clock
+        self.total = 0
+        self._unsaid = 0
+        self._said_at: float | None = None
+
+    def __call__(self, phase: str) -> None:
+        self.total += 1
+        self._unsaid += 1
+        now = self.clock()
+        if self._said_at is not None and now - self._said_at < LOG_EVERY_SECS:
+            return
+        _log.warning(
+            "ext_proc peer sent %s out of order (%d such message(s) since the last line): "
+            "answered unchanged; Envoy sends each phase once, so the peer is not a "
+            "well-configured Envoy",
+            phase,
+            self._unsaid,
+        )
+        self._said_at, self._unsaid = now, 0
+
+
+out_of_order = _Episodes()
+"""Call with the phase's name when a stream receives a phase it already took or after its end."""

@@ -254,6 +254,10 @@ class Policies:
         )
         return client
 
+    def settle_lease(self, lease: Lease) -> None:
+        """Give back a lease no attempt was started with."""
+        settle(self.pool, lease, None, "unused")
+
     def settle(
         self,
         flight: Flight,

@@ -31,7 +31,7 @@ from ..core.pool import Outcome
 from ..core.throttle import READ_HEADERS as RETRY_TIME_HEADERS
 from ..wire import Wire, WireError, model_not_served, read_request
 from . import _messages as msg
-from .flights import Flight, Flights
+from .flights import Flight, Flights, out_of_order
 from .policy import CLUSTER_HEADER, Policies
 
 RETRY_HEADER = "x-switchyard-retry"
@@ -57,6 +57,9 @@ _READ = frozenset(
     [":method", ":path", "content-type", "content-length", REQUEST_ID_HEADER]
     + [name.decode() for name in BUDGET_HEADERS]
 )
+_PHASES = frozenset(["request_headers", "request_body", "response_headers"])
+"""The phases a router-level stream takes part in (Envoy sends the others only when
+misconfigured; they get a no-change answer)."""
 _READ_RESPONSE = frozenset(
     [":status", "content-type", "x-envoy-upstream-service-time", *RETRY_TIME_HEADERS]
 )
@@ -90,22 +93,40 @@ class RouterStream:
         self.started_at = time.monotonic()
         self.span: trace.Span | None = None
         self.flight: Flight | None = None
+        self.seen: set[str] = set()
+        """The phases this stream has taken part in: each is taken once, in order."""
+        self.closed = False
 
     async def on(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
         kind = request.WhichOneof("request")
+        if not self._in_order(kind):
+            # Envoy sends each phase once, in order; another message (a second body, headers
+            # again, anything after the request's end) would start a second flight over the
+            # first: it changes nothing instead.
+            if kind in self.seen or (self.closed and kind in _PHASES):
+                out_of_order(kind)
+            return msg.empty_for(request)
+        self.seen.add(kind)
         if kind == "request_headers":
             answer = self.on_request_headers(request.request_headers)
-        elif kind == "request_body" and self.wire is not None:
+        elif kind == "request_body":
             answer = await self.on_request_body(request.request_body.body)
-        elif kind == "response_headers":
-            answer = self.on_response_headers(request)
         else:
-            return msg.empty_for(request)
+            answer = self.on_response_headers(request)
         if kind == "response_headers" or answer.HasField("immediate_response"):
             # The last phase switchyard takes part in: the request's telemetry ends here,
             # before Envoy answers the client.
             self.close()
         return answer
+
+    def _in_order(self, kind: str | None) -> bool:
+        """Whether `kind` is a phase this stream still takes: request headers first, a body
+        only after headers switchyard reads, response headers once; none after the end."""
+        if self.closed or kind not in _PHASES or kind in self.seen:
+            return False
+        if kind == "request_body":
+            return self.wire is not None and "response_headers" not in self.seen
+        return kind == "request_headers" or "request_headers" in self.seen
 
     def on_request_headers(self, http: ep.HttpHeaders) -> ep.ProcessingResponse:
         self.headers = h = msg.headers_of(http, _READ)
@@ -147,6 +168,9 @@ class RouterStream:
             with trace.use_span(self.span, end_on_exit=False):
                 await self.p.decide_model(ctx, self.gone)
         lease = await self.p.first_lease(ctx)
+        if lease is not None and self.closed:
+            self.p.settle_lease(lease)  # the stream ended meanwhile: nobody would settle it
+            return msg.empty_for(ep.ProcessingRequest(request_body=ep.HttpBody()))
         if lease is None:
             model = ctx.resolved_model or view.model
             if not self.p.pool.accounts_for(model):
@@ -244,7 +268,9 @@ class RouterStream:
         return [(k.decode(), v) for k, v in exposed_headers(self.flight.ctx)]
 
     def close(self) -> None:
-        """Release an attempt nobody answered, end the request's span (once)."""
+        """Release an attempt nobody answered, end the request's span (once); the stream
+        takes no phase after this."""
+        self.closed = True
         flight, span, self.flight, self.span = self.flight, self.span, None, None
         if flight is not None:
             self.p.settle(flight, None, "disconnected")

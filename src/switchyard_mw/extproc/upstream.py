@@ -26,7 +26,7 @@ from ..cooling_outcomes import outcome_of
 from ..core.pool import Outcome
 from ..core.throttle import READ_HEADERS as RETRY_TIME_HEADERS
 from . import _messages as msg
-from .flights import Flight, Flights
+from .flights import Flight, Flights, out_of_order
 from .policy import Policies
 from .router import CREDENTIAL_HEADERS, REQUEST_ID_HEADER, RETRY_HEADER, retry_time
 
@@ -47,14 +47,21 @@ class UpstreamStream:
         self.p = policies
         self.flights = flights
         self.flight: Flight | None = None
+        self.seen: set[str] = set()
+        """The phases this stream has taken part in: one attempt, each phase once."""
 
     async def on(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
         kind = request.WhichOneof("request")
+        if kind not in ("request_headers", "response_headers"):
+            return msg.empty_for(request)
+        if kind in self.seen or "response_headers" in self.seen:
+            # One stream is one attempt: a repeated phase would take a second account.
+            out_of_order(kind)
+            return msg.empty_for(request)
+        self.seen.add(kind)
         if kind == "request_headers":
             return await self.on_request_headers(msg.headers_of(request.request_headers, _READ))
-        if kind == "response_headers":
-            return self.on_response_headers(request)
-        return msg.empty_for(request)
+        return self.on_response_headers(request)
 
     async def on_request_headers(self, headers: msg.Headers) -> ep.ProcessingResponse:
         flight = self.flights.find(headers.get(REQUEST_ID_HEADER))
@@ -72,6 +79,11 @@ class UpstreamStream:
             # saw a refusal, e.g. the provider itself sent the retry header): no outcome known.
             self.p.settle(flight, None, "retried")
         lease = await self.p.next_on_cluster(flight)
+        if lease is not None and flight.closed:
+            # The request ended (its router-level stream closed) while the lease was claimed:
+            # nobody would ever settle it.
+            self.p.settle_lease(lease)
+            return msg.UNCHANGED_REQUEST_HEADERS
         if lease is None:
             # Eligible when the retry was asked for, gone since (another request cooled it):
             # the attempt goes with the previous credential, the only one left.
