@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import resource
 import signal
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -49,6 +50,76 @@ def parse_listen(text: str) -> str:
     return text
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GrpcioLimits:
+    """What one peer may hold of a grpc.aio server: the bounds grpcio exposes (SECURITY.md).
+
+    The defaults are far above what Envoy uses (one connection per worker thread, one stream
+    per request in flight) and well below what takes the process down.
+    """
+
+    max_concurrent_streams: int = 1000
+    """Per connection, advertised in SETTINGS; a stream beyond it is refused (REFUSED_STREAM),
+    the connection and its other streams live on."""
+    max_concurrent_rpcs: int = 10_000
+    """Per process: an RPC beyond it is answered RESOURCE_EXHAUSTED at once."""
+    max_connections: int | None = None
+    """Per process; None: half the process's open-file limit, so the judge, Redis and
+    accepted-but-refused sockets keep descriptors to use."""
+    max_metadata_bytes: int = 16 << 10
+    """A stream's headers (gRPC metadata) over this are refused; Envoy sends well under 1 KiB."""
+    idle_secs: float = 60.0
+    """A connection with no stream for this long is closed (GOAWAY); Envoy reconnects."""
+    handshake_secs: float = 10.0
+    """Time for a new connection to finish the HTTP/2 preface and settings."""
+    max_age_secs: float = 3600.0
+    """A connection is asked to go away (GOAWAY) after this long: Envoy opens a new one."""
+    age_grace_secs: float = 600.0
+    """Then its streams get this long to finish: the bound on what a peer that stops reading
+    can hold, and on a request (a long LLM stream) through one connection."""
+    keepalive_secs: float = 60.0
+    """The server pings a connection this often; no answer within `keepalive_timeout_secs`
+    closes it (a peer that stopped reading its socket, or is gone)."""
+    keepalive_timeout_secs: float = 20.0
+    max_ping_strikes: int = 2
+    """Pings from the peer more often than every `min_ping_interval_secs` while no stream is
+    open are strikes; past this many, GOAWAY (ENHANCE_YOUR_CALM)."""
+    min_ping_interval_secs: float = 10.0
+
+    def options(self, max_message_bytes: int, reuse_port: bool) -> list[tuple[str, int]]:
+        """grpcio's channel arguments for these limits."""
+
+        def ms(secs: float) -> int:
+            return max(1, round(secs * 1000))
+
+        connections = self.max_connections or default_max_connections()
+        return [
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.so_reuseport", 1 if reuse_port else 0),
+            ("grpc.max_concurrent_streams", self.max_concurrent_streams),
+            ("grpc.max_allowed_incoming_connections", connections),
+            ("grpc.max_metadata_size", self.max_metadata_bytes),
+            ("grpc.absolute_max_metadata_size", self.max_metadata_bytes),
+            ("grpc.max_connection_idle_ms", ms(self.idle_secs)),
+            ("grpc.server_handshake_timeout_ms", ms(self.handshake_secs)),
+            ("grpc.max_connection_age_ms", ms(self.max_age_secs)),
+            ("grpc.max_connection_age_grace_ms", ms(self.age_grace_secs)),
+            ("grpc.keepalive_time_ms", ms(self.keepalive_secs)),
+            ("grpc.keepalive_timeout_ms", ms(self.keepalive_timeout_secs)),
+            ("grpc.http2.max_ping_strikes", self.max_ping_strikes),
+            ("grpc.http2.min_ping_interval_without_data_ms", ms(self.min_ping_interval_secs)),
+        ]
+
+
+def default_max_connections() -> int:
+    """Half the process's soft open-file limit (at least 16)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 10_000
+    return max(16, soft // 2)
+
+
 @dataclass(slots=True)
 class ExtProcServer:
     """A started server; `port` is the bound TCP port (None for a unix socket)."""
@@ -71,8 +142,12 @@ async def start_server(
     reuse_port: bool = False,
     transport: Transport = DEFAULT_TRANSPORT,
     h2_limits: H2Limits | None = None,
+    grpcio_limits: GrpcioLimits | None = None,
 ) -> ExtProcServer:
     """Serve `policies` on `listen` (see `parse_listen`); port 0 picks a free one.
+
+    `grpcio_limits`: the grpc.aio transport's bounds on what peers hold (defaults: see
+    `GrpcioLimits`).
 
     `reuse_port`: share the port with other processes that set it too (SO_REUSEPORT; the
     kernel spreads connections among them), as `--workers` does. Without it a port another
@@ -96,19 +171,18 @@ async def start_server(
         except OSError as exc:
             raise OSError(f"cannot listen on {listen}: {exc}") from None
         return ExtProcServer(servicer, h2.port, transport, h2.stop)
-    return await _start_grpcio(servicer, address, listen, limit, reuse_port)
+    limits = grpcio_limits or GrpcioLimits()
+    return await _start_grpcio(servicer, address, listen, limits.options(limit, reuse_port), limits)
 
 
 async def _start_grpcio(
-    servicer: ExtProcServicer, address: str, listen: str, limit: int, reuse_port: bool
+    servicer: ExtProcServicer,
+    address: str,
+    listen: str,
+    options: list[tuple[str, int]],
+    limits: GrpcioLimits,
 ) -> ExtProcServer:
-    server = grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", limit),
-            ("grpc.max_send_message_length", limit),
-            ("grpc.so_reuseport", 1 if reuse_port else 0),
-        ]
-    )
+    server = grpc.aio.server(options=options, maximum_concurrent_rpcs=limits.max_concurrent_rpcs)
     await servicer.policies.start()
     ep_grpc.add_ExternalProcessorServicer_to_server(servicer, server)
     checker = health.aio.HealthServicer()
