@@ -13,10 +13,12 @@ import logging
 from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass
 
+import grpc
 import httpx
 import msgspec
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 from extproc_helpers import (
     Stream,
@@ -32,7 +34,7 @@ from switchyard_mw.config import parse_config
 from switchyard_mw.context import RequestContext
 from switchyard_mw.core.pool import AccountPool, Lease, Outcome
 from switchyard_mw.core.shared import Shared
-from switchyard_mw.extproc import ExtProcServicer, Policies
+from switchyard_mw.extproc import ExtProcServicer, Policies, Transport, start_server
 from switchyard_mw.extproc import flights as flights_module
 from switchyard_mw.extproc.flights import Flight, Flights
 from switchyard_mw.testing import MockProvider
@@ -327,3 +329,50 @@ def test_phase_breaches_are_logged_once_a_minute_with_a_count(
     assert "request_headers" in lines[1]
     assert "(1000 such" in lines[1]
     assert episodes.total == 1001
+
+
+# --- live: the real server, on both transports -----------------------------------------------
+
+
+async def _exchange(
+    channel: grpc.aio.Channel,
+    requests: list[ep.ProcessingRequest],
+    metadata: Sequence[tuple[str, str]] = (),
+) -> list[ep.ProcessingResponse]:
+    stub = ep_grpc.ExternalProcessorStub(channel)
+    call = stub.Process(iter(requests), metadata=tuple(metadata), timeout=30)
+    return [answer async for answer in call]
+
+
+@pytest.mark.integration
+async def test_a_body_flood_over_51_streams_leaves_failover_offered(transport: Transport) -> None:
+    config = parse_config(CONFIG)
+    clients = build_clients(config, ENV)
+    pool = CountingPool(pool_from_clients(clients).specs)
+    server = await start_server(
+        Policies(config, clients, pool=pool), "127.0.0.1:0", transport=transport
+    )
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            flood = [HEADERS, *[BODY_AGAIN] * 100]
+            answers = await asyncio.gather(*(_exchange(channel, flood) for _ in range(51)))
+            assert all(len(a) == len(flood) for a in answers)
+            assert len(server.servicer.flights) == 0
+            assert pool.out == 0
+            # A request afterwards is findable, and a fault on its account offers a retry.
+            stub = ep_grpc.ExternalProcessorStub(channel)
+            call = stub.Process(timeout=30)  # the router-level stream stays open meanwhile
+            await call.write(request_headers(extra={"x-request-id": "fresh"}))
+            await call.read()
+            await call.write(BODY_AGAIN)
+            assert "x-switchyard-cluster" in sets(await call.read())
+            upstream = await _exchange(
+                channel, [response_headers(500, request_id="fresh")], UPSTREAM
+            )
+            assert sets(upstream[0]).get("x-switchyard-retry") == b"1"
+            await call.done_writing()
+            assert await call.read() is grpc.aio.EOF
+    finally:
+        await server.stop(grace_secs=0)
+    assert len(server.servicer.flights) == 0
+    assert pool.out == 0
