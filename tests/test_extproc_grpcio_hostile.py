@@ -15,6 +15,8 @@ import collections
 import contextlib
 import json
 import os
+import re
+import shutil
 import socket
 import struct
 import subprocess
@@ -469,3 +471,35 @@ async def test_oversized_metadata_is_refused_and_the_connection_serves_on() -> N
                 await good_request(server.port)
 
         await probe_twice(server, header_flood)
+
+
+H2LOAD = shutil.which("h2load")
+
+
+@pytest.mark.skipif(H2LOAD is None, reason="h2load (Debian nghttp2-client) is not installed")
+async def test_volume_with_h2load(tmp_path: Path) -> None:
+    """5,000 whole ext_proc streams (headers, body, response headers) from h2load, three
+    times: every one answered in full, memory flat, nothing left."""
+    requests = [request_headers(), request_body(body()), response_headers(200)]
+    payload = tmp_path / "stream.bin"
+    payload.write_bytes(b"".join(processing_request(r) for r in requests))
+    with child() as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            call = ep_grpc.ExternalProcessorStub(channel).Process(iter(requests), timeout=10)
+            answered = sum([len(grpc_message(a.SerializeToString())) async for a in call])
+        url = f"http://127.0.0.1:{server.port}{PROCESS.decode()}"
+        command = [H2LOAD or "h2load", "-n", "5000", "-c", "4", "-m", "20", "-d", str(payload)]
+        command += ["-H", "content-type: application/grpc", "-H", "te: trailers", url]
+
+        async def volume() -> None:
+            done = await asyncio.to_thread(
+                subprocess.run, command, capture_output=True, text=True, timeout=120
+            )
+            assert "5000 succeeded, 0 failed, 0 errored, 0 timeout" in done.stdout, done.stdout
+            data = re.search(
+                r"headers \(space savings [\d.]+%\), (?:[\d.]+\w+) \((\d+)\) data", done.stdout
+            )
+            assert data is not None, done.stdout
+            assert int(data.group(1)) == 5000 * answered  # every stream got its three answers
+
+        await probe_twice(server, volume)
