@@ -503,3 +503,59 @@ async def test_volume_with_h2load(tmp_path: Path) -> None:
             assert int(data.group(1)) == 5000 * answered  # every stream got its three answers
 
         await probe_twice(server, volume)
+
+
+def frame(kind: int, flags: int, sid: int, payload: bytes) -> bytes:
+    """One raw HTTP/2 frame, for what the h2 library refuses to send."""
+    return struct.pack(">I", len(payload))[1:] + struct.pack(">BBI", kind, flags, sid) + payload
+
+
+HEADERS_FRAME, CONTINUATION_FRAME = 0x1, 0x9
+_FIELD = b"\x00\x03x-a\x7f\xe9\x06" + b"v" * 1000
+"""An HPACK literal header field, 1,000-byte value (length 1000 as a 7-bit prefixed int)."""
+
+
+async def test_garbage_floods_and_bad_messages_end_their_stream_or_connection_only() -> None:
+    """A CONTINUATION flood, a garbage preface, a compressed flag without an encoding, and
+    Health/Watch streams sent two messages: each ends where it should, the service serves."""
+    with child() as server:
+
+        async def garbage() -> None:
+            async with connected(server.port) as peer:  # ~3 MB of headers that never end
+                await peer.read(0.3)
+                peer.writer.write(frame(HEADERS_FRAME, 0, 1, b"\x83"))
+                for _ in range(200):
+                    peer.writer.write(frame(CONTINUATION_FRAME, 0, 1, _FIELD * 16))
+                with contextlib.suppress(ConnectionError):
+                    await peer.writer.drain()
+                assert await peer.closed_within(10)
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + bytes(range(256)) * 64)
+            await asyncio.wait_for(reader.read(), 10)  # EOF: closed by the server
+            writer.close()
+            async with connected(server.port) as peer:
+                await peer.read(0.3)
+                sid = peer.open()
+                peer.send(sid, grpc_message(b"\x0a\x00", compressed=True), end=True)
+                await peer.flush()
+                await peer.until_ended(sid, 10)
+                for _ in range(50):  # Health/Watch: two messages, then the client leaves
+                    watch = peer.h2.get_next_available_stream_id()
+                    peer.h2.send_headers(
+                        watch,
+                        [
+                            (b":method", b"POST"),
+                            (b":scheme", b"http"),
+                            (b":path", b"/grpc.health.v1.Health/Watch"),
+                            (b":authority", b"localhost"),
+                            (b"content-type", b"application/grpc"),
+                            (b"te", b"trailers"),
+                        ],
+                    )
+                    peer.send(watch, grpc_message(b"") * 2, end=True)
+                    peer.h2.reset_stream(watch)
+                await peer.flush()
+                assert await peer.read(0.5)
+            await good_request(server.port)
+
+        await probe_twice(server, garbage)
