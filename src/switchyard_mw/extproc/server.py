@@ -79,7 +79,8 @@ class GrpcioLimits:
     can hold, and on a request (a long LLM stream) through one connection."""
     keepalive_secs: float = 60.0
     """The server pings a connection this often; no answer within `keepalive_timeout_secs`
-    closes it (a peer that stopped reading its socket, or is gone)."""
+    closes it (a peer that is gone). It does not catch a peer that stops reading: grpcio
+    cannot send the ping past the unread data; only the age limit ends that one."""
     keepalive_timeout_secs: float = 20.0
     max_ping_strikes: int = 2
     """Pings from the peer more often than every `min_ping_interval_secs` while no stream is
