@@ -556,3 +556,21 @@ async def test_garbage_floods_and_bad_messages_end_their_stream_or_connection_on
             await good_request(server.port)
 
         await probe_twice(server, garbage)
+
+
+async def test_a_ping_flood_gets_goaway_enhance_your_calm() -> None:
+    with child() as server:
+
+        async def pings() -> None:
+            async with connected(server.port) as peer:
+                await peer.read(0.3)
+                for _ in range(20):
+                    if peer.h2.state_machine.state == h2.connection.ConnectionState.CLOSED:
+                        break
+                    peer.h2.ping(b"12345678")
+                    await peer.flush()
+                    await peer.read(0.1)
+                ends = [e for e in peer.events if isinstance(e, h2.events.ConnectionTerminated)]
+                assert [e.error_code for e in ends] == [h2.errors.ErrorCodes.ENHANCE_YOUR_CALM]
+
+        await probe_twice(server, pings)
