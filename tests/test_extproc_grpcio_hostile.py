@@ -41,7 +41,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 from extproc_helpers import request_body, request_headers, response_headers, sets
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 CHILD = Path(__file__).with_name("extproc_child.py")
 PROCESS = b"/envoy.service.ext_proc.v3.ExternalProcessor/Process"

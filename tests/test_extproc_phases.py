@@ -37,6 +37,7 @@ from switchyard_mw.core.shared import Shared
 from switchyard_mw.extproc import ExtProcServicer, Policies, Transport, start_server
 from switchyard_mw.extproc import flights as flights_module
 from switchyard_mw.extproc.flights import Flight, Flights
+from switchyard_mw.extproc.router import RouterStream
 from switchyard_mw.testing import MockProvider
 
 CONFIG = """
@@ -254,6 +255,30 @@ async def test_a_stream_cancelled_while_judged_or_leased_leaves_nothing(env: Env
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+    env.assert_empty()
+
+
+async def test_a_lease_granted_after_the_stream_closed_goes_back(env: Env) -> None:
+    """A transport that ends a stream while its body is being placed: the lease the placing
+    then gets is given back, not kept by a flight nobody will settle."""
+    policies = env.servicer.policies
+    real = policies.first_lease
+    waiting, go = asyncio.Event(), asyncio.Event()
+
+    async def slow_first(ctx: RequestContext) -> Lease | None:
+        waiting.set()
+        await go.wait()
+        return await real(ctx)
+
+    policies.first_lease = slow_first  # type: ignore[method-assign]
+    stream = RouterStream(policies, env.servicer.flights, None)
+    await stream.on(HEADERS)
+    placing = asyncio.create_task(stream.on(BODY_AGAIN))
+    await waiting.wait()
+    stream.close()
+    go.set()
+    answer = await placing
+    assert "x-switchyard-cluster" not in sets(answer)
     env.assert_empty()
 
 

@@ -416,3 +416,21 @@ async def test_an_unknown_transport_is_refused_by_name(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as exited:
         cli.main(["extproc", "--config", str(good), "--transport", "grpc"])
     assert exited.value.code == 2  # argparse names the choices on stderr
+
+
+def test_the_grpcio_limits_become_grpcs_own_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    from switchyard_mw.extproc import GrpcioLimits
+    from switchyard_mw.extproc import server as server_module
+
+    monkeypatch.setattr(server_module.resource, "getrlimit", lambda _: (1024, 4096))
+    options = dict(GrpcioLimits(age_grace_secs=1.5).options(33 << 20, reuse_port=False))
+    assert options["grpc.max_receive_message_length"] == 33 << 20
+    assert options["grpc.max_concurrent_streams"] == 1000
+    assert options["grpc.max_allowed_incoming_connections"] == 512  # half the fd limit
+    assert options["grpc.absolute_max_metadata_size"] == 16 << 10
+    assert options["grpc.max_connection_idle_ms"] == 60_000
+    assert options["grpc.max_connection_age_grace_ms"] == 1500
+    assert options["grpc.server_handshake_timeout_ms"] == 10_000
+    explicit = dict(GrpcioLimits(max_connections=7).options(1, reuse_port=True))
+    assert explicit["grpc.max_allowed_incoming_connections"] == 7
+    assert explicit["grpc.so_reuseport"] == 1

@@ -170,7 +170,7 @@ class RouterStream:
         lease = await self.p.first_lease(ctx)
         if lease is not None and self.closed:
             self.p.settle_lease(lease)  # the stream ended meanwhile: nobody would settle it
-            return msg.empty_for(ep.ProcessingRequest(request_body=ep.HttpBody()))
+            return msg.request_body()
         if lease is None:
             model = ctx.resolved_model or view.model
             if not self.p.pool.accounts_for(model):
