@@ -74,6 +74,8 @@ class Child:
         return result
 
     def rss_mb(self) -> float:
+        """The server's resident memory, once its allocator gave back what is free."""
+        self.state()
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
