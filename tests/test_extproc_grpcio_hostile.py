@@ -22,7 +22,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -232,6 +232,17 @@ class Peer:
             await self.flush()
         return True
 
+    async def until(self, done: Callable[[], bool], secs: float = 10.0) -> None:
+        """Read until `done()` holds (or fail after `secs`): frames come in several reads."""
+        end = time.monotonic() + secs
+        while not done():
+            assert time.monotonic() < end, f"not seen within {secs} s: {self.events}"
+            if not await self.read(0.2):
+                assert done(), "the server closed the connection"
+
+    def of(self, kind: type[h2.events.Event]) -> list[Any]:
+        return [e for e in self.events if isinstance(e, kind)]
+
     def ended(self) -> set[int]:
         """The streams the server has ended or reset."""
         kinds = h2.events.StreamReset | h2.events.StreamEnded
@@ -309,25 +320,25 @@ SHORT_LIVED["age_grace_secs"] = 2
 async def test_the_default_stream_limit_is_advertised_and_a_stream_past_it_refused() -> None:
     with child() as server:
         async with connected(server.port) as peer:
-            await peer.read(0.5)
-            settings = [e for e in peer.events if isinstance(e, h2.events.RemoteSettingsChanged)]
-            advertised = settings[0].changed_settings
+            await peer.until(lambda: bool(peer.of(h2.events.RemoteSettingsChanged)))
+            advertised = peer.of(h2.events.RemoteSettingsChanged)[0].changed_settings
             assert advertised[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS].new_value == 1000
             assert advertised[h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE].new_value == 16384
     with child({"max_concurrent_streams": 50}) as server:
 
         async def past_the_limit() -> None:
             async with connected(server.port) as peer:
-                await peer.read(0.5)
+                await peer.until(lambda: bool(peer.of(h2.events.RemoteSettingsChanged)))
                 peer.ignore_stream_limit()
                 for _ in range(80):
                     peer.open()
                 await peer.flush()
-                await peer.read(1.0)
-                refused = [e for e in peer.events if isinstance(e, h2.events.StreamReset)]
+                await peer.until(lambda: len(peer.of(h2.events.StreamReset)) >= 30)
+                await peer.read(0.5)  # and no more than those
+                refused = peer.of(h2.events.StreamReset)
                 assert len(refused) == 30
                 assert {e.error_code for e in refused} == {h2.errors.ErrorCodes.REFUSED_STREAM}
-                assert not any(isinstance(e, h2.events.ConnectionTerminated) for e in peer.events)
+                assert not peer.of(h2.events.ConnectionTerminated)
                 await good_request(server.port)  # meanwhile, on another connection
 
         await probe_twice(server, past_the_limit)
@@ -572,7 +583,8 @@ async def test_a_ping_flood_gets_goaway_enhance_your_calm() -> None:
                     peer.h2.ping(b"12345678")
                     await peer.flush()
                     await peer.read(0.1)
-                ends = [e for e in peer.events if isinstance(e, h2.events.ConnectionTerminated)]
+                await peer.until(lambda: bool(peer.of(h2.events.ConnectionTerminated)))
+                ends = peer.of(h2.events.ConnectionTerminated)
                 assert [e.error_code for e in ends] == [h2.errors.ErrorCodes.ENHANCE_YOUR_CALM]
 
         await probe_twice(server, pings)
