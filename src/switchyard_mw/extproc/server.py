@@ -164,8 +164,8 @@ async def start_server(
     limit = policies.server.max_body_bytes + _MESSAGE_SLACK
     servicer = ExtProcServicer(policies)
     if transport == "h2":
-        limits = h2_limits if h2_limits is not None else H2Limits.for_message_size(limit)
-        h2 = H2Server(servicer.open, servicer.end, services=("", SERVICE_NAME), limits=limits)
+        bounds = h2_limits if h2_limits is not None else H2Limits.for_message_size(limit)
+        h2 = H2Server(servicer.open, servicer.end, services=("", SERVICE_NAME), limits=bounds)
         await policies.start()
         try:
             await h2.listen(address, reuse_port=reuse_port)
