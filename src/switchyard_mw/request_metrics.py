@@ -16,7 +16,6 @@ they build; an application with its own meter provider calls `bridge()` on its r
 from __future__ import annotations
 
 import bisect
-import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -57,30 +56,35 @@ class HistogramTally:
     def __init__(self, name: str, unit: str, description: str, bounds: Sequence[float]) -> None:
         self.name, self.unit, self.description = name, unit, description
         self.bounds = tuple(bounds)
+        self._n = len(self.bounds) + 1
         # attribute set -> [count per bucket ..., count, sum, min, max]
         self._series: dict[Labels, list[float]] = {}
-        self._lock = threading.Lock()  # event loops in several threads may record at once
         self.start_ns = time.time_ns()
 
     def record(self, value: float, labels: Labels) -> None:
-        index = bisect.bisect_left(self.bounds, value)  # buckets are (lower, upper]
-        with self._lock:
-            entry = self._series.get(labels)
-            if entry is None:
-                if len(self._series) >= MAX_SERIES:
-                    labels = _OVERFLOW
-                    entry = self._series.get(labels)
-                if entry is None:
-                    n = len(self.bounds) + 1
-                    entry = self._series[labels] = [0] * n + [0, 0.0, value, value]
-            n = len(self.bounds) + 1
-            entry[index] += 1
-            entry[n] += 1
-            entry[n + 1] += value
-            if value < entry[n + 2]:
-                entry[n + 2] = value
-            if value > entry[n + 3]:
-                entry[n + 3] = value
+        # No lock: this runs on every request, and ASGI servers record from one event loop
+        # thread. Where several threads record at once, an increment can (rarely) be lost;
+        # a reading never sees a torn entry, since `metric()` copies each list whole.
+        entry = self._series.get(labels)
+        if entry is None:
+            entry = self._new(labels, value)
+        n = self._n
+        entry[bisect.bisect_left(self.bounds, value)] += 1  # buckets are (lower, upper]
+        entry[n] += 1
+        entry[n + 1] += value
+        if value < entry[n + 2]:
+            entry[n + 2] = value
+        elif value > entry[n + 3]:
+            entry[n + 3] = value
+
+    def _new(self, labels: Labels, value: float) -> list[float]:
+        if len(self._series) >= MAX_SERIES:
+            labels = _OVERFLOW
+            found = self._series.get(labels)
+            if found is not None:
+                return found
+        entry: list[float] = [0] * self._n + [0, 0.0, value, value]
+        return self._series.setdefault(labels, entry)
 
     def metric(self, now_ns: int) -> Metric | None:
         """The totals so far as an OpenTelemetry histogram metric (None: nothing recorded)."""
@@ -91,8 +95,7 @@ class HistogramTally:
             Metric,
         )
 
-        with self._lock:
-            series = [(labels, list(entry)) for labels, entry in self._series.items()]
+        series = [(labels, list(entry)) for labels, entry in list(self._series.items())]
         if not series:
             return None
         n = len(self.bounds) + 1
@@ -116,8 +119,7 @@ class HistogramTally:
         return Metric(name=self.name, description=self.description, unit=self.unit, data=data)
 
     def clear(self) -> None:
-        with self._lock:
-            self._series.clear()
+        self._series.clear()
 
 
 def _attributes(labels: Labels) -> dict[str, Any]:
@@ -152,21 +154,26 @@ def observe(ctx: RequestContext, end: float, error: str | None = None) -> None:
     routed = ctx.resolved_model or ""
     client = ctx.client
     if error is None:
-        error = _error_type(ctx)
-    base = (
+        status = ctx.response_status
+        # The usual case first, without a call: answered, below 400, no deadline.
+        if status is None or status >= 400 or ctx.deadline_phase is not None:
+            error = _error_type(ctx)
+    labels = (
         view.model,
         routed,
         ctx.variant or routed,
         "" if client is None else client.name,
         error or "",
+        "",
+        "",
     )
-    duration.record(end - ctx.started_at, (*base, "", ""))
+    duration.record(end - ctx.started_at, labels)
     if ctx.first_token_at is not None:
-        time_to_first_token.record(ctx.first_token_at - ctx.started_at, (*base, "", ""))
+        time_to_first_token.record(ctx.first_token_at - ctx.started_at, labels)
     if ctx.input_tokens is not None:
-        token_usage.record(ctx.input_tokens, (*base, "input", ""))
+        token_usage.record(ctx.input_tokens, (*labels[:5], "input", ""))
     if ctx.output_tokens is not None:
-        token_usage.record(ctx.output_tokens, (*base, "output", ""))
+        token_usage.record(ctx.output_tokens, (*labels[:5], "output", ""))
 
 
 def observe_shadow(
