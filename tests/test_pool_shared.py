@@ -14,9 +14,13 @@ class FakeStore:
         self.changes: list[tuple[str, Change, Shared]] = []
         self.claims: list[str] = []
         self.answers: dict[str, Shared | None] = {}
+        self.holds: list[tuple[str, str, float]] = []
 
     def changed(self, account: str, change: Change, local: Shared) -> None:
         self.changes.append((account, change, local))
+
+    def held(self, account: str, model: str, until_unix: float) -> None:
+        self.holds.append((account, model, until_unix))
 
     async def claim_probe(self, account: str) -> Shared | None:
         self.claims.append(account)
@@ -119,3 +123,25 @@ def test_view_reports_the_local_state() -> None:
     pool.record(lease, Outcome.FAULT)
     clock.advance(10)
     assert pool.view("a") == Shared(1, 30.0, 20.0)
+
+
+def test_a_hold_is_told_to_the_store_once_with_its_end_in_unix_time() -> None:
+    pool, _, store = shared_pool()
+    assert pool.hold("a", "m", 20.0, wall_now=1_000_000.0) == 20.0
+    assert store.holds == [("a", "m", 1_000_020.0)]
+    pool.hold("a", "m", 20.0)  # no Unix time: local only (a test, or a caller that cannot date it)
+    assert len(store.holds) == 1
+
+
+def test_a_hold_from_another_replica_is_applied_but_not_told_back() -> None:
+    pool, clock, store = shared_pool()
+    pool.merge_hold("a", "m", 5.0)
+    pool.merge_hold("nobody", "m", 5.0)  # a newer config elsewhere: ignored
+    assert store.holds == []
+    lease = pool.acquire("m")
+    assert lease is not None
+    assert lease.account == "b"
+    clock.now += 5.0
+    lease = pool.acquire("m")
+    assert lease is not None
+    assert lease.account == "a"

@@ -154,3 +154,94 @@ def test_control_without_redis_each_worker_tries_the_refused_key(
     if tries == 1:
         pytest.skip("the kernel handed every connection to one worker: the control says nothing")
     assert tries == 2
+
+
+def test_two_workers_share_a_throttle_hold(
+    mock: tuple[MockProvider, str], redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """One worker sees the 429 that says "retry in 30 s"; whichever worker takes the next
+    requests skips that key too."""
+    provider, url = mock
+    provider.reset()
+    provider.set_behaviour("refused-key", Behaviour(status=429, headers={"retry-after": "30"}))
+    state = f"""
+    [state]
+    backend = "redis"
+    url = "{redis_server.url}"
+    key_prefix = "hold-live"
+    """
+    env = {"KEY_REFUSED": "refused-key", "KEY_GOOD": "good-key"}
+    with example_gateway(gateway_config(url, state), tmp_path, env, workers=2) as gateway:
+        # A hold is a message, not a key: a worker hears those sent after it subscribed.
+        # Both workers subscribe as they start; this leaves them ample time to.
+        time.sleep(2.0)
+        first = ask(gateway)
+        assert first.headers["x-switchyard-attempts"] == "2"  # the 429, then the good key
+        time.sleep(0.2)  # the hold travels through Redis in milliseconds
+        for _ in range(20):
+            response = ask(gateway)
+            assert response.headers["x-switchyard-attempts"] == "1"
+            assert response.headers["x-switchyard-account"] == "good"
+        for _ in range(10):  # whichever worker answers shows the hold
+            accounts = httpx.get(f"{gateway}/switchyard/accounts").json()["accounts"]
+            (refused,) = [a for a in accounts if a["name"] == "refused"]
+            assert 20 < refused["held_for_secs"]["claude-shared"] <= 30
+    assert sum(1 for r in provider.requests if r.key == "refused-key") == 1
+
+
+GUARDED = """
+[state]
+backend = "redis"
+url = "{redis}"
+key_prefix = "guard-live"
+
+[llm_clients.base-acct]
+base_url = "{mock}"
+api_key_env = "KEY_GOOD"
+auth = "x-api-key"
+models = ["g-base"]
+
+[llm_clients.var-acct]
+base_url = "{mock}"
+api_key_env = "KEY_REFUSED"
+auth = "x-api-key"
+models = ["g-var"]
+failure_threshold = 100000
+
+[canaries."g-base"]
+variants = {{ "g-var" = 50.0 }}
+guard = {{ max_fault_rate = 0.2, min_requests = 10, window_secs = 60 }}
+"""
+
+
+def test_two_workers_trip_a_guard_together(
+    mock: tuple[MockProvider, str], redis_server: RedisServer, tmp_path: Path
+) -> None:
+    provider, url = mock
+    provider.reset()
+    provider.set_behaviour("refused-key", Behaviour(status=500))
+    env = {"KEY_REFUSED": "refused-key", "KEY_GOOD": "good-key"}
+    config = GUARDED.format(redis=redis_server.url, mock=url)
+    messages = [{"role": "user", "content": "hi"}]
+    with example_gateway(config, tmp_path, env, workers=2) as gateway:
+        time.sleep(2.0)  # both workers subscribed (a trip is a message, as a hold is)
+        tripped_on: set[int] = set()
+        for i in range(200):
+            body = {
+                "model": "g-base",
+                "max_tokens": 8,
+                "messages": messages,
+                "metadata": {"user_id": f"user-{i}"},
+            }
+            with httpx.Client(base_url=gateway, timeout=10) as client:
+                assert client.post("/v1/messages", json=body).status_code == 200
+            health = httpx.get(f"{gateway}/switchyard/canaries").json()["canaries"]
+            if health[0]["tripped"]:
+                tripped_on.add(i)
+                break
+        assert tripped_on, "the guard never tripped"
+        time.sleep(0.2)
+        # Every worker now has it tripped, whichever of them counted the faults.
+        for _ in range(20):
+            (canary,) = httpx.get(f"{gateway}/switchyard/canaries").json()["canaries"]
+            assert canary["tripped"] == ["g-var"]

@@ -49,10 +49,11 @@ def hold(pool: AccountPool, account: str, model: str, headers: Iterable[tuple[st
     model label is "*" for a model no account names (a wildcard account serves any string a
     client sends, and a label must stay bounded). Returns the seconds held (0.0: none).
     """
-    secs = retry_secs(headers, wall_now=time.time())
+    now = time.time()
+    secs = retry_secs(headers, wall_now=now)
     if secs is None:
         return 0.0
-    held = pool.hold(account, model, secs)
+    held = pool.hold(account, model, secs, wall_now=now)
     if held > 0:
         label = model if model in pool.named_models else "*"
         tm.account_throttled.add(1, {"account": account, "model": label})

@@ -125,8 +125,9 @@ class Canaries:
                 if self._rules[base].trips(window.counts(), base_counts):
                     self.trip(base, model)
 
-    def trip(self, base: str, variant: str) -> None:
-        """Take `variant` of `base`'s canary out (its share to 0), here or told by a replica."""
+    def trip(self, base: str, variant: str, *, announce: bool = True) -> None:
+        """Take `variant` of `base`'s canary out (its share to 0), here or told by a replica
+        (then `announce=False`: it is not sent back out)."""
         split = self._splits.get(base)
         if split is None or variant not in {m for _, _, m in split.ranges}:
             return  # another replica runs a newer config: not ours to apply
@@ -140,7 +141,7 @@ class Canaries:
             "canary guard: variant %s of %s tripped; its share is 0 until a reload", variant, base
         )
         tm.canary_guard_trips.add(1, {"model": base, "variant": variant})
-        if self.on_trip is not None:
+        if announce and self.on_trip is not None:
             self.on_trip(base, variant)
 
     def tripped(self, base: str, variant: str) -> bool:

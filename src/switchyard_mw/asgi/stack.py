@@ -58,6 +58,7 @@ class SwitchyardStack(PolicyMiddleware):
         self.cooling.inner = self.deadline.handle
         self.variant = VariantMiddleware(app, canaries=config.canaries, server=server, clock=clock)
         self.cooling.guard = self.variant.canaries  # every attempt's outcome feeds the guards
+        self.store.share_trips(self.variant.canaries)  # with Redis, a trip holds everywhere
         self.shadows = Shadows.build(
             config.canaries,
             clients=self.clients,

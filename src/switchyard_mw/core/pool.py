@@ -340,13 +340,27 @@ class AccountPool:
 
     # --- throttle holds -------------------------------------------------------------------
 
-    def hold(self, account: str, model: str, secs: float) -> float:
+    def hold(
+        self, account: str, model: str, secs: float, *, wall_now: float | None = None
+    ) -> float:
         """Keep `account` out of rotation for `model` for `secs` (a 429's retry time).
 
         Capped by the account's `max_throttle_secs`; a hold never shortens a longer one in
         force. Not a fault and not a cooling: the breaker is untouched. Returns the seconds
-        held from now (0.0 when nothing is held: no time asked, or no room left).
+        held from now (0.0 when nothing is held: no time asked, or no room left). With a store
+        attached, the hold is shared: `wall_now` (Unix time) dates it for the other replicas.
         """
+        held = self._hold(account, model, secs)
+        if held > 0 and self._store is not None and wall_now is not None:
+            self._store.held(account, model, wall_now + held)
+        return held
+
+    def merge_hold(self, account: str, model: str, secs: float) -> None:
+        """Take in a hold another replica started (`secs` from now); unknown accounts: ignored."""
+        if account in self._breakers:
+            self._hold(account, model, secs)
+
+    def _hold(self, account: str, model: str, secs: float) -> float:
         b = self._breakers[account]
         secs = min(secs, b.spec.max_throttle_secs)
         if not secs > 0:

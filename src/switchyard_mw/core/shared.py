@@ -60,6 +60,10 @@ class StateStore(Protocol):
         """Hear about a transition; ``local`` is the pool's view right after it. Never blocks:
         the write happens in the background."""
 
+    def held(self, account: str, model: str, until_unix: float) -> None:
+        """Hear about a throttle hold of ``account`` for ``model`` until ``until_unix`` (Unix
+        time: replicas share no monotonic clock). Never blocks: sent in the background."""
+
     async def claim_probe(self, account: str) -> Shared | None:
         """Claim the single probe slot of ``account`` across replicas.
 

@@ -68,6 +68,7 @@ class Policies:
             routes=config.routes, clients=self.clients, http_client=judge_http_client
         )
         self.canaries = Canaries.from_config(config.canaries, clock=clock)
+        self.store.share_trips(self.canaries)  # with Redis, a trip holds everywhere
         if shadowed := sorted(m for m, c in config.canaries.items() if c.shadow):
             # Envoy sends each request once, to one cluster: a copy is not ours to make.
             _log.warning(

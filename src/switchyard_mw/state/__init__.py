@@ -7,13 +7,16 @@ with the other replicas (see :mod:`switchyard_mw.core.shared`).
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..config import State, sentinel_address
 from ..core.pool import AccountPool
 from ..core.shared import StateStore
 from ..errors import StartupError
 from .memory import MemoryStore
+
+if TYPE_CHECKING:
+    from ..variant_assignment import Canaries
 
 __all__ = ["MemoryStore", "Store", "build_store"]
 
@@ -26,6 +29,10 @@ class Store(StateStore, Protocol):
 
     def bind(self, pool: AccountPool) -> None:
         """Share ``pool``'s state (one pool per store)."""
+
+    def share_trips(self, canaries: Canaries) -> None:
+        """Share ``canaries``' guard trips: each one this process makes goes to the others,
+        and theirs are applied here."""
 
     async def start(self) -> None:
         """Connect and catch up; returns within a small bound even if the backend is down."""

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..core.pool import AccountPool
 from ..core.shared import Change, Shared
+
+if TYPE_CHECKING:
+    from ..variant_assignment import Canaries
 
 
 class MemoryStore:
@@ -16,6 +21,12 @@ class MemoryStore:
 
     def changed(self, account: str, change: Change, local: Shared) -> None:
         pass
+
+    def held(self, account: str, model: str, until_unix: float) -> None:
+        pass
+
+    def share_trips(self, canaries: Canaries) -> None:
+        pass  # one process: its canary guard decides alone
 
     async def claim_probe(self, account: str) -> Shared | None:
         return None  # one process: the pool's own probe slot is the only one

@@ -15,11 +15,13 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
+import json
 import logging
 import secrets
+import time
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
@@ -31,6 +33,9 @@ from ..core.pool import AccountPool, AccountSpec
 from ..core.shared import Change, Shared
 from ._lua import SCRIPT, keys, name_of, parse, script_args
 from ._redis_io import ERRORS, Client, Mode, Target, close_quietly, make_client, subscriber
+
+if TYPE_CHECKING:
+    from ..variant_assignment import Canaries
 
 _log = logging.getLogger(__name__)
 _PROBE_OUTCOMES = frozenset({Change.PROBE_FAULT, Change.PROBE_SUCCESS, Change.PROBE_FREED})
@@ -80,6 +85,9 @@ class RedisStore:
         self._closing = False
         self._generation = 0  # one per connection: tells stale failures from current ones
         self._queue: deque[tuple[str, Change, Shared, str]] = deque()
+        # Throttle holds and guard trips: one published message each, no key, no script.
+        self._notes: deque[str] = deque()
+        self._canaries: Canaries | None = None
         self._wake = asyncio.Event()
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
@@ -135,6 +143,25 @@ class RedisStore:
         self._queue.append((account, change, local, token))
         self._wake.set()
 
+    def held(self, account: str, model: str, until_unix: float) -> None:
+        self._note({"t": "hold", "a": account, "m": model, "u": round(until_unix * 1000)})
+
+    def share_trips(self, canaries: Canaries) -> None:
+        self._canaries = canaries
+
+        def tripped(base: str, variant: str) -> None:
+            self._note({"t": "trip", "b": base, "v": variant})
+
+        canaries.on_trip = tripped
+
+    def _note(self, note: dict[str, Any]) -> None:
+        """Publish a hold or a trip in the background; during an outage it is not shared
+        (a hold lasts seconds, and each replica trips a guard on its own meanwhile)."""
+        if not self._healthy or len(self._notes) >= MAX_QUEUED:
+            return
+        self._notes.append(json.dumps({**note, "o": self._origin}, separators=(",", ":")))
+        self._wake.set()
+
     async def claim_probe(self, account: str) -> Shared | None:
         if not self._healthy or account not in self._specs:
             return None  # nobody to ask: the local decision stands
@@ -162,6 +189,7 @@ class RedisStore:
         while True:
             await self._wake.wait()
             self._wake.clear()
+            await self._publish_notes()
             while self._queue and self._healthy:
                 batch = list(self._queue)
                 self._queue.clear()
@@ -174,6 +202,18 @@ class RedisStore:
                     break
                 for reply in replies:
                     self._apply(reply, own=True)
+
+    async def _publish_notes(self) -> None:
+        commands = self._commands
+        while self._notes and self._healthy and commands is not None:
+            note = self._notes.popleft()
+            generation = self._generation
+            try:
+                async with asyncio.timeout(self._timeout):
+                    await commands.publish(self._channel, note)
+            except ERRORS as exc:
+                self._lost(exc, generation)
+                return
 
     async def _connect_loop(self) -> None:
         delay = 0.1
@@ -238,7 +278,11 @@ class RedisStore:
         try:
             async for message in pubsub.listen():
                 data = message.get("data")
-                if message.get("type") == "message" and isinstance(data, bytes):
+                if message.get("type") != "message" or not isinstance(data, bytes):
+                    continue
+                if data.startswith(b'{"t":'):
+                    self._take_note(data)
+                else:
                     self._apply(data.decode("utf-8", "replace"), own=False)
         except Exception as exc:  # whatever broke the subscription, resubscribe and resync
             self._lost(exc, generation)
@@ -282,6 +326,23 @@ class RedisStore:
             return  # our own change, already applied from the script's reply
         self._pool.merge(name_of(reply), shared)
 
+    def _take_note(self, data: bytes) -> None:
+        """Another replica's hold or trip. Anyone may publish on the channel: a note that is
+        not one of ours in every field is ignored."""
+        try:
+            note = json.loads(data)
+            kind, origin = note["t"], note["o"]
+            if origin == self._origin:
+                return
+            if kind == "hold" and self._pool is not None:
+                secs = int(note["u"]) / 1000 - time.time()
+                if secs > 0:
+                    self._pool.merge_hold(str(note["a"]), str(note["m"]), secs)
+            elif kind == "trip" and self._canaries is not None:
+                self._canaries.trip(str(note["b"]), str(note["v"]), announce=False)
+        except (ValueError, KeyError, TypeError):
+            return
+
     def _lost(self, exc: BaseException, generation: int) -> None:
         """An outage seen outside the connect loop: degrade, and start reconnecting.
 
@@ -298,6 +359,7 @@ class RedisStore:
     def _degrade(self, exc: BaseException) -> None:
         self._healthy = False
         self._queue.clear()
+        self._notes.clear()
         listener = self._tasks.pop("listener", None)
         if listener is not None and listener is not asyncio.current_task():
             listener.cancel()
