@@ -17,9 +17,10 @@ from collections.abc import AsyncIterator
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 import msgspec
-from envoy.config.core.v3 import base_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+
+from switchyard_mw._protos.envoy.config.core.v3 import base_pb2
+from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 _HEADERS_DONE = ep.ProcessingResponse(request_headers=ep.HeadersResponse())
 _RESPONSE_DONE = ep.ProcessingResponse(response_headers=ep.HeadersResponse())

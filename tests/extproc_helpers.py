@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import msgspec
-from envoy.config.core.v3 import base_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from google.protobuf import struct_pb2
 
+from switchyard_mw._protos.envoy.config.core.v3 import base_pb2
+from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from switchyard_mw.extproc import ExtProcServicer
 
 

@@ -14,7 +14,6 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
-from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from extproc_helpers import (
@@ -28,6 +27,7 @@ from extproc_helpers import (
     upstream_headers,
 )
 from switchyard_mw import telemetry as tm
+from switchyard_mw._protos.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from switchyard_mw.clients import build_clients
 from switchyard_mw.config import parse_config
 from switchyard_mw.core.pool import BreakerState, Outcome

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from envoy.config.core.v3 import base_pb2
-from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from envoy.type.v3 import http_status_pb2
-
+from .._protos.envoy.config.core.v3 import base_pb2
+from .._protos.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from .._protos.envoy.type.v3 import http_status_pb2
 from ..wire import Wire, error_body
 
 Headers = dict[str, bytes]

@@ -51,10 +51,11 @@ import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2
 from hyperframe.frame import GoAwayFrame
+
+from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 _log = logging.getLogger(__name__)
 

@@ -17,12 +17,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from .. import request_metrics
 from .. import telemetry as tm
+from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from ..asgi._base import exposed_headers
 from ..context import RequestContext, decision_attributes
 from ..cooling_outcomes import outcome_of

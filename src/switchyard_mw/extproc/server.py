@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from ..clients import build_clients
 from ..config import Config
 from .h2_transport import H2Limits, H2Server

