@@ -3,19 +3,46 @@
 app = switchyard_stack(my_app, config="switchyard.toml")
 """
 
-from importlib.metadata import version
+from __future__ import annotations
 
-from .asgi.cooling import CoolingMiddleware
-from .asgi.deadline import DeadlineMiddleware
-from .asgi.judge import JudgeMiddleware
-from .asgi.stack import SwitchyardStack, switchyard_stack
-from .asgi.variant import VariantMiddleware
-from .config import Config, load_config
-from .context import RequestContext, context_of, current_context
-from .errors import ConfigError, StartupError, SwitchyardError
-from .outbound import make_http_client, timeout_for
+# Not `typing.TYPE_CHECKING`: importing `typing` alone would double this module's cost.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
-__version__ = version("switchyard-mw")
+    from .asgi.cooling import CoolingMiddleware
+    from .asgi.deadline import DeadlineMiddleware
+    from .asgi.judge import JudgeMiddleware
+    from .asgi.stack import SwitchyardStack, switchyard_stack
+    from .asgi.variant import VariantMiddleware
+    from .config import Config, load_config
+    from .context import RequestContext, context_of, current_context
+    from .errors import ConfigError, StartupError, SwitchyardError
+    from .outbound import make_http_client, timeout_for
+
+    __version__: str
+
+# Where each public name lives. Imported on first use (PEP 562), so that `import switchyard_mw`
+# costs nearly nothing and loads no HTTP client, gRPC or OpenTelemetry SDK module: a process
+# that only serves ext_proc, or only reads a config, never pays for the middlewares.
+_HOMES = {
+    "Config": "config",
+    "ConfigError": "errors",
+    "CoolingMiddleware": "asgi.cooling",
+    "DeadlineMiddleware": "asgi.deadline",
+    "JudgeMiddleware": "asgi.judge",
+    "RequestContext": "context",
+    "StartupError": "errors",
+    "SwitchyardError": "errors",
+    "SwitchyardStack": "asgi.stack",
+    "VariantMiddleware": "asgi.variant",
+    "context_of": "context",
+    "current_context": "context",
+    "load_config": "config",
+    "make_http_client": "outbound",
+    "switchyard_stack": "asgi.stack",
+    "timeout_for": "outbound",
+}
 
 __all__ = [
     "Config",
@@ -36,3 +63,22 @@ __all__ = [
     "switchyard_stack",
     "timeout_for",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        from importlib.metadata import version
+
+        value: Any = version("switchyard-mw")
+    elif name in _HOMES:
+        from importlib import import_module
+
+        value = getattr(import_module(f".{_HOMES[name]}", __name__), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -141,8 +141,13 @@ def run_extproc(
     """Serve ext_proc until SIGTERM; a bad config, listen address or key is exit 2."""
     import asyncio
 
-    from .errors import StartupError
-    from .extproc import ExtProcServer, parse_listen, serve
+    from .errors import MissingExtraError, StartupError
+
+    try:
+        from .extproc import ExtProcServer, parse_listen, serve
+    except MissingExtraError as exc:
+        print(str(exc), file=err)
+        return 1
 
     try:
         config = load_config(path)

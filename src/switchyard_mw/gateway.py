@@ -16,7 +16,14 @@ from __future__ import annotations
 import sys
 from collections.abc import AsyncIterator, Iterable
 
-import aiohttp
+from .errors import MissingExtraError
+
+try:
+    import aiohttp
+
+    from ._aiohttp_pool import PooledTransport, as_httpx_error
+except ImportError as exc:
+    raise MissingExtraError("switchyard_mw.gateway", "gateway", exc) from None
 import httpx
 from opentelemetry import trace
 from starlette.background import BackgroundTask
@@ -29,7 +36,7 @@ from . import telemetry as tm
 from .asgi._base import ClientDisconnected, read_body
 from .clients import UpstreamClient
 from .context import RequestContext, current_context
-from .outbound import PooledTransport, as_httpx_error, pool_of, seconds_left, timeout_for
+from .outbound import pool_of, seconds_left, timeout_for
 from .wire import Wire, error_body, model_not_served, stream_error_event
 
 WIRE_ROUTES = ("/v1/messages", "/v1/chat/completions", "/v1/responses")

@@ -27,6 +27,7 @@ Calling it again does nothing more and returns what the first call installed.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import threading
 from collections.abc import Mapping
@@ -80,6 +81,15 @@ def configure(*, service_name: str | None = None, prometheus: bool = True) -> Se
 
 def _configure(env: Mapping[str, str], *, service_name: str | None, prometheus: bool) -> Setup:
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return Setup(traces="off", metrics=())
+    if importlib.util.find_spec("opentelemetry.sdk") is None:
+        # The middlewares alone: the API's no-ops. An endpoint set means telemetry was asked
+        # for, and running without it silently is what this function refuses to do.
+        if _exports(env, "TRACES") or _exports(env, "METRICS"):
+            raise StartupError(
+                "an OTLP endpoint is set but the OpenTelemetry SDK is not installed: "
+                "pip install 'switchyard-mw[otlp]'"
+            )
         return Setup(traces="off", metrics=())
     resource = _resource(env, service_name)
     return Setup(traces=_traces(env, resource), metrics=_metrics(env, resource, prometheus))
@@ -195,14 +205,6 @@ def _metric_exporter(env: Mapping[str, str]) -> MetricExporter:
 
 
 def _missing(exc: ImportError) -> StartupError:
-    if "opentelemetry.proto" in str(exc) or (exc.name or "").startswith("opentelemetry.proto"):
-        # xds-protos (Envoy's protos) ships an old copy of opentelemetry-proto's modules; when
-        # pip installs it last, that copy overwrites the one the exporter needs.
-        return StartupError(
-            f"the OTLP exporter cannot load opentelemetry-proto ({exc}): xds-protos overwrote "
-            "it with an older copy; repair with: "
-            "pip install --force-reinstall --no-deps opentelemetry-proto"
-        )
     return StartupError(
         f"an OTLP endpoint is set but its exporter is not installed ({exc.name}): "
         "pip install 'switchyard-mw[otlp]' (or opentelemetry-exporter-otlp-proto-grpc for grpc)"

@@ -7,7 +7,6 @@ provider is already set (then that one's export wins); `metrics_app` serves the 
 from __future__ import annotations
 
 from opentelemetry import metrics
-from opentelemetry.sdk.metrics import MeterProvider
 
 from .asgi._types import Receive, Scope, Send
 
@@ -16,6 +15,7 @@ def install() -> bool:
     """Install a Prometheus-backed meter provider; False if one could not be installed."""
     try:
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from opentelemetry.sdk.metrics import MeterProvider
     except ImportError:
         return False
     if isinstance(metrics.get_meter_provider(), MeterProvider):
@@ -32,7 +32,11 @@ def render() -> tuple[int, bytes, str]:
     try:
         from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
     except ImportError:
-        return 501, b"prometheus extra not installed\n", "text/plain"
+        return (
+            501,
+            b"needs the 'prometheus' extra: pip install 'switchyard-mw[prometheus]'\n",
+            "text/plain",
+        )
     return 200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST
 
 

@@ -6,6 +6,16 @@
 in-request failover between accounts on one cluster, one in the cluster's upstream chain.
 """
 
+from ..errors import MissingExtraError
+
+try:  # what the `envoy` extra brings; one clear error instead of a failed import deep inside
+    import google.protobuf  # noqa: F401
+    import grpc  # type: ignore[import-untyped]  # noqa: F401
+    import grpc_health.v1  # noqa: F401
+    import h2.connection  # noqa: F401
+except ImportError as exc:
+    raise MissingExtraError("the ext_proc server (switchyard_mw.extproc)", "envoy", exc) from None
+
 from .policy import Policies
 from .server import (
     DEFAULT_LISTEN,
