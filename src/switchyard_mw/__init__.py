@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from .asgi.variant import VariantMiddleware
     from .config import Config, load_config
     from .context import RequestContext, context_of, current_context
-    from .errors import ConfigError, StartupError, SwitchyardError
+    from .errors import ConfigError, MissingExtraError, StartupError, SwitchyardError
     from .outbound import make_http_client, timeout_for
 
     __version__: str
@@ -31,6 +31,7 @@ _HOMES = {
     "CoolingMiddleware": "asgi.cooling",
     "DeadlineMiddleware": "asgi.deadline",
     "JudgeMiddleware": "asgi.judge",
+    "MissingExtraError": "errors",
     "RequestContext": "context",
     "StartupError": "errors",
     "SwitchyardError": "errors",
@@ -50,6 +51,7 @@ __all__ = [
     "CoolingMiddleware",
     "DeadlineMiddleware",
     "JudgeMiddleware",
+    "MissingExtraError",
     "RequestContext",
     "StartupError",
     "SwitchyardError",
