@@ -252,12 +252,18 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _serve_extproc(config: str) -> None:
-    """`switchyard-mw extproc` on a free port answers a gRPC health check, then stops on TERM."""
+    """`switchyard-mw extproc` on a free port answers a gRPC health check, then stops on TERM,
+    on both transports (grpc.aio and h2)."""
+    for transport in ("grpcio", "h2"):
+        _serve_extproc_on(config, transport)
+
+
+def _serve_extproc_on(config: str, transport: str) -> None:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     exe = Path(sys.executable).with_name("switchyard-mw")
-    args = [exe, "extproc", "--config", config, "--listen", "127.0.0.1:0"]
+    args = [exe, "extproc", "--config", config, "--listen", "127.0.0.1:0", "--transport", transport]
     server = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
     try:
         assert server.stderr is not None
