@@ -168,7 +168,10 @@ def check_base() -> None:
         assert cli.returncode == 1, cli
         assert "switchyard-mw[envoy]" in cli.stderr, cli.stderr
         assert _cli("check-config", path).returncode == 0
-    print("base: the stack served a judged request; gateway and extproc name their extras")
+    mock = _cli("mock", "--port", "0")
+    assert mock.returncode == 2, mock
+    assert "switchyard-mw[example]" in mock.stderr, mock.stderr
+    print("base: the stack served a judged request; gateway, extproc and mock name their extras")
 
 
 def check_gateway() -> None:

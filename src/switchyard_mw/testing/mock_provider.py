@@ -382,8 +382,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         import uvicorn
     except ImportError:
-        # uvicorn is only a dev dependency of switchyard-mw.
-        parser.exit(2, "error: the mock provider server needs uvicorn: pip install uvicorn\n")
+        # uvicorn comes with the `example` extra (and `dev`), not with the middlewares.
+        parser.exit(
+            2,
+            "error: the mock provider server needs uvicorn: "
+            "pip install 'switchyard-mw[example]' (or uvicorn alone)\n",
+        )
     app = MockProvider(reply=args.reply)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
 
