@@ -34,10 +34,10 @@ import h2.errors
 import h2.events
 import h2.settings
 import msgspec
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 from extproc_helpers import request_body, request_headers, sets
+from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 HOST = "127.0.0.1"
 PROCESS = b"/envoy.service.ext_proc.v3.ExternalProcessor/Process"

@@ -17,7 +17,6 @@ from typing import Any
 import h2.errors
 import h2.events
 import pytest
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from grpc_health.v1 import health_pb2
 
 from hostile_peers import (
@@ -38,6 +37,7 @@ from hostile_peers import (
     status_of,
     within_normal_latency,
 )
+from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from switchyard_mw.clients import build_clients
 from switchyard_mw.config import parse_config
 from switchyard_mw.extproc import Policies, start_server
