@@ -36,10 +36,10 @@ import h2.exceptions
 import h2.settings
 import msgspec
 import pytest
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 from extproc_helpers import request_body, request_headers, response_headers, sets
+from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

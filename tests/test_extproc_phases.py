@@ -17,8 +17,6 @@ import grpc
 import httpx
 import msgspec
 import pytest
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 from extproc_helpers import (
     Stream,
@@ -28,6 +26,8 @@ from extproc_helpers import (
     sets,
     upstream_headers,
 )
+from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from switchyard_mw.asgi.cooling import pool_from_clients
 from switchyard_mw.clients import build_clients
 from switchyard_mw.config import parse_config

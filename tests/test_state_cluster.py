@@ -21,12 +21,12 @@ import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 import httpx
 import pytest
 import redis
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from redis.crc import key_slot
 
 from extproc_helpers import request_body, request_headers, response_headers, sets
 from redis_server import ClusterNode, RedisCluster, running_cluster
 from servers import example_gateway, metric_value, serve_in_thread
+from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from switchyard_mw.testing import Behaviour, MockProvider
 
 pytestmark = pytest.mark.integration
