@@ -418,11 +418,12 @@ async def test_the_processors_spans_join_envoys_trace(rig: Rig, http: httpx.Asyn
 
     # Envoy's spans came from Envoy, over OTLP/gRPC; the processor's from this process, OTLP/HTTP.
     envoys = spans["ingress"] + spans[ENVOY_EXTPROC_SPAN]
-    ours = spans[tm.SPAN_REQUEST] + spans[tm.SPAN_JUDGE] + spans[tm.SPAN_ATTEMPT]
+    chat = tm.SPAN_CLIENT.format(model="claude-haiku-5")
+    ours = spans[tm.SPAN_REQUEST] + spans[tm.SPAN_JUDGE] + spans[tm.SPAN_ATTEMPT] + spans[chat]
     assert {(s.service, s.transport) for s in envoys} == {("envoy", "grpc")}
     assert {s.transport for s in ours} == {"http"}
     assert sorted(spans) == sorted(
-        ["ingress", ENVOY_EXTPROC_SPAN, tm.SPAN_REQUEST, tm.SPAN_JUDGE, tm.SPAN_ATTEMPT]
+        ["ingress", ENVOY_EXTPROC_SPAN, tm.SPAN_REQUEST, tm.SPAN_JUDGE, tm.SPAN_ATTEMPT, chat]
     )
     assert all(len(spans[name]) == 1 for name in spans)
 
@@ -441,6 +442,11 @@ async def test_the_processors_spans_join_envoys_trace(rig: Rig, http: httpx.Asyn
     (attempt,) = spans[tm.SPAN_ATTEMPT]
     assert judge.parent_id == attempt.parent_id == request.span_id
     assert attempt.attributes[tm.ACCOUNT] == "key-a"
+    (client,) = spans[chat]  # the attempt under the GenAI conventions
+    assert client.parent_id == attempt.span_id
+    assert client.span.kind == Span.SPAN_KIND_CLIENT
+    assert client.attributes[tm.OPERATION_NAME] == "chat"
+    assert client.attributes[tm.REQUEST_MODEL] == "claude-haiku-5"
 
     # The calls out carry the same trace: the judge's from the processor (its judge span),
     # the provider's from Envoy (its ingress span: the router spawns no span of its own).

@@ -116,6 +116,15 @@ def parent_of(span: ReadableSpan) -> int | None:
     return span.parent.span_id if span.parent is not None else None
 
 
+def attempt_of(call: ReadableSpan, spans: Sequence[ReadableSpan]) -> int | None:
+    """The span id of the attempt an outbound call belongs to: its parent is the attempt's
+    GenAI CLIENT span (`chat {model}`), whose parent is the attempt."""
+    (client,) = [s for s in spans if s.context and s.context.span_id == parent_of(call)]
+    assert client.name.startswith("chat ")
+    assert client.kind is SpanKind.CLIENT
+    return parent_of(client)
+
+
 def traceparent(span: ReadableSpan) -> str:
     ctx = span.context
     assert ctx is not None
@@ -147,7 +156,7 @@ async def test_failover_once_two_attempts_each_with_its_outbound_call(
     for attempt, call in zip(attempts, calls, strict=True):
         assert attempt.context is not None
         assert parent_of(attempt) == request.context.span_id
-        assert parent_of(call) == attempt.context.span_id
+        assert attempt_of(call, spans) == attempt.context.span_id
         assert call.kind is SpanKind.CLIENT
 
     first, second = attempts
@@ -210,7 +219,7 @@ async def test_judge_failing_open_is_a_child_span_and_the_route_says_why(
     assert attempt.context is not None
     assert parent_of(judge) == request.context.span_id
     assert parent_of(attempt) == request.context.span_id
-    assert parent_of(call) == attempt.context.span_id
+    assert attempt_of(call, spans) == attempt.context.span_id
     assert judge.kind is SpanKind.CLIENT
     assert (judge.end_time or 0) <= (attempt.start_time or 0)  # decided before the call
     assert dict(judge.attributes or {}) == {
@@ -267,7 +276,7 @@ async def test_streamed_call_span_lasts_until_the_stream_ends(
     (attempt,) = named(spans, tm.SPAN_ATTEMPT)
     (call,) = named(spans, tm.SPAN_OUTBOUND)
     assert attempt.context is not None
-    assert parent_of(call) == attempt.context.span_id
+    assert attempt_of(call, spans) == attempt.context.span_id
     # Not over when the headers came: over when the last event had been read.
     assert (call.end_time or 0) - upstream.headers_at >= 0.15e9
     assert (call.end_time or 0) <= (attempt.end_time or 0)
@@ -605,3 +614,29 @@ def test_variant_assignments_are_exported_as_exact_cumulative_counts(
         if metric.name == name
     }
     assert kinds == {(Sum, True)}
+
+
+async def test_each_attempt_has_a_genai_client_span(
+    gw: Gateway, otel_spans: InMemorySpanExporter
+) -> None:
+    gw.mock.set_behaviour(ENV["KEY_A"], Behaviour(status=500))
+    async with gw.client() as client:
+        reply = await client.post("/v1/messages", json=MESSAGE, headers={"x-api-key": CALLER_KEY})
+    assert reply.status_code == 200
+    spans = otel_spans.get_finished_spans()
+    attempts = named(spans, tm.SPAN_ATTEMPT)
+    chats = [s for s in spans if s.name.startswith("chat ")]
+    assert len(chats) == len(attempts) == 2
+    for attempt, chat in zip(attempts, sorted(chats, key=lambda s: s.start_time or 0), strict=True):
+        assert attempt.context is not None
+        assert parent_of(chat) == attempt.context.span_id
+        assert chat.kind is SpanKind.CLIENT
+        attributes = dict(chat.attributes or {})
+        assert attributes[tm.OPERATION_NAME] == "chat"
+        assert attributes[tm.REQUEST_MODEL] == chat.name.removeprefix("chat ")
+        assert attributes[tm.RESPONSE_MODEL] == attributes[tm.REQUEST_MODEL]
+        assert attributes[tm.REQUEST_MAX_TOKENS] == MESSAGE["max_tokens"]
+    failed, served = sorted(chats, key=lambda s: s.start_time or 0)
+    assert dict(failed.attributes or {})[tm.ERROR_TYPE] == "500"
+    assert tm.ERROR_TYPE not in dict(served.attributes or {})
+    assert tm.USAGE_OUTPUT_TOKENS in dict(served.attributes or {})

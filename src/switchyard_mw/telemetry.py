@@ -44,12 +44,15 @@ SPAN_REQUEST = "switchyard.request"
 SPAN_JUDGE = "switchyard.judge"
 SPAN_ATTEMPT = "switchyard.attempt"
 SPAN_OUTBOUND = "POST"
+SPAN_CLIENT = "chat {model}"
+"""The GenAI-convention CLIENT span of each upstream attempt (a template: the model routed)."""
 """The outbound call to the provider: a CLIENT span named by its HTTP method (HTTP conventions)."""
 
 # Attribute names (OpenTelemetry GenAI conventions where they exist).
 REQUEST_MODEL = "gen_ai.request.model"
 RESPONSE_MODEL = "gen_ai.response.model"
 REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
+OPERATION_NAME = "gen_ai.operation.name"
 PROVIDER_NAME = "gen_ai.provider.name"
 ACCOUNT = "switchyard.account"
 ATTEMPTS = "switchyard.attempts"
@@ -205,6 +208,54 @@ def provider_name(base_url: str) -> str | None:
     if name is None:
         name = next((n for suffix, n in _PROVIDER_SUFFIXES if host.endswith(suffix)), None)
     return name
+
+
+
+
+def start_client_span(
+    parent: trace.Span, *, model: str | None, base_url: str, max_tokens: int | None
+) -> trace.Span:
+    """The GenAI-convention CLIENT span of one upstream attempt, under its attempt span:
+    `chat {model}`, so LLM-observability tools (Phoenix, Langfuse, GenAI views) recognise it.
+    switchyard's own attributes stay on `switchyard.attempt`; no prompt or completion text."""
+    # All three wires are chat completions: one `gen_ai.operation.name` for every call.
+    attributes: dict[str, str | int] = {OPERATION_NAME: "chat"}
+    if model is not None:
+        attributes[REQUEST_MODEL] = model
+    if (provider := provider_name(base_url)) is not None:
+        attributes[PROVIDER_NAME] = provider
+    if max_tokens is not None:
+        attributes[REQUEST_MAX_TOKENS] = max_tokens
+    return tracer.start_span(
+        SPAN_CLIENT.format(model=model) if model else "chat",
+        context=trace.set_span_in_context(parent),
+        kind=trace.SpanKind.CLIENT,
+        attributes=attributes,
+    )
+
+
+def end_client_span(
+    span: trace.Span,
+    *,
+    model: str | None,
+    error: str | None,
+    input_tokens: int | None,
+    output_tokens: int | None,
+) -> None:
+    """End a `start_client_span` span with what the attempt gave back."""
+    if span.is_recording():
+        attributes: dict[str, str | int] = {}
+        if model is not None:
+            attributes[RESPONSE_MODEL] = model
+        if input_tokens is not None:
+            attributes[USAGE_INPUT_TOKENS] = input_tokens
+        if output_tokens is not None:
+            attributes[USAGE_OUTPUT_TOKENS] = output_tokens
+        if error is not None:
+            attributes[ERROR_TYPE] = error
+            span.set_status(trace.StatusCode.ERROR, error)
+        span.set_attributes(attributes)
+    span.end()
 
 
 def tracing() -> bool:

@@ -279,12 +279,14 @@ class CoolingMiddleware(PolicyMiddleware):
         ctx.transport_error = None
         # Without an SDK, no span at all: nothing to build, activate or end.
         span = _attempt_span(ctx, lease) if tm.tracing() else None
+        client_span = None
         try:
             try:
                 if span is None:
                     await self.inner(ctx, scope, _replay(ctx, receive), attempt.send)
                 else:
-                    with tm.activate(span):
+                    client_span = _client_span(ctx, span)
+                    with tm.activate(client_span):  # the app's own call spans nest under it
                         await self.inner(ctx, scope, _replay(ctx, receive), attempt.send)
             except asyncio.CancelledError:
                 # A response already sent whole still has its outcome (uvicorn reports a
@@ -334,6 +336,8 @@ class CoolingMiddleware(PolicyMiddleware):
                 hold(self.pool, lease.account, ctx.resolved_model, attempt.retry_headers)
             return attempt.status is not None and attempt.held is None
         finally:
+            if client_span is not None:
+                _end_client_span(client_span, ctx, attempt)
             if span is not None:
                 if ctx.deadline_phase is not None:
                     span.set_attribute(tm.DEADLINE_PHASE, ctx.deadline_phase)
@@ -434,6 +438,35 @@ def _attempt_span(ctx: RequestContext, lease: Lease) -> trace.Span:
             attributes[tm.PROVIDER_NAME] = provider
         span.set_attributes(attributes)
     return span
+
+
+def _client_span(ctx: RequestContext, parent: trace.Span) -> trace.Span:
+    client, view = ctx.client, ctx.view
+    return tm.start_client_span(
+        parent,
+        model=ctx.resolved_model,
+        base_url="" if client is None else client.base_url,
+        max_tokens=None if view is None else view.max_tokens,
+    )
+
+
+def _end_client_span(span: trace.Span, ctx: RequestContext, attempt: _Attempt) -> None:
+    status = ctx.upstream_status if ctx.upstream_status is not None else attempt.status
+    if ctx.deadline_phase is not None:
+        error: str | None = "deadline_exceeded"
+    elif attempt.failure is not None:
+        error = attempt.failure
+    elif status is None:
+        error = "no_response"
+    else:
+        error = str(status) if status >= 400 else None
+    tm.end_client_span(
+        span,
+        model=ctx.resolved_model,
+        error=error,
+        input_tokens=ctx.input_tokens,
+        output_tokens=ctx.output_tokens,
+    )
 
 
 def _verdict(

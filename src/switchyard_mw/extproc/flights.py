@@ -43,6 +43,8 @@ class Flight:
     lease: Lease | None = None
     """The attempt in flight, until its outcome is recorded."""
     attempt_span: trace.Span | None = None
+    client_span: trace.Span | None = None
+    """The attempt's GenAI-convention CLIENT span (`chat {model}`), under `attempt_span`."""
     tried: list[str] = field(default_factory=list)
     upstream_attempts: int = 0
     """Attempts whose request headers an upstream-level filter has seen."""

@@ -253,6 +253,13 @@ class Policies:
             context=trace.set_span_in_context(flight.span),
             attributes=attributes,
         )
+        view = ctx.view
+        flight.client_span = tm.start_client_span(
+            flight.attempt_span,
+            model=ctx.resolved_model,
+            base_url=client.base_url,
+            max_tokens=None if view is None else view.max_tokens,
+        )
         return client
 
     def settle_lease(self, lease: Lease) -> None:
@@ -279,6 +286,16 @@ class Policies:
             self.canaries.record(model, fault=outcome is Outcome.FAULT)
         if outcome is Outcome.THROTTLE and retry and model is not None:
             hold(self.pool, lease.account, model, retry)
+        client_span, flight.client_span = flight.client_span, None
+        if client_span is not None:
+            failed = outcome is Outcome.FAULT or outcome is Outcome.THROTTLE
+            tm.end_client_span(
+                client_span,
+                model=model,
+                error=status if failed or outcome is None else None,
+                input_tokens=None,  # the response body does not pass through the processor
+                output_tokens=None,
+            )
         span, flight.attempt_span = flight.attempt_span, None
         if span is not None:
             span.set_attributes(
