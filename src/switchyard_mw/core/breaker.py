@@ -115,6 +115,17 @@ class Breaker:
         # Until when another replica holds the probe slot (shared state only).
         self.probe_elsewhere_until = -math.inf
 
+    def respec(self, spec: AccountSpec) -> None:
+        """Take a reloaded config's settings for this account, keeping its state.
+
+        A cooling in force runs to its end; the next period follows the new bounds.
+        """
+        self.spec = spec
+        if self.state is _CLOSED:
+            self.period = spec.cooldown_secs
+        else:
+            self.period = min(max(self.period, spec.cooldown_secs), spec.max_cooldown_secs)
+
     def admit(self, now: float) -> Admit:
         """Whether an attempt may start at ``now``; PROBE claims the single probe slot."""
         if self.state is _CLOSED:

@@ -133,6 +133,8 @@ class AccountPool:
         # Throttle holds: (account, model) -> clock time the hold ends. Apart from the breakers:
         # a hold is neither a fault nor a cooling, and it concerns one model only.
         self._holds: dict[tuple[str, str], float] = {}
+        # The pool of the config reloaded after this one's (see `carry_over`).
+        self._successor: AccountPool | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -166,6 +168,38 @@ class AccountPool:
     def attach(self, store: StateStore | None) -> None:
         """Share state through ``store`` from now on (None: local state only)."""
         self._store = store
+
+    def carry_over(self, old: AccountPool, *, accounts: Collection[str] | None = None) -> None:
+        """Keep `old`'s health for `accounts` (default: every name both pools have).
+
+        For a reload: call it on the new config's pool before the pool is used. Each kept
+        account keeps its breaker (fault count, cooling and its end, period, the probe in
+        flight) and its throttle holds; the new config's settings (threshold, periods,
+        models, priority) rule from now on. The breaker is shared, not copied, so a request
+        still running on `old` records its outcome where this pool reads it, and a hold it
+        places later is kept here too. Accounts not kept start closed. Both pools must read
+        the same clock (a cooling's end is a time on it).
+        """
+        if old._clock is not self._clock:
+            raise ValueError("carry_over: the two pools read different clocks")
+        kept = set(self._breakers).intersection(old._breakers)
+        if accounts is not None:
+            kept.intersection_update(accounts)
+        for name in kept:
+            breaker = old._breakers[name]
+            breaker.respec(self._breakers[name].spec)
+            self._breakers[name] = breaker
+            probe = old._probes.get(name)
+            if probe is not None:
+                self._probes[name] = probe
+        for (name, model), until in old._holds.items():
+            if name in kept:
+                self._holds[(name, model)] = until
+        # Routes hold breakers: rebuild them over the kept ones.
+        self._routes.clear()
+        wildcard = [b for b in self._breakers.values() if "*" in b.spec.models]
+        self._wildcard = _Route(wildcard) if wildcard else None
+        old._successor = self
 
     def _route(self, model: str) -> _Route | None:
         route = self._routes.get(model)
@@ -362,6 +396,9 @@ class AccountPool:
 
     def _hold(self, account: str, model: str, secs: float) -> float:
         b = self._breakers[account]
+        successor = self._successor
+        if successor is not None and successor._breakers.get(account) is b:
+            return successor.hold(account, model, secs)  # kept by a reload: held there
         secs = min(secs, b.spec.max_throttle_secs)
         if not secs > 0:
             return 0.0
