@@ -11,10 +11,16 @@ Environment:
     SWITCHYARD_START_MOCK  1 to start the bundled mock provider in this process (default: 1
                            with the default config, else 0); SWITCHYARD_MOCK_PORT (9100)
                            moves it (and the default config's accounts with it)
+    SWITCHYARD_OPERATOR_ALLOW  client addresses (comma-separated) that may call the operator
+                           routes besides loopback: /metrics, /switchyard/* (default: none)
     HOST, PORT, LOG_LEVEL  where `python examples/starlette_app.py` serves (127.0.0.1, 8000)
     OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME, ...   the standard OpenTelemetry variables:
                            with an endpoint, traces and metrics also go out over OTLP
                            (`switchyard_mw.otel.configure`); metrics are always on /metrics
+
+Reloading the config (README "Reloading"): `kill -HUP <pid>` of each process serving it (each
+uvicorn worker; `/switchyard/health` names the pid that answered), or `POST /switchyard/reload`
+from loopback, which reloads the worker that takes the request.
 """
 
 from __future__ import annotations
@@ -28,13 +34,13 @@ from pathlib import Path
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Route, request_response
 
 from switchyard_mw import otel, prometheus
-from switchyard_mw.asgi.admin import CanariesStatusApp, HealthApp
+from switchyard_mw.asgi.admin import CanariesStatusApp, HealthApp, OperatorOnly, ReloadApp
 from switchyard_mw.asgi.cooling import cooling_status_app
 from switchyard_mw.asgi.stack import switchyard_stack
-from switchyard_mw.config import Config, parse_config
+from switchyard_mw.config import Config, load_config, parse_config
 from switchyard_mw.gateway import WIRE_ROUTES, Forwarder
 from switchyard_mw.outbound import make_http_client
 
@@ -58,10 +64,11 @@ def _start_mock_provider() -> None:
     threading.Thread(target=server.run, name="mock-provider", daemon=True).start()
 
 
-def _config() -> Config | str:
-    """The config; the default one pointed at wherever the bundled mock runs."""
+def _config() -> Config:
+    """The config (read again at each reload); the default one pointed at wherever the
+    bundled mock runs."""
     if not USING_DEFAULT:
-        return CONFIG
+        return load_config(CONFIG)
     port = os.environ.get("SWITCHYARD_MOCK_PORT", "9100")
     text = DEFAULT_CONFIG.read_text().replace("127.0.0.1:9100", f"127.0.0.1:{port}")
     return parse_config(text, source=CONFIG)
@@ -92,16 +99,22 @@ async def lifespan(_: Starlette) -> AsyncIterator[None]:
 
 
 gateway = Starlette(
-    routes=[
-        *(Route(path, forwarder, methods=["POST"]) for path in WIRE_ROUTES),
-        Route("/metrics", metrics),
-    ],
+    routes=[*(Route(path, forwarder, methods=["POST"]) for path in WIRE_ROUTES)],
     lifespan=lifespan,
 )
-app = switchyard_stack(gateway, config=_config())
-gateway.add_route("/switchyard/accounts", cooling_status_app(app.pool), methods=["GET", "HEAD"])
-gateway.add_route("/switchyard/health", HealthApp(), methods=["GET"])
-gateway.add_route("/switchyard/canaries", CanariesStatusApp(app.variant.canaries), methods=["GET"])
+app = switchyard_stack(gateway, config=_config(), reload_from=_config)
+# Operator routes: loopback only unless SWITCHYARD_OPERATOR_ALLOW names more (SECURITY.md).
+# Each view asks the stack for what is in force now, so it follows reloads.
+allow = [a.strip() for a in os.environ.get("SWITCHYARD_OPERATOR_ALLOW", "").split(",") if a.strip()]
+operator_routes = {
+    "/metrics": (request_response(metrics), ["GET"]),
+    "/switchyard/accounts": (cooling_status_app(lambda: app.pool), ["GET", "HEAD"]),
+    "/switchyard/health": (HealthApp(config=lambda: app.config), ["GET"]),
+    "/switchyard/canaries": (CanariesStatusApp(lambda: app.variant.canaries), ["GET"]),
+    "/switchyard/reload": (ReloadApp(app.reload), ["POST"]),
+}
+for path, (view, methods) in operator_routes.items():
+    gateway.add_route(path, OperatorOnly(view, allow=allow), methods=methods)
 
 if __name__ == "__main__":
     import uvicorn

@@ -96,6 +96,23 @@ class Judge:
             self.http = make_http_client()
         return self.http
 
+    def take_over(self, old: Judge) -> None:
+        """Continue `old`'s work after a config reload (call before this judge is used).
+
+        One connection pool across reloads: `old` keeps using it for the requests it is still
+        deciding, and this judge closes it. Pinned conversations keep their verdict where the
+        route still offers its model, so a reload never moves one off the model its thinking
+        binds it to.
+        """
+        if old.owns_http and self.owns_http:
+            # Built now if need be: `old` may still be asked, and must not build its own.
+            self.http = old._http_client() if old.routes else old.http
+            old.owns_http = False
+        for (name, turn), decision in old._pins.items():
+            route = self.routes.get(name)
+            if route is not None and decision.model in (*route.choices.values(), route.fallback):
+                self._remember((name, turn), decision)
+
     async def aclose(self) -> None:
         """Close the judge's connection pool if this judge built it."""
         if self.owns_http and self.http is not None:

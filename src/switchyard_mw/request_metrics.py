@@ -205,6 +205,11 @@ def watch(pool: AccountPool) -> None:
     _pools.add(pool)
 
 
+def unwatch(pool: AccountPool) -> None:
+    """Stop reporting `pool` (a reload replaced it: accounts it alone had disappear)."""
+    _pools.discard(pool)
+
+
 def account_state(pool: AccountPool, name: str) -> int:
     """0 closed, 1 half-open, 2 cooled, 3 throttled (held for every model it names)."""
     code = _STATE_CODES.get(pool.status_of(name).state, COOLED)

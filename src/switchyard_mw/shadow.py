@@ -144,6 +144,13 @@ class Shadows:
             return type(exc).__name__
         return str(answer.status_code) if answer.status_code >= 400 else None
 
+    async def retire(self) -> None:
+        """After a reload replaced these shadows: let the mirrors in flight end (each is
+        bounded by its deadline), then close the client this object made."""
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._own_client:
+            await self._http.aclose()
+
     async def aclose(self) -> None:
         """Cancel the shadows in flight and close the client this object made."""
         for task in list(self._tasks):

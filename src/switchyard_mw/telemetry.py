@@ -38,6 +38,7 @@ VARIANT_ASSIGNMENTS = "switchyard.variant.assignments"
 JUDGE_DURATION = "switchyard.judge.duration"
 BUDGET_INVALID = "switchyard.budget.invalid"
 STATE_DEGRADED = "switchyard.state.degraded"
+CONFIG_RELOADS = "switchyard.config.reloads"
 
 # Span names.
 SPAN_REQUEST = "switchyard.request"
@@ -173,6 +174,11 @@ budget_invalid = meter.create_counter(
 )
 state_degraded = meter.create_counter(
     STATE_DEGRADED, unit="{event}", description="Times the shared state store was unreachable"
+)
+config_reloads = meter.create_counter(
+    CONFIG_RELOADS,
+    unit="{reload}",
+    description="Config reloads, by result: ok (in force) or rejected (the old one stays)",
 )
 
 

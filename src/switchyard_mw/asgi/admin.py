@@ -3,14 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import ipaddress
 import os
+from collections.abc import Callable, Collection
+from typing import TypeAlias, TypeVar
 
 import msgspec
 
+from ..config import Config
 from ..core.clock import Clock, monotonic
 from ..core.pool import AccountPool
 from ..variant_assignment import Canaries
 from ._types import ASGIApp, Receive, Scope, Send
+
+_T = TypeVar("_T")
+Follow: TypeAlias = _T | Callable[[], _T]
+"""An object, or a function returning the one in force now (so a view follows a reload)."""
+
+
+def _now(source: Follow[_T]) -> _T:
+    return source() if callable(source) else source
 
 
 class CoolingStatusApp:
@@ -22,9 +35,13 @@ class CoolingStatusApp:
     A class rather than a function, so Starlette's `Route` serves it as an ASGI app.
     """
 
-    def __init__(self, pool: AccountPool, *, clock: Clock = monotonic) -> None:
-        self.pool = pool
+    def __init__(self, pool: Follow[AccountPool], *, clock: Clock = monotonic) -> None:
+        self._pool = pool
         self.clock = clock
+
+    @property
+    def pool(self) -> AccountPool:
+        return _now(self._pool)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -43,6 +60,7 @@ class CoolingStatusApp:
 
     def snapshot(self) -> list[dict[str, object]]:
         now = self.clock()
+        pool = self.pool
         return [
             {
                 "name": s.name,
@@ -56,24 +74,31 @@ class CoolingStatusApp:
                 # Throttle holds, per model: seconds until each ends (a 429's retry time).
                 "held_for_secs": {
                     model: round(max(0.0, until - now), 3)
-                    for model, until in self.pool.holds_of(s.name).items()
+                    for model, until in pool.holds_of(s.name).items()
                 },
             }
-            for s in self.pool.status()
+            for s in pool.status()
         ]
 
 
-def cooling_status_app(pool: AccountPool, *, clock: Clock = monotonic) -> ASGIApp:
-    """The operator view of `pool` as an ASGI app (see `CoolingStatusApp`)."""
+def cooling_status_app(pool: Follow[AccountPool], *, clock: Clock = monotonic) -> ASGIApp:
+    """The operator view of `pool` as an ASGI app (see `CoolingStatusApp`); pass a function
+    returning the pool (`lambda: stack.pool`) to follow reloads."""
     return CoolingStatusApp(pool, clock=clock)
 
 
 class CanariesStatusApp:
     """Answers GET with each canary's configured split, its guard's window counts (attempts
-    and faults per model) and the variants the guard tripped. No keys or user ids inside."""
+    and faults per model) and the variants the guard tripped. No keys or user ids inside.
+    `canaries` may be a function returning them (`lambda: stack.variant.canaries`), to
+    follow reloads."""
 
-    def __init__(self, canaries: Canaries) -> None:
-        self.canaries = canaries
+    def __init__(self, canaries: Follow[Canaries]) -> None:
+        self._canaries = canaries
+
+    @property
+    def canaries(self) -> Canaries:
+        return _now(self._canaries)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -88,18 +113,31 @@ class CanariesStatusApp:
 
 
 class HealthApp:
-    """Answers GET with liveness and the process's open asyncio tasks and file descriptors.
+    """Answers GET with liveness, the process's open asyncio tasks and file descriptors, and
+    its pid.
 
     The two counts let a soak test see that nothing piles up under load: after the traffic
-    stops, both must come back to where they started.
+    stops, both must come back to where they started. The pid names the worker that answered
+    (under `--workers N`, a SIGHUP reloads the worker it is sent to); with `config` (a
+    function returning the config in force), `config` is a short digest of it, so an operator
+    sees which config each worker serves.
     """
+
+    def __init__(self, *, config: Callable[[], Config] | None = None) -> None:
+        self.config = config
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        body = msgspec.json.encode(
-            {"status": "ok", "tasks": len(asyncio.all_tasks()), "open_fds": _open_fds()}
-        )
+        answer: dict[str, object] = {
+            "status": "ok",
+            "tasks": len(asyncio.all_tasks()),
+            "open_fds": _open_fds(),
+            "pid": os.getpid(),
+        }
+        if self.config is not None:
+            answer["config"] = config_digest(self.config())
+        body = msgspec.json.encode(answer)
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
@@ -113,3 +151,83 @@ def _open_fds() -> int | None:
         return len(os.listdir("/proc/self/fd"))
     except OSError:
         return None  # not Linux: the count is simply unknown
+
+
+def config_digest(config: Config) -> str:
+    """12 hex digits that change whenever anything in `config` does (no secret is in it)."""
+    return hashlib.sha256(msgspec.json.encode(config)).hexdigest()[:12]
+
+
+class ReloadApp:
+    """Answers POST by reloading the config: 200 `{"result": "ok"}` when the new one is in
+    force, 422 `{"result": "rejected", "problems": [...]}` (key paths) when the old one stays.
+
+    `reload` is the stack's (`SwitchyardStack.reload`). Mount it behind `OperatorOnly`: a
+    reload re-reads files and the environment, which no client of the gateway should trigger.
+    """
+
+    def __init__(self, reload: Callable[[], list[str]]) -> None:
+        self.reload = reload
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        if scope.get("method") != "POST":
+            await _json(send, 405, {"error": "method not allowed"}, [(b"allow", b"POST")])
+            return
+        problems = self.reload()
+        if problems:
+            await _json(send, 422, {"result": "rejected", "problems": problems})
+        else:
+            await _json(send, 200, {"result": "ok"})
+
+
+class OperatorOnly:
+    """Lets through only requests from loopback (or from the addresses in `allow`); answers
+    any other client 403. For the operator routes: who may see account health, canary
+    counts and metrics, or reload the config.
+
+    The address is the peer's as the server reports it (`scope["client"]`): behind a proxy on
+    the same host every request is loopback, so keep these routes off what the proxy serves.
+    A server on a unix socket reports none: filesystem permissions already decide who connects.
+    """
+
+    def __init__(self, app: ASGIApp, *, allow: Collection[str] = ()) -> None:
+        self.app = app
+        self.allow = frozenset(allow)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not self.permitted(scope.get("client")):
+            await _json(send, 403, {"error": "operator routes answer loopback clients only"})
+            return
+        await self.app(scope, receive, send)
+
+    def permitted(self, client: tuple[str, int] | None) -> bool:
+        if client is None:
+            return True
+        host = client[0]
+        if host in self.allow:
+            return True
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return False
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        return address.is_loopback
+
+
+async def _json(
+    send: Send,
+    status: int,
+    content: dict[str, object],
+    extra: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    body = msgspec.json.encode(content)
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *(extra or []),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

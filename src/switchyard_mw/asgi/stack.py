@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import os
 from collections.abc import Mapping
 
 import httpx
 
+from .. import reload, request_metrics
 from ..clients import UpstreamClient, build_clients
-from ..config import Config, ConfigSource, as_config
+from ..config import Config, ConfigSource, as_config, load_config
 from ..context import RequestContext
 from ..core.clock import Clock, monotonic
 from ..core.pool import AccountPool
+from ..reload import Loader
 from ..shadow import Shadows
 from ..state import Store, build_store
 from ._base import PolicyMiddleware
@@ -32,6 +37,9 @@ class SwitchyardStack(PolicyMiddleware):
     `[state]` says (built from the config unless given). The store connects on the first
     ASGI call (the lifespan startup under a server), waiting at most its timeout. `aclose()`
     closes the store and the judge's connection pool when the stack built it.
+
+    `reload()` puts a new config in force without a restart (see there); every attribute
+    above then names the new policies, so read them when needed rather than keeping them.
     """
 
     def __init__(
@@ -43,49 +51,112 @@ class SwitchyardStack(PolicyMiddleware):
         judge_http_client: httpx.AsyncClient | None = None,
         clock: Clock = monotonic,
         store: Store | None = None,
+        loader: Loader | None = None,
+        environ: Mapping[str, str] | None = None,
+        reload_on_signal: bool = True,
     ) -> None:
-        server = config.server
-        super().__init__(app, server=server)
-        self.config = config
-        self.clients = dict(clients)
-        self.pool: AccountPool = pool_from_clients(self.clients, clock=clock)
+        super().__init__(app, server=config.server)
+        self.clock = clock
+        self.loader = loader
+        """Where `reload()` gets the config again (None: only a `Config` handed to it)."""
+        self.environ = environ
+        self._judge_http = judge_http_client
+        self._signal = reload_on_signal and loader is not None
+        self._retired: set[Shadows] = set()
         self.store: Store = store if store is not None else build_store(config.state)
-        self.store.bind(self.pool)
         # The store needs the server's event loop, which the constructor may not have.
-        self._start = self.store.start
-        self.deadline = DeadlineMiddleware(app, server=server)
-        self.cooling = CoolingMiddleware(app, clients=self.clients, pool=self.pool, server=server)
-        self.cooling.inner = self.deadline.handle
-        self.variant = VariantMiddleware(app, canaries=config.canaries, server=server, clock=clock)
-        self.cooling.guard = self.variant.canaries  # every attempt's outcome feeds the guards
-        self.store.share_trips(self.variant.canaries)  # with Redis, a trip holds everywhere
-        self.shadows = Shadows.build(
-            config.canaries,
-            clients=self.clients,
-            pool=self.pool,
-            max_inflight=server.shadow_max_inflight,
+        self._start = self._startup
+        self._build(config, dict(clients), pool_from_clients(clients, clock=clock))
+
+    def _build(self, config: Config, clients: dict[str, UpstreamClient], pool: AccountPool) -> None:
+        """Put the policies of `config` in force, all at once (no await in between)."""
+        app, server = self.app, config.server
+        previous: JudgeMiddleware | None = getattr(self, "judge", None)
+        deadline = DeadlineMiddleware(app, server=server)
+        cooling = CoolingMiddleware(app, clients=clients, pool=pool, server=server)
+        cooling.inner = deadline.handle
+        variant = VariantMiddleware(app, canaries=config.canaries, server=server, clock=self.clock)
+        cooling.guard = variant.canaries  # every attempt's outcome feeds the guards
+        self.store.share_trips(variant.canaries)  # with Redis, a trip holds everywhere
+        judge = JudgeMiddleware(
+            app, routes=config.routes, clients=clients, http_client=self._judge_http, server=server
         )
+        if previous is not None:
+            judge.judge.take_over(previous.judge)
+        shadows = Shadows.build(
+            config.canaries, clients=clients, pool=pool, max_inflight=server.shadow_max_inflight
+        )
+        self.store.bind(pool)
+        super().__init__(app, server=server)  # the paths and limits every request is read with
+        self.config, self.clients, self.pool = config, clients, pool
+        self.deadline, self.cooling, self.variant, self.judge = deadline, cooling, variant, judge
+        self.shadows = shadows
         """Mirrors a share of canaried models' requests (None: no canary has a shadow)."""
-        self.judge = JudgeMiddleware(
-            app,
-            routes=config.routes,
-            clients=self.clients,
-            http_client=judge_http_client,
-            server=server,
-        )
+
+    def reload(self, config: Config | None = None) -> list[str]:
+        """Put a new config in force: `config`, else the one `loader` reads now.
+
+        Keys are read again from `environ` (default: this process's environment). Requests
+        under way finish with the policies they started with; account health is kept for
+        every account whose name and `base_url` did not change; the canary guards start
+        afresh. Returns the problems that refused it (logged, the old config staying in
+        force), an empty list when it took effect. A SIGHUP calls it once the stack serves
+        (when it has a `loader`).
+        """
+        loader = self.loader if config is None else (lambda: config)
+        if loader is None:
+            return reload.rejected(["no config to reload from: the stack was given a Config"])
+        prepared = reload.prepare(loader, self.config, self.environ)
+        if isinstance(prepared, list):
+            return prepared
+        new_config, clients = prepared
+        old_pool = self.pool
+        pool = pool_from_clients(clients, clock=self.clock)
+        pool.carry_over(old_pool, accounts=reload.kept_accounts(self.clients, clients))
+        old_shadows = self.shadows
+        self._build(new_config, clients, pool)
+        request_metrics.unwatch(old_pool)
+        if old_shadows is not None:
+            self._retire(old_shadows)
+        reload.accepted("")
+        return []
+
+    def _retire(self, shadows: Shadows) -> None:
+        """Close a replaced config's shadows once their mirrors in flight have ended."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # reloaded outside any loop: no mirror can be in flight
+        self._retired.add(shadows)
+        task = loop.create_task(shadows.retire())
+        task.add_done_callback(lambda _: self._retired.discard(shadows))
+
+    def _on_signal(self) -> None:
+        self.reload()
+
+    async def _startup(self) -> None:
+        await self.store.start()
+        if self._signal:
+            reload.on_signal(self._on_signal)
 
     async def other(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.judge.other(scope, receive, send)  # it closes its pool at lifespan shutdown
 
     async def handle(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.judge.applies(ctx):  # no coroutine for the many requests with no route
-            await self.judge.route(ctx)
-        self.variant.assign(ctx)
-        if self.shadows is not None:
-            self.shadows.mirror(ctx, scope["path"])
-        await self.cooling.handle(ctx, scope, receive, send)
+        # The policies in force now: a reload during this request leaves it on these.
+        judge, variant, cooling, shadows = self.judge, self.variant, self.cooling, self.shadows
+        if judge.applies(ctx):  # no coroutine for the many requests with no route
+            await judge.route(ctx)
+        variant.assign(ctx)
+        if shadows is not None:
+            shadows.mirror(ctx, scope["path"])
+        await cooling.handle(ctx, scope, receive, send)
 
     async def aclose(self) -> None:
+        if self._signal:
+            reload.off_signal()
+        for retired in list(self._retired):
+            await retired.aclose()
         if self.shadows is not None:
             await self.shadows.aclose()
         await self.store.aclose()
@@ -99,15 +170,35 @@ def switchyard_stack(
     environ: Mapping[str, str] | None = None,
     judge_http_client: httpx.AsyncClient | None = None,
     clock: Clock = monotonic,
+    reload_from: str | os.PathLike[str] | Loader | None = None,
+    reload_on_signal: bool = True,
 ) -> SwitchyardStack:
     """Wrap `app` in all four policies.
 
     `config` is a loaded `Config` or a path to its TOML file; API keys are read from the
     environment (`environ`, default `os.environ`) now, so a missing one fails at start-up.
     With `[state] backend = "redis"` the account pool's state is shared through Redis.
+
+    `stack.reload()` puts the config in force again as `reload_from` gives it (a path, or a
+    function returning a `Config`; default: the path `config` names, if it is one); with
+    `reload_on_signal`, a SIGHUP to the process does the same once the stack serves.
     """
+    loader: Loader | None = None
+    if reload_from is not None:
+        loader = (
+            reload_from if callable(reload_from) else functools.partial(load_config, reload_from)
+        )
+    if not isinstance(config, Config):
+        loader = loader or functools.partial(load_config, config)
     config = as_config(config)
     clients = build_clients(config, environ)
     return SwitchyardStack(
-        app, config=config, clients=clients, judge_http_client=judge_http_client, clock=clock
+        app,
+        config=config,
+        clients=clients,
+        judge_http_client=judge_http_client,
+        clock=clock,
+        loader=loader,
+        environ=environ,
+        reload_on_signal=reload_on_signal,
     )

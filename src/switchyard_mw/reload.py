@@ -1,0 +1,109 @@
+"""Reloading the config in a running process: what both fronts share.
+
+A reload reads the config again (the file, through the front's loader), checks it whole and
+reads every key from this process's environment, as at start-up. Anything wrong refuses the
+whole config: each problem is logged with its key path, `switchyard.config.reloads
+{result = rejected}` counts it, and the config in force stays. Otherwise the front builds its
+policies afresh, keeps the health of every account whose name and `base_url` did not change
+(`AccountPool.carry_over`), and swaps them in at once: a request that started keeps the
+objects it started with, a new one gets the new ones.
+
+`[state]` is not reloadable: the store is connected once per process (a changed table is
+refused, with the reason).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Callable, Mapping
+
+from . import telemetry as tm
+from .clients import UpstreamClient, build_clients
+from .config import Config
+from .errors import ConfigError, StartupError
+
+RELOAD_SIGNAL: signal.Signals | None = getattr(signal, "SIGHUP", None)
+"""The signal that reloads a process's config (none on Windows)."""
+Loader = Callable[[], Config]
+"""How a front gets the config again: reads and validates it, `ConfigError` when invalid."""
+
+_log = logging.getLogger(__name__)
+
+
+def prepare(
+    loader: Loader, current: Config, environ: Mapping[str, str] | None = None
+) -> tuple[Config, dict[str, UpstreamClient]] | list[str]:
+    """The new config and its clients (keys read from `environ`, default this process's
+    environment), or every problem that refuses it (already logged and counted)."""
+    try:
+        config = loader()
+        problems = _unreloadable(current, config)
+        if problems:
+            raise ConfigError(problems)
+        return config, build_clients(config, environ)
+    except ConfigError as exc:
+        return rejected(list(exc.problems))
+    except StartupError as exc:
+        return rejected(str(exc).split("; "))
+    except Exception as exc:  # a loader's own failure must not take the process down
+        return rejected([f"{type(exc).__name__}: {exc}"])
+
+
+def _unreloadable(current: Config, new: Config) -> list[str]:
+    if new.state != current.state:
+        return ["state: changed; [state] takes effect at a restart, not a reload"]
+    return []
+
+
+def kept_accounts(
+    old: Mapping[str, UpstreamClient], new: Mapping[str, UpstreamClient]
+) -> list[str]:
+    """The accounts whose name and `base_url` did not change: their health carries over."""
+    return [
+        name
+        for name, client in new.items()
+        if name in old and old[name].base_url == client.base_url
+    ]
+
+
+def accepted(where: str) -> None:
+    tm.config_reloads.add(1, {"result": "ok"})
+    _log.warning("config reloaded%s", where)
+
+
+def rejected(problems: list[str]) -> list[str]:
+    tm.config_reloads.add(1, {"result": "rejected"})
+    _log.error(
+        "config reload rejected, the config in force stays: %d problem(s)\n%s",
+        len(problems),
+        "\n".join(f"  {p}" for p in problems),
+    )
+    return problems
+
+
+def on_signal(reload: Callable[[], object]) -> bool:
+    """Run `reload()` in the running event loop on each `RELOAD_SIGNAL` from now on.
+
+    Installed through the loop, beside whatever handlers the server set for its own signals.
+    False when it cannot be (no such signal, or not the main thread: only it gets signals).
+    """
+    if RELOAD_SIGNAL is None:
+        return False
+    loop = asyncio.get_running_loop()
+    try:
+        loop.add_signal_handler(RELOAD_SIGNAL, reload)
+    except (NotImplementedError, RuntimeError, ValueError):
+        _log.info("config reload on SIGHUP is off: not the main thread's event loop")
+        return False
+    return True
+
+
+def off_signal() -> None:
+    """Stop reloading on `RELOAD_SIGNAL` in the running loop (if it did)."""
+    if RELOAD_SIGNAL is None:
+        return
+    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+        asyncio.get_running_loop().remove_signal_handler(RELOAD_SIGNAL)
