@@ -140,11 +140,13 @@ def run_extproc(
 ) -> int:
     """Serve ext_proc until SIGTERM; a bad config, listen address or key is exit 2."""
     import asyncio
+    import functools
 
     from .errors import MissingExtraError, StartupError
 
     try:
         from .extproc import ExtProcServer, parse_listen, serve
+        from .extproc.reloading import NO_CLUSTER, load_extproc_config
     except MissingExtraError as exc:
         print(str(exc), file=err)
         return 1
@@ -158,24 +160,21 @@ def run_extproc(
         print(f"--listen {exc}", file=err)
         return EXIT_INVALID
     if not any(client.envoy_cluster for client in config.llm_clients.values()):
-        print(
-            f"{path}: no llm_clients entry sets envoy_cluster, so Envoy could reach no account; "
-            "set it to the Envoy cluster that reaches each account's base_url",
-            file=err,
-        )
+        print(f"{path}: {NO_CLUSTER}", file=err)
         return EXIT_INVALID
+    loader = functools.partial(load_extproc_config, path)  # SIGHUP reads the file again
 
     if workers != 1:
         from .extproc.workers import run_workers
 
-        return run_workers(config, listen, workers, err=err, transport=transport)
+        return run_workers(config, listen, workers, err=err, transport=transport, loader=loader)
 
     def ready(server: ExtProcServer) -> None:
         where = listen if server.port is None else f"{listen.rpartition(':')[0]}:{server.port}"
         print(f"switchyard-mw extproc listening on {where}", file=err, flush=True)
 
     try:
-        asyncio.run(serve(config, listen, ready=ready, transport=transport))
+        asyncio.run(serve(config, listen, ready=ready, transport=transport, loader=loader))
     except StartupError as exc:
         print(f"{path}: {exc}", file=err)
         return EXIT_INVALID

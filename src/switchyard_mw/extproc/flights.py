@@ -18,12 +18,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from opentelemetry import trace
 
 from ..context import RequestContext
 from ..core.clock import Clock, monotonic
 from ..core.pool import Lease
+
+if TYPE_CHECKING:
+    from .policy import Policies
 
 MAX_FLIGHTS = 100_000
 """A bound on state kept for Envoy: a flight lives as long as its router-level stream."""
@@ -54,6 +58,9 @@ class Flight:
     """The incoming budget, not the attempt deadline, set Envoy's timeout."""
     closed: bool = False
     """Its router-level stream ended: no attempt may start on it any more."""
+    policies: Policies | None = None
+    """The policies the request started with: its upstream-level streams use them too, even
+    after a reload put others in force."""
 
 
 class Flights:

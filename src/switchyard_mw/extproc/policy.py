@@ -27,6 +27,7 @@ from ..core.clock import Clock, monotonic
 from ..core.deadline import attempt_deadline_secs
 from ..core.pool import AccountPool, Lease, Outcome
 from ..judging import Judge
+from ..reload import kept_accounts
 from ..state import Store, build_store
 from ..variant_assignment import Canaries
 from ..wire import WIRE_PATHS, Wire
@@ -91,6 +92,26 @@ class Policies:
         }
         self.options = msg.Options()
         """Header options that repeat across requests (deadlines, exposed decisions)."""
+
+    def reloaded(self, config: Config, clients: Mapping[str, UpstreamClient]) -> Policies:
+        """The policies of a reloaded `config`, continuing these: the same store and judge
+        connection pool, the health of every account whose name and `base_url` did not
+        change, fresh canary guards. These stay usable for the requests that started on them.
+        """
+        clock = self.pool.clock
+        pool = pool_from_clients(clients, clock=clock)
+        pool.carry_over(self.pool, accounts=kept_accounts(self.clients, clients))
+        new = Policies(
+            config,
+            clients,
+            pool=pool,
+            judge_http_client=None if self.judge.owns_http else self.judge.http,
+            clock=clock,
+            store=self.store,
+        )
+        new.judge.take_over(self.judge)
+        request_metrics.unwatch(self.pool)
+        return new
 
     def cluster_of(self, account: str) -> str:
         return self.clients[account].spec.envoy_cluster or ""

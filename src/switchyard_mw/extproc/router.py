@@ -161,7 +161,7 @@ class RouterStream:
             return self.refuse(exc)
         ctx = RequestContext(view=view, body=body, now=self.started_at)
         ctx.budget_at = self.p.budget_at(self.headers, self.started_at)
-        self.flight = flight = Flight(ctx=ctx, span=self.span)
+        self.flight = flight = Flight(ctx=ctx, span=self.span, policies=self.p)
         if self.span is None:
             await self.p.decide_model(ctx, self.gone)
         else:

@@ -5,7 +5,8 @@ one of two transports: grpc.aio (`grpcio`, the default) or a plain asyncio HTTP/
 `h2` (`h2`, see `h2_transport`), which costs about a third of the CPU per request. On SIGTERM
 (or SIGINT) health turns NOT_SERVING, new streams are refused and the ones in flight get
 `grace_secs` to finish: a request whose body is being judged or whose upstream call is under
-way completes instead of failing.
+way completes instead of failing. With a `loader`, SIGHUP reloads the config
+(`reloading.reload_policies`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from ..clients import build_clients
 from ..config import Config
+from ..reload import Loader, on_signal
 from .h2_transport import H2Limits, H2Server
 from .policy import Policies
 from .servicer import ExtProcServicer
@@ -214,8 +216,12 @@ async def serve(
     ready: Callable[[ExtProcServer], None] | None = None,
     reuse_port: bool = False,
     transport: Transport = DEFAULT_TRANSPORT,
+    loader: Loader | None = None,
 ) -> None:
-    """Run until SIGTERM or SIGINT, then stop gracefully. API keys are read from `environ`."""
+    """Run until SIGTERM or SIGINT, then stop gracefully. API keys are read from `environ`.
+
+    With `loader` (how to read the config again), each SIGHUP reloads it, keys included.
+    """
     policies = Policies(config, build_clients(config, environ))
     running = await start_server(policies, listen, reuse_port=reuse_port, transport=transport)
     stopping = asyncio.Event()
@@ -223,6 +229,10 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stopping.set)
+    if loader is not None:
+        from .reloading import reload_policies
+
+        on_signal(lambda: reload_policies(running.servicer, loader, environ))
     if ready is not None:
         ready(running)
     try:

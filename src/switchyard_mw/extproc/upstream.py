@@ -67,6 +67,7 @@ class UpstreamStream:
         if flight is None:
             return msg.UNCHANGED_REQUEST_HEADERS
         self.flight = flight
+        self.p = flight.policies or self.p  # the request's own, across a reload
         flight.upstream_attempts += 1
         attempt = headers.get(ATTEMPT_HEADER, b"")
         first = attempt == b"1" if attempt else flight.upstream_attempts == 1
@@ -102,6 +103,7 @@ class UpstreamStream:
             flight = self.flight = self.flights.find(msg.attribute(request, REQUEST_ID_ATTRIBUTE))
         if flight is None or flight.lease is None:
             return msg.UNCHANGED_RESPONSE_HEADERS
+        self.p = flight.policies or self.p  # the request's own, across a reload
         headers = msg.headers_of(request.response_headers, _STATUS)
         status = int(headers.get(":status", b"0") or 0)
         outcome, text = outcome_of(status)

@@ -14,6 +14,8 @@ worker would then get work.
 The parent process starts the workers (spawned, not forked: gRPC's threads do not survive a
 fork), reports the address once all listen, and on SIGTERM or SIGINT stops them all gracefully
 (each turns NOT_SERVING and lets its streams finish). A worker that dies stops the rest.
+With a `loader`, a SIGHUP to the parent is passed on to every worker, and each reloads its
+config itself (a SIGHUP to one worker's pid reloads that one).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing
+import os
 import signal
 import socket
 import threading
@@ -34,6 +37,7 @@ from typing import TextIO
 from ..clients import build_clients
 from ..config import Config
 from ..errors import StartupError
+from ..reload import RELOAD_SIGNAL, Loader
 from .server import DEFAULT_TRANSPORT, GRACE_SECS, ExtProcServer, Transport, parse_listen, serve
 
 START_SECS = 60.0
@@ -47,6 +51,7 @@ def run_workers(
     *,
     err: TextIO,
     transport: Transport = DEFAULT_TRANSPORT,
+    loader: Loader | None = None,
 ) -> int:
     """The CLI's `--workers N`: 2 for a bad count, address or missing key (checked once, here,
     before any worker starts), 1 when the workers cannot listen, else `serve_workers`'s."""
@@ -67,7 +72,9 @@ def run_workers(
         )
 
     try:
-        return serve_workers(config, listen, workers, ready=ready, transport=transport)
+        return serve_workers(
+            config, listen, workers, ready=ready, transport=transport, loader=loader
+        )
     except ValueError as exc:
         print(f"--listen {exc}", file=err)
         return 2
@@ -84,6 +91,7 @@ def serve_workers(
     ready: Callable[[int], None] | None = None,
     grace_secs: float = GRACE_SECS,
     transport: Transport = DEFAULT_TRANSPORT,
+    loader: Loader | None = None,
 ) -> int:
     """Run `workers` processes on `listen` until SIGTERM or SIGINT; the exit status (0 when
     stopped by a signal and every worker stopped cleanly). `ready` gets the bound port.
@@ -100,11 +108,13 @@ def serve_workers(
     previous = {sig: signal.signal(sig, _setter(stop)) for sig in signals}
     spawn = multiprocessing.get_context("spawn")
     procs: list[BaseProcess] = []
+    if loader is not None and RELOAD_SIGNAL is not None:
+        previous[RELOAD_SIGNAL] = signal.signal(RELOAD_SIGNAL, _passer(procs))
     try:
         with _reserved(host, int(port_text)) as port:
             pipes = [spawn.Pipe(duplex=False) for _ in range(workers)]
             for i, (_, sender) in enumerate(pipes):
-                args = (config, f"{host}:{port}", grace_secs, transport, sender)
+                args = (config, f"{host}:{port}", grace_secs, transport, sender, loader)
                 procs.append(spawn.Process(target=_worker, args=args, name=f"extproc-{i}"))
                 procs[-1].start()
                 sender.close()  # the child holds its end
@@ -146,6 +156,18 @@ def _setter(stop: threading.Event) -> Callable[[int, FrameType | None], None]:
     return handler
 
 
+def _passer(procs: Sequence[BaseProcess]) -> Callable[[int, FrameType | None], None]:
+    """A signal handler that sends the signal on to every live worker."""
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        for proc in procs:
+            if proc.is_alive() and proc.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signum)
+
+    return handler
+
+
 def _await_listening(
     receivers: list[Connection], procs: Sequence[BaseProcess], stop: threading.Event
 ) -> str | None:
@@ -180,9 +202,17 @@ def _stop_all(procs: Sequence[BaseProcess], grace_secs: float) -> None:
 
 
 def _worker(
-    config: Config, listen: str, grace_secs: float, transport: Transport, conn: Connection
+    config: Config,
+    listen: str,
+    grace_secs: float,
+    transport: Transport,
+    conn: Connection,
+    loader: Loader | None = None,
 ) -> None:
     """One worker: serve until SIGTERM, telling the parent once it listens (or why not)."""
+    if loader is not None and RELOAD_SIGNAL is not None:
+        # Until `serve` handles it: a reload asked for while starting must not kill the worker.
+        signal.signal(RELOAD_SIGNAL, signal.SIG_IGN)
 
     def listening(server: ExtProcServer) -> None:
         conn.send(("ready", server.port))
@@ -196,6 +226,7 @@ def _worker(
                 ready=listening,
                 reuse_port=True,
                 transport=transport,
+                loader=loader,
             )
         )
     except Exception as exc:  # reported to the parent, which exits with it
