@@ -61,6 +61,16 @@ def example_gateway(
 
     `workers` > 1 runs that many worker processes behind one port (`uvicorn --workers`).
     """
+    with example_gateway_process(config_text, tmp_path, env, workers=workers) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def example_gateway_process(
+    config_text: str, tmp_path: Path, env: Mapping[str, str] | None = None, *, workers: int = 1
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """`example_gateway`, yielding the uvicorn process too; its config is
+    `tmp_path/switchyard.toml` and its output `tmp_path/gateway.log`."""
     config = tmp_path / "switchyard.toml"
     config.write_text(config_text)
     port = free_port()
@@ -96,7 +106,7 @@ def example_gateway(
         except TimeoutError:
             proc.kill()
             raise RuntimeError((tmp_path / "gateway.log").read_text()) from None
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", proc
     finally:
         proc.terminate()
         try:
@@ -105,6 +115,21 @@ def example_gateway(
             proc.kill()
             proc.wait()
         log.close()
+
+
+def worker_pids(parent: int) -> list[int]:
+    """The pids of `parent`'s multiprocessing workers (uvicorn --workers, extproc --workers),
+    read from /proc: its children started by `spawn_main` (not its resource tracker)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            stat = (entry / "stat").read_text()
+            ppid = int(stat.rpartition(")")[2].split()[1])
+            if ppid == parent and b"spawn_main" in (entry / "cmdline").read_bytes():
+                pids.append(int(entry.name))
+    return sorted(pids)
 
 
 def metric_value(base_url: str, name: str, **labels: str) -> float:
