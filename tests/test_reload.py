@@ -230,3 +230,18 @@ async def test_the_reload_route_says_what_refused_the_config() -> None:
         assert answer.status_code == 422
         assert answer.json() == {"result": "rejected", "problems": ["canaries.x: no"]}
         assert (await http.get("/switchyard/reload")).status_code == 405
+
+
+async def test_a_replaced_config_s_shadows_close_once_their_mirrors_end(tmp_path: Path) -> None:
+    stack, _, _ = stack_for(tmp_path, config_text(extra="shadow = { var = 100.0 }\n"))
+    old = stack.shadows
+    assert old is not None
+    assert stack.reload() == []
+    assert stack.shadows is not None
+    assert stack.shadows is not old
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert old._http.is_closed
+    assert not stack.shadows._http.is_closed
+    await stack.aclose()
+    assert stack.shadows._http.is_closed
