@@ -14,7 +14,7 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anthropic
@@ -260,3 +260,45 @@ async def run_ramp(gw: Gateway, mock: MockProvider) -> None:
 
 def proc_alive(gw: Gateway) -> bool:
     return worker_pids(gw.pid) == gw.workers
+
+
+async def test_one_uvicorn_process_reloads_on_sighup_and_on_the_reload_route(
+    tmp_path: Path,
+) -> None:
+    with example_gateway_process(config_text("http://127.0.0.1:9", 0), tmp_path, KEYS) as (
+        url,
+        proc,
+    ):
+        config = tmp_path / "switchyard.toml"
+        async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+
+            async def digest() -> str:
+                answer: str = (await http.get("/switchyard/health")).json()["config"]
+                return answer
+
+            config.write_text(config_text("http://127.0.0.1:9", 10))
+            os.kill(proc.pid, signal.SIGHUP)  # without a handler, this would end the process
+            want = config_digest(parse_config(config.read_text()))
+            await wait_for(lambda: _equal(digest(), want), "the SIGHUP reload")
+            assert proc.poll() is None
+
+            config.write_text(config_text("http://127.0.0.1:9", 20))
+            answer = await http.post("/switchyard/reload")
+            assert (answer.status_code, answer.json()) == (200, {"result": "ok"})
+            canaries = (await http.get("/switchyard/canaries")).json()["canaries"]
+            assert canaries[0]["variants"] == {"var": 20.0}
+
+            config.write_text(config_text("http://127.0.0.1:9", 20) + BROKEN)
+            answer = await http.post("/switchyard/reload")
+            assert answer.status_code == 422
+            assert (
+                "canaries.nobody.variants.var: must be between 0 and 100"
+                in answer.json()["problems"]
+            )
+            assert await digest() == config_digest(
+                parse_config(config_text("http://127.0.0.1:9", 20))
+            )
+
+
+async def _equal(value: Awaitable[str], want: str) -> bool:
+    return await value == want
