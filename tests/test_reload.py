@@ -245,3 +245,38 @@ async def test_a_replaced_config_s_shadows_close_once_their_mirrors_end(tmp_path
     assert not stack.shadows._http.is_closed
     await stack.aclose()
     assert stack.shadows._http.is_closed
+
+
+async def test_lifespan_shutdown_closes_the_judge_pool_in_force_after_a_reload(
+    tmp_path: Path,
+) -> None:
+    route = (
+        '[routes.auto]\nclassifier = "llm"\njudge = "acct-b"\njudge_model = "other"\n'
+        'choices = { x = "base" }\nfallback = "base"\n'
+    )
+    stack, _, _ = stack_for(tmp_path, config_text(extra=route))
+    messages = [{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}]
+    sent: list[str] = []
+
+    async def receive() -> dict[str, str]:
+        if not messages:
+            await asyncio.Event().wait()
+        return messages.pop(0)
+
+    async def send(message: dict[str, str]) -> None:
+        sent.append(message["type"])
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        await send({"type": "lifespan.startup.complete"})
+        await receive()
+        if stack.reload() != []:  # a reload while serving: the judge's pool changes hands
+            raise AssertionError
+        await send({"type": "lifespan.shutdown.complete"})
+
+    stack.app = app
+    pool = stack.judge.judge._http_client()
+    await stack({"type": "lifespan"}, receive, send)  # type: ignore[arg-type]
+    assert sent == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
+    assert stack.judge.judge.http is None or stack.judge.judge.http.is_closed
+    assert pool.is_closed

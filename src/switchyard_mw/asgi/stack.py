@@ -19,7 +19,7 @@ from ..reload import Loader
 from ..shadow import Shadows
 from ..state import Store, build_store
 from ._base import PolicyMiddleware
-from ._types import ASGIApp, Receive, Scope, Send
+from ._types import ASGIApp, Message, Receive, Scope, Send
 from .cooling import CoolingMiddleware, pool_from_clients
 from .deadline import DeadlineMiddleware
 from .judge import JudgeMiddleware
@@ -62,7 +62,7 @@ class SwitchyardStack(PolicyMiddleware):
         self.environ = environ
         self._judge_http = judge_http_client
         self._signal = reload_on_signal and loader is not None
-        self._retired: set[Shadows] = set()
+        self._retiring: dict[Shadows, asyncio.Task[None]] = {}
         self.store: Store = store if store is not None else build_store(config.state)
         # The store needs the server's event loop, which the constructor may not have.
         self._start = self._startup
@@ -127,9 +127,8 @@ class SwitchyardStack(PolicyMiddleware):
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return  # reloaded outside any loop: no mirror can be in flight
-        self._retired.add(shadows)
-        task = loop.create_task(shadows.retire())
-        task.add_done_callback(lambda _: self._retired.discard(shadows))
+        task = self._retiring[shadows] = loop.create_task(shadows.retire())
+        task.add_done_callback(lambda _: self._retiring.pop(shadows, None))
 
     def _on_signal(self) -> None:
         self.reload()
@@ -140,7 +139,17 @@ class SwitchyardStack(PolicyMiddleware):
             reload.on_signal(self._on_signal)
 
     async def other(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.judge.other(scope, receive, send)  # it closes its pool at lifespan shutdown
+        if scope["type"] != "lifespan":
+            return await self.app(scope, receive, send)
+
+        # The judge's pool closes just before shutdown completes: the judge in force then,
+        # which a reload may have replaced since startup (it took the pool over).
+        async def send_closing(message: Message) -> None:
+            if message["type"] == "lifespan.shutdown.complete":
+                await self.judge.aclose()
+            await send(message)
+
+        await self.app(scope, receive, send_closing)
 
     async def handle(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
         # The policies in force now: a reload during this request leaves it on these.
@@ -155,8 +164,9 @@ class SwitchyardStack(PolicyMiddleware):
     async def aclose(self) -> None:
         if self._signal:
             reload.off_signal()
-        for retired in list(self._retired):
-            await retired.aclose()
+        for shadows, task in list(self._retiring.items()):
+            task.cancel()
+            await shadows.aclose()
         if self.shadows is not None:
             await self.shadows.aclose()
         await self.store.aclose()
