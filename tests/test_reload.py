@@ -280,3 +280,22 @@ async def test_lifespan_shutdown_closes_the_judge_pool_in_force_after_a_reload(
     assert sent == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
     assert stack.judge.judge.http is None or stack.judge.judge.http.is_closed
     assert pool.is_closed
+
+
+@pytest.mark.parametrize("round_", range(20))
+async def test_requests_racing_reloads_each_see_one_whole_config(
+    tmp_path: Path, round_: int
+) -> None:
+    stack, _, path = stack_for(tmp_path, config_text(percent=0))
+    texts = [config_text(percent=0), config_text(percent=100, a_name="acct-c")]
+    whole = {"acct-a base", "acct-c var"}  # a mix would be "acct-a var" or "acct-c base"
+
+    async def reloads() -> None:
+        for i in range(10):
+            path.write_text(texts[(i + round_) % 2])
+            assert stack.reload() == []
+            await asyncio.sleep(0)
+
+    asked = [ask(stack, f"u{i}") for i in range(30)]
+    *answers, _ = await asyncio.gather(*asked, reloads())
+    assert {text for _, text, _ in answers} <= whole
