@@ -398,7 +398,7 @@ class AccountPool:
         b = self._breakers[account]
         successor = self._successor
         if successor is not None and successor._breakers.get(account) is b:
-            return successor.hold(account, model, secs)  # kept by a reload: held there
+            return successor._hold(account, model, secs)  # kept by a reload: held there
         secs = min(secs, b.spec.max_throttle_secs)
         if not secs > 0:
             return 0.0
