@@ -216,8 +216,6 @@ def provider_name(base_url: str) -> str | None:
     return name
 
 
-
-
 def start_client_span(
     parent: trace.Span, *, model: str | None, base_url: str, max_tokens: int | None
 ) -> trace.Span:
