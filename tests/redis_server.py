@@ -20,6 +20,16 @@ import pytest
 from servers import free_port, wait_for_port
 
 
+def _binary(name: str) -> str:
+    """A Redis binary's path; missing: a skip, or a failure where CI requires Redis."""
+    path = shutil.which(name)
+    if path is None:
+        if os.environ.get("SWITCHYARD_REQUIRE_REDIS") == "1":
+            pytest.fail(f"{name} is not installed (SWITCHYARD_REQUIRE_REDIS=1)")
+        pytest.skip(f"{name} is not installed")
+    return path
+
+
 def redis_server_path() -> str:
     path = shutil.which("redis-server")
     if path is None:
@@ -89,9 +99,7 @@ async def until(check: Callable[[], bool], within: float = 5.0) -> float:
 
 
 def _redis_cli(port: int, *args: str, timeout: float = 30.0) -> str:
-    binary = shutil.which("redis-cli")
-    if binary is None:
-        pytest.skip("redis-cli is not installed")
+    binary = _binary("redis-cli")
     command = [binary, "-h", "127.0.0.1", "-p", str(port), *args]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=True)
     return done.stdout
@@ -266,7 +274,7 @@ class SentinelGroup:
             f"sentinel down-after-milliseconds {self.service} 500\n"
             f"sentinel failover-timeout {self.service} 2000\n"
         )
-        binary = shutil.which("redis-sentinel") or pytest.skip("redis-sentinel is not installed")
+        binary = _binary("redis-sentinel")
         log = (self.workdir / f"sentinel{i}.log").open("ab")
         proc = subprocess.Popen([binary, str(conf)], stdout=log, stderr=subprocess.STDOUT)
         log.close()
