@@ -77,6 +77,7 @@ async def test_without_a_tracer_sdk_no_span_is_made_and_the_answers_are_the_same
     assert {s.name for s in otel_spans.get_finished_spans()} == {
         tm.SPAN_REQUEST,
         tm.SPAN_ATTEMPT,
+        tm.SPAN_CLIENT.format(model="m-base"),
     }
     otel_spans.clear()
 

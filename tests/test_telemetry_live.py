@@ -183,9 +183,12 @@ def test_the_failover_trace_arrives_whole_and_reaches_the_provider(run: Run) -> 
     assert (len(attempts), len(calls)) == (2, 2)
     assert request.parent_id == CALLER_SPAN
     assert request.resource["service.name"] == "switchyard-e2e"
-    for attempt, call in zip(attempts, calls, strict=True):
+    clients = spans[tm.SPAN_CLIENT.format(model=reply.headers["x-switchyard-model"])]
+    assert len(clients) == 2  # each attempt's GenAI CLIENT span, between it and its call
+    for attempt, client, call in zip(attempts, clients, calls, strict=True):
         assert attempt.parent_id == request.span_id
-        assert call.parent_id == attempt.span_id
+        assert client.parent_id == attempt.span_id
+        assert call.parent_id == client.span_id
     assert [a.attributes[tm.ATTEMPT_OUTCOME] for a in attempts] == ["fault", "success"]
     assert [a.attributes[tm.ACCOUNT] for a in attempts] == ["a", "b"]
     assert [c.attributes[tm.HTTP_STATUS] for c in calls] == [500, 200]
@@ -217,8 +220,10 @@ def test_the_judge_failing_open_is_on_the_streamed_requests_trace(run: Run) -> N
     (judge,) = spans[tm.SPAN_JUDGE]
     (attempt,) = spans[tm.SPAN_ATTEMPT]  # account a is cooling: straight to b
     (call,) = spans[tm.SPAN_OUTBOUND]
+    (client,) = [s for name, group in spans.items() if name.startswith("chat ") for s in group]
     assert judge.parent_id == attempt.parent_id == request.span_id
-    assert call.parent_id == attempt.span_id
+    assert client.parent_id == attempt.span_id
+    assert call.parent_id == client.span_id
     assert judge.attributes[tm.JUDGE_REASON] == "http_error"
     assert attempt.attributes[tm.ACCOUNT] == "b"
 
