@@ -292,3 +292,18 @@ def test_a_stream_without_usage_reports_nothing() -> None:
     usage.feed(b'data: {"usage": "not an object"}\n\n')
     usage.report(ctx)
     assert (ctx.input_tokens, ctx.output_tokens) == (None, None)
+
+
+def test_token_usage_keeps_input_and_output_apart_under_one_key() -> None:
+    tally = rm.TokenTally("t", "{token}", "test", tm.TOKEN_BUCKETS)
+    labels = ("m", "m", "m", "a", "", "", "")
+    tally.record_usage(300, 40, labels)
+    tally.record_usage(None, 2, labels)
+    metric = tally.metric(0)
+    assert metric is not None
+    points = {p.attributes[tm.TOKEN_TYPE]: p for p in metric.data.data_points}
+    assert set(points) == {"input", "output"}
+    assert (points["input"].count, points["input"].sum) == (1, 300)  # type: ignore[union-attr]
+    assert (points["output"].count, points["output"].sum) == (2, 42)  # type: ignore[union-attr]
+    assert (points["output"].min, points["output"].max) == (2, 40)  # type: ignore[union-attr]
+    assert sum(points["input"].bucket_counts) == 1  # type: ignore[union-attr]

@@ -16,6 +16,7 @@ they build; an application with its own meter provider calls `bridge()` on its r
 from __future__ import annotations
 
 import bisect
+import math
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -140,7 +141,79 @@ time_to_first_token = HistogramTally(
     tm.TIME_TO_FIRST_TOKEN, "s", "Streams: request start to the first content chunk",
     tm.SECONDS_BUCKETS,
 )  # fmt: skip
-token_usage = HistogramTally(
+
+
+class TokenTally(HistogramTally):
+    """Input and output tokens under one key: a request's usage is one lookup, one call.
+
+    An entry holds two histograms side by side (input, then output); each becomes its own
+    point at collection, labelled `gen_ai.token.type`.
+    """
+
+    def record_usage(self, inputs: int | None, outputs: int | None, labels: Labels) -> None:
+        entry = self._series.get(labels)
+        if entry is None:
+            entry = self._new_pair(labels)
+        n = self._n
+        for base, value in ((0, inputs), (n + 4, outputs)):
+            if value is None:
+                continue
+            entry[base + bisect.bisect_left(self.bounds, value)] += 1
+            entry[base + n] += 1
+            entry[base + n + 1] += value
+            if value < entry[base + n + 2]:
+                entry[base + n + 2] = value
+            if value > entry[base + n + 3]:
+                entry[base + n + 3] = value
+
+    def _new_pair(self, labels: Labels) -> list[float]:
+        if len(self._series) >= MAX_SERIES:
+            labels = _OVERFLOW
+            found = self._series.get(labels)
+            if found is not None:
+                return found
+        half: list[float] = [0] * self._n + [0, 0.0, math.inf, -math.inf]
+        return self._series.setdefault(labels, half + half)
+
+    def metric(self, now_ns: int) -> Metric | None:
+        from opentelemetry.sdk.metrics.export import (
+            AggregationTemporality,
+            Histogram,
+            HistogramDataPoint,
+            Metric,
+        )
+
+        n = self._n
+        points = []
+        for labels, entry in [(k, list(v)) for k, v in list(self._series.items())]:
+            for base, kind in ((0, "input"), (n + 4, "output")):
+                if not entry[base + n]:
+                    continue
+                attributes = _attributes(labels)
+                if labels != _OVERFLOW:
+                    attributes[tm.TOKEN_TYPE] = kind
+                points.append(
+                    HistogramDataPoint(
+                        attributes=attributes,
+                        start_time_unix_nano=self.start_ns,
+                        time_unix_nano=now_ns,
+                        count=int(entry[base + n]),
+                        sum=entry[base + n + 1],
+                        bucket_counts=[int(c) for c in entry[base : base + n]],
+                        explicit_bounds=list(self.bounds),
+                        min=entry[base + n + 2],
+                        max=entry[base + n + 3],
+                    )
+                )
+        if not points:
+            return None
+        data = Histogram(
+            data_points=points, aggregation_temporality=AggregationTemporality.CUMULATIVE
+        )
+        return Metric(name=self.name, description=self.description, unit=self.unit, data=data)
+
+
+token_usage = TokenTally(
     tm.TOKEN_USAGE, "{token}", "Input and output tokens per request", tm.TOKEN_BUCKETS
 )
 TALLIES = (duration, time_to_first_token, token_usage)
@@ -170,10 +243,8 @@ def observe(ctx: RequestContext, end: float, error: str | None = None) -> None:
     duration.record(end - ctx.started_at, labels)
     if ctx.first_token_at is not None:
         time_to_first_token.record(ctx.first_token_at - ctx.started_at, labels)
-    if ctx.input_tokens is not None:
-        token_usage.record(ctx.input_tokens, (*labels[:5], "input", ""))
-    if ctx.output_tokens is not None:
-        token_usage.record(ctx.output_tokens, (*labels[:5], "output", ""))
+    if ctx.input_tokens is not None or ctx.output_tokens is not None:
+        token_usage.record_usage(ctx.input_tokens, ctx.output_tokens, labels)
 
 
 def observe_shadow(
