@@ -7,9 +7,11 @@ Tests skip when `redis-server` is not installed, unless SWITCHYARD_REQUIRE_REDIS
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -105,6 +107,16 @@ def _redis_cli(port: int, *args: str, timeout: float = 30.0) -> str:
     return done.stdout
 
 
+def distinct_free_ports(count: int) -> list[int]:
+    """`count` free loopback ports, all different: each is held open until all are chosen
+    (ports picked one at a time may repeat, and a node then cannot bind its port)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+
+
 class ClusterNode(RedisServer):
     """One node of a Redis Cluster; its `nodes.conf` stays in its directory across restarts."""
 
@@ -125,7 +137,11 @@ class ClusterNode(RedisServer):
         log = (self.workdir / "redis.log").open("ab")
         self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         log.close()
-        wait_for_port(self.port)
+        try:
+            wait_for_port(self.port)
+        except TimeoutError:
+            log_text = (self.workdir / "redis.log").read_text(errors="replace")[-2000:]
+            raise TimeoutError(f"cluster node on {self.port} did not start:\n{log_text}") from None
 
     def cli(self, *args: str) -> str:
         return _redis_cli(self.port, *args)
@@ -142,6 +158,9 @@ class RedisCluster:
         self.nodes = [
             ClusterNode(workdir / f"node{i}", node_timeout_ms=node_timeout_ms) for i in range(6)
         ]
+        ports = distinct_free_ports(2 * len(self.nodes))
+        for node, port, bus in zip(self.nodes, ports[::2], ports[1::2], strict=True):
+            node.port, node.bus_port = port, bus
 
     @property
     def url(self) -> str:
