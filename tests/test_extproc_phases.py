@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -18,6 +18,7 @@ import httpx
 import msgspec
 import pytest
 
+from extproc_child import CountingPool
 from extproc_helpers import (
     Stream,
     request_body,
@@ -32,7 +33,7 @@ from switchyard_mw.asgi.cooling import pool_from_clients
 from switchyard_mw.clients import build_clients
 from switchyard_mw.config import parse_config
 from switchyard_mw.context import RequestContext
-from switchyard_mw.core.pool import AccountPool, Lease, Outcome
+from switchyard_mw.core.pool import Lease, Outcome
 from switchyard_mw.core.shared import Shared
 from switchyard_mw.extproc import ExtProcServicer, Policies, Transport, start_server
 from switchyard_mw.extproc import flights as flights_module
@@ -63,31 +64,6 @@ UPSTREAM = [("x-switchyard-filter", "upstream")]
 BODY = msgspec.json.encode(
     {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
 )
-
-
-class CountingPool(AccountPool):
-    """The real pool, counting the leases it granted and has not had back."""
-
-    out = 0
-
-    def acquire(
-        self,
-        model: str,
-        *,
-        exclude: Collection[str] = (),
-        allowed: Collection[str] | None = None,
-    ) -> Lease | None:
-        lease = super().acquire(model, exclude=exclude, allowed=allowed)
-        self.out += lease is not None
-        return lease
-
-    def record(self, lease: Lease, outcome: Outcome) -> None:
-        self.out -= 1
-        super().record(lease, outcome)
-
-    def release(self, lease: Lease) -> None:
-        self.out -= 1
-        super().release(lease)
 
 
 @dataclass
