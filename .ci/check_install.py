@@ -180,8 +180,8 @@ def check_gateway() -> None:
     from starlette.routing import Route
 
     from switchyard_mw import make_http_client, switchyard_stack
+    from switchyard_mw.engine.outbound import pool_of
     from switchyard_mw.gateway import Forwarder
-    from switchyard_mw.outbound import pool_of
 
     async def forward(path: str) -> tuple[int, dict[str, str], dict[str, Any]]:
         http = make_http_client()
@@ -209,7 +209,7 @@ def check_envoy_otlp() -> None:
     with provider_config() as path:
         _serve_extproc(path)
     _otlp_beside_protos()
-    from switchyard_mw import otel
+    from switchyard_mw.telemetry import otel
 
     os.environ.update(
         OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", OTEL_METRICS_EXPORTER="none"

@@ -16,7 +16,8 @@ Environment:
     HOST, PORT, LOG_LEVEL  where `python examples/starlette_app.py` serves (127.0.0.1, 8000)
     OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME, ...   the standard OpenTelemetry variables:
                            with an endpoint, traces and metrics also go out over OTLP
-                           (`switchyard_mw.otel.configure`); metrics are always on /metrics
+                           (`switchyard_mw.telemetry.otel.configure`); metrics are always on
+                           /metrics
 
 Reloading the config (README "Reloading"): `kill -HUP <pid>` of each process serving it (each
 uvicorn worker; `/switchyard/health` names the pid that answered), or `POST /switchyard/reload`
@@ -36,13 +37,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, request_response
 
-from switchyard_mw import otel, prometheus
 from switchyard_mw.asgi.admin import CanariesStatusApp, HealthApp, OperatorOnly, ReloadApp
 from switchyard_mw.asgi.cooling import cooling_status_app
 from switchyard_mw.asgi.stack import switchyard_stack
 from switchyard_mw.config import Config, load_config, parse_config
+from switchyard_mw.engine.outbound import make_http_client
 from switchyard_mw.gateway import WIRE_ROUTES, Forwarder
-from switchyard_mw.outbound import make_http_client
+from switchyard_mw.telemetry import otel, prometheus
 
 DEFAULT_CONFIG = Path(__file__).with_name("switchyard.toml")
 CONFIG = os.environ.get("SWITCHYARD_CONFIG", str(DEFAULT_CONFIG))

@@ -19,8 +19,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from switchyard_mw import request_metrics
 from switchyard_mw.extproc import TRANSPORTS
+from switchyard_mw.telemetry import request_metrics
 
 _READER = request_metrics.bridge(InMemoryMetricReader())
 _SPANS = InMemorySpanExporter()

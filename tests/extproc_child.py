@@ -19,8 +19,7 @@ import sys
 from collections.abc import Collection
 from typing import Any
 
-from switchyard_mw.asgi.cooling import pool_from_clients
-from switchyard_mw.clients import build_clients
+from switchyard_mw.accounts import build_clients, pool_from_clients
 from switchyard_mw.config import parse_config
 from switchyard_mw.core.pool import AccountPool, Lease, Outcome
 from switchyard_mw.extproc import Policies, start_server

@@ -410,7 +410,7 @@ def _stats(server: Any, status: BinaryIO) -> dict[str, int]:
 
 
 async def _child(spec: dict[str, Any], status: BinaryIO) -> None:
-    from switchyard_mw.clients import build_clients
+    from switchyard_mw.accounts import build_clients
     from switchyard_mw.config import parse_config
     from switchyard_mw.extproc import Policies, start_server
     from switchyard_mw.extproc.h2_transport import DEFAULT_MESSAGE_BYTES, H2Limits

@@ -18,6 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.integration  # runs the bench's servers under valgrind: minutes, not the inner loop
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
 @pytest.mark.timeout(300)  # a guard against a hang, not a time target
 def test_instruction_counts_run_and_are_written(tmp_path: Path) -> None:

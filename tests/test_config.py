@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from switchyard_mw.accounts import build_clients
 from switchyard_mw.cli import main
-from switchyard_mw.clients import build_clients
 from switchyard_mw.config import Config, load_config, parse_config, read_api_keys
 from switchyard_mw.errors import ConfigError, StartupError
 

@@ -11,20 +11,19 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from conftest import Metrics
-from switchyard_mw import telemetry as tm
+from switchyard_mw.accounts import UpstreamClient, pool_from_clients
 from switchyard_mw.asgi._types import ASGIApp, Message, Receive, Scope, Send
 from switchyard_mw.asgi.cooling import (
     MAX_HELD_BYTES,
     CoolingMiddleware,
     cooling_status_app,
-    pool_from_clients,
 )
 from switchyard_mw.asgi.deadline import DeadlineMiddleware
 from switchyard_mw.asgi.variant import VariantMiddleware
-from switchyard_mw.clients import UpstreamClient
 from switchyard_mw.config import Canary, LLMClient
 from switchyard_mw.context import current_context
 from switchyard_mw.core.pool import AccountPool, BreakerState, Outcome
+from switchyard_mw.telemetry import names as tm
 
 MESSAGES = "/v1/messages"
 BODY: dict[str, Any] = {

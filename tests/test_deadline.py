@@ -12,12 +12,12 @@ import httpx
 import pytest
 
 from conftest import Metrics
+from switchyard_mw.accounts import UpstreamClient
 from switchyard_mw.asgi.deadline import DeadlineMiddleware
-from switchyard_mw.clients import UpstreamClient
 from switchyard_mw.config import LLMClient
 from switchyard_mw.context import RequestContext, context_of, current_context
 from switchyard_mw.core.deadline import attempt_deadline_secs, parse_budget_ms
-from switchyard_mw.outbound import BACKSTOP_SECS, timeout_for
+from switchyard_mw.engine.outbound import BACKSTOP_SECS, timeout_for
 
 App = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 

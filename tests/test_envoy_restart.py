@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from servers import ROOT, free_port, serve_in_thread
-from switchyard_mw.clients import build_clients
+from switchyard_mw.accounts import build_clients
 from switchyard_mw.config import parse_config
 from switchyard_mw.extproc import Policies, Transport, start_server
 from switchyard_mw.testing import MockProvider

@@ -26,12 +26,12 @@ from extproc_helpers import (
     sets,
     upstream_headers,
 )
-from switchyard_mw import telemetry as tm
 from switchyard_mw._protos.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
-from switchyard_mw.clients import build_clients
+from switchyard_mw.accounts import build_clients
 from switchyard_mw.config import parse_config
 from switchyard_mw.core.pool import BreakerState, Outcome
 from switchyard_mw.extproc import ExtProcServicer, Policies
+from switchyard_mw.telemetry import names as tm
 from switchyard_mw.testing import Behaviour, MockProvider
 
 CONFIG = """

@@ -15,13 +15,13 @@ from opentelemetry import propagate
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from extproc_helpers import Stream, removes, request_body, request_headers, response_headers, sets
-from switchyard_mw import telemetry as tm
-from switchyard_mw.clients import build_clients
+from switchyard_mw.accounts import build_clients
 from switchyard_mw.config import parse_config
 from switchyard_mw.core.variants import Split
 from switchyard_mw.extproc import ExtProcServicer, Policies
 from switchyard_mw.extproc import _messages as msg
 from switchyard_mw.extproc import router as router_module
+from switchyard_mw.telemetry import names as tm
 from switchyard_mw.wire import RequestView
 
 CONFIG = """

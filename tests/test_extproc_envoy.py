@@ -20,14 +20,14 @@ import pytest
 import pytest_asyncio
 
 from servers import ROOT, free_port, serve_in_thread
-from switchyard_mw import telemetry as tm
-from switchyard_mw.clients import build_clients
+from switchyard_mw.accounts import build_clients
 from switchyard_mw.config import parse_config
 from switchyard_mw.core.pool import BreakerState
 from switchyard_mw.extproc import ExtProcServer, Policies, Transport, start_server
 from switchyard_mw.extproc import servicer as servicer_module
 from switchyard_mw.extproc.router import RouterStream
 from switchyard_mw.extproc.upstream import UpstreamStream
+from switchyard_mw.telemetry import names as tm
 from switchyard_mw.testing import Behaviour, MockProvider
 from switchyard_mw.testing.envoy import envoy_binary, run_envoy, with_ports
 

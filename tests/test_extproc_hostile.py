@@ -38,7 +38,7 @@ from hostile_peers import (
     within_normal_latency,
 )
 from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from switchyard_mw.clients import build_clients
+from switchyard_mw.accounts import build_clients
 from switchyard_mw.config import parse_config
 from switchyard_mw.extproc import Policies, start_server
 from switchyard_mw.extproc.h2_transport import DEFAULT_MESSAGE_BYTES, H2Limits, H2Server

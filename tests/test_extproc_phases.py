@@ -29,8 +29,7 @@ from extproc_helpers import (
 )
 from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
-from switchyard_mw.asgi.cooling import pool_from_clients
-from switchyard_mw.clients import build_clients
+from switchyard_mw.accounts import build_clients, pool_from_clients
 from switchyard_mw.config import parse_config
 from switchyard_mw.context import RequestContext
 from switchyard_mw.core.pool import Lease, Outcome

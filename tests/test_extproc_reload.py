@@ -18,7 +18,7 @@ from extproc_helpers import (
     sets,
     upstream_headers,
 )
-from switchyard_mw.clients import build_clients
+from switchyard_mw.accounts import build_clients
 from switchyard_mw.config import load_config
 from switchyard_mw.core.pool import BreakerState, Outcome
 from switchyard_mw.extproc import ExtProcServicer, Policies

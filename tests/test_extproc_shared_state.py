@@ -11,7 +11,7 @@ import pytest
 
 from extproc_helpers import Stream, request_body, request_headers, response_headers, sets
 from redis_server import RedisServer, running_redis
-from switchyard_mw.clients import build_clients
+from switchyard_mw.accounts import build_clients
 from switchyard_mw.config import parse_config
 from switchyard_mw.core.pool import BreakerState
 from switchyard_mw.extproc import ExtProcServicer, Policies

@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from extproc_helpers import request_body, request_headers, sets
 from switchyard_mw import cli
 from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
-from switchyard_mw.clients import build_clients
+from switchyard_mw.accounts import build_clients
 from switchyard_mw.config import parse_config
 from switchyard_mw.extproc import Policies, Transport, start_server
 

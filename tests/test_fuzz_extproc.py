@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from extproc_helpers import Stream, common, request_body, request_headers
-from switchyard_mw.clients import build_clients
+from switchyard_mw.accounts import build_clients
 from switchyard_mw.config import parse_config
 from switchyard_mw.extproc import ExtProcServicer, Policies
 from switchyard_mw.testing import MockProvider

@@ -20,13 +20,13 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import Route
 
 from servers import raw_server, read_http_request
-from switchyard_mw import telemetry as tm
+from switchyard_mw.accounts import build_clients
 from switchyard_mw.asgi.cooling import CoolingMiddleware
 from switchyard_mw.asgi.stack import switchyard_stack
-from switchyard_mw.clients import build_clients
 from switchyard_mw.config import parse_config
+from switchyard_mw.engine.outbound import make_http_client
 from switchyard_mw.gateway import WIRE_ROUTES, Forwarder
-from switchyard_mw.outbound import make_http_client
+from switchyard_mw.telemetry import names as tm
 
 KEY = "sk-account-0001"
 CALLER_KEY = "sk-caller-0002"

@@ -6,7 +6,7 @@ import pytest
 
 from switchyard_mw.core.guard import GuardRule, Window
 from switchyard_mw.core.variants import Split
-from switchyard_mw.variant_assignment import Canaries
+from switchyard_mw.engine.variants import Canaries
 
 
 class FakeClock:

@@ -19,13 +19,13 @@ import pytest_asyncio
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from servers import serving
-from switchyard_mw import telemetry as tm
+from switchyard_mw.accounts import UpstreamClient
 from switchyard_mw.asgi._types import Message, Receive, Scope, Send
 from switchyard_mw.asgi.judge import MAX_VERDICT_BYTES, JudgeMiddleware
-from switchyard_mw.clients import UpstreamClient
 from switchyard_mw.config import LLMClient, Route, parse_config
 from switchyard_mw.core.judge import BadVerdict, build_judge_request, parse_verdict
 from switchyard_mw.errors import ConfigError
+from switchyard_mw.telemetry import names as tm
 from switchyard_mw.testing import Behaviour, MockProvider
 from switchyard_mw.wire import Wire, last_user_text
 

@@ -1,4 +1,4 @@
-"""`Judge` (switchyard_mw.judging): the pin rule for conversations carrying signed thinking.
+"""`Judge` (switchyard_mw.engine.judge): the pin rule for conversations carrying signed thinking.
 
 The judge is the mock provider in process (httpx ASGITransport): these tests are about which
 verdict is used, not about the network, which tests/test_judge.py covers.
@@ -14,10 +14,10 @@ import httpx
 import msgspec
 import pytest
 
-from switchyard_mw import telemetry as tm
-from switchyard_mw.clients import UpstreamClient
+from switchyard_mw.accounts import UpstreamClient
 from switchyard_mw.config import LLMClient, Route
-from switchyard_mw.judging import Judge
+from switchyard_mw.engine.judge import Judge
+from switchyard_mw.telemetry import names as tm
 from switchyard_mw.testing import Behaviour, MockProvider
 from switchyard_mw.wire import Wire, read_request
 

@@ -74,7 +74,8 @@ def test_the_public_names_load_no_extra_either() -> None:
         import switchyard_mw
         for name in switchyard_mw.__all__:
             getattr(switchyard_mw, name)
-        from switchyard_mw import otel, prometheus, state, telemetry
+        from switchyard_mw.telemetry import otel, prometheus, names as telemetry
+        from switchyard_mw import state
     """
     assert loaded_heavy(code) == []
 
@@ -89,8 +90,9 @@ def test_the_stack_serves_a_request_with_no_extra_installed() -> None:
         from starlette.responses import JSONResponse
         from starlette.routing import Route
         import switchyard_mw
-        from switchyard_mw import make_http_client, otel, prometheus
-        from switchyard_mw.outbound import pool_of
+        from switchyard_mw import make_http_client
+        from switchyard_mw.telemetry import otel, prometheus
+        from switchyard_mw.engine.outbound import pool_of
 
         for var in ("MOCK_KEY_A", "MOCK_KEY_B", "MOCK_JUDGE_KEY"):
             os.environ[var] = "k"
@@ -166,7 +168,7 @@ def test_an_otlp_endpoint_without_the_sdk_names_the_otlp_extra() -> None:
     code = """
         import os
         os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = "http://127.0.0.1:4318"
-        from switchyard_mw import otel
+        from switchyard_mw.telemetry import otel
         from switchyard_mw.errors import StartupError
         try:
             otel.configure()
@@ -211,7 +213,7 @@ def test_the_otlp_exporter_and_the_envoy_protos_work_in_one_process() -> None:
 
 
 def test_the_otlp_exporter_missing_names_the_extra() -> None:
-    from switchyard_mw.otel import _missing
+    from switchyard_mw.telemetry.otel import _missing
 
     exc = ImportError(
         "No module named 'opentelemetry.exporter.otlp'", name="opentelemetry.exporter.otlp"

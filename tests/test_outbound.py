@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from servers import free_port, raw_server, read_http_request, serve_in_thread
-from switchyard_mw._aiohttp_pool import as_httpx_error
 from switchyard_mw.context import RequestContext
-from switchyard_mw.outbound import make_http_client, pool_of, timeout_for
+from switchyard_mw.engine.aiohttp_pool import as_httpx_error
+from switchyard_mw.engine.outbound import make_http_client, pool_of, timeout_for
 from switchyard_mw.testing import MockProvider
 
 

@@ -146,7 +146,7 @@ async def test_a_broken_config_is_refused_whole(
     rejected = otel_metrics.value("switchyard.config.reloads", result="rejected")
     path.write_text(config_text(percent=100, extra="[canaries.nobody]\nvariants = { var = 1 }\n"))
     path.write_text(path.read_text().replace("cooldown_secs = 60", "cooldown_secs = -1", 1))
-    with caplog.at_level(logging.ERROR, logger="switchyard_mw.reload"):
+    with caplog.at_level(logging.ERROR, logger="switchyard_mw.engine.reload"):
         problems = stack.reload()
     assert any("cooldown_secs" in p and "acct-a" in p for p in problems)
     assert any(p.startswith("canaries.nobody") for p in problems)

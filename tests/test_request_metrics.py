@@ -12,11 +12,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from conftest import Metrics
-from switchyard_mw import request_metrics as rm
-from switchyard_mw import telemetry as tm
 from switchyard_mw.asgi.stack import switchyard_stack
 from switchyard_mw.config import parse_config
 from switchyard_mw.context import current_context
+from switchyard_mw.telemetry import names as tm
+from switchyard_mw.telemetry import request_metrics as rm
 
 CONFIG = """
 [llm_clients.acct-a]
@@ -264,7 +264,7 @@ def test_each_wires_stream_usage_is_read(
     wire: str, events: bytes, expected: tuple[int, int]
 ) -> None:
     from switchyard_mw.context import RequestContext
-    from switchyard_mw.gateway_telemetry import StreamUsage
+    from switchyard_mw.gateway.telemetry import StreamUsage
     from switchyard_mw.wire import Wire, read_request
 
     paths = {
@@ -284,7 +284,7 @@ def test_each_wires_stream_usage_is_read(
 
 def test_a_stream_without_usage_reports_nothing() -> None:
     from switchyard_mw.context import RequestContext
-    from switchyard_mw.gateway_telemetry import StreamUsage
+    from switchyard_mw.gateway.telemetry import StreamUsage
 
     ctx = RequestContext()
     usage = StreamUsage()

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from switchyard_mw.clients import build_clients
+from switchyard_mw.accounts import build_clients
 from switchyard_mw.config import parse_config
 from switchyard_mw.errors import ConfigError
 from switchyard_mw.extproc import Policies

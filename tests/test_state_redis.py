@@ -18,10 +18,10 @@ import redis.asyncio as aioredis
 
 from conftest import Metrics
 from redis_server import RedisServer, running_redis, until
-from switchyard_mw import telemetry as tm
 from switchyard_mw.core.pool import AccountPool, AccountSpec, BreakerState, Outcome
 from switchyard_mw.core.shared import Change, Shared
 from switchyard_mw.state.redis_store import RedisStore
+from switchyard_mw.telemetry import names as tm
 
 Replica = tuple[AccountPool, RedisStore]
 MakeReplica = Callable[..., Awaitable[Replica]]

@@ -29,12 +29,12 @@ from starlette.routing import Route
 
 from conftest import Metrics
 from servers import ROOT
-from switchyard_mw import telemetry as tm
 from switchyard_mw.asgi.stack import switchyard_stack
 from switchyard_mw.config import parse_config
 from switchyard_mw.context import RequestContext
 from switchyard_mw.gateway import WIRE_ROUTES, Forwarder
-from switchyard_mw.gateway_telemetry import report_usage
+from switchyard_mw.gateway.telemetry import report_usage
+from switchyard_mw.telemetry import names as tm
 from switchyard_mw.testing import Behaviour, MockProvider
 from switchyard_mw.wire import read_request
 
@@ -451,7 +451,7 @@ def test_without_an_sdk_no_span_is_made_and_nothing_is_propagated() -> None:
         from opentelemetry import trace
         from starlette.applications import Starlette
         from starlette.routing import Route
-        from switchyard_mw import telemetry as tm
+        from switchyard_mw.telemetry import names as tm
         from switchyard_mw.asgi.stack import switchyard_stack
         from switchyard_mw.config import parse_config
         from switchyard_mw.gateway import WIRE_ROUTES, Forwarder
@@ -507,7 +507,7 @@ def test_without_an_sdk_no_span_is_made_and_nothing_is_propagated() -> None:
 CONFIGURE = """
     import json
     from opentelemetry import metrics, trace
-    from switchyard_mw import otel
+    from switchyard_mw.telemetry import otel
     {before}
     first = otel.configure(service_name="from-code")
     again = otel.configure(service_name="ignored")
@@ -568,7 +568,7 @@ def test_configure_service_name_from_the_environment_wins() -> None:
 def test_configure_refuses_an_unknown_protocol() -> None:
     code = """
         import json
-        from switchyard_mw import otel
+        from switchyard_mw.telemetry import otel
         from switchyard_mw.errors import StartupError
         try:
             otel.configure()

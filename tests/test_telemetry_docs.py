@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 
 from servers import ROOT
-from switchyard_mw import request_metrics as rm
-from switchyard_mw import telemetry as tm
+from switchyard_mw.telemetry import names as tm
+from switchyard_mw.telemetry import request_metrics as rm
 
 DOC = (ROOT / "docs" / "telemetry.md").read_text()
 

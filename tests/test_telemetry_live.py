@@ -17,7 +17,7 @@ import pytest
 
 from otlp_receiver import OtlpReceiver, ReceivedSpan
 from servers import ROOT, example_gateway, free_port, serve_in_thread
-from switchyard_mw import telemetry as tm
+from switchyard_mw.telemetry import names as tm
 from switchyard_mw.testing import Behaviour, MockProvider
 
 KEYS = {

@@ -29,7 +29,7 @@ from typing import cast
 
 import uvicorn
 
-from switchyard_mw.clients import build_clients
+from switchyard_mw.accounts import build_clients
 from switchyard_mw.config import load_config, parse_config
 from switchyard_mw.extproc import TRANSPORTS, Policies, Transport, start_server
 from switchyard_mw.testing import Behaviour, MockProvider

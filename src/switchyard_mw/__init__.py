@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     from .asgi.variant import VariantMiddleware
     from .config import Config, load_config
     from .context import RequestContext, context_of, current_context
+    from .engine.outbound import make_http_client, timeout_for
     from .errors import ConfigError, MissingExtraError, StartupError, SwitchyardError
-    from .outbound import make_http_client, timeout_for
 
     __version__: str
 
@@ -40,9 +40,9 @@ _HOMES = {
     "context_of": "context",
     "current_context": "context",
     "load_config": "config",
-    "make_http_client": "outbound",
+    "make_http_client": "engine.outbound",
     "switchyard_stack": "asgi.stack",
-    "timeout_for": "outbound",
+    "timeout_for": "engine.outbound",
 }
 
 __all__ = [

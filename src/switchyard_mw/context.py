@@ -11,12 +11,12 @@ from collections.abc import MutableMapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from . import telemetry as tm
 from .core.variants import KeyKind
+from .telemetry import names as tm
 from .wire import RequestView, Wire, rewrite_model
 
 if TYPE_CHECKING:
-    from .clients import UpstreamClient
+    from .accounts import UpstreamClient
 
 
 _current: ContextVar[RequestContext | None] = ContextVar("switchyard_context", default=None)

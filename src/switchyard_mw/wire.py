@@ -50,6 +50,11 @@ class WireError(Exception):
         self.message = message
 
 
+def too_large(limit: int) -> WireError:
+    """A request body past `limit` bytes: 413 on every wire and through both fronts."""
+    return WireError(413, "request_too_large", f"request body exceeds {limit} bytes")
+
+
 def bad_request(message: str) -> WireError:
     return WireError(400, "invalid_request_error", message)
 

@@ -18,13 +18,14 @@ from typing import Any
 from opentelemetry import propagate, trace
 from opentelemetry.propagators.textmap import Getter
 
-from .. import request_metrics
-from .. import telemetry as tm
-from ..budget import budget_end
 from ..config import Server
 from ..context import RequestContext, context_of, current_var, decision_attributes
 from ..core.deadline import BUDGET_HEADERS
-from ..wire import WIRE_PATHS, Wire, WireError, error_body, read_request
+from ..engine.answers import exposed_headers
+from ..engine.budget import budget_end
+from ..telemetry import names as tm
+from ..telemetry import request_metrics
+from ..wire import WIRE_PATHS, Wire, WireError, error_body, read_request, too_large
 from ._disconnect import (
     WATCH_AFTER_SECS,
     Deferred,
@@ -34,10 +35,7 @@ from ._disconnect import (
     running_loop,
 )
 from ._types import ASGIApp, Message, Receive, Scope, Send
-
-
-class ClientDisconnected(Exception):
-    """The client left while switchyard was still reading its request."""
+from .body import ClientDisconnected, read_body
 
 
 class PolicyMiddleware(ABC):
@@ -94,12 +92,12 @@ class PolicyMiddleware(ABC):
                 try:
                     limit = self.server.max_body_bytes
                     if length is not None and length.strip().isdigit() and int(length) > limit:
-                        raise _too_large(limit)
+                        raise too_large(limit)
                     message = await receive()
                     if message["type"] == "http.request" and not message.get("more_body", False):
                         body = message.get("body", b"")  # the usual case: one message has it all
                         if len(body) > limit:
-                            raise _too_large(limit)
+                            raise too_large(limit)
                     else:
                         body = await read_body(receive, limit=limit, first=message)
                 finally:
@@ -210,28 +208,6 @@ def _first(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
-async def read_body(receive: Receive, *, limit: int, first: Message | None = None) -> bytes:
-    """The whole request body (`first`: its first message, already received); `WireError`
-    413 past `limit` bytes."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        if first is not None:
-            message, first = first, None
-        else:
-            message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnected
-        chunk = message.get("body", b"")
-        if chunk:
-            size += len(chunk)
-            if size > limit:
-                raise _too_large(limit)
-            chunks.append(chunk)
-        if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
 REQUEST_TIMEOUT = "request_timeout"
 _CLOSE = ((b"connection", b"close"),)
 """On a 408 the rest of the body may still come: the connection is not reused (as Envoy's and
@@ -293,10 +269,6 @@ class _ReadTimer(Deferred):
         self._task.cancel("switchyard body read timeout")
 
 
-def _too_large(limit: int) -> WireError:
-    return WireError(413, "request_too_large", f"request body exceeds {limit} bytes")
-
-
 async def send_error(
     send: Send,
     wire: Wire,
@@ -352,51 +324,6 @@ def _tracking(
         await send(message)
 
     return send_tracked
-
-
-def exposed_headers(ctx: RequestContext) -> tuple[tuple[bytes, bytes], ...]:
-    """The `x-switchyard-*` response headers that say what was decided.
-
-    Nearly every response repeats one of a few decisions (model, account, attempts, deadline,
-    route), so each distinct one is encoded once and shared; the cache is bounded, since a
-    model name may be anything a client sends.
-    """
-    client = ctx.client
-    decision = (
-        ctx.resolved_model,
-        None if client is None else client.name,
-        ctx.attempts,
-        ctx.attempt_deadline_secs,
-        ctx.route,
-    )
-    headers = _EXPOSED.get(decision)
-    if headers is None:
-        headers = _encode_exposed(*decision)
-        if len(_EXPOSED) < 1024:
-            _EXPOSED[decision] = headers
-    return headers
-
-
-def _encode_exposed(
-    model: str | None, account: str | None, attempts: int, deadline: float | None, route: str | None
-) -> tuple[tuple[bytes, bytes], ...]:
-    out: list[tuple[bytes, bytes]] = []
-    if model is not None:
-        out.append((b"x-switchyard-model", model.encode()))
-    if account is not None:
-        out.append((b"x-switchyard-account", account.encode()))
-    if attempts:
-        out.append((b"x-switchyard-attempts", str(attempts).encode()))
-    if deadline is not None:
-        out.append((b"x-switchyard-deadline-ms", str(round(deadline * 1000)).encode()))
-    if route is not None:
-        out.append((b"x-switchyard-route", route.encode()))
-    return tuple(out)
-
-
-_EXPOSED: dict[
-    tuple[str | None, str | None, int, float | None, str | None], tuple[tuple[bytes, bytes], ...]
-] = {}
 
 
 class _ScopeHeaders(Getter[Scope]):

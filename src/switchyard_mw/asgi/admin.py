@@ -14,7 +14,7 @@ import msgspec
 from ..config import Config
 from ..core.clock import Clock, monotonic
 from ..core.pool import AccountPool
-from ..variant_assignment import Canaries
+from ..engine.variants import Canaries
 from ._types import ASGIApp, Receive, Scope, Send
 
 _T = TypeVar("_T")

@@ -33,16 +33,16 @@ from collections.abc import Awaitable, Callable, Mapping
 import httpx
 from opentelemetry import trace
 
-from .. import request_metrics
-from .. import telemetry as tm
-from ..clients import UpstreamClient, build_clients
+from ..accounts import UpstreamClient, build_clients, pool_from_clients
 from ..config import ConfigSource, Server, as_config
 from ..context import RequestContext
-from ..cooling_outcomes import hold, settle, throttle_headers
 from ..core.clock import Clock, monotonic
-from ..core.pool import AccountPool, AccountSpec, Lease, Outcome, classify_status
+from ..core.pool import AccountPool, Lease, Outcome, classify_status
+from ..engine.outcomes import hold, settle, throttle_headers
+from ..engine.variants import Canaries
 from ..state import Store, build_store
-from ..variant_assignment import Canaries
+from ..telemetry import names as tm
+from ..telemetry import request_metrics
 from ..wire import Wire
 from ._base import PolicyMiddleware, send_error
 from ._types import ASGIApp, Message, Receive, Scope, Send
@@ -63,27 +63,6 @@ _OUT_OF_TIME = frozenset({"deadline", "timeout"})  # failures answered 504, not 
 _log = logging.getLogger(__name__)
 # Read on every attempt: Enum member access is slow on Python 3.11.
 _SUCCESS, _THROTTLE = Outcome.SUCCESS, Outcome.THROTTLE
-
-
-def pool_from_clients(
-    clients: Mapping[str, UpstreamClient], *, clock: Clock = monotonic
-) -> AccountPool:
-    """The account pool for `clients`, keyed by their `llm_clients` names."""
-    return AccountPool(
-        [
-            AccountSpec(
-                name=name,
-                models=frozenset(c.spec.models),
-                priority=c.spec.priority,
-                failure_threshold=c.spec.failure_threshold,
-                cooldown_secs=c.spec.cooldown_secs,
-                max_cooldown_secs=c.spec.max_cooldown_secs,
-                max_throttle_secs=c.spec.max_throttle_secs,
-            )
-            for name, c in clients.items()
-        ],
-        clock=clock,
-    )
 
 
 class _Attempt:

@@ -14,10 +14,10 @@ import asyncio
 import time
 from typing import Any, Protocol
 
-from .. import telemetry as tm
 from ..config import Server
 from ..context import RequestContext
 from ..core.deadline import attempt_deadline_secs
+from ..telemetry import names as tm
 from ..wire import Wire, stream_error_event
 from ._base import PolicyMiddleware, send_error
 from ._disconnect import WATCH_AFTER_SECS, Deferred, defer, running_loop

@@ -11,10 +11,10 @@ from collections.abc import Mapping
 
 import httpx
 
-from ..clients import UpstreamClient, build_clients
+from ..accounts import UpstreamClient, build_clients
 from ..config import ConfigSource, Route, Server, as_config
 from ..context import RequestContext
-from ..judging import JUDGE_PATH, MAX_VERDICT_BYTES, Judge
+from ..engine.judge import JUDGE_PATH, MAX_VERDICT_BYTES, Judge
 from ._base import PolicyMiddleware
 from ._types import ASGIApp, Message, Receive, Scope, Send
 

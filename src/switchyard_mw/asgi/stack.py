@@ -9,18 +9,19 @@ from collections.abc import Mapping
 
 import httpx
 
-from .. import reload, request_metrics
-from ..clients import UpstreamClient, build_clients
+from ..accounts import UpstreamClient, build_clients, pool_from_clients
 from ..config import Config, ConfigSource, as_config, load_config
 from ..context import RequestContext
 from ..core.clock import Clock, monotonic
 from ..core.pool import AccountPool
-from ..reload import Loader
-from ..shadow import Shadows
+from ..engine import reload
+from ..engine.reload import Loader
+from ..engine.shadow import Shadows
 from ..state import Store, build_store
+from ..telemetry import request_metrics
 from ._base import PolicyMiddleware
 from ._types import ASGIApp, Message, Receive, Scope, Send
-from .cooling import CoolingMiddleware, pool_from_clients
+from .cooling import CoolingMiddleware
 from .deadline import DeadlineMiddleware
 from .judge import JudgeMiddleware
 from .variant import VariantMiddleware

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from ..config import Canary, ConfigSource, Server, as_config
 from ..context import RequestContext
 from ..core.clock import Clock, monotonic
-from ..variant_assignment import Canaries
+from ..engine.variants import Canaries
 from ._base import PolicyMiddleware
 from ._types import ASGIApp, Receive, Scope, Send
 

@@ -13,6 +13,7 @@ the cooling end at the same moment, and only one of them may send the probe.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -47,6 +48,16 @@ class Shared:
     cooled_for_secs: float | None = None
     closed: bool = False
     probe_for_secs: float | None = None
+
+
+class TripBoard(Protocol):
+    """Canary guard trips a store shares between replicas (the engine's `Canaries`)."""
+
+    on_trip: Callable[[str, str], None] | None
+    """Told of each trip made here (base model, variant), to send it to the others."""
+
+    def trip(self, base: str, variant: str, *, announce: bool = True) -> None:
+        """Take `variant` of `base`'s canary out; `announce=False` when a replica told us."""
 
 
 class StateStore(Protocol):

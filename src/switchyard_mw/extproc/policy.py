@@ -15,21 +15,20 @@ from collections.abc import Callable, Mapping
 import httpx
 from opentelemetry import trace
 
-from .. import request_metrics
-from .. import telemetry as tm
-from ..asgi.cooling import pool_from_clients
-from ..budget import budget_end
-from ..clients import UpstreamClient
+from ..accounts import UpstreamClient, pool_from_clients
 from ..config import Config
 from ..context import RequestContext
-from ..cooling_outcomes import hold, settle
 from ..core.clock import Clock, monotonic
 from ..core.deadline import attempt_deadline_secs
 from ..core.pool import AccountPool, Lease, Outcome
-from ..judging import Judge
-from ..reload import kept_accounts
+from ..engine.budget import budget_end
+from ..engine.judge import Judge
+from ..engine.outcomes import hold, settle
+from ..engine.reload import kept_accounts
+from ..engine.variants import Canaries
 from ..state import Store, build_store
-from ..variant_assignment import Canaries
+from ..telemetry import names as tm
+from ..telemetry import request_metrics
 from ..wire import WIRE_PATHS, Wire
 from . import _messages as msg
 from .flights import Flight

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from .. import reload
 from ..config import Config, load_config
+from ..engine import reload
 from ..errors import ConfigError
 from .servicer import ExtProcServicer
 

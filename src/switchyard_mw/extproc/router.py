@@ -20,16 +20,16 @@ from collections.abc import Callable
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from .. import request_metrics
-from .. import telemetry as tm
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from ..asgi._base import exposed_headers
 from ..context import RequestContext, decision_attributes
-from ..cooling_outcomes import outcome_of
 from ..core.deadline import BUDGET_HEADERS
 from ..core.pool import Outcome
 from ..core.throttle import READ_HEADERS as RETRY_TIME_HEADERS
-from ..wire import Wire, WireError, model_not_served, read_request
+from ..engine.answers import exposed_headers
+from ..engine.outcomes import outcome_of
+from ..telemetry import names as tm
+from ..telemetry import request_metrics
+from ..wire import Wire, WireError, model_not_served, read_request, too_large
 from . import _messages as msg
 from .flights import Flight, Flights, out_of_order
 from .policy import CLUSTER_HEADER, Policies
@@ -142,7 +142,7 @@ class RouterStream:
         limit = self.p.server.max_body_bytes
         declared = h.get("content-length", b"").strip()
         if declared.isdigit() and int(declared) > limit:
-            return self.refuse(_too_large(limit))
+            return self.refuse(too_large(limit))
         if http.end_of_stream:  # no body at all: what the wire reader says of an empty one
             try:
                 read_request(self.wire, b"")
@@ -154,7 +154,7 @@ class RouterStream:
         assert self.wire is not None
         limit = self.p.server.max_body_bytes
         if len(body) > limit:
-            return self.refuse(_too_large(limit))
+            return self.refuse(too_large(limit))
         try:
             view = read_request(self.wire, body)
         except WireError as exc:
@@ -281,10 +281,6 @@ class RouterStream:
             if flight is not None:
                 _annotate(span, flight.ctx)
             span.end()
-
-
-def _too_large(limit: int) -> WireError:
-    return WireError(413, "request_too_large", f"request body exceeds {limit} bytes")
 
 
 def _looks_local(headers: msg.Headers) -> bool:

@@ -23,9 +23,9 @@ import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
-from ..clients import build_clients
+from ..accounts import build_clients
 from ..config import Config
-from ..reload import Loader, on_signal
+from ..engine.reload import Loader, on_signal
 from .h2_transport import H2Limits, H2Server
 from .policy import Policies
 from .servicer import ExtProcServicer

@@ -18,9 +18,9 @@ import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 from opentelemetry import context as otel_context
 from opentelemetry import propagate
 
-from .. import telemetry as tm
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+from ..telemetry import names as tm
 from .flights import Flights
 from .policy import Policies
 from .router import RouterStream

@@ -19,11 +19,11 @@ rather than by the router-level stream.
 
 from __future__ import annotations
 
-from .. import telemetry as tm
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from ..cooling_outcomes import outcome_of
 from ..core.pool import Outcome
 from ..core.throttle import READ_HEADERS as RETRY_TIME_HEADERS
+from ..engine.outcomes import outcome_of
+from ..telemetry import names as tm
 from . import _messages as msg
 from .flights import Flight, Flights, out_of_order
 from .policy import Policies

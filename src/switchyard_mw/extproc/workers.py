@@ -34,10 +34,10 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 from typing import TextIO
 
-from ..clients import build_clients
+from ..accounts import build_clients
 from ..config import Config
+from ..engine.reload import RELOAD_SIGNAL, Loader
 from ..errors import StartupError
-from ..reload import RELOAD_SIGNAL, Loader
 from .server import DEFAULT_TRANSPORT, GRACE_SECS, ExtProcServer, Transport, parse_listen, serve
 
 START_SECS = 60.0

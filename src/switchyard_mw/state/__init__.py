@@ -16,7 +16,7 @@ from ..errors import StartupError
 from .memory import MemoryStore
 
 if TYPE_CHECKING:
-    from ..variant_assignment import Canaries
+    from ..core.shared import TripBoard
 
 __all__ = ["MemoryStore", "Store", "build_store"]
 
@@ -30,7 +30,7 @@ class Store(StateStore, Protocol):
     def bind(self, pool: AccountPool) -> None:
         """Share ``pool``'s state (one pool per store)."""
 
-    def share_trips(self, canaries: Canaries) -> None:
+    def share_trips(self, canaries: TripBoard) -> None:
         """Share ``canaries``' guard trips: each one this process makes goes to the others,
         and theirs are applied here."""
 

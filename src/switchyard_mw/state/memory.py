@@ -8,7 +8,7 @@ from ..core.pool import AccountPool
 from ..core.shared import Change, Shared
 
 if TYPE_CHECKING:
-    from ..variant_assignment import Canaries
+    from ..core.shared import TripBoard
 
 
 class MemoryStore:
@@ -25,7 +25,7 @@ class MemoryStore:
     def held(self, account: str, model: str, until_unix: float) -> None:
         pass
 
-    def share_trips(self, canaries: Canaries) -> None:
+    def share_trips(self, canaries: TripBoard) -> None:
         pass  # one process: its canary guard decides alone
 
     async def claim_probe(self, account: str) -> Shared | None:

@@ -28,14 +28,14 @@ from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
-from .. import telemetry as tm
 from ..core.pool import AccountPool, AccountSpec
 from ..core.shared import Change, Shared
+from ..telemetry import names as tm
 from ._lua import SCRIPT, keys, name_of, parse, script_args
 from ._redis_io import ERRORS, Client, Mode, Target, close_quietly, make_client, subscriber
 
 if TYPE_CHECKING:
-    from ..variant_assignment import Canaries
+    from ..core.shared import TripBoard
 
 _log = logging.getLogger(__name__)
 _PROBE_OUTCOMES = frozenset({Change.PROBE_FAULT, Change.PROBE_SUCCESS, Change.PROBE_FREED})
@@ -87,7 +87,7 @@ class RedisStore:
         self._queue: deque[tuple[str, Change, Shared, str]] = deque()
         # Throttle holds and guard trips: one published message each, no key, no script.
         self._notes: deque[str] = deque()
-        self._canaries: Canaries | None = None
+        self._canaries: TripBoard | None = None
         self._wake = asyncio.Event()
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
@@ -146,7 +146,7 @@ class RedisStore:
     def held(self, account: str, model: str, until_unix: float) -> None:
         self._note({"t": "hold", "a": account, "m": model, "u": round(until_unix * 1000)})
 
-    def share_trips(self, canaries: Canaries) -> None:
+    def share_trips(self, canaries: TripBoard) -> None:
         self._canaries = canaries
 
         def tripped(base: str, variant: str) -> None:

@@ -1,6 +1,6 @@
 """`configure()`: OpenTelemetry for an app that has not set it up, the standard way, in one call.
 
-    from switchyard_mw import otel
+    from switchyard_mw.telemetry import otel
     otel.configure(service_name="llm-gateway")   # before serving the first request
 
 What it installs, each only when the application has not installed its own provider (it never
@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from opentelemetry import metrics, trace
 from opentelemetry.metrics._internal import _ProxyMeterProvider
 
-from .errors import StartupError
+from ..errors import StartupError
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader

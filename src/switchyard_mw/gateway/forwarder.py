@@ -16,12 +16,12 @@ from __future__ import annotations
 import sys
 from collections.abc import AsyncIterator, Iterable
 
-from .errors import MissingExtraError
+from ..errors import MissingExtraError
 
 try:
     import aiohttp
 
-    from ._aiohttp_pool import PooledTransport, as_httpx_error
+    from ..engine.aiohttp_pool import PooledTransport, as_httpx_error
 except ImportError as exc:
     raise MissingExtraError("switchyard_mw.gateway", "gateway", exc) from None
 import httpx
@@ -31,13 +31,13 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from . import gateway_telemetry as ot
-from . import telemetry as tm
-from .asgi._base import ClientDisconnected, read_body
-from .clients import UpstreamClient
-from .context import RequestContext, current_context
-from .outbound import pool_of, seconds_left, timeout_for
-from .wire import Wire, error_body, model_not_served, stream_error_event
+from ..accounts import UpstreamClient
+from ..asgi.body import ClientDisconnected, read_body
+from ..context import RequestContext, current_context
+from ..engine.outbound import pool_of, seconds_left, timeout_for
+from ..telemetry import names as tm
+from ..wire import Wire, error_body, model_not_served, stream_error_event
+from . import telemetry as ot
 
 WIRE_ROUTES = ("/v1/messages", "/v1/chat/completions", "/v1/responses")
 

@@ -10,9 +10,9 @@ import httpx
 import msgspec
 from opentelemetry import propagate, trace
 
-from . import telemetry as tm
-from .context import RequestContext
-from .wire import Wire
+from ..context import RequestContext
+from ..telemetry import names as tm
+from ..wire import Wire
 
 
 def start_call(url: httpx.URL, base_url: str) -> trace.Span:

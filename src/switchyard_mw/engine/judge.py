@@ -22,12 +22,12 @@ from dataclasses import dataclass
 import httpx
 from opentelemetry import propagate, trace
 
-from . import telemetry as tm
-from .clients import UpstreamClient
-from .config import Route
-from .core.judge import BadVerdict, build_judge_request, parse_verdict
+from ..accounts import UpstreamClient
+from ..config import Route
+from ..core.judge import BadVerdict, build_judge_request, parse_verdict
+from ..telemetry import names as tm
+from ..wire import RequestView, last_user_text
 from .outbound import make_http_client
-from .wire import RequestView, last_user_text
 
 MAX_VERDICT_BYTES = 64 * 1024
 """A verdict is a label; a reply larger than this is not one, and reading it would cost time."""

@@ -13,12 +13,12 @@ from typing import Any
 
 from opentelemetry import trace
 
-from . import telemetry as tm
-from .config import Canary
-from .context import RequestContext
-from .core.clock import Clock, monotonic
-from .core.guard import GuardRule, Window
-from .core.variants import BUCKETS, KeyKind, Split
+from ..config import Canary
+from ..context import RequestContext
+from ..core.clock import Clock, monotonic
+from ..core.guard import GuardRule, Window
+from ..core.variants import BUCKETS, KeyKind, Split
+from ..telemetry import names as tm
 
 _log = logging.getLogger(__name__)
 

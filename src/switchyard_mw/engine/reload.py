@@ -20,10 +20,10 @@ import logging
 import signal
 from collections.abc import Callable, Mapping
 
-from . import telemetry as tm
-from .clients import UpstreamClient, build_clients
-from .config import Config
-from .errors import ConfigError, StartupError
+from ..accounts import UpstreamClient, build_clients
+from ..config import Config
+from ..errors import ConfigError, StartupError
+from ..telemetry import names as tm
 
 RELOAD_SIGNAL: signal.Signals | None = getattr(signal, "SIGHUP", None)
 """The signal that reloads a process's config (none on Windows)."""

@@ -4,7 +4,7 @@ Used by the judge and by the example gateway; a team's own app gets the deadline
 upstream call in one line: `client.post(..., timeout=timeout_for(current_context()))`.
 
 The client is an `httpx.AsyncClient` (its API, its exceptions, its timeouts). With the
-`gateway` extra installed it runs over an aiohttp connection pool (`_aiohttp_pool`), which
+`gateway` extra installed it runs over an aiohttp connection pool (`aiohttp_pool`), which
 `bench/run.py` measured at a fraction of httpx's own pool's CPU per proxied request; without
 it, over httpx's own pool, with the same limits, errors and cookie rule.
 """
@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from .context import RequestContext
+from ..context import RequestContext
 
 if TYPE_CHECKING:
-    from ._aiohttp_pool import PooledTransport
+    from .aiohttp_pool import PooledTransport
 
 DEFAULT_MAX_CONNECTIONS = 256
 
@@ -40,7 +40,7 @@ def make_http_client(
     )
     transport: httpx.AsyncBaseTransport
     try:
-        from ._aiohttp_pool import PooledTransport
+        from .aiohttp_pool import PooledTransport
     except ImportError:  # no `gateway` extra: httpx's own pool, slower but the same contract
         pooled = None
         transport = httpx.AsyncHTTPTransport(limits=limits, trust_env=False)
@@ -68,7 +68,7 @@ def pool_of(client: httpx.AsyncClient) -> PooledTransport | None:
 
     A proxy that only forwards can send through it directly (`PooledTransport.session()`):
     httpx's request and response objects do nothing for such a call and cost about half its
-    CPU. Errors must then go through `_aiohttp_pool.as_httpx_error`, so callers still see
+    CPU. Errors must then go through `aiohttp_pool.as_httpx_error`, so callers still see
     httpx's. None as well without the `gateway` extra (the client then runs on httpx's pool).
     """
     return _transports.get(client)

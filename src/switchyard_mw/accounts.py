@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .config import Config, LLMClient, read_api_keys
+from .core.clock import Clock, monotonic
+from .core.pool import AccountPool, AccountSpec
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,3 +44,24 @@ def build_clients(
         name: UpstreamClient(name=name, spec=spec, api_key=keys[name])
         for name, spec in config.llm_clients.items()
     }
+
+
+def pool_from_clients(
+    clients: Mapping[str, UpstreamClient], *, clock: Clock = monotonic
+) -> AccountPool:
+    """The account pool for `clients`, keyed by their `llm_clients` names."""
+    return AccountPool(
+        [
+            AccountSpec(
+                name=name,
+                models=frozenset(c.spec.models),
+                priority=c.spec.priority,
+                failure_threshold=c.spec.failure_threshold,
+                cooldown_secs=c.spec.cooldown_secs,
+                max_cooldown_secs=c.spec.max_cooldown_secs,
+                max_throttle_secs=c.spec.max_throttle_secs,
+            )
+            for name, c in clients.items()
+        ],
+        clock=clock,
+    )

@@ -15,7 +15,7 @@ import aiohttp
 import httpx
 from httpx_aiohttp import AiohttpTransport
 
-from .context import current_context
+from ..context import current_context
 
 
 class PooledTransport(AiohttpTransport):

@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics
 
-from . import telemetry as tm
-from .core.pool import AccountPool, BreakerState
+from ..core.pool import AccountPool, BreakerState
+from . import names as tm
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics.export import Metric, MetricReader, MetricsData
 
-    from .context import RequestContext
+    from ..context import RequestContext
 
 MAX_SERIES = 2000
 """Attribute sets one metric keeps; past it, points go to one `otel.metric.overflow` series

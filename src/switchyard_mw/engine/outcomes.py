@@ -9,9 +9,9 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from . import telemetry as tm
-from .core.pool import AccountPool, BreakerState, Lease, Outcome, classify_status
-from .core.throttle import READ_HEADERS, retry_secs
+from ..core.pool import AccountPool, BreakerState, Lease, Outcome, classify_status
+from ..core.throttle import READ_HEADERS, retry_secs
+from ..telemetry import names as tm
 
 _FAULT = Outcome.FAULT  # read on every attempt; Enum member access is slow on Python 3.11
 

@@ -19,15 +19,15 @@ from collections.abc import Mapping
 
 import httpx
 
-from . import request_metrics
-from . import telemetry as tm
-from .clients import UpstreamClient
-from .config import Canary
-from .context import RequestContext
-from .core.deadline import attempt_deadline_secs
-from .core.pool import AccountPool, BreakerState
-from .core.variants import Split
-from .wire import RequestView, rewrite_model
+from ..accounts import UpstreamClient
+from ..config import Canary
+from ..context import RequestContext
+from ..core.deadline import attempt_deadline_secs
+from ..core.pool import AccountPool, BreakerState
+from ..core.variants import Split
+from ..telemetry import names as tm
+from ..telemetry import request_metrics
+from ..wire import RequestView, rewrite_model
 
 _log = logging.getLogger(__name__)
 _SALT = "\x00shadow"  # shadows are picked apart from the canary's own split

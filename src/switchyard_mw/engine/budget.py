@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from . import telemetry as tm
-from .core.deadline import BUDGET_HEADERS, parse_budget_ms
+from ..core.deadline import BUDGET_HEADERS, parse_budget_ms
+from ..telemetry import names as tm
 
 
 def budget_end(header: Callable[[bytes], bytes | None], started_at: float) -> float | None:

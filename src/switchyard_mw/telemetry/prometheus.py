@@ -7,8 +7,7 @@ provider is already set (then that one's export wins); `metrics_app` serves the 
 from __future__ import annotations
 
 from opentelemetry import metrics
-
-from .asgi._types import Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 
 def install() -> bool:

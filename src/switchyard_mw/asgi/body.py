@@ -1,0 +1,32 @@
+"""Reading an ASGI request body whole, bounded: shared by the middlewares and the forwarder."""
+
+from __future__ import annotations
+
+from ..wire import too_large
+from ._types import Message, Receive
+
+
+class ClientDisconnected(Exception):
+    """The client left while switchyard was still reading its request."""
+
+
+async def read_body(receive: Receive, *, limit: int, first: Message | None = None) -> bytes:
+    """The whole request body (`first`: its first message, already received); `WireError`
+    413 past `limit` bytes."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        if first is not None:
+            message, first = first, None
+        else:
+            message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected
+        chunk = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > limit:
+                raise too_large(limit)
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
