@@ -154,3 +154,21 @@ async def test_a_conversation_without_a_first_turn_is_never_pinned(
     assert view.first_turn_hash is None
     await judge.decide("auto", view, body, None)
     assert len(judge._pins) == 0
+
+
+async def test_without_judge_deadline_ms_the_judge_accounts_timeout_secs_bounds_it() -> None:
+    # The docs' promise for an unset judge_deadline_ms: a judge that never answers still
+    # cannot hold a request without a budget for longer than its account's timeout_secs.
+    mock = MockProvider()
+    mock.set_behaviour("k", Behaviour(headers_delay_secs=30))
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=mock), base_url="http://judge")
+    spec = LLMClient(base_url="http://judge", models=["*"], timeout_secs=0.2)
+    client = UpstreamClient(name="judge", spec=spec, api_key="k")
+    route = msgspec.structs.replace(ROUTE, judge_deadline_ms=None)
+    judge = Judge(routes={"auto": route}, clients={"judge": client}, http_client=http)
+    try:
+        body = turn("Plan a trip", thinking=False)
+        decision = await asyncio.wait_for(decide(judge, body), 10)  # not 30 s
+    finally:
+        await http.aclose()
+    assert (decision.model, decision.route_header) == ("fallback-model", "fail_open:deadline")

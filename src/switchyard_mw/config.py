@@ -101,7 +101,7 @@ class Route(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     fallback: str
     """The model used whenever the judge cannot answer in time or at all."""
     judge_deadline_ms: PositiveInt | None = None
-    """Bounds the whole consultation; unset: only the request's own budget bounds it."""
+    """Bounds the whole consultation; unset: the judge account's `timeout_secs` bounds it."""
     judge_input_max_chars: PositiveInt = 4000
     """How much of the last user turn the judge sees."""
 
