@@ -155,6 +155,8 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     state: State = State()
 
     def clients_serving(self, model: str) -> list[str]:
+        """The names of the `llm_clients` entries serving `model` (`"*"` serves any), in
+        the config's order."""
         return [name for name, client in self.llm_clients.items() if client.serves(model)]
 
 

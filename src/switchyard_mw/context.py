@@ -98,10 +98,14 @@ class RequestContext:
 
     @property
     def wire(self) -> Wire | None:
+        """The request's wire format (Anthropic Messages, OpenAI Chat, OpenAI Responses or
+        generic JSON); None when the body was not read."""
         return self.view.wire if self.view else None
 
     @property
     def requested_model(self) -> str | None:
+        """The `model` the client asked for, before any judge, canary or fallback moved it
+        (`resolved_model` is where the request goes); None when the body was not read."""
         return self.view.model if self.view else None
 
     @property

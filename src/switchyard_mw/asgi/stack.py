@@ -163,6 +163,9 @@ class SwitchyardStack(PolicyMiddleware):
         await cooling.handle(ctx, scope, receive, send)
 
     async def aclose(self) -> None:
+        """Release what the stack holds: its SIGHUP handler, the shadows' clients, the state
+        store's connections and the judge's connection pool (when the stack built it). Call it
+        once, at the server's lifespan shutdown."""
         if self._signal:
             reload.off_signal()
         for shadows, task in list(self._retiring.items()):
