@@ -19,7 +19,7 @@ Environment:
                            (`switchyard_mw.telemetry.otel.configure`); metrics are always on
                            /metrics
 
-Reloading the config (README "Reloading"): `kill -HUP <pid>` of each process serving it (each
+Reloading the config (docs/operations.md): `kill -HUP <pid>` of each process serving it (each
 uvicorn worker; `/switchyard/health` names the pid that answered), or `POST /switchyard/reload`
 from loopback, which reloads the worker that takes the request.
 """

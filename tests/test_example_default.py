@@ -1,15 +1,16 @@
 """The README's first command: `python examples/starlette_app.py` on its default config serves
 offline, on the bundled mock provider it starts itself (which also plays the judge).
 
-Every step the README's "Start here" shows, in order, with the official SDKs: the curl, the
-SDK snippet (the judge answers a label), the metrics and accounts pages, then the mock's
-controls: key A refuses (the same requests fail over to key B, then key A cools) and the judge
-answers its other label.
+Every step the README's "Start here" shows, in order: its curl lines run as written (ports
+moved), the SDK snippet with the official SDKs (the judge answers a label), the metrics and
+accounts pages, then the mock's controls, again the README's curl lines: key A refuses (the
+same requests fail over to key B, then key A cools) and the judge answers its other label.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -69,7 +70,16 @@ def test_every_start_here_step_then_ctrl_c(example: Example) -> None:
     claude = anthropic.Anthropic(base_url=example.url, api_key="anything", max_retries=0)
     gpt = openai.OpenAI(base_url=f"{example.url}/v1", api_key="anything", max_retries=0)
 
-    # The curl: served by key A, and the headers say what was decided.
+    curl, refuse_key_a, judge_simple = readme_curls()
+    assert "/_mock/behaviours/mock-key-a" in refuse_key_a
+    assert "/_mock/behaviours/mock-judge-key" in judge_simple
+
+    # The README's curl, as written: served by key A, the headers say what was decided.
+    headers = _headers(_run(curl, example))
+    assert headers["x-switchyard-model"] == "claude-opus-5"
+    assert headers["x-switchyard-account"] == "mock-a"
+    assert headers["x-switchyard-attempts"] == "1"
+    # The same through the SDK.
     raw = _hello(claude)
     assert raw.headers["x-switchyard-model"] == raw.parse().model == "claude-opus-5"
     assert raw.headers["x-switchyard-account"] == "mock-a"
@@ -96,7 +106,8 @@ def test_every_start_here_step_then_ctrl_c(example: Example) -> None:
 
     # Key A refuses: the same requests are answered by key B, and the judge still answers;
     # after failure_threshold (3) refusals key A cools and B answers at once.
-    _mock_behaviour(example.mock_url, "mock-key-a", {"status": 401})
+    _run(refuse_key_a, example)
+    assert _behaviours(example)["mock-key-a"]["status"] == 401
     refused = [_hello(claude), _auto(gpt), _hello(claude)]
     assert [
         (r.headers["x-switchyard-account"], r.headers["x-switchyard-attempts"]) for r in refused
@@ -110,7 +121,8 @@ def test_every_start_here_step_then_ctrl_c(example: Example) -> None:
     assert _states(example)["mock-a"] == "cooled"
 
     # The judge answers "simple": "auto" now goes to claude-haiku-5.
-    _mock_behaviour(example.mock_url, "mock-judge-key", {"reply": "simple"})
+    _run(judge_simple, example)
+    assert _behaviours(example)["mock-judge-key"]["reply"] == "simple"
     raw = _auto(gpt)
     assert raw.headers["x-switchyard-route"] == "judge:simple"
     assert raw.headers["x-switchyard-model"] == raw.parse().model == "claude-haiku-5"
@@ -144,7 +156,33 @@ def _states(example: Example) -> dict[str, str]:
     return {a["name"]: a["state"] for a in r.json()["accounts"]}
 
 
-def _mock_behaviour(mock_url: str, key: str, behaviour: dict[str, Any]) -> None:
-    """The README's `curl -X PUT .../_mock/behaviours/KEY`."""
-    r = httpx.put(f"{mock_url}/_mock/behaviours/{key}", json=behaviour, timeout=5)
+def readme_curls() -> list[str]:
+    """The curl lines of the README's "Start here", in order (continuation lines joined)."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("\n## Start here\n", 1)[1].split("\n## ", 1)[0]
+    lines = []
+    for block in re.findall(r"```sh\n(.*?)```", section, re.S):
+        lines += [ln.strip() for ln in block.replace("\\\n", " ").splitlines()]
+    return [line for line in lines if line.startswith("curl ")]
+
+
+def _run(command: str, example: Example) -> str:
+    """A README command as a user runs it, in a shell, with the example's ports moved."""
+    moved = command.replace("127.0.0.1:8000", example.url.removeprefix("http://"))
+    moved = moved.replace("127.0.0.1:9100", example.mock_url.removeprefix("http://"))
+    done = subprocess.run(["bash", "-c", moved], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, (command, done.stderr)
+    return done.stdout
+
+
+def _headers(curl_output: str) -> dict[str, str]:
+    """The response headers `curl -D -` printed (names lower-cased)."""
+    head = curl_output.split("\r\n\r\n", 1)[0].splitlines()[1:]
+    return {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in head)}
+
+
+def _behaviours(example: Example) -> dict[str, Any]:
+    r = httpx.get(f"{example.mock_url}/_mock/behaviours", timeout=5)
     assert r.status_code == 200, r.text
+    behaviours: dict[str, Any] = r.json()
+    return behaviours

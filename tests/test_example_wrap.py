@@ -1,5 +1,6 @@
-"""examples/wrap_your_app.py as the README runs it: `switchyard-mw mock` in one process,
-`uvicorn examples.wrap_your_app:app` in another, the official SDKs as clients.
+"""examples/wrap_your_app.py as the README runs it: its two commands as written (ports moved),
+`switchyard-mw mock` in one process, `uvicorn examples.wrap_your_app:app` in another, then the
+official SDKs as clients.
 
 What a team copying the file relies on: its forwarding route answers and streams through the
 stack (both wires), an account that refuses is failed over, a model no account serves gets
@@ -10,6 +11,7 @@ and Ctrl-C stops it cleanly.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -49,6 +51,27 @@ def _stop(proc: subprocess.Popen[bytes]) -> int:
         raise
 
 
+def readme_commands() -> list[str]:
+    """The shell commands of the README's "Wrap your own app", in order."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("\n## Wrap your own app\n", 1)[1].split("\n## ", 1)[0]
+    block = re.findall(r"```sh\n(.*?)```", section, re.S)[0]
+    return [line.strip() for line in block.splitlines() if line.strip()]
+
+
+def _as_run(command: str, *, port: int, mock_port: int) -> list[str]:
+    """A README command for a shell: this virtualenv's programs, the ports moved, in the
+    foreground (exec: the process started is the program itself, which a signal reaches)."""
+    command = command.replace(".venv/bin/", f"{Path(sys.executable).parent}/")
+    command = command.replace("--port 9100", f"--port {mock_port}")
+    command = command.replace("--port 8001", f"--port {port}")
+    assert str(port) in command or str(mock_port) in command, command
+    words = command.removesuffix("&").split()
+    assignments = [w for w in words if re.fullmatch(r"[A-Z_]+=\S*", w)]  # leading VAR=value
+    program = words[len(assignments) :]
+    return ["bash", "-c", " ".join([*assignments, "exec", *program])]
+
+
 @pytest.fixture(scope="module")
 def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     tmp = tmp_path_factory.mktemp("wrap")
@@ -58,16 +81,22 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     text = (ROOT / "examples" / "switchyard.toml").read_text()
     config.write_text(text.replace("127.0.0.1:9100", f"127.0.0.1:{mock_port}"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SWITCHYARD_", "MOCK_"))}
-    env |= KEYS | {"SWITCHYARD_CONFIG": str(config)}
+    env["SWITCHYARD_CONFIG"] = str(config)
     log = tmp / "app.log"
-    cli = Path(sys.executable).with_name("switchyard-mw")
+    start_mock, start_app = readme_commands()
+    assert start_mock.startswith(".venv/bin/switchyard-mw mock ")
+    assert all(f"{k}={v}" in start_app for k, v in KEYS.items())  # the README's keys
     with (tmp / "mock.log").open("wb") as out:
         mock = subprocess.Popen(
-            [cli, "mock", "--port", str(mock_port)], stdout=out, stderr=subprocess.STDOUT
+            _as_run(start_mock, port=port, mock_port=mock_port),
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     with log.open("wb") as out:
         app = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "examples.wrap_your_app:app", "--port", str(port)],
+            _as_run(start_app, port=port, mock_port=mock_port),
             cwd=ROOT,
             env=env,
             stdout=out,

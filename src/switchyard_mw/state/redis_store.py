@@ -1,6 +1,6 @@
 """Account health shared across replicas through Redis.
 
-Keys (``P`` = ``key_prefix``, ``A`` = account; README "Sharing cooling across replicas"):
+Keys (``P`` = ``key_prefix``, ``A`` = account; docs/operations.md, "Sharing account health"):
 ``P:account:{A}`` hash, no TTL (it must outlive any cooling and is never evicted under a
 ``volatile-*`` policy); ``P:probe:{A}`` the probe slot, ``PX`` = the lease; channel ``P:events``.
 Every change runs one Lua script (:mod:`._lua`). Writes go out from a background task, in order;
@@ -242,7 +242,8 @@ class RedisStore:
             # whose loss the listener sees (then resubscribe and resync), where sharded needs
             # one per shard that redis-py moves on its own after a failover, unseen by us, and
             # reads by polling the shards in turn. Its saving, 1 bus message per event instead
-            # of (nodes - 1), is small at the rate accounts change (README, "Redis Cluster").
+            # of (nodes - 1), is small at the rate accounts change (docs/performance.md,
+            # "Classic pub/sub").
             # No read timeout on the subscription (it is silent when nothing changes); raw
             # bytes, because anyone may publish on the channel and junk must not break decoding.
             self._pubsub_client = make_client(
