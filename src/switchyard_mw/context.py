@@ -63,19 +63,33 @@ class RequestContext:
         now: float | None = None,
     ) -> None:
         self.view = view
+        """The parsed body (wire, model, output cap, stream, user key); None when not read."""
         self.body = body
+        """The request body as the client sent it; `body_for_app()` has the routed model."""
         self.started_at = time.monotonic() if now is None else now
+        """When switchyard first saw the request (monotonic seconds)."""
         self.resolved_model: str | None = view.model if view else None
+        """The model the request goes to, after the judge, the canary split and any fallback."""
         self.client: UpstreamClient | None = None
+        """The account the current attempt calls (`name`, `base_url`, `url(path)`,
+        `auth_headers()`); None when no account serves the model or no cooling policy runs."""
         self.attempts = 0
+        """Upstream attempts so far, refused connections included."""
         self.attempt_deadline_secs: float | None = None
+        """The current attempt's deadline in seconds (a stream: its time to start)."""
         self.deadline_at: float | None = None
+        """When the current attempt's deadline ends (monotonic); `deadline` is what is left."""
         self.stream_idle_secs: float | None = None
         """A stream's limit on the silence between chunks, set by the deadline policy."""
         self.budget_at: float | None = None
+        """When the request's budget (its budget headers) ends (monotonic); None: no budget."""
         self.route: str | None = None
+        """For a judge route: `judge:<label>` or `fail_open:<reason>`; else None."""
         self.key_kind: KeyKind | None = None
+        """What the canary split was keyed on: user id, first user turn, or none."""
         self.upstream_status: int | None = None
+        """The real upstream status the app reported for the current attempt
+        (`report_upstream`); None when it did not."""
         self.deadline_phase: str | None = None
         """Set when a deadline expired: `total`, `headers`, `idle` or `budget`."""
         self.transport_error: type[BaseException] | None = None
@@ -86,8 +100,9 @@ class RequestContext:
         self.disconnected = False
         """Set when the client left; the app's work has been cancelled."""
         self.input_tokens: int | None = None
+        """Input tokens the app reported (`report_usage`); telemetry only."""
         self.output_tokens: int | None = None
-        """Token usage the app reported (`report_usage`); telemetry only."""
+        """Output tokens the app reported (`report_usage`); telemetry only."""
         self.response_status: int | None = None
         """The status the client was answered with, once the response started."""
         self.variant: str | None = None
