@@ -29,9 +29,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from switchyard_mw import current_context, make_http_client, otel, switchyard_stack, timeout_for
+from switchyard_mw import current_context, make_http_client, switchyard_stack, timeout_for
 from switchyard_mw.asgi.admin import OperatorOnly, cooling_status_app
-from switchyard_mw.prometheus import metrics_app
+from switchyard_mw.telemetry import otel
+from switchyard_mw.telemetry.prometheus import metrics_app
 
 CONFIG = os.environ.get("SWITCHYARD_CONFIG", str(Path(__file__).with_name("switchyard.toml")))
 # Request headers the providers read besides the body; the caller's key is never passed on.

@@ -1,7 +1,7 @@
 """JudgeMiddleware: an LLM judge picks the model of a route, and never makes a request wait long.
 
 The consultation itself (one deadline over the whole call, fail-open reasons, the pin cache of
-conversations carrying signed thinking) lives in `switchyard_mw.judging`, shared with the
+conversations carrying signed thinking) lives in `switchyard_mw.engine.judge`, shared with the
 ext_proc servicer; this middleware only maps it onto the request context.
 """
 
