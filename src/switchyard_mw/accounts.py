@@ -20,6 +20,7 @@ class UpstreamClient:
 
     @property
     def base_url(self) -> str:
+        """The configured `base_url` without a trailing slash (the request path follows)."""
         return self.spec.base_url.rstrip("/")
 
     def auth_headers(self) -> list[tuple[str, str]]:

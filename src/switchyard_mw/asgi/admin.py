@@ -98,6 +98,7 @@ class CanariesStatusApp:
 
     @property
     def canaries(self) -> Canaries:
+        """The canaries shown now (the function's answer, when given one)."""
         return _now(self._canaries)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -203,6 +204,8 @@ class OperatorOnly:
         await self.app(scope, receive, send)
 
     def permitted(self, client: tuple[str, int] | None) -> bool:
+        """Whether a peer (`scope["client"]`) may call: loopback, an `allow`ed address,
+        or no address at all (a unix socket)."""
         if client is None:
             return True
         host = client[0]

@@ -40,6 +40,7 @@ from ..wire import Wire, error_body, model_not_served, stream_error_event
 from . import telemetry as ot
 
 WIRE_ROUTES = ("/v1/messages", "/v1/chat/completions", "/v1/responses")
+"""The three wire paths a gateway forwards: mount a `Forwarder` on each (POST)."""
 
 # Never forwarded: the caller's credentials (the account's replace them), what the transport
 # recomputes, and hop-by-hop headers.

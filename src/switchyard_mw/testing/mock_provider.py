@@ -134,7 +134,12 @@ class RecordedRequest(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class MockProvider:
-    """The ASGI app. One instance holds its behaviours and request records."""
+    """The mock provider as an ASGI app: the three LLM wires and the `/_mock` control API.
+
+    One instance holds its behaviours (by API key) and its request records (the last
+    `max_recorded_requests`). Serve it with any ASGI server, or mount it in process (an
+    `httpx.ASGITransport`) in a test; `switchyard-mw mock` serves one.
+    """
 
     def __init__(self, *, reply: str = DEFAULT_REPLY, max_recorded_requests: int = 10_000) -> None:
         self.default_reply = reply
@@ -148,18 +153,22 @@ class MockProvider:
     # --- in-process control -------------------------------------------------------------
 
     def set_behaviour(self, key: str, behaviour: Behaviour) -> None:
+        """Answer requests made with `key` this way from now on (`"*"`: every other key)."""
         self._behaviours[key] = behaviour
 
     def clear_behaviour(self, key: str) -> None:
+        """Forget `key`'s behaviour: it gets the `"*"` one again, else a fast 200."""
         self._behaviours.pop(key, None)
 
     def behaviour_for(self, key: str) -> Behaviour:
+        """How a request made with `key` is answered now."""
         if key in self._behaviours:
             return self._behaviours[key]
         return self._behaviours.get(DEFAULT_KEY, Behaviour())
 
     @property
     def behaviours(self) -> dict[str, Behaviour]:
+        """A snapshot of the behaviours set, by key."""
         return dict(self._behaviours)
 
     @property
@@ -173,9 +182,11 @@ class MockProvider:
         return self._in_flight
 
     def clear_requests(self) -> None:
+        """Forget the recorded requests."""
         self._records.clear()
 
     def reset_behaviours(self) -> None:
+        """Forget every behaviour: each key gets a fast 200."""
         self._behaviours.clear()
 
     def reset(self) -> None:
