@@ -3,7 +3,7 @@
     python examples/starlette_app.py            # serves 127.0.0.1:8000, mock provider on :9100
     SWITCHYARD_CONFIG=my.toml uvicorn examples.starlette_app:app
     SWITCHYARD_CONFIG=my.toml uvicorn examples.starlette_app:app --workers 4
-        # with `[state] backend = "redis"` in my.toml (pip install 'switchyard-mw[redis]'), the
+        # with `[state] backend = "redis"` in my.toml (the redis extra: pip install '.[redis]'), the
         # workers share account cooling; /switchyard/accounts shows it from whichever answers
 
 Environment:
