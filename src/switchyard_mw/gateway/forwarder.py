@@ -35,6 +35,7 @@ from ..accounts import UpstreamClient
 from ..asgi.body import ClientDisconnected, read_body
 from ..context import RequestContext, current_context
 from ..engine.outbound import pool_of, seconds_left, timeout_for
+from ..engine.usage import StreamUsage, Tokens, answer_tokens
 from ..telemetry import names as tm
 from ..wire import Wire, error_body, model_not_served, stream_error_event
 from . import telemetry as ot
@@ -185,7 +186,7 @@ class Forwarder:
         if span is not None:
             span.end()
         if reply.status < 300 and "json" in reply.content_type:
-            ot.report_usage(ctx, data)  # for the request metrics, with an SDK or without
+            _report(ctx, answer_tokens(ctx.wire, data))  # request metrics, SDK or not
         return data
 
 
@@ -362,7 +363,7 @@ async def _relay(reply: _Reply, ctx: RequestContext) -> AsyncIterator[bytes]:
     glued to it.
     """
     pending = b""
-    usage = ot.StreamUsage()
+    usage = StreamUsage(ctx.wire)
     try:
         async for chunk in reply.chunks():
             data = pending + chunk if pending else chunk
@@ -381,9 +382,14 @@ async def _relay(reply: _Reply, ctx: RequestContext) -> AsyncIterator[bytes]:
         yield stream_error_event(wire, "upstream_error", message)
         return
     finally:
-        usage.report(ctx)  # what the stream said of its usage, however it ended
+        _report(ctx, usage.end())  # what the stream said of its usage, however it ended
     if pending:
         yield pending  # the upstream ended mid-event itself: pass on what it sent
+
+
+def _report(ctx: RequestContext, tokens: Tokens | None) -> None:
+    if tokens is not None:
+        ctx.report_usage(input_tokens=tokens.input, output_tokens=tokens.output)
 
 
 def _events_end(data: bytes) -> int:

@@ -1,18 +1,16 @@
 """Telemetry of `gateway.Forwarder`'s outbound call: its CLIENT span and the `traceparent` it
-sends (only with an SDK installed), and the token usage it reports from answers and streams
-(always: the request metrics count it)."""
+sends (only with an SDK installed). The token usage it reports from answers and streams
+(always: the request metrics count it) is read by `engine.usage`, as the ext_proc server's is."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
 import httpx
-import msgspec
 from opentelemetry import propagate, trace
 
 from ..context import RequestContext
 from ..telemetry import names as tm
-from ..wire import Wire
 
 
 def start_call(url: httpx.URL, base_url: str) -> trace.Span:
@@ -73,87 +71,3 @@ async def traced(
             span.set_attribute(tm.ERROR_TYPE, "stream_interrupted")
             span.set_status(trace.StatusCode.ERROR)
         span.end()
-
-
-class Usage(msgspec.Struct):
-    input_tokens: int | None = None  # Anthropic Messages, OpenAI Responses
-    output_tokens: int | None = None
-    cache_read_input_tokens: int | None = None  # Anthropic counts cached input apart
-    cache_creation_input_tokens: int | None = None
-    prompt_tokens: int | None = None  # OpenAI Chat Completions
-    completion_tokens: int | None = None
-
-
-class Answer(msgspec.Struct):
-    usage: Usage | None = None
-
-
-ANSWER = msgspec.json.Decoder(Answer)  # skips every other field of the answer unread
-
-
-def report_usage(ctx: RequestContext, body: bytes) -> None:
-    """`ctx.report_usage` from a JSON answer's `usage`, in the GenAI conventions' terms:
-    input tokens include cached ones."""
-    try:
-        usage = ANSWER.decode(body).usage
-    except msgspec.DecodeError:
-        return  # not a shape we know: report nothing rather than something wrong
-    if usage is not None:
-        _report(ctx, usage)
-
-
-def _report(ctx: RequestContext, usage: Usage) -> None:
-    if ctx.wire is Wire.OPENAI_CHAT or usage.input_tokens is None:
-        ctx.report_usage(input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens)
-        return
-    inputs = usage.input_tokens
-    if ctx.wire is Wire.ANTHROPIC:
-        inputs += (usage.cache_read_input_tokens or 0) + (usage.cache_creation_input_tokens or 0)
-    ctx.report_usage(input_tokens=inputs, output_tokens=usage.output_tokens)
-
-
-class _Event(msgspec.Struct):
-    usage: Usage | None = None  # Anthropic `message_delta`, OpenAI Chat's last chunk
-    message: Answer | None = None  # Anthropic `message_start`
-    response: Answer | None = None  # OpenAI Responses `response.completed`
-
-
-_EVENT = msgspec.json.Decoder(_Event)
-_USAGE_FIELDS = tuple(Usage.__struct_fields__)
-
-
-class StreamUsage:
-    """The usage a stream reports along the way, merged: each wire says it in its own events
-    (Anthropic: input in `message_start`, output in the last `message_delta`; OpenAI Chat:
-    the final chunk, when the caller asked with `stream_options.include_usage`; Responses:
-    `response.completed`). Fed whole events; only those naming `"usage"` are decoded."""
-
-    __slots__ = ("seen",)
-
-    def __init__(self) -> None:
-        self.seen: dict[str, int] = {}
-
-    def feed(self, events: bytes) -> None:
-        if b'"usage"' not in events:
-            return  # nearly every event of a stream: one search, nothing decoded
-        for line in events.splitlines():
-            if line.startswith(b"data:") and b'"usage"' in line:
-                self._take(line[5:])
-
-    def _take(self, data: bytes) -> None:
-        try:
-            event = _EVENT.decode(data)
-        except msgspec.DecodeError:
-            return
-        for holder in (event.usage, event.message, event.response):
-            usage = holder.usage if isinstance(holder, Answer) else holder
-            if usage is None:
-                continue
-            for name in _USAGE_FIELDS:
-                value = getattr(usage, name)
-                if value is not None:
-                    self.seen[name] = value  # later events carry the running totals
-
-    def report(self, ctx: RequestContext) -> None:
-        if self.seen:
-            _report(ctx, Usage(**self.seen))
