@@ -91,11 +91,15 @@ def response_headers(
     *,
     details: str | None = None,
     request_id: str | None = None,
+    end: bool = False,
 ) -> ep.ProcessingRequest:
     """Response headers; `details` and `request_id` as the `response.code_details` and
-    `request.id` attributes Envoy attaches when the filter asks for them."""
+    `request.id` attributes Envoy attaches when the filter asks for them; `end`: no body
+    follows."""
     headers = {":status": str(status), **(extra or {})}
-    request = ep.ProcessingRequest(response_headers=ep.HttpHeaders(headers=_header_map(headers)))
+    request = ep.ProcessingRequest(
+        response_headers=ep.HttpHeaders(headers=_header_map(headers), end_of_stream=end)
+    )
     attributes = {}
     if details is not None:
         attributes["response.code_details"] = details
@@ -108,9 +112,14 @@ def response_headers(
     return request
 
 
+def response_body(body: bytes, *, end: bool = False) -> ep.ProcessingRequest:
+    """A piece of the response body (the last one with `end`), as Envoy streams it."""
+    return ep.ProcessingRequest(response_body=ep.HttpBody(body=body, end_of_stream=end))
+
+
 def common(response: ep.ProcessingResponse) -> ep.CommonResponse:
     kind = response.WhichOneof("response")
-    assert kind in ("request_headers", "request_body", "response_headers"), kind
+    assert kind in ("request_headers", "request_body", "response_headers", "response_body"), kind
     result: ep.CommonResponse = getattr(response, kind).response
     return result
 

@@ -23,6 +23,7 @@ from extproc_helpers import (
     Stream,
     request_body,
     request_headers,
+    response_body,
     response_headers,
     sets,
     upstream_headers,
@@ -102,6 +103,7 @@ def cool_then_probe(env: Env) -> None:
 
 
 BODY_AGAIN = request_body(BODY)
+SSE = {"content-type": "text/event-stream"}
 HEADERS = request_headers()
 SEQUENCES = {
     "a body per message": [HEADERS, *[BODY_AGAIN] * 20],
@@ -110,6 +112,22 @@ SEQUENCES = {
     "response twice": [HEADERS, BODY_AGAIN, response_headers(500), response_headers(200)],
     "body before headers": [BODY_AGAIN, HEADERS, BODY_AGAIN, BODY_AGAIN],
     "response before anything": [response_headers(200), HEADERS, BODY_AGAIN],
+    "a response body not asked for": [
+        HEADERS,
+        BODY_AGAIN,
+        response_headers(200),
+        response_body(b"{}", end=True),
+    ],
+    "a read stream's body again after its end": [
+        HEADERS,
+        BODY_AGAIN,
+        response_headers(200, SSE),
+        response_body(b"data: {}\n\n"),
+        response_body(b"", end=True),
+        response_body(b"data: more\n\n", end=True),
+        response_headers(200, SSE),
+    ],
+    "a read stream cut off": [HEADERS, BODY_AGAIN, response_headers(200, SSE), response_body(b"d")],
 }
 
 

@@ -23,6 +23,7 @@ Headers = dict[str, bytes]
 ATTRIBUTES_KEY = "envoy.filters.http.ext_proc"
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 _Mode = processing_mode_pb2.ProcessingMode
+Mode = _Mode
 
 
 def headers_of(http_headers: ep.HttpHeaders, wanted: frozenset[str] | None = None) -> Headers:
@@ -124,11 +125,18 @@ def response_headers(change: ep.HeaderMutation | None = None) -> ep.ProcessingRe
 
 UNCHANGED_REQUEST_HEADERS = request_headers()
 UNCHANGED_RESPONSE_HEADERS = response_headers()
+UNCHANGED_RESPONSE_BODY = ep.ProcessingResponse(response_body=ep.BodyResponse())
+READ_STREAMED = _Mode(response_body_mode=_Mode.STREAMED)
+"""A `mode_override` at the response headers: send the response body piece by piece as it
+passes (each piece waits for its answer, so every one is answered at once)."""
+READ_BUFFERED = _Mode(response_body_mode=_Mode.BUFFERED)
+"""A `mode_override` at the response headers: send the whole response body in one message
+(Envoy then keeps its `content-length`, which it drops in STREAMED mode)."""
 _EMPTY = {
     "request_headers": UNCHANGED_REQUEST_HEADERS,
     "response_headers": UNCHANGED_RESPONSE_HEADERS,
     "request_body": ep.ProcessingResponse(request_body=ep.BodyResponse()),
-    "response_body": ep.ProcessingResponse(response_body=ep.BodyResponse()),
+    "response_body": UNCHANGED_RESPONSE_BODY,
     "request_trailers": ep.ProcessingResponse(request_trailers=ep.TrailersResponse()),
     "response_trailers": ep.ProcessingResponse(response_trailers=ep.TrailersResponse()),
 }

@@ -292,10 +292,14 @@ class Policies:
         outcome: Outcome | None,
         status: str,
         retry: list[tuple[str, str]] | None = None,
+        *,
+        body_follows: bool = False,
     ) -> None:
         """Record the attempt in flight (None: release it without an outcome).
 
         `retry`: a 429's retry-time headers, which hold its account out for the model.
+        `body_follows`: the answer's body is being read for its usage; the attempt's spans
+        stay open for it until `end_spans`.
         """
         lease, flight.lease = flight.lease, None
         if lease is None:
@@ -306,17 +310,7 @@ class Policies:
             self.canaries.record(model, fault=outcome is Outcome.FAULT)
         if outcome is Outcome.THROTTLE and retry and model is not None:
             hold(self.pool, lease.account, model, retry)
-        client_span, flight.client_span = flight.client_span, None
-        if client_span is not None:
-            failed = outcome is Outcome.FAULT or outcome is Outcome.THROTTLE
-            tm.end_client_span(
-                client_span,
-                model=model,
-                error=status if failed or outcome is None else None,
-                input_tokens=None,  # the response body does not pass through the processor
-                output_tokens=None,
-            )
-        span, flight.attempt_span = flight.attempt_span, None
+        span = flight.attempt_span
         if span is not None:
             span.set_attributes(
                 {
@@ -326,4 +320,23 @@ class Policies:
             )
             if outcome is Outcome.FAULT:
                 span.set_status(trace.StatusCode.ERROR, status)
-            span.end()
+        if not body_follows:
+            failed = outcome is Outcome.FAULT or outcome is Outcome.THROTTLE
+            end_spans(flight, status if failed or outcome is None else None)
+
+
+def end_spans(flight: Flight, error: str | None = None) -> None:
+    """End the attempt's spans (once each); the CLIENT span carries the usage read, if any."""
+    client_span, flight.client_span = flight.client_span, None
+    if client_span is not None:
+        ctx = flight.ctx
+        tm.end_client_span(
+            client_span,
+            model=ctx.resolved_model,
+            error=error,
+            input_tokens=ctx.input_tokens,
+            output_tokens=ctx.output_tokens,
+        )
+    span, flight.attempt_span = flight.attempt_span, None
+    if span is not None:
+        span.end()

@@ -6,7 +6,9 @@ judge and the variants, pick the account, then tell Envoy where to send it
 (`x-switchyard-cluster`, with the route cache cleared), with which credential and for how long.
 Response headers: the final status is the last attempt's outcome (unless an upstream-level
 filter recorded it already, as it does for refusals), an Envoy timeout becomes a 504 in the
-wire's format, and the `x-switchyard-*` headers are added.
+wire's format, and the `x-switchyard-*` headers are added. A successful answer's body is asked
+for (`mode_override`) when its token usage can be read: it passes piece by piece, each answered
+at once and unchanged, and the request's telemetry ends with it (`engine.usage` reads it).
 
 Only the headers read here are looked at (`_READ`); envoy.yaml's `forward_rules` can keep Envoy
 from sending the others at all.
@@ -27,12 +29,13 @@ from ..core.pool import Outcome
 from ..core.throttle import READ_HEADERS as RETRY_TIME_HEADERS
 from ..engine.answers import exposed_headers
 from ..engine.outcomes import outcome_of
+from ..engine.usage import AnswerUsage, StreamUsage
 from ..telemetry import names as tm
 from ..telemetry import request_metrics
 from ..wire import Wire, WireError, model_not_served, read_request, too_large
 from . import _messages as msg
 from .flights import Flight, Flights, out_of_order
-from .policy import CLUSTER_HEADER, Policies
+from .policy import CLUSTER_HEADER, Policies, end_spans
 
 RETRY_HEADER = "x-switchyard-retry"
 CREDENTIAL_HEADERS = ("authorization", "x-api-key")
@@ -61,8 +64,20 @@ _PHASES = frozenset(["request_headers", "request_body", "response_headers"])
 """The phases a router-level stream takes part in (Envoy sends the others only when
 misconfigured; they get a no-change answer)."""
 _READ_RESPONSE = frozenset(
-    [":status", "content-type", "x-envoy-upstream-service-time", *RETRY_TIME_HEADERS]
+    [
+        ":status",
+        "content-type",
+        "content-length",
+        "content-encoding",
+        "x-envoy-upstream-service-time",
+        *RETRY_TIME_HEADERS,
+    ]
 )
+BUFFERED_ANSWER_MAX = 512 << 10
+"""The longest JSON answer asked for whole (BUFFERED): within the processor's message limit
+and half Envoy's default buffer limit (1 MiB), past which Envoy would fail the response.
+A longer one is not read: no usage, and the client gets it exactly as before."""
+_IDENTITY = (b"", b"identity")
 # The answers to request headers never vary: built once.
 _PASS_THROUGH = msg.request_headers(msg.mutation(remove=_UNTRUSTED), pass_through=True)
 _READ_BODY = msg.request_headers(msg.mutation(remove=[*_UNTRUSTED, *_ENVOY_CONTROL]))
@@ -96,9 +111,13 @@ class RouterStream:
         self.seen: set[str] = set()
         """The phases this stream has taken part in: each is taken once, in order."""
         self.closed = False
+        self.usage: StreamUsage | AnswerUsage | None = None
+        """Reads the response body's usage, while Envoy sends it (asked for at its headers)."""
 
     async def on(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
         kind = request.WhichOneof("request")
+        if kind == "response_body" and self.usage is not None:
+            return self.on_response_body(request.response_body)
         if not self._in_order(kind):
             # Envoy sends each phase once, in order; another message (a second body, headers
             # again, anything after the request's end) would start a second flight over the
@@ -113,7 +132,9 @@ class RouterStream:
             answer = await self.on_request_body(request.request_body.body)
         else:
             answer = self.on_response_headers(request)
-        if kind == "response_headers" or answer.HasField("immediate_response"):
+        if (kind == "response_headers" and self.usage is None) or answer.HasField(
+            "immediate_response"
+        ):
             # The last phase switchyard takes part in: the request's telemetry ends here,
             # before Envoy answers the client.
             self.close()
@@ -223,6 +244,9 @@ class RouterStream:
         local = details != "via_upstream" if details else _looks_local(h)
         if local and status == 504 and (details is None or "timeout" in details):
             return self._deadline(flight)
+        reading = None
+        if not local and not request.response_headers.end_of_stream:
+            reading = self._usage_reader(h, status)
         if flight.lease is not None:
             if local and details and details.startswith("upstream_reset_before_response"):
                 self.p.settle(flight, Outcome.FAULT, "connect_error")
@@ -231,12 +255,44 @@ class RouterStream:
             if local:
                 self.p.settle(flight, None, "local_reply")  # Envoy's own answer: no account's
             else:
-                self.p.settle(flight, *outcome_of(status), retry_time(h, status))
+                retry = retry_time(h, status)
+                self.p.settle(flight, *outcome_of(status), retry, body_follows=bool(reading))
         answer = ep.ProcessingResponse()
         options = self.p.options
         exposed = [options.get(k, v) for k, v in self._exposed()]
         msg.fill(answer.response_headers.response, exposed, [RETRY_HEADER])
+        if reading is not None:
+            self.usage, mode = reading
+            answer.mode_override.CopyFrom(mode)
         return answer
+
+    def _usage_reader(
+        self, h: msg.Headers, status: int
+    ) -> tuple[StreamUsage | AnswerUsage, msg.Mode] | None:
+        """How to read a successful answer's usage from its body; None: it cannot be read
+        (an error, a compressed body, neither JSON nor an event stream, a long JSON answer)."""
+        if not 200 <= status < 300 or h.get("content-encoding", b"").lower() not in _IDENTITY:
+            return None
+        kind = h.get("content-type", b"").lower()
+        if kind.startswith(b"text/event-stream"):
+            return StreamUsage(self.wire), msg.READ_STREAMED
+        if b"json" not in kind:
+            return None
+        declared = h.get("content-length", b"").strip()
+        if not declared:  # of unknown length: read as it passes, only its tail kept
+            return AnswerUsage(self.wire), msg.READ_STREAMED
+        if declared.isdigit() and int(declared) <= BUFFERED_ANSWER_MAX:
+            return AnswerUsage(self.wire), msg.READ_BUFFERED
+        return None
+
+    def on_response_body(self, http: ep.HttpBody) -> ep.ProcessingResponse:
+        """A piece of the answer's body: read, and let go on unchanged at once."""
+        usage = self.usage
+        assert usage is not None
+        usage.feed(http.body)
+        if http.end_of_stream:
+            self.close()
+        return msg.UNCHANGED_RESPONSE_BODY
 
     def _deadline(self, flight: Flight) -> ep.ProcessingResponse:
         """Envoy's total or per-try timeout fired before the response started."""
@@ -268,15 +324,22 @@ class RouterStream:
         return [(k.decode(), v) for k, v in exposed_headers(self.flight.ctx)]
 
     def close(self) -> None:
-        """Release an attempt nobody answered, end the request's span (once); the stream
-        takes no phase after this."""
+        """Release an attempt nobody answered, report the usage read, end the request's
+        telemetry (once); the stream takes no phase after this."""
         self.closed = True
         flight, span, self.flight, self.span = self.flight, self.span, None, None
+        usage, self.usage = self.usage, None
         if flight is not None:
+            ctx = flight.ctx
+            tokens = None if usage is None else usage.end()  # however the body ended
+            if tokens is not None:
+                ctx.report_usage(input_tokens=tokens.input, output_tokens=tokens.output)
             self.p.settle(flight, None, "disconnected")
+            end_spans(flight)
             self.flights.close(flight)
-            # Under Envoy the request ends, for switchyard, at its response headers.
-            request_metrics.observe(flight.ctx, time.monotonic())
+            # Under Envoy the request ends, for switchyard, at the end of the answer's body
+            # when it is read, else at its response headers.
+            request_metrics.observe(ctx, time.monotonic())
         if span is not None:
             if flight is not None:
                 _annotate(span, flight.ctx)

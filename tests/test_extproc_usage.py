@@ -1,0 +1,301 @@
+"""Token usage from the response bodies that pass through the ext_proc processor.
+
+At the response headers of a successful answer the processor asks Envoy for the body: an event
+stream piece by piece as it passes (STREAMED), a JSON answer of known and modest length whole
+(BUFFERED, which keeps its `content-length`), a JSON answer of unknown length piece by piece.
+Each piece is answered at once and unchanged. When the body ends, its usage goes into the
+request metrics with the request's labels and onto the request's and attempt's spans, and the
+request's telemetry ends there. What cannot be read is counted as no usage, never an error.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from extproc_child import CountingPool
+from extproc_helpers import (
+    Stream,
+    request_body,
+    request_headers,
+    response_body,
+    response_headers,
+    sets,
+)
+from switchyard_mw._protos.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from switchyard_mw.accounts import build_clients, pool_from_clients
+from switchyard_mw.config import parse_config
+from switchyard_mw.extproc import ExtProcServicer, Policies
+from switchyard_mw.extproc.flights import Flights
+from switchyard_mw.telemetry import names as tm
+from switchyard_mw.telemetry import request_metrics as rm
+from switchyard_mw.testing import MockProvider
+from test_usage import ANTHROPIC_STREAM, CHAT_STREAM, RESPONSES_STREAM
+
+Mode = processing_mode_pb2.ProcessingMode
+CONFIG = """
+[llm_clients.a]
+base_url = "https://prov.example"
+api_key_env = "KEY_A"
+models = ["use-base", "use-var"]
+envoy_cluster = "prov"
+
+[canaries."use-base"]
+variants = { "use-var" = 100.0 }
+"""
+ENV = {"KEY_A": "ka"}
+TURN = [{"role": "user", "content": "hi"}]
+REQUESTS = {
+    "/v1/messages": {"model": "use-base", "max_tokens": 8, "messages": TURN},
+    "/v1/chat/completions": {"model": "use-base", "messages": TURN},
+    "/v1/responses": {"model": "use-base", "input": "hi"},
+}
+STREAMS = {
+    "/v1/messages": (ANTHROPIC_STREAM, (15, 42)),
+    "/v1/chat/completions": (CHAT_STREAM, (7, 3)),
+    "/v1/responses": (RESPONSES_STREAM, (8, 9)),
+}
+ANSWERS = {
+    "/v1/messages": ({"usage": {"input_tokens": 30, "output_tokens": 4}}, (30, 4)),
+    "/v1/chat/completions": ({"usage": {"prompt_tokens": 12, "completion_tokens": 5}}, (12, 5)),
+    "/v1/responses": ({"usage": {"input_tokens": 7, "output_tokens": 2}}, (7, 2)),
+}
+SSE = {"content-type": "text/event-stream; charset=utf-8"}
+# The request's labels: asked for the base, routed to the canary's variant, on account a.
+LABELS = {
+    tm.REQUEST_MODEL: "use-base",
+    tm.RESPONSE_MODEL: "use-var",
+    tm.VARIANT: "use-var",
+    tm.ACCOUNT: "a",
+}
+
+
+class Env:
+    def __init__(self, servicer: ExtProcServicer, pool: CountingPool) -> None:
+        self.servicer, self.pool = servicer, pool
+
+    async def answered(
+        self, path: str, status: int, headers: dict[str, str], *, end: bool = False
+    ) -> tuple[Stream, ep.ProcessingResponse]:
+        """A stream through its request and its response headers: (stream, headers' answer)."""
+        stream = Stream(self.servicer)
+        await stream.send(request_headers(path))
+        routed = await stream.send(request_body(msgspec.json.encode(REQUESTS[path])))
+        assert sets(routed)["x-switchyard-cluster"] == b"prov"
+        answer = await stream.send(
+            response_headers(status, headers, details="via_upstream", end=end)
+        )
+        return stream, answer
+
+    def assert_empty(self) -> None:
+        assert len(self.servicer.flights) == 0
+        assert self.pool.out == 0
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[Env]:
+    config = parse_config(CONFIG)
+    clients = build_clients(config, ENV)
+    pool = CountingPool(pool_from_clients(clients).specs)
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=MockProvider()))
+    policies = Policies(config, clients, pool=pool, judge_http_client=http)
+    yield Env(ExtProcServicer(policies, Flights()), pool)
+    await http.aclose()
+
+
+def tokens(**extra: str) -> dict[str, tuple[int, float]]:
+    """(count, sum) of `gen_ai.client.token.usage` by token type, for the request's labels."""
+    metric = rm.token_usage.metric(time.time_ns())
+    wanted = {**LABELS, **extra}
+    out = {}
+    for point in metric.data.data_points if metric is not None else ():
+        attributes = dict(point.attributes or {})
+        kind = attributes.pop(tm.TOKEN_TYPE, None)
+        if attributes == wanted and isinstance(kind, str):
+            out[kind] = (point.count, point.sum)
+    return out
+
+
+def durations(**extra: str) -> int:
+    metric = rm.duration.metric(time.time_ns())
+    wanted = {**LABELS, **extra}
+    points = metric.data.data_points if metric is not None else ()
+    return sum(p.count for p in points if dict(p.attributes or {}) == wanted)
+
+
+def grew(before: dict[str, tuple[int, float]], after: dict[str, tuple[int, float]]) -> Any:
+    """What one request added: (input, output) tokens, None for a type it did not add to."""
+
+    def added(kind: str) -> float | None:
+        count, total = after.get(kind, (0, 0.0))
+        was_count, was_total = before.get(kind, (0, 0.0))
+        return None if count == was_count else total - was_total
+
+    return added("input"), added("output")
+
+
+def unchanged_body_answer(answer: ep.ProcessingResponse) -> bool:
+    return answer.WhichOneof("response") == "response_body" and not answer.response_body.HasField(
+        "response"
+    )
+
+
+@pytest.mark.parametrize("path", list(STREAMS))
+async def test_a_stream_is_read_piece_by_piece_and_passes_unchanged(env: Env, path: str) -> None:
+    stream_bytes, expected = STREAMS[path]
+    before, runs = tokens(), durations()
+    stream, answer = await env.answered(path, 200, SSE)
+    assert answer.mode_override.response_body_mode == Mode.STREAMED
+    assert sets(answer)["x-switchyard-model"] == b"use-var"  # the headers' answer as ever
+    assert durations() == runs  # the request is not over: its body is still to come
+    pieces = [stream_bytes[i : i + 5] for i in range(0, len(stream_bytes), 5)]
+    for piece in pieces:  # events cut across pieces
+        assert unchanged_body_answer(await stream.send(response_body(piece)))
+    assert tokens() == before
+    assert unchanged_body_answer(await stream.send(response_body(b"", end=True)))
+    assert grew(before, tokens()) == expected
+    assert durations() == runs + 1
+    await stream.close()
+    assert durations() == runs + 1  # recorded once
+    env.assert_empty()
+
+
+@pytest.mark.parametrize("path", list(ANSWERS))
+async def test_a_json_answer_of_known_length_is_read_whole(env: Env, path: str) -> None:
+    answer_json, expected = ANSWERS[path]
+    body = msgspec.json.encode({"id": "x", **answer_json})
+    before = tokens()
+    headers = {"content-type": "application/json", "content-length": str(len(body))}
+    stream, answer = await env.answered(path, 200, headers)
+    # Buffered, so Envoy keeps the answer's content-length.
+    assert answer.mode_override.response_body_mode == Mode.BUFFERED
+    assert unchanged_body_answer(await stream.send(response_body(body, end=True)))
+    assert grew(before, tokens()) == expected
+    await stream.close()
+    env.assert_empty()
+
+
+async def test_a_json_answer_of_unknown_length_is_read_as_it_passes(env: Env) -> None:
+    answer_json, expected = ANSWERS["/v1/chat/completions"]
+    body = msgspec.json.encode({"id": "x", "choices": [], **answer_json})
+    before = tokens()
+    stream, answer = await env.answered(
+        "/v1/chat/completions", 200, {"content-type": "application/json"}
+    )
+    assert answer.mode_override.response_body_mode == Mode.STREAMED
+    for i in range(0, len(body), 4):
+        assert unchanged_body_answer(await stream.send(response_body(body[i : i + 4])))
+    assert unchanged_body_answer(await stream.send(response_body(b"", end=True)))
+    assert grew(before, tokens()) == expected
+    await stream.close()
+    env.assert_empty()
+
+
+NOT_READ = {
+    "an error": (500, {"content-type": "application/json"}),
+    "a throttle": (429, {"content-type": "application/json"}),
+    "a compressed answer": (200, {"content-type": "application/json", "content-encoding": "gzip"}),
+    "a compressed stream": (200, {**SSE, "content-encoding": "br"}),
+    "a long JSON answer": (
+        200,
+        {"content-type": "application/json", "content-length": str(10 << 20)},
+    ),
+    "neither JSON nor a stream": (200, {"content-type": "text/plain"}),
+    "no content type": (200, {}),
+}
+
+
+@pytest.mark.parametrize(("status", "headers"), NOT_READ.values(), ids=NOT_READ.keys())
+async def test_an_answer_without_usage_to_read_is_not_asked_for(
+    env: Env, status: int, headers: dict[str, str]
+) -> None:
+    runs = durations(**({tm.ERROR_TYPE: str(status)} if status >= 400 else {}))
+    stream, answer = await env.answered("/v1/messages", status, headers)
+    assert not answer.HasField("mode_override")
+    # The request ended at its response headers, as before.
+    assert durations(**({tm.ERROR_TYPE: str(status)} if status >= 400 else {})) == runs + 1
+    assert len(env.servicer.flights) == 0
+    await stream.close()
+    env.assert_empty()
+
+
+async def test_an_answer_with_no_body_ends_at_its_headers(env: Env) -> None:
+    runs = durations()
+    stream, answer = await env.answered("/v1/messages", 200, SSE, end=True)
+    assert not answer.HasField("mode_override")
+    assert durations() == runs + 1
+    await stream.close()
+    env.assert_empty()
+
+
+GARBAGE = [
+    b"\x00\xff\xfe" * 5000,
+    b'data: {"usage": {"input_tokens": "many"}}\n\n',
+    b'event: message_delta\ndata: {"usage": {"output_tokens": 3\n\n',
+    b"<html>502 Bad Gateway</html>",
+]
+
+
+@pytest.mark.parametrize("garbage", GARBAGE)
+@pytest.mark.parametrize("json", [False, True], ids=["stream", "json"])
+async def test_a_body_that_cannot_be_read_passes_unchanged_as_no_usage(
+    env: Env, garbage: bytes, json: bool
+) -> None:
+    before, runs = tokens(), durations()
+    headers = {"content-type": "application/json"} if json else SSE
+    stream, _ = await env.answered("/v1/messages", 200, headers)
+    for i in range(0, len(garbage), 1000):
+        assert unchanged_body_answer(await stream.send(response_body(garbage[i : i + 1000])))
+    assert unchanged_body_answer(await stream.send(response_body(b"", end=True)))
+    assert tokens() == before
+    assert durations() == runs + 1  # a success all the same: no error type
+    await stream.close()
+    env.assert_empty()
+
+
+async def test_a_stream_cut_off_mid_body_ends_its_telemetry_and_leaves_nothing(
+    env: Env, otel_spans: InMemorySpanExporter
+) -> None:
+    before, runs = tokens(), durations()
+    stream, _ = await env.answered("/v1/messages", 200, SSE)
+    await stream.send(response_body(ANTHROPIC_STREAM[:200]))  # message_start, input tokens
+    await stream.close()  # Envoy ends the stream: the client left
+    assert durations() == runs + 1
+    assert grew(before, tokens()) == (15, 1)  # what message_start said before the cut
+    ended = {span.name for span in otel_spans.get_finished_spans()}
+    assert {tm.SPAN_REQUEST, tm.SPAN_ATTEMPT, tm.SPAN_CLIENT.format(model="use-var")} <= ended
+    env.assert_empty()
+
+
+@pytest.mark.parametrize("json", [False, True], ids=["stream", "json"])
+async def test_usage_is_on_the_request_span_and_the_attempts_client_span(
+    env: Env, otel_spans: InMemorySpanExporter, json: bool
+) -> None:
+    if json:
+        body = msgspec.json.encode(ANSWERS["/v1/messages"][0])
+        headers = {"content-type": "application/json", "content-length": str(len(body))}
+        expected = ANSWERS["/v1/messages"][1]
+    else:
+        body, expected = STREAMS["/v1/messages"]
+        headers = SSE
+    stream, _ = await env.answered("/v1/messages", 200, headers)
+    assert not otel_spans.get_finished_spans()  # nothing ends before the body does
+    await stream.send(response_body(body, end=True))
+    await stream.close()
+    spans = {span.name: span for span in otel_spans.get_finished_spans()}
+    for name in (tm.SPAN_REQUEST, tm.SPAN_CLIENT.format(model="use-var")):
+        attributes = spans[name].attributes or {}
+        assert (
+            attributes.get(tm.USAGE_INPUT_TOKENS),
+            attributes.get(tm.USAGE_OUTPUT_TOKENS),
+        ) == expected, name
+    attempt = spans[tm.SPAN_ATTEMPT].attributes or {}
+    assert attempt.get(tm.ATTEMPT_STATUS) == "200"
+    env.assert_empty()
