@@ -155,6 +155,7 @@ async def test_a_stream_is_read_piece_by_piece_and_passes_unchanged(env: Env, pa
     assert answer.mode_override.response_body_mode == Mode.STREAMED
     assert sets(answer)["x-switchyard-model"] == b"use-var"  # the headers' answer as ever
     assert durations() == runs  # the request is not over: its body is still to come
+    assert len(env.servicer.flights) == 0  # but no attempt can follow: it is not findable
     pieces = [stream_bytes[i : i + 5] for i in range(0, len(stream_bytes), 5)]
     for piece in pieces:  # events cut across pieces
         assert unchanged_body_answer(await stream.send(response_body(piece)))

@@ -264,6 +264,8 @@ class RouterStream:
         if reading is not None:
             self.usage, mode = reading
             answer.mode_override.CopyFrom(mode)
+            # No attempt follows the final answer: the registry holds the flight no longer.
+            self.flights.close(flight)
         return answer
 
     def _usage_reader(
