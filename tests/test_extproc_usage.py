@@ -82,12 +82,19 @@ class Env:
         self.servicer, self.pool = servicer, pool
 
     async def answered(
-        self, path: str, status: int, headers: dict[str, str], *, end: bool = False
+        self,
+        path: str,
+        status: int,
+        headers: dict[str, str],
+        *,
+        end: bool = False,
+        streamed: bool = False,
     ) -> tuple[Stream, ep.ProcessingResponse]:
         """A stream through its request and its response headers: (stream, headers' answer)."""
         stream = Stream(self.servicer)
         await stream.send(request_headers(path))
-        routed = await stream.send(request_body(msgspec.json.encode(REQUESTS[path])))
+        asked = {**REQUESTS[path], "stream": True} if streamed else REQUESTS[path]
+        routed = await stream.send(request_body(msgspec.json.encode(asked)))
         assert sets(routed)["x-switchyard-cluster"] == b"prov"
         answer = await stream.send(
             response_headers(status, headers, details="via_upstream", end=end)
@@ -124,7 +131,15 @@ def tokens(**extra: str) -> dict[str, tuple[int, float]]:
 
 
 def durations(**extra: str) -> int:
-    metric = rm.duration.metric(time.time_ns())
+    return _count(rm.duration, **extra)
+
+
+def first_tokens(**extra: str) -> int:
+    return _count(rm.time_to_first_token, **extra)
+
+
+def _count(tally: rm.HistogramTally, **extra: str) -> int:
+    metric = tally.metric(time.time_ns())
     wanted = {**LABELS, **extra}
     points = metric.data.data_points if metric is not None else ()
     return sum(p.count for p in points if dict(p.attributes or {}) == wanted)
@@ -165,6 +180,22 @@ async def test_a_stream_is_read_piece_by_piece_and_passes_unchanged(env: Env, pa
     assert durations() == runs + 1
     await stream.close()
     assert durations() == runs + 1  # recorded once
+    env.assert_empty()
+
+
+@pytest.mark.parametrize("path", list(STREAMS))
+async def test_a_streams_first_delta_is_its_first_token(env: Env, path: str) -> None:
+    stream_bytes, _ = STREAMS[path]
+    firsts = first_tokens()
+    stream, _ = await env.answered(path, 200, SSE, streamed=True)
+    events = [e + b"\n\n" for e in stream_bytes.split(b"\n\n") if e]
+    for event in events:
+        await stream.send(response_body(event))
+        # Recorded with the request, once, from the first piece that carries a delta.
+    assert first_tokens() == firsts
+    await stream.send(response_body(b"", end=True))
+    assert first_tokens() == firsts + 1
+    await stream.close()
     env.assert_empty()
 
 

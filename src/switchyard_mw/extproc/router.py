@@ -291,7 +291,11 @@ class RouterStream:
         """A piece of the answer's body: read, and let go on unchanged at once."""
         usage = self.usage
         assert usage is not None
-        usage.feed(http.body)
+        piece = http.body
+        usage.feed(piece)
+        flight = self.flight
+        if flight is not None and flight.ctx.first_token_at is None and b"delta" in piece:
+            _first_token(flight.ctx)
         if http.end_of_stream:
             self.close()
         return msg.UNCHANGED_RESPONSE_BODY
@@ -346,6 +350,12 @@ class RouterStream:
             if flight is not None:
                 _annotate(span, flight.ctx)
             span.end()
+
+
+def _first_token(ctx: RequestContext) -> None:
+    """As the ASGI stack counts it: a stream's first piece that carries content."""
+    if ctx.view is not None and ctx.view.stream:
+        ctx.first_token_at = time.monotonic()
 
 
 def _looks_local(headers: msg.Headers) -> bool:
