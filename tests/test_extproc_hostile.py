@@ -16,6 +16,7 @@ from typing import Any
 
 import h2.errors
 import h2.events
+import httpx
 import pytest
 from grpc_health.v1 import health_pb2
 
@@ -37,15 +38,25 @@ from hostile_peers import (
     status_of,
     within_normal_latency,
 )
+from servers import ROOT, free_port, serve_in_thread
 from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from switchyard_mw.accounts import build_clients
 from switchyard_mw.config import parse_config
 from switchyard_mw.extproc import Policies, start_server
 from switchyard_mw.extproc.h2_transport import DEFAULT_MESSAGE_BYTES, H2Limits, H2Server
+from switchyard_mw.testing import MockProvider
+from switchyard_mw.testing.envoy import run_envoy, with_ports
 
 pytestmark = pytest.mark.integration
 
 MB = 1 << 20
+ENVOY_CONFIG = """
+[llm_clients.key-a]
+base_url = "{mock_url}"
+api_key_env = "KEY_A"
+models = ["claude-opus-5"]
+envoy_cluster = "mock"
+"""
 SMALL = {
     "preface_secs": 0.5,
     "idle_secs": 0.5,
@@ -156,6 +167,103 @@ async def test_resets_within_the_budget_are_served_on(probe: Probe) -> None:
     assert status_of(peer, sid) == 0
     assert goaway(peer) is None
     peer.close()
+    await probe.finish()
+
+
+async def test_streams_reset_once_answered_are_not_a_rapid_reset(probe: Probe) -> None:
+    # What Envoy does with every ext_proc stream: once it has the last answer it needs, it
+    # resets the stream rather than half-closing it. Three times the burst, well within the
+    # time the budget would earn back: none of them cut work, none counts.
+    peer = await Peer.connect(probe.served.port)
+    for _ in range(10):
+        sids = [peer.open() for _ in range(30)]
+        for sid in sids:
+            await peer.send(sid, grpc_message(headers_message(f"rid-{sid}")))
+        for sid in sids:
+            answered = await peer.until(
+                lambda e, sid=sid: isinstance(e, h2.events.DataReceived) and e.stream_id == sid
+            )
+            assert answered is not None, (sid, peer.events[-3:])
+        for sid in sids:
+            peer.reset(sid)
+        await peer.flush()
+    last = peer.open()
+    await peer.send(last, grpc_message(headers_message("rid-last")), end=True)
+    assert await peer.until(lambda e: status_of(peer, last) is not None)
+    assert status_of(peer, last) == 0
+    assert goaway(peer) is None
+    peer.close()
+    await probe.finish()
+    assert "ENHANCE_YOUR_CALM" not in probe.served.log()
+
+
+async def test_envoy_under_steady_traffic_is_never_told_to_calm_down(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Envoy resets each ext_proc stream once answered. With a budget of 20 resets (and one a
+    # second earned back), 120 requests through one Envoy connection would trip it 5 times
+    # if those resets counted, and each GOAWAY fails the requests then in flight.
+    envoy_yaml = (ROOT / "examples" / "envoy" / "envoy.yaml").read_text()
+    with serve_in_thread(MockProvider()) as mock_url:
+        config = parse_config(ENVOY_CONFIG.format(mock_url=mock_url))
+        limits = H2Limits(resets_per_sec=1.0, reset_burst=20)
+        processor = await start_server(
+            Policies(config, build_clients(config, {"KEY_A": "ka"})),
+            "127.0.0.1:0",
+            transport="h2",
+            h2_limits=limits,
+        )
+        assert processor.port is not None
+        listener = free_port()
+        ports = {
+            "listener": listener,
+            "admin": 0,
+            "processor": processor.port,
+            "upstream": int(mock_url.rsplit(":", 1)[1]),
+            "otel": free_port(),
+        }
+        try:
+            with run_envoy(with_ports(envoy_yaml, ports), listen_port=listener):
+                statuses = await envoy_requests(f"http://127.0.0.1:{listener}", 120, 6)
+        finally:
+            await processor.stop(grace_secs=1)
+    assert statuses == [200] * 120
+    assert "ENHANCE_YOUR_CALM" not in caplog.text
+
+
+async def envoy_requests(url: str, count: int, concurrency: int) -> list[int]:
+    """The statuses of `count` requests, `concurrency` at a time."""
+    body = chat_body("claude-opus-5")
+    headers = {"content-type": "application/json", "x-api-key": "caller"}
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+
+        async def some(n: int) -> list[int]:
+            return [
+                (await client.post("/v1/messages", content=body, headers=headers)).status_code
+                for _ in range(n)
+            ]
+
+        batches = await asyncio.gather(*(some(count // concurrency) for _ in range(concurrency)))
+    return [status for batch in batches for status in batch]
+
+
+async def test_a_reset_while_the_answer_is_being_made_counts(probe: Probe) -> None:
+    # The other side of the rule above: a stream reset with a message not yet answered cut
+    # the server's work short; a peer doing that past the budget is a rapid reset.
+    peer = await Peer.connect(probe.served.port)
+    for _ in range(40):  # up to 2000, 50 a write: headers and a message, then the reset
+        for _ in range(50):
+            sid = peer.open()
+            peer.h2.send_data(sid, grpc_message(headers_message(f"rid-{sid}")))
+            peer.reset(sid)
+        if not await peer.flush(2):
+            break
+        await peer.receive(0.001)
+        if goaway(peer) or peer.eof:
+            break
+    event = await peer.until(terminated)
+    assert isinstance(event, h2.events.ConnectionTerminated), peer.events[-3:]
+    assert event.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
     await probe.finish()
 
 

@@ -22,8 +22,9 @@ in flight, so the two GOAWAY frames are written beside it.
 The listener also serves whatever else can reach it, so everything a peer controls is bounded
 (`H2Limits`, one frozen object handed to the server): bytes held per stream, connection and
 process (received and not yet handed to a handler, answers not yet written), streams per
-connection (one over is refused alone, REFUSED_STREAM), stream resets per second (past the
-budget GOAWAY ENHANCE_YOUR_CALM, as Envoy, Go and nghttp2 answer a rapid reset), the preface,
+connection (one over is refused alone, REFUSED_STREAM), streams reset before their answer
+per second (past the budget GOAWAY ENHANCE_YOUR_CALM, as Envoy, Go and nghttp2 answer a rapid
+reset; Envoy itself resets every stream once answered, which costs nothing), the preface,
 an idle connection, a message that stops arriving, a peer that stops reading, header blocks,
 and connections per process (at the cap the longest-idle connection makes room; at the fd
 limit accepting pauses for a second, one log line per episode).
@@ -131,7 +132,8 @@ class H2Limits:
     max_header_list_bytes: int = 64 << 10
     """A header block's decoded size (h2 also stops a CONTINUATION flood at 64 frames)."""
     resets_per_sec: float = 100.0
-    """Streams the peer resets (or opens over `max_streams`) per second, on average..."""
+    """Streams the peer resets before their answers (or opens over `max_streams`) per second,
+    on average... (a reset once every message is answered, as Envoy ends streams, is free)"""
     reset_burst: int = 1000
     """...and at once; past the budget, GOAWAY ENHANCE_YOUR_CALM and the connection closes."""
     preface_secs: float = 10.0
@@ -406,8 +408,11 @@ class _Connection(asyncio.Protocol):
 
     def _on_reset(self, sid: int) -> None:
         stream = self.streams.get(sid)
-        if stream is not None:  # reset before we were done: the work a rapid reset costs us
-            self._drop(stream)
+        if stream is None:
+            return
+        cut_short = _unanswered(stream)
+        self._drop(stream)
+        if cut_short:  # the work a rapid reset costs us
             self._count_reset()
 
     def _count_reset(self) -> None:
@@ -787,6 +792,19 @@ class _Connection(asyncio.Protocol):
             self._empty(stream)
             self._fail(stream, UNAVAILABLE, "server stopping")
         self._close()
+
+
+def _unanswered(stream: _Stream) -> bool:
+    """Whether the stream has work under way or waiting: nothing answered yet, a message
+    being answered, or one received (whole or in part) and not yet taken.
+
+    A reset then cuts work short (a rapid reset's whole point). A reset after every message
+    was answered cuts nothing: it is how Envoy ends each ext_proc stream once it has the last
+    answer it needs, so counting it would close Envoy's connection under steady traffic.
+    """
+    return (
+        not stream.headers_sent or stream.task is not None or bool(stream.pending or stream.buffer)
+    )
 
 
 def _percent_encoded(text: str) -> bytes:
