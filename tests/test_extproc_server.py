@@ -406,6 +406,28 @@ def test_the_cli_serves_until_sigterm_and_exits_cleanly(tmp_path: Path, transpor
             proc.wait()
 
 
+async def test_h2_is_the_default_transport_and_grpcio_is_chosen_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = parse_config(CONFIG)
+    server = await start_server(
+        Policies(config, build_clients(config, {"KEY_A": "ka"})), "127.0.0.1:0"
+    )
+    try:
+        assert server.transport == "h2"
+    finally:
+        await server.stop(grace_secs=0)
+    good = tmp_path / "good.toml"
+    good.write_text(CONFIG)
+    chosen: list[str] = []
+    monkeypatch.setattr(
+        cli, "run_extproc", lambda *_, transport, **__: chosen.append(transport) or 0
+    )
+    cli.main(["extproc", "--config", str(good)])
+    cli.main(["extproc", "--config", str(good), "--transport", "grpcio"])
+    assert chosen == ["h2", "grpcio"]
+
+
 async def test_an_unknown_transport_is_refused_by_name(tmp_path: Path) -> None:
     config = parse_config(CONFIG)
     policies = Policies(config, build_clients(config, {"KEY_A": "ka"}))

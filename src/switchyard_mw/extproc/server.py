@@ -1,12 +1,12 @@
 """Build, serve and stop the ext_proc server (`switchyard-mw extproc`).
 
 One server carries the `ExternalProcessor` service and the standard gRPC health service, on
-one of two transports: grpc.aio (`grpcio`, the default) or a plain asyncio HTTP/2 server on
-`h2` (`h2`, see `h2_transport`), which costs about a third of the CPU per request. On SIGTERM
-(or SIGINT) health turns NOT_SERVING, new streams are refused and the ones in flight get
-`grace_secs` to finish: a request whose body is being judged or whose upstream call is under
-way completes instead of failing. With a `loader`, SIGHUP reloads the config
-(`reloading.reload_policies`).
+one of two transports: a plain asyncio HTTP/2 server on `h2` (`h2`, the default, see
+`h2_transport`) or grpc.aio (`grpcio`), which costs two to three times the CPU per request
+(docs/performance.md, "Envoy processor transport"). On SIGTERM (or SIGINT) health turns
+NOT_SERVING, new streams are refused and the ones in flight get `grace_secs` to finish: a
+request whose body is being judged or whose upstream call is under way completes instead of
+failing. With a `loader`, SIGHUP reloads the config (`reloading.reload_policies`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ _MESSAGE_SLACK = 1 << 20
 """Room for headers and framing around the largest body a message may carry."""
 Transport = Literal["grpcio", "h2"]
 TRANSPORTS: tuple[Transport, ...] = ("grpcio", "h2")
-DEFAULT_TRANSPORT: Transport = "grpcio"
+DEFAULT_TRANSPORT: Transport = "h2"
 
 
 def parse_listen(text: str) -> str:
