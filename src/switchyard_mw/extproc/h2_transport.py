@@ -505,9 +505,7 @@ class _Connection(asyncio.Protocol):
         if stream.handler is not None:
             stream.pending.append(payload)
             if stream.task is None:
-                task = self.loop.create_task(self._work(stream), context=stream.context)
-                task.add_done_callback(lambda done: self._work_done(stream, done))
-                stream.task = task
+                stream.task = self.loop.create_task(self._work(stream), context=stream.context)
             return
         self._hold(stream, -len(payload))
         if stream.service or stream in self.server.health.watchers:
@@ -566,11 +564,6 @@ class _Connection(asyncio.Protocol):
         if stream.client_done and not stream.finishing:
             self._finish(stream)
         self._flush_soon()
-
-    def _work_done(self, stream: _Stream, _task: asyncio.Task[None]) -> None:
-        # Also runs for a task cancelled before its first step, which no `finally` sees.
-        if stream.released:
-            self._end(stream)
 
     def _end(self, stream: _Stream) -> None:
         if stream.handler is not None and not stream.ended:
@@ -673,9 +666,13 @@ class _Connection(asyncio.Protocol):
         self.streams.pop(stream.sid, None)
         self.active_at = self.loop.time()
         if stream.task is None:
-            self._end(stream)  # else `_work_done` does, once the task has unwound
+            self._end(stream)
         else:
-            stream.task.cancel()  # the stream failed mid-answer: nobody takes what it makes
+            # The stream failed mid-answer: nobody takes what it makes. The stream ends once
+            # the task has unwound (a callback, not the task's `finally`: a task cancelled
+            # before its first step runs none), and only such a task needs one.
+            stream.task.cancel()
+            stream.task.add_done_callback(lambda _: self._end(stream))
         self.server.health.watchers.pop(stream, None)
         if self.refuse_above is not None and not self.streams:
             self.loop.call_soon(self._close)
