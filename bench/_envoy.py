@@ -34,7 +34,7 @@ from _harness import (
 
 SECTION = "4 envoy"
 ENVOY_PROC = "Envoy + switchyard-mw extproc"
-ENVOY_PROC_H2 = "Envoy + switchyard-mw extproc --transport h2"
+ENVOY_PROC_GRPCIO = "Envoy + switchyard-mw extproc --transport grpcio"
 MINIMAL_PROC = "Envoy + minimal Python processor (reference)"
 EXAMPLE = ROOT / "examples" / "envoy"
 
@@ -152,7 +152,7 @@ def run(
     extproc = [PYTHON, "-m", "switchyard_mw.cli", "extproc", "--config", str(config)]
     processors = [
         (ENVOY_PROC, extproc, "x-switchyard-model"),
-        (ENVOY_PROC_H2, [*extproc, "--transport", "h2"], "x-switchyard-model"),
+        (ENVOY_PROC_GRPCIO, [*extproc, "--transport", "grpcio"], "x-switchyard-model"),
         (MINIMAL_PROC, [PYTHON, str(Path(__file__).with_name("_minimal_extproc.py"))], None),
     ]
     for name, cmd, expect_header in processors:
@@ -192,7 +192,7 @@ def _with_processor(
 
     proc_port = free_port()
     cmd = [*cmd, "--listen", f"127.0.0.1:{proc_port}"]
-    env = {"MOCK_KEY_A": "mock-key-a", "MOCK_KEY_B": "mock-key-b"}
+    env = {"MOCK_KEY_A": "mock-key-a", "MOCK_KEY_B": "mock-key-b", "MOCK_JUDGE_KEY": "mock-judge"}
     try:
         processor = procs.start("extproc", pinned(SERVER_CORE, cmd), port=proc_port, env=env)
     except (RuntimeError, TimeoutError) as exc:

@@ -19,7 +19,7 @@ LITELLM = "LiteLLM proxy"
 FLOOR = "pass-through aiohttp"
 ENVOY_PLAIN = "Envoy, no processor"
 ENVOY_PROC = "Envoy + switchyard-mw extproc"
-ENVOY_PROC_H2 = "Envoy + switchyard-mw extproc --transport h2"
+ENVOY_PROC_GRPCIO = "Envoy + switchyard-mw extproc --transport grpcio"
 SHIPPED_GATEWAY = "example gateway, shipped"
 MINIMAL = "minimal middleware (reference)"
 MINIMAL_PROC = "Envoy + minimal Python processor (reference)"
@@ -161,7 +161,7 @@ def targets(results: Sequence[Result]) -> list[Target]:
                     times >= 30 and lower,
                 )
             )
-    processors = ((ENVOY_PROC, "grpcio, the default"), (ENVOY_PROC_H2, "--transport h2"))
+    processors = ((ENVOY_PROC, "h2, the default"), (ENVOY_PROC_GRPCIO, "--transport grpcio"))
     for name, label in processors:
         proc16 = _find(results, "4", name, 16)
         if proc16 is not None and proc16.ratio is not None:
