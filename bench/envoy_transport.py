@@ -117,12 +117,22 @@ def _succeeded(output: str) -> int:
     raise RuntimeError(f"no status line in h2load's output: {output[-800:]}")
 
 
-def closed_loop(url: str, body: Path, pid: int, requests: int) -> tuple[float, float, int]:
-    """(the processor's CPU ms per request, requests per second, answers not 2xx) over
-    `requests` requests."""
+def user_system_ticks(pid: int) -> tuple[int, int]:
+    """utime and stime of `pid` (all its threads), in ticks."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return int(fields[11]), int(fields[12])
+
+
+def closed_loop(url: str, body: Path, pid: int, requests: int) -> tuple[float, float, int, float]:
+    """(the processor's CPU ms per request, requests per second, answers not 2xx, the share
+    of that CPU spent in the kernel) over `requests` requests."""
     before = cpu_ticks(pid)
+    user0, system0 = user_system_ticks(pid)
     output, _ = h2load(url, body, ["-n", str(requests), "-c", str(CLOSED_CONNS)])
     after = cpu_ticks(pid)
+    user1, system1 = user_system_ticks(pid)
+    kernel = (system1 - system0) / max(1, user1 - user0 + system1 - system0)
     if _succeeded(output) == 0:
         raise RuntimeError(f"no request answered 2xx: {output[-800:]}")
     rate = next(
@@ -130,7 +140,8 @@ def closed_loop(url: str, body: Path, pid: int, requests: int) -> tuple[float, f
         for line in output.splitlines()
         if line.startswith("finished in")  # "finished in 1.2s, 8000.00 req/s, ..."
     )
-    return (after - before) * 1000 / CLK_TCK / requests, rate, requests - _succeeded(output)
+    cpu_ms = (after - before) * 1000 / CLK_TCK / requests
+    return cpu_ms, rate, requests - _succeeded(output), kernel
 
 
 def open_loop(url: str, body: Path, rate: float, secs: int, workdir: Path) -> Latency:
@@ -199,11 +210,12 @@ class Rig:
             all0, total0 = machine_ticks()
             ours0 = own_ticks(ours)
             h2load(url, self.body, ["-n", str(max(500, requests // 10)), "-c", "16"])  # warm
-            cpu_ms, capacity, bad = closed_loop(url, self.body, processor.pid, requests)
+            cpu_ms, capacity, bad, kernel = closed_loop(url, self.body, processor.pid, requests)
             rate = capacity / 2
             with_processor = open_loop(url, self.body, rate, secs, self.procs.workdir)
             without = open_loop(self.plain_url, self.body, rate, secs, self.procs.workdir)
             failures = envoy_counters(self.admin, FAILURES) | {"closed_loop_not_2xx": bad}
+            failures["kernel_share"] = kernel
             all1, total1 = machine_ticks()
             other = (all1 - all0) - (own_ticks(ours) - ours0)
             return Round(
@@ -244,6 +256,7 @@ def medians(rounds: Sequence[Round], transport: str) -> dict[str, float]:
         "p50_with_ms": [r.with_processor.p50_ms for r in mine],
         "p50_without_ms": [r.without.p50_ms for r in mine],
         "other_load": [r.other_load for r in mine],
+        "kernel_share": [r.extra["kernel_share"] for r in mine],
     }
     return {k: float(statistics.median(v)) for k, v in pick.items() if v}
 
@@ -264,13 +277,18 @@ def report(rounds: Sequence[Round], meta: dict[str, object]) -> str:
             f"{w.bad + wo.bad + r.extra.get('closed_loop_not_2xx', 0):.0f} | "
             f"{r.extra.get(FAILURES[0], 0):.0f} | {r.other_load:.0%} |"
         )
-    lines += ["", "| median | CPU ms/req | capacity req/s | rate req/s | added p99 ms |"]
-    lines.append("|---|---:|---:|---:|---:|")
+    lines += [
+        "",
+        "| median | CPU ms/req | in kernel | capacity req/s | rate req/s | p99 with / without "
+        "| added p99 ms |",
+    ]
+    lines.append("|---|---:|---:|---:|---:|---|---:|")
     for t in TRANSPORTS:
         m = medians(rounds, t)
         if m:
             lines.append(
-                f"| {t} | {m['cpu_ms']:.3f} | {m['capacity']:.0f} | {m['rate']:.0f} | "
+                f"| {t} | {m['cpu_ms']:.3f} | {m['kernel_share']:.0%} | {m['capacity']:.0f} | "
+                f"{m['rate']:.0f} | {m['p99_with_ms']:.2f} / {m['p99_without_ms']:.2f} | "
                 f"{m['added_p99_ms']:.2f} |"
             )
     lines.append("")
