@@ -1,17 +1,19 @@
-"""`switchyard-mw extproc --transport h2`: the ext_proc service over HTTP/2 on the `h2` library.
+"""`switchyard-mw extproc` (the default transport, `h2`): ext_proc over HTTP/2 on the `h2` library.
 
 grpc.aio spends most of a processor's CPU on its own machinery: about 0.44 ms per request for a
 processor that does almost nothing, against 0.13-0.15 ms for the same work over a plain asyncio
-HTTP/2 connection (bench/README). This module is that connection: gRPC's framing (a 5-byte
-prefix per message, `grpc-status` in the trailers) over `h2`'s state machine, serving the two
-methods Envoy calls, `ExternalProcessor/Process` and `Health/Check` (with `Health/Watch`, for
-probes that watch). Each message of a stream is handled in turn in its own task (the handler
-may await a judge or a shared store), with the stream's own contextvars.
+HTTP/2 connection (docs/performance.md, "Envoy processor transport"). This module is that
+connection: gRPC's framing (a 5-byte prefix per message, `grpc-status` in the trailers) over
+`h2`'s state machine, serving the two methods Envoy calls, `ExternalProcessor/Process` and
+`Health/Check` (with `Health/Watch`, for probes that watch). Each message of a stream is
+handled in turn in its own task (the handler may await a judge or a shared store), with the
+stream's own contextvars.
 
-What it does not do, and grpc.aio would: TLS (listen on loopback or a unix socket, as the
-default transport is also set up), compression (never advertised, so Envoy sends none), and
-`grpc-timeout` (Envoy bounds each message itself with `message_timeout`, and resets the stream
-when it gives up: the stream's task is then cancelled).
+What it does not do, and grpc.aio (`--transport grpcio`) would: TLS (listen on loopback or a
+unix socket, as the grpc.aio transport is also set up), compression (never advertised, so
+Envoy sends none), and `grpc-timeout` (Envoy bounds each message itself with
+`message_timeout`, and resets the stream when it gives up: the stream's task is then
+cancelled).
 
 Graceful stop, as gRPC servers do it: GOAWAY with the largest stream id ("open no more"), then,
 after a round trip's grace, GOAWAY with the last stream id accepted; streams in flight finish,
