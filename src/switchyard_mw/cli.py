@@ -175,12 +175,12 @@ def run_extproc(
 
     try:
         asyncio.run(serve(config, listen, ready=ready, transport=transport, loader=loader))
+    except OSError as exc:  # `ListenError` too, a StartupError but not the config's fault
+        print(str(exc), file=err)
+        return 1
     except StartupError as exc:
         print(f"{path}: {exc}", file=err)
         return EXIT_INVALID
-    except OSError as exc:
-        print(str(exc), file=err)
-        return 1
     return EXIT_OK
 
 

@@ -1,16 +1,79 @@
-"""The exceptions switchyard raises at its boundaries.
+"""Every exception switchyard raises on purpose, in one tree: `except SwitchyardError` catches them.
 
 SwitchyardError
-├── ConfigError       the config file is missing, unreadable or invalid (every problem listed)
-├── StartupError      the config is valid, but a key's env variable is unset
-└── MissingExtraError a feature's optional dependencies are not installed (an ImportError too)
+├── ConfigError                 the config file is missing, unreadable or invalid (every problem)
+├── StartupError                the config is valid, but a key's env variable is unset, ...
+│   └── ListenError             ... or the ext_proc server cannot listen (an OSError too)
+├── MissingExtraError           a feature's optional dependencies are missing (an ImportError too)
+├── WireError                   a request the wire refuses: 400, 404, 413, ... in its error format
+├── ClientDisconnected          the caller left while its request body was read
+├── DeadlineExceededAfterStart  a started non-stream answer's deadline expired: it is dropped
+├── BadVerdict                  the judge's reply is not one of the route's labels (a ValueError)
+├── JudgeHTTPError              the judge answered with a non-2xx status
+├── MockProviderFault           `testing.MockProvider` aborts an answer (a RuntimeError)
+└── TransportError              an outbound call failed in transport (each also httpx's namesake)
+    ├── TimeoutException
+    │   ├── ConnectTimeout
+    │   ├── ReadTimeout
+    │   ├── WriteTimeout
+    │   └── PoolTimeout
+    ├── NetworkError
+    │   ├── ConnectError        refused, unresolvable, unreachable
+    │   ├── ReadError
+    │   └── WriteError
+    ├── ProtocolError
+    │   ├── LocalProtocolError
+    │   └── RemoteProtocolError the upstream hung up before or while answering, or spoke garbage
+    ├── ProxyError
+    └── UnsupportedProtocol
+
+The outbound ones come from one place, `engine.outbound.map_exceptions()`, around every call
+switchyard makes upstream (the clients `make_http_client()` builds, over aiohttp or httpx's
+own pool, the forwarder's direct sends, the judge, shadows): whichever client failed, the
+same failure is the same class. Each derives from the httpx exception of its name, so code
+that catches httpx's (`except httpx.ConnectError`) keeps working unchanged.
+
+`SwitchyardError` and `BadVerdict` are defined in `core.errors`: the sans-IO core raises
+`BadVerdict` and imports nothing above itself, while this module imports httpx. Names that
+moved here are still importable where they were (`wire.WireError`, `asgi.body.ClientDisconnected`,
+`core.judge.BadVerdict`, `engine.judge.JudgeHTTPError`, `asgi.deadline.DeadlineExceededAfterStart`,
+`testing.MockProviderFault`).
 """
 
 from collections.abc import Sequence
 
+import httpx
 
-class SwitchyardError(Exception):
-    """Base of every exception switchyard raises on purpose."""
+from .core.errors import BadVerdict, SwitchyardError
+
+__all__ = [
+    "BadVerdict",
+    "ClientDisconnected",
+    "ConfigError",
+    "ConnectError",
+    "ConnectTimeout",
+    "DeadlineExceededAfterStart",
+    "JudgeHTTPError",
+    "ListenError",
+    "LocalProtocolError",
+    "MissingExtraError",
+    "MockProviderFault",
+    "NetworkError",
+    "PoolTimeout",
+    "ProtocolError",
+    "ProxyError",
+    "ReadError",
+    "ReadTimeout",
+    "RemoteProtocolError",
+    "StartupError",
+    "SwitchyardError",
+    "TimeoutException",
+    "TransportError",
+    "UnsupportedProtocol",
+    "WireError",
+    "WriteError",
+    "WriteTimeout",
+]
 
 
 class ConfigError(SwitchyardError):
@@ -23,6 +86,13 @@ class ConfigError(SwitchyardError):
 
 class StartupError(SwitchyardError):
     """The config is valid, but something it names is missing from the environment."""
+
+
+class ListenError(StartupError, OSError):
+    """The ext_proc server cannot listen on its address (taken, or not this host's).
+
+    An `OSError` too, as it was before it had a class of its own.
+    """
 
 
 class MissingExtraError(SwitchyardError, ImportError):
@@ -38,3 +108,94 @@ class MissingExtraError(SwitchyardError, ImportError):
             f" (missing: {cause.name or cause})",
             name=cause.name,
         )
+
+
+class WireError(SwitchyardError):
+    """A request the wire reader refuses; `status` and `error_type` go into the wire's error."""
+
+    def __init__(self, status: int, error_type: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error_type = error_type
+        self.message = message
+
+
+class ClientDisconnected(SwitchyardError):
+    """The client left while switchyard was still reading its request."""
+
+
+class DeadlineExceededAfterStart(SwitchyardError):
+    """A non-stream response that had started when its deadline expired; the server drops it."""
+
+
+class JudgeHTTPError(SwitchyardError):
+    """The judge answered with a non-2xx status (the first argument)."""
+
+
+class MockProviderFault(SwitchyardError, RuntimeError):
+    """Raised inside `testing.MockProvider`'s app to make the server abort a response."""
+
+
+# The outbound call's failures. Each is also httpx's exception of the same name (so its
+# `request` is set when an httpx client raised it); the names stay httpx's because metrics
+# and stream error events show them.
+
+
+class TransportError(SwitchyardError, httpx.TransportError):
+    """An outbound call failed in transport: no answer, or only part of one, came back."""
+
+
+class TimeoutException(TransportError, httpx.TimeoutException):
+    """A bound of the call's own timeout expired (not the deadline policy's)."""
+
+
+class ConnectTimeout(TimeoutException, httpx.ConnectTimeout):
+    """Connecting took longer than the call's connect bound."""
+
+
+class ReadTimeout(TimeoutException, httpx.ReadTimeout):
+    """The upstream was silent (for the headers or between body chunks) past the read bound."""
+
+
+class WriteTimeout(TimeoutException, httpx.WriteTimeout):
+    """Sending the request took longer than the call's write bound."""
+
+
+class PoolTimeout(TimeoutException, httpx.PoolTimeout):
+    """No pooled connection came free within the call's pool bound."""
+
+
+class NetworkError(TransportError, httpx.NetworkError):
+    """The network failed the call."""
+
+
+class ConnectError(NetworkError, httpx.ConnectError):
+    """The upstream could not be reached: refused, unresolvable or unreachable."""
+
+
+class ReadError(NetworkError, httpx.ReadError):
+    """Reading the answer failed (a reset connection, say)."""
+
+
+class WriteError(NetworkError, httpx.WriteError):
+    """Sending the request failed."""
+
+
+class ProtocolError(TransportError, httpx.ProtocolError):
+    """The HTTP exchange broke its rules."""
+
+
+class LocalProtocolError(ProtocolError, httpx.LocalProtocolError):
+    """Our side broke them (a request the client cannot send)."""
+
+
+class RemoteProtocolError(ProtocolError, httpx.RemoteProtocolError):
+    """The upstream hung up before or while answering, or its answer was not HTTP."""
+
+
+class ProxyError(TransportError, httpx.ProxyError):
+    """A proxy between us and the upstream failed the call."""
+
+
+class UnsupportedProtocol(TransportError, httpx.UnsupportedProtocol):
+    """The URL's scheme is not one the client speaks."""

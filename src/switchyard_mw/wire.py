@@ -14,6 +14,8 @@ from typing import Annotated, Any, ParamSpec, TypeVar, cast
 import msgspec
 from msgspec import Meta, Raw, Struct
 
+from .errors import WireError as WireError  # its home before the one exception tree
+
 NonNegInt = Annotated[int, Meta(ge=0)]
 
 
@@ -38,16 +40,6 @@ WIRE_PATHS: dict[str, Wire] = {
     "/v1/chat/completions": Wire.OPENAI_CHAT,
     "/v1/responses": Wire.OPENAI_RESPONSES,
 }
-
-
-class WireError(Exception):
-    """A request the wire reader refuses; `status` and `error_type` go into the wire's error."""
-
-    def __init__(self, status: int, error_type: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.error_type = error_type
-        self.message = message
 
 
 def too_large(limit: int) -> WireError:

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
+from ..errors import ClientDisconnected as ClientDisconnected  # its home before errors.py
 from ..wire import too_large
 from ._types import Message, Receive
-
-
-class ClientDisconnected(Exception):
-    """The client left while switchyard was still reading its request."""
 
 
 async def read_body(receive: Receive, *, limit: int, first: Message | None = None) -> bytes:

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from ..config import Server
 from ..context import RequestContext
 from ..core.deadline import attempt_deadline_secs
+from ..errors import DeadlineExceededAfterStart as DeadlineExceededAfterStart
 from ..telemetry import names as tm
 from ..wire import Wire, stream_error_event
 from ._base import PolicyMiddleware, send_error
@@ -24,10 +25,6 @@ from ._disconnect import WATCH_AFTER_SECS, Deferred, defer, running_loop
 from ._types import ASGIApp, Message, Receive, Scope, Send
 
 DEADLINE_EXCEEDED = "deadline_exceeded"
-
-
-class DeadlineExceededAfterStart(Exception):
-    """A non-stream response that had started when its deadline expired; the server drops it."""
 
 
 class DeadlineMiddleware(PolicyMiddleware):

@@ -13,16 +13,14 @@ from typing import Any
 
 import msgspec
 
+from .errors import BadVerdict as BadVerdict  # its home before core.errors
+
 JUDGE_MAX_TOKENS = 16
 """A label is a word or two; a small cap keeps a rambling judge cheap and fast."""
 
 _QUOTES = "\"'`\u2018\u2019\u201c\u201d"
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
-
-
-class BadVerdict(ValueError):
-    """The judge answered, but not with one of the route's labels."""
 
 
 def build_judge_request(

@@ -24,7 +24,9 @@ from opentelemetry import propagate, trace
 
 from ..accounts import UpstreamClient
 from ..config import Route
-from ..core.judge import BadVerdict, build_judge_request, parse_verdict
+from ..core.judge import build_judge_request, parse_verdict
+from ..errors import BadVerdict
+from ..errors import JudgeHTTPError as JudgeHTTPError  # its home before errors.py
 from ..telemetry import names as tm
 from ..wire import RequestView, last_user_text
 from .outbound import make_http_client
@@ -35,10 +37,6 @@ MAX_VERDICT_BYTES = 64 * 1024
 JUDGE_PATH = "/v1/chat/completions"
 PIN_CACHE_SIZE = 10_000
 """Conversations whose verdict is remembered; about 200 bytes each."""
-
-
-class JudgeHTTPError(Exception):
-    """The judge answered with a non-2xx status."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -26,6 +26,7 @@ from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as e
 from ..accounts import build_clients
 from ..config import Config
 from ..engine.reload import Loader, on_signal
+from ..errors import ListenError
 from .h2_transport import H2Limits, H2Server
 from .policy import Policies
 from .servicer import ExtProcServicer
@@ -172,7 +173,7 @@ async def start_server(
         try:
             await h2.listen(address, reuse_port=reuse_port)
         except OSError as exc:
-            raise OSError(f"cannot listen on {listen}: {exc}") from None
+            raise ListenError(f"cannot listen on {listen}: {exc}") from None
         return ExtProcServer(servicer, h2.port, transport, h2.stop)
     limits = grpcio_limits or GrpcioLimits()
     return await _start_grpcio(servicer, address, listen, limits.options(limit, reuse_port), limits)
@@ -193,9 +194,9 @@ async def _start_grpcio(
     try:
         port = server.add_insecure_port(address)
     except RuntimeError as exc:  # grpc's way of saying the address is taken or invalid
-        raise OSError(f"cannot listen on {listen}: {exc}") from None
+        raise ListenError(f"cannot listen on {listen}: {exc}") from None
     if not address.startswith("unix:") and port == 0:
-        raise OSError(f"cannot listen on {listen}")
+        raise ListenError(f"cannot listen on {listen}")
     await server.start()
     for service in ("", SERVICE_NAME):
         await checker.set(service, health_pb2.HealthCheckResponse.SERVING)

@@ -37,7 +37,7 @@ from typing import TextIO
 from ..accounts import build_clients
 from ..config import Config
 from ..engine.reload import RELOAD_SIGNAL, Loader
-from ..errors import StartupError
+from ..errors import ListenError, StartupError
 from .server import DEFAULT_TRANSPORT, GRACE_SECS, ExtProcServer, Transport, parse_listen, serve
 
 START_SECS = 60.0
@@ -96,8 +96,8 @@ def serve_workers(
     """Run `workers` processes on `listen` until SIGTERM or SIGINT; the exit status (0 when
     stopped by a signal and every worker stopped cleanly). `ready` gets the bound port.
 
-    Raises ValueError for a unix socket address (it cannot be shared this way), OSError when
-    the workers cannot listen.
+    Raises ValueError for a unix socket address (it cannot be shared this way), `ListenError`
+    (an OSError) when the workers cannot listen.
     """
     address = parse_listen(listen)
     if address.startswith("unix:"):
@@ -120,7 +120,7 @@ def serve_workers(
                 sender.close()  # the child holds its end
             problem = _await_listening([receiver for receiver, _ in pipes], procs, stop)
         if problem is not None:
-            raise OSError(problem)
+            raise ListenError(problem)
         if ready is not None and not stop.is_set():
             ready(port)
         while not stop.wait(0.2):

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from switchyard_mw.errors import MockProviderFault
 from switchyard_mw.testing._asgi import (
     JSON_TYPE,
     Receive,
@@ -67,10 +68,6 @@ DEFAULT_KEY = "*"
 
 _DEFAULT_MODEL = "mock-model"
 _SSE = b"text/event-stream; charset=utf-8"
-
-
-class MockProviderFault(RuntimeError):
-    """Raised inside the ASGI app to make the server abort a response (``Behaviour.fail``)."""
 
 
 class Behaviour(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -1,0 +1,129 @@
+"""One exception tree: everything switchyard raises on purpose is a `SwitchyardError`.
+
+A user wraps config loading, startup and outbound calls in one `except SwitchyardError`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+import socket
+from pathlib import Path
+
+import httpx
+import pytest
+
+import switchyard_mw
+from switchyard_mw import errors
+from switchyard_mw.accounts import build_clients
+from switchyard_mw.config import load_config, parse_config
+from switchyard_mw.engine.outbound import make_http_client
+
+CONFIG = """
+[llm_clients.a]
+base_url = "http://127.0.0.1:9"
+api_key_env = "KEY_A"
+models = ["m"]
+envoy_cluster = "prov"
+"""
+
+
+def package_exceptions() -> list[type[BaseException]]:
+    """Every exception class defined in the package's own modules (generated protos aside)."""
+    found: set[type[BaseException]] = set()
+    for info in pkgutil.walk_packages(switchyard_mw.__path__, "switchyard_mw."):
+        if "._protos" in info.name:
+            continue
+        module = importlib.import_module(info.name)
+        for _, value in inspect.getmembers(module, inspect.isclass):
+            if issubclass(value, BaseException) and value.__module__.startswith("switchyard_mw."):
+                found.add(value)
+    return sorted(found, key=lambda cls: f"{cls.__module__}.{cls.__qualname__}")
+
+
+def test_every_exception_the_package_defines_is_a_switchyard_error() -> None:
+    defined = package_exceptions()
+    assert errors.WireError in defined  # the walk did reach the modules
+    strays = [
+        f"{c.__module__}.{c.__qualname__}"
+        for c in defined
+        if not issubclass(c, errors.SwitchyardError)
+    ]
+    assert strays == []
+
+
+def test_every_exception_lives_in_the_one_tree() -> None:
+    # Defined in `errors` (or, for the sans-IO core's, in `core.errors`), drawn at its top.
+    for cls in package_exceptions():
+        assert cls.__module__ in ("switchyard_mw.errors", "switchyard_mw.core.errors"), cls
+        assert cls.__name__ in errors.__all__
+        assert cls.__name__ in (errors.__doc__ or "")
+
+
+def test_names_that_moved_still_import_from_where_they_were() -> None:
+    from switchyard_mw.asgi.body import ClientDisconnected
+    from switchyard_mw.asgi.deadline import DeadlineExceededAfterStart
+    from switchyard_mw.core.judge import BadVerdict
+    from switchyard_mw.engine.judge import JudgeHTTPError
+    from switchyard_mw.testing import MockProviderFault
+    from switchyard_mw.wire import WireError
+
+    assert ClientDisconnected is errors.ClientDisconnected
+    assert DeadlineExceededAfterStart is errors.DeadlineExceededAfterStart
+    assert BadVerdict is errors.BadVerdict
+    assert JudgeHTTPError is errors.JudgeHTTPError
+    assert MockProviderFault is errors.MockProviderFault
+    assert WireError is errors.WireError
+    assert switchyard_mw.SwitchyardError is errors.SwitchyardError
+
+
+def test_what_they_were_before_they_are_still() -> None:
+    # Code that caught the built-in or httpx class keeps catching.
+    assert issubclass(errors.BadVerdict, ValueError)
+    assert issubclass(errors.MockProviderFault, RuntimeError)
+    assert issubclass(errors.MissingExtraError, ImportError)
+    assert issubclass(errors.ListenError, OSError)
+    for name in errors.__all__:
+        cls = getattr(errors, name)
+        if issubclass(cls, errors.TransportError):
+            assert issubclass(cls, getattr(httpx, name)), name
+
+
+def test_config_loading_raises_a_switchyard_error(tmp_path: Path) -> None:
+    with pytest.raises(errors.SwitchyardError, match="no such file"):
+        load_config(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[llm_clients.a]\nbase_url = "http://x"\nmodels = []\nbogus = 1\n')
+    with pytest.raises(errors.SwitchyardError, match="bogus"):
+        load_config(bad)
+
+
+def test_a_missing_key_at_startup_is_a_switchyard_error() -> None:
+    with pytest.raises(errors.SwitchyardError, match="KEY_A"):
+        build_clients(parse_config(CONFIG), {})
+
+
+async def test_an_extproc_server_that_cannot_listen_is_a_switchyard_error() -> None:
+    from switchyard_mw.extproc import Policies, start_server
+
+    config = parse_config(CONFIG)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for transport in ("h2", "grpcio"):
+            policies = Policies(config, build_clients(config, {"KEY_A": "ka"}))
+            with pytest.raises(errors.SwitchyardError, match="cannot listen") as info:
+                await start_server(policies, f"127.0.0.1:{port}", transport=transport)
+            assert isinstance(info.value, errors.ListenError)
+            await policies.aclose()
+
+
+async def test_an_outbound_call_that_fails_is_a_switchyard_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, never listening: connections are refused
+        async with make_http_client() as http:
+            with pytest.raises(errors.SwitchyardError):
+                await http.post(f"http://127.0.0.1:{port}/", content=b"{}")
