@@ -29,7 +29,7 @@ from ..errors import BadVerdict
 from ..errors import JudgeHTTPError as JudgeHTTPError  # its home before errors.py
 from ..telemetry import names as tm
 from ..wire import RequestView, last_user_text
-from .outbound import make_http_client
+from .outbound import make_http_client, map_exceptions
 
 MAX_VERDICT_BYTES = 64 * 1024
 """A verdict is a label; a reply larger than this is not one, and reading it would cost time."""
@@ -198,16 +198,18 @@ class Judge:
         timer = asyncio.timeout(bound_secs(route, client, budget_at))
         try:
             async with timer:
-                reply = await self._call(client, request)
+                # Inside the timer: its own TimeoutError is not the network's. Not the
+                # attempt's call either: the request's `transport_error` is left alone.
+                with map_exceptions(report=False):
+                    reply = await self._call(client, request)
                 return parse_verdict(reply, list(route.choices)), ""
         except TimeoutError:
-            # Only our timer means `deadline`; a TimeoutError from elsewhere is the network's.
             return None, "deadline" if timer.expired() else "transport_error"
         except JudgeHTTPError:
             return None, "http_error"
         except (BadVerdict, httpx.DecodingError):
             return None, "bad_verdict"
-        except (httpx.HTTPError, OSError):
+        except httpx.HTTPError:  # a mapped TransportError, or one of httpx's own refusals
             return None, "transport_error"
 
     async def _call(self, client: UpstreamClient, body: bytes) -> bytes:

@@ -28,6 +28,7 @@ from ..core.variants import Split
 from ..telemetry import names as tm
 from ..telemetry import request_metrics
 from ..wire import RequestView, rewrite_model
+from .outbound import map_exceptions
 
 _log = logging.getLogger(__name__)
 _SALT = "\x00shadow"  # shadows are picked apart from the canary's own split
@@ -129,12 +130,14 @@ class Shadows:
         headers = [("content-type", "application/json"), *account.auth_headers()]
         try:
             async with asyncio.timeout(deadline):
-                answer = await self._http.post(
-                    account.url(path),
-                    content=rewrite_model(body, shadow),
-                    headers=headers,
-                    timeout=deadline,
-                )
+                # Not the attempt's call: the request's `transport_error` is left alone.
+                with map_exceptions(report=False):
+                    answer = await self._http.post(
+                        account.url(path),
+                        content=rewrite_model(body, shadow),
+                        headers=headers,
+                        timeout=deadline,
+                    )
         except TimeoutError:
             return "deadline_exceeded"
         except httpx.HTTPError as exc:

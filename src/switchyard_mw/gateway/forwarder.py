@@ -16,12 +16,12 @@ from __future__ import annotations
 import sys
 from collections.abc import AsyncIterator, Iterable
 
-from ..errors import MissingExtraError
+from ..errors import MissingExtraError, TransportError
 
 try:
     import aiohttp
 
-    from ..engine.aiohttp_pool import PooledTransport, as_httpx_error
+    from ..engine.aiohttp_pool import PooledTransport
 except ImportError as exc:
     raise MissingExtraError("switchyard_mw.gateway", "gateway", exc) from None
 import httpx
@@ -34,7 +34,7 @@ from starlette.types import Receive, Scope, Send
 from ..accounts import UpstreamClient
 from ..asgi.body import ClientDisconnected, read_body
 from ..context import RequestContext, current_context
-from ..engine.outbound import pool_of, seconds_left, timeout_for
+from ..engine.outbound import map_exceptions, pool_of, seconds_left, timeout_for
 from ..engine.usage import StreamUsage, Tokens, answer_tokens
 from ..telemetry import names as tm
 from ..wire import Wire, error_body, model_not_served, stream_error_event
@@ -91,7 +91,8 @@ class Forwarder:
     With a client from `make_http_client()` it sends through that client's aiohttp pool
     directly (`pool_of`): for a call that only forwards bytes, httpx's request and response
     objects cost about half of the CPU. Any other httpx client is used through its own API.
-    Either way the app sees httpx's exceptions.
+    Either way a failed call raises the `switchyard_mw.errors.TransportError` of its kind
+    (`map_exceptions()`), which is also httpx's exception of that name.
     """
 
     def __init__(self, http_client: httpx.AsyncClient) -> None:
@@ -233,7 +234,8 @@ async def _request_body(receive: Receive) -> bytes:
 
 
 class _Reply:
-    """An upstream answer from either client, raising httpx's exceptions while it is read.
+    """An upstream answer from either client; its failures, while it is read too, go through
+    `map_exceptions()`.
 
     `headers` are those relayed to the client: names lowercased, duplicates kept, minus
     hop-by-hop ones and those the serving server sets itself.
@@ -275,7 +277,7 @@ class _Reply:
         body: bytes,
         limits: aiohttp.ClientTimeout,
     ) -> _Reply:
-        try:
+        with map_exceptions():
             response = await pool.session().request(
                 "POST",
                 url,
@@ -285,8 +287,6 @@ class _Reply:
                 auto_decompress=False,
                 timeout=limits,
             )
-        except aiohttp.ClientError as exc:
-            as_httpx_error(exc)
         return cls(response.status, response.raw_headers, aiohttp_response=response)
 
     @classmethod
@@ -299,29 +299,26 @@ class _Reply:
         limits: httpx.Timeout,
     ) -> _Reply:
         upstream = http.build_request("POST", url, headers=headers, content=body, timeout=limits)
-        response = await http.send(upstream, stream=True)
+        with map_exceptions():  # already mapped if `http` is `make_http_client()`'s
+            response = await http.send(upstream, stream=True)
         return cls(response.status_code, response.headers.raw, httpx_response=response)
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        if self._httpx is not None:
-            async for chunk in self._httpx.aiter_raw():
-                yield chunk
-            return
-        assert self._aiohttp is not None
-        try:
+        with map_exceptions():
+            if self._httpx is not None:
+                async for chunk in self._httpx.aiter_raw():
+                    yield chunk
+                return
+            assert self._aiohttp is not None
             async for chunk in self._aiohttp.content.iter_any():
                 yield chunk
-        except aiohttp.ClientError as exc:
-            as_httpx_error(exc)
 
     async def read(self) -> bytes:
-        if self._httpx is not None:
-            return await self._httpx.aread()
-        assert self._aiohttp is not None
-        try:
+        with map_exceptions():
+            if self._httpx is not None:
+                return await self._httpx.aread()
+            assert self._aiohttp is not None
             return await self._aiohttp.read()
-        except aiohttp.ClientError as exc:
-            as_httpx_error(exc)
 
     async def aclose(self) -> None:
         if self._httpx is not None:
@@ -373,7 +370,7 @@ async def _relay(reply: _Reply, ctx: RequestContext) -> AsyncIterator[bytes]:
                 events = data if cut == len(data) else data[:cut]
                 usage.feed(events)
                 yield events
-    except httpx.HTTPError as exc:  # `_Reply` raises httpx's errors for either client
+    except TransportError as exc:  # from either client (`_Reply` maps them)
         # The client already has a 200: end its stream with the wire's error event, and let
         # the cooling policy count the account's fault all the same.
         ctx.report_upstream(502)
