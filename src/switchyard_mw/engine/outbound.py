@@ -118,7 +118,7 @@ class MappedStream(httpx.AsyncByteStream):
             await self._inner.aclose()
 
 
-class map_exceptions:  # lower case: used as a function, `with map_exceptions(): ...`
+def map_exceptions(*, report: bool = True) -> ExceptionMap:
     """Turn what the outbound call raised in transport into switchyard's `TransportError`s.
 
     `with map_exceptions(): await client.post(...)` around every call switchyard makes
@@ -133,6 +133,11 @@ class map_exceptions:  # lower case: used as a function, `with map_exceptions():
     an answer of its own (a 500) that the cooling policy must not take for the upstream's. Off
     for calls that are not the attempt's (the judge, a shadow).
     """
+    return _REPORTING if report else _SILENT
+
+
+class ExceptionMap:
+    """What `map_exceptions()` returns: stateless, so one of each kind serves every call."""
 
     __slots__ = ("_report",)
 
@@ -158,6 +163,10 @@ class map_exceptions:  # lower case: used as a function, `with map_exceptions():
             if ctx is not None:
                 ctx.transport_error = twin
         raise twin(str(source) or type(source).__name__, request=_request_of(exc)) from source
+
+
+_REPORTING = ExceptionMap(report=True)
+_SILENT = ExceptionMap(report=False)
 
 
 def _twin(exc: Exception) -> tuple[BaseException, type[errors.TransportError] | None]:
