@@ -79,7 +79,7 @@ class Judge:
         if missing:
             raise ValueError(f"no client for judge(s): {', '.join(missing)}")
         self.routes = dict(routes)
-        self._clients = dict(clients)
+        self._accounts = dict(clients)
         self.http = http_client
         self.owns_http = http_client is None
         self._pins: OrderedDict[tuple[str, str], Decision] = OrderedDict()
@@ -87,7 +87,7 @@ class Judge:
 
     def _http_client(self) -> httpx.AsyncClient:
         # Built lazily (and rebuilt after a shutdown, should the app be served again) so that
-        # one pool serves every request rather than one client per request.
+        # one pool serves every request rather than one pool per request.
         if self.http is None or self.http.is_closed:
             if not self.owns_http:
                 raise RuntimeError("the http_client passed to the judge was closed")
@@ -188,20 +188,20 @@ class Judge:
         self, route: Route, view: RequestView, body: bytes, budget_at: float | None
     ) -> tuple[str | None, str]:
         """(label, "") when the judge answered in time, else (None, fail-open reason)."""
-        client = self._clients[route.judge]
+        account = self._accounts[route.judge]
         request = build_judge_request(
             judge_model=route.judge_model,
             labels=list(route.choices),
             user_text=last_user_text(view.wire, body),
             max_chars=route.judge_input_max_chars,
         )
-        timer = asyncio.timeout(bound_secs(route, client, budget_at))
+        timer = asyncio.timeout(bound_secs(route, account, budget_at))
         try:
             async with timer:
                 # Inside the timer: its own TimeoutError is not the network's. Not the
                 # attempt's call either: the request's `transport_error` is left alone.
                 with map_exceptions(report=False):
-                    reply = await self._call(client, request)
+                    reply = await self._call(account, request)
                 return parse_verdict(reply, list(route.choices)), ""
         except TimeoutError:
             return None, "deadline" if timer.expired() else "transport_error"
@@ -212,9 +212,9 @@ class Judge:
         except httpx.HTTPError:  # a mapped TransportError, or one of httpx's own refusals
             return None, "transport_error"
 
-    async def _call(self, client: UpstreamClient, body: bytes) -> bytes:
+    async def _call(self, account: UpstreamClient, body: bytes) -> bytes:
         headers = [
-            *client.auth_headers(),
+            *account.auth_headers(),
             ("content-type", "application/json"),
             ("accept", "application/json"),
         ]
@@ -226,7 +226,7 @@ class Judge:
         # `timeout=None`: the consultation's one deadline is ours; per-operation httpx timeouts
         # would fire apart from it and be counted as transport errors.
         async with self._http_client().stream(
-            "POST", client.url(JUDGE_PATH), content=body, headers=headers, timeout=None
+            "POST", account.url(JUDGE_PATH), content=body, headers=headers, timeout=None
         ) as response:
             # Leaving this block (error, timeout or cancellation) closes the response, so a
             # judge we stopped waiting for is hung up on instead of finishing unread.
@@ -271,7 +271,7 @@ class Judge:
             self._pins.popitem(last=False)
 
 
-def bound_secs(route: Route, client: UpstreamClient, budget_at: float | None) -> float:
+def bound_secs(route: Route, account: UpstreamClient, budget_at: float | None) -> float:
     """How long the consultation may take: its own deadline, capped by the request's budget.
 
     Without `judge_deadline_ms` the judge client's `timeout_secs` still caps it, so a judge
@@ -280,7 +280,7 @@ def bound_secs(route: Route, client: UpstreamClient, budget_at: float | None) ->
     if route.judge_deadline_ms is not None:
         bound = route.judge_deadline_ms / 1000
     else:
-        bound = client.spec.timeout_secs
+        bound = account.spec.timeout_secs
     if budget_at is not None:
         bound = min(bound, budget_at - time.monotonic())
     return max(bound, 0.0)

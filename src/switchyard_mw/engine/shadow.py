@@ -51,10 +51,10 @@ class Shadows:
             for model, c in canaries.items()
             if c.shadow
         }
-        self._clients = dict(clients)
+        self._accounts = dict(clients)
         self._pool = pool
         self._max = max_inflight
-        self._own_client = http_client is None
+        self._owns_http = http_client is None
         self._http = http_client or httpx.AsyncClient()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -99,7 +99,7 @@ class Shadows:
         """The preferred account serving `model` that is healthy now; no lease is taken."""
         for name in self._pool.accounts_for(model):
             if self._pool.status_of(name).state is BreakerState.CLOSED:
-                return self._clients[name]
+                return self._accounts[name]
         return None
 
     async def _send(self, view: RequestView, body: bytes, shadow: str, path: str) -> None:
@@ -151,7 +151,7 @@ class Shadows:
         """After a reload replaced these shadows: let the mirrors in flight end (each is
         bounded by its deadline), then close the client this object made."""
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._own_client:
+        if self._owns_http:
             await self._http.aclose()
 
     async def aclose(self) -> None:
@@ -159,5 +159,5 @@ class Shadows:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._own_client:
+        if self._owns_http:
             await self._http.aclose()

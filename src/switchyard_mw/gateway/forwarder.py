@@ -98,7 +98,7 @@ class Forwarder:
     def __init__(self, http_client: httpx.AsyncClient) -> None:
         self.http = http_client
         self._pool = pool_of(http_client)
-        self._accounts: dict[str, _Account] = {}
+        self._sends: dict[str, _Sends] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx = current_context()
@@ -130,24 +130,24 @@ class Forwarder:
         return response
 
     async def _call(
-        self, ctx: RequestContext, client: UpstreamClient, scope: Scope, body: bytes
+        self, ctx: RequestContext, account: UpstreamClient, scope: Scope, body: bytes
     ) -> _Reply:
         """Send the request upstream; the reply's headers have arrived, its body not yet."""
-        account = self._accounts.get(client.name)
-        if account is None or account.client is not client:
-            account = self._accounts[client.name] = _Account(client)
+        sends = self._sends.get(account.name)
+        if sends is None or sends.account is not account:
+            sends = self._sends[account.name] = _Sends(account)
         headers = [
             (name.decode("latin-1"), value.decode("latin-1"))
             for name, value in scope["headers"]
             if name not in _DROP_REQUEST_RAW
         ]
-        headers += account.headers
+        headers += sends.headers
         # The path as Starlette's `request.url.path` gives it.
         path = scope["path"].replace("?", "%3F").replace("#", "%23").replace("\\", "%5C")
-        url = account.url(path, scope.get("query_string", b""))
+        url = sends.url(path, scope.get("query_string", b""))
         span = None
         if tm.tracing():
-            span = ot.start_call(httpx.URL(url), client.base_url)
+            span = ot.start_call(httpx.URL(url), account.base_url)
             headers = ot.propagated(headers, span)
         try:
             if self._pool is not None:
@@ -191,17 +191,17 @@ class Forwarder:
         return data
 
 
-class _Account:
+class _Sends:
     """What every request to one account sends alike, built once."""
 
-    __slots__ = ("client", "headers")
+    __slots__ = ("account", "headers")
 
-    def __init__(self, client: UpstreamClient) -> None:
-        self.client = client
-        self.headers = [*client.auth_headers(), _IDENTITY]
+    def __init__(self, account: UpstreamClient) -> None:
+        self.account = account
+        self.headers = [*account.auth_headers(), _IDENTITY]
 
     def url(self, path: str, query: bytes) -> str:
-        url = self.client.url(path)
+        url = self.account.url(path)
         return f"{url}?{query.decode('latin-1')}" if query else url
 
 
@@ -237,7 +237,7 @@ class _Reply:
     """An upstream answer from either client; its failures, while it is read too, go through
     `map_exceptions()`.
 
-    `headers` are those relayed to the client: names lowercased, duplicates kept, minus
+    `headers` are those relayed to the caller: names lowercased, duplicates kept, minus
     hop-by-hop ones and those the serving server sets itself.
     """
 
@@ -331,7 +331,7 @@ async def _stream(reply: _Reply, ctx: RequestContext, send: Send) -> None:
     """Relay an event stream as ASGI messages, releasing the upstream however it ends.
 
     Not through Starlette's `StreamingResponse`: under a server of ASGI spec < 2.4 (uvicorn)
-    it runs the stream in a task group beside a task waiting for the client to leave, about a
+    it runs the stream in a task group beside a task waiting for the caller to leave, about a
     third of a short stream's CPU. The stack watches for that itself and cancels the request.
     """
     chunks = _relay(reply, ctx)
@@ -345,7 +345,7 @@ async def _stream(reply: _Reply, ctx: RequestContext, send: Send) -> None:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     except OSError:
-        # What a server of ASGI spec 2.4 raises on a send to a client that has left; Starlette
+        # What a server of ASGI spec 2.4 raises on a send to a caller that has left; Starlette
         # answers it so too, and the cooling policy must not count it against the account.
         raise ClientDisconnect() from None
     finally:
@@ -356,7 +356,7 @@ async def _relay(reply: _Reply, ctx: RequestContext) -> AsyncIterator[bytes]:
     """The upstream's stream, passed on one whole event at a time.
 
     A chunk may end inside an event; that tail waits for the rest, so that if the upstream
-    dies there, the client's stream ends with a clean error event instead of half a frame
+    dies there, the caller's stream ends with a clean error event instead of half a frame
     glued to it.
     """
     pending = b""
@@ -371,7 +371,7 @@ async def _relay(reply: _Reply, ctx: RequestContext) -> AsyncIterator[bytes]:
                 usage.feed(events)
                 yield events
     except TransportError as exc:  # from either client (`_Reply` maps them)
-        # The client already has a 200: end its stream with the wire's error event, and let
+        # The caller already has a 200: end its stream with the wire's error event, and let
         # the cooling policy count the account's fault all the same.
         ctx.report_upstream(502)
         wire = ctx.wire or Wire.OPENAI_CHAT
@@ -400,7 +400,7 @@ def _events_end(data: bytes) -> int:
 
 def _unplaced(ctx: RequestContext | None) -> Response:
     """The answer to a request the stack gave no account: one for a model no account serves
-    (the stack passes it on untouched, for an app that may serve it itself) is the client's
+    (the stack passes it on untouched, for an app that may serve it itself) is the caller's
     mistake, a 404 as the providers give it; without a stack the gateway is misconfigured."""
     if ctx is None or ctx.view is None:
         body = error_body(Wire.OPENAI_CHAT, "gateway_misconfigured", "no switchyard stack")
