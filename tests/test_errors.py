@@ -9,6 +9,8 @@ import importlib
 import inspect
 import pkgutil
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -54,9 +56,12 @@ def test_every_exception_the_package_defines_is_a_switchyard_error() -> None:
 
 
 def test_every_exception_lives_in_the_one_tree() -> None:
-    # Defined in `errors` (or, for the sans-IO core's, in `core.errors`), drawn at its top.
+    # Defined in `errors` (the sans-IO core's in `core.errors`, the transport errors, which
+    # import httpx, in `_transport_errors`), drawn at its top, every one importable from it.
+    homes = ("errors", "core.errors", "_transport_errors")
     for cls in package_exceptions():
-        assert cls.__module__ in ("switchyard_mw.errors", "switchyard_mw.core.errors"), cls
+        assert cls.__module__ in [f"switchyard_mw.{home}" for home in homes], cls
+        assert getattr(errors, cls.__name__) is cls
         assert cls.__name__ in errors.__all__
         assert cls.__name__ in (errors.__doc__ or "")
 
@@ -88,6 +93,20 @@ def test_what_they_were_before_they_are_still() -> None:
         cls = getattr(errors, name)
         if issubclass(cls, errors.TransportError):
             assert issubclass(cls, getattr(httpx, name)), name
+
+
+def test_reading_a_config_loads_no_http_client() -> None:
+    # The tree's transport errors are httpx's too: they load on first use, not with a config.
+    code = (
+        "import sys\n"
+        "from switchyard_mw.config import load_config\n"
+        "from switchyard_mw.errors import ConfigError, SwitchyardError\n"
+        "print('httpx' in sys.modules)\n"
+        "from switchyard_mw.errors import ConnectError\n"
+        "print('httpx' in sys.modules, issubclass(ConnectError, SwitchyardError))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["False", "True", "True"]
 
 
 def test_config_loading_raises_a_switchyard_error(tmp_path: Path) -> None:

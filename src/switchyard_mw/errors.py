@@ -33,18 +33,39 @@ own pool, the forwarder's direct sends, the judge, shadows): whichever client fa
 same failure is the same class. Each derives from the httpx exception of its name, so code
 that catches httpx's (`except httpx.ConnectError`) keeps working unchanged.
 
-`SwitchyardError` and `BadVerdict` are defined in `core.errors`: the sans-IO core raises
-`BadVerdict` and imports nothing above itself, while this module imports httpx. Names that
-moved here are still importable where they were (`wire.WireError`, `asgi.body.ClientDisconnected`,
+`SwitchyardError` and `BadVerdict` are defined in `core.errors`, as the sans-IO core raises
+`BadVerdict` and imports nothing above itself. `TransportError` and its subclasses are defined
+in `_transport_errors` and loaded on first use (`errors.ConnectError`, or `from
+switchyard_mw.errors import ConnectError`): they import httpx, which reading a config need not
+load. Every name in the tree is importable from here; those that moved here are still
+importable where they were (`wire.WireError`, `asgi.body.ClientDisconnected`,
 `core.judge.BadVerdict`, `engine.judge.JudgeHTTPError`, `asgi.deadline.DeadlineExceededAfterStart`,
 `testing.MockProviderFault`).
 """
 
 from collections.abc import Sequence
 
-import httpx
-
 from .core.errors import BadVerdict, SwitchyardError
+
+TYPE_CHECKING = False  # not `typing`'s: this module loads with every config read
+if TYPE_CHECKING:
+    from ._transport_errors import (
+        ConnectError,
+        ConnectTimeout,
+        LocalProtocolError,
+        NetworkError,
+        PoolTimeout,
+        ProtocolError,
+        ProxyError,
+        ReadError,
+        ReadTimeout,
+        RemoteProtocolError,
+        TimeoutException,
+        TransportError,
+        UnsupportedProtocol,
+        WriteError,
+        WriteTimeout,
+    )
 
 __all__ = [
     "BadVerdict",
@@ -136,66 +157,33 @@ class MockProviderFault(SwitchyardError, RuntimeError):
     """Raised inside `testing.MockProvider`'s app to make the server abort a response."""
 
 
-# The outbound call's failures. Each is also httpx's exception of the same name (so its
-# `request` is set when an httpx client raised it); the names stay httpx's because metrics
-# and stream error events show them.
+def __getattr__(name: str) -> type[SwitchyardError]:
+    # PEP 562: the transport errors (and httpx with them) load on first use.
+    if name in _TRANSPORT_ERRORS:
+        from . import _transport_errors
+
+        value: type[SwitchyardError] = getattr(_transport_errors, name)
+        globals()[name] = value  # the next lookup is a plain attribute
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-class TransportError(SwitchyardError, httpx.TransportError):
-    """An outbound call failed in transport: no answer, or only part of one, came back."""
-
-
-class TimeoutException(TransportError, httpx.TimeoutException):
-    """A bound of the call's own timeout expired (not the deadline policy's)."""
-
-
-class ConnectTimeout(TimeoutException, httpx.ConnectTimeout):
-    """Connecting took longer than the call's connect bound."""
-
-
-class ReadTimeout(TimeoutException, httpx.ReadTimeout):
-    """The upstream was silent (for the headers or between body chunks) past the read bound."""
-
-
-class WriteTimeout(TimeoutException, httpx.WriteTimeout):
-    """Sending the request took longer than the call's write bound."""
-
-
-class PoolTimeout(TimeoutException, httpx.PoolTimeout):
-    """No pooled connection came free within the call's pool bound."""
-
-
-class NetworkError(TransportError, httpx.NetworkError):
-    """The network failed the call."""
-
-
-class ConnectError(NetworkError, httpx.ConnectError):
-    """The upstream could not be reached: refused, unresolvable or unreachable."""
-
-
-class ReadError(NetworkError, httpx.ReadError):
-    """Reading the answer failed (a reset connection, say)."""
-
-
-class WriteError(NetworkError, httpx.WriteError):
-    """Sending the request failed."""
-
-
-class ProtocolError(TransportError, httpx.ProtocolError):
-    """The HTTP exchange broke its rules."""
-
-
-class LocalProtocolError(ProtocolError, httpx.LocalProtocolError):
-    """Our side broke them (a request the client cannot send)."""
-
-
-class RemoteProtocolError(ProtocolError, httpx.RemoteProtocolError):
-    """The upstream hung up before or while answering, or its answer was not HTTP."""
-
-
-class ProxyError(TransportError, httpx.ProxyError):
-    """A proxy between us and the upstream failed the call."""
-
-
-class UnsupportedProtocol(TransportError, httpx.UnsupportedProtocol):
-    """The URL's scheme is not one the client speaks."""
+_TRANSPORT_ERRORS = frozenset(
+    {
+        "ConnectError",
+        "ConnectTimeout",
+        "LocalProtocolError",
+        "NetworkError",
+        "PoolTimeout",
+        "ProtocolError",
+        "ProxyError",
+        "ReadError",
+        "ReadTimeout",
+        "RemoteProtocolError",
+        "TimeoutException",
+        "TransportError",
+        "UnsupportedProtocol",
+        "WriteError",
+        "WriteTimeout",
+    }
+)
