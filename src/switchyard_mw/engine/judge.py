@@ -198,8 +198,9 @@ class Judge:
         timer = asyncio.timeout(bound_secs(route, account, budget_at))
         try:
             async with timer:
-                # Inside the timer: its own TimeoutError is not the network's. Not the
-                # attempt's call either: the request's `transport_error` is left alone.
+                # Inside the timer: its own TimeoutError is not the network's. Not an
+                # attempt's call: a failure is the judge's fail-open (each attempt starts
+                # with a clean `ctx.transport_error` all the same).
                 with map_exceptions(report=False):
                     reply = await self._call(account, request)
                 return parse_verdict(reply, list(route.choices)), ""
