@@ -1,0 +1,327 @@
+"""The same requests through both fronts make the same decisions.
+
+Each scenario says how every account's upstream answers. The ASGI front runs the whole stack
+in process around a small forwarding app that calls the mock provider with the chosen
+account's key. The ext_proc front is driven phase by phase as Envoy would drive it: the
+router-level stream picks the account, the test plays the upstream's answer for that
+account's key (to the upstream-level stream on a fault or a 429, as envoy.yaml's matcher
+does), follows a retry the processor asks for, and ends with the final response headers.
+
+What must match: the status, the error type and text of the answers switchyard makes itself,
+the `x-switchyard-*` and `retry-after` headers, and every attempt span's name, attributes and
+status. An attempt span's `error.type` is left out: it names an exception's class, and only
+the ASGI front sees exceptions (Envoy reports a failed connection as a reply).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from extproc_helpers import (
+    Stream,
+    immediate,
+    request_body,
+    request_headers,
+    response_headers,
+    sets,
+    upstream_headers,
+)
+from switchyard_mw import switchyard_stack
+from switchyard_mw.accounts import build_clients
+from switchyard_mw.asgi._types import Receive, Scope, Send
+from switchyard_mw.config import Config, parse_config
+from switchyard_mw.context import current_context
+from switchyard_mw.core.pool import AccountPool, Outcome
+from switchyard_mw.extproc import ExtProcServicer, Policies
+from switchyard_mw.telemetry import names as tm
+from switchyard_mw.testing import Behaviour, MockProvider
+
+TWO = """
+[llm_clients.a]
+base_url = "https://api.anthropic.com"
+api_key_env = "KEY_A"
+auth = "x-api-key"
+models = ["m"]
+priority = 0
+failure_threshold = 1
+cooldown_secs = 30
+envoy_cluster = "prov"
+timeout_secs = {timeout}
+
+[llm_clients.b]
+base_url = "https://api.anthropic.com"
+api_key_env = "KEY_B"
+auth = "x-api-key"
+models = ["m"]
+priority = 1
+failure_threshold = 1
+cooldown_secs = 30
+envoy_cluster = "prov"
+timeout_secs = {timeout}
+"""
+ONE = TWO.split("[llm_clients.b]")[0]
+ENV = {"KEY_A": "ka", "KEY_B": "kb"}
+ACCOUNT_OF_KEY = {"ka": "a", "kb": "b"}
+BODY = msgspec.json.encode(
+    {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+)
+UNREACHABLE = "unreachable"
+"""An account whose upstream refuses the connection."""
+SLOW = Behaviour(headers_delay_secs=30.0)
+"""An upstream that answers long after the attempt's deadline."""
+Upstream = Behaviour | str
+
+
+@dataclass(frozen=True)
+class Scenario:
+    config: str
+    upstream: Mapping[str, Upstream]
+    """How each account (by key) answers."""
+    own_answer: bool = False
+    """Switchyard answers itself (an error of its own), not the upstream."""
+    before: str = ""
+    """What happened to the accounts earlier: "cooled" or "throttled" (all of them)."""
+    timeout: float = 60.0
+    content_type: str = "application/json"
+
+
+SCENARIOS = {
+    "served": Scenario(TWO, {"ka": Behaviour()}),
+    "failover after a 500": Scenario(TWO, {"ka": Behaviour(status=500), "kb": Behaviour()}),
+    "failover after a 429": Scenario(TWO, {"ka": Behaviour(status=429), "kb": Behaviour()}),
+    "every account answers 500": Scenario(
+        TWO, {"ka": Behaviour(status=500), "kb": Behaviour(status=500)}
+    ),
+    "a client error is no fault": Scenario(TWO, {"ka": Behaviour(status=400)}),
+    "every account cooling": Scenario(TWO, {}, own_answer=True, before="cooled"),
+    "every account throttled": Scenario(TWO, {}, own_answer=True, before="throttled"),
+    "deadline": Scenario(ONE, {"ka": SLOW}, own_answer=True, timeout=0.3),
+    "unreachable": Scenario(ONE, {"ka": UNREACHABLE}, own_answer=True),
+    "not JSON": Scenario(TWO, {"ka": Behaviour()}, content_type="text/plain"),
+}
+
+
+@dataclass
+class Decisions:
+    """What a front decided for one request, in terms both fronts can say."""
+
+    status: int
+    error: tuple[str, str] | None = None
+    """(type, message) of switchyard's own error answer."""
+    headers: dict[str, str] = field(default_factory=dict)
+    """`x-switchyard-*` and `retry-after`."""
+    attempts: list[tuple[str, dict[str, Any], str]] = field(default_factory=list)
+    """Each attempt span: name, attributes (but `error.type`), status code."""
+
+
+def _kept_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if k.startswith("x-switchyard-") or k == "retry-after"}
+
+
+def _attempt_spans(spans: InMemorySpanExporter) -> list[tuple[str, dict[str, Any], str]]:
+    found = sorted(
+        (s for s in spans.get_finished_spans() if s.name == tm.SPAN_ATTEMPT),
+        key=lambda s: s.start_time or 0,
+    )
+    return [
+        (
+            s.name,
+            {k: v for k, v in (s.attributes or {}).items() if k != tm.ERROR_TYPE},
+            s.status.status_code.name,
+        )
+        for s in found
+    ]
+
+
+def _error_of(body: Any) -> tuple[str, str]:
+    error = body["error"]
+    return error["type"], error["message"]
+
+
+def _before(pool: AccountPool, scenario: Scenario) -> None:
+    for account in pool.accounts_for("m"):
+        if scenario.before == "cooled":
+            lease = pool.acquire("m")
+            assert lease is not None
+            pool.record(lease, Outcome.FAULT)
+        elif scenario.before == "throttled":
+            pool.hold(account, "m", 30.0, wall_now=time.time())
+
+
+def _config(scenario: Scenario) -> Config:
+    return parse_config(scenario.config.format(timeout=scenario.timeout))
+
+
+# --- the ASGI front ---------------------------------------------------------------------------
+
+
+class _Upstreams(httpx.AsyncBaseTransport):
+    """The mock provider in process; a refused connection for an unreachable account."""
+
+    def __init__(self, mock: MockProvider, upstream: Mapping[str, Upstream]) -> None:
+        self._mock = httpx.ASGITransport(app=mock)
+        self._upstream = upstream
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self._upstream.get(request.headers.get("x-api-key", "")) == UNREACHABLE:
+            raise httpx.ConnectError("connection refused", request=request)
+        return await self._mock.handle_async_request(request)
+
+
+def _forwarding_app(http: httpx.AsyncClient) -> Any:
+    """Sends the request to the account switchyard chose, and its answer back."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body", False):
+                break
+        ctx = current_context()
+        client = None if ctx is None else ctx.client
+        if client is None:  # nothing decided: the app answers on its own
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"{}"})
+            return
+        reply = await http.post(
+            scope["path"],
+            content=body,
+            headers=[("content-type", "application/json"), *client.auth_headers()],
+        )
+        headers = [(k.encode(), v.encode()) for k, v in reply.headers.items()]
+        await send({"type": "http.response.start", "status": reply.status_code, "headers": headers})
+        await send({"type": "http.response.body", "body": reply.content})
+
+    return app
+
+
+async def through_asgi(scenario: Scenario, spans: InMemorySpanExporter) -> Decisions:
+    mock = MockProvider()
+    for key, behaviour in scenario.upstream.items():
+        if isinstance(behaviour, Behaviour):
+            mock.set_behaviour(key, behaviour)
+    upstream = httpx.AsyncClient(
+        transport=_Upstreams(mock, scenario.upstream), base_url="http://upstream.test"
+    )
+    stack = switchyard_stack(_forwarding_app(upstream), config=_config(scenario), environ=ENV)
+    _before(stack.pool, scenario)
+    spans.clear()
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=stack), base_url="http://gw.test"
+    ) as client:
+        reply = await client.post(
+            "/v1/messages", content=BODY, headers={"content-type": scenario.content_type}
+        )
+    await stack.aclose()
+    await upstream.aclose()
+    decisions = Decisions(
+        status=reply.status_code,
+        headers=_kept_headers(reply.headers),
+        attempts=_attempt_spans(spans),
+    )
+    if scenario.own_answer:
+        decisions.error = _error_of(reply.json())
+    return decisions
+
+
+# --- the ext_proc front, driven as Envoy drives it -----------------------------------------
+
+UPSTREAM_FILTER = [("x-switchyard-filter", "upstream")]
+RID = "rid-two-fronts"
+_RESET = "upstream_reset_before_response_started{connection_failure}"
+
+
+def _key_of(answer_sets: Mapping[str, bytes]) -> str:
+    return answer_sets["x-api-key"].decode()
+
+
+async def _play_attempts(
+    servicer: ExtProcServicer, scenario: Scenario, key: str
+) -> tuple[Upstream, str]:
+    """Each attempt's upstream answer, following the retries the processor asks for; the
+    last attempt's answer and key."""
+    attempt = 1
+    upstream = Stream(servicer, UPSTREAM_FILTER)  # attempt 1: only its response is filtered
+    while True:
+        answer = scenario.upstream[key]
+        if not isinstance(answer, Behaviour) or (answer.status < 500 and answer.status != 429):
+            await upstream.close()
+            return answer, key
+        extra = {"retry-after": "1"} if answer.status == 429 else {}
+        reply = await upstream.send(response_headers(answer.status, extra, request_id=RID))
+        await upstream.close()
+        if sets(reply).get("x-switchyard-retry") != b"1":
+            return answer, key
+        attempt += 1
+        upstream = Stream(servicer, UPSTREAM_FILTER)
+        retry = await upstream.send(upstream_headers({"x-request-id": RID}, attempt=attempt))
+        key = _key_of(sets(retry))
+
+
+async def through_extproc(scenario: Scenario, spans: InMemorySpanExporter) -> Decisions:
+    config = _config(scenario)
+    policies = Policies(config, build_clients(config, ENV))
+    _before(policies.pool, scenario)
+    servicer = ExtProcServicer(policies)
+    spans.clear()
+    router = Stream(servicer)
+    extra = {"x-request-id": RID, "content-type": scenario.content_type}
+    await router.send(request_headers(extra=extra))
+    if scenario.content_type != "application/json":
+        final = await router.send(response_headers(200))
+        await router.close()
+        return Decisions(200, headers=_kept_headers(_decoded(sets(final))))
+    routed = await router.send(request_body(BODY))
+    if routed.WhichOneof("response") == "immediate_response":
+        await router.close()
+        return _immediate(routed, spans)
+    answer, _ = await _play_attempts(servicer, scenario, _key_of(sets(routed)))
+    if answer == UNREACHABLE:
+        final = await router.send(response_headers(503, details=_RESET))
+    elif answer == SLOW:
+        final = await router.send(response_headers(504, details="upstream_response_timeout"))
+    else:
+        assert isinstance(answer, Behaviour)
+        final = await router.send(response_headers(answer.status, details="via_upstream"))
+    await router.close()
+    if final.WhichOneof("response") == "immediate_response":
+        return _immediate(final, spans)
+    return Decisions(
+        answer.status if isinstance(answer, Behaviour) else 0,
+        headers=_kept_headers(_decoded(sets(final))),
+        attempts=_attempt_spans(spans),
+    )
+
+
+def _decoded(headers: Mapping[str, bytes]) -> dict[str, str]:
+    return {k: v.decode() for k, v in headers.items()}
+
+
+def _immediate(answer: Any, spans: InMemorySpanExporter) -> Decisions:
+    status, headers, body = immediate(answer)
+    return Decisions(
+        status,
+        error=_error_of(body),
+        headers=_kept_headers(_decoded(headers)),
+        attempts=_attempt_spans(spans),
+    )
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS.values(), ids=SCENARIOS.keys())
+async def test_both_fronts_decide_alike(
+    scenario: Scenario, otel_spans: InMemorySpanExporter
+) -> None:
+    asgi = await through_asgi(scenario, otel_spans)
+    extproc = await through_extproc(scenario, otel_spans)
+    assert asgi == extproc
+    if scenario.content_type == "application/json":
+        assert asgi.attempts or scenario.before, "the scenario made no attempt"
