@@ -596,12 +596,14 @@ async def test_one_attempt_span_per_attempt(clock: FakeClock, spans: InMemorySpa
         {
             tm.ACCOUNT: "a",
             tm.ATTEMPT_PROBE: False,
+            tm.REQUEST_MODEL: "m",
             tm.ATTEMPT_STATUS: "401",
             tm.ATTEMPT_OUTCOME: "fault",
         },
         {
             tm.ACCOUNT: "b",
             tm.ATTEMPT_PROBE: False,
+            tm.REQUEST_MODEL: "m",
             tm.ATTEMPT_STATUS: "200",
             tm.ATTEMPT_OUTCOME: "success",
         },

@@ -160,6 +160,7 @@ async def test_failover_once_two_attempts_each_with_its_outbound_call(
     assert dict(first.attributes or {}) == {
         tm.ACCOUNT: "a",
         tm.ATTEMPT_PROBE: False,
+        tm.REQUEST_MODEL: reply.headers["x-switchyard-model"],  # the variant, when split
         tm.ATTEMPT_STATUS: "500",
         tm.ATTEMPT_OUTCOME: "fault",
     }

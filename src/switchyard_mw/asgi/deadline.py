@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Protocol
+from typing import Any
 
 from ..config import Server
 from ..context import RequestContext
-from ..core.deadline import attempt_deadline_secs
+from ..engine.answers import DEADLINE_EXCEEDED, deadline_exceeded
+from ..engine.attempts import Limits, deadline_secs
 from ..errors import DeadlineExceededAfterStart as DeadlineExceededAfterStart
 from ..telemetry import names as tm
 from ..wire import Wire, stream_error_event
@@ -24,7 +25,7 @@ from ._base import PolicyMiddleware, send_error
 from ._disconnect import WATCH_AFTER_SECS, Deferred, defer, running_loop
 from ._types import ASGIApp, Message, Receive, Scope, Send
 
-DEADLINE_EXCEEDED = "deadline_exceeded"
+__all__ = ["DEADLINE_EXCEEDED", "DeadlineExceededAfterStart", "DeadlineMiddleware"]
 
 
 class DeadlineMiddleware(PolicyMiddleware):
@@ -55,15 +56,8 @@ class DeadlineMiddleware(PolicyMiddleware):
         if view is None:
             return await self.app(scope, receive, send)
         # The account's limits when the cooling policy chose one, else this policy's own.
-        limits: _Limits = self if ctx.client is None else ctx.client.spec
-        if view.stream:
-            first = limits.timeout_secs
-        else:
-            first = attempt_deadline_secs(
-                timeout_secs=limits.timeout_secs,
-                max_tokens=view.max_tokens,
-                default_max_tokens=limits.default_max_tokens,
-            )
+        limits: Limits = self if ctx.client is None else ctx.client.spec
+        first = deadline_secs(view, limits)
         now = time.monotonic()
         ctx.attempt_deadline_secs = first
         ctx.deadline_at = now + first
@@ -85,17 +79,6 @@ class DeadlineMiddleware(PolicyMiddleware):
                 task.uncancel()  # the app swallowed our cancellation and finished anyway
         finally:
             guard.cancel()
-
-
-class _Limits(Protocol):
-    """The three limits the rule reads: an account's (`LLMClient`) or the policy's own."""
-
-    @property
-    def timeout_secs(self) -> float: ...
-    @property
-    def stream_idle_secs(self) -> float: ...
-    @property
-    def default_max_tokens(self) -> int | None: ...
 
 
 class _Alarm(Deferred):
@@ -236,20 +219,12 @@ class _Guard(_Alarm):
         phase = self._phase()
         self.ctx.deadline_phase = phase
         tm.deadline_exceeded.add(1, {"phase": phase})
-        message = _MESSAGES[phase]
+        error = deadline_exceeded(phase)
         if self._start is None:
-            await send_error(self.raw_send, wire, 504, DEADLINE_EXCEEDED, message)
+            await send_error(self.raw_send, wire, error.status, error.error_type, error.message)
         elif self._sse:
-            event = stream_error_event(wire, DEADLINE_EXCEEDED, message)
+            event = stream_error_event(wire, error.error_type, error.message)
             await self.raw_send({"type": "http.response.body", "body": event, "more_body": True})
             await self.raw_send({"type": "http.response.body", "body": b"", "more_body": False})
         else:
-            raise DeadlineExceededAfterStart(message)
-
-
-_MESSAGES = {
-    "total": "the upstream attempt did not finish within its deadline",
-    "headers": "the upstream stream did not start within its deadline",
-    "idle": "the upstream stream went silent for longer than its idle limit",
-    "budget": "the request's overall time budget ran out",
-}
+            raise DeadlineExceededAfterStart(error.message)

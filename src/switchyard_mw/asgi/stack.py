@@ -15,6 +15,7 @@ from ..context import RequestContext
 from ..core.clock import Clock, monotonic
 from ..core.pool import AccountPool
 from ..engine import reload
+from ..engine.policies import Engine
 from ..engine.reload import Loader
 from ..engine.shadow import Shadows
 from ..state import Store, build_store
@@ -74,22 +75,26 @@ class SwitchyardStack(PolicyMiddleware):
         app, server = self.app, config.server
         previous: JudgeMiddleware | None = getattr(self, "judge", None)
         deadline = DeadlineMiddleware(app, server=server)
-        cooling = CoolingMiddleware(app, clients=clients, pool=pool, server=server)
-        cooling.inner = deadline.handle
         variant = VariantMiddleware(app, canaries=config.canaries, server=server, clock=self.clock)
-        cooling.guard = variant.canaries  # every attempt's outcome feeds the guards
         self.store.share_trips(variant.canaries)  # with Redis, a trip holds everywhere
         judge = JudgeMiddleware(
             app, routes=config.routes, clients=clients, http_client=self._judge_http, server=server
         )
         if previous is not None:
             judge.judge.take_over(previous.judge)
+        # One engine makes every decision; the policies are its ASGI faces (every attempt's
+        # outcome feeds the variants' guards through it).
+        engine = Engine(
+            server=server, clients=clients, pool=pool, judge=judge.judge, canaries=variant.canaries
+        )
+        cooling = CoolingMiddleware(app, engine=engine, server=server)
+        cooling.inner = deadline.handle
         shadows = Shadows.build(
             config.canaries, clients=clients, pool=pool, max_inflight=server.shadow_max_inflight
         )
         self.store.bind(pool)
         super().__init__(app, server=server)  # the paths and limits every request is read with
-        self.config, self.clients, self.pool = config, clients, pool
+        self.config, self.clients, self.pool, self.engine = config, clients, pool, engine
         self.deadline, self.cooling, self.variant, self.judge = deadline, cooling, variant, judge
         self.shadows = shadows
         """Mirrors a share of canaried models' requests (None: no canary has a shadow)."""
@@ -154,10 +159,10 @@ class SwitchyardStack(PolicyMiddleware):
 
     async def handle(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
         # The policies in force now: a reload during this request leaves it on these.
-        judge, variant, cooling, shadows = self.judge, self.variant, self.cooling, self.shadows
-        if judge.applies(ctx):  # no coroutine for the many requests with no route
-            await judge.route(ctx)
-        variant.assign(ctx)
+        engine, cooling, shadows = self.engine, self.cooling, self.shadows
+        if engine.judged(ctx):  # no coroutine for the many requests with no route
+            await engine.judge_model(ctx, gone=lambda: ctx.disconnected)
+        engine.assign_variant(ctx)
         if shadows is not None:
             shadows.mirror(ctx, scope["path"])
         await cooling.handle(ctx, scope, receive, send)

@@ -9,16 +9,11 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from ..core.pool import AccountPool, BreakerState, Lease, Outcome, classify_status
+from ..core.pool import AccountPool, BreakerState, Lease, Outcome
 from ..core.throttle import READ_HEADERS, retry_secs
 from ..telemetry import names as tm
 
 _FAULT = Outcome.FAULT  # read on every attempt; Enum member access is slow on Python 3.11
-
-
-def outcome_of(status: int) -> tuple[Outcome, str]:
-    """An upstream status as an outcome, and as the `status` text metrics show."""
-    return classify_status(status), str(status)
 
 
 def settle(pool: AccountPool, lease: Lease, outcome: Outcome | None, status: str) -> None:

@@ -1,8 +1,9 @@
 """The four policies as the ext_proc servicer applies them, built from one config.
 
-Everything here calls the same core the ASGI stack does (the judge, `Split`, the account pool,
-the deadline formula); what is Envoy-specific is only which accounts can take a request: those
-with an `envoy_cluster`, and within one request, those on the cluster Envoy was routed to.
+Every decision is the engine's (`engine.policies.Engine`), the one the ASGI stack holds too;
+what is Envoy-specific here is only which accounts can take a request (those with an
+`envoy_cluster`, and within one request, those on the cluster Envoy was routed to) and how the
+decisions travel: header options, Envoy's timeout headers, spans under Envoy's trace.
 """
 
 from __future__ import annotations
@@ -10,26 +11,27 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 import httpx
-from opentelemetry import trace
 
 from ..accounts import UpstreamClient, pool_from_clients
 from ..config import Config
 from ..context import RequestContext
 from ..core.clock import Clock, monotonic
-from ..core.deadline import attempt_deadline_secs
 from ..core.pool import AccountPool, Lease, Outcome
+from ..engine import attempts
 from ..engine.budget import budget_end
 from ..engine.judge import Judge
-from ..engine.outcomes import hold, settle
+from ..engine.outcomes import settle
+from ..engine.paths import json_media
+from ..engine.policies import Engine
 from ..engine.reload import kept_accounts
 from ..engine.variants import Canaries
 from ..state import Store, build_store
 from ..telemetry import names as tm
 from ..telemetry import request_metrics
-from ..wire import WIRE_PATHS, Wire
+from ..wire import Wire
 from . import _messages as msg
 from .flights import Flight
 
@@ -77,9 +79,20 @@ class Policies:
             )
         # Only accounts Envoy can route to take requests: the others have no cluster to name.
         self.routable = frozenset(n for n, c in self.clients.items() if c.spec.envoy_cluster)
-        self.paths: dict[str, Wire] = dict(WIRE_PATHS)
-        for path in self.server.generic_paths:
-            self.paths.setdefault(path, Wire.GENERIC)
+        self.engine = Engine(
+            server=self.server,
+            clients=self.clients,
+            pool=self.pool,
+            judge=self.judge,
+            canaries=self.canaries,
+            routable=self.routable,
+        )
+        self.paths: dict[str, Wire] = self.engine.paths
+        # A retry stays on the cluster Envoy routed the request to.
+        self.on_cluster: dict[str, frozenset[str]] = {}
+        for name in self.routable:
+            cluster = self.cluster_of(name)
+            self.on_cluster[cluster] = self.on_cluster.get(cluster, frozenset()) | {name}
         # Built at load: what every request routed to an account sets (its key, its cluster).
         self.auth_options = {
             name: [msg.option(k, v.encode()) for k, v in self.clients[name].auth_headers()]
@@ -128,10 +141,8 @@ class Policies:
         if method != b"POST":
             return None
         wire = self.paths.get(path.split(b"?", 1)[0].decode("latin-1"))
-        if wire is not None and content_type is not None:
-            media = content_type.split(b";", 1)[0].strip().lower()
-            if media != b"application/json" and not media.endswith(b"+json"):
-                return None  # not JSON: the design passes it through unread
+        if wire is not None and not json_media(content_type):
+            return None  # not JSON: the design passes it through unread
         return wire
 
     @staticmethod
@@ -141,53 +152,14 @@ class Policies:
 
     async def decide_model(self, ctx: RequestContext, gone: Callable[[], bool]) -> None:
         """Judge (for a route), then variants: `ctx.resolved_model` and `ctx.route`."""
-        view = ctx.view
-        if view is None:
-            return
-        if view.model in self.judge.routes:
-            decision = await self.judge.decide(
-                view.model, view, ctx.body or b"", ctx.budget_at, gone=gone
-            )
-            ctx.resolved_model, ctx.route = decision.model, decision.route_header
-        self.canaries.assign(ctx)
+        await self.engine.decide_model(ctx, gone)
 
-    def serving(self, model: str) -> list[str]:
-        return [n for n in self.pool.accounts_for(model) if n in self.routable]
-
-    def fallback(self, ctx: RequestContext) -> str | None:
-        """The canary's base model, if it may take over (`ctx.canary_base`) and Envoy can
-        route to an account serving it (as in the ASGI cooling)."""
-        base = ctx.canary_base()
-        return base if base is not None and self.serving(base) else None
+    def serving(self, model: str) -> Collection[str]:
+        return self.engine.serving(model)
 
     async def first_lease(self, ctx: RequestContext) -> Lease | None:
-        """The account for the first attempt (switching a canary to its base if need be).
-
-        `aacquire`: with shared state, a probe is claimed across replicas before it is sent.
-        """
-        for model in (ctx.resolved_model, self.fallback(ctx)):
-            if model is None:
-                continue
-            lease = await self.pool.aacquire(model, allowed=self.routable)
-            if lease is not None:
-                ctx.resolved_model = model
-                return lease
-        return None
-
-    def throttled(self, ctx: RequestContext) -> bool:
-        """Whether the request waits on a throttle hold (answer 429, not 503)."""
-        model = ctx.resolved_model
-        return model is not None and self.pool.throttled(model)
-
-    def retry_after(self, ctx: RequestContext) -> int:
-        """Whole seconds until the earliest account for the request recovers (at least 1)."""
-        waits = [
-            self.pool.retry_after_secs(model, allowed=self.routable)
-            for model in (ctx.resolved_model, self.fallback(ctx))
-            if model is not None
-        ]
-        wait = min((w for w in waits if w is not None), default=1.0)
-        return max(1, math.ceil(wait))
+        """The account for the first attempt (switching a canary to its base if need be)."""
+        return await self.engine.acquire(ctx)
 
     def deadline_headers(self, flight: Flight, client: UpstreamClient) -> list[tuple[str, bytes]]:
         """The Envoy timeouts that enforce the deadline rule for this request.
@@ -202,14 +174,7 @@ class Policies:
         ctx, view, spec = flight.ctx, flight.ctx.view, client.spec
         if view is None:
             return []
-        if view.stream:
-            attempt = spec.timeout_secs
-        else:
-            attempt = attempt_deadline_secs(
-                timeout_secs=spec.timeout_secs,
-                max_tokens=view.max_tokens,
-                default_max_tokens=spec.default_max_tokens,
-            )
+        attempt = attempts.deadline_secs(view, spec)
         ctx.attempt_deadline_secs = attempt
         left = None if ctx.budget_at is None else ctx.budget_at - time.monotonic()
         flight.budget_bound = left is not None and left < attempt
@@ -223,56 +188,27 @@ class Policies:
 
     # --- failover inside one request: the accounts sharing the routed cluster ---------------
 
-    def _on_cluster(self, flight: Flight) -> list[str]:
-        model = flight.ctx.resolved_model
-        if model is None or flight.cluster is None:
-            return []
-        return [
-            n
-            for n in self.serving(model)
-            if n not in flight.tried and self.clients[n].spec.envoy_cluster == flight.cluster
-        ]
-
     def another_on_cluster(self, flight: Flight) -> bool:
         """Whether a retry on the routed cluster could go to a fresh account now."""
-        ctx = flight.ctx
-        if ctx.budget_at is not None and time.monotonic() >= ctx.budget_at:
-            return False
-        candidates = self._on_cluster(flight)
-        model = ctx.resolved_model
-        return (
-            bool(candidates)
-            and model is not None
-            and (self.pool.retry_after_secs(model, allowed=candidates) == 0.0)
-        )
+        within = self.on_cluster.get(flight.cluster or "")
+        return within is not None and self.engine.another_possible(flight.ctx, flight.tried, within)
 
     async def next_on_cluster(self, flight: Flight) -> Lease | None:
-        candidates = self._on_cluster(flight)
         model = flight.ctx.resolved_model
-        if not candidates or model is None:
+        within = self.on_cluster.get(flight.cluster or "")
+        if within is None or model is None:
             return None
-        return await self.pool.aacquire(model, allowed=candidates)
+        return await self.pool.aacquire(model, exclude=flight.tried, allowed=within)
 
     def start_attempt(self, flight: Flight, lease: Lease) -> UpstreamClient:
         """Make `lease` the flight's attempt in flight; its span hangs under the request's."""
-        client = self.clients[lease.account]
         ctx = flight.ctx
-        ctx.client = client
+        client = self.engine.start_attempt(ctx, lease)
         flight.lease = lease
         flight.tried.append(lease.account)
         if flight.span is None:
             return client  # no tracer SDK: no span to hang the attempt's under
-        attributes: dict[str, str | bool] = {
-            tm.ACCOUNT: lease.account,
-            tm.ATTEMPT_PROBE: lease.probe,
-        }
-        if ctx.resolved_model is not None:
-            attributes[tm.REQUEST_MODEL] = ctx.resolved_model
-        flight.attempt_span = tm.tracer.start_span(
-            tm.SPAN_ATTEMPT,
-            context=trace.set_span_in_context(flight.span),
-            attributes=attributes,
-        )
+        flight.attempt_span = self.engine.attempt_span(ctx, lease, parent=flight.span)
         view = ctx.view
         flight.client_span = tm.start_client_span(
             flight.attempt_span,
@@ -304,22 +240,8 @@ class Policies:
         lease, flight.lease = flight.lease, None
         if lease is None:
             return
-        settle(self.pool, lease, outcome, status)
         model = flight.ctx.resolved_model
-        if outcome is not None and model is not None:
-            self.canaries.record(model, fault=outcome is Outcome.FAULT)
-        if outcome is Outcome.THROTTLE and retry and model is not None:
-            hold(self.pool, lease.account, model, retry)
-        span = flight.attempt_span
-        if span is not None:
-            span.set_attributes(
-                {
-                    tm.ATTEMPT_STATUS: status,
-                    tm.ATTEMPT_OUTCOME: outcome.value if outcome else "none",
-                }
-            )
-            if outcome is Outcome.FAULT:
-                span.set_status(trace.StatusCode.ERROR, status)
+        self.engine.settle(lease, outcome, status, model, span=flight.attempt_span, retry=retry)
         if not body_follows:
             failed = outcome is Outcome.FAULT or outcome is Outcome.THROTTLE
             end_spans(flight, status if failed or outcome is None else None)
@@ -327,9 +249,9 @@ class Policies:
 
 def end_spans(flight: Flight, error: str | None = None) -> None:
     """End the attempt's spans (once each); the CLIENT span carries the usage read, if any."""
+    ctx = flight.ctx
     client_span, flight.client_span = flight.client_span, None
     if client_span is not None:
-        ctx = flight.ctx
         tm.end_client_span(
             client_span,
             model=ctx.resolved_model,
@@ -339,4 +261,4 @@ def end_spans(flight: Flight, error: str | None = None) -> None:
         )
     span, flight.attempt_span = flight.attempt_span, None
     if span is not None:
-        span.end()
+        attempts.end_span(span, ctx.deadline_phase)

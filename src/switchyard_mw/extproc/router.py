@@ -27,8 +27,16 @@ from ..context import RequestContext, decision_attributes
 from ..core.deadline import BUDGET_HEADERS
 from ..core.pool import Outcome
 from ..core.throttle import READ_HEADERS as RETRY_TIME_HEADERS
-from ..engine.answers import exposed_headers
-from ..engine.outcomes import outcome_of
+from ..engine import attempts
+from ..engine.answers import (
+    DEADLINE_EXCEEDED,
+    NO_HEALTHY_ACCOUNT,
+    RATE_LIMITED,
+    UPSTREAM_UNREACHABLE,
+    deadline_exceeded,
+    exposed_headers,
+    unreachable,
+)
 from ..engine.usage import AnswerUsage, StreamUsage
 from ..telemetry import names as tm
 from ..telemetry import request_metrics
@@ -39,10 +47,14 @@ from .policy import CLUSTER_HEADER, Policies, end_spans
 
 RETRY_HEADER = "x-switchyard-retry"
 CREDENTIAL_HEADERS = ("authorization", "x-api-key")
-NO_HEALTHY_ACCOUNT = "no_healthy_account"
-RATE_LIMITED = "rate_limited"
-UPSTREAM_UNREACHABLE = "upstream_unreachable"
-DEADLINE_EXCEEDED = "deadline_exceeded"
+__all__ = [
+    "DEADLINE_EXCEEDED",
+    "NO_HEALTHY_ACCOUNT",
+    "RATE_LIMITED",
+    "UPSTREAM_UNREACHABLE",
+    "RouterStream",
+    "retry_time",
+]
 REQUEST_ID_HEADER = "x-request-id"
 _UNTRUSTED = [CLUSTER_HEADER]
 """Headers only the processor may set: a client's copies are removed before routing."""
@@ -201,13 +213,8 @@ class RouterStream:
             if not self.p.serving(model):
                 # Only accounts Envoy cannot route to serve it: on, untouched but for the model.
                 return self._unrouted(ctx)
-            retry_after = [("retry-after", str(self.p.retry_after(ctx)).encode())]
-            if self.p.throttled(ctx):
-                text = f"every upstream account for model {model!r} is rate limited"
-                return self.refuse(WireError(429, RATE_LIMITED, text), retry_after)
-            message = f"no healthy upstream account for model {model!r}"
-            return self.refuse(WireError(503, NO_HEALTHY_ACCOUNT, message), retry_after)
-        ctx.attempts = 1
+            error, headers = self.p.engine.nothing_serves(ctx)
+            return self.refuse(error, [(k.decode(), v) for k, v in headers])
         client = self.p.start_attempt(flight, lease)
         flight.cluster = client.spec.envoy_cluster
         request_id = self.headers.get(REQUEST_ID_HEADER)
@@ -250,13 +257,13 @@ class RouterStream:
         if flight.lease is not None:
             if local and details and details.startswith("upstream_reset_before_response"):
                 self.p.settle(flight, Outcome.FAULT, "connect_error")
-                text = "no upstream account could be reached"
-                return self.refuse(WireError(502, UPSTREAM_UNREACHABLE, text))
+                return self.refuse(unreachable())
             if local:
                 self.p.settle(flight, None, "local_reply")  # Envoy's own answer: no account's
             else:
                 retry = retry_time(h, status)
-                self.p.settle(flight, *outcome_of(status), retry, body_follows=bool(reading))
+                outcome, text = attempts.outcome(status)
+                self.p.settle(flight, outcome, text, retry, body_follows=bool(reading))
         answer = ep.ProcessingResponse()
         options = self.p.options
         exposed = [options.get(k, v) for k, v in self._exposed()]
@@ -306,14 +313,11 @@ class RouterStream:
         phase = "budget" if flight.budget_bound else "headers" if stream else "total"
         flight.ctx.deadline_phase = phase
         tm.deadline_exceeded.add(1, {"phase": phase})
-        # The caller's budget ran out: no account is to blame.
-        self.p.settle(flight, None if phase == "budget" else Outcome.FAULT, "deadline")
-        text = (
-            "the request's overall time budget ran out"
-            if phase == "budget"
-            else "the upstream call exceeded its deadline"
+        outcome = attempts.verdict(
+            504, finished=False, gone=None, deadline_phase=phase, upstream_status=None
         )
-        return self.refuse(WireError(504, DEADLINE_EXCEEDED, text))
+        self.p.settle(flight, *outcome)  # the caller's budget: no account is to blame
+        return self.refuse(deadline_exceeded(phase))
 
     def refuse(
         self, error: WireError, extra: list[tuple[str, bytes]] | None = None

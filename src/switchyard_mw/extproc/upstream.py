@@ -22,7 +22,7 @@ from __future__ import annotations
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from ..core.pool import Outcome
 from ..core.throttle import READ_HEADERS as RETRY_TIME_HEADERS
-from ..engine.outcomes import outcome_of
+from ..engine import attempts
 from ..telemetry import names as tm
 from . import _messages as msg
 from .flights import Flight, Flights, out_of_order
@@ -88,9 +88,7 @@ class UpstreamStream:
             # Eligible when the retry was asked for, gone since (another request cooled it):
             # the attempt goes with the previous credential, the only one left.
             return msg.UNCHANGED_REQUEST_HEADERS
-        ctx = flight.ctx
-        tm.failovers.add(1, {"route_model": ctx.resolved_model or ""})
-        ctx.attempts += 1
+        tm.failovers.add(1, {"route_model": flight.ctx.resolved_model or ""})
         self.p.start_attempt(flight, lease)
         answer = ep.ProcessingResponse()
         common = answer.request_headers.response
@@ -106,7 +104,7 @@ class UpstreamStream:
         self.p = flight.policies or self.p  # the request's own, across a reload
         headers = msg.headers_of(request.response_headers, _STATUS)
         status = int(headers.get(":status", b"0") or 0)
-        outcome, text = outcome_of(status)
+        outcome, text = attempts.outcome(status)
         self.p.settle(flight, outcome, text, retry_time(headers, status))
         if outcome is not Outcome.SUCCESS and self.p.another_on_cluster(flight):
             return _RETRY

@@ -1,0 +1,137 @@
+"""One upstream attempt, from plain facts: its deadline, what its end means, its span.
+
+Each front hands in what it saw (the status, the deadline phase, the error kind, whether the
+whole response reached the client); nothing here reads an ASGI message or an ext_proc phase.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import httpx
+from opentelemetry import trace
+from opentelemetry.context import Context
+
+from ..core.deadline import attempt_deadline_secs
+from ..core.pool import Lease, Outcome, classify_status
+from ..telemetry import names as tm
+from ..wire import RequestView
+
+APP_ERROR = "app_error"
+"""An exception that is not a transport error or a deadline: the app's own bug, not a fault."""
+ACCOUNT_PHASES = frozenset({"total", "headers", "idle"})
+"""Deadline phases that are the account's fault (not "budget": the caller's)."""
+OUT_OF_TIME = frozenset({"deadline", "timeout"})
+"""Attempt failures that are answered 504, not 502."""
+_FAULT = Outcome.FAULT  # read on every attempt; Enum member access is slow on Python 3.11
+
+
+class Limits(Protocol):
+    """The limits the deadline rule reads: an account's (`LLMClient`) or a policy's own."""
+
+    @property
+    def timeout_secs(self) -> float: ...
+    @property
+    def stream_idle_secs(self) -> float: ...
+    @property
+    def default_max_tokens(self) -> int | None: ...
+
+
+def deadline_secs(view: RequestView, limits: Limits) -> float:
+    """The attempt's first bound: a stream must start within `timeout_secs`; any other
+    response must be whole within the deadline rule's time, which grows with the output cap."""
+    if view.stream:
+        return limits.timeout_secs
+    return attempt_deadline_secs(
+        timeout_secs=limits.timeout_secs,
+        max_tokens=view.max_tokens,
+        default_max_tokens=limits.default_max_tokens,
+    )
+
+
+def outcome(
+    status: int, *, deadline_phase: str | None = None, upstream_status: int | None = None
+) -> tuple[Outcome, str]:
+    """An answered attempt's outcome, and its status as metrics show it. `upstream_status`:
+    what the upstream said when the app answered with another status."""
+    if deadline_phase in ACCOUNT_PHASES:
+        return _FAULT, "deadline"
+    if upstream_status is not None:
+        status = upstream_status
+    return classify_status(status), str(status)
+
+
+def verdict(
+    status: int | None,
+    *,
+    finished: bool,
+    gone: str | None,
+    deadline_phase: str | None,
+    upstream_status: int | None,
+) -> tuple[Outcome | None, str]:
+    """What an ended attempt says about its account; None: nothing (release the lease).
+
+    `gone` names why nobody waits any more (the client left, the work was cancelled); a
+    response already `finished` (whole at the client) still counts.
+    """
+    if gone is not None and not finished:
+        return None, gone
+    if status is None:
+        return _FAULT, "no_response"
+    if deadline_phase == "budget":
+        return None, "budget"  # the caller's budget ran out, whoever answered
+    return outcome(status, deadline_phase=deadline_phase, upstream_status=upstream_status)
+
+
+def error_kind(
+    error: type[BaseException],
+    *,
+    deadline_phase: str | None,
+    transport_error: type[BaseException] | None,
+) -> str:
+    """The `status` metrics show for an attempt that ended in `error` (raised or reported);
+    `transport_error`: the outbound client's error the app reported, if any."""
+    if deadline_phase in ACCOUNT_PHASES:
+        return "deadline"
+    if issubclass(error, httpx.ConnectError | httpx.ConnectTimeout | ConnectionError):
+        return "connect_error"
+    if issubclass(error, httpx.TimeoutException):
+        return "timeout"
+    if issubclass(error, httpx.TransportError | OSError):
+        return "transport_error"
+    if transport_error is error:
+        return "transport_error"  # reported by the app, in its own client's terms
+    if transport_error is not None:
+        # Not a transport error itself, but raised after one (an app that wraps the error
+        # in its own): the account is what failed.
+        return error_kind(transport_error, deadline_phase=None, transport_error=None)
+    return APP_ERROR
+
+
+def start_span(
+    lease: Lease, model: str | None, provider: str | None, parent: Context | None = None
+) -> trace.Span:
+    """The attempt's span: its account, whether it is a probe, the model and the provider.
+    `parent`: the request's, when it is not the current span."""
+    attributes: dict[str, str | bool] = {tm.ACCOUNT: lease.account, tm.ATTEMPT_PROBE: lease.probe}
+    if model is not None:
+        attributes[tm.REQUEST_MODEL] = model
+    if provider is not None:
+        attributes[tm.PROVIDER_NAME] = provider
+    return tm.tracer.start_span(tm.SPAN_ATTEMPT, context=parent, attributes=attributes)
+
+
+def mark_span(span: trace.Span, outcome: Outcome | None, status: str) -> None:
+    """What the attempt's end said, on its span; a fault marks it failed."""
+    if span.is_recording():
+        span.set_attributes(
+            {tm.ATTEMPT_STATUS: status, tm.ATTEMPT_OUTCOME: outcome.value if outcome else "none"}
+        )
+        if outcome is _FAULT:
+            span.set_status(trace.StatusCode.ERROR, status)
+
+
+def end_span(span: trace.Span, deadline_phase: str | None) -> None:
+    if deadline_phase is not None:
+        span.set_attribute(tm.DEADLINE_PHASE, deadline_phase)
+    span.end()

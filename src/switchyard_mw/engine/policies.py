@@ -1,0 +1,236 @@
+"""`Engine`: every per-request decision both fronts make, over one config's accounts.
+
+The ASGI stack and the ext_proc servicer each hold one and translate their protocol to its
+calls: which requests are LLM calls, the judge's model and the variant, which account takes
+each attempt and whether another may follow, what an attempt's end means for its account, the
+attempt's span, and what to answer when no account can serve. What differs between the fronts
+comes in as plain facts: the accounts a front can send to (`routable`: behind Envoy, those
+with a cluster) and, for a retry, the accounts it may change to (`within`: Envoy's cluster).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Mapping
+
+from opentelemetry import trace
+
+from ..accounts import UpstreamClient
+from ..config import Server
+from ..context import RequestContext
+from ..core.pool import AccountPool, Lease, Outcome
+from ..telemetry import names as tm
+from ..wire import Wire, WireError
+from . import answers, attempts
+from .judge import Judge
+from .outcomes import hold, settle
+from .paths import llm_paths
+from .variants import Canaries
+
+_SUCCESS, _FAULT, _THROTTLE = Outcome.SUCCESS, Outcome.FAULT, Outcome.THROTTLE
+
+
+class Engine:
+    """The decisions of one config; a reload builds another (requests keep theirs).
+
+    `judge` and `canaries` are None where nothing routes or splits (a cooling policy alone);
+    `routable`: the accounts the front can send a request to (None: all of them).
+    """
+
+    def __init__(
+        self,
+        *,
+        server: Server,
+        clients: Mapping[str, UpstreamClient],
+        pool: AccountPool,
+        judge: Judge | None = None,
+        canaries: Canaries | None = None,
+        routable: frozenset[str] | None = None,
+    ) -> None:
+        self.server = server
+        self.clients = dict(clients)
+        self.pool = pool
+        self.judge = judge
+        self.canaries = canaries
+        self.routable = routable
+        self.paths: dict[str, Wire] = llm_paths(server)
+        """The wire of each LLM path; any other path passes through unread."""
+        # Read when an attempt's span starts: parsed once here, not per request.
+        self._providers = {n: tm.provider_name(c.base_url) for n, c in self.clients.items()}
+
+    # --- route and model ----------------------------------------------------------------
+
+    def judged(self, ctx: RequestContext) -> bool:
+        """Whether the request's model names a route: only then is there a choice to make."""
+        view = ctx.view
+        return view is not None and self.judge is not None and view.model in self.judge.routes
+
+    async def judge_model(self, ctx: RequestContext, gone: Callable[[], bool]) -> None:
+        """The judge's choice of model for a request it is `judged` for (else nothing)."""
+        view, judge = ctx.view, self.judge
+        if view is None or judge is None or view.model not in judge.routes:
+            return
+        decision = await judge.decide(view.model, view, ctx.body or b"", ctx.budget_at, gone=gone)
+        ctx.resolved_model, ctx.route = decision.model, decision.route_header
+
+    def assign_variant(self, ctx: RequestContext) -> None:
+        """Move the request to its variant when its model has a canary."""
+        if self.canaries is not None:
+            self.canaries.assign(ctx)
+
+    async def decide_model(self, ctx: RequestContext, gone: Callable[[], bool]) -> None:
+        """Judge (for a route), then variants: `ctx.resolved_model` and `ctx.route`."""
+        if self.judged(ctx):
+            await self.judge_model(ctx, gone)
+        self.assign_variant(ctx)
+
+    # --- accounts -----------------------------------------------------------------------
+
+    def serving(self, model: str) -> Collection[str]:
+        """The accounts serving `model` that the front can send to."""
+        names = self.pool.accounts_for(model)
+        routable = self.routable
+        return names if routable is None else [n for n in names if n in routable]
+
+    def places(self, ctx: RequestContext) -> bool:
+        """Whether the request is switchyard's to place: an account serves its model, or the
+        canary's base model that may take over."""
+        model = ctx.resolved_model
+        return model is not None and (bool(self.serving(model)) or self.fallback(ctx) is not None)
+
+    def fallback(self, ctx: RequestContext) -> str | None:
+        """The canary's base model, if it may take over (`ctx.canary_base`) and is served."""
+        base = ctx.canary_base()
+        return base if base is not None and self.serving(base) else None
+
+    def lease_now(self, ctx: RequestContext) -> Lease | None:
+        """The usual first attempt's account, when nothing shared must be asked (no await);
+        None: ask `acquire`."""
+        model = ctx.resolved_model
+        if model is None or self.pool.shared:
+            return None
+        return self.pool.acquire(model, allowed=self.routable)
+
+    async def acquire(self, ctx: RequestContext, tried: Collection[str] = ()) -> Lease | None:
+        """The account for the next attempt, switching a canary to its base model if need be
+        (`body_for_app()` then rewrites the body to match). With shared state, a probe is
+        claimed across replicas before it is sent."""
+        pool, model = self.pool, ctx.resolved_model
+        lease = None
+        if model is not None:
+            if pool.shared:
+                lease = await pool.aacquire(model, exclude=tried, allowed=self.routable)
+            else:
+                lease = pool.acquire(model, exclude=tried, allowed=self.routable)
+        fallback = self.fallback(ctx) if lease is None else None
+        if fallback is not None:
+            lease = await pool.aacquire(fallback, exclude=tried, allowed=self.routable)
+            if lease is not None:
+                ctx.resolved_model = fallback
+        return lease
+
+    def another_possible(
+        self, ctx: RequestContext, tried: Collection[str], within: Collection[str] | None = None
+    ) -> bool:
+        """Whether one more attempt could start now; peeks without claiming a probe slot.
+
+        `within`: the accounts the retry may go to (behind Envoy, those on the routed
+        cluster); the body is then on its way, so the model cannot change to the fallback.
+        """
+        if ctx.disconnected or (ctx.budget_at is not None and time.monotonic() >= ctx.budget_at):
+            return False
+        model = ctx.resolved_model
+        if within is not None:
+            return model is not None and self._free(model, within, tried)
+        for candidate in (model, self.fallback(ctx)):
+            if candidate is not None and self._free(candidate, self.serving(candidate), tried):
+                return True
+        return False
+
+    def _free(self, model: str, accounts: Collection[str], tried: Collection[str]) -> bool:
+        untried = [n for n in accounts if n not in tried]
+        return bool(untried) and self.pool.retry_after_secs(model, allowed=untried) == 0.0
+
+    def may_retry(
+        self,
+        ctx: RequestContext,
+        status: int,
+        tried: Collection[str],
+        within: Collection[str] | None = None,
+    ) -> bool:
+        """Whether an attempt answered with `status` should give way to another account."""
+        if self.plain_success(ctx, status):
+            return False
+        if ctx.deadline_phase == "budget":
+            return False  # the caller's budget ran out: no account is to blame
+        found, _ = attempts.outcome(
+            status, deadline_phase=ctx.deadline_phase, upstream_status=ctx.upstream_status
+        )
+        return found is not _SUCCESS and self.another_possible(ctx, tried, within)
+
+    def nothing_serves(self, ctx: RequestContext) -> tuple[WireError, answers.Headers]:
+        """The answer when no account can take the request: 429 or 503, with `retry-after`."""
+        waits = [
+            self.pool.retry_after_secs(model, allowed=self.routable)
+            for model in (ctx.resolved_model, self.fallback(ctx))
+            if model is not None
+        ]
+        wait = min((w for w in waits if w is not None), default=1.0)
+        model = ctx.resolved_model
+        throttled = model is not None and self.pool.throttled(model)
+        return answers.nothing_serves(model, throttled=throttled, wait_secs=wait)
+
+    @staticmethod
+    def plain_success(ctx: RequestContext, status: int) -> bool:
+        """A success for sure: every fault and throttle is a 4xx/5xx, a deadline or a
+        departure. Asked first, so that the usual answer costs no outcome at all."""
+        return (
+            status < 400
+            and ctx.upstream_status is None
+            and ctx.deadline_phase is None
+            and not ctx.disconnected
+        )
+
+    # --- attempts -----------------------------------------------------------------------
+
+    def start_attempt(self, ctx: RequestContext, lease: Lease) -> UpstreamClient:
+        """Make `lease`'s account the request's for its next attempt."""
+        client = ctx.client = self.clients[lease.account]
+        ctx.attempts += 1
+        return client
+
+    def attempt_span(
+        self, ctx: RequestContext, lease: Lease, parent: trace.Span | None = None
+    ) -> trace.Span:
+        """The attempt's span, under the current span or `parent` (the request's)."""
+        context = None if parent is None else trace.set_span_in_context(parent)
+        provider = self._providers.get(lease.account)
+        return attempts.start_span(lease, ctx.resolved_model, provider, context)
+
+    def settle(
+        self,
+        lease: Lease,
+        outcome: Outcome | None,
+        status: str,
+        model: str | None,
+        *,
+        span: trace.Span | None = None,
+        retry: list[tuple[str, str]] | None = None,
+    ) -> None:
+        """Give the lease back with what the attempt said about the account's health (None:
+        nothing); the canary guards count it, the span shows it, and a 429's retry-time
+        headers (`retry`) hold its account out for the model."""
+        canaries = self.canaries
+        if canaries is not None and outcome is not None and model is not None:
+            canaries.record(model, fault=outcome is _FAULT)
+        if span is not None:
+            attempts.mark_span(span, outcome, status)
+        settle(self.pool, lease, outcome, status)
+        if outcome is _THROTTLE and retry and model is not None:
+            hold(self.pool, lease.account, model, retry)
+
+    def succeeded(self, lease: Lease, model: str | None) -> None:
+        """`settle` for the usual attempt, a success with no span: nothing to count or show."""
+        self.pool.record(lease, _SUCCESS)
+        if self.canaries is not None and model is not None:
+            self.canaries.record(model, fault=False)
