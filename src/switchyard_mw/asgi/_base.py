@@ -9,6 +9,7 @@ their policy only.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import time
 from abc import ABC, abstractmethod
@@ -23,9 +24,10 @@ from ..context import RequestContext, context_of, current_var, decision_attribut
 from ..core.deadline import BUDGET_HEADERS
 from ..engine.answers import exposed_headers
 from ..engine.budget import budget_end
+from ..engine.paths import json_media, llm_paths
 from ..telemetry import names as tm
 from ..telemetry import request_metrics
-from ..wire import WIRE_PATHS, Wire, WireError, error_body, read_request, too_large
+from ..wire import Wire, WireError, error_body, read_request, too_large
 from ._disconnect import (
     WATCH_AFTER_SECS,
     Deferred,
@@ -44,9 +46,7 @@ class PolicyMiddleware(ABC):
     def __init__(self, app: ASGIApp, *, server: Server | None = None) -> None:
         self.app = app
         self.server = server or Server()
-        self._paths: dict[str, Wire] = dict(WIRE_PATHS)
-        for path in self.server.generic_paths:
-            self._paths.setdefault(path, Wire.GENERIC)
+        self._paths: dict[str, Wire] = llm_paths(self.server)
 
     _start: Callable[[], Awaitable[None]] | None = None
     """Awaited once, on the first ASGI call (e.g. connecting a store in the server's loop)."""
@@ -60,75 +60,23 @@ class PolicyMiddleware(ABC):
         ctx = context_of(scope)
         if ctx is not None:
             return await self.handle(ctx, scope, receive, send)
-        # The owner's work, inline: this runs on every request, and each coroutine layer costs.
+        # The owner's work. Its steps are plain calls where they can be: this runs on every
+        # request, and each coroutine layer costs.
         wire = self._wire_of(scope)
         watch: DisconnectWatch | None = None
-        length = None
-        if wire is not None:
-            content_type = None
-            budgeted = False
-            for key, value in scope.get("headers", ()):
-                if key in _WANTED:
-                    if key == _TYPE:
-                        if content_type is None:
-                            content_type = value
-                    elif key == _LENGTH:
-                        if length is None:
-                            length = value
-                    else:
-                        budgeted = True
-            if content_type is not None and not _json_media(content_type):
-                wire = None  # not JSON: the design passes it through unread
         if wire is None:
             ctx = RequestContext()
         else:
-            loop = running_loop()
-            task = asyncio.current_task(loop)
-            started = time.monotonic()
-            # The whole body must arrive in time: a client that sends it slowly, or stops
-            # halfway, would otherwise hold the request (and what it sent) forever.
-            timer = None if task is None else _ReadTimer(loop, task, self.server, started)
-            try:
-                try:
-                    limit = self.server.max_body_bytes
-                    if length is not None and length.strip().isdigit() and int(length) > limit:
-                        raise too_large(limit)
-                    message = await receive()
-                    if message["type"] == "http.request" and not message.get("more_body", False):
-                        body = message.get("body", b"")  # the usual case: one message has it all
-                        if len(body) > limit:
-                            raise too_large(limit)
-                    else:
-                        body = await read_body(receive, limit=limit, first=message)
-                finally:
-                    if timer is not None:
-                        timer.stop()
-                ctx = RequestContext(view=read_request(wire, body), body=body, now=started)
-            except ClientDisconnected:
-                return
-            except asyncio.CancelledError:
-                if timer is None or not timer.fired or (task is not None and task.uncancel()):
-                    raise
-                await send_error(send, wire, *_read_timeout(self.server), _CLOSE)
-                return
-            except WireError as exc:
-                await send_error(send, wire, exc.status, exc.error_type, exc.message)
-                return
-            if budgeted:
-                ctx.budget_at = budget_end(functools.partial(_first, scope), ctx.started_at)
-            watch = DisconnectWatch(ctx, receive, loop, task)
-            receive = replay_receive(ctx, watch)
+            read = await self._read(scope, receive, send, wire)
+            if read is None:
+                return  # answered already (or the client left): no app to call
+            ctx, watch = read
+            if watch is not None:
+                receive = replay_receive(ctx, watch)
         scope.setdefault("state", {})["switchyard"] = ctx
         # Without an SDK, no span work at all: nothing to look up, start, activate or end.
-        span = own_span = annotate = None
-        if tm.tracing():
-            span, own_span = _request_span(scope)
-            if span.is_recording():
-                annotate = functools.partial(
-                    _annotate, span, ctx, own=own_span is not None, method=scope.get("method")
-                )
-        if watch is not None or self.server.expose_headers or annotate is not None:
-            send = _tracking(ctx, send, watch, expose=self.server.expose_headers, last=annotate)
+        span, own_span, annotate = _telemetry(scope, ctx) if tm.tracing() else _NO_SPANS
+        send = self._sending(ctx, send, watch, annotate)
         token = current_var.set(ctx)
         failure = None
         try:
@@ -138,26 +86,69 @@ class PolicyMiddleware(ABC):
                 with tm.activate(span):
                     await self.handle(ctx, scope, receive, send)
         except asyncio.CancelledError:
-            # Our own cancellation for a client that left is finished here: nobody to answer.
-            task = asyncio.current_task()
-            if not ctx.disconnected or task is None or task.uncancel() > 0:
+            if not _left(ctx):
                 raise
         except Exception as exc:
             failure = type(exc).__qualname__  # the type only: its text may quote a prompt
             raise
         finally:
-            if watch is not None:
-                watch.stop()
-            current_var.reset(token)
-            if ctx.view is not None:
-                request_metrics.observe(ctx, time.monotonic(), failure)
-            if annotate is not None:
-                annotate()  # again: what changed after the response (or with no response)
-            if own_span is not None:  # an instrumentation's span records its own exceptions
-                if failure is not None:
-                    own_span.set_attribute(tm.ERROR_TYPE, failure)
-                    own_span.set_status(trace.StatusCode.ERROR)
-                own_span.end()
+            _finish(ctx, token, watch, failure, annotate, own_span)
+
+    async def _read(
+        self, scope: Scope, receive: Receive, send: Send, wire: Wire
+    ) -> tuple[RequestContext, DisconnectWatch | None] | None:
+        """Read an LLM call's body (bounded in size and time) into its context, and start
+        watching for a disconnect; None when the request was answered here instead. A body
+        that is not JSON is not read: the design passes it through."""
+        content_type, length, budgeted = _sniff(scope)
+        if not json_media(content_type):
+            return RequestContext(), None
+        loop = running_loop()
+        task = asyncio.current_task(loop)
+        started = time.monotonic()
+        # The whole body must arrive in time: a client that sends it slowly, or stops
+        # halfway, would otherwise hold the request (and what it sent) forever.
+        timer = None if task is None else _ReadTimer(loop, task, self.server, started)
+        limit = self.server.max_body_bytes
+        try:
+            try:
+                if _declared_over(length, limit):
+                    raise too_large(limit)
+                message = await receive()
+                body = _whole(message, limit)  # the usual case: one message has it all
+                if body is None:
+                    body = await read_body(receive, limit=limit, first=message)
+            finally:
+                if timer is not None:
+                    timer.stop()
+            ctx = RequestContext(view=read_request(wire, body), body=body, now=started)
+        except ClientDisconnected:
+            return None
+        except asyncio.CancelledError:
+            if timer is None or not timer.fired or (task is not None and task.uncancel()):
+                raise
+            await send_error(send, wire, *_read_timeout(self.server), _CLOSE)
+            return None
+        except WireError as exc:
+            await send_error(send, wire, exc.status, exc.error_type, exc.message)
+            return None
+        if budgeted:
+            ctx.budget_at = budget_end(functools.partial(_first, scope), ctx.started_at)
+        return ctx, DisconnectWatch(ctx, receive, loop, task)
+
+    def _sending(
+        self,
+        ctx: RequestContext,
+        send: Send,
+        watch: DisconnectWatch | None,
+        annotate: Callable[[], None] | None,
+    ) -> Send:
+        """The `send` the policy answers through: `send` itself when nothing is to be added
+        (no headers, no span to annotate, no disconnect watch to stop)."""
+        expose = self.server.expose_headers
+        if watch is None and not expose and annotate is None:
+            return send
+        return _tracking(ctx, send, watch, expose=expose, last=annotate)
 
     @abstractmethod
     async def handle(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
@@ -181,22 +172,85 @@ class PolicyMiddleware(ABC):
 _TYPE = b"content-type"
 _LENGTH = b"content-length"
 _WANTED = frozenset({_TYPE, _LENGTH, *BUDGET_HEADERS})
+_NO_SPANS: tuple[None, None, None] = (None, None, None)
 
 
-def _json_media(content_type: bytes | None) -> bool:
-    """Whether a request's content-type is JSON (a missing one counts as JSON)."""
-    if content_type is None:
-        return True
-    known = _MEDIA.get(content_type)
-    if known is None:
-        media = content_type.split(b";", 1)[0].strip().lower()
-        known = media == b"application/json" or media.endswith(b"+json")
-        if len(_MEDIA) < 64:  # the few spellings clients use; never grown by odd ones
-            _MEDIA[content_type] = known
-    return known
+def _sniff(scope: Scope) -> tuple[bytes | None, bytes | None, bool]:
+    """The request's content-type and content-length (first of each), and whether it carries
+    a budget header: one pass over its headers."""
+    content_type = length = None
+    budgeted = False
+    for key, value in scope.get("headers", ()):
+        if key in _WANTED:
+            if key == _TYPE:
+                if content_type is None:
+                    content_type = value
+            elif key == _LENGTH:
+                if length is None:
+                    length = value
+            else:
+                budgeted = True
+    return content_type, length, budgeted
 
 
-_MEDIA: dict[bytes, bool] = {}
+def _declared_over(length: bytes | None, limit: int) -> bool:
+    """Whether the declared content-length is past `limit` (refused before reading)."""
+    return length is not None and length.strip().isdigit() and int(length) > limit
+
+
+def _whole(message: Message, limit: int) -> bytes | None:
+    """The body when `message` holds all of it (refused past `limit`); None: read on."""
+    if message["type"] != "http.request" or message.get("more_body", False):
+        return None
+    body: bytes = message.get("body", b"")
+    if len(body) > limit:
+        raise too_large(limit)
+    return body
+
+
+def _left(ctx: RequestContext) -> bool:
+    """Whether a cancellation is our own, for a client that left: finished here, since
+    nobody is there to answer (anyone else's cancellation goes on)."""
+    task = asyncio.current_task()
+    return ctx.disconnected and task is not None and task.uncancel() == 0
+
+
+def _telemetry(
+    scope: Scope, ctx: RequestContext
+) -> tuple[trace.Span, trace.Span | None, Callable[[], None] | None]:
+    """The request's span, the one switchyard started for it (if any), and what puts the
+    request's decisions on it (None when the span records nothing)."""
+    span, own_span = _request_span(scope)
+    annotate = None
+    if span.is_recording():
+        annotate = functools.partial(
+            _annotate, span, ctx, own=own_span is not None, method=scope.get("method")
+        )
+    return span, own_span, annotate
+
+
+def _finish(
+    ctx: RequestContext,
+    token: contextvars.Token[RequestContext | None],
+    watch: DisconnectWatch | None,
+    failure: str | None,
+    annotate: Callable[[], None] | None,
+    own_span: trace.Span | None,
+) -> None:
+    """The request's end, however it ended: stop watching, reset the context, end its
+    telemetry (`failure`: the type of an exception that escaped)."""
+    if watch is not None:
+        watch.stop()
+    current_var.reset(token)
+    if ctx.view is not None:
+        request_metrics.observe(ctx, time.monotonic(), failure)
+    if annotate is not None:
+        annotate()  # again: what changed after the response (or with no response)
+    if own_span is not None:  # an instrumentation's span records its own exceptions
+        if failure is not None:
+            own_span.set_attribute(tm.ERROR_TYPE, failure)
+            own_span.set_status(trace.StatusCode.ERROR)
+        own_span.end()
 
 
 def _first(scope: Scope, name: bytes) -> bytes | None:
