@@ -15,6 +15,7 @@ from ..accounts import UpstreamClient, build_clients
 from ..config import ConfigSource, Route, Server, as_config
 from ..context import RequestContext
 from ..engine.judge import JUDGE_PATH, MAX_VERDICT_BYTES, Judge
+from ..engine.policies import judge_model
 from ._base import PolicyMiddleware
 from ._types import ASGIApp, Message, Receive, Scope, Send
 
@@ -91,11 +92,4 @@ class JudgeMiddleware(PolicyMiddleware):
 
     async def route(self, ctx: RequestContext) -> None:
         """The judge's choice for a request it `applies` to; nothing for any other."""
-        view = ctx.view
-        if view is None or not self.applies(ctx):
-            return
-        decision = await self.judge.decide(
-            view.model, view, ctx.body or b"", ctx.budget_at, gone=lambda: ctx.disconnected
-        )
-        ctx.resolved_model = decision.model
-        ctx.route = decision.route_header
+        await judge_model(self.judge, ctx, gone=lambda: ctx.disconnected)

@@ -67,11 +67,8 @@ class Engine:
 
     async def judge_model(self, ctx: RequestContext, gone: Callable[[], bool]) -> None:
         """The judge's choice of model for a request it is `judged` for (else nothing)."""
-        view, judge = ctx.view, self.judge
-        if view is None or judge is None or view.model not in judge.routes:
-            return
-        decision = await judge.decide(view.model, view, ctx.body or b"", ctx.budget_at, gone=gone)
-        ctx.resolved_model, ctx.route = decision.model, decision.route_header
+        if self.judge is not None:
+            await judge_model(self.judge, ctx, gone)
 
     def assign_variant(self, ctx: RequestContext) -> None:
         """Move the request to its variant when its model has a canary."""
@@ -234,3 +231,13 @@ class Engine:
         self.pool.record(lease, _SUCCESS)
         if self.canaries is not None and model is not None:
             self.canaries.record(model, fault=False)
+
+
+async def judge_model(judge: Judge, ctx: RequestContext, gone: Callable[[], bool]) -> None:
+    """`judge`'s choice of model and route header for a request whose model names one of its
+    routes; nothing for any other. `gone`: whether the caller left (the wait is cancelled)."""
+    view = ctx.view
+    if view is None or view.model not in judge.routes:
+        return
+    decision = await judge.decide(view.model, view, ctx.body or b"", ctx.budget_at, gone=gone)
+    ctx.resolved_model, ctx.route = decision.model, decision.route_header
