@@ -76,7 +76,8 @@ class PolicyMiddleware(ABC):
         scope.setdefault("state", {})["switchyard"] = ctx
         # Without an SDK, no span work at all: nothing to look up, start, activate or end.
         span, own_span, annotate = _telemetry(scope, ctx) if tm.tracing() else _NO_SPANS
-        send = self._sending(ctx, send, watch, annotate)
+        if watch is not None or self.server.expose_headers or annotate is not None:
+            send = _tracking(ctx, send, watch, expose=self.server.expose_headers, last=annotate)
         token = current_var.set(ctx)
         failure = None
         try:
@@ -112,11 +113,14 @@ class PolicyMiddleware(ABC):
         limit = self.server.max_body_bytes
         try:
             try:
-                if _declared_over(length, limit):
+                if length is not None and length.strip().isdigit() and int(length) > limit:
                     raise too_large(limit)
                 message = await receive()
-                body = _whole(message, limit)  # the usual case: one message has it all
-                if body is None:
+                if message["type"] == "http.request" and not message.get("more_body", False):
+                    body = message.get("body", b"")  # the usual case: one message has it all
+                    if len(body) > limit:
+                        raise too_large(limit)
+                else:
                     body = await read_body(receive, limit=limit, first=message)
             finally:
                 if timer is not None:
@@ -135,20 +139,6 @@ class PolicyMiddleware(ABC):
         if budgeted:
             ctx.budget_at = budget_end(functools.partial(_first, scope), ctx.started_at)
         return ctx, DisconnectWatch(ctx, receive, loop, task)
-
-    def _sending(
-        self,
-        ctx: RequestContext,
-        send: Send,
-        watch: DisconnectWatch | None,
-        annotate: Callable[[], None] | None,
-    ) -> Send:
-        """The `send` the policy answers through: `send` itself when nothing is to be added
-        (no headers, no span to annotate, no disconnect watch to stop)."""
-        expose = self.server.expose_headers
-        if watch is None and not expose and annotate is None:
-            return send
-        return _tracking(ctx, send, watch, expose=expose, last=annotate)
 
     @abstractmethod
     async def handle(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
@@ -191,21 +181,6 @@ def _sniff(scope: Scope) -> tuple[bytes | None, bytes | None, bool]:
             else:
                 budgeted = True
     return content_type, length, budgeted
-
-
-def _declared_over(length: bytes | None, limit: int) -> bool:
-    """Whether the declared content-length is past `limit` (refused before reading)."""
-    return length is not None and length.strip().isdigit() and int(length) > limit
-
-
-def _whole(message: Message, limit: int) -> bytes | None:
-    """The body when `message` holds all of it (refused past `limit`); None: read on."""
-    if message["type"] != "http.request" or message.get("more_body", False):
-        return None
-    body: bytes = message.get("body", b"")
-    if len(body) > limit:
-        raise too_large(limit)
-    return body
 
 
 def _left(ctx: RequestContext) -> bool:
