@@ -5,15 +5,13 @@ Every attempt runs the app once with `ctx.client` set to the account the pool ch
 that another account may absorb is swallowed and the same body replayed to the next account;
 anything else goes to the client at once. Once a byte reached the client, there is no failover.
 
-Status codes and error types this middleware answers with itself, in the wire's error format:
-429 `rate_limited` (every account serving the model is held by a 429's retry time, or held and
-cooling; no upstream is called, `retry-after` says when the earliest is back), 503
-`no_healthy_account` (every account serving the model is cooling; `retry-after` says when
-the earliest recovers), 502 `upstream_unreachable` (every attempt failed in transport, e.g.
-connection refused, and no upstream answer exists to pass on) and 504 `deadline_exceeded` when
-the last such attempt failed by running out of time (the call's own timeout from `timeout_for`
-can beat the deadline policy to it). When all accounts answered with errors, the client gets
-the last of those answers unchanged.
+When no upstream answer can be passed on, it answers itself as the engine says
+(`engine/answers.py`, the same through the ext_proc server): 429 `rate_limited` or 503
+`no_healthy_account` with `retry-after` when no account can be tried, 502
+`upstream_unreachable` when every attempt failed in transport, 504 `deadline_exceeded` when the
+last such attempt ran out of time (the call's own timeout from `timeout_for` can beat the
+deadline policy to it). When all accounts answered with errors, the client gets the last of
+those answers unchanged.
 
 A failed transport is seen two ways, as frameworks differ: an exception escaping the app
 (Starlette and FastAPI re-raise it after answering their own 500), or the context's
