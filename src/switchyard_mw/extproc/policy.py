@@ -46,7 +46,9 @@ def _ms(secs: float) -> bytes:
 
 
 class Policies:
-    """Judge, variants, account pool and deadlines for requests arriving through Envoy."""
+    """One config's `engine` (judge, variants, account pool, deadlines) for requests arriving
+    through Envoy, with what Envoy needs besides: the accounts it can route to, each one's
+    header options, a request's timeout headers and the cluster a retry stays on."""
 
     def __init__(
         self,
