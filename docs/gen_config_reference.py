@@ -5,7 +5,7 @@
 
 Every table comes from a frozen Struct of `switchyard_mw.config`: its fields, their types and
 bounds (from the annotations) and defaults (from msgspec), and the docstring written under
-each field in the source. `tests/test_docs_reference.py` runs `--check`.
+each field in the source. `tests/packaging/test_docs_reference.py` runs `--check`.
 """
 
 from __future__ import annotations

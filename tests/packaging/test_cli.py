@@ -259,7 +259,7 @@ async def test_every_behaviour_the_mock_docs_show_is_accepted() -> None:
 
     from switchyard_mw.testing import MockProvider
 
-    doc = (Path(__file__).parents[1] / "docs" / "mock-provider.md").read_text()
+    doc = (Path(__file__).parents[2] / "docs" / "mock-provider.md").read_text()
     calls = re.findall(r"curl -X PUT \$M/(\S+) -d '(\{.*?\})'", doc)
     assert len(calls) >= 7, calls
     mock = MockProvider()

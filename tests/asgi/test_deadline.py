@@ -63,7 +63,7 @@ def test_formula_boundaries() -> None:
 def test_docs_table_matches_the_code() -> None:
     from pathlib import Path
 
-    page = (Path(__file__).parents[1] / "docs" / "policies" / "deadline.md").read_text()
+    page = (Path(__file__).parents[2] / "docs" / "policies" / "deadline.md").read_text()
     table = page.split("<!-- deadline-table")[1].split("-->", 1)[1]
     section = table.split("<!-- /deadline-table -->")[0]
     rows = [line for line in section.splitlines() if line.startswith("| ") and line[2].isdigit()]

@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+from test_extproc import CONFIG, UPSTREAM, anthropic
 
 from extproc_helpers import (
     Stream,
@@ -24,7 +25,6 @@ from switchyard_mw.core.pool import BreakerState, Outcome
 from switchyard_mw.extproc import ExtProcServicer, Policies
 from switchyard_mw.extproc.reloading import load_extproc_config, reload_policies
 from switchyard_mw.testing import MockProvider
-from test_extproc import CONFIG, UPSTREAM, anthropic
 
 ENV = {"KEY_A": "secret-a", "KEY_B": "secret-b", "KEY_C": "secret-c", "KEY_B2": "secret-b2"}
 

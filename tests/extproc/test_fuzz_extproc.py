@@ -1,6 +1,6 @@
 """Bad input, fuzzed through the ext_proc servicer: every body gets a clean answer for Envoy.
 
-The same generated bodies and headers as `test_fuzz.py` (the ASGI stack), sent as Envoy would:
+The same generated bodies and headers as `asgi/test_fuzz.py` (the ASGI stack), sent as Envoy would:
 request headers, then the buffered body. Each answer must be a body-phase continue (the model
 possibly rewritten, with a matching content-length) or an ImmediateResponse 400/413 in the
 wire's error format; the servicer never raises and never hangs.
@@ -16,11 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from extproc_helpers import Stream, common, request_body, request_headers
+from fuzz_inputs import PATHS, header_values, mutated_bodies
 from switchyard_mw.accounts import build_clients
 from switchyard_mw.config import parse_config
 from switchyard_mw.extproc import ExtProcServicer, Policies
 from switchyard_mw.testing import MockProvider
-from test_fuzz import PATHS, header_values, mutated_bodies
 
 CONFIG = parse_config(
     """

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from test_pool import FakeClock, spec
+
 from switchyard_mw.core.pool import AccountPool, BreakerState, Lease, Outcome
 from switchyard_mw.core.shared import Change, Shared
-from test_pool import FakeClock, spec
 
 
 class FakeStore:

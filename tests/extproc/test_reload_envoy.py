@@ -24,10 +24,6 @@ import anthropic
 import httpx
 import openai
 import pytest
-
-from servers import ROOT, free_port, serve_in_thread, worker_pids
-from switchyard_mw.testing import Behaviour, MockProvider
-from switchyard_mw.testing.envoy import envoy_binary, run_envoy, with_ports
 from test_reload_live import (
     BROKEN,
     KEYS,
@@ -39,6 +35,10 @@ from test_reload_live import (
     steady,
     wait_for,
 )
+
+from servers import ROOT, free_port, serve_in_thread, worker_pids
+from switchyard_mw.testing import Behaviour, MockProvider
+from switchyard_mw.testing.envoy import envoy_binary, run_envoy, with_ports
 
 try:
     envoy_binary()

@@ -18,19 +18,19 @@ RUN_BY = {
     "python3 -m venv .venv && .venv/bin/pip install -e '.[example]' && "
     ".venv/bin/python examples/starlette_app.py": [
         (".ci/installs", "'.[example]'"),  # the install, in a fresh virtualenv
-        ("tests/test_example_default.py", '"examples/starlette_app.py"'),  # the command
+        ("tests/examples/test_example_default.py", '"examples/starlette_app.py"'),  # the command
     ],
     "curl -s http://127.0.0.1:8000/v1/messages -H 'content-type: application/json' "
     '-H \'x-api-key: anything\' -D - -d \'{"model": "claude-opus-5", "max_tokens": 100, '
     '"messages": [{"role": "user", "content": "Hello"}]}\'': [
-        ("tests/test_example_default.py", "readme_curls()"),  # as written, in bash
+        ("tests/examples/test_example_default.py", "readme_curls()"),  # as written, in bash
     ],
     "curl -s -X PUT http://127.0.0.1:9100/_mock/behaviours/mock-key-a -d '{\"status\": 401}'": [
-        ("tests/test_example_default.py", "readme_curls()"),
+        ("tests/examples/test_example_default.py", "readme_curls()"),
     ],
     "curl -s -X PUT http://127.0.0.1:9100/_mock/behaviours/mock-judge-key "
     '-d \'{"reply": "simple"}\'': [
-        ("tests/test_example_default.py", "readme_curls()"),
+        ("tests/examples/test_example_default.py", "readme_curls()"),
     ],
     "python3 -m venv .venv && .venv/bin/pip install -e '.[dev]' && .venv/bin/pytest": [
         (".ci/run", "python3 -m venv .venv"),
@@ -38,14 +38,14 @@ RUN_BY = {
         (".ci/run", ".venv/bin/pytest"),
     ],
     ".venv/bin/switchyard-mw mock --port 9100 &": [
-        ("tests/test_example_wrap.py", "readme_commands()"),  # as written, in bash
+        ("tests/examples/test_example_wrap.py", "readme_commands()"),  # as written, in bash
     ],
     "MOCK_KEY_A=key-a MOCK_KEY_B=key-b MOCK_JUDGE_KEY=key-j "
     ".venv/bin/uvicorn examples.wrap_your_app:app --port 8001": [
-        ("tests/test_example_wrap.py", "readme_commands()"),
+        ("tests/examples/test_example_wrap.py", "readme_commands()"),
     ],
     ".venv/bin/python examples/envoy/run.py": [
-        ("tests/test_example_extra.py", '"examples/envoy/run.py"'),
+        ("tests/examples/test_example_extra.py", '"examples/envoy/run.py"'),
     ],
     ".venv/bin/pip install build && .venv/bin/python -m build": [
         (".ci/check_wheel.sh", "pip install build"),

@@ -10,10 +10,6 @@ from pathlib import Path
 
 import pytest
 import redis
-
-from redis_server import SentinelGroup, running_sentinels
-from servers import serve_in_thread
-from switchyard_mw.testing import Behaviour, MockProvider
 from test_state_cluster import (
     account,
     ask,
@@ -23,6 +19,10 @@ from test_state_cluster import (
     two_gateways,
     wait_until,
 )
+
+from redis_server import SentinelGroup, running_sentinels
+from servers import serve_in_thread
+from switchyard_mw.testing import Behaviour, MockProvider
 
 pytestmark = pytest.mark.integration
 

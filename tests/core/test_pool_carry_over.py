@@ -1,9 +1,9 @@
 """AccountPool.carry_over: a reloaded config's pool keeps the health of unchanged accounts."""
 
 import pytest
+from test_pool import FakeClock, fault, spec, take
 
 from switchyard_mw.core.pool import AccountPool, AccountSpec, BreakerState, Outcome
-from test_pool import FakeClock, fault, spec, take
 
 
 def pools(

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from test_cooling import BODY, MESSAGES, FakeClock, Upstream, account, http, stack
 
 from conftest import Metrics
 from switchyard_mw.core.pool import MAX_HOLDS, AccountPool, AccountSpec, Outcome
 from switchyard_mw.core.throttle import retry_secs
-from test_cooling import BODY, MESSAGES, FakeClock, Upstream, account, http, stack
 
 NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 NOW_HTTP = "Fri, 15 Jan 2027 08:00:00 GMT"

@@ -270,6 +270,6 @@ def test_check_config_errors_exit_2_without_traceback(
 
 
 def test_example_config_is_valid() -> None:
-    config = load_config(Path(__file__).parents[1] / "examples" / "switchyard.toml")
+    config = load_config(Path(__file__).parents[2] / "examples" / "switchyard.toml")
     assert isinstance(config, Config)
     assert "auto" in config.routes

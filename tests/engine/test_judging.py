@@ -1,7 +1,7 @@
 """`Judge` (switchyard_mw.engine.judge): the pin rule for conversations carrying signed thinking.
 
 The judge is the mock provider in process (httpx ASGITransport): these tests are about which
-verdict is used, not about the network, which tests/test_judge.py covers.
+verdict is used, not about the network, which tests/asgi/test_judge.py covers.
 """
 
 from __future__ import annotations

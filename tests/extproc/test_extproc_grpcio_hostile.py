@@ -43,7 +43,7 @@ from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_p
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
-CHILD = Path(__file__).with_name("extproc_child.py")
+CHILD = Path(__file__).parents[1] / "extproc_child.py"
 PROCESS = b"/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 
 

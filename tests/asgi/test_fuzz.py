@@ -16,6 +16,7 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fuzz_inputs import PATHS, header_values, mutated_bodies
 from switchyard_mw.asgi.stack import switchyard_stack
 from switchyard_mw.config import parse_config
 
@@ -33,11 +34,6 @@ variants = { m2 = 50 }
 """
 )
 
-PATHS = {
-    "/v1/messages": "anthropic",
-    "/v1/chat/completions": "openai",
-    "/v1/responses": "openai",
-}
 
 calls = {"app": 0}
 
@@ -116,66 +112,6 @@ def check_answer(path: str, status: int, body: bytes) -> None:
             assert isinstance(payload["error"]["message"], str)
 
 
-json_leaf = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(min_value=-(10**30), max_value=10**30),
-    st.floats(allow_nan=False),
-    st.text(max_size=30),
-)
-json_value = st.recursive(
-    json_leaf,
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
-    ),
-    max_leaves=12,
-)
-fields = st.sampled_from(
-    [
-        "model",
-        "max_tokens",
-        "max_completion_tokens",
-        "max_output_tokens",
-        "stream",
-        "messages",
-        "metadata",
-        "user",
-        "input",
-        "previous_response_id",
-        "safety_identifier",
-    ]
-)
-
-
-@st.composite
-def mutated_bodies(draw: st.DrawFn) -> bytes:
-    base: dict[str, Any] = {
-        "model": draw(st.sampled_from(["m", "m2", "other", "auto"])),
-        "max_tokens": 10,
-        "messages": [{"role": "user", "content": "hi"}],
-        "input": "hi",
-    }
-    for _ in range(draw(st.integers(0, 3))):
-        base[draw(fields)] = draw(json_value)
-    raw = json.dumps(base).encode()
-    kind = draw(st.sampled_from(["keep", "truncate", "splice", "dup", "deep", "giant", "bytes"]))
-    if kind == "truncate":
-        raw = raw[: draw(st.integers(0, max(0, len(raw) - 1)))]
-    elif kind == "splice":
-        at = draw(st.integers(0, len(raw)))
-        raw = raw[:at] + draw(st.binary(max_size=8)) + raw[at:]
-    elif kind == "dup":
-        raw = raw[:-1] + b', "model": ' + json.dumps(draw(json_value)).encode() + b"}"
-    elif kind == "deep":
-        depth = draw(st.integers(10, 3000))
-        raw = raw[:-1] + b', "messages": ' + b"[" * depth + b"]" * depth + b"}"
-    elif kind == "giant":
-        raw = raw[:-1] + b', "pad": "' + b"x" * draw(st.integers(1000, 80_000)) + b'"}'
-    elif kind == "bytes":
-        raw = draw(st.binary(max_size=64))
-    return raw
-
-
 FUZZ = settings(
     max_examples=1700,
     deadline=None,
@@ -196,13 +132,6 @@ def test_mutated_bodies_get_one_clean_answer(path: str, body: bytes) -> None:
 def test_random_bytes_get_one_clean_answer(path: str, body: bytes) -> None:
     status, answer, _ = asyncio.run(call(path, body, []))
     check_answer(path, status, answer)
-
-
-header_values = st.one_of(
-    st.binary(max_size=20),
-    st.integers(-(10**20), 10**20).map(lambda n: str(n).encode()),
-    st.sampled_from([b"", b"nan", b"inf", b"-0", b"1e309", b" 5 ", b"0x10", b"\xff"]),
-)
 
 
 @settings(max_examples=1700, deadline=None, database=None)

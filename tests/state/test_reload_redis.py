@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from test_state_redis import MakeReplica, cooled, fault, redis_server, replica, spec
+
 from redis_server import until
 from switchyard_mw.core.pool import AccountPool, Outcome
-from test_state_redis import MakeReplica, cooled, fault, redis_server, replica, spec
 
 __all__ = ["redis_server", "replica"]  # the fixtures this module uses
 
