@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import re
 import threading
 from collections.abc import Callable
 from typing import Annotated, Any, ParamSpec, TypeVar, cast
@@ -462,18 +463,134 @@ _TOP = msgspec.json.Decoder(dict[str, Raw])
 _ENCODER = msgspec.json.Encoder()
 
 
+class _Object(Struct):
+    """Any JSON object, every member skipped: decoding one only checks its structure."""
+
+
+_OBJECT = msgspec.json.Decoder(_Object)
+_KEY = b'"model"'
+_WS = b" \t\n\r"  # JSON's whitespace: nothing else may stand between tokens
+# A key that spells one of the letters of `model` as an escape (`"mod\u0065l"`) is still
+# `model` to every reader but not to a byte search: such a body takes the decoding path.
+_ESCAPED_LETTER = re.compile(rb"\\u006[45cCdDfF]")
+_COLON = re.compile(rb"[ \t\n\r]*:[ \t\n\r]*")
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_AFTER = re.compile(rb"[ \t\n\r]*([,}])")
+_BLANK = re.compile(rb"[ \t\n\r]*")
+_MAX_VALUE_BYTES = 6 * MAX_MODEL_BYTES + 2  # the longest name, each character escaped, quoted
+_MAX_WS_BEFORE = 256
+_MAX_DECODED_CHECKS = 4
+
+
 def rewrite_model(body: bytes, model: str) -> bytes:
-    """`body` with its top-level `model` set to `model`; every other field kept byte for byte."""
-    try:
-        return _rewrite(body, model)
-    except RecursionError:
-        return on_fresh_stack(_rewrite, body, model)
+    """`body` (JSON that `read_request` accepted) with every top-level `model` set to `model`.
+
+    The new value is spliced into the body's own bytes: everything else is kept byte for
+    byte, and the body is copied once, never decoded and encoded again. A body whose
+    top-level keys the byte scan cannot prove (see `_model_spans`) is decoded and encoded.
+    """
+    spans = _model_spans(body)
+    if spans is None:
+        try:
+            return _rewrite(body, model)
+        except RecursionError:
+            return on_fresh_stack(_rewrite, body, model)
+    value = _ENCODER.encode(model)
+    parts: list[bytes] = []
+    at = 0
+    for start, end in spans:
+        parts += (body[at:start], value)
+        at = end
+    parts.append(body[at:])
+    return b"".join(parts)
 
 
 def _rewrite(body: bytes, model: str) -> bytes:
     top = _TOP.decode(body)
     top["model"] = Raw(_ENCODER.encode(model))
     return _ENCODER.encode(top)
+
+
+def _model_spans(body: bytes) -> list[tuple[int, int]] | None:
+    """Byte spans of the values of every top-level `model` key; None when not proven.
+
+    Each `"model"` in the body is a candidate. One preceded by `{` or `,` and followed by `:`
+    opens a string in valid JSON (its quote is not escaped, and a closing quote cannot be
+    followed by a letter), so it is a key of some object: `_top_level` then decides which.
+    """
+    if _ESCAPED_LETTER.search(body):
+        return None
+    spans: list[tuple[int, int]] = []
+    checks = 0
+    at = body.find(_KEY)
+    while at != -1:
+        before = _before(body, at)
+        if before is None:
+            return None
+        colon = _COLON.match(body, at + len(_KEY))
+        if body[before] in b"{," and colon is not None:  # a key: is it a top-level one?
+            value = _STRING.match(body, colon.end(), colon.end() + _MAX_VALUE_BYTES)
+            after = None if value is None else _AFTER.match(body, value.end())
+            end = None if after is None else after.start(1)
+            top = _top_level(body, before, end)
+            if top is None:
+                checks += 1
+                if checks > _MAX_DECODED_CHECKS:
+                    return None
+                top = _decoded_top_level(body, before, end)
+            if top and (value is None or end is None):
+                return None  # a top-level model that is not a string a model name fits in
+            if top and value is not None:
+                spans.append(value.span())
+        at = body.find(_KEY, at + len(_KEY))
+    return spans or None
+
+
+def _before(body: bytes, at: int) -> int | None:
+    """Index of the last non-whitespace byte before `at` (bounded); None past the bound."""
+    start = at - 1
+    while start >= 0 and body[start] in _WS:
+        start -= 1
+        if at - start > _MAX_WS_BEFORE:
+            return None
+    return start if start >= 0 else None
+
+
+def _top_level(body: bytes, before: int, after: int | None) -> bool | None:
+    """Whether the key between `body[before]` (`{` or `,`) and `body[after]` (`,` or `}`;
+    None when its value's end is not known) is a member of the top-level object, when the
+    bytes around it tell; else None.
+
+    The top-level object's `{` is the body's first byte but whitespace, its `}` the last.
+    """
+    opens = body[before] == ord("{")
+    if opens:
+        return _BLANK.fullmatch(body, 0, before) is not None
+    if after is not None and body[after] == ord("}"):
+        return _BLANK.fullmatch(body, after + 1) is not None
+    return None
+
+
+def _decoded_top_level(body: bytes, before: int, after: int | None) -> bool:
+    """Whether the member after the comma at `before` (before the comma at `after`) is at
+    the top level, by decoding the shorter known side closed into an object.
+
+    Cut at a member of the top-level object, `body[:before] + "}"` and `"{" +
+    body[after + 1:]` are each one object; cut one level deeper or more, the first still has
+    an open bracket and the second closes more than it opened: neither decodes.
+    """
+    if after is None or before < len(body) - after:
+        side = body[:before] + b"}"
+    else:
+        side = b"{" + body[after + 1 :]
+    try:
+        try:
+            _OBJECT.decode(side)
+        except RecursionError:
+            on_fresh_stack(_OBJECT.decode, side)
+    except (msgspec.DecodeError, RecursionError):
+        return False
+    return True
 
 
 # --- errors in the wire's own shape ----------------------------------------------------------
