@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from _harness import (
     PYTHON,
     ROOT,
     SERVER_CORE,
+    SIZES,
     Processes,
     Result,
     Skip,
@@ -109,7 +111,14 @@ def processor_config(workdir: Path, upstream: str) -> Path:
 
 
 def run(
-    procs: Processes, mock: str, *, conns: list[int], secs: float, warmup: float, repeat: int = 1
+    procs: Processes,
+    mock: str,
+    *,
+    conns: list[int],
+    secs: float,
+    warmup: float,
+    repeat: int = 1,
+    sizes: Sequence[str] = ("1KB",),
 ) -> tuple[list[Result], list[Skip]]:
     try:
         import switchyard_mw.extproc
@@ -120,7 +129,7 @@ def run(
         return [], [Skip(SECTION, "examples/envoy/envoy.yaml is missing")]
     workdir = procs.workdir
     upstream_port = int(mock.rsplit(":", 1)[1])
-    body = anthropic_body("claude-opus-5")
+    bodies = {size: anthropic_body("claude-opus-5", SIZES[size]) for size in sizes}
     results: list[Result] = []
     skips: list[Skip] = []
 
@@ -130,20 +139,22 @@ def run(
         procs, "envoy-plain", plain_config(port, admin, upstream_port), port, SERVER_CORE
     )
     try:
-        results += measure_path(
-            f"http://127.0.0.1:{port}{ANTHROPIC_PATH}",
-            body,
-            workdir,
-            section=SECTION,
-            name="Envoy, no processor",
-            conns=conns,
-            secs=secs,
-            warmup=warmup,
-            cpu_pid=envoy.pid,
-            repeat=repeat,
-            ours=procs.pids(),
-            note="CPU: Envoy",
-        )
+        for size, body in bodies.items():
+            results += measure_path(
+                f"http://127.0.0.1:{port}{ANTHROPIC_PATH}",
+                body,
+                workdir,
+                section=SECTION,
+                name="Envoy, no processor",
+                conns=conns,
+                secs=secs,
+                warmup=warmup,
+                cpu_pid=envoy.pid,
+                repeat=repeat,
+                ours=procs.pids(),
+                note="CPU: Envoy",
+                size=size,
+            )
     finally:
         procs.stop(envoy)
 
@@ -159,7 +170,7 @@ def run(
         measured, skip = _with_processor(
             procs,
             upstream_port,
-            body,
+            bodies,
             name,
             cmd,
             expect_header,
@@ -177,7 +188,7 @@ def run(
 def _with_processor(
     procs: Processes,
     upstream_port: int,
-    body: bytes,
+    bodies: dict[str, bytes],
     name: str,
     cmd: list[str],
     expect_header: str | None,
@@ -212,21 +223,25 @@ def _with_processor(
         procs.stop(processor)
         return [], [Skip(SECTION, f"Envoy with the example config did not start: {exc}")]
     try:
-        return measure_path(
-            f"http://127.0.0.1:{port}{ANTHROPIC_PATH}",
-            body,
-            procs.workdir,
-            section=SECTION,
-            name=name,
-            conns=conns,
-            secs=secs,
-            warmup=warmup,
-            cpu_pid=processor.pid,
-            repeat=repeat,
-            ours=procs.pids(),
-            note="CPU: processor",
-            expect_header=expect_header,
-        ), []
+        results: list[Result] = []
+        for size, body in bodies.items():
+            results += measure_path(
+                f"http://127.0.0.1:{port}{ANTHROPIC_PATH}",
+                body,
+                procs.workdir,
+                section=SECTION,
+                name=name,
+                conns=conns,
+                secs=secs,
+                warmup=warmup,
+                cpu_pid=processor.pid,
+                repeat=repeat,
+                ours=procs.pids(),
+                note="CPU: processor",
+                expect_header=expect_header,
+                size=size,
+            )
+        return results, []
     finally:
         procs.stop(envoy)
         procs.stop(processor)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -34,35 +35,122 @@ ANTHROPIC_PATH = "/v1/messages"
 OPENAI_PATH = "/v1/chat/completions"
 
 
-def _pad_to(body: dict[str, Any], size: int, text_key: str) -> bytes:
-    """`body` as JSON with its first user turn padded so the whole is `size` bytes."""
-    body[text_key][0]["content"] = ""
-    empty = len(json.dumps(body, separators=(",", ":")).encode())
-    body[text_key][0]["content"] = ("lorem ipsum dolor sit amet " * 64)[: max(0, size - empty)]
-    data = json.dumps(body, separators=(",", ":")).encode()
-    assert len(data) == size, len(data)
+SIZES: dict[str, int] = {"1KB": 1024, "32KB": 32 * 1024, "128KB": 128 * 1024, "1MB": 1024 * 1024}
+"""Request body sizes every section measures (`--sizes` picks some): 1 KB is a first turn,
+the others long conversations and tool loops, as real LLM traffic is."""
+
+_PROSE = (
+    "the build fails on the second stage because the cache key ignores the lock file so "
+    "every runner restores a stale tree; pin the key to its hash, retry the job and compare "
+    "timings. naïve fixes — like clearing caches — only hide it. café ☕ résumé 日本語"
+)
+_WORDS = _PROSE.split()  # a little text that is not ASCII, as real conversations have
+
+
+def _text(rng: random.Random, words: int, i: int) -> str:
+    """About `words` words; the conversation's first round is short (it fits in 1 KB)."""
+    return " ".join(rng.choices(_WORDS, k=words if i else max(2, words // 12)))
+
+
+def _anthropic_turns(rng: random.Random, i: int) -> list[dict[str, Any]]:
+    """One round of an agent loop: a question, a tool call, its result, an answer."""
+    call = f"toolu_{i:06d}"
+    return [
+        {"role": "user", "content": _text(rng, rng.randint(20, 80), i)},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": _text(rng, rng.randint(10, 40), i)},
+                {
+                    "type": "tool_use",
+                    "id": call,
+                    "name": "run_command",
+                    "input": {"command": f"make test TARGET={i}", "timeout_s": 60},
+                },
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": call, "content": _text(rng, 120, i)},
+            ],
+        },
+        {"role": "assistant", "content": [{"type": "text", "text": _text(rng, 60, i)}]},
+    ]
+
+
+def _openai_turns(rng: random.Random, i: int) -> list[dict[str, Any]]:
+    call = f"call_{i:06d}"
+    arguments = json.dumps({"command": f"make test TARGET={i}", "timeout_s": 60})
+    return [
+        {"role": "user", "content": _text(rng, rng.randint(20, 80), i)},
+        {
+            "role": "assistant",
+            "content": _text(rng, rng.randint(10, 40), i),
+            "tool_calls": [
+                {
+                    "id": call,
+                    "type": "function",
+                    "function": {"name": "run_command", "arguments": arguments},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call, "content": _text(rng, 120, i)},
+        {"role": "assistant", "content": _text(rng, 60, i)},
+    ]
+
+
+def _conversation(head: dict[str, Any], tail: dict[str, Any], turns: Any, size: int) -> bytes:
+    """`head` + messages + `tail` as compact JSON of exactly `size` bytes (UTF-8).
+
+    Rounds of `turns` are added while they fit, then a last user turn is padded to the size.
+    The key order is the official SDKs' (`messages` before `model`): the model is found after
+    the conversation, not before it.
+    """
+    rng = random.Random(size)
+    messages: list[dict[str, Any]] = []
+
+    def encode(value: Any) -> bytes:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+    def whole(last: str) -> bytes:
+        return encode({**head, "messages": [*messages, {"role": "user", "content": last}], **tail})
+
+    # Sizes are added up turn by turn (each message and its comma): encoding the whole body
+    # after every round would take seconds at 1 MB, and far longer under valgrind.
+    length = len(whole(""))
+    i = 0
+    while True:
+        more = turns(rng, i)
+        grown = length + sum(len(encode(m)) + 1 for m in more)
+        if grown > size:
+            break
+        messages += more
+        length = grown
+        i += 1
+    room = size - length
+    last = ("please look at the failing test again " * (room // 38 + 1))[:room]
+    data = whole(last)
+    assert len(data) == size, (len(data), size)
     return data
 
 
 def anthropic_body(model: str, size: int = 1024) -> bytes:
-    """A 1 KB Anthropic Messages request (user id present: the canary splits on it)."""
-    body: dict[str, Any] = {
-        "model": model,
-        "max_tokens": 1024,
-        "metadata": {"user_id": "bench-user-0001"},
-        "messages": [{"role": "user", "content": ""}],
-    }
-    return _pad_to(body, size, "messages")
+    """An Anthropic Messages request of `size` bytes (user id present: the canary splits on it)."""
+    head = {"max_tokens": 1024, "system": "You are a careful build engineer."}
+    tail = {"model": model, "metadata": {"user_id": "bench-user-0001"}, "stream": False}
+    return _conversation(head, tail, _anthropic_turns, size)
 
 
 def openai_body(model: str, size: int = 1024) -> bytes:
-    """A 1 KB OpenAI Chat Completions request (no user id: the canary hashes the first turn)."""
-    body: dict[str, Any] = {
-        "model": model,
-        "max_completion_tokens": 1024,
-        "messages": [{"role": "user", "content": ""}],
-    }
-    return _pad_to(body, size, "messages")
+    """An OpenAI Chat request of `size` bytes (no user id: the canary hashes the first turn)."""
+    tail = {"model": model, "max_completion_tokens": 1024, "stream": False}
+    system = {"role": "system", "content": "You are a careful build engineer."}
+
+    def turns(rng: random.Random, i: int) -> list[dict[str, Any]]:
+        return ([system] if i == 0 else []) + _openai_turns(rng, i)
+
+    return _conversation({}, tail, turns, size)
 
 
 # What the mock upstream answers (small, valid for the official SDKs and for LiteLLM).
@@ -112,6 +200,7 @@ class Result:
     ratio: float | None = None
     ratio_to: str = ""
     conns: int | None = None
+    size: str = "1KB"  # the request body's size (a key of SIZES)
     errors: int = 0
     note: str = ""
     extra: dict[str, float] = field(default_factory=dict)
@@ -436,7 +525,9 @@ def measure(
     return runs[len(runs) // 2]
 
 
-def load_result(section: str, name: str, load: Load, conns: int, note: str = "") -> Result:
+def load_result(
+    section: str, name: str, load: Load, conns: int, note: str = "", size: str = "1KB"
+) -> Result:
     if load.errors:
         share = load.errors / max(load.requests, 1)
         note = f"{note}; {load.errors} errors ({share:.1%})".lstrip("; ")
@@ -453,6 +544,7 @@ def load_result(section: str, name: str, load: Load, conns: int, note: str = "")
         section=section,
         name=name,
         conns=conns,
+        size=size,
         req_s=load.req_s,
         p50_ms=load.p50_ms,
         p99_ms=load.p99_ms,
@@ -499,6 +591,7 @@ def measure_path(
     ours: Sequence[int] = (),
     note: str = "",
     expect_header: str | None = None,
+    size: str = "1KB",
 ) -> list[Result]:
     """Probe `url` once, then measure it at each connection count: one result per count."""
     probe(url, body, expect_header=expect_header)
@@ -519,6 +612,7 @@ def measure_path(
             ),
             c,
             note,
+            size,
         )
         for c in conns
     ]
@@ -526,16 +620,26 @@ def measure_path(
 
 def compare(results: Sequence[Result], floor_name: str, *, cpu: bool = True) -> None:
     """Set each result's ratio to `floor_name` at the same connections: req/s over the floor's,
-    and (with `cpu`) the CPU-capacity ratio, the floor's CPU per request over this one's: what
-    one saturated core would serve, less sensitive to other load on a shared machine."""
-    floors = {r.conns: r for r in results if r.name == floor_name}
+        and (with `cpu`) the CPU-capacity ratio, the floor's CPU per request over this one's: what
+        one saturated core would serve, less sensitive to other load on a shared machine. Only rows
+    of the same body size are compared."""
+    floors = {(r.conns, r.size): r for r in results if r.name == floor_name}
     for r in results:
-        floor = floors.get(r.conns)
+        floor = floors.get((r.conns, r.size))
         if floor is None or not floor.req_s or r.req_s is None:
             continue
         r.ratio, r.ratio_to = r.req_s / floor.req_s, floor_name
         if cpu and floor.cpu_ms and r.cpu_ms:
             r.extra["cpu_ratio"] = floor.cpu_ms / r.cpu_ms
+
+
+def pick_sizes(text: str) -> list[str]:
+    """`1KB,128KB` as the list of sizes it names (ValueError on a name not in SIZES)."""
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [x for x in names if x not in SIZES]
+    if unknown or not names:
+        raise ValueError(f"unknown size(s) {unknown}; choose from {list(SIZES)}")
+    return names
 
 
 def median(values: Sequence[float]) -> float:
@@ -598,7 +702,7 @@ def mock_upstream_config(port: int, admin_port: int) -> str:
         "name": "envoy.filters.http.buffer",
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer",
-            "max_request_bytes": 1 << 20,
+            "max_request_bytes": 8 << 20,  # the largest body measured, rewritten
         },
     }
     routes = [

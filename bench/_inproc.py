@@ -17,7 +17,7 @@ import os
 import pstats
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from _harness import (
     ANTHROPIC_PATH,
     OPENAI_PATH,
     SERVER_CORE,
+    SIZES,
     Result,
     anthropic_body,
     median,
@@ -69,13 +70,21 @@ fallback = "claude-opus-5"
 """
 ENV = {"BENCH_KEY_A": "key-a", "BENCH_KEY_B": "key-b"}
 
-# (label, path, body): 1 KB bodies of both wires, for a model with and without a canary.
-BODIES = [
-    ("anthropic", ANTHROPIC_PATH, anthropic_body("claude-haiku-5")),
-    ("anthropic+canary", ANTHROPIC_PATH, anthropic_body("claude-opus-5")),
-    ("openai", OPENAI_PATH, openai_body("gpt-5-mini")),
-    ("openai+canary", OPENAI_PATH, openai_body("gpt-5")),
+# (label, path, body maker): both wires, for a model with and without a canary.
+_MAKERS: list[tuple[str, str, Callable[[int], bytes]]] = [
+    ("anthropic", ANTHROPIC_PATH, lambda size: anthropic_body("claude-haiku-5", size)),
+    ("anthropic+canary", ANTHROPIC_PATH, lambda size: anthropic_body("claude-opus-5", size)),
+    ("openai", OPENAI_PATH, lambda size: openai_body("gpt-5-mini", size)),
+    ("openai+canary", OPENAI_PATH, lambda size: openai_body("gpt-5", size)),
 ]
+
+
+def bodies(size: str = "1KB") -> list[tuple[str, str, bytes]]:
+    """(label, path, body) of each wire and model at one body size."""
+    return [(label, path, make(SIZES[size])) for label, path, make in _MAKERS]
+
+
+BODIES = bodies()  # 1 KB
 
 
 def write_config(workdir: Path) -> Path:
@@ -169,14 +178,16 @@ async def _round(app: ASGIApp, make: Callable[..., Any], n: int) -> float:
     return (time.perf_counter_ns() - started) / n / 1000
 
 
-async def _measure(apps: dict[str, ASGIApp], n: int, rounds: int) -> dict[tuple[str, str], float]:
-    makers = {label: _driver(path, body) for label, path, body in BODIES}
-    for label, path, body in BODIES:
+async def _measure(
+    apps: dict[str, ASGIApp], cases: list[tuple[str, str, bytes]], n: int, rounds: int
+) -> dict[tuple[str, str], float]:
+    makers = {label: _driver(path, body) for label, path, body in cases}
+    for label, path, body in cases:
         for name, app in apps.items():
             await _check(app, name, path, body)
-            await _round(app, makers[label], max(50, n // 10))  # warm-up
+            await _round(app, makers[label], max(10, n // 10))  # warm-up
     samples: dict[tuple[str, str], list[float]] = {}
-    order = [(label, name) for label, _path, _body in BODIES for name in apps]
+    order = [(label, name) for label, _path, _body in cases for name in apps]
     shuffle = random.Random(11)
     for _ in range(rounds):
         shuffle.shuffle(order)  # no variant always runs right after the same other one
@@ -187,19 +198,38 @@ async def _measure(apps: dict[str, ASGIApp], n: int, rounds: int) -> dict[tuple[
     return {key: median(values) for key, values in samples.items()}
 
 
-def run(workdir: Path, *, smoke: bool, profile: bool) -> list[Result]:
+def run(
+    workdir: Path, *, smoke: bool, profile: bool, sizes: Sequence[str] = ("1KB",)
+) -> list[Result]:
     apps = build_apps(write_config(workdir))
-    n, rounds = (300, 5) if smoke else (2000, 21)
-    # On the server core, as the served sections' servers are, and never migrated mid-round.
-    affinity = os.sched_getaffinity(0)
-    with contextlib.suppress(OSError):
-        os.sched_setaffinity(0, {int(SERVER_CORE)})
-    try:
-        medians = asyncio.run(_measure(apps, n, rounds))
-    finally:
-        os.sched_setaffinity(0, affinity)
+    n_1kb, rounds = (300, 5) if smoke else (2000, 21)
     results = []
-    for label, _path, _body in BODIES:
+    for size in sizes:
+        # About as many bytes per round at every size: a round of 1 MB bodies is 10 requests.
+        n = max(10, n_1kb * SIZES["1KB"] // SIZES[size])
+        cases = bodies(size)
+        # On the server core, as the served sections' servers are, and never migrated mid-round.
+        affinity = os.sched_getaffinity(0)
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, {int(SERVER_CORE)})
+        try:
+            medians = asyncio.run(_measure(apps, cases, n, rounds))
+        finally:
+            os.sched_setaffinity(0, affinity)
+        results += _results(apps, cases, medians, size)
+    if profile:
+        write_profile(apps["switchyard_stack"], workdir, n=20_000)
+    return results
+
+
+def _results(
+    apps: dict[str, ASGIApp],
+    cases: list[tuple[str, str, bytes]],
+    medians: dict[tuple[str, str], float],
+    size: str,
+) -> list[Result]:
+    results = []
+    for label, _path, _body in cases:
         floor = medians[(label, "bare app")]
         for name in apps:
             us = medians[(label, name)]
@@ -208,6 +238,7 @@ def run(workdir: Path, *, smoke: bool, profile: bool) -> list[Result]:
                 Result(
                     section=SECTION,
                     name=f"{name} [{label}]",
+                    size=size,
                     us_per_req=us,
                     ratio=us / floor,
                     ratio_to="bare app",
@@ -215,8 +246,6 @@ def run(workdir: Path, *, smoke: bool, profile: bool) -> list[Result]:
                     extra={"added_us": added},
                 )
             )
-    if profile:
-        write_profile(apps["switchyard_stack"], workdir, n=20_000)
     return results
 
 

@@ -2,7 +2,8 @@
 
 The mock upstream is Envoy answering every request at once (`direct_response`, one worker),
 pinned to core 1 with wrk; each server under test runs alone on core 0, one process. Every row
-posts the same 1 KB OpenAI Chat body (`gpt-4o-mini`, a model in LiteLLM's price list).
+posts the same OpenAI Chat conversation of each body size (`gpt-4o-mini`, a model in
+LiteLLM's price list).
 
 Rows: a bare Starlette pass-through (no policy) with each outbound client (aiohttp: the floor;
 httpx; httpx over `httpx_aiohttp.AiohttpTransport`; httpx2), the example gateway
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 from _harness import (
@@ -23,6 +25,7 @@ from _harness import (
     OPENAI_PATH,
     PYTHON,
     SERVER_CORE,
+    SIZES,
     Processes,
     Result,
     Skip,
@@ -140,9 +143,10 @@ def run(
     repeat: int = 1,
     litellm: bool,
     smoke: bool = False,
+    sizes: Sequence[str] = ("1KB",),
 ) -> tuple[list[Result], list[Skip]]:
     workdir = procs.workdir
-    body = openai_body(MODEL)
+    bodies = {size: openai_body(MODEL, SIZES[size]) for size in sizes}
     shipped = shipped_transport()
     base_env = environment(workdir, mock)
     servers: list[tuple[str, list[str] | None, dict[str, str], str]] = []
@@ -195,20 +199,22 @@ def run(
             skips.append(Skip(SECTION, f"{name} did not start: {str(exc)[:300]}"))
             continue
         try:
-            results += measure_path(
-                f"http://127.0.0.1:{port}{OPENAI_PATH}",
-                body,
-                workdir,
-                section=SECTION,
-                name=name,
-                conns=conns,
-                secs=secs,
-                warmup=warmup,
-                cpu_pid=proc.pid,
-                repeat=repeat,
-                ours=procs.pids(),
-                expect_header="x-switchyard-model" if "gateway" in name else None,
-            )
+            for size, body in bodies.items():
+                results += measure_path(
+                    f"http://127.0.0.1:{port}{OPENAI_PATH}",
+                    body,
+                    workdir,
+                    section=SECTION,
+                    name=name,
+                    conns=conns,
+                    secs=secs,
+                    warmup=warmup,
+                    cpu_pid=proc.pid,
+                    repeat=repeat,
+                    ours=procs.pids(),
+                    expect_header="x-switchyard-model" if "gateway" in name else None,
+                    size=size,
+                )
         finally:
             procs.stop(proc)
     compare(results, FLOOR)

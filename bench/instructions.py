@@ -9,14 +9,17 @@ being judged; the number of instructions a request executes does not. Each figur
     python bench/instructions.py --mode inproc    # section 1's apps, driven in process
     python bench/instructions.py --mode served    # bare, minimal and stacked app under uvicorn
     python bench/instructions.py --smoke          # two apps in process, few requests (a test)
+    python bench/instructions.py --sizes 1KB,1MB  # at these body sizes (default 1KB)
 
-in process: every app of section 1, on one 1 KB body, through section 1's own driver.
+in process: every app of section 1, on one body, through section 1's own driver.
 served: the bare app, the minimal middleware and `switchyard_stack` under one uvicorn worker
 (httptools, as section 2), then section 3's aiohttp pass-through (the floor) and the example
 gateway in front of its mock upstream (an Envoy, not counted); each sent exactly N requests
 over 8 keep-alive connections by a client outside valgrind; every answer must be a 200.
 Counts are of instructions, not time: a cache miss or a system call costs far more time than
 its instructions say, so the served bare app's share of time is larger than its share here.
+At each body size (`--sizes`) the requests carry a conversation of that size, and fewer of
+them are sent as the size grows (the bytes of 1,500 1 KB requests, at least 30 requests).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from _harness import (
     OPENAI_PATH,
     PYTHON,
     ROOT,
+    SIZES,
     Processes,
     anthropic_body,
     commit_measured,
@@ -51,6 +55,7 @@ from _harness import (
     have,
     mock_upstream,
     openai_body,
+    pick_sizes,
     uvicorn_cmd,
 )
 
@@ -85,36 +90,43 @@ def _collected(output: bytes) -> int:
 # --- in process ---------------------------------------------------------------------------------
 
 
-def _child_inproc(name: str, label: str, n: int) -> None:
+def requests_at(size: str, n_1kb: int) -> int:
+    """How many requests to count at `size`: about the bytes of `n_1kb` 1 KB ones."""
+    return max(30, n_1kb * SIZES["1KB"] // SIZES[size])
+
+
+def _child_inproc(name: str, label: str, size: str, n: int) -> None:
     """Runs under valgrind: build section 1's apps, warm `name` up, then serve `n` requests."""
     import _inproc
 
     with tempfile.TemporaryDirectory() as workdir:
         apps = _inproc.build_apps(_inproc.write_config(Path(workdir)))
-    path, body = {lbl: (p, b) for lbl, p, b in _inproc.BODIES}[label]
+    path, body = {lbl: (p, b) for lbl, p, b in _inproc.bodies(size)}[label]
     make = _inproc._driver(path, body)
 
     async def main() -> None:
         await _inproc._check(apps[name], name, path, body)
-        await _inproc._round(apps[name], make, 300)
+        await _inproc._round(apps[name], make, requests_at(size, 300) // 3)
         if n:
             await _inproc._round(apps[name], make, n)
 
     asyncio.run(main())
 
 
-def _inproc_count(name: str, label: str, n: int) -> int:
-    cmd = [PYTHON, __file__, "--child-inproc", name, label, str(n)]
+def _inproc_count(name: str, label: str, size: str, n: int) -> int:
+    cmd = [PYTHON, __file__, "--child-inproc", name, label, size, str(n)]
     done = subprocess.run(_valgrind(cmd), cwd=ROOT, capture_output=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{name} [{label}] failed: {done.stderr[-2000:]!r}")
     return _collected(done.stderr)
 
 
-def inproc(names: Sequence[str], label: str, n: int, jobs: int) -> dict[str, float]:
+def inproc(names: Sequence[str], label: str, size: str, n: int, jobs: int) -> dict[str, float]:
     with ThreadPoolExecutor(jobs) as pool:
         runs = {
-            (name, k): pool.submit(_inproc_count, name, label, k) for name in names for k in (0, n)
+            (name, k): pool.submit(_inproc_count, name, label, size, k)
+            for name in names
+            for k in (0, n)
         }
         return {name: (runs[name, n].result() - runs[name, 0].result()) / n for name in names}
 
@@ -152,7 +164,8 @@ def _served_count(
     target: str, env: dict[str, str], path: str, body: bytes, n: int, workdir: Path
 ) -> int:
     port = free_port()
-    log = workdir / f"served-{target.split(':')[1]}-{n}-{port}.log"
+    log = workdir / f"served-{target.split(':')[1]}-{len(body)}-{n}-{port}.log"
+    warmup = max(8, _WARMUP * SIZES["1KB"] // len(body))
     cmd = _valgrind(uvicorn_cmd(target, port, pin=False))
     with log.open("wb") as out:
         server = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=out, stderr=out)
@@ -160,7 +173,7 @@ def _served_count(
         deadline = time.monotonic() + 300  # imports under valgrind take a while
         while True:
             try:
-                asyncio.run(_post(port, path, body, _WARMUP))
+                asyncio.run(_post(port, path, body, warmup))
                 break
             except OSError:
                 if server.poll() is not None or time.monotonic() > deadline:
@@ -175,14 +188,16 @@ def _served_count(
     return _collected(log.read_bytes())
 
 
-def served(n: int, jobs: int, workdir: Path) -> tuple[dict[str, float], dict[str, float]]:
+def served(
+    n: int, jobs: int, workdir: Path, size: str = "1KB"
+) -> tuple[dict[str, float], dict[str, float]]:
     """Section 2's apps, then section 3's floor and gateway (when an Envoy can be the mock)."""
     import _inproc
     import _peers
 
     env = {**_inproc.ENV, "BENCH_CONFIG": str(_inproc.write_config(workdir))}
     jobs_of = [(name, target, {**env, **extra}) for name, target, extra in SERVED]
-    body = anthropic_body("claude-opus-5")
+    body = anthropic_body("claude-opus-5", SIZES[size])
     own = _counts(jobs_of, ANTHROPIC_PATH, body, n, jobs, workdir)
     if envoy_binary() is None:
         return own, {}
@@ -191,7 +206,8 @@ def served(n: int, jobs: int, workdir: Path) -> tuple[dict[str, float], dict[str
         with mock_upstream(procs) as mock:
             env = _peers.environment(workdir, mock)
             jobs_of = [(name, target, {**env, **extra}) for name, target, extra in PEERS]
-            peers = _counts(jobs_of, OPENAI_PATH, openai_body(_peers.MODEL), n, jobs, workdir)
+            body = openai_body(_peers.MODEL, SIZES[size])
+            peers = _counts(jobs_of, OPENAI_PATH, body, n, jobs, workdir)
     finally:
         procs.close()
     return own, peers
@@ -227,58 +243,112 @@ def table(title: str, counts: dict[str, float], floor: str = "bare app") -> str:
     return "\n".join(lines)
 
 
+def scaling(report: dict[str, dict[str, float]], sizes: Sequence[str]) -> str:
+    """Instructions switchyard adds over each floor, one column per body size."""
+    pairs = (
+        ("in process", "switchyard_stack", "bare app"),
+        ("served", "switchyard_stack", "bare app"),
+        ("peers", "example gateway, shipped", FLOOR),
+    )
+    head = " | ".join(sizes)
+    lines = [f"| added instructions/request | {head} |", "|---|" + "---:|" * len(sizes)]
+    for kind, name, floor in pairs:
+        cells = []
+        for size in sizes:
+            counts = report.get(f"{kind} {size}", {})
+            if name in counts and floor in counts:
+                cells.append(f"{(counts[name] - counts[floor]) / 1000:,.1f}k")
+            else:
+                cells.append("-")
+        if any(c != "-" for c in cells):
+            lines.append(f"| {name} - {floor} ({kind}) | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--mode", choices=("both", "inproc", "served"), default="both")
     parser.add_argument("--smoke", action="store_true", help="two apps in process, 100 requests")
     parser.add_argument("--body", default="anthropic+canary", help="section 1's body label")
+    parser.add_argument("--sizes", default="1KB", help=f"comma-separated, of {list(SIZES)}")
+    parser.add_argument(
+        "--apps", default=None, help="comma-separated section 1 apps (default: every one)"
+    )
     parser.add_argument("--out", type=Path, default=BENCH / "out", help="results directory")
-    parser.add_argument("--child-inproc", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--child-inproc", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child_inproc:
-        name, label, n = args.child_inproc
-        _child_inproc(name, label, int(n))
+        name, label, size, n = args.child_inproc
+        _child_inproc(name, label, size, int(n))
         return 0
+    try:
+        sizes = pick_sizes(args.sizes)
+    except ValueError as exc:
+        parser.error(str(exc))
     if not have("valgrind"):
         print("valgrind is not installed (apt-get install valgrind)", file=sys.stderr)
         return 2
-    import _inproc
-
-    jobs = os.cpu_count() or 1
+    started = time.monotonic()
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    report: dict[str, dict[str, float]] = {}
-    texts: list[str] = []
-    if args.mode in ("both", "inproc") or args.smoke:
-        with tempfile.TemporaryDirectory() as tmp:
-            names = list(_inproc.build_apps(_inproc.write_config(Path(tmp))))
-        if args.smoke:
-            names = ["bare app", "switchyard_stack"]
-        counts = inproc(names, args.body, 100 if args.smoke else 1500, jobs)
-        report["in process"] = counts
-        texts.append(table(f"in process [{args.body}]", counts))
-    if args.mode in ("both", "served") and not args.smoke:
-        workdir = out / "logs"
-        workdir.mkdir(exist_ok=True)
-        own, peers = served(1600, jobs, workdir)
-        report["served"] = own
-        texts.append(table("served by uvicorn [anthropic+canary]", own))
-        if peers:
-            report["peers"] = peers
-            texts.append(table("in front of the mock upstream [openai]", peers, FLOOR))
+    report, texts = _count_all(args, sizes, out)
+    if len(sizes) > 1:
+        texts.append("**by body size**\n\n" + scaling(report, sizes))
     text = "\n\n".join(texts)
     print(text)
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "commit": commit_measured(),
         "smoke": args.smoke,
+        "sizes": sizes,
     }
     payload = {"meta": meta, **report}
     (out / "instructions.json").write_text(json.dumps(payload, indent=1) + "\n")
     (out / "instructions.md").write_text(f"{text}\n\n(commit {meta['commit']}, {meta['date']})\n")
     print(f"\n({out / 'instructions.json'}; {time.monotonic() - started:.0f} s)")
     return 0
+
+
+def _count_all(
+    args: argparse.Namespace, sizes: Sequence[str], out: Path
+) -> tuple[dict[str, dict[str, float]], list[str]]:
+    """Every count asked for, by "<mode> <size>" (the 1 KB ones also by their mode alone)."""
+    import _inproc
+
+    jobs = os.cpu_count() or 1
+    report: dict[str, dict[str, float]] = {}
+    texts: list[str] = []
+    for size in sizes:
+        if args.mode in ("both", "inproc") or args.smoke:
+            with tempfile.TemporaryDirectory() as tmp:
+                names = list(_inproc.build_apps(_inproc.write_config(Path(tmp))))
+            if args.smoke:
+                names = ["bare app", "switchyard_stack"]
+            elif args.apps:
+                names = [n.strip() for n in args.apps.split(",")]
+            n = 100 if args.smoke else requests_at(size, 1500)
+            counts = inproc(names, args.body, size, n, jobs)
+            _keep(report, "in process", size, counts)
+            texts.append(table(f"in process [{args.body}, {size}]", counts))
+        if args.mode in ("both", "served") and not args.smoke:
+            workdir = out / "logs"
+            workdir.mkdir(exist_ok=True)
+            own, peers = served(requests_at(size, 1600), jobs, workdir, size)
+            _keep(report, "served", size, own)
+            texts.append(table(f"served by uvicorn [anthropic+canary, {size}]", own))
+            if peers:
+                _keep(report, "peers", size, peers)
+                title = f"in front of the mock upstream [openai, {size}]"
+                texts.append(table(title, peers, FLOOR))
+    return report, texts
+
+
+def _keep(
+    report: dict[str, dict[str, float]], kind: str, size: str, counts: dict[str, float]
+) -> None:
+    report[f"{kind} {size}"] = counts
+    if size == "1KB":
+        report[kind] = counts  # where readers of the 1 KB-only report found it
 
 
 if __name__ == "__main__":

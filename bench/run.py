@@ -4,6 +4,10 @@
     python bench/run.py --smoke              # a short run of every section but LiteLLM (CI)
     python bench/run.py --only inproc,served # some sections
     python bench/run.py --out DIR            # where results go (default bench/out/)
+    python bench/run.py --sizes 1KB,128KB    # some body sizes (default all: 1KB,32KB,128KB,1MB)
+
+Every section measures each body size: an Anthropic or OpenAI conversation (user, assistant,
+tool calls and results) of exactly 1 KB, 32 KB, 128 KB or 1 MB.
 
 Sections:
   inproc  µs per request of each middleware alone and of `switchyard_stack`, driven in process
@@ -37,6 +41,7 @@ import _report
 import _served
 from _harness import (
     BENCH,
+    SIZES,
     Processes,
     Result,
     Skip,
@@ -44,6 +49,7 @@ from _harness import (
     envoy_binary,
     have,
     mock_upstream,
+    pick_sizes,
 )
 
 SECTIONS = ("inproc", "served", "peers", "envoy")
@@ -60,6 +66,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--only", default=",".join(SECTIONS), help=f"comma-separated sections of {SECTIONS}"
     )
     parser.add_argument("--out", type=Path, default=BENCH / "out", help="results directory")
+    parser.add_argument(
+        "--sizes",
+        default=None,
+        help=f"comma-separated body sizes of {list(SIZES)} (default all; --smoke: 1KB,32KB)",
+    )
+    parser.add_argument(
+        "--conns", default=None, help="comma-separated wrk connection counts (default 16,64)"
+    )
     parser.add_argument("--secs", type=int, default=None, help="seconds per wrk run")
     parser.add_argument(
         "--repeat", type=int, default=None, help="wrk runs per measurement (median kept)"
@@ -73,6 +87,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     unknown = set(args.sections) - set(SECTIONS)
     if unknown:
         parser.error(f"unknown section(s) {sorted(unknown)}; choose from {SECTIONS}")
+    try:
+        args.size_names = pick_sizes(args.sizes or ("1KB,32KB" if args.smoke else ",".join(SIZES)))
+    except ValueError as exc:
+        parser.error(str(exc))
     return args
 
 
@@ -87,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     repeat = args.repeat or (1 if smoke else 3)
     warmup = 0 if smoke else 2  # wrk takes whole seconds
     conns = [16] if smoke else [16, 64]
+    if args.conns:
+        conns = [int(c) for c in args.conns.split(",")]
+    sizes: list[str] = args.size_names
     results: list[Result] = []
     skips: list[Skip] = []
     started = time.monotonic()
@@ -104,11 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if "inproc" in args.sections:
             print("[1/4] in-process ...", flush=True)
-            results += _inproc.run(work, smoke=smoke, profile=args.profile)
+            results += _inproc.run(work, smoke=smoke, profile=args.profile, sizes=sizes)
 
         if "served" in args.sections and wrk_ok:
             print("[2/4] served ...", flush=True)
-            results += _served.run(procs, conns=conns, secs=secs, warmup=warmup, repeat=repeat)
+            results += _served.run(
+                procs, conns=conns, secs=secs, warmup=warmup, repeat=repeat, sizes=sizes
+            )
         wanted = [s for s in ("peers", "envoy") if s in args.sections]
         if wanted and wrk_ok and envoy_ok:
             with mock_upstream(procs) as mock:
@@ -127,13 +150,20 @@ def main(argv: list[str] | None = None) -> int:
                         repeat=repeat,
                         litellm=litellm,
                         smoke=smoke,
+                        sizes=sizes,
                     )
                     results += got
                     skips += skipped
                 if "envoy" in wanted:
                     print("[4/4] envoy ...", flush=True)
                     got, skipped = _envoy.run(
-                        procs, mock, conns=conns, secs=secs, warmup=warmup, repeat=repeat
+                        procs,
+                        mock,
+                        conns=conns,
+                        secs=secs,
+                        warmup=warmup,
+                        repeat=repeat,
+                        sizes=sizes,
                     )
                     results += got
                     skips += skipped
@@ -144,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         "secs_per_run": secs,
         "runs_per_measurement": repeat,
         "connections": conns,
+        "sizes": sizes,
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "elapsed_s": round(time.monotonic() - started, 1),

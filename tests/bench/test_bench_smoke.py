@@ -28,13 +28,16 @@ def test_bench_smoke_prints_the_table_and_writes_the_chart(tmp_path: Path) -> No
         check=False,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "| switchyard_stack [anthropic] |" in done.stdout
-    # The reference floors are measured in the same run as what is compared with them.
-    assert "| minimal middleware (reference) [anthropic] |" in done.stdout
-    if shutil.which("wrk"):
-        assert "| minimal middleware (reference) | 16 |" in done.stdout
-        if "**4 envoy**" in done.stdout:
-            assert "| Envoy + minimal Python processor (reference) | 16 |" in done.stdout
+    # A smoke run measures two body sizes: every row at each.
+    for size in ("1KB", "32KB"):
+        assert f"| switchyard_stack [anthropic] | {size} |" in done.stdout
+        # The reference floors are measured in the same run as what is compared with them.
+        assert f"| minimal middleware (reference) [anthropic] | {size} |" in done.stdout
+        if shutil.which("wrk"):
+            assert f"| minimal middleware (reference) | {size} | 16 |" in done.stdout
+            if "**4 envoy**" in done.stdout:
+                row = f"| Envoy + minimal Python processor (reference) | {size} | 16 |"
+                assert row in done.stdout
     assert "**targets**" in done.stdout
     chart = out / "bench.png"
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
