@@ -49,15 +49,23 @@ CONFIG = """
 base_url = "http://127.0.0.1:9"
 api_key_env = "BENCH_KEY_A"
 auth = "x-api-key"
-models = ["claude-opus-5", "claude-opus-5-5", "claude-haiku-5", "gpt-5", "gpt-5-1", "gpt-5-mini"]
+models = [
+    "claude-opus-5", "claude-opus-5-5", "claude-haiku-5", "claude-sonnet-5",
+    "gpt-5", "gpt-5-1", "gpt-5-mini",
+]
 [llm_clients.acct-b]
 base_url = "http://127.0.0.1:9"
 api_key_env = "BENCH_KEY_B"
-models = ["claude-opus-5", "claude-opus-5-5", "claude-haiku-5", "gpt-5", "gpt-5-1", "gpt-5-mini"]
+models = [
+    "claude-opus-5", "claude-opus-5-5", "claude-haiku-5", "claude-sonnet-5",
+    "gpt-5", "gpt-5-1", "gpt-5-mini",
+]
 priority = 1
 [canaries."claude-opus-5"]
 variants = { "claude-opus-5-5" = 10.0 }
 salt = "bench"
+[canaries."claude-sonnet-5"]
+variants = { "claude-opus-5-5" = 100.0 }
 [canaries."gpt-5"]
 variants = { "gpt-5-1" = 10.0 }
 salt = "bench"
@@ -74,6 +82,8 @@ ENV = {"BENCH_KEY_A": "key-a", "BENCH_KEY_B": "key-b"}
 _MAKERS: list[tuple[str, str, Callable[[int], bytes]]] = [
     ("anthropic", ANTHROPIC_PATH, lambda size: anthropic_body("claude-haiku-5", size)),
     ("anthropic+canary", ANTHROPIC_PATH, lambda size: anthropic_body("claude-opus-5", size)),
+    # Every request moved to the variant: the body reaches the app with its model rewritten.
+    ("anthropic+rewrite", ANTHROPIC_PATH, lambda size: anthropic_body("claude-sonnet-5", size)),
     ("openai", OPENAI_PATH, lambda size: openai_body("gpt-5-mini", size)),
     ("openai+canary", OPENAI_PATH, lambda size: openai_body("gpt-5", size)),
 ]
