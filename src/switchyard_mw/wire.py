@@ -470,9 +470,9 @@ class _Object(Struct):
 _OBJECT = msgspec.json.Decoder(_Object)
 _KEY = b'"model"'
 _WS = b" \t\n\r"  # JSON's whitespace: nothing else may stand between tokens
-# A key that spells one of the letters of `model` as an escape (`"mod\u0065l"`) is still
-# `model` to every reader but not to a byte search: such a body takes the decoding path.
-_ESCAPED_LETTER = re.compile(rb"\\u006[45cCdDfF]")
+# A key that spells a letter of `model` as an escape (`"mod\u0065l"`) is `model` to every
+# reader but not to a byte search: a body with one after the key found takes the decoding path.
+_ESCAPE = b"\\u006"
 _COLON = re.compile(rb"[ \t\n\r]*:[ \t\n\r]*")
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _AFTER = re.compile(rb"[ \t\n\r]*([,}])")
@@ -483,26 +483,23 @@ _MAX_DECODED_CHECKS = 4
 
 
 def rewrite_model(body: bytes, model: str) -> bytes:
-    """`body` (JSON that `read_request` accepted) with every top-level `model` set to `model`.
+    """`body` (JSON that `read_request` accepted) with its top-level `model` set to `model`.
 
     The new value is spliced into the body's own bytes: everything else is kept byte for
-    byte, and the body is copied once, never decoded and encoded again. A body whose
-    top-level keys the byte scan cannot prove (see `_model_spans`) is decoded and encoded.
+    byte, and the body is copied once, never decoded and encoded again. The key is searched
+    from the end, where the official SDKs put it (after `messages`), so a long conversation
+    before it is not read at all. With duplicate keys, the last one is what switchyard read
+    (msgspec keeps the last, as Python's json, Go and JavaScript do) and the one rewritten.
+    A body whose key the byte scan cannot prove (see `_model_span`) is decoded and encoded.
     """
-    spans = _model_spans(body)
-    if spans is None:
+    span = _model_span(body)
+    if span is None:
         try:
             return _rewrite(body, model)
         except RecursionError:
             return on_fresh_stack(_rewrite, body, model)
-    value = _ENCODER.encode(model)
-    parts: list[bytes] = []
-    at = 0
-    for start, end in spans:
-        parts += (body[at:start], value)
-        at = end
-    parts.append(body[at:])
-    return b"".join(parts)
+    start, end = span
+    return b"".join((body[:start], _ENCODER.encode(model), body[end:]))
 
 
 def _rewrite(body: bytes, model: str) -> bytes:
@@ -511,18 +508,16 @@ def _rewrite(body: bytes, model: str) -> bytes:
     return _ENCODER.encode(top)
 
 
-def _model_spans(body: bytes) -> list[tuple[int, int]] | None:
-    """Byte spans of the values of every top-level `model` key; None when not proven.
+def _model_span(body: bytes) -> tuple[int, int] | None:
+    """Byte span of the value of the last top-level `model` key; None when not proven.
 
-    Each `"model"` in the body is a candidate. One preceded by `{` or `,` and followed by `:`
-    opens a string in valid JSON (its quote is not escaped, and a closing quote cannot be
-    followed by a letter), so it is a key of some object: `_top_level` then decides which.
+    Each `"model"` in the body is a candidate, the last first. One preceded by `{` or `,` and
+    followed by `:` opens a string in valid JSON (its quote is not escaped, and a closing
+    quote cannot be followed by a letter), so it is a key of some object: `_top_level` then
+    decides which. No key spelled with escapes may follow the one found.
     """
-    if _ESCAPED_LETTER.search(body):
-        return None
-    spans: list[tuple[int, int]] = []
     checks = 0
-    at = body.find(_KEY)
+    at = body.rfind(_KEY)
     while at != -1:
         before = _before(body, at)
         if before is None:
@@ -538,12 +533,12 @@ def _model_spans(body: bytes) -> list[tuple[int, int]] | None:
                 if checks > _MAX_DECODED_CHECKS:
                     return None
                 top = _decoded_top_level(body, before, end)
-            if top and (value is None or end is None):
-                return None  # a top-level model that is not a string a model name fits in
-            if top and value is not None:
-                spans.append(value.span())
-        at = body.find(_KEY, at + len(_KEY))
-    return spans or None
+            if top:
+                if value is None or end is None or body.find(_ESCAPE, at) != -1:
+                    return None  # not a string a model name fits in, or a later escaped key
+                return value.span()
+        at = body.rfind(_KEY, 0, at)
+    return None
 
 
 def _before(body: bytes, at: int) -> int | None:
