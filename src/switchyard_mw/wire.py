@@ -499,7 +499,8 @@ def rewrite_model(body: bytes, model: str) -> bytes:
         except RecursionError:
             return on_fresh_stack(_rewrite, body, model)
     start, end = span
-    return b"".join((body[:start], _ENCODER.encode(model), body[end:]))
+    whole = memoryview(body)  # slices of a view are not copies: the join is the one copy
+    return b"".join((whole[:start], _ENCODER.encode(model), whole[end:]))
 
 
 def _rewrite(body: bytes, model: str) -> bytes:
