@@ -315,8 +315,8 @@ def smallest(results: Sequence[Result]) -> list[Result]:
 SCALING = (
     ("2", STACK, "bare app", "stacked app / bare app (served)"),
     ("3", SHIPPED_GATEWAY, FLOOR, "example gateway / aiohttp pass-through"),
-    ("4", ENVOY_PROC, ENVOY_PLAIN, "Envoy + extproc / Envoy (req/s)"),
-    ("4", ENVOY_PROC_H2, ENVOY_PLAIN, "Envoy + extproc h2 / Envoy (req/s)"),
+    ("4", ENVOY_PROC, ENVOY_PLAIN, "Envoy + extproc (h2, the default) / Envoy (req/s)"),
+    ("4", ENVOY_PROC_GRPCIO, ENVOY_PLAIN, "Envoy + extproc grpcio / Envoy (req/s)"),
 )
 
 
