@@ -4,8 +4,9 @@ Decoding the top level and encoding it again is a second full parse and a second
 body that may be megabytes long; a splice costs one copy. What a splice must get right: only
 the top-level key (never `model` inside a tool input, metadata or a string), every spelling of
 JSON (whitespace, escapes, key order, duplicate keys), and the same decoded object as
-decode + set + encode would give. With duplicate keys, the last one is the one switchyard
-read (msgspec keeps the last) and the one rewritten.
+decode + set + encode would give. A body with a duplicate `model` key is not spliced: it
+is decoded and encoded, which leaves one key, so an upstream that keeps the first of two keys
+cannot be handed a model the client chose and switchyard never routed.
 """
 
 from __future__ import annotations
@@ -65,8 +66,14 @@ def test_nested_model_keys_are_untouched() -> None:
         }
     ).encode()
     out = rewrite_model(raw, "b")
-    assert out == spliced(raw, b'"model": "a"', b'"model": "b"')
+    # nested keys before the top-level one: not proven apart by bytes, so decoded and encoded
     assert msgspec.json.decode(out) == old_rewrite(raw, "b")
+    assert out.count(b'"model":"b"') == 1
+
+
+def test_nested_model_keys_only_after_the_top_level_key_are_spliced() -> None:
+    raw = b'{"messages":[],"model":"a","tools":[{"input_schema":{"properties":{"model":{}}}}]}'
+    assert rewrite_model(raw, "b") == spliced(raw, b'"a"', b'"b"')
 
 
 def test_nested_model_keys_that_open_their_object_are_untouched() -> None:
@@ -100,12 +107,24 @@ def test_escapes_in_the_old_and_the_new_value() -> None:
     assert out.endswith(b'","z":0}')
 
 
-def test_the_last_top_level_duplicate_gets_the_new_model() -> None:
+def test_a_top_level_duplicate_leaves_one_model_key() -> None:
     raw = b'{"model":"a","messages":[{"model":"keep"}],"model":"b","x":{"model":"keep"}}'
     assert read_request(Wire.ANTHROPIC, raw).model == "b"
     out = rewrite_model(raw, "c")
-    assert out == b'{"model":"a","messages":[{"model":"keep"}],"model":"c","x":{"model":"keep"}}'
-    assert json.loads(out)["model"] == "c"
+    assert out.count(b'"model":"c"') == 1
+    assert b'"a"' not in out
+    assert b'"b"' not in out
+    assert msgspec.json.decode(out) == {
+        "model": "c",
+        "messages": [{"model": "keep"}],
+        "x": {"model": "keep"},
+    }
+
+
+def test_a_nested_model_key_before_the_top_level_one_gives_the_right_answer() -> None:
+    raw = b'{"messages":[{"model":"keep"}],"model":"b"}'
+    out = rewrite_model(raw, "c")
+    assert msgspec.json.decode(out) == {"messages": [{"model": "keep"}], "model": "c"}
 
 
 def test_a_key_spelled_with_escapes_is_the_same_key() -> None:
@@ -116,9 +135,11 @@ def test_a_key_spelled_with_escapes_is_the_same_key() -> None:
     assert b'"a"' not in out
 
 
-def test_an_escaped_duplicate_before_the_key_is_left_as_it_is() -> None:
+def test_an_escaped_duplicate_before_the_key_is_removed_too() -> None:
     raw = b'{"mod\\u0065l":"a","messages":[],"model":"b"}'
-    assert rewrite_model(raw, "c") == b'{"mod\\u0065l":"a","messages":[],"model":"c"}'
+    out = rewrite_model(raw, "c")
+    assert msgspec.json.decode(out) == {"model": "c", "messages": []}
+    assert b'"a"' not in out
 
 
 def test_an_escaped_duplicate_after_the_key_is_rewritten_too() -> None:
@@ -208,4 +229,7 @@ def test_duplicates_decode_to_the_new_model(
     raw = ("{" + ",".join(parts) + "}").encode()
     out = rewrite_model(raw, new)
     assert msgspec.json.decode(out) == old_rewrite(raw, new)
-    assert json.loads(out)["model"] == new  # Python's json keeps the last too
+    assert json.loads(out)["model"] == new
+    # one key left: a reader that keeps the first of two keys sees the new model too
+    top = json.loads(out, object_pairs_hook=list)
+    assert [v for k, v in top if k == "model"] == [new]
