@@ -18,6 +18,8 @@ import pytest
 from servers import example_gateway, serve_in_thread
 from switchyard_mw.testing import Behaviour, MockProvider
 
+pytestmark = pytest.mark.integration  # starts real servers
+
 CASES = (401, 402, 403, 503, 429)
 MESSAGES: Any = [{"role": "user", "content": "Say hello"}]
 

@@ -33,6 +33,8 @@ MESSAGE_START = (
     b'"role":"assistant","model":"fault-model","content":[],"stop_reason":null,'
     b'"stop_sequence":null,"usage":{"input_tokens":1,"output_tokens":1}}}\n\n'
 )
+
+pytestmark = pytest.mark.integration  # starts real servers
 HUGE_BYTES = 8 * 1024 * 1024
 
 

@@ -23,6 +23,8 @@ from switchyard_mw.engine.outbound import make_http_client
 from switchyard_mw.telemetry import names as tm
 from switchyard_mw.testing import Behaviour, MockProvider
 
+pytestmark = pytest.mark.integration  # starts real servers
+
 JUDGE_KEY = "judge-key"
 UPSTREAM_KEY = "upstream-key"
 

@@ -5,7 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from servers import ROOT
+
+pytestmark = pytest.mark.integration  # starts real servers
 
 
 def test_soak_smoke_meets_its_targets() -> None:

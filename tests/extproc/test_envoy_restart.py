@@ -17,6 +17,8 @@ from switchyard_mw.extproc import Policies, Transport, start_server
 from switchyard_mw.testing import MockProvider
 from switchyard_mw.testing.envoy import run_envoy, with_ports
 
+pytestmark = pytest.mark.integration  # starts real servers
+
 ENVOY_YAML = (ROOT / "examples" / "envoy" / "envoy.yaml").read_text()
 CONFIG = """
 [llm_clients.a]

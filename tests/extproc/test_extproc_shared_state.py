@@ -16,6 +16,8 @@ from switchyard_mw.config import parse_config
 from switchyard_mw.core.pool import BreakerState
 from switchyard_mw.extproc import ExtProcServicer, Policies
 
+pytestmark = pytest.mark.integration  # starts real servers
+
 CONFIG = """
 [state]
 backend = "redis"

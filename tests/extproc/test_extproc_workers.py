@@ -22,6 +22,8 @@ from switchyard_mw.accounts import build_clients
 from switchyard_mw.config import parse_config
 from switchyard_mw.extproc import Policies, Transport, start_server
 
+pytestmark = pytest.mark.integration  # starts real servers
+
 CONFIG = """
 [llm_clients.a]
 base_url = "https://prov.example"

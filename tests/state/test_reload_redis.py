@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 from test_state_redis import MakeReplica, cooled, fault, redis_server, replica, spec
 
 from redis_server import until
 from switchyard_mw.core.pool import AccountPool, Outcome
+
+pytestmark = pytest.mark.integration  # starts real servers
 
 __all__ = ["redis_server", "replica"]  # the fixtures this module uses
 

@@ -21,6 +21,8 @@ from switchyard_mw.core.pool import AccountPool, AccountSpec, BreakerState, Outc
 from switchyard_mw.state.redis_store import RedisStore
 from switchyard_mw.testing import Behaviour, MockProvider
 
+pytestmark = pytest.mark.integration  # starts real servers
+
 WATCHER = """
 import asyncio, sys, time
 from switchyard_mw.core.pool import AccountPool, AccountSpec, BreakerState

@@ -23,6 +23,8 @@ from switchyard_mw.core.shared import Change, Shared
 from switchyard_mw.state.redis_store import RedisStore
 from switchyard_mw.telemetry import names as tm
 
+pytestmark = pytest.mark.integration  # starts real servers
+
 Replica = tuple[AccountPool, RedisStore]
 MakeReplica = Callable[..., Awaitable[Replica]]
 

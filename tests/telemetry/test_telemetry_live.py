@@ -20,6 +20,8 @@ from servers import ROOT, example_gateway, free_port, serve_in_thread
 from switchyard_mw.telemetry import names as tm
 from switchyard_mw.testing import Behaviour, MockProvider
 
+pytestmark = pytest.mark.integration  # starts real servers
+
 KEYS = {
     "KEY_A": "sk-live-secret-a-1111",
     "KEY_B": "sk-live-secret-b-2222",
