@@ -18,6 +18,7 @@ Compare with `bench/instructions.py --mode inproc`: the stack's own count per re
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -68,7 +69,8 @@ def _child(case: str, n: int, noop: bool) -> None:
 def _count(case: str, n: int, noop: bool) -> int:
     cmd = [sys.executable, __file__, "--child", case, str(n), "noop" if noop else "observe"]
     valgrind = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"]
-    done = subprocess.run([*valgrind, *cmd], cwd=ROOT, capture_output=True, check=False)
+    env = {**os.environ, "PYTHONHASHSEED": "0"}  # the same imports in every run: no noise
+    done = subprocess.run([*valgrind, *cmd], cwd=ROOT, env=env, capture_output=True, check=False)
     found = _COLLECTED.findall(done.stderr)
     if done.returncode != 0 or not found:
         raise RuntimeError(f"{case}: {done.stderr[-2000:]!r}")

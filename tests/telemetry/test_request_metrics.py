@@ -244,3 +244,169 @@ def test_token_usage_keeps_input_and_output_apart_under_one_key() -> None:
     assert (points["output"].count, points["output"].sum) == (2, 42)  # type: ignore[union-attr]
     assert (points["output"].min, points["output"].max) == (2, 40)  # type: ignore[union-attr]
     assert sum(points["input"].bucket_counts) == 1  # type: ignore[union-attr]
+
+
+# -- raw between collections: folded in batches, bounded ------------------------------------
+
+
+def finished(
+    *,
+    secs: float,
+    model: str = "fold-model",
+    usage: tuple[int | None, int | None] = (None, None),
+    first_token_secs: float | None = None,
+) -> Any:
+    """A request that ran `secs` from start 0.0 (returned with its end: `observe`'s args)."""
+    from switchyard_mw.clients import UpstreamClient
+    from switchyard_mw.config import LLMClient
+    from switchyard_mw.context import RequestContext
+    from switchyard_mw.wire import Wire, read_request
+
+    body = b'{"model":"%s","max_tokens":5,"messages":[]}' % model.encode()
+    ctx = RequestContext(view=read_request(Wire.ANTHROPIC, body), body=body, now=0.0)
+    ctx.client = UpstreamClient(
+        name="acct-f", spec=LLMClient(base_url="http://f.test", models=["*"])
+    )
+    ctx.response_status = 200
+    ctx.report_usage(input_tokens=usage[0], output_tokens=usage[1])
+    ctx.first_token_at = first_token_secs
+    return ctx, secs
+
+
+def fresh_requests(fold_at: int) -> rm.RequestTally:
+    return rm.RequestTally(
+        duration=rm.HistogramTally("d", "s", "test", tm.SECONDS_BUCKETS),
+        first_token=rm.HistogramTally("f", "s", "test", tm.SECONDS_BUCKETS),
+        tokens=rm.TokenTally("t", "{token}", "test", tm.TOKEN_BUCKETS),
+        fold_at=fold_at,
+    )
+
+
+def expected_point(values: list[float], bounds: tuple[float, ...]) -> tuple[Any, ...]:
+    """(bucket counts, count, sum, min, max) as a per-value histogram records them."""
+    counts = [0] * (len(bounds) + 1)
+    for value in values:
+        counts[next((i for i, b in enumerate(bounds) if value <= b), len(bounds))] += 1
+    return counts, len(values), sum(values), min(values), max(values)
+
+
+def actual_point(point: Any) -> tuple[Any, ...]:
+    return list(point.bucket_counts), point.count, point.sum, point.min, point.max
+
+
+def test_requests_are_held_raw_until_the_fold_bound_then_folded() -> None:
+    requests = fresh_requests(fold_at=5)
+    for _ in range(4):
+        requests.observe(*finished(secs=0.25))
+    assert requests.held == 4
+    assert requests.duration.metric(0) is None  # nothing folded yet: still raw
+    requests.observe(*finished(secs=0.25))
+    assert requests.held == 0
+    metric = requests.duration.metric(0)
+    assert metric is not None
+    (point,) = metric.data.data_points
+    assert point.count == 5  # type: ignore[union-attr]
+
+
+def test_what_is_held_between_collections_stays_under_the_bound() -> None:
+    requests = fresh_requests(fold_at=8)
+    for i in range(8 * 25 + 3):
+        requests.observe(*finished(secs=0.5, model=f"bound-{i % 3}", usage=(i, 1)))
+        assert requests.held < 8
+        assert sum(len(raw) for raw in requests._raw.values()) < 8 * rm._STRIDE
+    (collected,) = [m for m in requests.collect(0) if m.name == "d"]
+    assert sum(p.count for p in collected.data.data_points) == 8 * 25 + 3  # type: ignore[union-attr]
+
+
+SECONDS_EDGES = [
+    2.0**-10, 0.005, 2.0**-7, 0.25, 0.5, 1.0, 2.5, 5.0, 600.0, 601.0, 0.375, 1.0, 0.25,
+]  # fmt: skip
+TOKEN_EDGES = [0, 1, 2, 4, 5, 16, 1048576, 1048577, 300, 40, 64, 65, 1]
+
+
+@pytest.mark.parametrize("fold_at", [1, 3, 4, 7, 13, 100])
+def test_bucket_counts_and_sums_are_exact_across_fold_boundaries(fold_at: int) -> None:
+    requests = fresh_requests(fold_at=fold_at)
+    for i, secs in enumerate(SECONDS_EDGES):
+        first = secs / 2 if i % 2 else None  # every other one a stream
+        usage = (TOKEN_EDGES[i], TOKEN_EDGES[-1 - i] if i % 3 else None)
+        requests.observe(*finished(secs=secs, usage=usage, first_token_secs=first))
+        if i == 5:
+            requests.collect(0)  # a scrape between folds changes nothing either
+    metrics = {m.name: m for m in requests.collect(0)}
+    (duration,) = metrics["d"].data.data_points
+    assert actual_point(duration) == expected_point(SECONDS_EDGES, tm.SECONDS_BUCKETS)
+    (first_token,) = metrics["f"].data.data_points
+    firsts = [secs / 2 for i, secs in enumerate(SECONDS_EDGES) if i % 2]
+    assert actual_point(first_token) == expected_point(firsts, tm.SECONDS_BUCKETS)
+    tokens = {p.attributes[tm.TOKEN_TYPE]: p for p in metrics["t"].data.data_points}
+    outputs = [TOKEN_EDGES[-1 - i] for i in range(len(SECONDS_EDGES)) if i % 3]
+    assert actual_point(tokens["input"]) == expected_point(TOKEN_EDGES, tm.TOKEN_BUCKETS)
+    assert actual_point(tokens["output"]) == expected_point(outputs, tm.TOKEN_BUCKETS)
+
+
+def test_raw_label_sets_past_the_limit_go_to_the_overflow_series() -> None:
+    requests = fresh_requests(fold_at=64)
+    for i in range(rm.MAX_SERIES + 30):
+        requests.observe(*finished(secs=1.0, model=f"many-{i}"))
+    assert len(requests._raw) == rm.MAX_SERIES + 1
+    (duration,) = [m for m in requests.collect(0) if m.name == "d"]
+    points = list(duration.data.data_points)
+    assert len(points) == rm.MAX_SERIES + 1
+    (overflow,) = [p for p in points if p.attributes == {"otel.metric.overflow": True}]
+    assert overflow.count == 30  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("fold_at", [7, 100_000])
+def test_no_request_is_lost_or_counted_twice_when_a_scrape_thread_folds(fold_at: int) -> None:
+    """The Prometheus exporter collects on its own thread while the event loop observes."""
+    import sys
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads take turns as often as they can: races show
+    try:
+        observe_while_scraping(fold_at)
+    finally:
+        sys.setswitchinterval(interval)
+
+
+def observe_while_scraping(fold_at: int) -> None:
+    import threading
+
+    for _ in range(20):
+        requests = fresh_requests(fold_at=fold_at)
+        request = finished(secs=0.1, usage=(3, 4))
+        done = threading.Event()
+
+        def scrape(requests: rm.RequestTally = requests, done: threading.Event = done) -> None:
+            while not done.is_set():
+                requests.collect(0)
+
+        scraper = threading.Thread(target=scrape)
+        scraper.start()
+        try:
+            for _ in range(5000):
+                requests.observe(*request)
+        finally:
+            done.set()
+            scraper.join()
+        metrics = {m.name: m for m in requests.collect(0)}
+        (duration,) = metrics["d"].data.data_points
+        assert (duration.count, sum(duration.bucket_counts)) == (5000, 5000)  # type: ignore[union-attr]
+        assert {p.count for p in metrics["t"].data.data_points} == {5000}  # type: ignore[union-attr]
+
+
+def test_a_shadow_request_is_held_and_exported_with_its_label() -> None:
+    requests = fresh_requests(fold_at=100)
+    requests.observe_shadow(
+        requested="sh-base", shadow="sh-shadow", account="acct-s", secs=0.5, error=None
+    )
+    (duration,) = [m for m in requests.collect(0) if m.name == "d"]
+    (point,) = duration.data.data_points
+    assert dict(point.attributes or {}) == {
+        tm.REQUEST_MODEL: "sh-base",
+        tm.RESPONSE_MODEL: "sh-shadow",
+        tm.VARIANT: "sh-shadow",
+        tm.ACCOUNT: "acct-s",
+        tm.SHADOW: True,
+    }

@@ -7,16 +7,20 @@ and routed model, the variant, the account and `error.type` when the request fai
 
 Why not the SDK's own histograms: one `record()` costs about as much as the whole policy stack
 does per request (attribute-set hashing, a lock and exemplar sampling, per reader). Here a
-record is a dict lookup, a bisect and a few additions under a lock, and the totals are turned
-into standard OpenTelemetry histogram points when a reader collects: `bridge(reader)` makes a
-reader's collections carry them. `otel.configure()`, `prometheus.install()` bridge the readers
-they build; an application with its own meter provider calls `bridge()` on its readers.
+finished request is one dict lookup and one extend by its raw numbers (`RequestTally.observe`);
+they are folded into per-label-set bucket counts in batches, when a reader collects or when
+`FOLD_AT` requests are held, and the totals are turned into standard OpenTelemetry histogram
+points when a reader collects: `bridge(reader)` makes a reader's collections carry them.
+`otel.configure()`, `prometheus.install()` bridge the readers they build; an application with
+its own meter provider calls `bridge()` on its readers.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
+import operator
+import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -36,6 +40,9 @@ MAX_SERIES = 2000
 """Attribute sets one metric keeps; past it, points go to one `otel.metric.overflow` series
 (as the SDK does): a requested model is any string a client sends."""
 _OVERFLOW = ("\x00",) * 7  # no real label holds a NUL: model names with one are refused
+FOLD_AT = 4096
+"""Finished requests held raw (about 180 bytes each) before the request that reaches this
+many folds them all into the histograms: memory stays bounded however long between scrapes."""
 
 Labels = tuple[str, str, str, str, str, str, str]
 """requested model, routed model, variant, account, error type ("" = none), token type,
@@ -52,7 +59,10 @@ _NAMES = (
 
 
 class HistogramTally:
-    """A cumulative explicit-bucket histogram kept as plain numbers, per attribute set."""
+    """A cumulative explicit-bucket histogram kept as plain numbers, per attribute set.
+
+    Values arrive in batches (`add`), folded by a `RequestTally` under its lock.
+    """
 
     def __init__(self, name: str, unit: str, description: str, bounds: Sequence[float]) -> None:
         self.name, self.unit, self.description = name, unit, description
@@ -63,57 +73,71 @@ class HistogramTally:
         self.start_ns = time.time_ns()
 
     def record(self, value: float, labels: Labels) -> None:
-        # No lock: this runs on every request, and ASGI servers record from one event loop
-        # thread. Where several threads record at once, an increment can (rarely) be lost;
-        # a reading never sees a torn entry, since `metric()` copies each list whole.
+        """One value at once (a caller that keeps no batch of its own)."""
+        self.add([value], labels)
+
+    def add(self, values: list[float], labels: Labels) -> None:
+        """Fold `values` (sorted here, in place) into the series of `labels`."""
         entry = self._series.get(labels)
         if entry is None:
-            entry = self._new(labels, value)
-        n = self._n
-        entry[bisect.bisect_left(self.bounds, value)] += 1  # buckets are (lower, upper]
-        entry[n] += 1
-        entry[n + 1] += value
-        if value < entry[n + 2]:
-            entry[n + 2] = value
-        elif value > entry[n + 3]:
-            entry[n + 3] = value
+            entry = self._new(labels, 1)
+        self._fold(entry, 0, values)
 
-    def _new(self, labels: Labels, value: float) -> list[float]:
+    def _fold(self, entry: list[float], base: int, values: list[float]) -> None:
+        # Sorted, the values at or below each bound are one bisect away: a bucket's count is
+        # the difference of two of them, and (lower, upper] is what bisect_right gives.
+        values.sort()
+        total = len(values)
+        below = 0
+        for i, bound in enumerate(self.bounds):
+            upto = bisect.bisect_right(values, bound)
+            entry[base + i] += upto - below
+            below = upto
+            if below == total:
+                break
+        n = self._n
+        entry[base + n - 1] += total - below
+        entry[base + n] += total
+        entry[base + n + 1] += sum(values)
+        entry[base + n + 2] = min(entry[base + n + 2], values[0])
+        entry[base + n + 3] = max(entry[base + n + 3], values[-1])
+
+    def _new(self, labels: Labels, histograms: int) -> list[float]:
         if len(self._series) >= MAX_SERIES:
             labels = _OVERFLOW
             found = self._series.get(labels)
             if found is not None:
                 return found
-        entry: list[float] = [0] * self._n + [0, 0.0, value, value]
-        return self._series.setdefault(labels, entry)
+        one: list[float] = [0] * self._n + [0, 0.0, math.inf, -math.inf]
+        return self._series.setdefault(labels, one * histograms)
 
     def metric(self, now_ns: int) -> Metric | None:
         """The totals so far as an OpenTelemetry histogram metric (None: nothing recorded)."""
-        from opentelemetry.sdk.metrics.export import (
-            AggregationTemporality,
-            Histogram,
-            HistogramDataPoint,
-            Metric,
+        series = [(labels, list(entry)) for labels, entry in list(self._series.items())]
+        points = [self._point(_attributes(labels), entry, 0, now_ns) for labels, entry in series]
+        return self._metric(points)
+
+    def _point(self, attributes: dict[str, Any], entry: list[float], base: int, now_ns: int) -> Any:
+        from opentelemetry.sdk.metrics.export import HistogramDataPoint
+
+        n = self._n
+        return HistogramDataPoint(
+            attributes=attributes,
+            start_time_unix_nano=self.start_ns,
+            time_unix_nano=now_ns,
+            count=int(entry[base + n]),
+            sum=entry[base + n + 1],
+            bucket_counts=[int(c) for c in entry[base : base + n]],
+            explicit_bounds=list(self.bounds),
+            min=entry[base + n + 2],
+            max=entry[base + n + 3],
         )
 
-        series = [(labels, list(entry)) for labels, entry in list(self._series.items())]
-        if not series:
+    def _metric(self, points: list[Any]) -> Metric | None:
+        from opentelemetry.sdk.metrics.export import AggregationTemporality, Histogram, Metric
+
+        if not points:
             return None
-        n = len(self.bounds) + 1
-        points = [
-            HistogramDataPoint(
-                attributes=_attributes(labels),
-                start_time_unix_nano=self.start_ns,
-                time_unix_nano=now_ns,
-                count=int(entry[n]),
-                sum=entry[n + 1],
-                bucket_counts=[int(c) for c in entry[:n]],
-                explicit_bounds=list(self.bounds),
-                min=entry[n + 2],
-                max=entry[n + 3],
-            )
-            for labels, entry in series
-        ]
         data = Histogram(
             data_points=points, aggregation_temporality=AggregationTemporality.CUMULATIVE
         )
@@ -134,55 +158,30 @@ def _attributes(labels: Labels) -> dict[str, Any]:
     return attributes
 
 
-duration = HistogramTally(
-    tm.OPERATION_DURATION, "s", "Requests as the client saw them, start to end", tm.SECONDS_BUCKETS
-)
-time_to_first_token = HistogramTally(
-    tm.TIME_TO_FIRST_TOKEN, "s", "Streams: request start to the first content chunk",
-    tm.SECONDS_BUCKETS,
-)  # fmt: skip
-
-
 class TokenTally(HistogramTally):
-    """Input and output tokens under one key: a request's usage is one lookup, one call.
+    """Input and output tokens under one key: a request's usage is one entry.
 
     An entry holds two histograms side by side (input, then output); each becomes its own
     point at collection, labelled `gen_ai.token.type`.
     """
 
     def record_usage(self, inputs: int | None, outputs: int | None, labels: Labels) -> None:
-        entry = self._series.get(labels)
-        if entry is None:
-            entry = self._new_pair(labels)
-        n = self._n
-        for base, value in ((0, inputs), (n + 4, outputs)):
-            if value is None:
-                continue
-            entry[base + bisect.bisect_left(self.bounds, value)] += 1
-            entry[base + n] += 1
-            entry[base + n + 1] += value
-            if value < entry[base + n + 2]:
-                entry[base + n + 2] = value
-            if value > entry[base + n + 3]:
-                entry[base + n + 3] = value
-
-    def _new_pair(self, labels: Labels) -> list[float]:
-        if len(self._series) >= MAX_SERIES:
-            labels = _OVERFLOW
-            found = self._series.get(labels)
-            if found is not None:
-                return found
-        half: list[float] = [0] * self._n + [0, 0.0, math.inf, -math.inf]
-        return self._series.setdefault(labels, half + half)
-
-    def metric(self, now_ns: int) -> Metric | None:
-        from opentelemetry.sdk.metrics.export import (
-            AggregationTemporality,
-            Histogram,
-            HistogramDataPoint,
-            Metric,
+        """One request's usage at once (a caller that keeps no batch of its own)."""
+        self.add_usage(
+            [] if inputs is None else [inputs], [] if outputs is None else [outputs], labels
         )
 
+    def add_usage(self, inputs: list[float], outputs: list[float], labels: Labels) -> None:
+        """Fold a batch of input and output counts (sorted here, in place)."""
+        entry = self._series.get(labels)
+        if entry is None:
+            entry = self._new(labels, 2)
+        if inputs:
+            self._fold(entry, 0, inputs)
+        if outputs:
+            self._fold(entry, self._n + 4, outputs)
+
+    def metric(self, now_ns: int) -> Metric | None:
         n = self._n
         points = []
         for labels, entry in [(k, list(v)) for k, v in list(self._series.items())]:
@@ -192,66 +191,154 @@ class TokenTally(HistogramTally):
                 attributes = _attributes(labels)
                 if labels != _OVERFLOW:
                     attributes[tm.TOKEN_TYPE] = kind
-                points.append(
-                    HistogramDataPoint(
-                        attributes=attributes,
-                        start_time_unix_nano=self.start_ns,
-                        time_unix_nano=now_ns,
-                        count=int(entry[base + n]),
-                        sum=entry[base + n + 1],
-                        bucket_counts=[int(c) for c in entry[base : base + n]],
-                        explicit_bounds=list(self.bounds),
-                        min=entry[base + n + 2],
-                        max=entry[base + n + 3],
-                    )
-                )
-        if not points:
-            return None
-        data = Histogram(
-            data_points=points, aggregation_temporality=AggregationTemporality.CUMULATIVE
+                points.append(self._point(attributes, entry, base, now_ns))
+        return self._metric(points)
+
+
+Key = tuple[str, str, str, str, str, str]
+"""A finished request's label set: requested model, routed model, variant, account, error
+type ("" = none), shadow ("true" for a mirrored request, else "")."""
+Held = list[Any]
+"""Finished requests' raw numbers, five a request: started, ended, first token at (monotonic
+seconds; None: no stream), input and output tokens (None: not reported)."""
+_STRIDE = 5
+_OVERFLOW_KEY: Key = ("\x00",) * 6
+
+
+class RequestTally:
+    """Finished requests, held raw per label set and folded into the histograms in batches.
+
+    `observe` runs on every request: one dict lookup keyed by the label set and one extend.
+    `collect` (each reader's collection) and every `fold_at`-th request fold what is held.
+    Appends need no lock (one event loop thread observes; `list += tuple` is one C call);
+    folds take one, since a reader may collect on its own thread (the Prometheus exporter
+    does): a fold takes the first `len` values of a list and deletes exactly those, so a
+    value appended meanwhile stays for the next fold, neither lost nor counted twice.
+    """
+
+    def __init__(
+        self,
+        *,
+        duration: HistogramTally,
+        first_token: HistogramTally,
+        tokens: TokenTally,
+        fold_at: int = FOLD_AT,
+    ) -> None:
+        self.duration, self.first_token, self.tokens = duration, first_token, tokens
+        self.fold_at = fold_at
+        self.held = 0
+        """Requests observed since the last fold (approximate where threads race: a bound)."""
+        self._raw: dict[Key, Held] = {}
+        self._lock = threading.Lock()
+
+    def observe(self, ctx: RequestContext, end: float, error: str | None = None) -> None:
+        """Record one finished request (monotonic `end`); `error`: why it failed, if it did."""
+        view = ctx.view
+        if view is None:
+            return
+        routed = ctx.resolved_model or ""
+        client = ctx.client
+        if error is None:
+            status = ctx.response_status
+            # The usual case first, without a call: answered, below 400, no deadline.
+            if status is None or status >= 400 or ctx.deadline_phase is not None:
+                error = _error_type(ctx)
+        key = (
+            view.model,
+            routed,
+            ctx.variant or routed,
+            "" if client is None else client.name,
+            error or "",
+            "",
         )
-        return Metric(name=self.name, description=self.description, unit=self.unit, data=data)
+        raw = self._raw.get(key)
+        if raw is None:
+            raw = self._new(key)
+        # Flat, not a tuple per request: floats and ints are not tracked by the garbage
+        # collector, so what is held never triggers or slows a collection.
+        raw += (ctx.started_at, end, ctx.first_token_at, ctx.input_tokens, ctx.output_tokens)
+        self.held += 1
+        if self.held >= self.fold_at:
+            self.fold()
+
+    def observe_shadow(
+        self, *, requested: str, shadow: str, account: str, secs: float, error: str | None
+    ) -> None:
+        """Record one mirrored request (`switchyard.shadow = true`): its outcome and latency."""
+        key = (requested, shadow, shadow, account, error or "", "true")
+        raw = self._raw.get(key)
+        if raw is None:
+            raw = self._new(key)
+        raw += (0.0, secs, None, None, None)
+        self.held += 1
+        if self.held >= self.fold_at:
+            self.fold()
+
+    def _new(self, key: Key) -> Held:
+        # A key stays once seen, so the keys are the series: the same bound applies.
+        if len(self._raw) >= MAX_SERIES:
+            key = _OVERFLOW_KEY
+        return self._raw.setdefault(key, [])
+
+    def fold(self) -> None:
+        """Fold every request held into the histograms."""
+        with self._lock:
+            self._fold()
+
+    def collect(self, now_ns: int) -> list[Metric]:
+        """Fold what is held, then each histogram's totals (those with points)."""
+        with self._lock:
+            self._fold()
+            found = (t.metric(now_ns) for t in (self.duration, self.first_token, self.tokens))
+            return [m for m in found if m is not None]
+
+    def _fold(self) -> None:
+        self.held = 0
+        for key, raw in list(self._raw.items()):
+            count = len(raw)
+            if not count:
+                continue
+            batch = raw[:count]
+            del raw[:count]
+            self._fold_batch(_OVERFLOW if key == _OVERFLOW_KEY else (*key[:5], "", key[5]), batch)
+
+    def _fold_batch(self, labels: Labels, batch: Held) -> None:
+        starts, ends, firsts, inputs, outputs = (batch[i::_STRIDE] for i in range(_STRIDE))
+        self.duration.add(list(map(operator.sub, ends, starts)), labels)
+        if firsts.count(None) < len(firsts):
+            pairs = zip(starts, firsts, strict=True)
+            self.first_token.add(
+                [first - start for start, first in pairs if first is not None], labels
+            )
+        ins, outs = _reported(inputs), _reported(outputs)
+        if ins or outs:
+            self.tokens.add_usage(ins, outs, labels)
 
 
+def _reported(values: Held) -> list[float]:
+    """`values` without the Nones (the usual batch has all or none: no loop in Python then)."""
+    missing = values.count(None)
+    if missing == len(values):
+        return []
+    if not missing:
+        return values
+    return [value for value in values if value is not None]
+
+
+duration = HistogramTally(
+    tm.OPERATION_DURATION, "s", "Requests as the client saw them, start to end", tm.SECONDS_BUCKETS
+)
+time_to_first_token = HistogramTally(
+    tm.TIME_TO_FIRST_TOKEN, "s", "Streams: request start to the first content chunk",
+    tm.SECONDS_BUCKETS,
+)  # fmt: skip
 token_usage = TokenTally(
     tm.TOKEN_USAGE, "{token}", "Input and output tokens per request", tm.TOKEN_BUCKETS
 )
 TALLIES = (duration, time_to_first_token, token_usage)
-
-
-def observe(ctx: RequestContext, end: float, error: str | None = None) -> None:
-    """Record one finished request (monotonic `end`); `error`: why it failed, if it did."""
-    view = ctx.view
-    if view is None:
-        return
-    routed = ctx.resolved_model or ""
-    client = ctx.client
-    if error is None:
-        status = ctx.response_status
-        # The usual case first, without a call: answered, below 400, no deadline.
-        if status is None or status >= 400 or ctx.deadline_phase is not None:
-            error = _error_type(ctx)
-    labels = (
-        view.model,
-        routed,
-        ctx.variant or routed,
-        "" if client is None else client.name,
-        error or "",
-        "",
-        "",
-    )
-    duration.record(end - ctx.started_at, labels)
-    if ctx.first_token_at is not None:
-        time_to_first_token.record(ctx.first_token_at - ctx.started_at, labels)
-    if ctx.input_tokens is not None or ctx.output_tokens is not None:
-        token_usage.record_usage(ctx.input_tokens, ctx.output_tokens, labels)
-
-
-def observe_shadow(
-    *, requested: str, shadow: str, account: str, secs: float, error: str | None
-) -> None:
-    """Record one mirrored request (`switchyard.shadow = true`): its outcome and latency."""
-    duration.record(secs, (requested, shadow, shadow, account, error or "", "", "true"))
+requests = RequestTally(duration=duration, first_token=time_to_first_token, tokens=token_usage)
+observe = requests.observe
+observe_shadow = requests.observe_shadow
 
 
 def _error_type(ctx: RequestContext) -> str | None:
@@ -314,8 +401,7 @@ def add_to(metrics_data: MetricsData | None) -> MetricsData | None:
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-    now = time.time_ns()
-    ours = [m for m in (t.metric(now) for t in TALLIES) if m is not None]
+    ours = requests.collect(time.time_ns())
     if not ours:
         return metrics_data
     resources = [] if metrics_data is None else list(metrics_data.resource_metrics)
