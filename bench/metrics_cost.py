@@ -1,9 +1,9 @@
 """Instructions the request metrics cost per request, counted by valgrind.
 
-`request_metrics.observe()` runs once per request on the hot path (both fronts: the ASGI stack
-and the ext_proc server). Each figure is (instructions of a process that calls it N times - those
-of the same process calling a no-op of the same signature N times) / N, counted by
-`valgrind --tool=callgrind`, so imports, start-up and the loop itself cancel out. Both processes
+`telemetry.request_metrics.observe()` runs once per request on the hot path (both fronts: the
+ASGI stack and the ext_proc server). Each figure is (instructions of a process that calls it N
+times - those of the same process calling a no-op of the same signature N times) / N, counted
+by `valgrind --tool=callgrind`, so imports, start-up and the loop itself cancel out. Both processes
 end with one collection (`add_to`, what a reader's scrape runs), so work deferred from the hot
 path to the collection is counted too.
 
@@ -31,7 +31,7 @@ _COLLECTED = re.compile(rb"Collected : (\d+)")
 
 
 def _context(case: str) -> object:
-    from switchyard_mw.clients import UpstreamClient
+    from switchyard_mw.accounts import UpstreamClient
     from switchyard_mw.config import LLMClient
     from switchyard_mw.context import RequestContext
     from switchyard_mw.wire import Wire, read_request
@@ -52,7 +52,7 @@ def _context(case: str) -> object:
 
 def _child(case: str, n: int, noop: bool) -> None:
     """Runs under valgrind: `n` finished requests of `case`, then one collection."""
-    from switchyard_mw import request_metrics as rm
+    from switchyard_mw.telemetry import request_metrics as rm
 
     ctx = _context(case)
     ends = [1000.0 + 0.004 + (i % 97) * 0.013 for i in range(n)]  # 4 ms .. 1.25 s

@@ -257,7 +257,7 @@ def finished(
     first_token_secs: float | None = None,
 ) -> Any:
     """A request that ran `secs` from start 0.0 (returned with its end: `observe`'s args)."""
-    from switchyard_mw.clients import UpstreamClient
+    from switchyard_mw.accounts import UpstreamClient
     from switchyard_mw.config import LLMClient
     from switchyard_mw.context import RequestContext
     from switchyard_mw.wire import Wire, read_request
