@@ -9,6 +9,7 @@ path to the collection is counted too.
 
     python bench/metrics_cost.py              # 20,000 requests per case
     python bench/metrics_cost.py -n 2000      # quicker, a little less exact
+    python bench/metrics_cost.py --in-stack   # also: the stack in process, observe() on and off
 
 Cases: a JSON answer without usage, a JSON answer with usage (input and output tokens), a
 stream with usage (time to first token as well). Durations spread over several buckets.
@@ -66,6 +67,18 @@ def _child(case: str, n: int, noop: bool) -> None:
     rm.add_to(None)
 
 
+def _child_stack(n: int, noop: bool) -> None:
+    """Runs under valgrind: `bench/instructions.py`'s in-process stack run, observe() on or off."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import instructions
+
+    from switchyard_mw.telemetry import request_metrics as rm
+
+    if noop:  # both fronts call it through the module: this turns the request metrics off
+        rm.observe = lambda ctx, end, error=None: None
+    instructions._child_inproc("switchyard_stack", "anthropic+canary", n)
+
+
 def _count(case: str, n: int, noop: bool) -> int:
     cmd = [sys.executable, __file__, "--child", case, str(n), "noop" if noop else "observe"]
     valgrind = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"]
@@ -81,11 +94,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("-n", type=int, default=20_000, help="requests per case")
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--in-stack", action="store_true", help="the stack with and without")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         case, n, kind = args.child
-        _child(case, int(n), kind == "noop")
+        if case == "stack":
+            _child_stack(int(n), kind == "noop")
+        else:
+            _child(case, int(n), kind == "noop")
         return 0
     with ThreadPoolExecutor(args.jobs) as pool:
         base = pool.submit(_count, CASES[0], args.n, True)
@@ -95,7 +112,20 @@ def main(argv: list[str] | None = None) -> int:
         for case, run in runs.items():
             added = (run.result() - base.result()) / args.n
             print(f"| {case} | {added / 1000:,.2f}k |")
+        if args.in_stack:
+            print(in_stack(pool, 1500))
     return 0
+
+
+def in_stack(pool: ThreadPoolExecutor, n: int) -> str:
+    """`switchyard_stack` in process (as `bench/instructions.py`), observe() on and off."""
+    runs = {(k, off): pool.submit(_count, "stack", k, off) for k in (0, n) for off in (False, True)}
+    on, off = ((runs[n, o].result() - runs[0, o].result()) / n for o in (False, True))
+    return (
+        f"\nswitchyard_stack in process [anthropic+canary]: {on / 1000:,.1f}k instructions/request"
+        f" with the request metrics, {off / 1000:,.1f}k without: they add"
+        f" {(on - off) / 1000:,.1f}k ({(on - off) / off:.1%})"
+    )
 
 
 if __name__ == "__main__":
