@@ -119,6 +119,7 @@ async def env() -> AsyncIterator[Env]:
 
 def tokens(**extra: str) -> dict[str, tuple[int, float]]:
     """(count, sum) of `gen_ai.client.token.usage` by token type, for the request's labels."""
+    rm.requests.fold()  # finished requests are held raw until a collection folds them
     metric = rm.token_usage.metric(time.time_ns())
     wanted = {**LABELS, **extra}
     out = {}
@@ -139,6 +140,7 @@ def first_tokens(**extra: str) -> int:
 
 
 def _count(tally: rm.HistogramTally, **extra: str) -> int:
+    rm.requests.fold()  # finished requests are held raw until a collection folds them
     metric = tally.metric(time.time_ns())
     wanted = {**LABELS, **extra}
     points = metric.data.data_points if metric is not None else ()

@@ -112,6 +112,7 @@ class Tally:
     @staticmethod
     def read() -> dict[str, tuple[int, float]]:
         out: dict[str, tuple[int, float]] = {}
+        rm.requests.fold()  # finished requests are held raw until a collection folds them
         now = time.time_ns()
         for tally, kind in ((rm.token_usage, None), (rm.duration, "duration")):
             metric = tally.metric(now)
