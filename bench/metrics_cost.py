@@ -76,7 +76,7 @@ def _child_stack(n: int, noop: bool) -> None:
 
     if noop:  # both fronts call it through the module: this turns the request metrics off
         rm.observe = lambda ctx, end, error=None: None
-    instructions._child_inproc("switchyard_stack", "anthropic+canary", n)
+    instructions._child_inproc("switchyard_stack", "anthropic+canary", "1KB", n)
 
 
 def _count(case: str, n: int, noop: bool) -> int:
