@@ -18,7 +18,6 @@ import httpx
 import msgspec
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from test_usage import ANTHROPIC_STREAM, CHAT_STREAM, RESPONSES_STREAM
 
 from extproc_child import CountingPool
 from extproc_helpers import (
@@ -38,6 +37,7 @@ from switchyard_mw.extproc.flights import Flights
 from switchyard_mw.telemetry import names as tm
 from switchyard_mw.telemetry import request_metrics as rm
 from switchyard_mw.testing import MockProvider
+from usage_streams import ANTHROPIC_STREAM, CHAT_STREAM, RESPONSES_STREAM
 
 Mode = processing_mode_pb2.ProcessingMode
 CONFIG = """

@@ -24,7 +24,8 @@ import anthropic
 import httpx
 import openai
 import pytest
-from test_reload_live import (
+
+from reload_scenario import (
     BROKEN,
     KEYS,
     LONG_REPLY,
@@ -35,7 +36,6 @@ from test_reload_live import (
     steady,
     wait_for,
 )
-
 from servers import ROOT, free_port, serve_in_thread, worker_pids
 from switchyard_mw.testing import Behaviour, MockProvider
 from switchyard_mw.testing.envoy import envoy_binary, run_envoy, with_ports
