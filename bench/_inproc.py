@@ -33,7 +33,7 @@ from _harness import (
     openai_body,
 )
 
-from switchyard_mw.accounts import build_clients
+from switchyard_mw.accounts import build_accounts
 from switchyard_mw.asgi._types import ASGIApp, Message, Receive, Scope, Send
 from switchyard_mw.asgi.cooling import CoolingMiddleware
 from switchyard_mw.asgi.deadline import DeadlineMiddleware
@@ -105,7 +105,7 @@ def write_config(workdir: Path) -> Path:
 
 def build_apps(config_path: Path) -> dict[str, ASGIApp]:
     config = load_config(config_path)
-    clients = build_clients(config, ENV)
+    clients = build_accounts(config, ENV)
     return {
         "bare app": bare,
         "Deadline": DeadlineMiddleware(bare),

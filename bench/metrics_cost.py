@@ -32,7 +32,7 @@ _COLLECTED = re.compile(rb"Collected : (\d+)")
 
 
 def _context(case: str) -> object:
-    from switchyard_mw.accounts import UpstreamClient
+    from switchyard_mw.accounts import Account
     from switchyard_mw.config import LLMClient
     from switchyard_mw.context import RequestContext
     from switchyard_mw.wire import Wire, read_request
@@ -42,7 +42,7 @@ def _context(case: str) -> object:
     ctx.resolved_model = "claude-opus-5-canary"
     ctx.variant = "claude-opus-5-canary"
     spec = LLMClient(base_url="http://a.test", models=["*"])
-    ctx.client = UpstreamClient(name="acct-a", spec=spec)
+    ctx.account = Account(name="acct-a", spec=spec)
     ctx.response_status = 200
     if case != "no usage":
         ctx.report_usage(input_tokens=300, output_tokens=40)

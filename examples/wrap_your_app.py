@@ -7,7 +7,7 @@
 What is yours: `forward()`, an endpoint that calls the upstream and relays its answer, a
 stream included, and the app around it. What switchyard adds, from one call
 (`switchyard_stack`): before `forward()` runs, the request's model is decided (judge route,
-canary) and written into the body, an account is chosen (`ctx.client`) and the attempt's
+canary) and written into the body, an account is chosen (`ctx.account`) and the attempt's
 deadline is set (`timeout_for(ctx)`); an account that refuses or fails is failed over and
 cooled, a deadline that runs out is answered 504 (or ends the stream with an error event).
 FastAPI works the same: `app = switchyard_stack(FastAPI(...), config=...)`.
@@ -46,13 +46,13 @@ http = make_http_client()
 async def forward(request: Request) -> Response:
     """POST the body to the account switchyard chose and relay the answer as it comes."""
     ctx = current_context()  # the same object as request.state.switchyard
-    if ctx is None or ctx.client is None:  # a model no account in the config serves
+    if ctx is None or ctx.account is None:  # a model no account in the config serves
         return JSONResponse({"error": {"type": "not_found", "message": "unknown model"}}, 404)
-    headers = {"content-type": "application/json", **dict(ctx.client.auth_headers())}
+    headers = {"content-type": "application/json", **dict(ctx.account.auth_headers())}
     headers |= {name: request.headers[name] for name in PASSED_ON if name in request.headers}
     upstream = http.build_request(
         "POST",
-        ctx.client.url(request.url.path),  # the account's base_url + /v1/...
+        ctx.account.url(request.url.path),  # the account's base_url + /v1/...
         content=await request.body(),  # `model` already set to the routed model
         headers=headers,
         timeout=timeout_for(ctx),  # a stream: each read bounded by stream_idle_secs

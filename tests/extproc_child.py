@@ -19,7 +19,7 @@ import sys
 from collections.abc import Collection
 from typing import Any
 
-from switchyard_mw.accounts import build_clients, pool_from_clients
+from switchyard_mw.accounts import build_accounts, pool_from_accounts
 from switchyard_mw.config import parse_config
 from switchyard_mw.core.pool import AccountPool, Lease, Outcome
 from switchyard_mw.extproc import Policies, start_server
@@ -83,8 +83,8 @@ def trim() -> None:
 
 async def main(transport: Any, limits: dict[str, Any]) -> None:
     config = parse_config(CONFIG)
-    clients = build_clients(config, {"KEY_A": "ka", "KEY_B": "kb"})
-    pool = CountingPool(pool_from_clients(clients).specs)
+    clients = build_accounts(config, {"KEY_A": "ka", "KEY_B": "kb"})
+    pool = CountingPool(pool_from_accounts(clients).specs)
     policies = Policies(config, clients, pool=pool)
     kwargs: dict[str, Any] = {"transport": transport}
     if limits:  # only then: the same script measures servers that predate the limits

@@ -62,8 +62,8 @@ class Upstream:
     async def call(self, path: str, body: bytes) -> httpx.Response:
         """POST `body` to the chosen account (or the default upstream); headers read, not body."""
         ctx = current_context()
-        if ctx is not None and ctx.client is not None:
-            url, auth = ctx.client.url(path), dict(ctx.client.auth_headers())
+        if ctx is not None and ctx.account is not None:
+            url, auth = ctx.account.url(path), dict(ctx.account.auth_headers())
         else:
             url, auth = self.default_url + path, {"x-api-key": DEFAULT_KEY}
         request = self.http.build_request(

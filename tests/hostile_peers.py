@@ -410,13 +410,13 @@ def _stats(server: Any, status: BinaryIO) -> dict[str, int]:
 
 
 async def _child(spec: dict[str, Any], status: BinaryIO) -> None:
-    from switchyard_mw.accounts import build_clients
+    from switchyard_mw.accounts import build_accounts
     from switchyard_mw.config import parse_config
     from switchyard_mw.extproc import Policies, start_server
     from switchyard_mw.extproc.h2_transport import DEFAULT_MESSAGE_BYTES, H2Limits
 
     config = parse_config(CONFIG)
-    policies = Policies(config, build_clients(config, {"KEY_A": "ka"}))
+    policies = Policies(config, build_accounts(config, {"KEY_A": "ka"}))
     limits = None
     if spec["transport"] == "h2":
         size = spec["max_message_bytes"] or DEFAULT_MESSAGE_BYTES

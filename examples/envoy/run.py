@@ -29,7 +29,7 @@ from typing import cast
 
 import uvicorn
 
-from switchyard_mw.accounts import build_clients
+from switchyard_mw.accounts import build_accounts
 from switchyard_mw.config import load_config, parse_config
 from switchyard_mw.extproc import TRANSPORTS, Policies, Transport, start_server
 from switchyard_mw.testing import Behaviour, MockProvider
@@ -107,7 +107,7 @@ async def main() -> None:
     listen = f"127.0.0.1:{PORTS['processor']}"
     transport = cast(Transport, TRANSPORT)
     processor = await start_server(
-        Policies(config, build_clients(config)), listen, transport=transport
+        Policies(config, build_accounts(config)), listen, transport=transport
     )
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -11,7 +11,7 @@ from .core.pool import AccountPool, AccountSpec
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class UpstreamClient:
+class Account:
     """One `llm_clients` entry, ready to call. `repr` never shows the key."""
 
     name: str
@@ -36,20 +36,16 @@ class UpstreamClient:
         return self.base_url + path
 
 
-def build_clients(
-    config: Config, environ: Mapping[str, str] | None = None
-) -> dict[str, UpstreamClient]:
+def build_accounts(config: Config, environ: Mapping[str, str] | None = None) -> dict[str, Account]:
     """Every configured client with its key; `StartupError` names each unset key variable."""
     keys = read_api_keys(config, environ)
     return {
-        name: UpstreamClient(name=name, spec=spec, api_key=keys[name])
+        name: Account(name=name, spec=spec, api_key=keys[name])
         for name, spec in config.llm_clients.items()
     }
 
 
-def pool_from_clients(
-    clients: Mapping[str, UpstreamClient], *, clock: Clock = monotonic
-) -> AccountPool:
+def pool_from_accounts(clients: Mapping[str, Account], *, clock: Clock = monotonic) -> AccountPool:
     """The account pool for `clients`, keyed by their `llm_clients` names."""
     return AccountPool(
         [

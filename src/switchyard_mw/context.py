@@ -16,7 +16,7 @@ from .telemetry import names as tm
 from .wire import RequestView, Wire, rewrite_model
 
 if TYPE_CHECKING:
-    from .accounts import UpstreamClient
+    from .accounts import Account
 
 
 _current: ContextVar[RequestContext | None] = ContextVar("switchyard_context", default=None)
@@ -26,17 +26,17 @@ class RequestContext:
     """What switchyard decided about one request, and what the app reports back.
 
     Attributes the app reads: `view` (the parsed body, None when the request was not read),
-    `requested_model`, `resolved_model`, `client` (the account to call), `deadline` (seconds
-    left for the outbound call), `attempts`, `route`.
+    `requested_model`, `resolved_model`, `account` (the upstream account to call),
+    `seconds_left` (for the outbound call), `attempts`, `route`.
     """
 
     __slots__ = (
         "_rewritten",
+        "account",
         "attempt_deadline_secs",
         "attempts",
         "body",
         "budget_at",
-        "client",
         "deadline_at",
         "deadline_phase",
         "disconnected",
@@ -70,7 +70,7 @@ class RequestContext:
         """When switchyard first saw the request (monotonic seconds)."""
         self.resolved_model: str | None = view.model if view else None
         """The model the request goes to, after the judge, the canary split and any fallback."""
-        self.client: UpstreamClient | None = None
+        self.account: Account | None = None
         """The account the current attempt calls (`name`, `base_url`, `url(path)`,
         `auth_headers()`); None when no account serves the model or no cooling policy runs."""
         self.attempts = 0
@@ -149,7 +149,7 @@ class RequestContext:
         return requested
 
     @property
-    def deadline(self) -> float | None:
+    def seconds_left(self) -> float | None:
         """Seconds left for the current upstream attempt (attempt deadline and budget), or None."""
         ends = [t for t in (self.deadline_at, self.budget_at) if t is not None]
         if not ends:
@@ -197,9 +197,9 @@ def decision_attributes(ctx: RequestContext) -> dict[str, str | int]:
             attributes[tm.REQUEST_MAX_TOKENS] = ctx.view.max_tokens
     if ctx.resolved_model is not None:
         attributes[tm.RESPONSE_MODEL] = ctx.resolved_model
-    if ctx.client is not None:
-        attributes[tm.ACCOUNT] = ctx.client.name
-        if (provider := tm.provider_name(ctx.client.base_url)) is not None:
+    if ctx.account is not None:
+        attributes[tm.ACCOUNT] = ctx.account.name
+        if (provider := tm.provider_name(ctx.account.base_url)) is not None:
             attributes[tm.PROVIDER_NAME] = provider
     if ctx.attempts:
         attributes[tm.ATTEMPTS] = ctx.attempts

@@ -11,7 +11,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from conftest import Metrics
-from switchyard_mw.accounts import UpstreamClient, pool_from_clients
+from switchyard_mw.accounts import Account, pool_from_accounts
 from switchyard_mw.asgi._types import ASGIApp, Message, Receive, Scope, Send
 from switchyard_mw.asgi.cooling import (
     MAX_HELD_BYTES,
@@ -52,19 +52,19 @@ class FakeClock:
 
 def account(
     name: str, *, models: tuple[str, ...] = ("m",), priority: int = 0, **spec: Any
-) -> UpstreamClient:
+) -> Account:
     spec.setdefault("failure_threshold", 1)
     llm = LLMClient(base_url=f"http://{name}.test", models=list(models), priority=priority, **spec)
-    return UpstreamClient(name=name, spec=llm, api_key=f"sk-secret-{name}")
+    return Account(name=name, spec=llm, api_key=f"sk-secret-{name}")
 
 
 def client_name() -> str:
     ctx = current_context()
-    return ctx.client.name if ctx is not None and ctx.client is not None else "-"
+    return ctx.account.name if ctx is not None and ctx.account is not None else "-"
 
 
 class Upstream:
-    """Stands in for the gateway app: answers per `ctx.client.name` as scripted, records bodies."""
+    """Stands in for the gateway app: answers per `ctx.account.name` as scripted, records bodies."""
 
     def __init__(
         self, script: dict[str, Behaviour] | None = None, *, delay: dict[str, float] | None = None
@@ -99,7 +99,7 @@ class Upstream:
 
 
 def stack(
-    app: ASGIApp, *accounts: UpstreamClient, clock: FakeClock, canary: bool = False
+    app: ASGIApp, *accounts: Account, clock: FakeClock, canary: bool = False
 ) -> tuple[ASGIApp, AccountPool]:
     cooling = CoolingMiddleware(app, clients={a.name: a for a in accounts}, clock=clock)
     outer: ASGIApp = cooling
@@ -615,7 +615,7 @@ async def test_one_attempt_span_per_attempt(clock: FakeClock, spans: InMemorySpa
 
 async def test_status_app_shows_state_and_no_secret(clock: FakeClock) -> None:
     clients = {"a": account("a"), "b": account("b")}
-    pool = pool_from_clients(clients, clock=clock)
+    pool = pool_from_accounts(clients, clock=clock)
     cool(pool, "a")
     pool.hold("b", "m", 40.0)  # a 429's retry time: held for that model, not cooled
     clock.now += 12

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from conftest import Metrics
-from switchyard_mw.accounts import UpstreamClient
+from switchyard_mw.accounts import Account
 from switchyard_mw.asgi.deadline import DeadlineMiddleware
 from switchyard_mw.config import LLMClient
 from switchyard_mw.context import RequestContext, context_of, current_context
@@ -101,7 +101,7 @@ def sleeper(
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await receive()
         ctx = current_context()
-        state["deadline"] = ctx.deadline if ctx else None
+        state["deadline"] = ctx.seconds_left if ctx else None
         try:
             await asyncio.sleep(before_start)
             if sse_gaps is None:
@@ -273,7 +273,7 @@ async def test_limits_come_from_the_chosen_client() -> None:
         await send({"type": "http.response.start", "status": 204, "headers": []})
         await send({"type": "http.response.body", "body": b""})
 
-    account = UpstreamClient(
+    account = Account(
         name="a",
         spec=LLMClient(base_url="http://x", models=["m"], timeout_secs=7, default_max_tokens=32000),
     )
@@ -281,7 +281,7 @@ async def test_limits_come_from_the_chosen_client() -> None:
     async def with_client(scope: dict[str, Any], receive: Any, send: Any) -> None:
         ctx = context_of(scope)
         assert ctx is not None
-        ctx.client = account
+        ctx.account = account
         await deadline(scope, receive, send)
 
     deadline = DeadlineMiddleware(app, timeout_secs=1)

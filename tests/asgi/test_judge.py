@@ -19,7 +19,7 @@ import pytest_asyncio
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from servers import serving
-from switchyard_mw.accounts import UpstreamClient
+from switchyard_mw.accounts import Account
 from switchyard_mw.asgi._types import Message, Receive, Scope, Send
 from switchyard_mw.asgi.judge import MAX_VERDICT_BYTES, JudgeMiddleware
 from switchyard_mw.config import LLMClient, Route, parse_config
@@ -311,7 +311,7 @@ def make_judge(
         fallback="fallback-model",
         judge_deadline_ms=deadline_ms,
     )
-    client = UpstreamClient(
+    client = Account(
         name="judge", spec=LLMClient(base_url=url, models=["*"], timeout_secs=timeout_secs),
         api_key=key,
     )  # fmt: skip
@@ -605,7 +605,7 @@ async def test_lifespan_passes_through_and_closes_the_pool(
         await InnerApp()(scope, receive, send)
 
     route = make_judge(judge_url, "k-life")[1]._routes
-    clients = {"judge": UpstreamClient(name="judge", spec=LLMClient(base_url=judge_url,
+    clients = {"judge": Account(name="judge", spec=LLMClient(base_url=judge_url,
                models=["*"]), api_key="k-life")}  # fmt: skip
     mw = JudgeMiddleware(app, routes=route, clients=clients)
     assert (await post(mw, chat_body())).json() == {"model": "small-model"}

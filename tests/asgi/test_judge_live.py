@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from servers import serving
-from switchyard_mw.accounts import UpstreamClient
+from switchyard_mw.accounts import Account
 from switchyard_mw.asgi._types import Receive, Scope, Send
 from switchyard_mw.asgi.judge import JudgeMiddleware
 from switchyard_mw.config import LLMClient, Route
@@ -74,7 +74,7 @@ async def stack() -> AsyncIterator[tuple[MockProvider, str]]:
             judge_deadline_ms=300,
         )
         spec = LLMClient(base_url=provider_url, models=["*"])
-        judge = UpstreamClient(name="judge", spec=spec, api_key=JUDGE_KEY)
+        judge = Account(name="judge", spec=spec, api_key=JUDGE_KEY)
         gateway = JudgeMiddleware(
             Forwarder(provider_url), routes={"auto": route}, clients={"judge": judge}
         )

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from switchyard_mw.accounts import build_clients
+from switchyard_mw.accounts import build_accounts
 from switchyard_mw.cli import main
 from switchyard_mw.config import Config, load_config, parse_config, read_api_keys
 from switchyard_mw.errors import ConfigError, StartupError
@@ -217,7 +217,7 @@ def test_missing_key_variable_is_a_startup_error_naming_it() -> None:
         StartupError, match=r"llm_clients\.a\.api_key_env: environment variable KEY_A is not set"
     ):
         read_api_keys(config, {})
-    clients = build_clients(config, {"KEY_A": "sk-secret-123"})
+    clients = build_accounts(config, {"KEY_A": "sk-secret-123"})
     assert clients["a"].auth_headers() == [("x-api-key", "sk-secret-123")]
     assert clients["j"].auth_headers() == []
     assert "sk-secret-123" not in repr(clients["a"])
@@ -225,7 +225,7 @@ def test_missing_key_variable_is_a_startup_error_naming_it() -> None:
 
 def test_bearer_auth_header() -> None:
     config = parse_config(VALID.replace('auth = "x-api-key"', 'auth = "bearer"'))
-    clients = build_clients(config, {"KEY_A": "k"})
+    clients = build_accounts(config, {"KEY_A": "k"})
     assert clients["a"].auth_headers() == [("authorization", "Bearer k")]
     assert clients["a"].url("/v1/messages") == "http://127.0.0.1:9/v1/messages"
 

@@ -7,7 +7,7 @@ import time
 import msgspec
 import pytest
 
-from switchyard_mw.accounts import build_clients, pool_from_clients
+from switchyard_mw.accounts import build_accounts, pool_from_accounts
 from switchyard_mw.config import parse_config
 from switchyard_mw.context import RequestContext
 from switchyard_mw.core.pool import Outcome
@@ -37,9 +37,9 @@ BODY = msgspec.json.encode({"model": "m", "messages": [{"role": "user", "content
 
 def engine(*, routable: frozenset[str] | None = None) -> Engine:
     config = parse_config(CONFIG)
-    clients = build_clients(config, {"KEY_A": "ka", "KEY_B": "kb"})
+    clients = build_accounts(config, {"KEY_A": "ka", "KEY_B": "kb"})
     return Engine(
-        server=config.server, clients=clients, pool=pool_from_clients(clients), routable=routable
+        server=config.server, clients=clients, pool=pool_from_accounts(clients), routable=routable
     )
 
 

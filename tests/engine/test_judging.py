@@ -14,7 +14,7 @@ import httpx
 import msgspec
 import pytest
 
-from switchyard_mw.accounts import UpstreamClient
+from switchyard_mw.accounts import Account
 from switchyard_mw.config import LLMClient, Route
 from switchyard_mw.engine.judge import Judge
 from switchyard_mw.telemetry import names as tm
@@ -35,7 +35,7 @@ ROUTE = Route(
 async def setup() -> AsyncIterator[tuple[MockProvider, Judge]]:
     mock = MockProvider()
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=mock), base_url="http://judge")
-    client = UpstreamClient(
+    client = Account(
         name="judge", spec=LLMClient(base_url="http://judge", models=["*"]), api_key="k"
     )
     judge = Judge(routes={"auto": ROUTE}, clients={"judge": client}, http_client=http)
@@ -163,7 +163,7 @@ async def test_without_judge_deadline_ms_the_judge_accounts_timeout_secs_bounds_
     mock.set_behaviour("k", Behaviour(headers_delay_secs=30))
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=mock), base_url="http://judge")
     spec = LLMClient(base_url="http://judge", models=["*"], timeout_secs=0.2)
-    client = UpstreamClient(name="judge", spec=spec, api_key="k")
+    client = Account(name="judge", spec=spec, api_key="k")
     route = msgspec.structs.replace(ROUTE, judge_deadline_ms=None)
     judge = Judge(routes={"auto": route}, clients={"judge": client}, http_client=http)
     try:

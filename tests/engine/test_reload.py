@@ -60,12 +60,12 @@ class Upstream:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx = context_of(scope)
         assert ctx is not None
-        assert ctx.client is not None
+        assert ctx.account is not None
         if ctx.view is not None and ctx.view.user_key == "hold":
             self.waiting.set()
             await self.release.wait()
-        status = self.status_a if ctx.client.spec.api_key_env == "KEY_A" else 200
-        body = f"{ctx.client.name} {ctx.resolved_model}".encode()
+        status = self.status_a if ctx.account.spec.api_key_env == "KEY_A" else 200
+        body = f"{ctx.account.name} {ctx.resolved_model}".encode()
         await send({"type": "http.response.start", "status": status, "headers": []})
         await send({"type": "http.response.body", "body": body})
 

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from switchyard_mw.accounts import build_clients
+from switchyard_mw.accounts import build_accounts
 from switchyard_mw.config import parse_config
 from switchyard_mw.errors import ConfigError
 from switchyard_mw.extproc import Policies
@@ -46,6 +46,6 @@ def test_the_extproc_server_says_once_that_it_ignores_shadow(
 ) -> None:
     config = parse_config(BASE + "shadow = { s = 5.0 }\n")
     with caplog.at_level(logging.WARNING):
-        Policies(config, build_clients(config, {}))
+        Policies(config, build_accounts(config, {}))
     ignored = [r for r in caplog.records if "ignores `shadow`" in r.getMessage()]
     assert len(ignored) == 1

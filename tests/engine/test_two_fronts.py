@@ -35,7 +35,7 @@ from extproc_helpers import (
     upstream_headers,
 )
 from switchyard_mw import switchyard_stack
-from switchyard_mw.accounts import build_clients
+from switchyard_mw.accounts import build_accounts
 from switchyard_mw.asgi._types import Receive, Scope, Send
 from switchyard_mw.config import Config, parse_config
 from switchyard_mw.context import current_context
@@ -187,7 +187,7 @@ def _forwarding_app(http: httpx.AsyncClient) -> Any:
             if not message.get("more_body", False):
                 break
         ctx = current_context()
-        client = None if ctx is None else ctx.client
+        client = None if ctx is None else ctx.account
         if client is None:  # nothing decided: the app answers on its own
             await send({"type": "http.response.start", "status": 200, "headers": []})
             await send({"type": "http.response.body", "body": b"{}"})
@@ -269,7 +269,7 @@ async def _play_attempts(
 
 async def through_extproc(scenario: Scenario, spans: InMemorySpanExporter) -> Decisions:
     config = _config(scenario)
-    policies = Policies(config, build_clients(config, ENV))
+    policies = Policies(config, build_accounts(config, ENV))
     _before(policies.pool, scenario)
     servicer = ExtProcServicer(policies)
     spans.clear()

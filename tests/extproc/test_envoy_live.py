@@ -29,7 +29,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from otlp_receiver import OtlpReceiver, ReceivedSpan
 from servers import ROOT, free_port, serve_in_thread
-from switchyard_mw.accounts import build_clients
+from switchyard_mw.accounts import build_accounts
 from switchyard_mw.config import parse_config
 from switchyard_mw.core.pool import BreakerState
 from switchyard_mw.core.variants import Split
@@ -102,7 +102,7 @@ class Rig:
     def configure(self, **options: Any) -> Policies:
         """A fresh config (and so a fresh account pool) for the next requests."""
         config = parse_config(config_text(self.mock_url, **options))
-        policies = Policies(config, build_clients(config, KEYS))
+        policies = Policies(config, build_accounts(config, KEYS))
         self.processor.servicer.policies = policies
         return policies
 
@@ -127,7 +127,7 @@ async def rig(
 ) -> AsyncIterator[Rig]:
     mock, mock_url = mock_server
     config = parse_config(config_text(mock_url))
-    policies = Policies(config, build_clients(config, KEYS))
+    policies = Policies(config, build_accounts(config, KEYS))
     processor = await start_server(policies, "127.0.0.1:0", transport=transport)
     assert processor.port is not None
     listener = free_port()

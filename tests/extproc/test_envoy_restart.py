@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from servers import ROOT, free_port, serve_in_thread
-from switchyard_mw.accounts import build_clients
+from switchyard_mw.accounts import build_accounts
 from switchyard_mw.config import parse_config
 from switchyard_mw.extproc import Policies, Transport, start_server
 from switchyard_mw.testing import MockProvider
@@ -43,7 +43,7 @@ def mock() -> Iterator[tuple[MockProvider, str]]:
 
 def policies(mock_url: str) -> Policies:
     config = parse_config(CONFIG.format(mock=mock_url))
-    return Policies(config, build_clients(config, {"KEY_A": "key-a"}))
+    return Policies(config, build_accounts(config, {"KEY_A": "key-a"}))
 
 
 async def test_processor_restart_while_envoy_serves(

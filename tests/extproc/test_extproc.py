@@ -27,7 +27,7 @@ from extproc_helpers import (
     upstream_headers,
 )
 from switchyard_mw._protos.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
-from switchyard_mw.accounts import build_clients
+from switchyard_mw.accounts import build_accounts
 from switchyard_mw.config import parse_config
 from switchyard_mw.core.pool import BreakerState, Outcome
 from switchyard_mw.extproc import ExtProcServicer, Policies
@@ -94,7 +94,7 @@ async def env() -> AsyncIterator[Env]:
     mock = MockProvider()
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=mock))
     config = parse_config(CONFIG)
-    policies = Policies(config, build_clients(config, ENV), judge_http_client=http)
+    policies = Policies(config, build_accounts(config, ENV), judge_http_client=http)
     yield Env(mock, policies, ExtProcServicer(policies))
     await http.aclose()
 

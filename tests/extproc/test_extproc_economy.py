@@ -15,7 +15,7 @@ from opentelemetry import propagate
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from extproc_helpers import Stream, removes, request_body, request_headers, response_headers, sets
-from switchyard_mw.accounts import build_clients
+from switchyard_mw.accounts import build_accounts
 from switchyard_mw.config import parse_config
 from switchyard_mw.core.variants import Split
 from switchyard_mw.extproc import ExtProcServicer, Policies
@@ -50,7 +50,7 @@ ENV = {"KEY_A": "secret-a", "KEY_B": "secret-b"}
 @pytest.fixture
 def servicer() -> ExtProcServicer:
     config = parse_config(CONFIG)
-    return ExtProcServicer(Policies(config, build_clients(config, ENV)))
+    return ExtProcServicer(Policies(config, build_accounts(config, ENV)))
 
 
 def body(user: str | None = "u1", model: str = "m-base") -> bytes:

@@ -20,7 +20,7 @@ import pytest
 import pytest_asyncio
 
 from servers import ROOT, free_port, serve_in_thread
-from switchyard_mw.accounts import build_clients
+from switchyard_mw.accounts import build_accounts
 from switchyard_mw.config import parse_config
 from switchyard_mw.core.pool import BreakerState
 from switchyard_mw.extproc import ExtProcServer, Policies, Transport, start_server
@@ -88,7 +88,7 @@ class Rig:
         )
         config = parse_config(text)
         self.clock = FakeClock()
-        policies = Policies(config, build_clients(config, KEYS), clock=self.clock)
+        policies = Policies(config, build_accounts(config, KEYS), clock=self.clock)
         self.processor.servicer.policies = policies
         self.mock.reset()
         return policies
@@ -105,7 +105,7 @@ def mock_server() -> Iterator[tuple[MockProvider, str]]:
 async def rig(mock_server: tuple[MockProvider, str], transport: Transport) -> AsyncIterator[Rig]:
     mock, mock_url = mock_server
     config = parse_config(config_text(mock_url, failure_threshold=3, max_body_bytes=1 << 20))
-    policies = Policies(config, build_clients(config, KEYS))
+    policies = Policies(config, build_accounts(config, KEYS))
     processor = await start_server(policies, "127.0.0.1:0", transport=transport)
     assert processor.port is not None
     listener = free_port()

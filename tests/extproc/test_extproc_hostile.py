@@ -40,7 +40,7 @@ from hostile_peers import (
 )
 from servers import ROOT, free_port, serve_in_thread
 from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from switchyard_mw.accounts import build_clients
+from switchyard_mw.accounts import build_accounts
 from switchyard_mw.config import parse_config
 from switchyard_mw.extproc import Policies, start_server
 from switchyard_mw.extproc.h2_transport import DEFAULT_MESSAGE_BYTES, H2Limits, H2Server
@@ -208,7 +208,7 @@ async def test_envoy_under_steady_traffic_is_never_told_to_calm_down(
         config = parse_config(ENVOY_CONFIG.format(mock_url=mock_url))
         limits = H2Limits(resets_per_sec=1.0, reset_burst=20)
         processor = await start_server(
-            Policies(config, build_clients(config, {"KEY_A": "ka"})),
+            Policies(config, build_accounts(config, {"KEY_A": "ka"})),
             "127.0.0.1:0",
             transport="h2",
             h2_limits=limits,
@@ -597,7 +597,7 @@ def test_the_defaults_are_sane() -> None:
 
 async def test_the_server_advertises_its_default_limits() -> None:
     config = parse_config(CONFIG)
-    policies = Policies(config, build_clients(config, {"KEY_A": "ka"}))
+    policies = Policies(config, build_accounts(config, {"KEY_A": "ka"}))
     server = await start_server(policies, f"{HOST}:0", transport="h2")
     try:
         assert server.port is not None

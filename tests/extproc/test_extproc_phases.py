@@ -30,7 +30,7 @@ from extproc_helpers import (
 )
 from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
-from switchyard_mw.accounts import build_clients, pool_from_clients
+from switchyard_mw.accounts import build_accounts, pool_from_accounts
 from switchyard_mw.config import parse_config
 from switchyard_mw.context import RequestContext
 from switchyard_mw.core.pool import Lease, Outcome
@@ -84,9 +84,9 @@ class Env:
 @pytest.fixture
 async def env() -> AsyncIterator[Env]:
     config = parse_config(CONFIG)
-    clients = build_clients(config, ENV)
+    clients = build_accounts(config, ENV)
     clock = [1000.0]
-    pool = CountingPool(pool_from_clients(clients).specs, clock=lambda: clock[0])
+    pool = CountingPool(pool_from_accounts(clients).specs, clock=lambda: clock[0])
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=MockProvider()))
     policies = Policies(config, clients, pool=pool, judge_http_client=http)
     yield Env(clock, pool, ExtProcServicer(policies, Flights(max_flights=8)))
@@ -365,8 +365,8 @@ async def _exchange(
 @pytest.mark.integration
 async def test_a_body_flood_over_51_streams_leaves_failover_offered(transport: Transport) -> None:
     config = parse_config(CONFIG)
-    clients = build_clients(config, ENV)
-    pool = CountingPool(pool_from_clients(clients).specs)
+    clients = build_accounts(config, ENV)
+    pool = CountingPool(pool_from_accounts(clients).specs)
     server = await start_server(
         Policies(config, clients, pool=pool), "127.0.0.1:0", transport=transport
     )

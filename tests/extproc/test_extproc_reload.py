@@ -19,7 +19,7 @@ from extproc_helpers import (
     sets,
     upstream_headers,
 )
-from switchyard_mw.accounts import build_clients
+from switchyard_mw.accounts import build_accounts
 from switchyard_mw.config import load_config
 from switchyard_mw.core.pool import BreakerState, Outcome
 from switchyard_mw.extproc import ExtProcServicer, Policies
@@ -36,7 +36,7 @@ async def servicer(tmp_path: Path) -> AsyncIterator[tuple[ExtProcServicer, Path]
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=MockProvider()))
     config = load_config(path)
     yield (
-        ExtProcServicer(Policies(config, build_clients(config, ENV), judge_http_client=http)),
+        ExtProcServicer(Policies(config, build_accounts(config, ENV), judge_http_client=http)),
         path,
     )
     await http.aclose()

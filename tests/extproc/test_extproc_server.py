@@ -18,7 +18,7 @@ from extproc_helpers import request_body, request_headers, sets
 from switchyard_mw import cli
 from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
-from switchyard_mw.accounts import build_clients
+from switchyard_mw.accounts import build_accounts
 from switchyard_mw.config import parse_config
 from switchyard_mw.extproc import ExtProcServer, Policies, Transport, parse_listen, start_server
 from switchyard_mw.extproc import servicer as servicer_module
@@ -57,7 +57,7 @@ async def served(
     mock = MockProvider()
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=mock))
     config = parse_config(CONFIG)
-    policies = Policies(config, build_clients(config, {"KEY_A": "ka"}), judge_http_client=http)
+    policies = Policies(config, build_accounts(config, {"KEY_A": "ka"}), judge_http_client=http)
     server = await start_server(policies, "127.0.0.1:0", transport=transport)
     channel = grpc.aio.insecure_channel(
         f"127.0.0.1:{server.port}", options=[("grpc.max_receive_message_length", 64 << 20)]
@@ -123,7 +123,7 @@ async def test_a_rewritten_body_larger_than_the_clients_window_arrives_whole(
     canaried = CONFIG.replace('models = ["m",', 'models = ["m", "m2",')
     config = parse_config(canaried + "\n[canaries.m]\nvariants = { m2 = 100 }\n")
     server = await start_server(
-        Policies(config, build_clients(config, {"KEY_A": "ka"})),
+        Policies(config, build_accounts(config, {"KEY_A": "ka"})),
         "127.0.0.1:0",
         transport=transport,
     )
@@ -201,7 +201,7 @@ async def test_a_message_over_the_limit_is_refused_and_the_server_serves_on(
 ) -> None:
     config = parse_config(CONFIG + "\n[server]\nmax_body_bytes = 1024\n")
     server = await start_server(
-        Policies(config, build_clients(config, {"KEY_A": "ka"})),
+        Policies(config, build_accounts(config, {"KEY_A": "ka"})),
         "127.0.0.1:0",
         transport=transport,
     )
@@ -297,7 +297,7 @@ async def test_stop_ends_what_outlasts_the_grace(
 async def test_h2_answers_a_non_grpc_request_with_415_and_garbage_with_a_close() -> None:
     config = parse_config(CONFIG)
     server = await start_server(
-        Policies(config, build_clients(config, {"KEY_A": "ka"})), "127.0.0.1:0", transport="h2"
+        Policies(config, build_accounts(config, {"KEY_A": "ka"})), "127.0.0.1:0", transport="h2"
     )
     try:
         async with httpx.AsyncClient(http1=False, http2=True) as client:
@@ -337,7 +337,7 @@ async def test_a_unix_socket_listener(tmp_path: Path, transport: Transport) -> N
     config = parse_config(CONFIG)
     socket_path = tmp_path / "extproc.sock"
     server = await start_server(
-        Policies(config, build_clients(config, {"KEY_A": "ka"})),
+        Policies(config, build_accounts(config, {"KEY_A": "ka"})),
         f"unix:{socket_path}",
         transport=transport,
     )
@@ -413,7 +413,7 @@ async def test_h2_is_the_default_transport_and_grpcio_is_chosen_by_name(
 ) -> None:
     config = parse_config(CONFIG)
     server = await start_server(
-        Policies(config, build_clients(config, {"KEY_A": "ka"})), "127.0.0.1:0"
+        Policies(config, build_accounts(config, {"KEY_A": "ka"})), "127.0.0.1:0"
     )
     try:
         assert server.transport == "h2"
@@ -432,7 +432,7 @@ async def test_h2_is_the_default_transport_and_grpcio_is_chosen_by_name(
 
 async def test_an_unknown_transport_is_refused_by_name(tmp_path: Path) -> None:
     config = parse_config(CONFIG)
-    policies = Policies(config, build_clients(config, {"KEY_A": "ka"}))
+    policies = Policies(config, build_accounts(config, {"KEY_A": "ka"}))
     with pytest.raises(ValueError, match="transport 'grpc': expected one of grpcio, h2"):
         await start_server(policies, "127.0.0.1:0", transport="grpc")  # type: ignore[arg-type]
     good = tmp_path / "good.toml"

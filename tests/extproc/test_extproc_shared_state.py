@@ -11,7 +11,7 @@ import pytest
 
 from extproc_helpers import Stream, request_body, request_headers, response_headers, sets
 from redis_server import RedisServer, running_redis
-from switchyard_mw.accounts import build_clients
+from switchyard_mw.accounts import build_accounts
 from switchyard_mw.config import parse_config
 from switchyard_mw.core.pool import BreakerState
 from switchyard_mw.extproc import ExtProcServicer, Policies
@@ -60,7 +60,7 @@ async def routed_to(servicer: ExtProcServicer, status: int) -> bytes:
 
 async def test_a_cooling_in_one_processor_reroutes_the_other(redis_server: RedisServer) -> None:
     config = parse_config(CONFIG.format(url=redis_server.url))
-    one, two = (Policies(config, build_clients(config, KEYS)) for _ in range(2))
+    one, two = (Policies(config, build_accounts(config, KEYS)) for _ in range(2))
     await one.start()
     await two.start()
     try:

@@ -30,7 +30,7 @@ from extproc_helpers import (
 )
 from switchyard_mw._protos.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from switchyard_mw.accounts import build_clients, pool_from_clients
+from switchyard_mw.accounts import build_accounts, pool_from_accounts
 from switchyard_mw.config import parse_config
 from switchyard_mw.extproc import ExtProcServicer, Policies
 from switchyard_mw.extproc.flights import Flights
@@ -109,8 +109,8 @@ class Env:
 @pytest.fixture
 async def env() -> AsyncIterator[Env]:
     config = parse_config(CONFIG)
-    clients = build_clients(config, ENV)
-    pool = CountingPool(pool_from_clients(clients).specs)
+    clients = build_accounts(config, ENV)
+    pool = CountingPool(pool_from_accounts(clients).specs)
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=MockProvider()))
     policies = Policies(config, clients, pool=pool, judge_http_client=http)
     yield Env(ExtProcServicer(policies, Flights()), pool)

@@ -19,7 +19,7 @@ import pytest
 import pytest_asyncio
 
 from servers import ROOT, free_port, serve_in_thread
-from switchyard_mw.accounts import build_clients
+from switchyard_mw.accounts import build_accounts
 from switchyard_mw.config import parse_config
 from switchyard_mw.extproc import ExtProcServer, Policies, Transport, start_server
 from switchyard_mw.telemetry import names as tm
@@ -71,7 +71,7 @@ async def rig(transport: Transport) -> AsyncIterator[Rig]:
     mock = MockProvider(reply=REPLY)
     with serve_in_thread(mock) as mock_url:
         config = parse_config(config_text(mock_url))
-        policies = Policies(config, build_clients(config, KEYS))
+        policies = Policies(config, build_accounts(config, KEYS))
         processor = await start_server(policies, "127.0.0.1:0", transport=transport)
         assert processor.port is not None
         listener = free_port()

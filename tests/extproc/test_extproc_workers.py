@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from extproc_helpers import request_body, request_headers, sets
 from switchyard_mw import cli
 from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
-from switchyard_mw.accounts import build_clients
+from switchyard_mw.accounts import build_accounts
 from switchyard_mw.config import parse_config
 from switchyard_mw.extproc import Policies, Transport, start_server
 
@@ -133,13 +133,15 @@ async def test_one_processor_does_not_silently_share_a_port_another_serves(
     would take half of Envoy's connections (and half of its requests' failover)."""
     config = parse_config(CONFIG)
     first = await start_server(
-        Policies(config, build_clients(config, {"KEY_A": "ka"})), "127.0.0.1:0", transport=transport
+        Policies(config, build_accounts(config, {"KEY_A": "ka"})),
+        "127.0.0.1:0",
+        transport=transport,
     )
     try:
         assert first.port is not None
         with pytest.raises(OSError, match="cannot listen"):
             await start_server(
-                Policies(config, build_clients(config, {"KEY_A": "ka"})),
+                Policies(config, build_accounts(config, {"KEY_A": "ka"})),
                 f"127.0.0.1:{first.port}",
                 transport=transport,
             )

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from extproc_helpers import Stream, common, request_body, request_headers
 from fuzz_inputs import PATHS, header_values, mutated_bodies
-from switchyard_mw.accounts import build_clients
+from switchyard_mw.accounts import build_accounts
 from switchyard_mw.config import parse_config
 from switchyard_mw.extproc import ExtProcServicer, Policies
 from switchyard_mw.testing import MockProvider
@@ -49,7 +49,7 @@ MOCK = MockProvider()
 SERVICER = ExtProcServicer(
     Policies(
         CONFIG,
-        build_clients(CONFIG, {"KEY": "k"}),
+        build_accounts(CONFIG, {"KEY": "k"}),
         judge_http_client=httpx.AsyncClient(transport=httpx.ASGITransport(app=MOCK)),
     )
 )

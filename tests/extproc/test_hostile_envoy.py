@@ -17,7 +17,7 @@ import pytest
 import pytest_asyncio
 
 from servers import ROOT, free_port, serve_in_thread
-from switchyard_mw.accounts import build_clients
+from switchyard_mw.accounts import build_accounts
 from switchyard_mw.config import parse_config
 from switchyard_mw.extproc import Policies, Transport, start_server
 from switchyard_mw.testing import Behaviour, MockProvider
@@ -74,7 +74,7 @@ async def envoy(mock: tuple[MockProvider, str], transport: Transport) -> AsyncIt
     """Envoy's URL, with the processor behind it on `transport`."""
     config = parse_config(config_text(mock[1]))
     processor = await start_server(
-        Policies(config, build_clients(config, KEYS)), "127.0.0.1:0", transport=transport
+        Policies(config, build_accounts(config, KEYS)), "127.0.0.1:0", transport=transport
     )
     assert processor.port is not None
     listener = free_port()

@@ -20,7 +20,7 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import Route
 
 from servers import raw_server, read_http_request
-from switchyard_mw.accounts import build_clients
+from switchyard_mw.accounts import build_accounts
 from switchyard_mw.asgi.cooling import CoolingMiddleware
 from switchyard_mw.asgi.stack import switchyard_stack
 from switchyard_mw.config import parse_config
@@ -297,7 +297,7 @@ async def test_without_the_deadline_policy_the_budget_still_bounds_the_call(
     # The cooling policy alone: nothing cancels the call, its own timeouts must end it.
     async with upstream(stall) as (url, _):
         http = client_of(kind)
-        clients = build_clients(parse_config(config(url, "x-api-key")), {"KEY": KEY})
+        clients = build_accounts(parse_config(config(url, "x-api-key")), {"KEY": KEY})
         app = CoolingMiddleware(app_for(Forwarder(http), entry), clients=clients)
         transport = httpx.ASGITransport(app=app)
         async with (

@@ -18,7 +18,7 @@ import pytest
 
 import switchyard_mw
 from switchyard_mw import errors
-from switchyard_mw.accounts import build_clients
+from switchyard_mw.accounts import build_accounts
 from switchyard_mw.config import load_config, parse_config
 from switchyard_mw.engine.outbound import make_http_client
 
@@ -120,7 +120,7 @@ def test_config_loading_raises_a_switchyard_error(tmp_path: Path) -> None:
 
 def test_a_missing_key_at_startup_is_a_switchyard_error() -> None:
     with pytest.raises(errors.SwitchyardError, match="KEY_A"):
-        build_clients(parse_config(CONFIG), {})
+        build_accounts(parse_config(CONFIG), {})
 
 
 async def test_an_extproc_server_that_cannot_listen_is_a_switchyard_error() -> None:
@@ -132,7 +132,7 @@ async def test_an_extproc_server_that_cannot_listen_is_a_switchyard_error() -> N
         taken.listen()
         port = taken.getsockname()[1]
         for transport in ("h2", "grpcio"):
-            policies = Policies(config, build_clients(config, {"KEY_A": "ka"}))
+            policies = Policies(config, build_accounts(config, {"KEY_A": "ka"}))
             with pytest.raises(errors.SwitchyardError, match="cannot listen") as info:
                 await start_server(policies, f"127.0.0.1:{port}", transport=transport)
             assert isinstance(info.value, errors.ListenError)

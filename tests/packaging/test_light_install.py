@@ -99,7 +99,7 @@ def test_the_stack_serves_a_request_with_no_extra_installed() -> None:
 
         async def answer(request):
             ctx = switchyard_mw.current_context()
-            return JSONResponse({{"model": ctx.resolved_model, "account": ctx.client.name}})
+            return JSONResponse({{"model": ctx.resolved_model, "account": ctx.account.name}})
 
         async def main():
             app = switchyard_mw.switchyard_stack(

@@ -257,16 +257,14 @@ def finished(
     first_token_secs: float | None = None,
 ) -> Any:
     """A request that ran `secs` from start 0.0 (returned with its end: `observe`'s args)."""
-    from switchyard_mw.accounts import UpstreamClient
+    from switchyard_mw.accounts import Account
     from switchyard_mw.config import LLMClient
     from switchyard_mw.context import RequestContext
     from switchyard_mw.wire import Wire, read_request
 
     body = b'{"model":"%s","max_tokens":5,"messages":[]}' % model.encode()
     ctx = RequestContext(view=read_request(Wire.ANTHROPIC, body), body=body, now=0.0)
-    ctx.client = UpstreamClient(
-        name="acct-f", spec=LLMClient(base_url="http://f.test", models=["*"])
-    )
+    ctx.account = Account(name="acct-f", spec=LLMClient(base_url="http://f.test", models=["*"]))
     ctx.response_status = 200
     ctx.report_usage(input_tokens=usage[0], output_tokens=usage[1])
     ctx.first_token_at = first_token_secs

@@ -1,6 +1,6 @@
 """CoolingMiddleware: picks the account for each upstream attempt and fails over on faults.
 
-Every attempt runs the app once with `ctx.client` set to the account the pool chose. Its
+Every attempt runs the app once with `ctx.account` set to the account the pool chose. Its
 `http.response.start` is held back only while a failover is still possible: a fault or a 429
 that another account may absorb is swallowed and the same body replayed to the next account;
 anything else goes to the client at once. Once a byte reached the client, there is no failover.
@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from opentelemetry import trace
 
-from ..accounts import UpstreamClient, build_clients, pool_from_clients
+from ..accounts import Account, build_accounts, pool_from_accounts
 from ..config import ConfigSource, Server, as_config
 from ..context import RequestContext
 from ..core.clock import Clock, monotonic
@@ -151,7 +151,7 @@ class CoolingMiddleware(PolicyMiddleware):
         *,
         config: ConfigSource | None = None,
         environ: Mapping[str, str] | None = None,
-        clients: Mapping[str, UpstreamClient] | None = None,
+        clients: Mapping[str, Account] | None = None,
         pool: AccountPool | None = None,
         clock: Clock = monotonic,
         server: Server | None = None,
@@ -164,7 +164,7 @@ class CoolingMiddleware(PolicyMiddleware):
             if clients is not None:
                 raise TypeError("CoolingMiddleware takes config or clients, not both")
             loaded = as_config(config)
-            clients = build_clients(loaded, environ)
+            clients = build_accounts(loaded, environ)
             server = server or loaded.server
             store = build_store(loaded.state) if pool is None else None
         elif clients is None:
@@ -172,7 +172,7 @@ class CoolingMiddleware(PolicyMiddleware):
         super().__init__(app, server=server)
         if engine is None:
             if pool is None:
-                pool = pool_from_clients(clients, clock=clock)
+                pool = pool_from_accounts(clients, clock=clock)
             engine = Engine(server=self.server, clients=clients, pool=pool)
         self.engine = engine
         self.clients = engine.clients
@@ -227,7 +227,7 @@ class CoolingMiddleware(PolicyMiddleware):
                 return await self.inner(ctx, scope, receive, send)  # not ours to place
             lease = await engine.acquire(ctx)
         tried: list[str] = []
-        last: tuple[list[Message], UpstreamClient | None, str | None] | None = None
+        last: tuple[list[Message], Account | None, str | None] | None = None
         failure: str | None = None  # how the last attempt that raised failed
         while lease is not None:
             if tried:
@@ -238,14 +238,14 @@ class CoolingMiddleware(PolicyMiddleware):
                 return
             failure = attempt.failure
             if attempt.held is not None:
-                last = (attempt.held, ctx.client, ctx.resolved_model)
+                last = (attempt.held, ctx.account, ctx.resolved_model)
             if not engine.another_possible(ctx, tried):
                 break
             lease = await engine.acquire(ctx, tried)
         if last is not None:
             # The last upstream answer says more than anything we could make up (a 429 keeps
             # its retry-after); the exposed headers name the account that gave it.
-            held, ctx.client, ctx.resolved_model = last
+            held, ctx.account, ctx.resolved_model = last
             for message in held:
                 await send(message)
             return
@@ -384,7 +384,7 @@ class CoolingMiddleware(PolicyMiddleware):
 
 
 def _client_span(ctx: RequestContext, parent: trace.Span) -> trace.Span:
-    client, view = ctx.client, ctx.view
+    client, view = ctx.account, ctx.view
     return tm.start_client_span(
         parent,
         model=ctx.resolved_model,

@@ -31,7 +31,7 @@ __all__ = ["DEADLINE_EXCEEDED", "DeadlineExceededAfterStart", "DeadlineMiddlewar
 class DeadlineMiddleware(PolicyMiddleware):
     """Bounds the app's work on each request as the deadline rule says.
 
-    The limits come from the account the cooling policy chose (`ctx.client`) when there is one,
+    The limits come from the account the cooling policy chose (`ctx.account`) when there is one,
     else from this middleware's own `timeout_secs`, `stream_idle_secs` and `default_max_tokens`.
     """
 
@@ -56,7 +56,7 @@ class DeadlineMiddleware(PolicyMiddleware):
         if view is None:
             return await self.app(scope, receive, send)
         # The account's limits when the cooling policy chose one, else this policy's own.
-        limits: Limits = self if ctx.client is None else ctx.client.spec
+        limits: Limits = self if ctx.account is None else ctx.account.spec
         first = deadline_secs(view, limits)
         now = time.monotonic()
         ctx.attempt_deadline_secs = first

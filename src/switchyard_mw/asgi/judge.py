@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 import httpx
 
-from ..accounts import UpstreamClient, build_clients
+from ..accounts import Account, build_accounts
 from ..config import ConfigSource, Route, Server, as_config
 from ..context import RequestContext
 from ..engine.judge import JUDGE_PATH, MAX_VERDICT_BYTES, Judge
@@ -43,7 +43,7 @@ class JudgeMiddleware(PolicyMiddleware):
         config: ConfigSource | None = None,
         environ: Mapping[str, str] | None = None,
         routes: Mapping[str, Route] | None = None,
-        clients: Mapping[str, UpstreamClient] | None = None,
+        clients: Mapping[str, Account] | None = None,
         http_client: httpx.AsyncClient | None = None,
         server: Server | None = None,
     ) -> None:
@@ -51,7 +51,7 @@ class JudgeMiddleware(PolicyMiddleware):
             if routes is not None or clients is not None:
                 raise TypeError("JudgeMiddleware takes config or routes and clients, not both")
             loaded = as_config(config)
-            routes, clients = loaded.routes, build_clients(loaded, environ)
+            routes, clients = loaded.routes, build_accounts(loaded, environ)
             server = server or loaded.server
         elif routes is None or clients is None:
             raise TypeError("JudgeMiddleware needs config (or routes and clients)")

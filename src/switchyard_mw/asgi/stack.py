@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 import httpx
 
-from ..accounts import UpstreamClient, build_clients, pool_from_clients
+from ..accounts import Account, build_accounts, pool_from_accounts
 from ..config import Config, ConfigSource, as_config, load_config
 from ..context import RequestContext
 from ..core.clock import Clock, monotonic
@@ -49,7 +49,7 @@ class SwitchyardStack(PolicyMiddleware):
         app: ASGIApp,
         *,
         config: Config,
-        clients: Mapping[str, UpstreamClient],
+        clients: Mapping[str, Account],
         judge_http_client: httpx.AsyncClient | None = None,
         clock: Clock = monotonic,
         store: Store | None = None,
@@ -68,9 +68,9 @@ class SwitchyardStack(PolicyMiddleware):
         self.store: Store = store if store is not None else build_store(config.state)
         # The store needs the server's event loop, which the constructor may not have.
         self._start = self._startup
-        self._build(config, dict(clients), pool_from_clients(clients, clock=clock))
+        self._build(config, dict(clients), pool_from_accounts(clients, clock=clock))
 
-    def _build(self, config: Config, clients: dict[str, UpstreamClient], pool: AccountPool) -> None:
+    def _build(self, config: Config, clients: dict[str, Account], pool: AccountPool) -> None:
         """Put the policies of `config` in force, all at once (no await in between)."""
         app, server = self.app, config.server
         previous: JudgeMiddleware | None = getattr(self, "judge", None)
@@ -117,7 +117,7 @@ class SwitchyardStack(PolicyMiddleware):
             return prepared
         new_config, clients = prepared
         old_pool = self.pool
-        pool = pool_from_clients(clients, clock=self.clock)
+        pool = pool_from_accounts(clients, clock=self.clock)
         pool.carry_over(old_pool, accounts=reload.kept_accounts(self.clients, clients))
         old_shadows = self.shadows
         self._build(new_config, clients, pool)
@@ -210,7 +210,7 @@ def switchyard_stack(
     if not isinstance(config, Config):
         loader = loader or functools.partial(load_config, config)
     config = as_config(config)
-    clients = build_clients(config, environ)
+    clients = build_accounts(config, environ)
     return SwitchyardStack(
         app,
         config=config,

@@ -67,7 +67,7 @@ def exposed_headers(ctx: RequestContext) -> tuple[tuple[bytes, bytes], ...]:
     route), so each distinct one is encoded once and shared; the cache is bounded, since a
     model name may be anything a client sends.
     """
-    client = ctx.client
+    client = ctx.account
     decision = (
         ctx.resolved_model,
         None if client is None else client.name,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import httpx
 from opentelemetry import propagate, trace
 
-from ..accounts import UpstreamClient
+from ..accounts import Account
 from ..config import Route
 from ..core.judge import build_judge_request, parse_verdict
 from ..errors import BadVerdict
@@ -71,7 +71,7 @@ class Judge:
         self,
         *,
         routes: Mapping[str, Route],
-        clients: Mapping[str, UpstreamClient],
+        clients: Mapping[str, Account],
         http_client: httpx.AsyncClient | None = None,
         pin_cache_size: int = PIN_CACHE_SIZE,
     ) -> None:
@@ -213,7 +213,7 @@ class Judge:
         except httpx.HTTPError:  # a mapped TransportError, or one of httpx's own refusals
             return None, "transport_error"
 
-    async def _call(self, account: UpstreamClient, body: bytes) -> bytes:
+    async def _call(self, account: Account, body: bytes) -> bytes:
         headers = [
             *account.auth_headers(),
             ("content-type", "application/json"),
@@ -272,7 +272,7 @@ class Judge:
             self._pins.popitem(last=False)
 
 
-def bound_secs(route: Route, account: UpstreamClient, budget_at: float | None) -> float:
+def bound_secs(route: Route, account: Account, budget_at: float | None) -> float:
     """How long the consultation may take: its own deadline, capped by the request's budget.
 
     Without `judge_deadline_ms` the judge client's `timeout_secs` still caps it, so a judge

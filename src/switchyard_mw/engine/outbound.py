@@ -305,5 +305,5 @@ def timeout_for(ctx: RequestContext | None, *, default_secs: float = 60.0) -> ht
 
 def seconds_left(ctx: RequestContext | None, *, default_secs: float = 60.0) -> float:
     """What is left of the attempt's deadline and the budget, in seconds (at least 1 ms)."""
-    remaining = ctx.deadline if ctx is not None else None
+    remaining = ctx.seconds_left if ctx is not None else None
     return default_secs if remaining is None else max(remaining, 0.001)

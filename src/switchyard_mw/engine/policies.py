@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Mapping
 
 from opentelemetry import trace
 
-from ..accounts import UpstreamClient
+from ..accounts import Account
 from ..config import Server
 from ..context import RequestContext
 from ..core.pool import AccountPool, Lease, Outcome
@@ -41,7 +41,7 @@ class Engine:
         self,
         *,
         server: Server,
-        clients: Mapping[str, UpstreamClient],
+        clients: Mapping[str, Account],
         pool: AccountPool,
         judge: Judge | None = None,
         canaries: Canaries | None = None,
@@ -190,9 +190,9 @@ class Engine:
 
     # --- attempts -----------------------------------------------------------------------
 
-    def start_attempt(self, ctx: RequestContext, lease: Lease) -> UpstreamClient:
+    def start_attempt(self, ctx: RequestContext, lease: Lease) -> Account:
         """Make `lease`'s account the request's for its next attempt."""
-        client = ctx.client = self.clients[lease.account]
+        client = ctx.account = self.clients[lease.account]
         ctx.attempts += 1
         return client
 

@@ -20,7 +20,7 @@ import logging
 import signal
 from collections.abc import Callable, Mapping
 
-from ..accounts import UpstreamClient, build_clients
+from ..accounts import Account, build_accounts
 from ..config import Config
 from ..errors import ConfigError, StartupError
 from ..telemetry import names as tm
@@ -35,7 +35,7 @@ _log = logging.getLogger(__name__)
 
 def prepare(
     loader: Loader, current: Config, environ: Mapping[str, str] | None = None
-) -> tuple[Config, dict[str, UpstreamClient]] | list[str]:
+) -> tuple[Config, dict[str, Account]] | list[str]:
     """The new config and its clients (keys read from `environ`, default this process's
     environment), or every problem that refuses it (already logged and counted)."""
     try:
@@ -43,7 +43,7 @@ def prepare(
         problems = _unreloadable(current, config)
         if problems:
             raise ConfigError(problems)
-        return config, build_clients(config, environ)
+        return config, build_accounts(config, environ)
     except ConfigError as exc:
         return rejected(list(exc.problems))
     except StartupError as exc:
@@ -58,9 +58,7 @@ def _unreloadable(current: Config, new: Config) -> list[str]:
     return []
 
 
-def kept_accounts(
-    old: Mapping[str, UpstreamClient], new: Mapping[str, UpstreamClient]
-) -> list[str]:
+def kept_accounts(old: Mapping[str, Account], new: Mapping[str, Account]) -> list[str]:
     """The accounts whose name and `base_url` did not change: their health carries over."""
     return [
         name

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 import httpx
 
-from ..accounts import UpstreamClient
+from ..accounts import Account
 from ..config import Canary
 from ..context import RequestContext
 from ..core.deadline import attempt_deadline_secs
@@ -41,7 +41,7 @@ class Shadows:
         self,
         canaries: Mapping[str, Canary],
         *,
-        clients: Mapping[str, UpstreamClient],
+        clients: Mapping[str, Account],
         pool: AccountPool,
         max_inflight: int,
         http_client: httpx.AsyncClient | None = None,
@@ -63,7 +63,7 @@ class Shadows:
         cls,
         canaries: Mapping[str, Canary],
         *,
-        clients: Mapping[str, UpstreamClient],
+        clients: Mapping[str, Account],
         pool: AccountPool,
         max_inflight: int,
     ) -> Shadows | None:
@@ -95,7 +95,7 @@ class Shadows:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _account(self, model: str) -> UpstreamClient | None:
+    def _account(self, model: str) -> Account | None:
         """The preferred account serving `model` that is healthy now; no lease is taken."""
         for name in self._pool.accounts_for(model):
             if self._pool.status_of(name).state is BreakerState.CLOSED:
@@ -124,7 +124,7 @@ class Shadows:
         )
 
     async def _call(
-        self, account: UpstreamClient, path: str, body: bytes, shadow: str, deadline: float
+        self, account: Account, path: str, body: bytes, shadow: str, deadline: float
     ) -> str | None:
         """POST the copy; the error type, or None for a success. Never raises."""
         headers = [("content-type", "application/json"), *account.auth_headers()]

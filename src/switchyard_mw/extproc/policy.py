@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Mapping
 
 import httpx
 
-from ..accounts import UpstreamClient, pool_from_clients
+from ..accounts import Account, pool_from_accounts
 from ..config import Config
 from ..context import RequestContext
 from ..core.clock import Clock, monotonic
@@ -53,7 +53,7 @@ class Policies:
     def __init__(
         self,
         config: Config,
-        clients: Mapping[str, UpstreamClient],
+        clients: Mapping[str, Account],
         *,
         pool: AccountPool | None = None,
         judge_http_client: httpx.AsyncClient | None = None,
@@ -63,7 +63,7 @@ class Policies:
         self.config = config
         self.server = config.server
         self.clients = dict(clients)
-        self.pool = pool if pool is not None else pool_from_clients(self.clients, clock=clock)
+        self.pool = pool if pool is not None else pool_from_accounts(self.clients, clock=clock)
         request_metrics.watch(self.pool)  # `switchyard.account.state`
         # `[state]`: with Redis, processors (and ASGI replicas) share one cooling state.
         self.store: Store = store if store is not None else build_store(config.state)
@@ -107,13 +107,13 @@ class Policies:
         self.options = msg.Options()
         """Header options that repeat across requests (deadlines, exposed decisions)."""
 
-    def reloaded(self, config: Config, clients: Mapping[str, UpstreamClient]) -> Policies:
+    def reloaded(self, config: Config, clients: Mapping[str, Account]) -> Policies:
         """The policies of a reloaded `config`, continuing these: the same store and judge
         connection pool, the health of every account whose name and `base_url` did not
         change, fresh canary guards. These stay usable for the requests that started on them.
         """
         clock = self.pool.clock
-        pool = pool_from_clients(clients, clock=clock)
+        pool = pool_from_accounts(clients, clock=clock)
         pool.carry_over(self.pool, accounts=kept_accounts(self.clients, clients))
         new = Policies(
             config,
@@ -163,7 +163,7 @@ class Policies:
         """The account for the first attempt (switching a canary to its base if need be)."""
         return await self.engine.acquire(ctx)
 
-    def deadline_headers(self, flight: Flight, client: UpstreamClient) -> list[tuple[str, bytes]]:
+    def deadline_headers(self, flight: Flight, client: Account) -> list[tuple[str, bytes]]:
         """The Envoy timeouts that enforce the deadline rule for this request.
 
         Non-streaming: `x-envoy-upstream-rq-timeout-ms` = the attempt deadline, cut to what is
@@ -202,7 +202,7 @@ class Policies:
             return None
         return await self.pool.aacquire(model, exclude=flight.tried, allowed=within)
 
-    def start_attempt(self, flight: Flight, lease: Lease) -> UpstreamClient:
+    def start_attempt(self, flight: Flight, lease: Lease) -> Account:
         """Make `lease` the flight's attempt in flight; its span hangs under the request's."""
         ctx = flight.ctx
         client = self.engine.start_attempt(ctx, lease)

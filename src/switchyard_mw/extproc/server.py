@@ -23,7 +23,7 @@ import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
-from ..accounts import build_clients
+from ..accounts import build_accounts
 from ..config import Config
 from ..engine.reload import Loader, on_signal
 from ..errors import ListenError
@@ -223,7 +223,7 @@ async def serve(
 
     With `loader` (how to read the config again), each SIGHUP reloads it, keys included.
     """
-    policies = Policies(config, build_clients(config, environ))
+    policies = Policies(config, build_accounts(config, environ))
     running = await start_server(policies, listen, reuse_port=reuse_port, transport=transport)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -34,7 +34,7 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 from typing import TextIO
 
-from ..accounts import build_clients
+from ..accounts import build_accounts
 from ..config import Config
 from ..engine.reload import RELOAD_SIGNAL, Loader
 from ..errors import ListenError, StartupError
@@ -59,7 +59,7 @@ def run_workers(
         print(f"--workers {workers}: must be at least 1", file=err)
         return 2
     try:
-        build_clients(config)  # a missing key is named once, not by every worker
+        build_accounts(config)  # a missing key is named once, not by every worker
     except StartupError as exc:
         print(str(exc), file=err)
         return 2

@@ -1,7 +1,7 @@
 """A pass-through LLM gateway app: the example's forwarding half, reusable by a team's own app.
 
 It forwards `/v1/messages`, `/v1/chat/completions` and `/v1/responses` to the account the
-stack chose (`ctx.client`), with the body the stack rewrote, the account's key in place of the
+stack chose (`ctx.account`), with the body the stack rewrote, the account's key in place of the
 caller's, and the request's deadline on the outbound call. Streams pass through chunk by chunk;
 an upstream that dies mid-stream ends the stream with the wire's error event.
 
@@ -31,7 +31,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from ..accounts import UpstreamClient
+from ..accounts import Account
 from ..asgi.body import ClientDisconnected, read_body
 from ..context import RequestContext, current_context
 from ..engine.outbound import map_exceptions, pool_of, seconds_left, timeout_for
@@ -102,10 +102,10 @@ class Forwarder:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx = current_context()
-        if ctx is None or ctx.client is None or ctx.view is None:
+        if ctx is None or ctx.account is None or ctx.view is None:
             await _unplaced(ctx)(scope, receive, send)
             return
-        reply = await self._call(ctx, ctx.client, scope, await _request_body(receive))
+        reply = await self._call(ctx, ctx.account, scope, await _request_body(receive))
         if reply.streams:
             await _stream(reply, ctx, send)
             return
@@ -119,9 +119,9 @@ class Forwarder:
     async def forward(self, request: Request) -> Response:
         """A Starlette endpoint: `Route(path, forwarder.forward, methods=["POST"])`."""
         ctx = current_context()
-        if ctx is None or ctx.client is None or ctx.view is None:
+        if ctx is None or ctx.account is None or ctx.view is None:
             return _unplaced(ctx)
-        reply = await self._call(ctx, ctx.client, request.scope, await request.body())
+        reply = await self._call(ctx, ctx.account, request.scope, await request.body())
         if reply.streams:
             return self._streaming(reply, ctx)
         data = await self._read(reply, ctx)
@@ -130,7 +130,7 @@ class Forwarder:
         return response
 
     async def _call(
-        self, ctx: RequestContext, account: UpstreamClient, scope: Scope, body: bytes
+        self, ctx: RequestContext, account: Account, scope: Scope, body: bytes
     ) -> _Reply:
         """Send the request upstream; the reply's headers have arrived, its body not yet."""
         sends = self._sends.get(account.name)
@@ -196,7 +196,7 @@ class _Sends:
 
     __slots__ = ("account", "headers")
 
-    def __init__(self, account: UpstreamClient) -> None:
+    def __init__(self, account: Account) -> None:
         self.account = account
         self.headers = [*account.auth_headers(), _IDENTITY]
 

@@ -237,7 +237,7 @@ class RequestTally:
         if view is None:
             return
         routed = ctx.resolved_model or ""
-        client = ctx.client
+        client = ctx.account
         if error is None:
             status = ctx.response_status
             # The usual case first, without a call: answered, below 400, no deadline.
