@@ -8,9 +8,10 @@ account's key (to the upstream-level stream on a fault or a 429, as envoy.yaml's
 does), follows a retry the processor asks for, and ends with the final response headers.
 
 What must match: the status, the error type and text of the answers switchyard makes itself,
-the `x-switchyard-*` and `retry-after` headers, and every attempt span's name, attributes and
-status. An attempt span's `error.type` is left out: it names an exception's class, and only
-the ASGI front sees exceptions (Envoy reports a failed connection as a reply).
+the `x-switchyard-*` and `retry-after` headers, every attempt span's name, attributes and
+status, and each attempt's CLIENT span (`chat {model}`): its name, `error.type` and status.
+An attempt span's `error.type` is left out: it names an exception's class, and only the ASGI
+front sees exceptions (Envoy reports a failed connection as a reply).
 """
 
 from __future__ import annotations
@@ -120,6 +121,8 @@ class Decisions:
     """`x-switchyard-*` and `retry-after`."""
     attempts: list[tuple[str, dict[str, Any], str]] = field(default_factory=list)
     """Each attempt span: name, attributes (but `error.type`), status code."""
+    calls: list[tuple[str, Any, str]] = field(default_factory=list)
+    """Each attempt's GenAI CLIENT span (`chat {model}`): name, `error.type`, status code."""
 
 
 def _kept_headers(headers: Mapping[str, str]) -> dict[str, str]:
@@ -138,6 +141,16 @@ def _attempt_spans(spans: InMemorySpanExporter) -> list[tuple[str, dict[str, Any
             s.status.status_code.name,
         )
         for s in found
+    ]
+
+
+def _client_spans(spans: InMemorySpanExporter) -> list[tuple[str, Any, str]]:
+    found = sorted(
+        (s for s in spans.get_finished_spans() if s.name.startswith("chat ")),
+        key=lambda s: s.start_time or 0,
+    )
+    return [
+        (s.name, (s.attributes or {}).get(tm.ERROR_TYPE), s.status.status_code.name) for s in found
     ]
 
 
@@ -227,6 +240,7 @@ async def through_asgi(scenario: Scenario, spans: InMemorySpanExporter) -> Decis
         status=reply.status_code,
         headers=_kept_headers(reply.headers),
         attempts=_attempt_spans(spans),
+        calls=_client_spans(spans),
     )
     if scenario.own_answer:
         decisions.error = _error_of(reply.json())
@@ -299,6 +313,7 @@ async def through_extproc(scenario: Scenario, spans: InMemorySpanExporter) -> De
         answer.status if isinstance(answer, Behaviour) else 0,
         headers=_kept_headers(_decoded(sets(final))),
         attempts=_attempt_spans(spans),
+        calls=_client_spans(spans),
     )
 
 
@@ -313,6 +328,7 @@ def _immediate(answer: Any, spans: InMemorySpanExporter) -> Decisions:
         error=_error_of(body),
         headers=_kept_headers(_decoded(headers)),
         attempts=_attempt_spans(spans),
+        calls=_client_spans(spans),
     )
 
 
@@ -325,3 +341,4 @@ async def test_both_fronts_decide_alike(
     assert asgi == extproc
     if scenario.content_type == "application/json":
         assert asgi.attempts or scenario.before, "the scenario made no attempt"
+        assert len(asgi.calls) == len(asgi.attempts), "each attempt has its CLIENT span"

@@ -395,21 +395,7 @@ def _client_span(ctx: RequestContext, parent: trace.Span) -> trace.Span:
 
 def _end_client_span(span: trace.Span, ctx: RequestContext, attempt: _Attempt) -> None:
     status = ctx.upstream_status if ctx.upstream_status is not None else attempt.status
-    if ctx.deadline_phase is not None:
-        error: str | None = "deadline_exceeded"
-    elif attempt.failure is not None:
-        error = attempt.failure
-    elif status is None:
-        error = "no_response"
-    else:
-        error = str(status) if status >= 400 else None
-    tm.end_client_span(
-        span,
-        model=ctx.resolved_model,
-        error=error,
-        input_tokens=ctx.input_tokens,
-        output_tokens=ctx.output_tokens,
-    )
+    attempts.end_client_span(span, ctx, status=status, failure=attempt.failure)
 
 
 def _replay(ctx: RequestContext, receive: Receive) -> Receive:

@@ -12,6 +12,7 @@ import httpx
 from opentelemetry import trace
 from opentelemetry.context import Context
 
+from ..context import RequestContext
 from ..core.deadline import attempt_deadline_secs
 from ..core.pool import Lease, Outcome, classify_status
 from ..telemetry import names as tm
@@ -135,3 +136,27 @@ def end_span(span: trace.Span, deadline_phase: str | None) -> None:
     if deadline_phase is not None:
         span.set_attribute(tm.DEADLINE_PHASE, deadline_phase)
     span.end()
+
+
+def end_client_span(
+    span: trace.Span, ctx: RequestContext, *, status: int | None, failure: str | None
+) -> None:
+    """End an attempt's GenAI CLIENT span, the same through both fronts: its `error.type` is
+    `deadline_exceeded` when a deadline ended the attempt, else the failure (how the call
+    failed, when no answer came), else the answer's status when it is 400 or more;
+    `no_response` when there was neither."""
+    if ctx.deadline_phase is not None:
+        error: str | None = "deadline_exceeded"
+    elif failure is not None:
+        error = failure
+    elif status is None:
+        error = "no_response"
+    else:
+        error = str(status) if status >= 400 else None
+    tm.end_client_span(
+        span,
+        model=ctx.resolved_model,
+        error=error,
+        input_tokens=ctx.input_tokens,
+        output_tokens=ctx.output_tokens,
+    )

@@ -245,22 +245,22 @@ class Policies:
         model = flight.ctx.resolved_model
         self.engine.settle(lease, outcome, status, model, span=flight.attempt_span, retry=retry)
         if not body_follows:
-            failed = outcome is Outcome.FAULT or outcome is Outcome.THROTTLE
-            end_spans(flight, status if failed or outcome is None else None)
+            end_spans(flight, status)
 
 
-def end_spans(flight: Flight, error: str | None = None) -> None:
-    """End the attempt's spans (once each); the CLIENT span carries the usage read, if any."""
+def end_spans(flight: Flight, status: str | None = None) -> None:
+    """End the attempt's spans (once each); the CLIENT span carries the usage read, if any.
+
+    `status`: the attempt's as metrics show it, an HTTP status or how it ended without one
+    (`connect_error`, `local_reply`, ...); None once an answer's body was read to its end."""
     ctx = flight.ctx
     client_span, flight.client_span = flight.client_span, None
     if client_span is not None:
-        tm.end_client_span(
-            client_span,
-            model=ctx.resolved_model,
-            error=error,
-            input_tokens=ctx.input_tokens,
-            output_tokens=ctx.output_tokens,
-        )
+        code = int(status) if status is not None and status.isdigit() else None
+        failure = status if code is None else None
+        if status is None:
+            code = ctx.response_status  # the answer whose body was read
+        attempts.end_client_span(client_span, ctx, status=code, failure=failure)
     span, flight.attempt_span = flight.attempt_span, None
     if span is not None:
         attempts.end_span(span, ctx.deadline_phase)
