@@ -105,13 +105,13 @@ def write_config(workdir: Path) -> Path:
 
 def build_apps(config_path: Path) -> dict[str, ASGIApp]:
     config = load_config(config_path)
-    clients = build_accounts(config, ENV)
+    accounts = build_accounts(config, ENV)
     return {
         "bare app": bare,
         "Deadline": DeadlineMiddleware(bare),
         "Variant": VariantMiddleware(bare, canaries=config.canaries),
-        "Cooling": CoolingMiddleware(bare, clients=clients),
-        "Judge (no route hit)": JudgeMiddleware(bare, routes=config.routes, clients=clients),
+        "Cooling": CoolingMiddleware(bare, accounts=accounts),
+        "Judge (no route hit)": JudgeMiddleware(bare, routes=config.routes, accounts=accounts),
         "minimal middleware (reference)": MinimalMiddleware(bare),
         "switchyard_stack": switchyard_stack(bare, config=config, environ=ENV),
     }

@@ -83,9 +83,9 @@ def trim() -> None:
 
 async def main(transport: Any, limits: dict[str, Any]) -> None:
     config = parse_config(CONFIG)
-    clients = build_accounts(config, {"KEY_A": "ka", "KEY_B": "kb"})
-    pool = CountingPool(pool_from_accounts(clients).specs)
-    policies = Policies(config, clients, pool=pool)
+    accounts = build_accounts(config, {"KEY_A": "ka", "KEY_B": "kb"})
+    pool = CountingPool(pool_from_accounts(accounts).specs)
+    policies = Policies(config, accounts, pool=pool)
     kwargs: dict[str, Any] = {"transport": transport}
     if limits:  # only then: the same script measures servers that predate the limits
         from switchyard_mw.extproc import GrpcioLimits

@@ -45,8 +45,8 @@ def build_accounts(config: Config, environ: Mapping[str, str] | None = None) -> 
     }
 
 
-def pool_from_accounts(clients: Mapping[str, Account], *, clock: Clock = monotonic) -> AccountPool:
-    """The account pool for `clients`, keyed by their `llm_clients` names."""
+def pool_from_accounts(accounts: Mapping[str, Account], *, clock: Clock = monotonic) -> AccountPool:
+    """The account pool for `accounts`, keyed by their `llm_clients` names."""
     return AccountPool(
         [
             AccountSpec(
@@ -58,7 +58,7 @@ def pool_from_accounts(clients: Mapping[str, Account], *, clock: Clock = monoton
                 max_cooldown_secs=c.spec.max_cooldown_secs,
                 max_throttle_secs=c.spec.max_throttle_secs,
             )
-            for name, c in clients.items()
+            for name, c in accounts.items()
         ],
         clock=clock,
     )

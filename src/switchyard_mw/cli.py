@@ -187,7 +187,7 @@ def run_extproc(
 def summary(config: Config, environ: dict[str, str] | None = None) -> str:
     """Clients, models, canaries and routes; key variables shown as set or unset, never read out."""
     env = os.environ if environ is None else environ
-    lines = [f"clients ({len(config.llm_clients)}):"]
+    lines = [f"accounts ({len(config.llm_clients)}):"]
     for name, c in config.llm_clients.items():
         if c.api_key_env is None:
             key = "no key"

@@ -101,7 +101,7 @@ class Upstream:
 def stack(
     app: ASGIApp, *accounts: Account, clock: FakeClock, canary: bool = False
 ) -> tuple[ASGIApp, AccountPool]:
-    cooling = CoolingMiddleware(app, clients={a.name: a for a in accounts}, clock=clock)
+    cooling = CoolingMiddleware(app, accounts={a.name: a for a in accounts}, clock=clock)
     outer: ASGIApp = cooling
     if canary:  # every conversation for "m" goes to the variant "m-v"
         outer = VariantMiddleware(cooling, canaries={"m": Canary(variants={"m-v": 100.0})})
@@ -394,7 +394,7 @@ async def test_budget_deadline_is_nobodys_fault(
     upstream = Upstream(delay={"a": 5.0})
     cooling = CoolingMiddleware(
         DeadlineMiddleware(upstream),
-        clients={"a": account("a"), "b": account("b", priority=1)},
+        accounts={"a": account("a"), "b": account("b", priority=1)},
         clock=clock,
     )
     async with http(cooling) as client:
@@ -412,8 +412,8 @@ async def test_budget_deadline_is_nobodys_fault(
 
 async def test_attempt_deadline_is_a_fault(clock: FakeClock, otel_metrics: Metrics) -> None:
     upstream = Upstream(delay={"a": 5.0})
-    clients = {"a": account("a", timeout_secs=0.05), "b": account("b", priority=1)}
-    cooling = CoolingMiddleware(DeadlineMiddleware(upstream), clients=clients, clock=clock)
+    accounts = {"a": account("a", timeout_secs=0.05), "b": account("b", priority=1)}
+    cooling = CoolingMiddleware(DeadlineMiddleware(upstream), accounts=accounts, clock=clock)
     faults = otel_metrics.value(tm.ACCOUNT_FAULTS, account="a", status="deadline")
     async with http(cooling) as client:
         response = await client.post(MESSAGES, json={**BODY, "max_tokens": 1})
@@ -614,8 +614,8 @@ async def test_one_attempt_span_per_attempt(clock: FakeClock, spans: InMemorySpa
 
 
 async def test_status_app_shows_state_and_no_secret(clock: FakeClock) -> None:
-    clients = {"a": account("a"), "b": account("b")}
-    pool = pool_from_accounts(clients, clock=clock)
+    accounts = {"a": account("a"), "b": account("b")}
+    pool = pool_from_accounts(accounts, clock=clock)
     cool(pool, "a")
     pool.hold("b", "m", 40.0)  # a 429's retry time: held for that model, not cooled
     clock.now += 12
@@ -756,9 +756,9 @@ def test_built_alone_from_the_config_or_from_clients_not_both(tmp_path: Any) -> 
     path = tmp_path / "switchyard.toml"
     path.write_text('[llm_clients.a]\nbase_url = "http://a.test"\nmodels = ["m"]\n')
     cooling = CoolingMiddleware(Upstream(), config=path)
-    assert list(cooling.clients) == ["a"]
+    assert list(cooling.accounts) == ["a"]
     assert cooling.pool.accounts_for("m") == ("a",)
     with pytest.raises(TypeError):
         CoolingMiddleware(Upstream())
     with pytest.raises(TypeError):
-        CoolingMiddleware(Upstream(), config=path, clients=cooling.clients)
+        CoolingMiddleware(Upstream(), config=path, accounts=cooling.accounts)

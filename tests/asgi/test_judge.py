@@ -316,7 +316,7 @@ def make_judge(
         api_key=key,
     )  # fmt: skip
     inner = InnerApp()
-    return inner, JudgeMiddleware(inner, routes={"auto": route}, clients={"judge": client})
+    return inner, JudgeMiddleware(inner, routes={"auto": route}, accounts={"judge": client})
 
 
 def chat_body(model: str = "auto", text: str = PROMPT) -> dict[str, Any]:
@@ -605,9 +605,9 @@ async def test_lifespan_passes_through_and_closes_the_pool(
         await InnerApp()(scope, receive, send)
 
     route = make_judge(judge_url, "k-life")[1]._routes
-    clients = {"judge": Account(name="judge", spec=LLMClient(base_url=judge_url,
+    accounts = {"judge": Account(name="judge", spec=LLMClient(base_url=judge_url,
                models=["*"]), api_key="k-life")}  # fmt: skip
-    mw = JudgeMiddleware(app, routes=route, clients=clients)
+    mw = JudgeMiddleware(app, routes=route, accounts=accounts)
     assert (await post(mw, chat_body())).json() == {"model": "small-model"}
     pool = mw._http
     assert pool is not None
@@ -633,4 +633,4 @@ async def test_lifespan_passes_through_and_closes_the_pool(
 def test_a_route_needs_its_judge_client() -> None:
     route = Route(classifier="llm", judge="nope", judge_model="j", choices={"a": "m"}, fallback="m")
     with pytest.raises(ValueError, match="nope"):
-        JudgeMiddleware(InnerApp(), routes={"auto": route}, clients={})
+        JudgeMiddleware(InnerApp(), routes={"auto": route}, accounts={})

@@ -76,7 +76,7 @@ async def stack() -> AsyncIterator[tuple[MockProvider, str]]:
         spec = LLMClient(base_url=provider_url, models=["*"])
         judge = Account(name="judge", spec=spec, api_key=JUDGE_KEY)
         gateway = JudgeMiddleware(
-            Forwarder(provider_url), routes={"auto": route}, clients={"judge": judge}
+            Forwarder(provider_url), routes={"auto": route}, accounts={"judge": judge}
         )
         async with serving(gateway, lifespan="on") as gateway_url:
             yield mock, gateway_url

@@ -217,17 +217,17 @@ def test_missing_key_variable_is_a_startup_error_naming_it() -> None:
         StartupError, match=r"llm_clients\.a\.api_key_env: environment variable KEY_A is not set"
     ):
         read_api_keys(config, {})
-    clients = build_accounts(config, {"KEY_A": "sk-secret-123"})
-    assert clients["a"].auth_headers() == [("x-api-key", "sk-secret-123")]
-    assert clients["j"].auth_headers() == []
-    assert "sk-secret-123" not in repr(clients["a"])
+    accounts = build_accounts(config, {"KEY_A": "sk-secret-123"})
+    assert accounts["a"].auth_headers() == [("x-api-key", "sk-secret-123")]
+    assert accounts["j"].auth_headers() == []
+    assert "sk-secret-123" not in repr(accounts["a"])
 
 
 def test_bearer_auth_header() -> None:
     config = parse_config(VALID.replace('auth = "x-api-key"', 'auth = "bearer"'))
-    clients = build_accounts(config, {"KEY_A": "k"})
-    assert clients["a"].auth_headers() == [("authorization", "Bearer k")]
-    assert clients["a"].url("/v1/messages") == "http://127.0.0.1:9/v1/messages"
+    accounts = build_accounts(config, {"KEY_A": "k"})
+    assert accounts["a"].auth_headers() == [("authorization", "Bearer k")]
+    assert accounts["a"].url("/v1/messages") == "http://127.0.0.1:9/v1/messages"
 
 
 def test_check_config_ok_prints_summary_without_key_values(

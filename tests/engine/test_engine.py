@@ -37,9 +37,12 @@ BODY = msgspec.json.encode({"model": "m", "messages": [{"role": "user", "content
 
 def engine(*, routable: frozenset[str] | None = None) -> Engine:
     config = parse_config(CONFIG)
-    clients = build_accounts(config, {"KEY_A": "ka", "KEY_B": "kb"})
+    accounts = build_accounts(config, {"KEY_A": "ka", "KEY_B": "kb"})
     return Engine(
-        server=config.server, clients=clients, pool=pool_from_accounts(clients), routable=routable
+        server=config.server,
+        accounts=accounts,
+        pool=pool_from_accounts(accounts),
+        routable=routable,
     )
 
 
@@ -110,7 +113,7 @@ def test_only_routable_accounts_take_requests_and_count_for_another_try() -> Non
 
 def test_the_attempt_deadline_and_its_504_text_per_phase() -> None:
     e = engine()
-    spec = e.clients["a"].spec
+    spec = e.accounts["a"].spec
     view = request().view
     assert view is not None
     assert attempts.deadline_secs(view, spec) >= spec.timeout_secs

@@ -38,7 +38,7 @@ async def setup() -> AsyncIterator[tuple[MockProvider, Judge]]:
     client = Account(
         name="judge", spec=LLMClient(base_url="http://judge", models=["*"]), api_key="k"
     )
-    judge = Judge(routes={"auto": ROUTE}, clients={"judge": client}, http_client=http)
+    judge = Judge(routes={"auto": ROUTE}, accounts={"judge": client}, http_client=http)
     yield mock, judge
     await http.aclose()
 
@@ -165,7 +165,7 @@ async def test_without_judge_deadline_ms_the_judge_accounts_timeout_secs_bounds_
     spec = LLMClient(base_url="http://judge", models=["*"], timeout_secs=0.2)
     client = Account(name="judge", spec=spec, api_key="k")
     route = msgspec.structs.replace(ROUTE, judge_deadline_ms=None)
-    judge = Judge(routes={"auto": route}, clients={"judge": client}, http_client=http)
+    judge = Judge(routes={"auto": route}, accounts={"judge": client}, http_client=http)
     try:
         body = turn("Plan a trip", thinking=False)
         decision = await asyncio.wait_for(decide(judge, body), 10)  # not 30 s

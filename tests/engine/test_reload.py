@@ -187,7 +187,7 @@ async def test_a_stack_given_a_config_object_reloads_only_what_it_is_handed(
     tmp_path: Path,
 ) -> None:
     stack, _, path = stack_for(tmp_path, config_text(percent=0))
-    plain = SwitchyardStack(stack.app, config=stack.config, clients=stack.clients, environ=ENV)
+    plain = SwitchyardStack(stack.app, config=stack.config, accounts=stack.accounts, environ=ENV)
     assert plain.reload() != []
     path.write_text(config_text(percent=100))
     assert plain.reload(load_config(path)) == []

@@ -84,11 +84,11 @@ class Env:
 @pytest.fixture
 async def env() -> AsyncIterator[Env]:
     config = parse_config(CONFIG)
-    clients = build_accounts(config, ENV)
+    accounts = build_accounts(config, ENV)
     clock = [1000.0]
-    pool = CountingPool(pool_from_accounts(clients).specs, clock=lambda: clock[0])
+    pool = CountingPool(pool_from_accounts(accounts).specs, clock=lambda: clock[0])
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=MockProvider()))
-    policies = Policies(config, clients, pool=pool, judge_http_client=http)
+    policies = Policies(config, accounts, pool=pool, judge_http_client=http)
     yield Env(clock, pool, ExtProcServicer(policies, Flights(max_flights=8)))
     await http.aclose()
 
@@ -365,10 +365,10 @@ async def _exchange(
 @pytest.mark.integration
 async def test_a_body_flood_over_51_streams_leaves_failover_offered(transport: Transport) -> None:
     config = parse_config(CONFIG)
-    clients = build_accounts(config, ENV)
-    pool = CountingPool(pool_from_accounts(clients).specs)
+    accounts = build_accounts(config, ENV)
+    pool = CountingPool(pool_from_accounts(accounts).specs)
     server = await start_server(
-        Policies(config, clients, pool=pool), "127.0.0.1:0", transport=transport
+        Policies(config, accounts, pool=pool), "127.0.0.1:0", transport=transport
     )
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:

@@ -109,10 +109,10 @@ class Env:
 @pytest.fixture
 async def env() -> AsyncIterator[Env]:
     config = parse_config(CONFIG)
-    clients = build_accounts(config, ENV)
-    pool = CountingPool(pool_from_accounts(clients).specs)
+    accounts = build_accounts(config, ENV)
+    pool = CountingPool(pool_from_accounts(accounts).specs)
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=MockProvider()))
-    policies = Policies(config, clients, pool=pool, judge_http_client=http)
+    policies = Policies(config, accounts, pool=pool, judge_http_client=http)
     yield Env(ExtProcServicer(policies, Flights()), pool)
     await http.aclose()
 

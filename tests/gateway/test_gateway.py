@@ -297,8 +297,8 @@ async def test_without_the_deadline_policy_the_budget_still_bounds_the_call(
     # The cooling policy alone: nothing cancels the call, its own timeouts must end it.
     async with upstream(stall) as (url, _):
         http = client_of(kind)
-        clients = build_accounts(parse_config(config(url, "x-api-key")), {"KEY": KEY})
-        app = CoolingMiddleware(app_for(Forwarder(http), entry), clients=clients)
+        accounts = build_accounts(parse_config(config(url, "x-api-key")), {"KEY": KEY})
+        app = CoolingMiddleware(app_for(Forwarder(http), entry), accounts=accounts)
         transport = httpx.ASGITransport(app=app)
         async with (
             httpx.AsyncClient(transport=transport, base_url="http://gw.test") as client,

@@ -140,7 +140,7 @@ class CoolingMiddleware(PolicyMiddleware):
     and `[state]` says where their health lives; a store it built connects on the first ASGI
     call and closes at lifespan shutdown or `aclose()`.
 
-    `clients` (instead of `config`) and `pool` share one pool between policies, and `engine`
+    `accounts` (instead of `config`) and `pool` share one pool between policies, and `engine`
     (instead of both) is how `SwitchyardStack` hands in its decisions. Requests for a model no
     account serves pass through untouched, as do requests that are not LLM calls.
     """
@@ -151,7 +151,7 @@ class CoolingMiddleware(PolicyMiddleware):
         *,
         config: ConfigSource | None = None,
         environ: Mapping[str, str] | None = None,
-        clients: Mapping[str, Account] | None = None,
+        accounts: Mapping[str, Account] | None = None,
         pool: AccountPool | None = None,
         clock: Clock = monotonic,
         server: Server | None = None,
@@ -159,23 +159,23 @@ class CoolingMiddleware(PolicyMiddleware):
     ) -> None:
         store: Store | None = None
         if engine is not None:
-            clients, pool = engine.clients, engine.pool
+            accounts, pool = engine.accounts, engine.pool
         elif config is not None:
-            if clients is not None:
-                raise TypeError("CoolingMiddleware takes config or clients, not both")
+            if accounts is not None:
+                raise TypeError("CoolingMiddleware takes config or accounts, not both")
             loaded = as_config(config)
-            clients = build_accounts(loaded, environ)
+            accounts = build_accounts(loaded, environ)
             server = server or loaded.server
             store = build_store(loaded.state) if pool is None else None
-        elif clients is None:
-            raise TypeError("CoolingMiddleware needs config (or clients)")
+        elif accounts is None:
+            raise TypeError("CoolingMiddleware needs config (or accounts)")
         super().__init__(app, server=server)
         if engine is None:
             if pool is None:
-                pool = pool_from_accounts(clients, clock=clock)
-            engine = Engine(server=self.server, clients=clients, pool=pool)
+                pool = pool_from_accounts(accounts, clock=clock)
+            engine = Engine(server=self.server, accounts=accounts, pool=pool)
         self.engine = engine
-        self.clients = engine.clients
+        self.accounts = engine.accounts
         self.pool = engine.pool
         request_metrics.watch(self.pool)  # `switchyard.account.state`
         self.inner: Inner = self._call_app

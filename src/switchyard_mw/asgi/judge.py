@@ -28,7 +28,7 @@ class JudgeMiddleware(PolicyMiddleware):
     Alone, build it from the config (a `Config` or the path of its TOML file), as any
     framework adds a middleware: `app.add_middleware(JudgeMiddleware, config="s.toml")`; its
     `[routes]` and `[llm_clients]` (keys read from `environ`, default `os.environ`, now).
-    Or pass `routes` (a requested model name -> its `Route`) and `clients` (every client a
+    Or pass `routes` (a requested model name -> its `Route`) and `accounts` (every account a
     route's `judge` names) instead of `config`.
 
     Pass `http_client` to share a connection pool; otherwise the middleware builds its own on
@@ -43,20 +43,20 @@ class JudgeMiddleware(PolicyMiddleware):
         config: ConfigSource | None = None,
         environ: Mapping[str, str] | None = None,
         routes: Mapping[str, Route] | None = None,
-        clients: Mapping[str, Account] | None = None,
+        accounts: Mapping[str, Account] | None = None,
         http_client: httpx.AsyncClient | None = None,
         server: Server | None = None,
     ) -> None:
         if config is not None:
-            if routes is not None or clients is not None:
-                raise TypeError("JudgeMiddleware takes config or routes and clients, not both")
+            if routes is not None or accounts is not None:
+                raise TypeError("JudgeMiddleware takes config or routes and accounts, not both")
             loaded = as_config(config)
-            routes, clients = loaded.routes, build_accounts(loaded, environ)
+            routes, accounts = loaded.routes, build_accounts(loaded, environ)
             server = server or loaded.server
-        elif routes is None or clients is None:
-            raise TypeError("JudgeMiddleware needs config (or routes and clients)")
+        elif routes is None or accounts is None:
+            raise TypeError("JudgeMiddleware needs config (or routes and accounts)")
         super().__init__(app, server=server)
-        self.judge = Judge(routes=routes, clients=clients, http_client=http_client)
+        self.judge = Judge(routes=routes, accounts=accounts, http_client=http_client)
 
     @property
     def _routes(self) -> dict[str, Route]:

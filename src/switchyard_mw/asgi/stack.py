@@ -49,7 +49,7 @@ class SwitchyardStack(PolicyMiddleware):
         app: ASGIApp,
         *,
         config: Config,
-        clients: Mapping[str, Account],
+        accounts: Mapping[str, Account],
         judge_http_client: httpx.AsyncClient | None = None,
         clock: Clock = monotonic,
         store: Store | None = None,
@@ -68,9 +68,9 @@ class SwitchyardStack(PolicyMiddleware):
         self.store: Store = store if store is not None else build_store(config.state)
         # The store needs the server's event loop, which the constructor may not have.
         self._start = self._startup
-        self._build(config, dict(clients), pool_from_accounts(clients, clock=clock))
+        self._build(config, dict(accounts), pool_from_accounts(accounts, clock=clock))
 
-    def _build(self, config: Config, clients: dict[str, Account], pool: AccountPool) -> None:
+    def _build(self, config: Config, accounts: dict[str, Account], pool: AccountPool) -> None:
         """Put the policies of `config` in force, all at once (no await in between)."""
         app, server = self.app, config.server
         previous: JudgeMiddleware | None = getattr(self, "judge", None)
@@ -78,23 +78,31 @@ class SwitchyardStack(PolicyMiddleware):
         variant = VariantMiddleware(app, canaries=config.canaries, server=server, clock=self.clock)
         self.store.share_trips(variant.canaries)  # with Redis, a trip holds everywhere
         judge = JudgeMiddleware(
-            app, routes=config.routes, clients=clients, http_client=self._judge_http, server=server
+            app,
+            routes=config.routes,
+            accounts=accounts,
+            http_client=self._judge_http,
+            server=server,
         )
         if previous is not None:
             judge.judge.take_over(previous.judge)
         # One engine makes every decision; the policies are its ASGI faces (every attempt's
         # outcome feeds the variants' guards through it).
         engine = Engine(
-            server=server, clients=clients, pool=pool, judge=judge.judge, canaries=variant.canaries
+            server=server,
+            accounts=accounts,
+            pool=pool,
+            judge=judge.judge,
+            canaries=variant.canaries,
         )
         cooling = CoolingMiddleware(app, engine=engine, server=server)
         cooling.inner = deadline.handle
         shadows = Shadows.build(
-            config.canaries, clients=clients, pool=pool, max_inflight=server.shadow_max_inflight
+            config.canaries, accounts=accounts, pool=pool, max_inflight=server.shadow_max_inflight
         )
         self.store.bind(pool)
         super().__init__(app, server=server)  # the paths and limits every request is read with
-        self.config, self.clients, self.pool, self.engine = config, clients, pool, engine
+        self.config, self.accounts, self.pool, self.engine = config, accounts, pool, engine
         self.deadline, self.cooling, self.variant, self.judge = deadline, cooling, variant, judge
         self.shadows = shadows
         """Mirrors a share of canaried models' requests (None: no canary has a shadow)."""
@@ -115,12 +123,12 @@ class SwitchyardStack(PolicyMiddleware):
         prepared = reload.prepare(loader, self.config, self.environ)
         if isinstance(prepared, list):
             return prepared
-        new_config, clients = prepared
+        new_config, accounts = prepared
         old_pool = self.pool
-        pool = pool_from_accounts(clients, clock=self.clock)
-        pool.carry_over(old_pool, accounts=reload.kept_accounts(self.clients, clients))
+        pool = pool_from_accounts(accounts, clock=self.clock)
+        pool.carry_over(old_pool, accounts=reload.kept_accounts(self.accounts, accounts))
         old_shadows = self.shadows
-        self._build(new_config, clients, pool)
+        self._build(new_config, accounts, pool)
         request_metrics.unwatch(old_pool)
         if old_shadows is not None:
             self._retire(old_shadows)
@@ -168,7 +176,7 @@ class SwitchyardStack(PolicyMiddleware):
         await cooling.handle(ctx, scope, receive, send)
 
     async def aclose(self) -> None:
-        """Release what the stack holds: its SIGHUP handler, the shadows' clients, the state
+        """Release what the stack holds: its SIGHUP handler, the shadows' HTTP clients, the state
         store's connections and the judge's connection pool (when the stack built it). Call it
         once, at the server's lifespan shutdown."""
         if self._signal:
@@ -210,11 +218,11 @@ def switchyard_stack(
     if not isinstance(config, Config):
         loader = loader or functools.partial(load_config, config)
     config = as_config(config)
-    clients = build_accounts(config, environ)
+    accounts = build_accounts(config, environ)
     return SwitchyardStack(
         app,
         config=config,
-        clients=clients,
+        accounts=accounts,
         judge_http_client=judge_http_client,
         clock=clock,
         loader=loader,

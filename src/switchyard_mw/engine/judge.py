@@ -58,7 +58,7 @@ class Decision:
 class Judge:
     """Asks a route's judge which model to call; owns the judge's connection pool.
 
-    `routes` maps a requested model name to its `Route`; `clients` holds every client a route's
+    `routes` maps a requested model name to its `Route`; `accounts` holds every account a route's
     `judge` names. Pass `http_client` to share a connection pool (whoever passes it closes it);
     otherwise one is built on first use and closed by `aclose()`.
 
@@ -71,15 +71,15 @@ class Judge:
         self,
         *,
         routes: Mapping[str, Route],
-        clients: Mapping[str, Account],
+        accounts: Mapping[str, Account],
         http_client: httpx.AsyncClient | None = None,
         pin_cache_size: int = PIN_CACHE_SIZE,
     ) -> None:
-        missing = sorted({r.judge for r in routes.values()} - set(clients))
+        missing = sorted({r.judge for r in routes.values()} - set(accounts))
         if missing:
             raise ValueError(f"no client for judge(s): {', '.join(missing)}")
         self.routes = dict(routes)
-        self._accounts = dict(clients)
+        self._accounts = dict(accounts)
         self.http = http_client
         self.owns_http = http_client is None
         self._pins: OrderedDict[tuple[str, str], Decision] = OrderedDict()

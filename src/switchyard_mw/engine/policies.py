@@ -41,14 +41,14 @@ class Engine:
         self,
         *,
         server: Server,
-        clients: Mapping[str, Account],
+        accounts: Mapping[str, Account],
         pool: AccountPool,
         judge: Judge | None = None,
         canaries: Canaries | None = None,
         routable: frozenset[str] | None = None,
     ) -> None:
         self.server = server
-        self.clients = dict(clients)
+        self.accounts = dict(accounts)
         self.pool = pool
         self.judge = judge
         self.canaries = canaries
@@ -56,7 +56,7 @@ class Engine:
         self.paths: dict[str, Wire] = llm_paths(server)
         """The wire of each LLM path; any other path passes through unread."""
         # Read when an attempt's span starts: parsed once here, not per request.
-        self._providers = {n: tm.provider_name(c.base_url) for n, c in self.clients.items()}
+        self._providers = {n: tm.provider_name(c.base_url) for n, c in self.accounts.items()}
 
     # --- route and model ----------------------------------------------------------------
 
@@ -192,7 +192,7 @@ class Engine:
 
     def start_attempt(self, ctx: RequestContext, lease: Lease) -> Account:
         """Make `lease`'s account the request's for its next attempt."""
-        client = ctx.account = self.clients[lease.account]
+        client = ctx.account = self.accounts[lease.account]
         ctx.attempts += 1
         return client
 

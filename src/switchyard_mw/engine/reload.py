@@ -36,7 +36,7 @@ _log = logging.getLogger(__name__)
 def prepare(
     loader: Loader, current: Config, environ: Mapping[str, str] | None = None
 ) -> tuple[Config, dict[str, Account]] | list[str]:
-    """The new config and its clients (keys read from `environ`, default this process's
+    """The new config and its accounts (keys read from `environ`, default this process's
     environment), or every problem that refuses it (already logged and counted)."""
     try:
         config = loader()

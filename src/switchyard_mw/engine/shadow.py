@@ -41,7 +41,7 @@ class Shadows:
         self,
         canaries: Mapping[str, Canary],
         *,
-        clients: Mapping[str, Account],
+        accounts: Mapping[str, Account],
         pool: AccountPool,
         max_inflight: int,
         http_client: httpx.AsyncClient | None = None,
@@ -51,7 +51,7 @@ class Shadows:
             for model, c in canaries.items()
             if c.shadow
         }
-        self._accounts = dict(clients)
+        self._accounts = dict(accounts)
         self._pool = pool
         self._max = max_inflight
         self._owns_http = http_client is None
@@ -63,14 +63,14 @@ class Shadows:
         cls,
         canaries: Mapping[str, Canary],
         *,
-        clients: Mapping[str, Account],
+        accounts: Mapping[str, Account],
         pool: AccountPool,
         max_inflight: int,
     ) -> Shadows | None:
         """The shadows of `canaries`, or None when no canary has any (nothing to do per request)."""
         if not any(c.shadow for c in canaries.values()):
             return None
-        return cls(canaries, clients=clients, pool=pool, max_inflight=max_inflight)
+        return cls(canaries, accounts=accounts, pool=pool, max_inflight=max_inflight)
 
     @property
     def inflight(self) -> int:

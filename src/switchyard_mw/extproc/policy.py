@@ -53,7 +53,7 @@ class Policies:
     def __init__(
         self,
         config: Config,
-        clients: Mapping[str, Account],
+        accounts: Mapping[str, Account],
         *,
         pool: AccountPool | None = None,
         judge_http_client: httpx.AsyncClient | None = None,
@@ -62,14 +62,14 @@ class Policies:
     ) -> None:
         self.config = config
         self.server = config.server
-        self.clients = dict(clients)
-        self.pool = pool if pool is not None else pool_from_accounts(self.clients, clock=clock)
+        self.accounts = dict(accounts)
+        self.pool = pool if pool is not None else pool_from_accounts(self.accounts, clock=clock)
         request_metrics.watch(self.pool)  # `switchyard.account.state`
         # `[state]`: with Redis, processors (and ASGI replicas) share one cooling state.
         self.store: Store = store if store is not None else build_store(config.state)
         self.store.bind(self.pool)
         self.judge = Judge(
-            routes=config.routes, clients=self.clients, http_client=judge_http_client
+            routes=config.routes, accounts=self.accounts, http_client=judge_http_client
         )
         self.canaries = Canaries.from_config(config.canaries, clock=clock)
         self.store.share_trips(self.canaries)  # with Redis, a trip holds everywhere
@@ -80,10 +80,10 @@ class Policies:
                 ", ".join(shadowed),
             )
         # Only accounts Envoy can route to take requests: the others have no cluster to name.
-        self.routable = frozenset(n for n, c in self.clients.items() if c.spec.envoy_cluster)
+        self.routable = frozenset(n for n, c in self.accounts.items() if c.spec.envoy_cluster)
         self.engine = Engine(
             server=self.server,
-            clients=self.clients,
+            accounts=self.accounts,
             pool=self.pool,
             judge=self.judge,
             canaries=self.canaries,
@@ -97,7 +97,7 @@ class Policies:
             self.on_cluster[cluster] = self.on_cluster.get(cluster, frozenset()) | {name}
         # Built at load: what every request routed to an account sets (its key, its cluster).
         self.auth_options = {
-            name: [msg.option(k, v.encode()) for k, v in self.clients[name].auth_headers()]
+            name: [msg.option(k, v.encode()) for k, v in self.accounts[name].auth_headers()]
             for name in self.routable
         }
         self.route_options = {
@@ -107,17 +107,17 @@ class Policies:
         self.options = msg.Options()
         """Header options that repeat across requests (deadlines, exposed decisions)."""
 
-    def reloaded(self, config: Config, clients: Mapping[str, Account]) -> Policies:
+    def reloaded(self, config: Config, accounts: Mapping[str, Account]) -> Policies:
         """The policies of a reloaded `config`, continuing these: the same store and judge
         connection pool, the health of every account whose name and `base_url` did not
         change, fresh canary guards. These stay usable for the requests that started on them.
         """
         clock = self.pool.clock
-        pool = pool_from_accounts(clients, clock=clock)
-        pool.carry_over(self.pool, accounts=kept_accounts(self.clients, clients))
+        pool = pool_from_accounts(accounts, clock=clock)
+        pool.carry_over(self.pool, accounts=kept_accounts(self.accounts, accounts))
         new = Policies(
             config,
-            clients,
+            accounts,
             pool=pool,
             judge_http_client=None if self.judge.owns_http else self.judge.http,
             clock=clock,
@@ -128,7 +128,7 @@ class Policies:
         return new
 
     def cluster_of(self, account: str) -> str:
-        return self.clients[account].spec.envoy_cluster or ""
+        return self.accounts[account].spec.envoy_cluster or ""
 
     async def start(self) -> None:
         """Connect the shared state store (waiting at most its timeout)."""
