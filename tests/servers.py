@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -202,3 +203,16 @@ async def read_http_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]
         if line.lower().startswith(b"content-length:"):
             length = int(line.split(b":", 1)[1])
     return head, await reader.readexactly(length) if length else b""
+
+
+def stop_tree(proc: subprocess.Popen[bytes], grace: float = 15.0) -> None:
+    """Stop a script started with `start_new_session=True` and everything it started (an
+    Envoy, a processor, a mock): Ctrl-C first, as a user would, then SIGKILL to the whole
+    process group, so a failed test leaves no orphaned Envoy behind."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(grace)
+    with contextlib.suppress(ProcessLookupError):  # the children, even once the script exited
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()

@@ -26,7 +26,7 @@ import httpx
 import openai
 import pytest
 
-from servers import ROOT, free_port
+from servers import ROOT, free_port, stop_tree
 from switchyard_mw.testing.envoy import envoy_binary
 
 try:
@@ -56,6 +56,7 @@ def _start(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
             env={**os.environ, **env},
             stdout=out,
             stderr=subprocess.STDOUT,
+            start_new_session=True,  # its group is stopped whole if a test fails (stop_tree)
         )
 
 
@@ -67,8 +68,7 @@ def _wait_ready(proc: subprocess.Popen[bytes], log: Path, timeout: float = 30.0)
         if proc.poll() is not None:
             break
         time.sleep(0.05)
-    proc.kill()
-    proc.wait()
+    stop_tree(proc, grace=0)
     raise RuntimeError(f"examples/envoy/run.py did not get ready:\n{log.read_text()}")
 
 
@@ -95,9 +95,7 @@ def example(transport: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             log,
         )
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        stop_tree(proc)
 
 
 def _listening(url: str) -> bool:
