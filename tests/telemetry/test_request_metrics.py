@@ -377,7 +377,10 @@ def observe_while_scraping(fold_at: int) -> None:
         done = threading.Event()
 
         def scrape(requests: rm.RequestTally = requests, done: threading.Event = done) -> None:
-            while not done.is_set():
+            # Back to back, but letting go between scrapes: a scraper that takes the lock again
+            # the instant it let go starves the folding thread (no real scraper does; the
+            # exporter scrapes seconds apart), and the test then spins for minutes.
+            while not done.wait(0.0002):
                 requests.collect(0)
 
         scraper = threading.Thread(target=scrape)
