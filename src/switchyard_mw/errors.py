@@ -125,10 +125,56 @@ class MissingExtraError(SwitchyardError, ImportError):
     def __init__(self, feature: str, extra: str, cause: ImportError) -> None:
         self.extra = extra
         super().__init__(
-            f"{feature} needs the {extra!r} extra: pip install 'switchyard-mw[{extra}]'"
+            f"{feature} needs the {extra!r} extra: {install_hint(extra)}"
             f" (missing: {cause.name or cause})",
             name=cause.name,
         )
+
+
+_DISTRIBUTION = "switchyard-mw"
+
+
+def install_hint(extra: str, *, requires: Sequence[str] | None = None) -> str:
+    """How to install `extra`, in the forms that work before a release is on an index too.
+
+    `pip install 'switchyard-mw[x]'` needs the package on an index; from a clone it is
+    `pip install '.[x]'`; and the extra's packages alone always work. Those are read from the
+    installed package's metadata (`requires`: its requirement lines instead).
+    """
+    if requires is None:
+        requires = _installed_requires()
+    hint = f"pip install '{_DISTRIBUTION}[{extra}]' (from a clone: pip install '.[{extra}]')"
+    packages = _extra_packages(extra, requires, set())
+    if packages:
+        hint += ", or the packages alone: pip install " + " ".join(f"'{p}'" for p in packages)
+    return hint
+
+
+def _installed_requires() -> list[str]:
+    import importlib.metadata  # here: it imports much, and only a failure needs it
+
+    try:
+        return importlib.metadata.requires(_DISTRIBUTION) or []
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, say
+        return []
+
+
+def _extra_packages(extra: str, requires: Sequence[str], seen: set[str]) -> list[str]:
+    """The requirements `extra` adds, an extra it names (`switchyard-mw[a,b]`) expanded."""
+    seen.add(extra)
+    packages: list[str] = []
+    for line in requires:
+        spec, _, marker = line.partition(";")
+        if marker.replace('"', "'").split() != ["extra", "==", f"'{extra}'"]:
+            continue
+        spec = spec.strip()
+        if spec.startswith(_DISTRIBUTION + "["):
+            for inner in spec[len(_DISTRIBUTION) + 1 :].rstrip("]").split(","):
+                if inner.strip() not in seen:
+                    packages += _extra_packages(inner.strip(), requires, seen)
+        elif spec not in packages:
+            packages.append(spec)
+    return packages
 
 
 class WireError(SwitchyardError):

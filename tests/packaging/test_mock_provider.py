@@ -592,4 +592,4 @@ def test_main_without_uvicorn(
     with pytest.raises(SystemExit) as info:
         main(["--port", "0"])
     assert info.value.code == 2
-    assert "pip install 'switchyard-mw[example]'" in capsys.readouterr().err
+    assert "pip install uvicorn (it comes with the 'example' extra)" in capsys.readouterr().err

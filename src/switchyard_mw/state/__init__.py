@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 from ..config import State, sentinel_address
 from ..core.pool import AccountPool
 from ..core.shared import StateStore
-from ..errors import StartupError
+from ..errors import StartupError, install_hint
 from .memory import MemoryStore
 
 if TYPE_CHECKING:
@@ -49,8 +49,7 @@ def build_store(state: State) -> Store:
         from .redis_store import RedisStore
     except ImportError as exc:
         raise StartupError(
-            "state.backend = \"redis\" needs the redis package: pip install 'switchyard-mw[redis]'"
-            f" ({exc})"
+            f'state.backend = "redis" needs the redis package: {install_hint("redis")} ({exc})'
         ) from None
     if state.mode == "cluster":
         _require_cluster_pubsub()

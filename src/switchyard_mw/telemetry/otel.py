@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from opentelemetry import metrics, trace
 from opentelemetry.metrics._internal import _ProxyMeterProvider
 
-from ..errors import StartupError
+from ..errors import StartupError, install_hint
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader
@@ -88,7 +88,7 @@ def _configure(env: Mapping[str, str], *, service_name: str | None, prometheus: 
         if _exports(env, "TRACES") or _exports(env, "METRICS"):
             raise StartupError(
                 "an OTLP endpoint is set but the OpenTelemetry SDK is not installed: "
-                "pip install 'switchyard-mw[otlp]'"
+                + install_hint("otlp")
             )
         return Setup(traces="off", metrics=())
     resource = _resource(env, service_name)
@@ -207,5 +207,5 @@ def _metric_exporter(env: Mapping[str, str]) -> MetricExporter:
 def _missing(exc: ImportError) -> StartupError:
     return StartupError(
         f"an OTLP endpoint is set but its exporter is not installed ({exc.name}): "
-        "pip install 'switchyard-mw[otlp]' (or opentelemetry-exporter-otlp-proto-grpc for grpc)"
+        f"{install_hint('otlp')} (for grpc: opentelemetry-exporter-otlp-proto-grpc)"
     )

@@ -9,6 +9,8 @@ from __future__ import annotations
 from opentelemetry import metrics
 from starlette.types import Receive, Scope, Send
 
+from ..errors import install_hint
+
 
 def install() -> bool:
     """Install a Prometheus-backed meter provider; False if one could not be installed."""
@@ -33,7 +35,7 @@ def render() -> tuple[int, bytes, str]:
     except ImportError:
         return (
             501,
-            b"needs the 'prometheus' extra: pip install 'switchyard-mw[prometheus]'\n",
+            f"needs the 'prometheus' extra: {install_hint('prometheus')}\n".encode(),
             "text/plain",
         )
     return 200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST

