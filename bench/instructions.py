@@ -10,6 +10,7 @@ being judged; the number of instructions a request executes does not. Each figur
     python bench/instructions.py --mode served    # bare, minimal and stacked app under uvicorn
     python bench/instructions.py --smoke          # two apps in process, few requests (a test)
     python bench/instructions.py --sizes 1KB,1MB  # at these body sizes (default 1KB)
+    python bench/instructions.py --mode served --requests 30 --no-peers   # served, quickly
 
 in process: every app of section 1, on one body, through section 1's own driver.
 served: the bare app, the minimal middleware and `switchyard_stack` under one uvicorn worker
@@ -189,9 +190,10 @@ def _served_count(
 
 
 def served(
-    n: int, jobs: int, workdir: Path, size: str = "1KB"
+    n: int, jobs: int, workdir: Path, size: str = "1KB", *, with_peers: bool = True
 ) -> tuple[dict[str, float], dict[str, float]]:
-    """Section 2's apps, then section 3's floor and gateway (when an Envoy can be the mock)."""
+    """Section 2's apps, then (`with_peers`) section 3's floor and gateway (when an Envoy can
+    be the mock)."""
     import _inproc
     import _peers
 
@@ -199,7 +201,7 @@ def served(
     jobs_of = [(name, target, {**env, **extra}) for name, target, extra in SERVED]
     body = anthropic_body("claude-opus-5", SIZES[size])
     own = _counts(jobs_of, ANTHROPIC_PATH, body, n, jobs, workdir)
-    if envoy_binary() is None:
+    if not with_peers or envoy_binary() is None:
         return own, {}
     procs = Processes(workdir)
     try:
@@ -274,6 +276,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--apps", default=None, help="comma-separated section 1 apps (default: every one)"
     )
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        help="requests counted per app at 1 KB (default 1500 in process, 1600 served)",
+    )
+    parser.add_argument(
+        "--no-peers", action="store_true", help="served: not the floor and gateway (section 3)"
+    )
     parser.add_argument("--out", type=Path, default=BENCH / "out", help="results directory")
     parser.add_argument("--child-inproc", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -326,14 +337,15 @@ def _count_all(
                 names = ["bare app", "switchyard_stack"]
             elif args.apps:
                 names = [n.strip() for n in args.apps.split(",")]
-            n = 100 if args.smoke else requests_at(size, 1500)
+            n = 100 if args.smoke else requests_at(size, args.requests or 1500)
             counts = inproc(names, args.body, size, n, jobs)
             _keep(report, "in process", size, counts)
             texts.append(table(f"in process [{args.body}, {size}]", counts))
         if args.mode in ("both", "served") and not args.smoke:
             workdir = out / "logs"
             workdir.mkdir(exist_ok=True)
-            own, peers = served(requests_at(size, 1600), jobs, workdir, size)
+            n = requests_at(size, args.requests or 1600)
+            own, peers = served(n, jobs, workdir, size, with_peers=not args.no_peers)
             _keep(report, "served", size, own)
             texts.append(table(f"served by uvicorn [anthropic+canary, {size}]", own))
             if peers:
