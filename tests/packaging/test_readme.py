@@ -57,6 +57,9 @@ RUN_BY = {
     ".venv/bin/mkdocs build --strict --site-dir site": [
         (".ci/run", "mkdocs build --strict"),
     ],
+    "python3 bench/fresh_run.py": [
+        ("tests/bench/test_fresh_run.py", '"bench/fresh_run.py"'),  # its --smoke, end to end
+    ],
 }
 
 
