@@ -183,7 +183,7 @@ def transport_targets(transport: Mapping[str, Any], default: str) -> list[Verdic
     """CPU per 1 KB request and added p99 at half capacity, medians of the rounds."""
     medians = transport.get("medians", {}).get(default, {})
     rounds = [r for r in transport.get("rounds", []) if r.get("transport") == default]
-    label = f"{default}, the default, median of {len(rounds)} rounds"
+    label = f"{default}, the default, median of {len(rounds)} round{'s' * (len(rounds) != 1)}"
     cpu = medians.get("cpu_ms")
     cpu_shown = ""
     if cpu is not None:
@@ -318,8 +318,12 @@ def targets_table(verdicts: Sequence[Verdict]) -> str:
 
 def conditions_text(conditions: Mapping[str, Any]) -> str:
     steps = conditions.get("steps", {})
+    dirty = conditions.get("checkout_changes_not_measured")
     lines = [
-        f"- commit: {conditions.get('commit')} ({conditions.get('subject', '')})",
+        f"- commit: {conditions.get('commit')} ({conditions.get('subject', '')})"
+        + ("; the checkout's uncommitted changes were not measured" * bool(dirty)),
+        f"- install: `pip install '.[bench]'` into a new virtualenv, "
+        f"{conditions.get('install_wall_s')} s",
         f"- date: {conditions.get('date')}; {conditions.get('cpus')} CPUs; "
         f"python {conditions.get('python')}; default transport: {conditions.get('default')}",
         f"- load average (1, 5, 15 min) before: {conditions.get('load_before')}, "
@@ -448,8 +452,11 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def call(cmd: Sequence[str], *, cwd: Path, env: Mapping[str, str], log: Path) -> int:
-    """Run `cmd` in a session of its own, its output into `log` and (indented) to stdout."""
+def call(
+    cmd: Sequence[str], *, cwd: Path, env: Mapping[str, str], log: Path, echo: bool = True
+) -> int:
+    """Run `cmd` in a session of its own, its output into `log` and (`echo`, indented) to
+    stdout."""
     with log.open("wb") as out:
         proc = subprocess.Popen(
             list(cmd),
@@ -465,8 +472,9 @@ def call(cmd: Sequence[str], *, cwd: Path, env: Mapping[str, str], log: Path) ->
             for line in proc.stdout:
                 out.write(line)
                 out.flush()
-                sys.stdout.write("    " + line.decode(errors="replace"))
-                sys.stdout.flush()
+                if echo:
+                    sys.stdout.write("    " + line.decode(errors="replace"))
+                    sys.stdout.flush()
             return proc.wait()
         finally:
             stop(proc)
@@ -486,9 +494,10 @@ def install(work: Path, commit: str, python: str, logs: Path) -> tuple[Path, Pat
     subprocess.run([python, "-m", "venv", str(venv)], check=True)
     env = child_env(venv)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--no-input", ".[bench]"]
-    print(f"installing '.[bench]' into {venv} ...", flush=True)
-    if call(pip, cwd=repo, env=env, log=logs / "install.log") != 0:
-        raise RuntimeError(f"pip install failed: see {logs / 'install.log'}")
+    print(f"installing '.[bench]' into {venv} (log: {logs / 'install.log'}) ...", flush=True)
+    if call(pip, cwd=repo, env=env, log=logs / "install.log", echo=False) != 0:
+        tail = (logs / "install.log").read_text(errors="replace")[-3000:]
+        raise SystemExit(f"{tail}\npip install '.[bench]' failed (the log's end above)")
     return repo, venv, round(time.monotonic() - started, 1)
 
 
@@ -525,7 +534,9 @@ def measure(args: argparse.Namespace, work: Path, out: Path) -> int:
     commit = git("rev-parse", args.commit)
     conditions: dict[str, Any] = {
         "commit": commit,
-        "subject": git("log", "-1", "--format=%s", commit)[:120],
+        "subject": git("log", "-1", "--format=%s", commit),
+        # What the checkout has beyond the commit is not measured: said, so nobody thinks it is.
+        "checkout_changes_not_measured": bool(git("status", "--porcelain", "--untracked-files=no")),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "cpus": os.cpu_count(),
         "smoke": args.smoke,
