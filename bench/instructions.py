@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -35,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -123,13 +124,26 @@ def _inproc_count(name: str, label: str, size: str, n: int) -> int:
 
 
 def inproc(names: Sequence[str], label: str, size: str, n: int, jobs: int) -> dict[str, float]:
-    with ThreadPoolExecutor(jobs) as pool:
+    with _pool(jobs) as pool:
         runs = {
             (name, k): pool.submit(_inproc_count, name, label, size, k)
             for name in names
             for k in (0, n)
         }
         return {name: (runs[name, n].result() - runs[name, 0].result()) / n for name in names}
+
+
+@contextlib.contextmanager
+def _pool(jobs: int) -> Iterator[ThreadPoolExecutor]:
+    """A pool that, on Ctrl-C (or any error), starts none of the counts still waiting: those
+    running stop with their servers, which the same Ctrl-C reaches (one process group)."""
+    pool = ThreadPoolExecutor(jobs)
+    try:
+        yield pool
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
 
 
 # --- served -------------------------------------------------------------------------------------
@@ -223,7 +237,7 @@ def _counts(
     jobs: int,
     workdir: Path,
 ) -> dict[str, float]:
-    with ThreadPoolExecutor(jobs) as pool:
+    with _pool(jobs) as pool:
         runs = {
             (name, k): pool.submit(_served_count, target, env, path, body, k, workdir)
             for name, target, env in apps
