@@ -1,8 +1,8 @@
 """Every figure issue 26 sets a target for, from a fresh install in one run, and one report.
 
-    python3 bench/fresh_run.py            # ~40 min; HEAD of this checkout; bench/results/fresh.md
-    python3 bench/fresh_run.py --smoke    # ~3 min: the same steps, seconds each (a test runs it)
-    python3 bench/fresh_run.py --commit 3cb341f --workdir /tmp/fresh --keep
+    python3 bench/fresh_run.py            # 30-45 min; HEAD of this checkout; bench/results/fresh.md
+    python3 bench/fresh_run.py --smoke    # 3-5 min: the same steps, seconds each (a test runs it)
+    python3 bench/fresh_run.py --commit 3cb341f --workdir /tmp/fresh   # that commit; kept there
 
 What runs: `git clone` of this checkout into a work directory, at the commit (HEAD by default:
 what is not committed is not measured); a new virtualenv there; `pip install '.[bench]'` from
