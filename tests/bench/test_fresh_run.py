@@ -189,6 +189,9 @@ def _leftovers(marker: str) -> list[str]:
 @pytest.mark.timeout(900)  # a guard against a hang, not a time target
 def test_fresh_run_smoke_reports_every_target(tmp_path: Path) -> None:
     work, out = tmp_path / "work", tmp_path / "out"
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
     cmd = [
         sys.executable,
         "bench/fresh_run.py",
@@ -224,12 +227,7 @@ def test_fresh_run_smoke_reports_every_target(tmp_path: Path) -> None:
     assert len(rows) == len(targets)
     assert all("| met |" in r or "| **not met** |" in r for r in rows)
     conditions = report["conditions"]
-    assert (
-        conditions["commit"]
-        == subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-    )
+    assert conditions["commit"] == head  # what was committed when it started, not the tree
     assert "switchyard-mw" in conditions["key_packages"]
     assert all(step["exit"] == 0 for step in conditions["steps"].values())
     assert (out / "fresh" / "bench.png").read_bytes()[:4] == b"\x89PNG"
