@@ -292,6 +292,39 @@ def test_bodies_that_are_not_utf8_are_400(wire: Wire, raw: bytes) -> None:
     assert "UTF-8" in info.value.message
 
 
+def _long_body(text: str, tail: bytes = b"") -> bytes:
+    """A conversation of many 4 KB blocks (the UTF-8 check's unit): ASCII turns, then `text`."""
+    turns = [{"role": "user", "content": "the cache key ignores the lock file " * 20}] * 60
+    turns.append({"role": "user", "content": text})
+    head = json.dumps({"model": "m", "messages": turns}, ensure_ascii=False).encode()
+    return head[:-1] + b', "skipped": "' + tail + b'"}'
+
+
+@pytest.mark.parametrize("wire", list(Wire))
+@pytest.mark.parametrize(
+    "tail",
+    [
+        b"\xed\xa0\x80",  # a surrogate in a field no wire reads, far into a long body
+        b"ok \xe2\x98",  # a truncated character
+        b"\xc0\xaf",  # an overlong '/'
+        b"\x80" * 9000,  # continuation bytes across block edges
+    ],
+)
+def test_long_bodies_not_utf8_in_skipped_fields_are_400(wire: Wire, tail: bytes) -> None:
+    raw = _long_body("caf\u00e9 \u2615", tail)
+    assert len(raw) > 3 * 4096
+    with pytest.raises(WireError) as info:
+        read_request(wire, raw)
+    assert info.value.status == 400
+    assert "UTF-8" in info.value.message
+
+
+@pytest.mark.parametrize("wire", list(Wire))
+def test_long_mostly_ascii_utf8_bodies_are_read(wire: Wire) -> None:
+    raw = _long_body("caf\u00e9 \u2615 \U0001f600", "é 日本語 😀".encode())
+    assert read_request(wire, raw).model == "m"
+
+
 def test_non_ascii_utf8_bodies_are_read() -> None:
     raw = '{"model": "m", "messages": [{"role": "user", "content": "café ☕"}]}'.encode()
     view = read_request(Wire.ANTHROPIC, raw)
