@@ -80,6 +80,37 @@ def test_is_utf8_agrees_on_any_bytes(data: bytes) -> None:
     assert is_utf8(data) is decodes(data)
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, BLOCK + 8), st.lists(_pieces, max_size=3)),
+        min_size=1,
+        max_size=3 * utf8.DENSE,
+    )
+)
+def test_is_utf8_agrees_over_many_blocks(blocks: list[tuple[int, list[bytes]]]) -> None:
+    # ASCII stretches of about a block between the pieces: runs of blocks that are not ASCII
+    # (decoded in one call), ASCII blocks between them, and runs long enough to be dense.
+    data = b"".join(b"a" * pad + b"".join(pieces) for pad, pieces in blocks)
+    assert is_utf8(data) is decodes(data)
+
+
+@pytest.mark.parametrize("bad_block", [0, 1, utf8.DENSE - 1, utf8.DENSE, 3 * utf8.DENSE - 1])
+@pytest.mark.parametrize("ascii_every", [0, 2, 3])
+def test_a_bad_sequence_in_any_block_of_a_long_body(bad_block: int, ascii_every: int) -> None:
+    blocks = []
+    for i in range(3 * utf8.DENSE):
+        text = b"x" * (BLOCK - 10)
+        if not ascii_every or i % ascii_every:
+            text += "日本".encode()  # this block is not ASCII
+        if i == bad_block:
+            text += b"\xed\xa0\x80"
+        blocks.append(text)
+    data = b"".join(blocks)
+    assert is_utf8(data) is decodes(data) is False
+    assert is_utf8(data.replace(b"\xed\xa0\x80", b"ok!"))
+
+
 def _at(offset: int, seq: bytes, size: int = 3 * BLOCK) -> bytes:
     body = bytearray(b"x" * size)
     body[offset : offset + len(seq)] = seq
