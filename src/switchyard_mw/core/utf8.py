@@ -34,9 +34,13 @@ def is_utf8(data: bytes) -> bool:
     span = -1  # where the current run of blocks that are not ASCII starts (-1: no run)
     run = 0
     while start < end:
-        stop = _cut(data, start + BLOCK, end)
-        if stop < 0:
-            return False
+        stop = start + BLOCK
+        if stop >= end:
+            stop = end
+        elif _CONTINUATION_FIRST <= data[stop] <= _CONTINUATION_LAST:
+            stop = _cut(data, stop, end)  # rare: most cuts land on a byte that starts a character
+            if stop < 0:
+                return False
         if data[start:stop].isascii():
             if span >= 0 and not _decodes(view[span:start]):
                 return False
