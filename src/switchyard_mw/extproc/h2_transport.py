@@ -53,10 +53,11 @@ import h2.connection
 import h2.errors
 import h2.events
 import h2.exceptions
+import h2.frame_buffer
 import h2.settings
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2
-from hyperframe.frame import GoAwayFrame
+from hyperframe.frame import DataFrame, Frame, GoAwayFrame
 
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
@@ -198,6 +199,25 @@ class Health:
             connection.send_health(stream)
 
 
+def _unnamed_payload() -> str:
+    return "<payload>"
+
+
+class _FrameBuffer(h2.frame_buffer.FrameBuffer):
+    """h2's frame buffer, whose DATA frames keep their payload out of their repr.
+
+    h2 formats every frame it receives for its trace log (`repr(frame)`, whether or not
+    anything logs), and a DATA frame's repr hex-dumps its whole payload: a copy, a hex string
+    twice its size and that string's decode, for every byte received. That was the largest
+    per-byte cost of a large body (docs/performance.md, "Envoy processor transport")."""
+
+    def __next__(self) -> Frame:
+        frame = super().__next__()
+        if type(frame) is DataFrame:
+            frame._body_repr = _unnamed_payload  # type: ignore[method-assign]
+        return frame
+
+
 def _message(payload: bytes) -> bytes:
     return b"\x00" + len(payload).to_bytes(4, "big") + payload
 
@@ -255,6 +275,7 @@ class _Connection(asyncio.Protocol):
         self.limits = server.limits
         self.loop = asyncio.get_running_loop()
         self.h2 = h2.connection.H2Connection(config=_CONFIG)
+        self.h2.incoming_buffer = _FrameBuffer(server=True)
         self.streams: dict[int, _Stream] = {}
         self.transport: asyncio.Transport | None = None
         self.last_stream = 0
