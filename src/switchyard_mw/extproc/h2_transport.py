@@ -224,7 +224,6 @@ def _message(payload: bytes) -> bytes:
 
 class _Stream:
     __slots__ = (
-        "buffer",
         "client_done",
         "context",
         "detail",
@@ -236,6 +235,8 @@ class _Stream:
         "method",
         "out",
         "partial_at",
+        "parts",
+        "parts_size",
         "pending",
         "released",
         "service",
@@ -249,14 +250,16 @@ class _Stream:
         self.method = method
         self.handler: Handler | None = None
         self.context: contextvars.Context | None = None
-        self.buffer = bytearray()
-        self.pending: deque[bytearray] = deque()
+        self.parts: list[bytes | memoryview] = []
+        """The DATA pieces of the message now arriving, joined once it is whole."""
+        self.parts_size = 0
+        self.pending: deque[memoryview] = deque()
         self.task: asyncio.Task[None] | None = None
         self.out: deque[memoryview] = deque()
         self.held = 0
-        """Bytes in `buffer`, `pending` and `out`: what the stream costs while the peer waits."""
+        """Bytes in `parts`, `pending` and `out`: what the stream costs while the peer waits."""
         self.partial_at = 0.0
-        """When the message now in `buffer` started arriving."""
+        """When the message now in `parts` started arriving."""
         self.headers_sent = False
         self.client_done = False
         self.status = OK
@@ -362,11 +365,14 @@ class _Connection(asyncio.Protocol):
             self._write(self.h2.data_to_send())
             self._close()
             return
+        received: dict[int, int] = {}  # flow-controlled bytes per stream, credited per read
         for event in events:
             if self.closed:
                 return
             kind = type(event)
             if kind is h2.events.DataReceived:
+                sid = event.stream_id  # type: ignore[attr-defined]
+                received[sid] = received.get(sid, 0) + event.flow_controlled_length  # type: ignore[attr-defined]
                 self._on_data(event)  # type: ignore[arg-type]
             elif kind is h2.events.RequestReceived:
                 self._on_request(event)  # type: ignore[arg-type]
@@ -382,6 +388,11 @@ class _Connection(asyncio.Protocol):
                 self._write(self.h2.data_to_send())
                 self._close()
                 return
+        # Credited back at once (before the next read): `_hold` bounds what a stream,
+        # connection and process keep.
+        for sid, size in received.items():
+            with contextlib.suppress(h2.exceptions.StreamClosedError):
+                self.h2.acknowledge_received_data(size, sid)
         self._write(self.h2.data_to_send())
 
     # incoming -----------------------------------------------------------------------------
@@ -455,40 +466,55 @@ class _Connection(asyncio.Protocol):
             self._goodbye(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM, linger=True)
 
     def _on_data(self, event: h2.events.DataReceived) -> None:
-        sid = event.stream_id
-        # Credited back at once: `_hold` bounds what a stream, connection and process keep.
-        with contextlib.suppress(h2.exceptions.StreamClosedError):
-            self.h2.acknowledge_received_data(event.flow_controlled_length, sid)
-        stream = self.streams.get(sid)
-        if stream is None or stream.finishing:
+        stream = self.streams.get(event.stream_id)
+        data = event.data
+        if stream is None or stream.finishing or not data:
             return
-        data = event.data or b""
-        buffer = stream.buffer
-        if not buffer:
+        if not stream.parts:
             stream.partial_at = self.loop.time()
             self.partial.add(stream)
-        buffer += data
-        if not self._hold(stream, len(data)):
-            return
+        stream.parts.append(data)
+        stream.parts_size += len(data)
+        if self._hold(stream, len(data)):
+            self._take_messages(stream)
+
+    def _take_messages(self, stream: _Stream) -> None:
+        """Hand each whole message in `stream.parts` to the stream, in order.
+
+        A message's pieces are joined once it is whole, and its payload is a view of them: one
+        copy of a message that came in many DATA frames, none of one that came in one.
+        """
         limit = self.limits.max_message_bytes
-        while len(buffer) >= 5:
-            size = int.from_bytes(buffer[1:5], "big")
+        parts = stream.parts
+        while stream.parts_size >= 5:
+            if len(parts[0]) < 5:  # a length prefix split over frames
+                _merge_head(parts)
+            head = parts[0]
+            size = int.from_bytes(head[1:5], "big")
             if size > limit:
                 self._fail(stream, RESOURCE_EXHAUSTED, f"message of {size} bytes over {limit}")
                 return
-            if len(buffer) < 5 + size:
+            end = 5 + size
+            if stream.parts_size < end:
                 return
-            if buffer[0]:
+            if head[0]:
                 self._fail(stream, INTERNAL, "compressed message but no grpc-encoding")
                 return
-            payload = buffer[5 : 5 + size]  # a copy already: protobuf parses a bytearray
-            del buffer[: 5 + size]
+            joined = len(parts) > 1
+            whole = memoryview(b"".join(parts) if joined else head)
+            parts.clear()
+            stream.parts_size -= end
+            if stream.parts_size:
+                # The next message's start. After a join it is copied (at most the last
+                # piece), so that a few bytes never keep a whole large message alive.
+                rest = whole[end:]
+                parts.append(rest.tobytes() if joined else rest)
             self._hold(stream, -5)
             stream.partial_at = self.loop.time()
-            self._on_message(stream, payload)
+            self._on_message(stream, whole[5:end])
             if stream.finishing:
                 return
-        if not buffer:
+        if not parts:
             self.partial.discard(stream)
 
     def _hold(self, stream: _Stream, size: int) -> bool:
@@ -515,7 +541,8 @@ class _Connection(asyncio.Protocol):
 
     def _empty(self, stream: _Stream) -> None:
         """Let go of all the stream holds (its answers unsent are lost)."""
-        stream.buffer.clear()
+        stream.parts.clear()
+        stream.parts_size = 0
         stream.pending.clear()
         stream.out.clear()
         self.partial.discard(stream)
@@ -524,7 +551,7 @@ class _Connection(asyncio.Protocol):
         self.server.held -= stream.held
         stream.held = 0
 
-    def _on_message(self, stream: _Stream, payload: bytearray) -> None:
+    def _on_message(self, stream: _Stream, payload: memoryview) -> None:
         if stream.handler is not None:
             stream.pending.append(payload)
             if stream.task is None:
@@ -615,8 +642,9 @@ class _Connection(asyncio.Protocol):
     def _fail(self, stream: _Stream, status: int, detail: str) -> None:
         """End the stream with `status` once its answers are out; what it received is dropped."""
         stream.status, stream.detail = status, detail
-        dropped = len(stream.buffer) + sum(len(payload) for payload in stream.pending)
-        stream.buffer.clear()
+        dropped = stream.parts_size + sum(len(payload) for payload in stream.pending)
+        stream.parts.clear()
+        stream.parts_size = 0
         stream.pending.clear()
         self.partial.discard(stream)
         self._hold(stream, -dropped)
@@ -823,8 +851,17 @@ def _unanswered(stream: _Stream) -> bool:
     answer it needs, so counting it would close Envoy's connection under steady traffic.
     """
     return (
-        not stream.headers_sent or stream.task is not None or bool(stream.pending or stream.buffer)
+        not stream.headers_sent or stream.task is not None or bool(stream.pending or stream.parts)
     )
+
+
+def _merge_head(parts: list[bytes | memoryview]) -> None:
+    """Join the first pieces of `parts` into one of at least 5 bytes (or all of them)."""
+    count, size = 0, 0
+    while size < 5 and count < len(parts):
+        size += len(parts[count])
+        count += 1
+    parts[:count] = [b"".join(parts[:count])]
 
 
 def _percent_encoded(text: str) -> bytes:
