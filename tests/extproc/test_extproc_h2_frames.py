@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import h2.events
@@ -142,4 +143,29 @@ async def test_a_large_body_is_not_hex_dumped(
     assert len(answers_of(peer, sid)) == 1
     # The peer's own h2 dumps the few bytes it receives; the server's 1 MB goes undumped.
     assert sum(dumped) < 4096, f"{sum(dumped)} bytes hex-dumped in {len(dumped)} frames"
+    peer.close()
+
+
+async def test_tiny_frames_cost_the_stream_about_what_they_carry(
+    serve: Callable[[Callable[[], object]], asyncio.Future[H2Server]],
+) -> None:
+    """A peer that sends a message a byte per DATA frame must not make the stream hold an
+    object per byte (~40 bytes each, where the buffer bounds count one)."""
+    server = await serve(Unchanged)
+    assert server.port is not None
+    peer = await Peer.connect(server.port)
+    sid = peer.open()
+    message = grpc_message(b"x" * 100_000)
+    for at in range(0, 20_000, 1000):
+        for i in range(at, at + 1000):
+            peer.h2.send_data(sid, message[i : i + 1])
+        await peer.flush()
+    for _ in range(200):  # until the server has read all 20,000 frames
+        streams = [s for c in server.connections for s in c.streams.values()]
+        if streams and streams[0].parts_size == 20_000:
+            break
+        await asyncio.sleep(0.02)
+    (stream,) = streams
+    assert stream.parts_size == 20_000
+    assert sum(sys.getsizeof(part) for part in stream.parts) < 2 * stream.parts_size
     peer.close()

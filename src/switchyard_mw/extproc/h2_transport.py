@@ -78,6 +78,9 @@ DEFAULT_MESSAGE_BYTES = (32 << 20) + (1 << 20)
 """The largest message at the default `[server] max_body_bytes`, with room for framing."""
 WRITE_BUFFER_BYTES = 1 << 20
 """Bytes the socket may hold unsent before writing pauses (asyncio's high-water mark)."""
+_SMALL_PIECE = 256
+"""DATA pieces smaller than this are gathered into one bytearray: a peer sending tiny frames
+would otherwise make a stream hold an object (~40 bytes) for every byte or few it sent."""
 _WRITE_BATCH = 256 << 10
 """Handed to the socket at a time, so that a paused socket stops a large answer midway."""
 LINGER_SECS = 1.0
@@ -250,7 +253,7 @@ class _Stream:
         self.method = method
         self.handler: Handler | None = None
         self.context: contextvars.Context | None = None
-        self.parts: list[bytes | memoryview] = []
+        self.parts: list[bytes | bytearray | memoryview] = []
         """The DATA pieces of the message now arriving, joined once it is whole."""
         self.parts_size = 0
         self.pending: deque[memoryview] = deque()
@@ -470,10 +473,16 @@ class _Connection(asyncio.Protocol):
         data = event.data
         if stream is None or stream.finishing or not data:
             return
-        if not stream.parts:
+        parts = stream.parts
+        if not parts:
             stream.partial_at = self.loop.time()
             self.partial.add(stream)
-        stream.parts.append(data)
+        if len(data) >= _SMALL_PIECE:
+            parts.append(data)
+        elif parts and type(parts[-1]) is bytearray:
+            parts[-1] += data
+        else:
+            parts.append(bytearray(data))
         stream.parts_size += len(data)
         if self._hold(stream, len(data)):
             self._take_messages(stream)
@@ -855,7 +864,7 @@ def _unanswered(stream: _Stream) -> bool:
     )
 
 
-def _merge_head(parts: list[bytes | memoryview]) -> None:
+def _merge_head(parts: list[bytes | bytearray | memoryview]) -> None:
     """Join the first pieces of `parts` into one of at least 5 bytes (or all of them)."""
     count, size = 0, 0
     while size < 5 and count < len(parts):
