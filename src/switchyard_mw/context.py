@@ -55,9 +55,10 @@ class RequestContext:
         "view",
     )
 
+    # Not keyword-only: the stack builds one per request, positionally (a call with keywords
+    # builds a dict of them first).
     def __init__(
         self,
-        *,
         view: RequestView | None = None,
         body: bytes | None = None,
         now: float | None = None,

@@ -14,7 +14,6 @@ import functools
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
 
 from opentelemetry import propagate, trace
 from opentelemetry.propagators.textmap import Getter
@@ -28,14 +27,7 @@ from ..engine.paths import json_media, llm_paths
 from ..telemetry import names as tm
 from ..telemetry import request_metrics
 from ..wire import Wire, WireError, error_body, read_request, too_large
-from ._disconnect import (
-    WATCH_AFTER_SECS,
-    Deferred,
-    DisconnectWatch,
-    defer,
-    replay_receive,
-    running_loop,
-)
+from ._disconnect import DisconnectWatch, running_loop
 from ._types import ASGIApp, Message, Receive, Scope, Send
 from .body import ClientDisconnected, read_body
 
@@ -72,7 +64,7 @@ class PolicyMiddleware(ABC):
                 return  # answered already (or the client left): no app to call
             ctx, watch = read
             if watch is not None:
-                receive = replay_receive(ctx, watch)
+                receive = watch.replay
         scope.setdefault("state", {})["switchyard"] = ctx
         # Without an SDK, no span work at all: nothing to look up, start, activate or end.
         span, own_span, annotate = _telemetry(scope, ctx) if tm.tracing() else _NO_SPANS
@@ -108,8 +100,10 @@ class PolicyMiddleware(ABC):
         task = asyncio.current_task(loop)
         started = time.monotonic()
         # The whole body must arrive in time: a client that sends it slowly, or stops
-        # halfway, would otherwise hold the request (and what it sent) forever.
-        timer = None if task is None else _ReadTimer(loop, task, self.server, started)
+        # halfway, would otherwise hold the request (and what it sent) forever. The watch
+        # times the read, then watches for the client leaving.
+        secs = None if task is None else self.server.body_read_timeout_secs
+        watch = DisconnectWatch(receive, loop, task, secs, started)
         limit = self.server.max_body_bytes
         try:
             try:
@@ -122,23 +116,24 @@ class PolicyMiddleware(ABC):
                         raise too_large(limit)
                 else:
                     body = await read_body(receive, limit=limit, first=message)
-            finally:
-                if timer is not None:
-                    timer.stop()
-            ctx = RequestContext(view=read_request(wire, body), body=body, now=started)
+                ctx = RequestContext(read_request(wire, body), body, started)
+            except BaseException:
+                watch.stop()
+                raise
         except ClientDisconnected:
             return None
         except asyncio.CancelledError:
-            if timer is None or not timer.fired or (task is not None and task.uncancel()):
+            if not watch.fired or (task is not None and task.uncancel()):
                 raise
             await send_error(send, wire, *_read_timeout(self.server), _CLOSE)
             return None
         except WireError as exc:
             await send_error(send, wire, exc.status, exc.error_type, exc.message)
             return None
+        watch.read(ctx)
         if budgeted:
             ctx.budget_at = budget_end(functools.partial(_first, scope), ctx.started_at)
-        return ctx, DisconnectWatch(ctx, receive, loop, task)
+        return ctx, watch
 
     @abstractmethod
     async def handle(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
@@ -246,56 +241,6 @@ nginx's request timeouts do)."""
 def _read_timeout(server: Server) -> tuple[int, str, str]:
     secs = server.body_read_timeout_secs
     return 408, REQUEST_TIMEOUT, f"the request body did not arrive within {secs:g} s"
-
-
-class _ReadTimer(Deferred):
-    """Cancels the task reading a request's body once `body_read_timeout_secs` have passed.
-
-    No timer at first, as for the deadline policy's alarm: nearly every body is whole in the
-    first message, and a timer per request would cost more than the rest of the read. It waits
-    in the loop's sweeper (`defer`) and sets its timer only if the read is still going after
-    `WATCH_AFTER_SECS`; a bound shorter than twice that gets its timer at once.
-    """
-
-    __slots__ = ("_handle", "_loop", "_task", "fired", "until")
-
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        task: asyncio.Task[Any],
-        server: Server,
-        started: float,
-    ) -> None:
-        """`started`: when the request began (`time.monotonic()`, which the context keeps)."""
-        secs = server.body_read_timeout_secs
-        self._loop = loop
-        self._task = task
-        self.until = started + secs
-        self.fired = False
-        self._handle: asyncio.TimerHandle | None = None
-        self._tick = None
-        if secs > 2 * WATCH_AFTER_SECS:
-            defer(self, loop)
-        else:
-            self._handle = loop.call_later(secs, self._fire)
-
-    def start(self) -> None:
-        """Called by the sweeper: the read outlasted the wait, so set the timer now."""
-        if self._handle is None and not self.fired:
-            left = max(self.until - time.monotonic(), 0.0)
-            self._handle = self._loop.call_later(left, self._fire)
-
-    def stop(self) -> None:
-        if self._tick is not None:
-            self.leave()
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-
-    def _fire(self) -> None:
-        self._handle = None
-        self.fired = True
-        self._task.cancel("switchyard body read timeout")
 
 
 async def send_error(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import weakref
 from collections import deque
 from typing import Any, ClassVar
@@ -84,7 +85,9 @@ def defer(work: Deferred, loop: asyncio.AbstractEventLoop) -> None:
     """Have `work.start()` called once `WATCH_AFTER_SECS` (up to 1.5 times that) have passed,
     unless `work.leave()` was called before then. `loop` is the running loop (asking asyncio
     for it costs a system call, so callers pass theirs)."""
-    sweeper = _Sweeper.of(loop)
+    sweeper = _Sweeper.last  # `_Sweeper.of`'s usual answer, without the call
+    if sweeper is None or sweeper.loop is not loop or sweeper.task.done():
+        sweeper = _Sweeper.of(loop)
     tick = sweeper.ticks[0]
     tick.add(work)
     work._tick = tick
@@ -93,23 +96,53 @@ def defer(work: Deferred, loop: asyncio.AbstractEventLoop) -> None:
 
 
 class DisconnectWatch(Deferred):
-    """One request's watch; `stop()` when its response is complete or its work has ended."""
+    """One request's watch, from the start of its body's read; `stop()` when its response is
+    complete or its work has ended.
 
-    __slots__ = ("_ctx", "_gone", "_loop", "_owner", "_receive", "_task")
+    While the body is read it is the read's timer too: one sweeper entry per request, not one
+    for the read and one for the watch (each costs). Should the read outlast
+    `WATCH_AFTER_SECS` (at once for a bound shorter than twice that), a timer cancels `owner`
+    at `read_secs` after `started` (`fired` says it did). `read(ctx)` ends the read: watching
+    for a disconnect starts when the sweeper's time comes, at once if it came during the read.
+    """
+
+    __slots__ = (
+        "_ctx",
+        "_due",
+        "_gone",
+        "_handle",
+        "_loop",
+        "_owner",
+        "_receive",
+        "_sent",
+        "_task",
+        "fired",
+        "until",
+    )
 
     def __init__(
         self,
-        ctx: RequestContext,
         receive: Receive,
         loop: asyncio.AbstractEventLoop,
         owner: asyncio.Task[Any] | None,
+        read_secs: float | None = None,
+        started: float = 0.0,
     ) -> None:
-        self._ctx = ctx
+        """`read_secs`: the bound on the body's read (None: none); `started`: when the request
+        began (`time.monotonic()`)."""
+        self._ctx: RequestContext | None = None  # None while the body is read
         self._receive = receive
         self._loop = loop
         self._owner = owner  # the task serving the request: cancelled when the client leaves
         self._task: asyncio.Task[None] | None = None
         self._gone: asyncio.Event | None = None
+        self._sent = False  # `replay` gave the body
+        self._due = False  # the sweeper's time came during the read
+        self._handle: asyncio.TimerHandle | None = None
+        self.fired = False
+        self.until = None if read_secs is None else started + read_secs
+        if read_secs is not None and read_secs <= 2 * WATCH_AFTER_SECS:
+            self._handle = loop.call_later(read_secs, self._expire)
         defer(self, loop)
 
     @property
@@ -117,13 +150,28 @@ class DisconnectWatch(Deferred):
         """Set once the client has left (made on first use: most requests never ask)."""
         if self._gone is None:
             self._gone = asyncio.Event()
-            if self._ctx.disconnected:
+            if self._ctx is not None and self._ctx.disconnected:
                 self._gone.set()
         return self._gone
+
+    def read(self, ctx: RequestContext) -> None:
+        """The body is whole in `ctx`: stop timing the read, watch from now on."""
+        self._ctx = ctx
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if self._due:
+            self.start()
 
     def start(self) -> None:
         if self._tick is not None:
             self.leave()
+        if self._ctx is None:  # still reading: time the read from now (nobody else may read)
+            self._due = True
+            if self.until is not None and self._handle is None and not self.fired:
+                left = max(self.until - time.monotonic(), 0.0)
+                self._handle = self._loop.call_later(left, self._expire)
+            return
         if self._task is None:
             self._task = self._loop.create_task(self._watch())
 
@@ -132,13 +180,37 @@ class DisconnectWatch(Deferred):
             self.leave()
         if self._task is not None:
             self._task.cancel()
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    async def replay(self) -> Message:
+        """The app's `receive`: the (possibly rewritten) body once, then waits for a disconnect.
+
+        The body is built when the app first asks, so every policy has decided the model by
+        then. A failover makes a new one, so each attempt reads the whole body again.
+        """
+        if not self._sent:
+            self._sent = True
+            body = b"" if self._ctx is None else self._ctx.body_for_app()
+            return {"type": "http.request", "body": body, "more_body": False}
+        self.start()  # the app listens for a disconnect: watch from now on
+        await self.gone.wait()
+        return {"type": "http.disconnect"}
+
+    def _expire(self) -> None:
+        self._handle = None
+        if self._ctx is None and self._owner is not None:
+            self.fired = True
+            self._owner.cancel("switchyard body read timeout")
 
     async def _watch(self) -> None:
         while True:
             message = await self._receive()
             if message["type"] == "http.disconnect":
                 break
-        self._ctx.disconnected = True
+        if self._ctx is not None:
+            self._ctx.disconnected = True
         self.gone.set()
         if self._owner is not None:
             self._owner.cancel("client disconnected")
@@ -194,23 +266,3 @@ class _Sweeper:
 
 
 _TICKS = 3  # a sweep every WATCH_AFTER_SECS / 2: work waits two to three of them
-
-
-def replay_receive(ctx: RequestContext, watch: DisconnectWatch) -> Receive:
-    """A `receive` that yields the (possibly rewritten) body once, then waits for a disconnect.
-
-    The body is built when the app first asks, so every policy has decided the model by then.
-    A failover makes a new one, so each attempt reads the whole body again.
-    """
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": ctx.body_for_app(), "more_body": False}
-        watch.start()  # the app listens for a disconnect: watch from now on
-        await watch.gone.wait()
-        return {"type": "http.disconnect"}
-
-    return replay
