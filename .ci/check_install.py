@@ -167,10 +167,13 @@ def check_base() -> None:
         cli = _cli("extproc", "--config", path, "--listen", "127.0.0.1:0")
         assert cli.returncode == 1, cli
         assert "switchyard-mw[envoy]" in cli.stderr, cli.stderr
+        # ... and the extra's own packages, read from this install's metadata
+        assert "or the packages alone: pip install " in cli.stderr, cli.stderr
+        assert "'h2>=" in cli.stderr and "'grpcio>=" in cli.stderr, cli.stderr
         assert _cli("check-config", path).returncode == 0
     mock = _cli("mock", "--port", "0")
     assert mock.returncode == 2, mock
-    assert "switchyard-mw[example]" in mock.stderr, mock.stderr
+    assert "pip install uvicorn (it comes with the 'example' extra)" in mock.stderr, mock.stderr
     print("base: the stack served a judged request; gateway, extproc and mock name their extras")
 
 
