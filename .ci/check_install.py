@@ -169,7 +169,8 @@ def check_base() -> None:
         assert "switchyard-mw[envoy]" in cli.stderr, cli.stderr
         # ... and the extra's own packages, read from this install's metadata
         assert "or the packages alone: pip install " in cli.stderr, cli.stderr
-        assert "'h2>=" in cli.stderr and "'grpcio>=" in cli.stderr, cli.stderr
+        assert "'h2>=" in cli.stderr, cli.stderr
+        assert "'grpcio>=" in cli.stderr, cli.stderr
         assert _cli("check-config", path).returncode == 0
     mock = _cli("mock", "--port", "0")
     assert mock.returncode == 2, mock
