@@ -138,9 +138,9 @@ async def test_fault_fails_over_counts_and_cools(
 ) -> None:
     upstream = Upstream({"a": status})
     app, pool = stack(upstream, account("a"), account("b", priority=1), clock=clock)
-    faults = otel_metrics.value(tm.ACCOUNT_FAULTS, account="a", status=str(status))
-    cooled = otel_metrics.value(tm.ACCOUNT_COOLED, account="a")
-    failovers = otel_metrics.value(tm.FAILOVERS, route_model="m")
+    faults = otel_metrics.value(tm.ACCOUNT_FAULTS, **{tm.ACCOUNT: "a"}, status=str(status))
+    cooled = otel_metrics.value(tm.ACCOUNT_COOLED, **{tm.ACCOUNT: "a"})
+    failovers = otel_metrics.value(tm.FAILOVERS, **{tm.RESPONSE_MODEL: "m"})
     async with http(app) as client:
         first = await client.post(MESSAGES, json=BODY)
         second = await client.post(MESSAGES, json=BODY)
@@ -151,9 +151,11 @@ async def test_fault_fails_over_counts_and_cools(
     assert second.headers["x-switchyard-attempts"] == "1"  # "a" is cooling: straight to "b"
     assert [who for who, _ in upstream.seen] == ["a", "b", "b"]
     assert pool.status_of("a").state is BreakerState.COOLED
-    assert otel_metrics.value(tm.ACCOUNT_FAULTS, account="a", status=str(status)) == faults + 1
-    assert otel_metrics.value(tm.ACCOUNT_COOLED, account="a") == cooled + 1
-    assert otel_metrics.value(tm.FAILOVERS, route_model="m") == failovers + 1
+    assert (
+        otel_metrics.value(tm.ACCOUNT_FAULTS, **{tm.ACCOUNT: "a"}, status=str(status)) == faults + 1
+    )
+    assert otel_metrics.value(tm.ACCOUNT_COOLED, **{tm.ACCOUNT: "a"}) == cooled + 1
+    assert otel_metrics.value(tm.FAILOVERS, **{tm.RESPONSE_MODEL: "m"}) == failovers + 1
 
 
 async def test_throttle_fails_over_but_never_counts(
@@ -161,8 +163,8 @@ async def test_throttle_fails_over_but_never_counts(
 ) -> None:
     upstream = Upstream({"a": 429})
     app, pool = stack(upstream, account("a"), account("b", priority=1), clock=clock)
-    faults = otel_metrics.value(tm.ACCOUNT_FAULTS, account="a")
-    failovers = otel_metrics.value(tm.FAILOVERS, route_model="m")
+    faults = otel_metrics.value(tm.ACCOUNT_FAULTS, **{tm.ACCOUNT: "a"})
+    failovers = otel_metrics.value(tm.FAILOVERS, **{tm.RESPONSE_MODEL: "m"})
     async with http(app) as client:
         first = await client.post(MESSAGES, json=BODY)
         second = await client.post(MESSAGES, json=BODY)
@@ -170,8 +172,8 @@ async def test_throttle_fails_over_but_never_counts(
     assert second.headers["x-switchyard-attempts"] == "2"  # "a" is tried again first
     status = pool.status_of("a")
     assert (status.state, status.consecutive_faults) == (BreakerState.CLOSED, 0)
-    assert otel_metrics.value(tm.ACCOUNT_FAULTS, account="a") == faults
-    assert otel_metrics.value(tm.FAILOVERS, route_model="m") == failovers + 2
+    assert otel_metrics.value(tm.ACCOUNT_FAULTS, **{tm.ACCOUNT: "a"}) == faults
+    assert otel_metrics.value(tm.FAILOVERS, **{tm.RESPONSE_MODEL: "m"}) == failovers + 2
 
 
 @pytest.mark.parametrize("status", [400, 404, 422])
@@ -272,14 +274,15 @@ async def test_no_failover_once_the_response_started(
     gateway, pool = stack(
         app, account("a", failure_threshold=3), account("b", priority=1), clock=clock
     )
-    faults = otel_metrics.value(tm.ACCOUNT_FAULTS, account="a", status="transport_error")
+    faults = otel_metrics.value(tm.ACCOUNT_FAULTS, **{tm.ACCOUNT: "a"}, status="transport_error")
     async with http(gateway) as client:
         with pytest.raises(httpx.RemoteProtocolError, match="stream broke"):
             await client.post(MESSAGES, json=BODY)
     assert seen == ["a"]
     assert pool.status_of("a").consecutive_faults == 1
     assert (
-        otel_metrics.value(tm.ACCOUNT_FAULTS, account="a", status="transport_error") == faults + 1
+        otel_metrics.value(tm.ACCOUNT_FAULTS, **{tm.ACCOUNT: "a"}, status="transport_error")
+        == faults + 1
     )
 
 
@@ -342,12 +345,15 @@ async def test_success_chunks_pass_through_at_once_uncopied(clock: FakeClock) ->
 async def test_connection_error_fails_over(clock: FakeClock, otel_metrics: Metrics) -> None:
     upstream = Upstream({"a": httpx.ConnectError("connection refused")})
     app, pool = stack(upstream, account("a"), account("b", priority=1), clock=clock)
-    faults = otel_metrics.value(tm.ACCOUNT_FAULTS, account="a", status="connect_error")
+    faults = otel_metrics.value(tm.ACCOUNT_FAULTS, **{tm.ACCOUNT: "a"}, status="connect_error")
     async with http(app) as client:
         response = await client.post(MESSAGES, json=BODY)
     assert (response.status_code, response.headers["x-switchyard-attempts"]) == (200, "2")
     assert pool.status_of("a").state is BreakerState.COOLED
-    assert otel_metrics.value(tm.ACCOUNT_FAULTS, account="a", status="connect_error") == faults + 1
+    assert (
+        otel_metrics.value(tm.ACCOUNT_FAULTS, **{tm.ACCOUNT: "a"}, status="connect_error")
+        == faults + 1
+    )
 
 
 @pytest.mark.parametrize(
@@ -414,11 +420,13 @@ async def test_attempt_deadline_is_a_fault(clock: FakeClock, otel_metrics: Metri
     upstream = Upstream(delay={"a": 5.0})
     accounts = {"a": account("a", timeout_secs=0.05), "b": account("b", priority=1)}
     cooling = CoolingMiddleware(DeadlineMiddleware(upstream), accounts=accounts, clock=clock)
-    faults = otel_metrics.value(tm.ACCOUNT_FAULTS, account="a", status="deadline")
+    faults = otel_metrics.value(tm.ACCOUNT_FAULTS, **{tm.ACCOUNT: "a"}, status="deadline")
     async with http(cooling) as client:
         response = await client.post(MESSAGES, json={**BODY, "max_tokens": 1})
     assert (response.status_code, response.headers["x-switchyard-account"]) == (200, "b")
-    assert otel_metrics.value(tm.ACCOUNT_FAULTS, account="a", status="deadline") == faults + 1
+    assert (
+        otel_metrics.value(tm.ACCOUNT_FAULTS, **{tm.ACCOUNT: "a"}, status="deadline") == faults + 1
+    )
 
 
 async def test_all_cooled_is_a_503_with_retry_after(
@@ -705,14 +713,14 @@ async def test_a_frameworks_500_for_a_transport_error_is_502_upstream_unreachabl
     clock: FakeClock, otel_metrics: Metrics, reraise: bool, reported: bool
 ) -> None:
     app, pool = stack(framework_500(reraise=reraise, reported=reported), account("a"), clock=clock)
-    before = otel_metrics.value(tm.ACCOUNT_FAULTS, account="a", status="connect_error")
+    before = otel_metrics.value(tm.ACCOUNT_FAULTS, **{tm.ACCOUNT: "a"}, status="connect_error")
     async with http(app) as client:
         response = await client.post(MESSAGES, json=BODY)
     assert response.status_code == 502
     assert response.json()["error"]["type"] == "upstream_unreachable"
     assert response.headers["x-switchyard-attempts"] == "1"
     assert pool.status_of("a").consecutive_faults == 1
-    after = otel_metrics.value(tm.ACCOUNT_FAULTS, account="a", status="connect_error")
+    after = otel_metrics.value(tm.ACCOUNT_FAULTS, **{tm.ACCOUNT: "a"}, status="connect_error")
     assert after == before + 1
 
 

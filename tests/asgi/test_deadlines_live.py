@@ -194,8 +194,8 @@ def _counts(gateway: str, account: str, phase: str) -> dict[str, float]:
 
     faults, exceeded = "switchyard_account_faults_total", "switchyard_deadline_exceeded_total"
     return {
-        "faults": total(faults, f'account="{account}"'),
-        "faults_deadline": total(faults, f'account="{account}"', 'status="deadline"'),
+        "faults": total(faults, f'switchyard_account="{account}"'),
+        "faults_deadline": total(faults, f'switchyard_account="{account}"', 'status="deadline"'),
         "exceeded": total(exceeded),
         "exceeded_phase": total(exceeded, f'phase="{phase}"'),
     }

@@ -81,7 +81,10 @@ async def test_a_failing_variant_is_rolled_back_and_a_thinking_conversation_stay
             assert window["faults"] / window["attempts"] > 0.2
             assert (
                 metric_value(
-                    gateway, "switchyard_canary_guard_trips_total", model="g-base", variant="g-var"
+                    gateway,
+                    "switchyard_canary_guard_trips_total",
+                    gen_ai_request_model="g-base",
+                    switchyard_variant="g-var",
                 )
                 == 1
             )

@@ -141,7 +141,9 @@ async def test_past_the_inflight_bound_shadows_are_dropped_and_counted(
     provider.set_behaviour("key-shadow", Behaviour(headers_delay_secs=3.0))
     async with anthropic.AsyncAnthropic(base_url=gateway, api_key="caller", max_retries=0) as c:
         await asyncio.gather(*(timed(c, "s-on", f"burst-{i}") for i in range(12)))
-    dropped = metric_value(gateway, "switchyard_shadow_dropped_total", model="s-shadow")
+    dropped = metric_value(
+        gateway, "switchyard_shadow_dropped_total", gen_ai_response_model="s-shadow"
+    )
     await asyncio.sleep(0.3)
     started = sum(1 for r in provider.requests if r.model == "s-shadow")
     assert started <= 3

@@ -8,6 +8,7 @@ from test_cooling import BODY, MESSAGES, FakeClock, Upstream, account, http, sta
 from conftest import Metrics
 from switchyard_mw.core.pool import MAX_HOLDS, AccountPool, AccountSpec, Outcome
 from switchyard_mw.core.throttle import retry_secs
+from switchyard_mw.telemetry import names as tm
 
 NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 NOW_HTTP = "Fri, 15 Jan 2027 08:00:00 GMT"
@@ -220,7 +221,9 @@ async def test_the_next_request_skips_the_held_account_until_the_hold_ends(
     clock = FakeClock()
     upstream = Upstream({"a": (429, retry)})
     app, pool = stack(upstream, account("a"), account("b", priority=1), clock=clock)
-    held_before = otel_metrics.value("switchyard.account.throttled", account="a", model="m")
+    held_before = otel_metrics.value(
+        "switchyard.account.throttled", **{tm.ACCOUNT: "a", tm.RESPONSE_MODEL: "m"}
+    )
     async with http(app) as client:
         first = await client.post(MESSAGES, json=BODY)
         assert (first.status_code, first.headers["x-switchyard-attempts"]) == (200, "2")
@@ -232,9 +235,9 @@ async def test_the_next_request_skips_the_held_account_until_the_hold_ends(
         upstream.script = {}
         third = await client.post(MESSAGES, json=BODY)
         assert third.headers["x-switchyard-account"] == "a"
-    assert otel_metrics.value("switchyard.account.throttled", account="a", model="m") == (
-        held_before + 1
-    )
+    assert otel_metrics.value(
+        "switchyard.account.throttled", **{tm.ACCOUNT: "a", tm.RESPONSE_MODEL: "m"}
+    ) == (held_before + 1)
     status = pool.status_of("a")
     assert status.consecutive_faults == 0
     assert status.cooled_until is None

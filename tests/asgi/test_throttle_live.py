@@ -123,7 +123,9 @@ async def test_the_other_account_serves_while_one_is_held(gateway: str, mock: Mo
     assert second.headers["x-switchyard-attempts"] == "1"
     assert second.headers["x-switchyard-account"] == "second"
     assert [r.key for r in mock.requests] == ["key-first", "key-second", "key-second"]
-    assert metric_value(gateway, "switchyard_account_throttled_total", account="first") >= 1
+    assert (
+        metric_value(gateway, "switchyard_account_throttled_total", switchyard_account="first") >= 1
+    )
 
 
 async def test_the_sdk_waits_out_a_local_429_and_its_retry_succeeds(

@@ -173,7 +173,12 @@ def test_metrics_and_accounts_endpoints(gateway: str) -> None:
             "messages": [{"role": "user", "content": "x"}],
         },
     )
-    assert metric_value(gateway, "switchyard_variant_assignments_total", model="claude-opus-5") >= 1
+    assert (
+        metric_value(
+            gateway, "switchyard_variant_assignments_total", gen_ai_request_model="claude-opus-5"
+        )
+        >= 1
+    )
     accounts = httpx.get(f"{gateway}/switchyard/accounts")
     assert accounts.status_code == 200
     assert "key-a-secret" not in accounts.text

@@ -167,7 +167,7 @@ def test_the_wrapped_app_answers_streams_fails_over_and_stops(running: Running) 
         line
         for line in metrics.text.splitlines()
         if line.startswith("switchyard_account_faults_total{")
-        and 'account="mock-a"' in line
+        and 'switchyard_account="mock-a"' in line
         and 'status="401"' in line
     ]
     assert len(faults) == 1, metrics.text

@@ -261,8 +261,8 @@ async def test_a_refused_key_fails_over_inside_the_request(
 ) -> None:
     policies = rig.configure()
     rig.mock.set_behaviour("key-a", Behaviour(status=status))
-    faults = otel_metrics.value(tm.ACCOUNT_FAULTS, account="key-a", status=str(status))
-    cooled = otel_metrics.value(tm.ACCOUNT_COOLED, account="key-a")
+    faults = otel_metrics.value(tm.ACCOUNT_FAULTS, **{tm.ACCOUNT: "key-a"}, status=str(status))
+    cooled = otel_metrics.value(tm.ACCOUNT_COOLED, **{tm.ACCOUNT: "key-a"})
     response = await http.post("/v1/messages", json=message("claude-haiku-5"))
     assert response.status_code == 200, response.text
     assert response.headers["x-switchyard-account"] == "key-b"
@@ -270,8 +270,11 @@ async def test_a_refused_key_fails_over_inside_the_request(
     assert "x-switchyard-retry" not in response.headers
     assert [r.key for r in rig.mock.requests] == ["key-a", "key-b"]
     assert policies.pool.status_of("key-a").state is BreakerState.COOLED
-    assert otel_metrics.value(tm.ACCOUNT_FAULTS, account="key-a", status=str(status)) == faults + 1
-    assert otel_metrics.value(tm.ACCOUNT_COOLED, account="key-a") == cooled + 1
+    assert (
+        otel_metrics.value(tm.ACCOUNT_FAULTS, **{tm.ACCOUNT: "key-a"}, status=str(status))
+        == faults + 1
+    )
+    assert otel_metrics.value(tm.ACCOUNT_COOLED, **{tm.ACCOUNT: "key-a"}) == cooled + 1
     # The next request does not try the cooled key at all.
     rig.mock.clear_requests()
     again = await http.post("/v1/messages", json=message("claude-haiku-5"))
@@ -460,12 +463,16 @@ async def test_a_429_with_a_retry_time_holds_its_key_for_the_next_requests(
     rig: Rig, http: httpx.AsyncClient, otel_metrics: Any
 ) -> None:
     policies = rig.configure()
-    held = otel_metrics.value(tm.ACCOUNT_THROTTLED, account="key-a", model="claude-haiku-5")
+    held = otel_metrics.value(
+        tm.ACCOUNT_THROTTLED, **{tm.ACCOUNT: "key-a", tm.RESPONSE_MODEL: "claude-haiku-5"}
+    )
     rig.mock.set_behaviour("key-a", Behaviour(status=429, headers={"retry-after": "20"}))
     first = await http.post("/v1/messages", json=message("claude-haiku-5"))
     assert (first.status_code, first.headers["x-switchyard-attempts"]) == (200, "2")
     assert (
-        otel_metrics.value(tm.ACCOUNT_THROTTLED, account="key-a", model="claude-haiku-5")
+        otel_metrics.value(
+            tm.ACCOUNT_THROTTLED, **{tm.ACCOUNT: "key-a", tm.RESPONSE_MODEL: "claude-haiku-5"}
+        )
         == held + 1
     )
     # The next request goes straight to the other key: the held one is not even tried.

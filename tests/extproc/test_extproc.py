@@ -266,13 +266,13 @@ async def test_no_healthy_account_is_a_503_with_retry_after(env: Env) -> None:
 
 
 async def test_the_final_status_is_the_attempts_outcome(env: Env, otel_metrics: Any) -> None:
-    before = otel_metrics.value(tm.ACCOUNT_FAULTS, account="a", status="401")
-    cooled = otel_metrics.value(tm.ACCOUNT_COOLED, account="a")
+    before = otel_metrics.value(tm.ACCOUNT_FAULTS, **{tm.ACCOUNT: "a"}, status="401")
+    cooled = otel_metrics.value(tm.ACCOUNT_COOLED, **{tm.ACCOUNT: "a"})
     stream, _ = await routed(env, anthropic())
     answer = await stream.send(response_headers(401, details="via_upstream"))
     await stream.close()
-    assert otel_metrics.value(tm.ACCOUNT_FAULTS, account="a", status="401") == before + 1
-    assert otel_metrics.value(tm.ACCOUNT_COOLED, account="a") == cooled + 1
+    assert otel_metrics.value(tm.ACCOUNT_FAULTS, **{tm.ACCOUNT: "a"}, status="401") == before + 1
+    assert otel_metrics.value(tm.ACCOUNT_COOLED, **{tm.ACCOUNT: "a"}) == cooled + 1
     assert env.policies.pool.status_of("a").state is BreakerState.COOLED
     exposed = sets(answer)
     assert exposed["x-switchyard-model"] == b"m-var"
@@ -310,7 +310,7 @@ async def test_a_refused_key_fails_over_to_the_next_on_the_cluster(
 ) -> None:
     """As the example envoy.yaml runs the upstream-level filter: a response-only stream on a
     refused attempt (found by the `request.id` attribute), a request-only one on the retry."""
-    failovers = otel_metrics.value(tm.FAILOVERS, route_model="m-var")
+    failovers = otel_metrics.value(tm.FAILOVERS, **{tm.RESPONSE_MODEL: "m-var"})
     router, _ = await routed(env, anthropic())
 
     refused = env.stream(UPSTREAM)  # attempt 1's response: a refusal
@@ -331,7 +331,7 @@ async def test_a_refused_key_fails_over_to_the_next_on_the_cluster(
     assert final["x-switchyard-account"] == b"b"
     assert final["x-switchyard-attempts"] == b"2"
     assert env.policies.pool.status_of("b").consecutive_faults == 0
-    assert otel_metrics.value(tm.FAILOVERS, route_model="m-var") == failovers + 1
+    assert otel_metrics.value(tm.FAILOVERS, **{tm.RESPONSE_MODEL: "m-var"}) == failovers + 1
     assert len(env.servicer.flights) == 0
 
 

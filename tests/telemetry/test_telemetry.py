@@ -558,7 +558,9 @@ def test_variant_assignments_are_exported_as_exact_cumulative_counts(
     from opentelemetry.sdk.metrics.export import Sum
 
     name = tm.VARIANT_ASSIGNMENTS
-    before = otel_metrics.value(name, model="tally-m", variant="tally-v", key="user")
+    before = otel_metrics.value(
+        name, **{tm.REQUEST_MODEL: "tally-m", tm.VARIANT: "tally-v"}, key="user"
+    )
 
     def count() -> None:
         for _ in range(5_000):
@@ -570,9 +572,11 @@ def test_variant_assignments_are_exported_as_exact_cumulative_counts(
     for thread in threads:
         thread.join()
     tm.variant_assignments.add("tally-m", "tally-other", "first_turn")
-    after = otel_metrics.value(name, model="tally-m", variant="tally-v", key="user")
+    after = otel_metrics.value(
+        name, **{tm.REQUEST_MODEL: "tally-m", tm.VARIANT: "tally-v"}, key="user"
+    )
     assert after - before == 20_000
-    assert otel_metrics.value(name, variant="tally-other", key="first_turn") >= 1
+    assert otel_metrics.value(name, **{tm.VARIANT: "tally-other"}, key="first_turn") >= 1
     data = otel_metrics._reader.get_metrics_data()
     assert data is not None
     kinds = {

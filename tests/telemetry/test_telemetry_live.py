@@ -260,7 +260,7 @@ def test_a_refused_connection_is_an_attempt_with_its_error(run: Run) -> None:
 def test_metrics_arrive_over_otlp_and_on_metrics(run: Run) -> None:
     points = list(run.otlp.metric_points())
     assert (tm.CLASSIFIER_FAIL_OPEN, {"route": "auto", "reason": "http_error"}) in points
-    assert (tm.ACCOUNT_COOLED, {"account": "a"}) in points
+    assert (tm.ACCOUNT_COOLED, {tm.ACCOUNT: "a"}) in points
     assert (tm.DEADLINE_EXCEEDED, {"phase": "total"}) in points
     text = run.metrics_text
     # Each series the docs' dashboard queries read exists under that name on /metrics.

@@ -231,7 +231,7 @@ class CoolingMiddleware(PolicyMiddleware):
         failure: str | None = None  # how the last attempt that raised failed
         while lease is not None:
             if tried:
-                tm.failovers.add(1, {"route_model": ctx.resolved_model or ""})
+                tm.failovers.add(1, {tm.RESPONSE_MODEL: ctx.resolved_model or ""})
             tried.append(lease.account)
             attempt = _Attempt(send, engine, ctx, tried)
             if await self._attempt(ctx, lease, scope, receive, attempt):

@@ -19,8 +19,8 @@ _FAULT = Outcome.FAULT  # read on every attempt; Enum member access is slow on P
 def settle(pool: AccountPool, lease: Lease, outcome: Outcome | None, status: str) -> None:
     """Give `lease` back with its attempt's outcome (None: no outcome, just release it).
 
-    A fault adds one to `switchyard.account.faults{account, status}`, and one to
-    `switchyard.account.cooled{account}` when it is the fault that starts a cooling.
+    A fault adds one to `switchyard.account.faults{switchyard.account, status}`, and one to
+    `switchyard.account.cooled{switchyard.account}` when it is the fault that starts a cooling.
     """
     if outcome is None:
         pool.release(lease)
@@ -31,16 +31,17 @@ def settle(pool: AccountPool, lease: Lease, outcome: Outcome | None, status: str
     name = lease.account
     before = pool.status_of(name).state
     pool.record(lease, outcome)
-    tm.account_faults.add(1, {"account": name, "status": status})
+    tm.account_faults.add(1, {tm.ACCOUNT: name, "status": status})
     if before is not BreakerState.COOLED and pool.status_of(name).state is BreakerState.COOLED:
-        tm.account_cooled.add(1, {"account": name})
+        tm.account_cooled.add(1, {tm.ACCOUNT: name})
 
 
 def hold(pool: AccountPool, account: str, model: str, headers: Iterable[tuple[str, str]]) -> float:
     """Hold `account` out of rotation for `model` as long as its 429 asked (capped).
 
     `headers`: the 429's response headers, (lowercase name, value). Without a retry time
-    nothing is held. A hold adds one to `switchyard.account.throttled{account, model}`; the
+    nothing is held. A hold adds one to `switchyard.account.throttled{switchyard.account,
+    gen_ai.response.model}`; the
     model label is "*" for a model no account names (a wildcard account serves any string a
     client sends, and a label must stay bounded). Returns the seconds held (0.0: none).
     """
@@ -51,7 +52,7 @@ def hold(pool: AccountPool, account: str, model: str, headers: Iterable[tuple[st
     held = pool.hold(account, model, secs, wall_now=now)
     if held > 0:
         label = model if model in pool.named_models else "*"
-        tm.account_throttled.add(1, {"account": account, "model": label})
+        tm.account_throttled.add(1, {tm.ACCOUNT: account, tm.RESPONSE_MODEL: label})
     return held
 
 

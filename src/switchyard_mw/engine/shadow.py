@@ -89,7 +89,7 @@ class Shadows:
         if shadow == view.model:
             return
         if len(self._tasks) >= self._max:
-            tm.shadow_dropped.add(1, {"model": shadow})
+            tm.shadow_dropped.add(1, {tm.RESPONSE_MODEL: shadow})
             return
         task = asyncio.get_running_loop().create_task(self._send(view, ctx.body, shadow, path))
         self._tasks.add(task)

@@ -140,7 +140,7 @@ class Canaries:
         _log.warning(
             "canary guard: variant %s of %s tripped; its share is 0 until a reload", variant, base
         )
-        tm.canary_guard_trips.add(1, {"model": base, "variant": variant})
+        tm.canary_guard_trips.add(1, {tm.REQUEST_MODEL: base, tm.VARIANT: variant})
         if announce and self.on_trip is not None:
             self.on_trip(base, variant)
 

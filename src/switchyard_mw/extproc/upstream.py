@@ -88,7 +88,7 @@ class UpstreamStream:
             # Eligible when the retry was asked for, gone since (another request cooled it):
             # the attempt goes with the previous credential, the only one left.
             return msg.UNCHANGED_REQUEST_HEADERS
-        tm.failovers.add(1, {"route_model": flight.ctx.resolved_model or ""})
+        tm.failovers.add(1, {tm.RESPONSE_MODEL: flight.ctx.resolved_model or ""})
         self.p.start_attempt(flight, lease)
         answer = ep.ProcessingResponse()
         common = answer.request_headers.response

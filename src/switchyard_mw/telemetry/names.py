@@ -81,6 +81,35 @@ SERVER_ADDRESS = "server.address"
 SERVER_PORT = "server.port"
 URL_FULL = "url.full"
 
+# The labels of each metric family. One concept has one label name in every family, the same
+# as the span attribute where one exists, so a PromQL join needs no `label_replace`: the
+# account is `switchyard.account` (Prometheus `switchyard_account`), the model the client asked
+# for (or, on a canary's counters, the canary's base) `gen_ai.request.model`, the model routed
+# to `gen_ai.response.model`, the canary variant `switchyard.variant`. The GenAI conventions
+# name the models (and the request metrics must use their names); the account and the variant
+# have no convention, so they keep the names the request metrics and spans already had.
+METRIC_LABELS: dict[str, tuple[str, ...]] = {
+    CLASSIFIER_FAIL_OPEN: ("route", "reason"),
+    ACCOUNT_FAULTS: (ACCOUNT, "status"),
+    ACCOUNT_COOLED: (ACCOUNT,),
+    ACCOUNT_THROTTLED: (ACCOUNT, RESPONSE_MODEL),
+    CANARY_GUARD_TRIPS: (REQUEST_MODEL, VARIANT),
+    SHADOW_DROPPED: (RESPONSE_MODEL,),
+    FAILOVERS: (RESPONSE_MODEL,),
+    DEADLINE_EXCEEDED: ("phase",),
+    VARIANT_ASSIGNMENTS: (REQUEST_MODEL, VARIANT, "key"),
+    JUDGE_DURATION: ("route", "outcome"),
+    BUDGET_INVALID: ("header",),
+    STATE_DEGRADED: (),
+    CONFIG_RELOADS: ("result",),
+    OPERATION_DURATION: (REQUEST_MODEL, RESPONSE_MODEL, VARIANT, ACCOUNT, ERROR_TYPE, SHADOW),
+    TIME_TO_FIRST_TOKEN: (REQUEST_MODEL, RESPONSE_MODEL, VARIANT, ACCOUNT, ERROR_TYPE, SHADOW),
+    TOKEN_USAGE: (REQUEST_MODEL, RESPONSE_MODEL, VARIANT, ACCOUNT, ERROR_TYPE, SHADOW, TOKEN_TYPE),
+    ACCOUNT_STATE: (ACCOUNT,),
+}
+"""Each metric family's label names (a label may be absent from a point: `error.type` when
+nothing failed). tests/telemetry check every call site and the docs against it."""
+
 tracer = trace.get_tracer(SCOPE, __version__)
 meter = metrics.get_meter(SCOPE, __version__)
 
@@ -143,7 +172,7 @@ class _Tally:
             yield metrics.Observation(count, dict(zip(self._names, values, strict=True)))
 
 
-variant_assignments = _Tally(("model", "variant", "key"))
+variant_assignments = _Tally((REQUEST_MODEL, VARIANT, "key"))
 """`add(model, variant, key_kind)`: one canary decision."""
 variant_assignments_counter = meter.create_observable_counter(
     VARIANT_ASSIGNMENTS,
