@@ -2,15 +2,20 @@
 
 At the response headers of a successful answer the processor asks Envoy for the body: an event
 stream piece by piece as it passes (STREAMED), a JSON answer of known and modest length whole
-(BUFFERED, which keeps its `content-length`), a JSON answer of unknown length piece by piece.
-Each piece is answered at once and unchanged. When the body ends, its usage goes into the
-request metrics with the request's labels and onto the request's and attempt's spans, and the
-request's telemetry ends there. What cannot be read is counted as no usage, never an error.
+(BUFFERED, which keeps its `content-length`), any other JSON answer piece by piece; a gzip or
+deflate body is decompressed as it is read, a bounded amount. Each piece is answered at once
+and unchanged. When the body ends, its usage goes into the request metrics with the request's
+labels and onto the request's and attempt's spans, and the request's telemetry ends there.
+What cannot be read is counted as no usage, never an error; an answer that had usage and could
+not be read (an encoding zlib cannot undo, too long decompressed) counts in
+`switchyard.usage.unread`.
 """
 
 from __future__ import annotations
 
+import gzip
 import time
+import zlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,6 +24,7 @@ import msgspec
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from conftest import Metrics
 from extproc_child import CountingPool
 from extproc_helpers import (
     Stream,
@@ -32,6 +38,7 @@ from switchyard_mw._protos.envoy.extensions.filters.http.ext_proc.v3 import proc
 from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from switchyard_mw.accounts import build_accounts, pool_from_accounts
 from switchyard_mw.config import parse_config
+from switchyard_mw.engine import body_usage
 from switchyard_mw.extproc import ExtProcServicer, Policies
 from switchyard_mw.extproc.flights import Flights
 from switchyard_mw.telemetry import names as tm
@@ -235,12 +242,6 @@ async def test_a_json_answer_of_unknown_length_is_read_as_it_passes(env: Env) ->
 NOT_READ = {
     "an error": (500, {"content-type": "application/json"}),
     "a throttle": (429, {"content-type": "application/json"}),
-    "a compressed answer": (200, {"content-type": "application/json", "content-encoding": "gzip"}),
-    "a compressed stream": (200, {**SSE, "content-encoding": "br"}),
-    "a long JSON answer": (
-        200,
-        {"content-type": "application/json", "content-length": str(10 << 20)},
-    ),
     "neither JSON nor a stream": (200, {"content-type": "text/plain"}),
     "no content type": (200, {}),
 }
@@ -332,4 +333,212 @@ async def test_usage_is_on_the_request_span_and_the_attempts_client_span(
         ) == expected, name
     attempt = spans[tm.SPAN_ATTEMPT].attributes or {}
     assert attempt.get(tm.ATTEMPT_STATUS) == "200"
+    env.assert_empty()
+
+
+# --- compressed answers, long answers ---------------------------------------------------------
+
+
+def unread(metrics: Metrics, reason: str) -> float:
+    """`switchyard.usage.unread` for the request's routed model and account, by reason."""
+    labels = {tm.RESPONSE_MODEL: "use-var", tm.ACCOUNT: "a", "reason": reason}
+    return metrics.value(tm.USAGE_UNREAD, **labels)
+
+
+def gzip_members(*parts: bytes) -> bytes:
+    return b"".join(gzip.compress(part) for part in parts)
+
+
+def raw_deflate(data: bytes) -> bytes:
+    packer = zlib.compressobj(wbits=-15)
+    return packer.compress(data) + packer.flush()
+
+
+ENCODERS = {
+    "gzip": gzip.compress,
+    "x-gzip": gzip.compress,
+    "deflate": zlib.compress,  # the zlib format, as HTTP means deflate
+    "deflate (raw)": raw_deflate,  # what some servers send as deflate
+}
+
+
+def encoding_of(name: str) -> str:
+    return name.split(" ")[0]
+
+
+def pieces(data: bytes, size: int) -> list[bytes]:
+    return [data[i : i + size] for i in range(0, len(data), size)]
+
+
+@pytest.mark.parametrize("size", [1, 7, 1 << 20], ids=["bytewise", "small", "whole"])
+@pytest.mark.parametrize("name", list(ENCODERS))
+async def test_a_compressed_json_answer_is_read(env: Env, name: str, size: int) -> None:
+    answer_json, expected = ANSWERS["/v1/messages"]
+    body = ENCODERS[name](msgspec.json.encode({"id": "x", "content": [], **answer_json}))
+    before = tokens()
+    headers = {
+        "content-type": "application/json",
+        "content-encoding": encoding_of(name),
+        "content-length": str(len(body)),
+    }
+    stream, answer = await env.answered("/v1/messages", 200, headers)
+    assert answer.mode_override.response_body_mode == Mode.BUFFERED
+    for piece in pieces(body, size):
+        assert unchanged_body_answer(await stream.send(response_body(piece)))
+    assert unchanged_body_answer(await stream.send(response_body(b"", end=True)))
+    assert grew(before, tokens()) == expected
+    await stream.close()
+    env.assert_empty()
+
+
+@pytest.mark.parametrize("path", list(STREAMS))
+async def test_a_gzip_stream_is_read_as_it_passes(env: Env, path: str) -> None:
+    """Compressed as a server compresses a stream: flushed after each event."""
+    stream_bytes, expected = STREAMS[path]
+    packer = zlib.compressobj(wbits=31)
+    events = [e + b"\n\n" for e in stream_bytes.split(b"\n\n") if e]
+    flushed = [packer.compress(e) + packer.flush(zlib.Z_SYNC_FLUSH) for e in events]
+    flushed.append(packer.flush())
+    before = tokens()
+    stream, answer = await env.answered(path, 200, {**SSE, "content-encoding": "gzip"})
+    assert answer.mode_override.response_body_mode == Mode.STREAMED
+    for piece in flushed:
+        assert unchanged_body_answer(await stream.send(response_body(piece)))
+    assert unchanged_body_answer(await stream.send(response_body(b"", end=True)))
+    assert grew(before, tokens()) == expected
+    await stream.close()
+    env.assert_empty()
+
+
+async def test_several_gzip_members_are_one_body(env: Env) -> None:
+    answer_json, expected = ANSWERS["/v1/chat/completions"]
+    text = msgspec.json.encode({"id": "x", "choices": [], **answer_json})
+    body = gzip_members(text[:10], text[10:])
+    before = tokens()
+    stream, _ = await env.answered(
+        "/v1/chat/completions",
+        200,
+        {"content-type": "application/json", "content-encoding": "gzip"},
+    )
+    for piece in pieces(body, 5):
+        await stream.send(response_body(piece))
+    await stream.send(response_body(b"", end=True))
+    assert grew(before, tokens()) == expected
+    await stream.close()
+    env.assert_empty()
+
+
+@pytest.mark.parametrize("compressed", [False, True], ids=["plain", "gzip"])
+async def test_a_json_answer_too_long_to_hold_is_read_as_it_passes(
+    env: Env, compressed: bool
+) -> None:
+    answer_json, expected = ANSWERS["/v1/messages"]
+    text = msgspec.json.encode(
+        {"id": "x", "content": [{"type": "text", "text": "y" * (body_usage.WHOLE_ANSWER_MAX)}]}
+        | answer_json
+    )
+    body = gzip.compress(text) if compressed else text
+    headers = {"content-type": "application/json", "content-length": str(len(body))}
+    if compressed:
+        headers["content-encoding"] = "gzip"
+    before = tokens()
+    stream, answer = await env.answered("/v1/messages", 200, headers)
+    expected_mode = Mode.BUFFERED if compressed else Mode.STREAMED  # gzip: 1 MB in 1.5 KB
+    assert answer.mode_override.response_body_mode == expected_mode
+    for piece in pieces(body, 16 << 10):
+        assert unchanged_body_answer(await stream.send(response_body(piece)))
+    await stream.send(response_body(b"", end=True))
+    assert grew(before, tokens()) == expected
+    await stream.close()
+    env.assert_empty()
+
+
+@pytest.mark.parametrize("length", [WHOLE := body_usage.WHOLE_ANSWER_MAX, WHOLE + 1])
+async def test_a_json_answer_is_held_whole_up_to_its_bound(env: Env, length: int) -> None:
+    headers = {"content-type": "application/json", "content-length": str(length)}
+    stream, answer = await env.answered("/v1/messages", 200, headers)
+    whole = length <= body_usage.WHOLE_ANSWER_MAX
+    assert answer.mode_override.response_body_mode == (Mode.BUFFERED if whole else Mode.STREAMED)
+    await stream.close()
+    env.assert_empty()
+
+
+def padded_answer(length: int) -> bytes:
+    """A JSON answer of exactly `length` bytes with its usage at the end."""
+    answer_json, _ = ANSWERS["/v1/messages"]
+    shell = msgspec.json.encode({"id": "", **answer_json})
+    return shell[:7] + b"y" * (length - len(shell)) + shell[7:]
+
+
+@pytest.mark.parametrize(
+    "length", [body_usage.DECODED_MAX, body_usage.DECODED_MAX + 1], ids=["at", "past"]
+)
+async def test_decompression_stops_past_its_bound_and_counts_the_answer_unread(
+    env: Env, otel_metrics: Metrics, length: int
+) -> None:
+    text = padded_answer(length)
+    assert len(text) == length
+    body = gzip.compress(text)
+    before, too_large, runs = tokens(), unread(otel_metrics, "too_large"), durations()
+    stream, _ = await env.answered(
+        "/v1/messages", 200, {"content-type": "application/json", "content-encoding": "gzip"}
+    )
+    for piece in pieces(body, 4096):
+        assert unchanged_body_answer(await stream.send(response_body(piece)))
+    await stream.send(response_body(b"", end=True))
+    within = length <= body_usage.DECODED_MAX
+    assert grew(before, tokens()) == (ANSWERS["/v1/messages"][1] if within else (None, None))
+    assert unread(otel_metrics, "too_large") == too_large + (0 if within else 1)
+    assert durations() == runs + 1  # a success all the same
+    await stream.close()
+    env.assert_empty()
+
+
+async def test_a_body_that_does_not_decompress_counts_as_unread(
+    env: Env, otel_metrics: Metrics
+) -> None:
+    before, corrupt = tokens(), unread(otel_metrics, "corrupt")
+    stream, _ = await env.answered(
+        "/v1/messages", 200, {"content-type": "application/json", "content-encoding": "gzip"}
+    )
+    invalid = gzip.compress(b"{}")[:10] + b"\xff" * 8  # a gzip header, then a bad block type
+    assert unchanged_body_answer(await stream.send(response_body(invalid)))
+    await stream.send(response_body(b"", end=True))
+    assert tokens() == before
+    assert unread(otel_metrics, "corrupt") == corrupt + 1
+    await stream.close()
+    env.assert_empty()
+
+
+UNREADABLE = {
+    "br": {"content-type": "application/json", "content-encoding": "br"},
+    "zstd stream": {**SSE, "content-encoding": "zstd"},
+    "stacked": {"content-type": "application/json", "content-encoding": "gzip, br"},
+}
+
+
+@pytest.mark.parametrize("headers", UNREADABLE.values(), ids=UNREADABLE.keys())
+async def test_an_encoding_zlib_cannot_undo_is_not_asked_for_and_counted(
+    env: Env, otel_metrics: Metrics, headers: dict[str, str]
+) -> None:
+    runs, encoding = durations(), unread(otel_metrics, "encoding")
+    stream, answer = await env.answered("/v1/messages", 200, headers)
+    assert not answer.HasField("mode_override")
+    assert durations() == runs + 1  # ended at its headers, as before
+    assert unread(otel_metrics, "encoding") == encoding + 1
+    await stream.close()
+    env.assert_empty()
+
+
+async def test_an_answer_with_nothing_to_read_is_not_counted_unread(
+    env: Env, otel_metrics: Metrics
+) -> None:
+    counts = [unread(otel_metrics, r) for r in ("encoding", "too_large", "corrupt")]
+    for status, headers in [
+        (200, {"content-type": "text/plain", "content-encoding": "br"}),
+        (500, {"content-type": "application/json", "content-encoding": "br"}),
+    ]:
+        stream, _ = await env.answered("/v1/messages", status, headers)
+        await stream.close()
+    assert [unread(otel_metrics, r) for r in ("encoding", "too_large", "corrupt")] == counts
     env.assert_empty()

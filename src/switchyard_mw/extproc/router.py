@@ -27,7 +27,7 @@ from ..context import RequestContext, decision_attributes
 from ..core.deadline import BUDGET_HEADERS
 from ..core.pool import Outcome
 from ..core.throttle import READ_HEADERS as RETRY_TIME_HEADERS
-from ..engine import attempts
+from ..engine import attempts, body_usage
 from ..engine.answers import (
     DEADLINE_EXCEEDED,
     NO_HEALTHY_ACCOUNT,
@@ -37,7 +37,7 @@ from ..engine.answers import (
     exposed_headers,
     unreachable,
 )
-from ..engine.usage import AnswerUsage, StreamUsage
+from ..engine.body_usage import Reader
 from ..telemetry import names as tm
 from ..telemetry import request_metrics
 from ..wire import Wire, WireError, model_not_served, read_request, too_large
@@ -85,11 +85,6 @@ _READ_RESPONSE = frozenset(
         *RETRY_TIME_HEADERS,
     ]
 )
-BUFFERED_ANSWER_MAX = 512 << 10
-"""The longest JSON answer asked for whole (BUFFERED): within the processor's message limit
-and half Envoy's default buffer limit (1 MiB), past which Envoy would fail the response.
-A longer one is not read: no usage, and the client gets it exactly as before."""
-_IDENTITY = (b"", b"identity")
 # The answers to request headers never vary: built once.
 _PASS_THROUGH = msg.request_headers(msg.mutation(remove=_UNTRUSTED), pass_through=True)
 _READ_BODY = msg.request_headers(msg.mutation(remove=[*_UNTRUSTED, *_ENVOY_CONTROL]))
@@ -123,7 +118,7 @@ class RouterStream:
         self.seen: set[str] = set()
         """The phases this stream has taken part in: each is taken once, in order."""
         self.closed = False
-        self.usage: StreamUsage | AnswerUsage | None = None
+        self.usage: Reader | None = None
         """Reads the response body's usage, while Envoy sends it (asked for at its headers)."""
 
     async def on(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
@@ -275,24 +270,14 @@ class RouterStream:
             self.flights.close(flight)
         return answer
 
-    def _usage_reader(
-        self, h: msg.Headers, status: int
-    ) -> tuple[StreamUsage | AnswerUsage, msg.Mode] | None:
-        """How to read a successful answer's usage from its body; None: it cannot be read
-        (an error, a compressed body, neither JSON nor an event stream, a long JSON answer)."""
-        if not 200 <= status < 300 or h.get("content-encoding", b"").lower() not in _IDENTITY:
+    def _usage_reader(self, h: msg.Headers, status: int) -> tuple[Reader, msg.Mode] | None:
+        """How to read a successful answer's usage from its body (`engine.body_usage`); None:
+        nothing to read, or it cannot be read (then counted as unread there)."""
+        assert self.flight is not None
+        found = body_usage.plan(self.flight.ctx, self.wire, status, h)
+        if found is None:
             return None
-        kind = h.get("content-type", b"").lower()
-        if kind.startswith(b"text/event-stream"):
-            return StreamUsage(self.wire), msg.READ_STREAMED
-        if b"json" not in kind:
-            return None
-        declared = h.get("content-length", b"").strip()
-        if not declared:  # of unknown length: read as it passes, only its tail kept
-            return AnswerUsage(self.wire), msg.READ_STREAMED
-        if declared.isdigit() and int(declared) <= BUFFERED_ANSWER_MAX:
-            return AnswerUsage(self.wire), msg.READ_BUFFERED
-        return None
+        return found.reader, msg.READ_BUFFERED if found.whole else msg.READ_STREAMED
 
     def on_response_body(self, http: ep.HttpBody) -> ep.ProcessingResponse:
         """A piece of the answer's body: read, and let go on unchanged at once."""

@@ -39,6 +39,7 @@ JUDGE_DURATION = "switchyard.judge.duration"
 BUDGET_INVALID = "switchyard.budget.invalid"
 STATE_DEGRADED = "switchyard.state.degraded"
 CONFIG_RELOADS = "switchyard.config.reloads"
+USAGE_UNREAD = "switchyard.usage.unread"
 
 # Span names.
 SPAN_REQUEST = "switchyard.request"
@@ -102,6 +103,7 @@ METRIC_LABELS: dict[str, tuple[str, ...]] = {
     BUDGET_INVALID: ("header",),
     STATE_DEGRADED: (),
     CONFIG_RELOADS: ("result",),
+    USAGE_UNREAD: (RESPONSE_MODEL, ACCOUNT, "reason"),
     OPERATION_DURATION: (REQUEST_MODEL, RESPONSE_MODEL, VARIANT, ACCOUNT, ERROR_TYPE, SHADOW),
     TIME_TO_FIRST_TOKEN: (REQUEST_MODEL, RESPONSE_MODEL, VARIANT, ACCOUNT, ERROR_TYPE, SHADOW),
     TOKEN_USAGE: (REQUEST_MODEL, RESPONSE_MODEL, VARIANT, ACCOUNT, ERROR_TYPE, SHADOW, TOKEN_TYPE),
@@ -203,6 +205,11 @@ budget_invalid = meter.create_counter(
 )
 state_degraded = meter.create_counter(
     STATE_DEGRADED, unit="{event}", description="Times the shared state store was unreachable"
+)
+usage_unread = meter.create_counter(
+    USAGE_UNREAD,
+    unit="{answer}",
+    description="Successful answers whose token usage was not read (compressed beyond reach)",
 )
 config_reloads = meter.create_counter(
     CONFIG_RELOADS,
