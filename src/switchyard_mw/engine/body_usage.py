@@ -54,7 +54,7 @@ class Reader(Protocol):
 class Plan(NamedTuple):
     reader: Reader
     whole: bool
-    """True: ask for the body whole (so its length is kept); False: piece by piece."""
+    """True: ask for the body whole (BUFFERED); False: piece by piece as it passes (STREAMED)."""
 
 
 _ZLIB = {b"gzip": 31, b"x-gzip": 31, b"deflate": 15}
