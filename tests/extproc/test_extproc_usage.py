@@ -13,7 +13,9 @@ not be read (an encoding zlib cannot undo, too long decompressed) counts in
 
 from __future__ import annotations
 
+import base64
 import gzip
+import random
 import time
 import zlib
 from collections.abc import AsyncIterator
@@ -463,11 +465,30 @@ async def test_a_json_answer_is_held_whole_up_to_its_bound(env: Env, length: int
     env.assert_empty()
 
 
-def padded_answer(length: int) -> bytes:
-    """A JSON answer of exactly `length` bytes with its usage at the end."""
+def padded_answer(length: int, filler: bytes = b"y") -> bytes:
+    """A JSON answer of exactly `length` bytes with its usage at the end, its text `filler`
+    repeated (a single byte compresses a thousandfold; random letters hardly at all)."""
     answer_json, _ = ANSWERS["/v1/messages"]
     shell = msgspec.json.encode({"id": "", **answer_json})
-    return shell[:7] + b"y" * (length - len(shell)) + shell[7:]
+    pad = length - len(shell)
+    return shell[:7] + (filler * (pad // len(filler) + 1))[:pad] + shell[7:]
+
+
+LETTERS = base64.b64encode(random.Random(0).randbytes(3 << 18)).replace(b"/", b"-")
+"""1 MiB of random letters: compressed, still about 3/4 of their size."""
+
+
+async def read_gzip(env: Env, text: bytes, size: int) -> None:
+    """One answer, `text` gzip-compressed, sent in pieces of `size` bytes."""
+    body = gzip.compress(text, compresslevel=1)
+    stream, _ = await env.answered(
+        "/v1/messages", 200, {"content-type": "application/json", "content-encoding": "gzip"}
+    )
+    for piece in pieces(body, size):
+        assert unchanged_body_answer(await stream.send(response_body(piece)))
+    await stream.send(response_body(b"", end=True))
+    await stream.close()
+    env.assert_empty()
 
 
 @pytest.mark.parametrize(
@@ -476,22 +497,42 @@ def padded_answer(length: int) -> bytes:
 async def test_decompression_stops_past_its_bound_and_counts_the_answer_unread(
     env: Env, otel_metrics: Metrics, length: int
 ) -> None:
-    text = padded_answer(length)
+    text = padded_answer(length, LETTERS)
     assert len(text) == length
-    body = gzip.compress(text)
     before, too_large, runs = tokens(), unread(otel_metrics, "too_large"), durations()
-    stream, _ = await env.answered(
-        "/v1/messages", 200, {"content-type": "application/json", "content-encoding": "gzip"}
-    )
-    for piece in pieces(body, 4096):
-        assert unchanged_body_answer(await stream.send(response_body(piece)))
-    await stream.send(response_body(b"", end=True))
+    await read_gzip(env, text, 64 << 10)
     within = length <= body_usage.DECODED_MAX
     assert grew(before, tokens()) == (ANSWERS["/v1/messages"][1] if within else (None, None))
     assert unread(otel_metrics, "too_large") == too_large + (0 if within else 1)
     assert durations() == runs + 1  # a success all the same
-    await stream.close()
-    env.assert_empty()
+
+
+def one_piece_bound() -> int:
+    """The longest answer of single-byte text whose gzip, sent as one piece, decompresses
+    within that piece's bound (PIECE_SLACK + PIECE_RATIO * its compressed size)."""
+    length = body_usage.PIECE_SLACK
+    for _ in range(20):  # the compressed size grows slowly with the length: a fixed point
+        compressed = len(gzip.compress(padded_answer(length), compresslevel=1))
+        length = body_usage.PIECE_SLACK + body_usage.PIECE_RATIO * compressed
+    return length
+
+
+@pytest.mark.parametrize("extra", [0, 1], ids=["at", "past"])
+async def test_a_piece_that_inflates_past_its_bound_stops_the_reading(
+    env: Env, otel_metrics: Metrics, extra: int
+) -> None:
+    """A decompression bomb: one piece may give PIECE_SLACK + PIECE_RATIO times its size."""
+    length = one_piece_bound()
+    text = padded_answer(length + extra)
+    bound = body_usage.PIECE_SLACK + body_usage.PIECE_RATIO * len(
+        gzip.compress(text, compresslevel=1)
+    )
+    assert length + extra - bound == extra  # the same compressed size either side
+    before, too_large = tokens(), unread(otel_metrics, "too_large")
+    await read_gzip(env, text, len(text))  # in one piece
+    within = not extra
+    assert grew(before, tokens()) == (ANSWERS["/v1/messages"][1] if within else (None, None))
+    assert unread(otel_metrics, "too_large") == too_large + (0 if within else 1)
 
 
 async def test_a_body_that_does_not_decompress_counts_as_unread(

@@ -2,13 +2,13 @@
 
 A front that sees an answer's headers before its body (the ext_proc processor) asks `plan()`
 how to read it: an event stream piece by piece, a JSON answer whole when it is short enough to
-be held (its length kept), else piece by piece with only its tail kept (`engine.usage`).
-A body sent with `content-encoding: gzip` or `deflate` is decompressed as it passes, by the
-standard library's zlib, at most `DECODED_MAX` bytes of it: past that, or on data that does not
-decompress, reading stops and the answer is counted as unread. Encodings zlib cannot undo
-(`br`, `zstd`, several stacked) are not read either. Every answer that had usage to read and
-was not read adds one to `switchyard.usage.unread` {model, account, reason}, so a dashboard
-shows the hole in the token counts instead of hiding it.
+be held, else piece by piece with only its tail kept (`engine.usage`). A body sent with
+`content-encoding: gzip` or `deflate` is decompressed as it passes, by the standard library's
+zlib, at most `DECODED_MAX` bytes of it and a bounded multiple of each piece: past that, or on
+data that does not decompress, reading stops and the answer counts as unread. Encodings zlib
+cannot undo (`br`, `zstd`, several stacked) are not read either. Every answer that had usage
+to read and was not read adds one to `switchyard.usage.unread` {model, account, reason}, so a
+dashboard shows the hole in the token counts instead of hiding it.
 """
 
 from __future__ import annotations
@@ -30,6 +30,12 @@ would fail the response. A longer one is read as it passes (its tail kept)."""
 DECODED_MAX = 16 << 20
 """Bytes of a compressed answer decompressed at most: ten times the longest answer a 128k-token
 reply makes, and a bound on the work a small body that inflates a thousandfold can cause."""
+PIECE_SLACK = 1 << 20
+PIECE_RATIO = 128
+"""One piece of a compressed body may give at most `PIECE_SLACK + PIECE_RATIO * len(piece)`
+bytes: text compresses 5 to 50 times, and a piece that inflates more is a bomb (16 KiB of
+gzip can hold 16 MiB). Bounds the work one piece causes while other requests wait on the
+event loop (16 MiB of inflating takes tens of milliseconds)."""
 _SLICE = 256 << 10
 """Bytes decompressed per step: what one piece inflates to is never held whole."""
 
@@ -103,11 +109,12 @@ def count_unread(ctx: RequestContext, reason: Unread) -> None:
 
 
 class Decompressing:
-    """A usage reader behind a gzip or deflate decoder: at most `DECODED_MAX` bytes come out,
-    `_SLICE` at a time; past that, or on a decoding error, nothing more is read and the
-    answer counts as unread when it ends."""
+    """A usage reader behind a gzip or deflate decoder: at most `DECODED_MAX` bytes come out
+    in all and `PIECE_SLACK + PIECE_RATIO * len(piece)` from one piece, `_SLICE` at a time;
+    past that, or on a decoding error, nothing more is read and the answer counts as unread
+    when it ends."""
 
-    __slots__ = ("_ctx", "_inner", "_left", "_start", "_wbits", "_z", "unread")
+    __slots__ = ("_budget", "_ctx", "_inner", "_left", "_start", "_wbits", "_z", "unread")
 
     def __init__(self, inner: Reader, wbits: int, ctx: RequestContext) -> None:
         self._inner, self._wbits, self._ctx = inner, wbits, ctx
@@ -115,6 +122,8 @@ class Decompressing:
         self._start = b""
         """The first byte of a deflate body, until the second tells its format."""
         self._left = DECODED_MAX
+        self._budget = 0
+        """What the piece being read may still give."""
         self.unread: Unread | None = None
 
     @property
@@ -124,6 +133,7 @@ class Decompressing:
     def feed(self, piece: bytes) -> None:
         if self.unread is not None or not piece:
             return
+        self._budget = min(self._left, PIECE_SLACK + PIECE_RATIO * len(piece))
         try:
             self._feed(piece)
         except zlib.error:
@@ -140,7 +150,7 @@ class Decompressing:
             raw = self._wbits == 15 and not _zlib_header(data)
             z = self._z = zlib.decompressobj(-15 if raw else self._wbits)
         while data:
-            if not self._take(z.decompress(data, min(_SLICE, self._left + 1))):
+            if not self._take(z.decompress(data, min(_SLICE, self._budget + 1))):
                 return
             if z.eof:
                 data = z.unused_data  # gzip allows several members, one after another
@@ -151,9 +161,10 @@ class Decompressing:
 
     def _take(self, out: bytes) -> bool:
         """Hand `out` on if it is within the bound; False: reading stopped."""
-        if len(out) > self._left:
+        if len(out) > self._budget:
             self._stop(Unread.TOO_LARGE)
             return False
+        self._budget -= len(out)
         self._left -= len(out)
         self._inner.feed(out)
         return True
@@ -165,6 +176,7 @@ class Decompressing:
 
     def end(self) -> Tokens | None:
         if self._z is not None and self.unread is None:
+            self._budget = min(self._left, PIECE_SLACK)
             try:  # what zlib held back (a few hundred bytes at most: input is all consumed)
                 self._take(self._z.flush())
             except zlib.error:
