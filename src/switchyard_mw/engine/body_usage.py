@@ -27,9 +27,9 @@ WHOLE_ANSWER_MAX = 512 << 10
 """The longest JSON answer (as sent: compressed, if it is) asked for whole: within the
 processor's message limit and half Envoy's default buffer limit (1 MiB), past which Envoy
 would fail the response. A longer one is read as it passes (its tail kept)."""
-DECODED_MAX = 16 << 20
-"""Bytes of a compressed answer decompressed at most: ten times the longest answer a 128k-token
-reply makes, and a bound on the work a small body that inflates a thousandfold can cause."""
+DECODED_MAX = 64 << 20
+"""Bytes of a compressed answer decompressed at most: twice the longest stream a 128k-token
+reply makes (events cost up to about 250 bytes a token), a JSON answer's many times over."""
 PIECE_SLACK = 1 << 20
 PIECE_RATIO = 128
 """One piece of a compressed body may give at most `PIECE_SLACK + PIECE_RATIO * len(piece)`
@@ -44,7 +44,7 @@ class Unread(enum.StrEnum):
     """Why an answer's usage was not read (the `reason` of `switchyard.usage.unread`)."""
 
     ENCODING = "encoding"  # a content-encoding zlib cannot undo
-    TOO_LARGE = "too_large"  # more than DECODED_MAX once decompressed
+    TOO_LARGE = "too_large"  # past DECODED_MAX, or one piece past its own bound
     CORRUPT = "corrupt"  # compressed data that does not decompress
 
 
