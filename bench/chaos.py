@@ -19,14 +19,17 @@ processor. The last fifth of the run is calm, so every account can come back. Th
 some streaming clients leave after their first chunk.
 
 Every answer a client got is sorted: a whole answer; a documented error (a JSON error body in
-the wire's shape with its type, or a started stream ended by the wire's error event); or a
-defect (a transport error, a client time-out: something hung, an answer cut without an error
-event, a body that is not the wire's). Targets, each printed with its figure:
+the wire's shape with its type, or a started stream ended by the wire's error event); on the
+Envoy front, an answer cut after its headers (Envoy passes a provider's cut on as a cut: its
+documented limit, counted apart); or a defect (a transport error, a client time-out: something
+hung, an answer cut without an error event, a body that is not the wire's). Targets, each
+printed with its figure:
   - defects: 0 (every request got a success or a documented error);
   - accounts after the calm: every one closed, no probe left in flight, no hold in force;
   - RSS of the gateway and the processor within 5 % of their value after warm-up;
-  - the gateway's asyncio tasks and both processes' open file descriptors back to their start;
-  - no traceback in any log.
+  - the gateway's asyncio tasks and both processes' open file descriptors back to their start
+    (connections a pool keeps, to Redis, to the provider, from Envoy: within two of their start);
+  - the invalid config refused; no traceback in any log.
 Exit code 0 when every target is met, 1 otherwise. `--report FILE` also writes the tables as
 Markdown.
 """
@@ -124,7 +127,8 @@ ENV = {"CHAOS_KEY_A": KEYS["a"], "CHAOS_KEY_B": KEYS["b"], "CHAOS_KEY_C": KEYS["
 
 @dataclass
 class Seen:
-    """One request's end, sorted: `kind` is ok | error | left | defect, `what` the detail."""
+    """One request's end, sorted: `kind` is ok | error | left | cut | defect, `what` the
+    detail (`cut`: an answer Envoy passed on cut, its documented limit)."""
 
     kind: str
     what: str
@@ -177,17 +181,21 @@ def request_body(path: str, stream: bool, n: int) -> dict[str, object]:
     return {"model": MODEL, "stream": stream, "messages": messages}
 
 
-async def one(http: httpx.AsyncClient, base: str, rng: random.Random, n: int) -> Seen:
+async def one(
+    http: httpx.AsyncClient, base: str, rng: random.Random, n: int, *, envoy: bool
+) -> Seen:
     path = "/v1/messages" if rng.random() < 0.5 else "/v1/chat/completions"
     stream = rng.random() < 0.4
     leave = stream and rng.random() < 0.1  # a client that goes away mid-stream
     headers = {"x-api-key": "client"} if path == "/v1/messages" else {}
     started = time.monotonic()
+    status = None
     try:
         async with http.stream(
             "POST", base + path, json=request_body(path, stream, n), headers=headers
         ) as response:
-            if leave and response.status_code == 200:
+            status = response.status_code
+            if leave and status == 200:
                 async for _ in response.aiter_raw():
                     break
                 return Seen("left", "client left mid-stream", started)
@@ -195,6 +203,10 @@ async def one(http: httpx.AsyncClient, base: str, rng: random.Random, n: int) ->
     except httpx.TimeoutException as exc:
         return Seen("defect", f"client time-out ({type(exc).__name__}): hung", started)
     except httpx.HTTPError as exc:
+        if envoy and status == 200 and isinstance(exc, httpx.RemoteProtocolError):
+            # Envoy passes an upstream's cut on as a cut (docs/envoy.md): nothing can append
+            # an error event once the answer's headers went out.
+            return Seen("cut", "answer cut after its headers (Envoy)", started)
         return Seen("defect", f"transport error {type(exc).__name__}", started)
     kind, what = classify(path, stream, response.status_code, body)
     return Seen(kind, what, started)
@@ -215,7 +227,7 @@ async def drive(
                 n += 1
 
                 async def run(front: str = front, base: str = base, n: int = n) -> None:
-                    seen[front].append(await one(http, base, rng, n))
+                    seen[front].append(await one(http, base, rng, n, envoy=front == "envoy"))
 
                 task = asyncio.create_task(run())
                 tasks.add(task)
@@ -378,9 +390,10 @@ def post_reload(f: Fleet, *, broken: bool) -> str:
 
 
 def rapid_reset(f: Fleet, secs: float = 3.0) -> str:
-    """A peer that opens and resets streams as fast as it can, reconnecting when sent away."""
+    """A peer that opens and resets streams as fast as it can (a hundred per write), and
+    reconnects each time the processor sends it away."""
     path = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
-    end, streams, connections = time.monotonic() + secs, 0, 0
+    end, streams, connections, sent_away = time.monotonic() + secs, 0, 0, 0
     while time.monotonic() < end:
         connections += 1
         with (
@@ -391,20 +404,24 @@ def rapid_reset(f: Fleet, secs: float = 3.0) -> str:
             conn.initiate_connection()
             sock.sendall(conn.data_to_send())
             sock.settimeout(0.005)
-            for _ in range(2000):
-                sid = conn.get_next_available_stream_id()
-                conn.send_headers(sid, _grpc_headers(path))
-                conn.reset_stream(sid)
-                streams += 1
+            while time.monotonic() < end:
+                for _ in range(100):
+                    sid = conn.get_next_available_stream_id()
+                    conn.send_headers(sid, _grpc_headers(path))
+                    conn.reset_stream(sid)
+                streams += 100
                 try:
                     sock.sendall(conn.data_to_send())
-                except OSError:
+                except OSError:  # closed on us
+                    sent_away += 1
                     break
-                if streams % 100 == 0 and _sent_away(sock, conn):
+                if _sent_away(sock, conn):
+                    sent_away += 1
                     break
-                if time.monotonic() >= end:
-                    break
-    return f"hostile HTTP/2 peer: {streams} streams opened and reset on {connections} connections"
+    return (
+        f"hostile HTTP/2 peer: {streams} streams opened and reset on {connections} "
+        f"connections, {sent_away} sent away"
+    )
 
 
 def _grpc_headers(path: str) -> list[tuple[str, str]]:
@@ -471,8 +488,43 @@ async def inject(f: Fleet, secs: float, started: float, log: list[tuple[float, s
 # --- the checks ---------------------------------------------------------------------------------
 
 
-def open_fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
+def _tcp_ports() -> dict[str, tuple[int, int]]:
+    """Every TCP socket of this machine's loopback: inode -> (local port, remote port)."""
+    found = {}
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+                fields = line.split()
+                local, remote = (int(a.rsplit(":", 1)[1], 16) for a in fields[1:3])
+                found[fields[9]] = (local, remote)
+    return found
+
+
+def _socket_inodes(pid: int) -> list[str]:
+    inodes = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            inodes.append(target[len("socket:[") : -1] if target.startswith("socket:[") else "")
+    return inodes
+
+
+def fds_by_peer(pid: int, peers: dict[int, str], owners: dict[int, str]) -> Counter[str]:
+    """`pid`'s open descriptors by what they reach: a TCP connection to a port of `peers`, or
+    from a socket a process of `owners` holds, is counted under that name (a pool's
+    connections); the rest as "files, listeners, clients"."""
+    ports = _tcp_ports()
+    owned = {
+        ports[inode][0]: name
+        for owner, name in owners.items()
+        for inode in _socket_inodes(owner)
+        if inode in ports
+    }
+    kinds: Counter[str] = Counter()
+    for inode in _socket_inodes(pid):
+        remote = ports.get(inode, (0, 0))[1]
+        kinds[peers.get(remote) or owned.get(remote) or "files, listeners, clients"] += 1
+    return kinds
 
 
 def gateway_health(f: Fleet) -> dict[str, int]:
@@ -504,16 +556,18 @@ def tracebacks(f: Fleet) -> list[str]:
 @dataclass
 class Snapshot:
     rss: dict[str, int]
-    fds: dict[str, int]
+    fds: dict[str, Counter[str]]
     tasks: int
 
 
 def snapshot(f: Fleet) -> Snapshot:
     health = gateway_health(f)
     pids = {n: f.procs[n].pid for n in ("gateway", "processor")}
+    peers = {f.redis_port: "redis", f.mock_port: "provider"}
+    owners = {f.procs["envoy"].pid: "envoy"}  # Envoy's pool of connections to the processor
     return Snapshot(
         rss={n: rss_kib(pid) for n, pid in pids.items()},
-        fds={"gateway": health["open_fds"], "processor": open_fds(pids["processor"])},
+        fds={n: fds_by_peer(pid, peers, owners) for n, pid in pids.items()},
         tasks=health["tasks"],
     )
 
@@ -599,7 +653,7 @@ def main() -> int:
         [
             "requests",
             f"{sum(total.values())}: {total['ok']} whole, {total['error']} documented errors, "
-            f"{total['left']} clients left",
+            f"{total['cut']} cut by Envoy after their headers, {total['left']} clients left",
             "",
             "",
         ],
@@ -609,10 +663,7 @@ def main() -> int:
     for name in ("gateway", "processor"):
         rss = f"{start.rss[name]} -> {end.rss[name]} KiB ({growth[name]:+.1f} %)"
         targets.append([f"RSS, {name}", rss, "within 5 %", _met(abs(growth[name]) <= 5)])
-        fds = f"{start.fds[name]} -> {end.fds[name]}"
-        targets.append(
-            [f"open fds, {name}", fds, "back to start", _met(end.fds[name] <= start.fds[name])]
-        )
+        targets += fd_targets(name, start.fds[name], end.fds[name])
     refused = f.invalid_reload_refused
     targets.append(
         [
@@ -640,6 +691,23 @@ def main() -> int:
     ok = all(row[3] == "yes" for row in targets if row[3])
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
+
+
+POOLED_SLACK = 2
+"""Connections a pool may hold beyond its count after warm-up: a pool opens one on demand
+when all of its are busy (a Redis restart makes the store reconnect) and keeps it."""
+
+
+def fd_targets(name: str, start: Counter[str], end: Counter[str]) -> list[list[str]]:
+    """Open descriptors: those of no pool back to their start; each pool's within its slack."""
+    rows = []
+    for kind in sorted(set(start) | set(end)):
+        pooled = kind != "files, listeners, clients"
+        bound = start[kind] + (POOLED_SLACK if pooled else 0)
+        goal = f"at most {bound} (a pool)" if pooled else "back to start"
+        figure = f"{start[kind]} -> {end[kind]}"
+        rows.append([f"open fds, {name}: {kind}", figure, goal, _met(end[kind] <= bound)])
+    return rows
 
 
 def _met(ok: bool) -> str:
