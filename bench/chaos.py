@@ -418,6 +418,8 @@ def rapid_reset(f: Fleet, secs: float = 3.0) -> str:
                 if _sent_away(sock, conn):
                     sent_away += 1
                     break
+            else:  # time is up: a GOAWAY may still be on its way
+                sent_away += _sent_away_within(sock, conn, 1.0)
     return (
         f"hostile HTTP/2 peer: {streams} streams opened and reset on {connections} "
         f"connections, {sent_away} sent away"
@@ -433,6 +435,14 @@ def _grpc_headers(path: str) -> list[tuple[str, str]]:
         ("content-type", "application/grpc"),
         ("te", "trailers"),
     ]
+
+
+def _sent_away_within(sock: socket.socket, conn: h2.connection.H2Connection, secs: float) -> bool:
+    end = time.monotonic() + secs
+    while time.monotonic() < end:
+        if _sent_away(sock, conn):
+            return True
+    return False
 
 
 def _sent_away(sock: socket.socket, conn: h2.connection.H2Connection) -> bool:
