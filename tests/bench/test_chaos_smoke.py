@@ -15,6 +15,7 @@ from servers import ROOT
 pytestmark = pytest.mark.integration  # starts real servers: Redis, uvicorn, the processor, Envoy
 
 
+@pytest.mark.timeout(330)  # about 100 s; the subprocess has its own bound below
 def test_chaos_smoke_meets_its_targets() -> None:
     redis_server_path()  # skips without redis-server, fails where CI requires it
     result = subprocess.run(
