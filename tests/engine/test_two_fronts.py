@@ -17,13 +17,14 @@ front sees exceptions (Envoy reports a failed connection as a reply).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import msgspec
 import pytest
+import yaml
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from extproc_helpers import (
@@ -35,6 +36,7 @@ from extproc_helpers import (
     sets,
     upstream_headers,
 )
+from servers import ROOT
 from switchyard_mw import switchyard_stack
 from switchyard_mw.accounts import build_accounts
 from switchyard_mw.asgi._types import Receive, Scope, Send
@@ -75,6 +77,7 @@ BODY = msgspec.json.encode(
     {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
 )
 UNREACHABLE = "unreachable"
+ENVOY_YAML = ROOT / "examples" / "envoy" / "envoy.yaml"
 """An account whose upstream refuses the connection."""
 SLOW = Behaviour(headers_delay_secs=30.0)
 """An upstream that answers long after the attempt's deadline."""
@@ -309,12 +312,41 @@ async def through_extproc(scenario: Scenario, spans: InMemorySpanExporter) -> De
     await router.close()
     if final.WhichOneof("response") == "immediate_response":
         return _immediate(final, spans)
+    if answer == UNREACHABLE:  # the processor lets Envoy's own reply pass: envoy.yaml shapes it
+        status, body = envoy_local_reply("/v1/messages")
+        return Decisions(
+            status,
+            error=_error_of(body),
+            headers=_kept_headers(_decoded(sets(final))),
+            attempts=_attempt_spans(spans),
+            calls=_client_spans(spans),
+        )
     return Decisions(
         answer.status if isinstance(answer, Behaviour) else 0,
         headers=_kept_headers(_decoded(sets(final))),
         attempts=_attempt_spans(spans),
         calls=_client_spans(spans),
     )
+
+
+def envoy_local_reply(path: str) -> tuple[int, dict[str, Any]]:
+    """Envoy's own reply when no provider answered a request to `path`, as the shipped
+    examples/envoy/envoy.yaml's local_reply_config makes it: its status and JSON body."""
+    config = yaml.safe_load(ENVOY_YAML.read_text())
+    manager = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    for mapper in manager["typed_config"]["local_reply_config"]["mappers"]:
+        if path.startswith(tuple(_prefixes(mapper["filter"]))):
+            return mapper["status_code"], mapper["body_format_override"]["json_format"]
+    raise AssertionError(f"envoy.yaml shapes no local reply for {path}")
+
+
+def _prefixes(access_filter: dict[str, Any]) -> Iterator[str]:
+    for kind, value in access_filter.items():
+        if kind == "header_filter":
+            yield value["header"]["string_match"]["prefix"]
+        elif kind in ("and_filter", "or_filter"):
+            for inner in value["filters"]:
+                yield from _prefixes(inner)
 
 
 def _decoded(headers: Mapping[str, bytes]) -> dict[str, str]:

@@ -33,6 +33,7 @@ from switchyard_mw.accounts import build_accounts
 from switchyard_mw.config import parse_config
 from switchyard_mw.core.pool import BreakerState
 from switchyard_mw.core.variants import Split
+from switchyard_mw.engine.answers import unreachable
 from switchyard_mw.extproc import ExtProcServer, Policies, Transport, start_server
 from switchyard_mw.telemetry import names as tm
 from switchyard_mw.testing import Behaviour, MockProvider
@@ -45,6 +46,17 @@ except FileNotFoundError:  # pragma: no cover - the dev extra installs envoy-ser
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 ENVOY_YAML = (ROOT / "examples" / "envoy" / "envoy.yaml").read_text()
+DEAD_CLUSTER = """  - name: dead
+    type: STATIC
+    connect_timeout: 1s
+    load_assignment:
+      cluster_name: dead
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+"""
+"""A cluster beside the example's whose endpoint refuses connections (nothing listens)."""
 ENVOY_RUNTIME = {"tracing.opentelemetry.min_flush_spans": 1}
 """Envoy's tracer batches spans (5 s or 5 spans by default): here each is exported as it ends."""
 KEYS = {"KEY_A": "key-a", "KEY_B": "key-b", "KEY_J": "key-j"}
@@ -139,6 +151,9 @@ async def rig(
         "otel": otlp.grpc_port,
     }
     envoy_config = with_runtime(with_ports(ENVOY_YAML, ports), ENVOY_RUNTIME)
+    envoy_config = envoy_config.replace(
+        "\n  clusters:\n", "\n  clusters:\n" + DEAD_CLUSTER.format(port=free_port()), 1
+    )
     try:
         with run_envoy(envoy_config, listen_port=listener):
             envoy_url = f"http://127.0.0.1:{listener}"
@@ -491,3 +506,40 @@ async def test_a_429_with_a_retry_time_holds_its_key_for_the_next_requests(
     assert rig.mock.requests == []
     for key in ("key-a", "key-b"):
         assert policies.pool.status_of(key).state is BreakerState.CLOSED  # never a cooling
+
+
+@pytest.mark.parametrize(
+    ("path", "error_of"),
+    [
+        ("/v1/messages", lambda body: body["error"]),
+        ("/v1/chat/completions", lambda body: body["error"]),
+    ],
+)
+async def test_envoys_own_reply_when_no_provider_answered_is_in_the_wires_shape(
+    rig: Rig, http: httpx.AsyncClient, path: str, error_of: Any
+) -> None:
+    """An account whose cluster refuses connections: Envoy answers itself (503 "upstream connect
+    error ..." in text/plain, without the shipped local_reply_config); the client gets 502
+    upstream_unreachable in the wire's error shape, as from the ASGI front, and the account is
+    charged a connect fault."""
+    config = parse_config(
+        config_text(rig.mock_url).replace('envoy_cluster = "mock"', 'envoy_cluster = "dead"', 1)
+    )
+    policies = Policies(config, build_accounts(config, KEYS))
+    rig.processor.servicer.policies = policies
+    body: dict[str, Any] = message("claude-haiku-5")
+    if path != "/v1/messages":
+        body = {"model": "claude-haiku-5", "messages": body["messages"]}
+    response = await http.post(path, json=body, headers={"x-api-key": "caller"})
+    assert response.status_code == 502, response.text
+    assert response.headers["content-type"] == "application/json"
+    error = error_of(response.json())
+    assert error["type"] == "upstream_unreachable"
+    assert error["message"] == unreachable().message  # the ASGI front's very answer
+    if path == "/v1/messages":
+        assert response.json()["type"] == "error"
+    else:
+        assert error["code"] == "upstream_unreachable"
+    assert response.headers["x-switchyard-account"] == "key-a"
+    assert rig.mock.requests == []  # nothing reached a provider
+    assert policies.pool.status_of("key-a").consecutive_faults == 1

@@ -35,7 +35,6 @@ from ..engine.answers import (
     UPSTREAM_UNREACHABLE,
     deadline_exceeded,
     exposed_headers,
-    unreachable,
 )
 from ..engine.body_usage import Reader
 from ..telemetry import names as tm
@@ -251,9 +250,10 @@ class RouterStream:
             reading = self._usage_reader(h, status)
         if flight.lease is not None:
             if local and details and details.startswith("upstream_reset_before_response"):
+                # No provider answered: the account's fault. Envoy's reply is already the
+                # wire's 502 (envoy.yaml's local_reply_config); answering again would wrap it.
                 self.p.settle(flight, Outcome.FAULT, "connect_error")
-                return self.refuse(unreachable())
-            if local:
+            elif local:
                 self.p.settle(flight, None, "local_reply")  # Envoy's own answer: no account's
             else:
                 retry = retry_time(h, status)

@@ -1,0 +1,53 @@
+"""The chaos soak in its smoke mode, so it cannot rot: every fault of the schedule injected
+through both fronts, no defect, every account back, nothing left open or grown."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from redis_server import redis_server_path
+from servers import ROOT
+
+pytestmark = pytest.mark.integration  # starts real servers: Redis, uvicorn, the processor, Envoy
+
+
+@pytest.mark.timeout(330)  # about 100 s; the subprocess has its own bound below
+def test_chaos_smoke_meets_its_targets() -> None:
+    redis_server_path()  # skips without redis-server, fails where CI requires it
+    result = subprocess.run(
+        [sys.executable, "bench/chaos.py", "--smoke"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    assert "| defects | 0 | 0 | yes |" in out
+    assert "| invalid config reloaded | refused | refused | yes |" in out
+    # Every kind of injection of the schedule took place during the traffic.
+    for injected in (
+        "answers 401",
+        "answers 503",
+        "reset before headers",
+        "reset mid stream",
+        "stalls",
+        "first token after",
+        "redis restarted",
+        "SIGHUP to gateway and processor",
+        "POST reload, valid file: 200",
+        "hostile HTTP/2 peer",
+    ):
+        assert injected in out, injected
+    left = re.search(r"(\d+) clients left", out)
+    assert left is not None
+    assert int(left.group(1)) > 0  # some streaming clients went away mid-answer
+    # The processor sent the rapid-reset peer away (its reset budget), each time it came.
+    sent_away = [int(n) for n in re.findall(r"(\d+) sent away", out)]
+    assert sent_away
+    assert all(n > 0 for n in sent_away), sent_away
+    assert out.rstrip().endswith("PASS")
