@@ -613,11 +613,83 @@ def error_body(wire: Wire, error_type: str, message: str) -> bytes:
     return _ENCODER.encode({"error": {"message": message, "type": error_type, "code": error_type}})
 
 
-def stream_error_event(wire: Wire, error_type: str, message: str) -> bytes:
-    """One SSE event that ends a started stream with an error the wire's SDK raises."""
+def stream_error_event(
+    wire: Wire, error_type: str, message: str, sequence: StreamSequence | None = None
+) -> bytes:
+    """One SSE event that ends a started stream with an error the wire's clients report.
+
+    Anthropic: `event: error`, data `{"type": "error", "error": {"type", "message"}}`.
+    OpenAI Responses: `event: error`, data `{"type": "error", "code", "message", "param",
+    "sequence_number"}` (its `ResponseErrorEvent`; the error type is the `code`), numbered after
+    the last event `sequence` saw pass (0 without one). OpenAI Chat Completions and generic
+    paths: a `data: {"error": {...}}` line, the body of an error answer.
+    """
+    if wire is Wire.OPENAI_RESPONSES:
+        number = 0 if sequence is None else sequence.next
+        event = {
+            "type": "error",
+            "code": error_type,
+            "message": message,
+            "param": None,
+            "sequence_number": number,
+        }
+        return b"event: error\ndata: " + _ENCODER.encode(event) + b"\n\n"
     if wire.anthropic_style:
         return b"event: error\ndata: " + error_body(wire, error_type, message) + b"\n\n"
     return b"data: " + error_body(wire, error_type, message) + b"\n\n"
+
+
+_SEQUENCE_KEY = b'"sequence_number"'
+_SEQUENCE = re.compile(rb'"sequence_number"[ \t\r\n]*:[ \t\r\n]*([0-9]+)')
+_EDGE = 64
+"""Bytes of the stream kept from one piece to the next: more than a `"sequence_number": N`
+cut by a piece's end can span."""
+
+
+class StreamSequence:
+    """The last `sequence_number` an OpenAI Responses stream passed on, so that an error event
+    written into it follows the last event the client received.
+
+    Fed each piece as it passes, cut anywhere. A piece costs one search from its end (the last
+    number in it is the one that counts) and no copy; only a piece with no whole number in it
+    looks at the few bytes around its start, where a number cut by the previous piece ends.
+    Inside a JSON string every quote is escaped, so a quoted `"sequence_number"` is a key.
+    """
+
+    __slots__ = ("_edge", "last")
+
+    def __init__(self) -> None:
+        self.last: int | None = None
+        self._edge = b""
+
+    @property
+    def next(self) -> int:
+        """The number the next event takes: one after the last seen, 0 before any."""
+        return 0 if self.last is None else self.last + 1
+
+    def feed(self, piece: bytes) -> None:
+        found = _last_number(piece)
+        if found is None and self._edge:
+            found = _last_number(self._edge + piece[:_EDGE])
+        if found is not None:
+            self.last = found
+        self._edge = piece[-_EDGE:] if len(piece) >= _EDGE else (self._edge + piece)[-_EDGE:]
+
+
+def sequence_for(wire: Wire | None) -> StreamSequence | None:
+    """A `StreamSequence` for a stream of this wire; None where events carry no number."""
+    return StreamSequence() if wire is Wire.OPENAI_RESPONSES else None
+
+
+def _last_number(data: bytes) -> int | None:
+    """The last `"sequence_number": N` in `data` whose digits end before `data` does."""
+    end = len(data)
+    while (at := data.rfind(_SEQUENCE_KEY, 0, end)) >= 0:
+        found = _SEQUENCE.match(data, at)
+        if found is not None and found.end() < len(data):
+            return int(found[1])
+        end = at
+    return None
 
 
 # --- the last user turn, as text (what a judge classifies) ------------------------------------

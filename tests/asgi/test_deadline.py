@@ -17,6 +17,7 @@ from switchyard_mw.asgi.deadline import DeadlineMiddleware
 from switchyard_mw.config import LLMClient
 from switchyard_mw.context import RequestContext, context_of, current_context
 from switchyard_mw.core.deadline import attempt_deadline_secs, parse_budget_ms
+from switchyard_mw.engine.answers import deadline_exceeded
 from switchyard_mw.engine.outbound import BACKSTOP_SECS, timeout_for
 
 App = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
@@ -220,6 +221,46 @@ async def test_stalled_stream_ends_with_one_wire_error_event(
     assert state["cancelled"]
     assert state["finally"]
     assert otel_metrics.value("switchyard.deadline.exceeded", phase="idle") == before + 1
+
+
+@pytest.mark.parametrize("piece_bytes", [1, 7, 64, 10_000])
+async def test_a_stalled_responses_stream_ends_with_its_own_numbered_error_event(
+    piece_bytes: int,
+) -> None:
+    """The app's pieces cut events anywhere (inside the key, between digits): the error event
+    still follows the last event that passed, as the Responses wire numbers them."""
+    events = b"".join(
+        b"event: response.output_text.delta\ndata: "
+        + json.dumps({"type": "response.output_text.delta", "delta": "x", "sequence_number": n})
+        .replace(" ", "")
+        .encode()
+        + b"\n\n"
+        for n in range(40, 53)
+    )
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        start = {"type": "http.response.start", "status": 200}
+        await send({**start, "headers": [(b"content-type", b"text/event-stream")]})
+        for at in range(0, len(events), piece_bytes):
+            piece = events[at : at + piece_bytes]
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        await asyncio.sleep(5)
+
+    mw = DeadlineMiddleware(app, timeout_secs=1, stream_idle_secs=0.2)
+    r = await post(mw, "/v1/responses", {"model": "m", "input": "hi", "stream": True})
+    assert r.status_code == 200
+    assert r.content.startswith(events)
+    name, data = r.content[len(events) :].removesuffix(b"\n\n").split(b"\n")
+    assert name == b"event: error"
+    error = deadline_exceeded("idle")
+    assert json.loads(data.removeprefix(b"data: ")) == {
+        "type": "error",
+        "code": error.error_type,
+        "message": error.message,
+        "param": None,
+        "sequence_number": 53,
+    }
 
 
 async def test_steady_slow_stream_outlives_the_idle_cap_many_times() -> None:

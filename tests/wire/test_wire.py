@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import re
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -11,14 +13,18 @@ import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from openai.types.responses import ResponseErrorEvent, ResponseStreamEvent
+from pydantic import TypeAdapter
 
 from switchyard_mw.wire import (
+    StreamSequence,
     Wire,
     WireError,
     error_body,
     last_user_text,
     read_request,
     rewrite_model,
+    sequence_for,
     stream_error_event,
 )
 
@@ -447,10 +453,107 @@ def test_stream_error_events() -> None:
     assert anthropic.startswith(b"event: error\ndata: ")
     assert anthropic.endswith(b"\n\n")
     payload = msgspec.json.decode(anthropic.split(b"data: ", 1)[1])
-    assert payload["error"]["type"] == "deadline_exceeded"
-    openai = stream_error_event(Wire.OPENAI_CHAT, "deadline_exceeded", "late")
-    assert openai.startswith(b'data: {"error":')
-    assert openai.endswith(b"\n\n")
+    assert payload == {"type": "error", "error": {"type": "deadline_exceeded", "message": "late"}}
+    for wire in (Wire.OPENAI_CHAT, Wire.GENERIC):
+        openai_event = stream_error_event(wire, "deadline_exceeded", "late")
+        assert openai_event.startswith(b'data: {"error":')
+        assert openai_event.endswith(b"\n\n")
+
+
+def _responses_event(event: bytes) -> ResponseErrorEvent:
+    """The event as the official SDK's type reads it, after checking its SSE framing."""
+    name, data = event.removesuffix(b"\n\n").split(b"\n")
+    assert name == b"event: error"
+    payload = json.loads(data.removeprefix(b"data: "))
+    assert set(payload) == {"type", "code", "message", "param", "sequence_number"}
+    return ResponseErrorEvent.model_validate(payload)
+
+
+def test_a_responses_stream_ends_with_its_own_error_event() -> None:
+    """Not Chat Completions' `{"error": ...}`: the Responses wire's `error` event, its error
+    type as `code`, numbered after the last event that passed."""
+    sequence = StreamSequence()
+    assert sequence.next == 0  # nothing passed yet: the error is the stream's first numbered event
+    first = _responses_event(stream_error_event(Wire.OPENAI_RESPONSES, "upstream_error", "x"))
+    assert first.sequence_number == 0
+    sequence.feed(b'event: response.created\ndata: {"type":"response.created","sequence_number":0}')
+    sequence.feed(b'\n\nevent: response.output_text.delta\ndata: {"type":"response.output_')
+    sequence.feed(b'text.delta","delta":"hi","sequence_number": 7}\n\n')
+    event = stream_error_event(Wire.OPENAI_RESPONSES, "deadline_exceeded", "late", sequence)
+    parsed = _responses_event(event)
+    assert parsed == ResponseErrorEvent(
+        type="error", code="deadline_exceeded", message="late", param=None, sequence_number=8
+    )
+    # Among every event a Responses stream may carry, the SDK's union picks the error event.
+    data = json.loads(event.split(b"data: ")[1])
+    assert type(TypeAdapter(ResponseStreamEvent).validate_python(data)) is ResponseErrorEvent
+
+
+def test_a_key_inside_a_string_is_text_not_a_number() -> None:
+    stream = (
+        b'data: {"type":"response.output_text.delta","sequence_number":3,'
+        b'"delta":"{\\"sequence_number\\": 99}"}\n\n'
+    )
+    for cut in range(len(stream) + 1):
+        sequence = StreamSequence()
+        sequence.feed(stream[:cut])
+        sequence.feed(stream[cut:])
+        assert sequence.last == 3
+
+
+def test_only_a_responses_stream_is_numbered() -> None:
+    assert isinstance(sequence_for(Wire.OPENAI_RESPONSES), StreamSequence)
+    for wire in (Wire.ANTHROPIC, Wire.OPENAI_CHAT, Wire.GENERIC, None):
+        assert sequence_for(wire) is None
+
+
+_NUMBER = re.compile(rb'"sequence_number"[ \t\r\n]*:[ \t\r\n]*([0-9]+)')
+
+
+def _last_whole(data: bytes) -> int | None:
+    """The last number in `data` whose digits end before it does, read from the whole."""
+    whole = [int(m[1]) for m in _NUMBER.finditer(data) if m.end() < len(data)]
+    return whole[-1] if whole else None
+
+
+_EVENT_TEXT = st.text(alphabet=st.sampled_from('ab "\\:{}0123456789\n_sequence_number'))
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    events=st.lists(
+        st.tuples(
+            st.integers(0, 10**12),
+            _EVENT_TEXT,
+            st.sampled_from(["", " ", "\n  "]),
+            st.booleans(),
+        ),
+        max_size=8,
+    ),
+    cuts=st.lists(st.integers(0, 10**6), max_size=12),
+)
+def test_the_last_number_is_found_however_the_stream_is_cut(
+    events: list[tuple[int, str, str, bool]], cuts: list[int]
+) -> None:
+    """Fed in pieces cut anywhere (inside a key, between its digits), the sequence knows the
+    last whole number as reading the whole stream would; text that looks like the key inside
+    a JSON string never counts."""
+    stream = b"".join(
+        b"event: e\ndata: "
+        + (
+            f'{{"delta":{json.dumps(text)},"sequence_number":{space}{number}}}'
+            if number_last
+            else f'{{"sequence_number":{space}{number},"delta":{json.dumps(text)}}}'
+        ).encode()
+        + b"\n\n"
+        for number, text, space, number_last in events
+    )
+    bounds = sorted({0, len(stream), *(c % (len(stream) + 1) for c in cuts)})
+    sequence = StreamSequence()
+    for start, end in itertools.pairwise(bounds):
+        sequence.feed(stream[start:end])
+        assert sequence.last == _last_whole(stream[:end])
+    assert sequence.last == (events[-1][0] if events else None)
 
 
 @settings(max_examples=300, deadline=None)

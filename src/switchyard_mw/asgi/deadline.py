@@ -20,7 +20,7 @@ from ..engine.answers import DEADLINE_EXCEEDED, deadline_exceeded
 from ..engine.attempts import Limits, deadline_secs
 from ..errors import DeadlineExceededAfterStart as DeadlineExceededAfterStart
 from ..telemetry import names as tm
-from ..wire import Wire, stream_error_event
+from ..wire import StreamSequence, Wire, sequence_for, stream_error_event
 from ._base import PolicyMiddleware, send_error
 from ._disconnect import WATCH_AFTER_SECS, Deferred, defer, running_loop
 from ._types import ASGIApp, Message, Receive, Scope, Send
@@ -153,7 +153,7 @@ class _Alarm(Deferred):
 class _Guard(_Alarm):
     """One attempt's alarm and the `send` that moves it; per attempt, never shared."""
 
-    __slots__ = ("_idle", "_start", "ctx", "raw_send")
+    __slots__ = ("_idle", "_sequence", "_start", "ctx", "raw_send")
 
     def __init__(
         self,
@@ -171,6 +171,8 @@ class _Guard(_Alarm):
         self.raw_send = send
         self._idle = idle
         self._start: Message | None = None  # the response's start, once sent
+        # A Responses stream's error event follows the last event number that passed.
+        self._sequence: StreamSequence | None = sequence_for(ctx.wire) if idle is not None else None
         _Alarm.__init__(self, loop, task, self._bound(first, now))  # not super(): per attempt
 
     def _bound(self, secs: float, now: float) -> float:
@@ -191,6 +193,8 @@ class _Guard(_Alarm):
                 self.cancel()
             elif self._idle is not None:
                 self._rearm(self._idle)
+                if self._sequence is not None:
+                    self._sequence.feed(message.get("body", b""))
         await self.raw_send(message)
 
     def _rearm(self, secs: float) -> None:
@@ -223,7 +227,7 @@ class _Guard(_Alarm):
         if self._start is None:
             await send_error(self.raw_send, wire, error.status, error.error_type, error.message)
         elif self._sse:
-            event = stream_error_event(wire, error.error_type, error.message)
+            event = stream_error_event(wire, error.error_type, error.message, self._sequence)
             await self.raw_send({"type": "http.response.body", "body": event, "more_body": True})
             await self.raw_send({"type": "http.response.body", "body": b"", "more_body": False})
         else:

@@ -37,7 +37,7 @@ from ..context import RequestContext, current_context
 from ..engine.outbound import map_exceptions, pool_of, seconds_left, timeout_for
 from ..engine.usage import StreamUsage, Tokens, answer_tokens
 from ..telemetry import names as tm
-from ..wire import Wire, error_body, model_not_served, stream_error_event
+from ..wire import Wire, error_body, model_not_served, sequence_for, stream_error_event
 from . import telemetry as ot
 
 WIRE_ROUTES = ("/v1/messages", "/v1/chat/completions", "/v1/responses")
@@ -361,6 +361,7 @@ async def _relay(reply: _Reply, ctx: RequestContext) -> AsyncIterator[bytes]:
     """
     pending = b""
     usage = StreamUsage(ctx.wire)
+    sequence = sequence_for(ctx.wire)  # numbers the error event on a Responses stream
     try:
         async for chunk in reply.chunks():
             data = pending + chunk if pending else chunk
@@ -369,6 +370,8 @@ async def _relay(reply: _Reply, ctx: RequestContext) -> AsyncIterator[bytes]:
             if cut:
                 events = data if cut == len(data) else data[:cut]
                 usage.feed(events)
+                if sequence is not None:
+                    sequence.feed(events)
                 yield events
     except TransportError as exc:  # from either client (`_Reply` maps them)
         # The caller already has a 200: end its stream with the wire's error event, and let
@@ -376,7 +379,7 @@ async def _relay(reply: _Reply, ctx: RequestContext) -> AsyncIterator[bytes]:
         ctx.report_upstream(502)
         wire = ctx.wire or Wire.OPENAI_CHAT
         message = f"upstream stream failed: {type(exc).__name__}"
-        yield stream_error_event(wire, "upstream_error", message)
+        yield stream_error_event(wire, "upstream_error", message, sequence)
         return
     finally:
         _report(ctx, usage.end())  # what the stream said of its usage, however it ended
