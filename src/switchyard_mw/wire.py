@@ -640,7 +640,7 @@ def stream_error_event(
 
 
 _SEQUENCE_KEY = b'"sequence_number"'
-_SEQUENCE = re.compile(rb'"sequence_number"[ \t\r\n]*:[ \t\r\n]*([0-9]+)')
+_SEQUENCE = re.compile(rb'"sequence_number"[ \t]*:[ \t]*([0-9]+)')  # one SSE line: no newline
 _EDGE = 64
 """Bytes of the stream kept from one piece to the next: more than a `"sequence_number": N`
 cut by a piece's end can span."""
@@ -650,30 +650,59 @@ class StreamSequence:
     """The last `sequence_number` an OpenAI Responses stream passed on, so that an error event
     written into it follows the last event the client received.
 
-    Fed each piece as it passes, cut anywhere. A piece costs one search from its end (the last
-    number in it is the one that counts) and no copy; only a piece with no whole number in it
-    looks at the few bytes around its start, where a number cut by the previous piece ends.
-    Inside a JSON string every quote is escaped, so a quoted `"sequence_number"` is a key.
+    Fed each piece as it passes, cut anywhere. A piece of whole lines after whole lines (how
+    SSE is usually sent, and how the forwarder relays it) costs one search from its end and
+    is kept by reference, read only if an error event needs its number: no number runs over
+    its ends, and most streams end without an error. A piece that ends inside a line, or
+    follows one, is read at once, with the few bytes around its start where a number cut by
+    the previous piece ends. Inside a JSON string every quote is escaped, so a quoted
+    `"sequence_number"` is a key.
     """
 
-    __slots__ = ("_edge", "last")
+    __slots__ = ("_edge", "_known", "_unread")
 
     def __init__(self) -> None:
-        self.last: int | None = None
+        self._known: int | None = None
+        self._unread: bytes | None = None
+        """The last piece of whole lines that holds the key, not read yet."""
         self._edge = b""
+        """The stream's last bytes while it stands inside a line (empty after a newline)."""
+
+    @property
+    def last(self) -> int | None:
+        """The last whole number that passed; None before any."""
+        self._read()
+        return self._known
 
     @property
     def next(self) -> int:
         """The number the next event takes: one after the last seen, 0 before any."""
-        return 0 if self.last is None else self.last + 1
+        last = self.last
+        return 0 if last is None else last + 1
 
     def feed(self, piece: bytes) -> None:
+        ends_line = piece[-1:] == b"\n"
+        if ends_line and not self._edge:
+            if piece.rfind(_SEQUENCE_KEY) >= 0:
+                self._unread = piece
+            return
+        self._read()
         found = _last_number(piece)
         if found is None and self._edge:
             found = _last_number(self._edge + piece[:_EDGE])
         if found is not None:
-            self.last = found
-        self._edge = piece[-_EDGE:] if len(piece) >= _EDGE else (self._edge + piece)[-_EDGE:]
+            self._known = found
+        if ends_line:
+            self._edge = b""
+        else:
+            self._edge = piece[-_EDGE:] if len(piece) >= _EDGE else (self._edge + piece)[-_EDGE:]
+
+    def _read(self) -> None:
+        if self._unread is not None:
+            found = _last_number(self._unread)
+            if found is not None:
+                self._known = found
+            self._unread = None
 
 
 def sequence_for(wire: Wire | None) -> StreamSequence | None:
