@@ -92,9 +92,13 @@ AI_SDK_CALLS = [
 
 
 @pytest.fixture(scope="module")
-def ai_sdk(gateway: str, tmp_path_factory: pytest.TempPathFactory) -> dict[Call, dict[str, Any]]:
-    """What the AI SDK reported for each of `AI_SDK_CALLS`: one Node process makes them all."""
+def ai_sdk(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> dict[Call, dict[str, Any]]:
+    """What the AI SDK reported for each of `AI_SDK_CALLS`: one Node process makes them all.
+    Installed before the gateway starts: without Node, that is a skip (or failure) at once."""
     sdk = AiSdk(tmp_path_factory.mktemp("ai-sdk"))
+    gateway: str = request.getfixturevalue("gateway")
     return dict(zip(AI_SDK_CALLS, sdk.calls(gateway, AI_SDK_CALLS), strict=True))
 
 
@@ -246,7 +250,7 @@ def _ai_sdk_error(wire: str, error: dict[str, Any]) -> Reported:
 @pytest.mark.parametrize("case", list(STREAM_CASES))
 @pytest.mark.parametrize("wire", WIRES)
 def test_the_ai_sdk_reports_the_gateways_error_in_a_started_stream(
-    gateway: str, ai_sdk: dict[Call, dict[str, Any]], wire: str, case: str
+    ai_sdk: dict[Call, dict[str, Any]], gateway: str, wire: str, case: str
 ) -> None:
     expected = _expected(gateway, wire, case)
     outcome = ai_sdk[Call(wire, ACCOUNTS[ACCOUNT_OF[case]][0], True)]
@@ -288,7 +292,7 @@ async def test_the_official_sdk_reports_the_gateways_error_answer(gateway: str, 
 
 @pytest.mark.parametrize("wire", WIRES)
 def test_the_ai_sdk_reports_the_gateways_error_answer(
-    gateway: str, ai_sdk: dict[Call, dict[str, Any]], wire: str
+    ai_sdk: dict[Call, dict[str, Any]], wire: str
 ) -> None:
     outcome = ai_sdk[Call(wire, ACCOUNTS["late"][0], False)]
     [error] = outcome["errors"]
