@@ -59,6 +59,11 @@ class TripBoard(Protocol):
     def trip(self, base: str, variant: str, *, announce: bool = True) -> None:
         """Take `variant` of `base`'s canary out; `announce=False` when a replica told us."""
 
+    def signature(self, base: str) -> str:
+        """`base`'s canary as configured, as a digest ("" if none): a trip applies only to a
+        canary configured as the one that tripped."""
+        ...
+
 
 class StateStore(Protocol):
     """What an :class:`~switchyard_mw.core.pool.AccountPool` needs from a shared store.

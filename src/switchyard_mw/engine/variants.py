@@ -7,6 +7,7 @@ split, counted, guarded and annotated the same way whoever serves it.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -146,6 +147,14 @@ class Canaries:
 
     def tripped(self, base: str, variant: str) -> bool:
         return variant in self._tripped.get(base, ())
+
+    def signature(self, base: str) -> str:
+        """`base`'s canary as configured (split, salt, guard), as a short digest: a trip kept in
+        a shared store applies only where the canary is configured the same ("" if none)."""
+        split = self._splits.get(base)
+        if split is None:
+            return ""
+        return hashlib.sha256(repr((split, self._rules.get(base))).encode()).hexdigest()[:16]
 
     def status(self) -> list[dict[str, Any]]:
         """Each canary: its configured split, the guard's window counts and what tripped."""

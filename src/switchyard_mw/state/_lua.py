@@ -20,8 +20,23 @@ contain "|".
 
 from __future__ import annotations
 
+import hashlib
+from dataclasses import dataclass, field
+
 from ..core.pool import AccountSpec
 from ..core.shared import Shared
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """A Lua script and the SHA1 that ``EVALSHA`` names it by (computed here, as Redis does)."""
+
+    text: str
+    sha: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sha", hashlib.sha1(self.text.encode()).hexdigest())
+
 
 SCRIPT = """
 local op, channel, origin, name, token = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
@@ -116,6 +131,7 @@ if publish then redis.call('PUBLISH', channel, message(kind)) end
 if kind == 'probe' then return message('granted') end
 return message(kind)
 """
+ACCOUNT = Script(SCRIPT)
 
 
 def keys(prefix: str, account: str) -> tuple[str, str]:

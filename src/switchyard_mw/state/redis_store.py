@@ -2,11 +2,13 @@
 
 Keys (``P`` = ``key_prefix``, ``A`` = account; docs/operations.md, "Sharing account health"):
 ``P:account:{A}`` hash, no TTL (it must outlive any cooling and is never evicted under a
-``volatile-*`` policy); ``P:probe:{A}`` the probe slot, ``PX`` = the lease; channel ``P:events``.
-Every change runs one Lua script (:mod:`._lua`). Writes go out from a background task, in order;
-only the probe claim is awaited by a request, for at most ``timeout_secs``. Any failure or
-timeout starts an outage: logged and counted once (``switchyard.state.degraded``), the pool
-decides alone, and a reconnect loop re-subscribes and merges both ways (max) when Redis is back.
+``volatile-*`` policy); ``P:probe:{A}`` the probe slot, ``PX`` = the lease; ``P:holds:{A}`` the
+throttle holds, TTL = the longest; ``P:trips`` the canary-guard trips (:mod:`._standing`);
+channel ``P:events``. Every change of an account runs one Lua script (:mod:`._lua`), every hold
+and trip one of :mod:`._standing`. Writes go out from a background task, in order; only the
+probe claim is awaited by a request, for at most ``timeout_secs``. Any failure or timeout starts
+an outage: logged and counted once (``switchyard.state.degraded``), the pool decides alone, and a
+reconnect loop re-subscribes and merges both ways (max) when Redis is back: cooling, holds, trips.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from redis.exceptions import NoScriptError
 from ..core.pool import AccountPool, AccountSpec
 from ..core.shared import Change, Shared
 from ..telemetry import names as tm
-from ._lua import SCRIPT, keys, name_of, parse, script_args
+from . import _standing as standing
+from ._lua import ACCOUNT, Script, keys, ms, name_of, parse, script_args
 from ._redis_io import ERRORS, Client, Mode, Target, close_quietly, make_client, subscriber
 
 if TYPE_CHECKING:
@@ -42,7 +45,8 @@ _PROBE_OUTCOMES = frozenset({Change.PROBE_FAULT, Change.PROBE_SUCCESS, Change.PR
 MAX_QUEUED = 10_000
 """Writes waiting for Redis beyond this mean it is too slow to keep up: treated as an outage."""
 
-_Call = tuple[tuple[str, str], list[str | int]]  # KEYS, ARGV
+_Call = standing.Call  # KEYS, ARGV
+_SCRIPTS = (ACCOUNT, standing.HOLDS, standing.TRIPS)
 
 
 class RedisStore:
@@ -79,15 +83,19 @@ class RedisStore:
         self._commands: Client | None = None
         self._pubsub: PubSub | None = None
         self._pubsub_client: Client | None = None
-        self._sha: str | None = None
         self._healthy = False
         self._outage = False
         self._closing = False
         self._generation = 0  # one per connection: tells stale failures from current ones
         self._queue: deque[tuple[str, Change, Shared, str]] = deque()
-        # Throttle holds and guard trips: one published message each, no key, no script.
-        self._notes: deque[str] = deque()
+        # Throttle holds and guard trips to keep in Redis.
+        self._pending = standing.Pending()
+        # One writer of holds and trips at a time (the write loop, or a resync), so that a
+        # reload's clear of the stored trips never lands after a trip of the new config.
+        self._standing_lock = asyncio.Lock()
         self._canaries: TripBoard | None = None
+        self._trips: dict[tuple[str, str], str] = {}  # (base, variant) -> signature, in force here
+        self._clear_trips = False  # a reload ended the stored trips; not yet done in Redis
         self._wake = asyncio.Event()
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
@@ -144,23 +152,40 @@ class RedisStore:
         self._wake.set()
 
     def held(self, account: str, model: str, until_unix: float) -> None:
-        self._note({"t": "hold", "a": account, "m": model, "u": round(until_unix * 1000)})
+        # What is left of it travels, not its end: this host's wall clock stays here.
+        if account in self._specs and self._may_keep():
+            self._pending.hold(account, model, until_unix)
+            self._wake.set()
 
     def share_trips(self, canaries: TripBoard) -> None:
+        if self._canaries is not None:
+            # A reload: every guard starts afresh here, so the trips stored go too (or a
+            # replica starting later would bring back what the reload ended). Those of the
+            # replaced config not yet written never will be.
+            self._clear_trips = True
+            self._pending.drop_trips()
+            self._wake.set()
         self._canaries = canaries
+        self._trips = {}
 
         def tripped(base: str, variant: str) -> None:
-            self._note({"t": "trip", "b": base, "v": variant})
+            if canaries is not self._canaries:
+                return  # the guard of a replaced config (a request still under way on it)
+            signature = canaries.signature(base)
+            self._trips[(base, variant)] = signature
+            if self._may_keep():
+                self._pending.trip(base, variant, signature)
+                self._wake.set()
 
         canaries.on_trip = tripped
 
-    def _note(self, note: dict[str, Any]) -> None:
-        """Publish a hold or a trip in the background; during an outage it is not shared
-        (a hold lasts seconds, and each replica trips a guard on its own meanwhile)."""
-        if not self._healthy or len(self._notes) >= MAX_QUEUED:
-            return
-        self._notes.append(json.dumps({**note, "o": self._origin}, separators=(",", ":")))
-        self._wake.set()
+    def _may_keep(self) -> bool:
+        """Whether a hold or a trip is to be written now, in the background. During an outage
+        it stays in the pool or here, and the resync writes it; this many waiting is an outage.
+        """
+        if self._healthy and len(self._pending) >= MAX_QUEUED:
+            self._lost(TimeoutError(f"{MAX_QUEUED} holds and trips waiting"), self._generation)
+        return self._healthy
 
     async def claim_probe(self, account: str) -> Shared | None:
         if not self._healthy or account not in self._specs:
@@ -189,7 +214,7 @@ class RedisStore:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            await self._publish_notes()
+            await self._write_standing()
             while self._queue and self._healthy:
                 batch = list(self._queue)
                 self._queue.clear()
@@ -203,17 +228,31 @@ class RedisStore:
                 for reply in replies:
                     self._apply(reply, own=True)
 
-    async def _publish_notes(self) -> None:
-        commands = self._commands
-        while self._notes and self._healthy and commands is not None:
-            note = self._notes.popleft()
-            generation = self._generation
-            try:
-                async with asyncio.timeout(self._timeout):
-                    await commands.publish(self._channel, note)
-            except ERRORS as exc:
-                self._lost(exc, generation)
-                return
+    async def _write_standing(self) -> None:
+        async with self._standing_lock:
+            while (self._pending or self._clear_trips) and self._healthy:
+                generation = self._generation
+                holds = [
+                    self._holds_call(account, models, read=False)
+                    for account, models in self._pending.take_holds(time.time())
+                ]
+                trips = self._pending.take_trips()
+                try:
+                    await self._clear_stored_trips(self._timeout)
+                    if holds:
+                        await self._run(holds, self._timeout, standing.HOLDS)
+                    if trips:
+                        call = standing.trips_call(self._prefix, self._channel, self._origin, trips)
+                        await self._run([call], self._timeout, standing.TRIPS)
+                except ERRORS as exc:
+                    self._lost(exc, generation)
+                    return
+
+    async def _clear_stored_trips(self, bound: float) -> None:
+        """Delete the stored trips if a reload asked to (the lock held)."""
+        if self._clear_trips:
+            await self._run([standing.clear_trips_call(self._prefix)], bound, standing.TRIPS)
+            self._clear_trips = False
 
     async def _connect_loop(self) -> None:
         delay = 0.1
@@ -235,7 +274,8 @@ class RedisStore:
                     socket_timeout=self._timeout,
                     connect_timeout=self._connect_timeout,
                 )
-            self._sha = await self._commands.script_load(SCRIPT)
+            for script in _SCRIPTS:
+                await self._commands.script_load(script.text)
             # Subscribe before reading the shared keys: no change can fall between the two.
             # On a cluster, classic pub/sub (the script's PUBLISH reaches every node over the
             # cluster bus), not sharded (SPUBLISH, Redis >= 7): one subscription per process
@@ -267,13 +307,54 @@ class RedisStore:
 
     async def _resync(self) -> None:
         """Merge both ways: what this replica learnt alone goes up, the shared state comes down;
-        by max(), so the longer cooling and the larger count win."""
-        if self._pool is None or not self._specs:
-            return
+        by max(), so the longer cooling and the larger count win. Holds and trips the same way:
+        those in force here go up (Redis may have restarted empty, or they came during the
+        outage), all those in force in Redis come down."""
+        if self._pool is not None and self._specs:
+            pool = self._pool
+            calls = [self._call(name, "merge", "", pool.view(name)) for name in self._specs]
+            for reply in await self._run(calls, self._connect_timeout):
+                self._apply(reply, own=True)
+        async with self._standing_lock:
+            await self._clear_stored_trips(self._connect_timeout)
+            await self._sync_holds()
+            await self._sync_trips()
+
+    async def _sync_holds(self) -> None:
         pool = self._pool
-        calls = [self._call(name, "merge", "", pool.view(name)) for name in self._specs]
-        for reply in await self._run(calls, self._connect_timeout):
-            self._apply(reply, own=True)
+        if pool is None or not self._specs:
+            return
+        now = pool.clock()
+        names = list(self._specs)
+        calls = []
+        for name in names:
+            mine = [(model, ms(end - now)) for model, end in pool.holds_of(name).items()]
+            calls.append(self._holds_call(name, mine, read=True))
+        replies = await self._run(calls, self._connect_timeout, standing.HOLDS)
+        for name, reply in zip(names, replies, strict=True):
+            for model, secs in standing.parse_holds(reply):
+                pool.merge_hold(name, model, secs)
+
+    async def _sync_trips(self) -> None:
+        if self._canaries is None:
+            return
+        mine = [(base, variant, sig) for (base, variant), sig in self._trips.items()]
+        call = standing.trips_call(self._prefix, self._channel, self._origin, mine)
+        (reply,) = await self._run([call], self._connect_timeout, standing.TRIPS)
+        for base, variant, signature in standing.parse_trips(reply):
+            self._learn_trip(base, variant, signature)
+
+    def _learn_trip(self, base: str, variant: str, signature: str | None) -> None:
+        """Apply another replica's trip, if this replica's canary is configured as the one that
+        tripped (`signature` None: a replica too old to say; the variant's name decides)."""
+        board = self._canaries
+        if board is None or (key := (base, variant)) in self._trips:
+            return
+        mine = board.signature(base)
+        if not mine or (signature is not None and signature != mine):
+            return  # another config of that canary (a rolling change): not ours to apply
+        self._trips[key] = mine
+        board.trip(base, variant, announce=False)
 
     async def _listen(self, pubsub: PubSub, generation: int) -> None:
         try:
@@ -297,20 +378,28 @@ class RedisStore:
         args = script_args(op, self._channel, self._origin, spec, token, self._lease_ms, local)
         return keys(self._prefix, account), args
 
-    async def _run(self, calls: Sequence[_Call], bound: float) -> list[str]:
-        commands, sha = self._commands, self._sha
-        if commands is None or sha is None:
+    def _holds_call(self, account: str, holds: list[tuple[str, int]], *, read: bool) -> _Call:
+        return standing.hold_call(
+            self._prefix, self._channel, self._origin, account, holds, read=read
+        )
+
+    async def _run(
+        self, calls: Sequence[_Call], bound: float, script: Script = ACCOUNT
+    ) -> list[Any]:
+        """Run `script` once for each call (all of one script: a batch runs or fails whole)."""
+        commands = self._commands
+        if commands is None:
             raise ConnectionError("not connected")
         async with asyncio.timeout(bound):
             if len(calls) == 1 or isinstance(commands, RedisCluster):
-                return await _by_account(commands, sha, calls)
+                return await _by_key(commands, script, calls)
             try:
-                return await _pipelined(commands, sha, calls)
+                return await _pipelined(commands, script, calls)
             except NoScriptError:
                 # Redis restarted (its script cache is gone): the script ran for none of the
                 # batch, all of which went to this one server. Load it, run them again.
-                await commands.script_load(SCRIPT)
-                return await _pipelined(commands, sha, calls)
+                await commands.script_load(script.text)
+                return await _pipelined(commands, script, calls)
 
     def _apply(self, reply: Any, *, own: bool) -> None:
         if self._pool is None or not isinstance(reply, str):
@@ -336,12 +425,15 @@ class RedisStore:
             if origin == self._origin:
                 return
             if kind == "hold" and self._pool is not None:
-                secs = int(note["u"]) / 1000 - time.time()
-                if secs > 0:
-                    self._pool.merge_hold(str(note["a"]), str(note["m"]), secs)
-            elif kind == "trip" and self._canaries is not None:
-                self._canaries.trip(str(note["b"]), str(note["v"]), announce=False)
-        except (ValueError, KeyError, TypeError):
+                # What is left of it; "u" (its end in Unix ms) from a replica of an older
+                # version, on the wall clocks' word.
+                left = note["l"] / 1000 if "l" in note else note["u"] / 1000 - time.time()
+                if left > 0:
+                    self._pool.merge_hold(str(note["a"]), str(note["m"]), left)
+            elif kind == "trip":
+                signature = note.get("s")
+                self._learn_trip(str(note["b"]), str(note["v"]), _str_or_none(signature))
+        except (ValueError, KeyError, TypeError, AttributeError):
             return
 
     def _lost(self, exc: BaseException, generation: int) -> None:
@@ -360,7 +452,7 @@ class RedisStore:
     def _degrade(self, exc: BaseException) -> None:
         self._healthy = False
         self._queue.clear()
-        self._notes.clear()
+        self._pending.clear()  # the resync writes them (holds from the pool, trips kept here)
         listener = self._tasks.pop("listener", None)
         if listener is not None and listener is not asyncio.current_task():
             listener.cancel()
@@ -385,38 +477,43 @@ class RedisStore:
         await close_quietly(pubsub, client, within=self._timeout)
 
 
-async def _pipelined(commands: aioredis.Redis, sha: str, calls: Sequence[_Call]) -> list[str]:
+def _str_or_none(value: object) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError("not a signature")
+    return value
+
+
+async def _pipelined(commands: aioredis.Redis, script: Script, calls: Sequence[_Call]) -> list[Any]:
     async with commands.pipeline(transaction=False) as pipe:
         for keys_, args in calls:
-            pipe.evalsha(sha, len(keys_), *keys_, *args)
-        replies: list[str] = await pipe.execute()
+            pipe.evalsha(script.sha, len(keys_), *keys_, *args)
+        replies: list[Any] = await pipe.execute()
         return replies
 
 
-async def _by_account(commands: Client, sha: str, calls: Sequence[_Call]) -> list[str]:
+async def _by_key(commands: Client, script: Script, calls: Sequence[_Call]) -> list[Any]:
     """Call by call: one alone, or a batch on a cluster, where redis-py pipelines no script.
-    Each account's calls in their order (a reset must not overtake the fault before it), the
-    accounts side by side."""
-    replies: list[str] = [""] * len(calls)
-    by_account: dict[str, list[int]] = {}
+    Each key's calls in their order (a reset must not overtake the fault before it), the keys
+    (accounts) side by side."""
+    replies: list[Any] = [None] * len(calls)
+    by_key: dict[str, list[int]] = {}
     for i, (keys_, _) in enumerate(calls):
-        by_account.setdefault(keys_[0], []).append(i)
+        by_key.setdefault(keys_[0], []).append(i)
 
     async def run(indexes: list[int]) -> None:
         for i in indexes:
-            replies[i] = await _one(commands, sha, calls[i])
+            replies[i] = await _one(commands, script, calls[i])
 
-    await asyncio.gather(*(run(indexes) for indexes in by_account.values()))
+    await asyncio.gather(*(run(indexes) for indexes in by_key.values()))
     return replies
 
 
-async def _one(commands: Client, sha: str, call: _Call) -> str:
+async def _one(commands: Client, script: Script, call: _Call) -> Any:
     keys_, args = call
     try:
-        reply: str = await commands.evalsha(sha, len(keys_), *keys_, *args)
+        return await commands.evalsha(script.sha, len(keys_), *keys_, *args)
     except NoScriptError:
         # A server without the script: restarted, a replica just promoted, a slot's new
         # owner. It did not run there; load it (on a cluster: on every master) and run it.
-        await commands.script_load(SCRIPT)
-        reply = await commands.evalsha(sha, len(keys_), *keys_, *args)
-    return reply
+        await commands.script_load(script.text)
+        return await commands.evalsha(script.sha, len(keys_), *keys_, *args)
