@@ -177,8 +177,10 @@ async def test_holds_kept_per_account_stop_at_the_cap(
     assert standing.MAX_HOLDS == MAX_HOLDS
     cap = 300
     monkeypatch.setattr(standing, "MAX_HOLDS", cap)
-    a = await replica()
-    b = await replica()
+    # One process plays two replicas, each parsing the other's hundreds of messages: room
+    # enough that a loaded machine does not turn that into an outage.
+    a = await replica(timeout_secs=1.0)
+    b = await replica(timeout_secs=1.0)
     for i in range(cap // 2 + 50):
         a.hold("x", f"a-{i}", 30.0)
         b.hold("x", f"b-{i}", 30.0)

@@ -32,7 +32,8 @@ class Store(StateStore, Protocol):
 
     def share_trips(self, canaries: TripBoard) -> None:
         """Share ``canaries``' guard trips: each one this process makes goes to the others,
-        and theirs are applied here."""
+        and theirs are applied here (those in force before it started too). A second call is a
+        reload: its guards start afresh, and the trips shared so far end."""
 
     async def start(self) -> None:
         """Connect and catch up; returns within a small bound even if the backend is down."""

@@ -128,7 +128,8 @@ class RedisStore:
         if self._healthy and last:
             with contextlib.suppress(*ERRORS):
                 await self._run(last, self._timeout)
-        self._closing = True
+        self._closing = True  # from here a failed call is no outage: nothing reconnects
+        await self._write_standing()  # the last holds and trips
         self._healthy = False
         tasks = list(self._tasks.values())
         for task in tasks:
@@ -152,7 +153,7 @@ class RedisStore:
         self._wake.set()
 
     def held(self, account: str, model: str, until_unix: float) -> None:
-        # What is left of it travels, not its end: this host's wall clock stays here.
+        # It waits with its end in this host's Unix time; what is left of it is what travels.
         if account in self._specs and self._may_keep():
             self._pending.hold(account, model, until_unix)
             self._wake.set()
