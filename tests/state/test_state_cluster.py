@@ -1,10 +1,12 @@
 """Shared state on a Redis Cluster (3 masters, 3 replicas, all on loopback): two example
 gateways under uvicorn share a cooling and a probe slot, through a master's failover and
-through the migration of an account's slot; two ext_proc workers share a cooling.
+through the migration of an account's slot; two ext_proc workers share a cooling; holds and
+trips in force reach a replica that starts later, whichever master their keys live on.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import queue
@@ -22,11 +24,13 @@ import httpx
 import pytest
 import redis
 from redis.crc import key_slot
+from test_state_held import Replica, specs, started
 
 from extproc_helpers import request_body, request_headers, response_headers, sets
 from redis_server import ClusterNode, RedisCluster, running_cluster
 from servers import example_gateway, metric_value, serve_in_thread
 from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+from switchyard_mw.state.redis_store import RedisStore
 from switchyard_mw.testing import Behaviour, MockProvider
 
 pytestmark = pytest.mark.integration
@@ -378,3 +382,43 @@ def routed(stub: ep_grpc.ExternalProcessorStub, payload: bytes) -> bytes:
 
 def subscribers(node: ClusterNode, channel: str) -> int:
     return int(node.cli("pubsub", "numsub", channel).split()[1])
+
+
+HELD = ("x", "p", "y", "good", "a1", "a2", "a3", "a4")
+
+
+async def test_holds_and_trips_in_force_reach_a_replica_started_later(
+    cluster: RedisCluster,
+) -> None:
+    """Each account's holds are one key in its own slot; the replica reads them key by key."""
+    masters = {cluster.master_of(f"held:holds:{{{name}}}").port for name in HELD}
+    assert len(masters) > 1, "the accounts' keys all fell on one master: pick other names"
+    stores: list[RedisStore] = []
+
+    async def replica(**kw: object) -> Replica:
+        store = RedisStore(cluster.url, mode="cluster", key_prefix="held", reconnect_max_secs=0.2)
+        stores.append(store)
+        return await started(store, *specs(*HELD), **kw)  # type: ignore[arg-type]
+
+    try:
+        a = await replica()
+        held_at = time.monotonic()
+        for name in HELD:
+            a.hold(name, "m", 30.0)
+        a.hold("x", "short", 0.3)
+        a.canaries.trip("base", "var-a")
+        await asyncio.sleep(0.6)  # written, and the short hold over
+
+        late = await replica()
+        left = 30 - (time.monotonic() - held_at)  # what is left of the holds now, at most
+        for name in HELD:
+            assert left - 1 < late.held_for(name, "m") <= left + 0.05, name  # ms rounded
+        assert late.held_for("x", "short") == 0
+        assert late.canaries.tripped("base", "var-a")
+        assert not late.canaries.tripped("base", "var-b")
+        node = cluster.master_of("held:holds:{x}")
+        assert (left - 1) * 1000 < int(node.cli("pttl", "held:holds:{x}")) <= (left + 0.05) * 1000
+        assert node.cli("zrange", "held:holds:{x}", "0", "-1").split() == ["m"]
+    finally:
+        for store in stores:
+            await store.aclose()

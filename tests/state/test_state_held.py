@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
+from conftest import Metrics
 from redis_server import RedisServer, running_redis, until
 from switchyard_mw.core.guard import GuardRule
 from switchyard_mw.core.pool import MAX_HOLDS, AccountPool, AccountSpec
@@ -23,6 +24,7 @@ from switchyard_mw.core.variants import Split
 from switchyard_mw.engine.variants import Canaries
 from switchyard_mw.state import _standing as standing
 from switchyard_mw.state.redis_store import RedisStore
+from switchyard_mw.telemetry import names as tm
 
 pytestmark = pytest.mark.integration  # starts real servers
 
@@ -90,24 +92,31 @@ async def replica(redis_server: RedisServer) -> AsyncIterator[MakeReplica]:
         url: str | None = None,
         timeout_secs: float = 0.1,
     ) -> Replica:
-        pool = AccountPool(accounts or specs("x", "y"))
-        board_ = canaries if canaries is not None else board()
         store = RedisStore(
             url or redis_server.url,
             key_prefix="t",
             timeout_secs=timeout_secs,
             reconnect_max_secs=0.2,
         )
-        store.bind(pool)
-        store.share_trips(board_)
         stores.append(store)
-        await store.start()
-        await until(lambda: caught_up(store))
-        return Replica(pool, board_, store)
+        return await started(store, *accounts, canaries=canaries)
 
     yield make
     for store in stores:
         await store.aclose()
+
+
+async def started(
+    store: RedisStore, *accounts: AccountSpec, canaries: Canaries | None = None
+) -> Replica:
+    """A replica on `store` (accounts x and y, canary `base` by default), caught up."""
+    pool = AccountPool(accounts or specs("x", "y"))
+    board_ = canaries if canaries is not None else board()
+    store.bind(pool)
+    store.share_trips(board_)
+    await store.start()
+    await until(lambda: caught_up(store), within=10.0)
+    return Replica(pool, board_, store)
 
 
 async def test_a_replica_that_starts_after_a_hold_applies_it(
@@ -281,6 +290,24 @@ async def test_a_replica_that_reconnects_applies_what_it_missed(
         )  # on its resync
         assert 28 < cut.held_for("x", "m") <= 30
         assert cut.canaries.tripped("base", "var-a")
+
+
+async def test_a_server_without_the_scripts_gets_them_again_without_an_outage(
+    replica: MakeReplica, redis_client: aioredis.Redis, otel_metrics: Metrics
+) -> None:
+    """As a promoted replica or a slot's new owner: NOSCRIPT, then loaded, then run."""
+    a = await replica()
+    degraded = otel_metrics.value(tm.STATE_DEGRADED)
+    await redis_client.script_flush()
+    a.hold("x", "m", 30.0)
+    a.canaries.trip("base", "var-a")
+    await until_count(redis_client, "t:holds:{x}", 1)
+    await until_count(redis_client, "t:trips", 1, kind="hash")
+    await redis_client.script_flush()
+    late = await replica()  # its resync runs them on a server that lost them again
+    assert late.held_for("x", "m") > 28
+    assert late.canaries.tripped("base", "var-a")
+    assert otel_metrics.value(tm.STATE_DEGRADED) == degraded
 
 
 class Link:

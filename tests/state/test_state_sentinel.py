@@ -1,9 +1,11 @@
 """Shared state behind Sentinel (one master, one replica, three sentinels on loopback): two
-example gateways under uvicorn follow the replica the sentinels promote, without a restart.
+example gateways under uvicorn follow the replica the sentinels promote, without a restart;
+holds and trips in force survive the failover and reach a replica that starts after it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,9 +21,11 @@ from test_state_cluster import (
     two_gateways,
     wait_until,
 )
+from test_state_held import Replica, specs, started
 
-from redis_server import SentinelGroup, running_sentinels
+from redis_server import SentinelGroup, running_sentinels, until
 from servers import serve_in_thread
+from switchyard_mw.state.redis_store import RedisStore
 from switchyard_mw.testing import Behaviour, MockProvider
 
 pytestmark = pytest.mark.integration
@@ -92,3 +96,41 @@ def test_two_gateways_follow_the_promoted_replica(
 def _cools(gateway: str, name: str) -> bool:
     ask(gateway)
     return account(gateway, name)["state"] == "cooled"
+
+
+async def test_holds_and_trips_in_force_outlive_a_failover(sentinels: SentinelGroup) -> None:
+    """Kept on the master, copied to its replica, read from it once promoted by a replica
+    that starts after the failover."""
+    addresses = [("127.0.0.1", port) for port in sentinels.sentinel_ports]
+    stores: list[RedisStore] = []
+
+    async def replica() -> Replica:
+        store = RedisStore(
+            None, mode="sentinel", sentinels=addresses, key_prefix="held", reconnect_max_secs=0.2
+        )
+        stores.append(store)
+        return await started(store, *specs("x", "y"))
+
+    try:
+        a = await replica()
+        held_at = time.monotonic()
+        a.hold("x", "m", 60.0)
+        a.canaries.trip("base", "var-a")
+        copy = redis.Redis(port=sentinels.replica.port, decode_responses=True)
+        with copy:
+            # (polled without blocking the event loop the store writes from)
+            await until(lambda: copy.zcard("held:holds:{x}") == 1 and copy.hlen("held:trips") == 1)
+        sentinels.master.kill()
+        end = time.monotonic() + 30
+        while sentinels.master_port() != sentinels.replica.port:
+            assert time.monotonic() < end, "the sentinels promoted nobody"
+            await asyncio.sleep(0.1)
+
+        late = await replica()
+        left = 60 - (time.monotonic() - held_at)
+        assert left - 1 < late.held_for("x", "m") <= left + 0.05
+        assert late.held_for("y", "m") == 0
+        assert late.canaries.tripped("base", "var-a")
+    finally:
+        for store in stores:
+            await store.aclose()

@@ -46,7 +46,6 @@ MAX_QUEUED = 10_000
 """Writes waiting for Redis beyond this mean it is too slow to keep up: treated as an outage."""
 
 _Call = standing.Call  # KEYS, ARGV
-_SCRIPTS = (ACCOUNT, standing.HOLDS, standing.TRIPS)
 
 
 class RedisStore:
@@ -275,8 +274,9 @@ class RedisStore:
                     socket_timeout=self._timeout,
                     connect_timeout=self._connect_timeout,
                 )
-            for script in _SCRIPTS:
-                await self._commands.script_load(script.text)
+            # The account script now (every request may need it); the holds' and trips' when
+            # first run (NOSCRIPT: loaded then), so that connecting costs no more round trips.
+            await self._commands.script_load(ACCOUNT.text)
             # Subscribe before reading the shared keys: no change can fall between the two.
             # On a cluster, classic pub/sub (the script's PUBLISH reaches every node over the
             # cluster bus), not sharded (SPUBLISH, Redis >= 7): one subscription per process
