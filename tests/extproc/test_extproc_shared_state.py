@@ -1,4 +1,5 @@
-"""Two ext_proc processors with `[state] backend = "redis"` share one cooling state."""
+"""Two ext_proc processors with `[state] backend = "redis"` share one cooling state, and the
+throttle holds in force, also with one that starts after the hold."""
 
 from __future__ import annotations
 
@@ -47,13 +48,15 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     yield from running_redis(tmp_path)
 
 
-async def routed_to(servicer: ExtProcServicer, status: int) -> bytes:
+async def routed_to(
+    servicer: ExtProcServicer, status: int, headers: dict[str, str] | None = None
+) -> bytes:
     """One request through one processor; the account's key it set, after `status` came back."""
     stream = Stream(servicer)
     await stream.send(request_headers())
     answer = await stream.send(request_body(BODY))
     key = sets(answer)["authorization"]
-    await stream.send(response_headers(status))
+    await stream.send(response_headers(status, headers))
     await stream.close()
     return key
 
@@ -74,3 +77,32 @@ async def test_a_cooling_in_one_processor_reroutes_the_other(redis_server: Redis
     finally:
         await one.aclose()
         await two.aclose()
+
+
+async def test_a_processor_started_after_a_hold_skips_the_held_account(
+    redis_server: RedisServer,
+) -> None:
+    config = parse_config(CONFIG.format(url=redis_server.url))
+    one = Policies(config, build_accounts(config, KEYS))
+    await one.start()
+    late: Policies | None = None
+    try:
+        # a answers 429 "retry in 30 s": held for m, everywhere.
+        assert await routed_to(ExtProcServicer(one), 429, {"retry-after": "30"}) == b"Bearer ka"
+        end = time.monotonic() + 1.0
+        while not one.pool.holds_of("a"):
+            assert time.monotonic() < end, "no hold"
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.2)  # written to Redis in the background
+        late = Policies(config, build_accounts(config, KEYS))  # e.g. a pod scaled up now
+        await late.start()
+        end = time.monotonic() + 2.0
+        while not late.pool.holds_of("a"):
+            assert time.monotonic() < end, "the late processor never learnt the hold"
+            await asyncio.sleep(0.005)
+        assert 25 < late.pool.holds_of("a")["m"] - late.pool.clock() <= 30
+        assert await routed_to(ExtProcServicer(late), 200) == b"Bearer kb"
+    finally:
+        await one.aclose()
+        if late is not None:
+            await late.aclose()
