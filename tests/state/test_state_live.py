@@ -1,5 +1,6 @@
 """Shared cooling across processes: a replica in a subprocess, and the example gateway under
-`uvicorn --workers 2` with `[state] backend = "redis"`, on a real `redis-server` and the mock.
+`uvicorn --workers 2` with `[state] backend = "redis"`, on a real `redis-server` and the mock;
+a gateway started later applies the holds and trips in force.
 """
 
 from __future__ import annotations
@@ -162,7 +163,7 @@ def test_two_workers_share_a_throttle_hold(
     mock: tuple[MockProvider, str], redis_server: RedisServer, tmp_path: Path
 ) -> None:
     """One worker sees the 429 that says "retry in 30 s"; whichever worker takes the next
-    requests skips that key too."""
+    requests skips that key too, and so does a gateway started afterwards."""
     provider, url = mock
     provider.reset()
     provider.set_behaviour("refused-key", Behaviour(status=429, headers={"retry-after": "30"}))
@@ -173,9 +174,10 @@ def test_two_workers_share_a_throttle_hold(
     key_prefix = "hold-live"
     """
     env = {"KEY_REFUSED": "refused-key", "KEY_GOOD": "good-key"}
-    with example_gateway(gateway_config(url, state), tmp_path, env, workers=2) as gateway:
-        # A hold is a message, not a key: a worker hears those sent after it subscribed.
-        # Both workers subscribe as they start; this leaves them ample time to.
+    config = gateway_config(url, state)
+    with example_gateway(config, tmp_path, env, workers=2) as gateway:
+        # Both workers connected (one still connecting would read the hold once connected,
+        # but meanwhile route on what it knows).
         time.sleep(2.0)
         first = ask(gateway)
         assert first.headers["x-switchyard-attempts"] == "2"  # the 429, then the good key
@@ -188,7 +190,27 @@ def test_two_workers_share_a_throttle_hold(
             accounts = httpx.get(f"{gateway}/switchyard/accounts").json()["accounts"]
             (refused,) = [a for a in accounts if a["name"] == "refused"]
             assert 20 < refused["held_for_secs"]["claude-shared"] <= 30
+        # A gateway started now (a pod scaled up) reads the hold in force as it connects.
+        (tmp_path / "late").mkdir()
+        with example_gateway(config, tmp_path / "late", env) as late:
+            assert 15 < held_for_secs(late, "refused", "claude-shared") <= 30
+            for _ in range(5):
+                response = ask(late)
+                assert response.headers["x-switchyard-attempts"] == "1"
+                assert response.headers["x-switchyard-account"] == "good"
     assert sum(1 for r in provider.requests if r.key == "refused-key") == 1
+
+
+def held_for_secs(gateway: str, name: str, model: str, within: float = 5.0) -> float:
+    """The hold of account `name` for `model` as the gateway shows it, once it shows one."""
+    end = time.monotonic() + within
+    while True:
+        accounts = httpx.get(f"{gateway}/switchyard/accounts").json()["accounts"]
+        (found,) = [a for a in accounts if a["name"] == name]
+        if model in found["held_for_secs"]:
+            return float(found["held_for_secs"][model])
+        assert time.monotonic() < end, f"{gateway} shows no hold of {name} for {model}"
+        time.sleep(0.02)
 
 
 GUARDED = """
@@ -226,7 +248,7 @@ def test_two_workers_trip_a_guard_together(
     config = GUARDED.format(redis=redis_server.url, mock=url)
     messages = [{"role": "user", "content": "hi"}]
     with example_gateway(config, tmp_path, env, workers=2) as gateway:
-        time.sleep(2.0)  # both workers subscribed (a trip is a message, as a hold is)
+        time.sleep(2.0)  # both workers connected
         tripped_on: set[int] = set()
         for i in range(200):
             body = {
@@ -247,3 +269,10 @@ def test_two_workers_trip_a_guard_together(
         for _ in range(20):
             (canary,) = httpx.get(f"{gateway}/switchyard/canaries").json()["canaries"]
             assert canary["tripped"] == ["g-var"]
+        # A gateway started now, with the same canary, has it tripped too.
+        (tmp_path / "late").mkdir()
+        with example_gateway(config, tmp_path / "late", env) as late:
+            end = time.monotonic() + 5
+            while not httpx.get(f"{late}/switchyard/canaries").json()["canaries"][0]["tripped"]:
+                assert time.monotonic() < end, "the late gateway never applied the trip"
+                time.sleep(0.02)
