@@ -243,6 +243,22 @@ async def test_a_reload_ends_the_stored_trips(
     assert await redis_client.hlen("t:trips") == 1
 
 
+async def test_a_reload_during_an_outage_ends_the_stored_trips_once_back(
+    replica: MakeReplica, redis_server: RedisServer, redis_client: aioredis.Redis
+) -> None:
+    async with Link(redis_server.port) as link:
+        a = await replica(url=link.url)
+        a.canaries.trip("base", "var-a")
+        await until_count(redis_client, "t:trips", 1, kind="hash")
+        await link.cut()
+        await until(lambda: not a.store.healthy)
+        a.store.share_trips(board())  # reloaded while Redis is out of reach
+        await link.restore()
+        await until_count(redis_client, "t:trips", 0, kind="hash", within=10.0)
+    late = await replica()
+    assert not late.canaries.tripped("base", "var-a")
+
+
 async def test_a_redis_restarted_empty_is_filled_again_from_the_replicas(
     replica: MakeReplica, redis_server: RedisServer, redis_client: aioredis.Redis
 ) -> None:
@@ -308,6 +324,42 @@ async def test_a_server_without_the_scripts_gets_them_again_without_an_outage(
     assert late.held_for("x", "m") > 28
     assert late.canaries.tripped("base", "var-a")
     assert otel_metrics.value(tm.STATE_DEGRADED) == degraded
+
+
+async def test_junk_on_the_channel_or_in_the_keys_is_ignored(
+    replica: MakeReplica, redis_client: aioredis.Redis
+) -> None:
+    """Anyone may publish on the channel or write the keys: what is not ours in every field
+    neither breaks a replica nor trips or holds anything."""
+    listening = await replica()
+    signature = listening.canaries.signature("base")
+    for field, value in (
+        ("not json", signature),
+        ('["base"]', signature),
+        ('["base", 1]', signature),
+        ('["base", "var-a"]', "another config"),
+        ('["base", "no-such-variant"]', signature),
+    ):
+        await redis_client.hset("t:trips", field, value)
+    junk = [
+        '{"t": "hold", "a": "x", "m": "m", "l": "soon", "o": "z"}',
+        '{"t": "hold", "a": "x", "m": "m", "l": -5, "o": "z"}',
+        '{"t": "trip", "b": "base", "v": "var-a", "s": "another config", "o": "z"}',
+        '{"t": "trip", "b": "base", "v": "var-a", "s": 7, "o": "z"}',
+        '{"t": [1, 2',
+        '{"t": "hold"}',
+    ]
+    for note in junk:
+        await redis_client.publish("t:events", note)
+    late = await replica()
+    await asyncio.sleep(0.1)
+    for r in (listening, late):
+        assert r.store.healthy
+        assert r.pool.hold_count() == 0
+        assert not r.canaries.tripped("base", "var-a")
+    a = await replica()
+    a.hold("x", "m", 30.0)  # and what is ours still comes through
+    await until(lambda: listening.held_for("x", "m") > 0 and late.held_for("x", "m") > 0)
 
 
 class Link:
