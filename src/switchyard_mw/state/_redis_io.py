@@ -1,4 +1,5 @@
-"""Opening and closing redis-py clients the way the store needs them, for each `[state] mode`.
+"""Opening and closing redis-py clients the way the store needs them, for each `[state] mode`,
+and running the store's Lua scripts on them (by SHA, loaded again where a server lacks one).
 
 Topology is redis-py's business: `RedisCluster` follows MOVED/ASK and refreshes its slot map
 after a failover, `Sentinel.master_for` asks the sentinels for the master on each new
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
@@ -18,8 +20,10 @@ from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 from redis.retry import Retry
+
+from ._lua import Script
 
 ERRORS = (RedisError, RedisClusterException, OSError, TimeoutError)
 """What a store call may raise when Redis is down, slow or gone (a cluster's slot not served
@@ -115,3 +119,46 @@ async def _close_sentinels(client: Client) -> None:
     if isinstance(pool, SentinelConnectionPool):
         for sentinel in pool.sentinel_manager.sentinels:
             await sentinel.aclose()
+
+
+Call = tuple[tuple[str, ...], list[str | int]]
+"""One run of a script: KEYS, ARGV."""
+
+
+async def run_pipelined(
+    commands: aioredis.Redis, script: Script, calls: Sequence[Call]
+) -> list[Any]:
+    """`script` once per call, in one round trip (a standalone server or a sentinel's master)."""
+    async with commands.pipeline(transaction=False) as pipe:
+        for keys_, args in calls:
+            pipe.evalsha(script.sha, len(keys_), *keys_, *args)
+        replies: list[Any] = await pipe.execute()
+        return replies
+
+
+async def run_by_key(commands: Client, script: Script, calls: Sequence[Call]) -> list[Any]:
+    """Call by call: one alone, or a batch on a cluster, where redis-py pipelines no script.
+    Each key's calls in their order (a reset must not overtake the fault before it), the keys
+    (accounts) side by side."""
+    replies: list[Any] = [None] * len(calls)
+    by_key: dict[str, list[int]] = {}
+    for i, (keys_, _) in enumerate(calls):
+        by_key.setdefault(keys_[0], []).append(i)
+
+    async def run(indexes: list[int]) -> None:
+        for i in indexes:
+            replies[i] = await _one(commands, script, calls[i])
+
+    await asyncio.gather(*(run(indexes) for indexes in by_key.values()))
+    return replies
+
+
+async def _one(commands: Client, script: Script, call: Call) -> Any:
+    keys_, args = call
+    try:
+        return await commands.evalsha(script.sha, len(keys_), *keys_, *args)
+    except NoScriptError:
+        # A server without the script: restarted, a replica just promoted, a slot's new
+        # owner. It did not run there; load it (on a cluster: on every master) and run it.
+        await commands.script_load(script.text)
+        return await commands.evalsha(script.sha, len(keys_), *keys_, *args)

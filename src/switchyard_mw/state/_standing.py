@@ -27,6 +27,7 @@ from typing import Any
 
 from ..core.pool import MAX_HOLDS
 from ._lua import Script
+from ._redis_io import Call
 
 HOLDS = Script("""
 local key, channel, cap = KEYS[1], ARGV[1], tonumber(ARGV[2])
@@ -75,7 +76,6 @@ return redis.call('HGETALL', key)
 """KEYS: the trips hash. ARGV: "clear" (delete them all) or "put", channel, then field,
 signature, note for each trip to keep. Replies (put) with every trip kept: field, signature, ..."""
 
-Call = tuple[tuple[str, ...], list[str | int]]  # KEYS, ARGV
 
 HOLDS_PER_CALL = 500
 """The most holds one script run keeps (a burst of 429s on a wildcard account is many)."""

@@ -25,7 +25,6 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError
@@ -35,7 +34,18 @@ from ..core.shared import Change, Shared
 from ..telemetry import names as tm
 from . import _standing as standing
 from ._lua import ACCOUNT, Script, keys, ms, name_of, parse, script_args
-from ._redis_io import ERRORS, Client, Mode, Target, close_quietly, make_client, subscriber
+from ._redis_io import (
+    ERRORS,
+    Call,
+    Client,
+    Mode,
+    Target,
+    close_quietly,
+    make_client,
+    run_by_key,
+    run_pipelined,
+    subscriber,
+)
 
 if TYPE_CHECKING:
     from ..core.shared import TripBoard
@@ -44,8 +54,6 @@ _log = logging.getLogger(__name__)
 _PROBE_OUTCOMES = frozenset({Change.PROBE_FAULT, Change.PROBE_SUCCESS, Change.PROBE_FREED})
 MAX_QUEUED = 10_000
 """Writes waiting for Redis beyond this mean it is too slow to keep up: treated as an outage."""
-
-_Call = standing.Call  # KEYS, ARGV
 
 
 class RedisStore:
@@ -374,18 +382,18 @@ class RedisStore:
 
     # --- helpers ---------------------------------------------------------------------------
 
-    def _call(self, account: str, op: str, token: str, local: Shared | None = None) -> _Call:
+    def _call(self, account: str, op: str, token: str, local: Shared | None = None) -> Call:
         spec = self._specs[account]
         args = script_args(op, self._channel, self._origin, spec, token, self._lease_ms, local)
         return keys(self._prefix, account), args
 
-    def _holds_call(self, account: str, holds: list[tuple[str, int]], *, read: bool) -> _Call:
+    def _holds_call(self, account: str, holds: list[tuple[str, int]], *, read: bool) -> Call:
         return standing.hold_call(
             self._prefix, self._channel, self._origin, account, holds, read=read
         )
 
     async def _run(
-        self, calls: Sequence[_Call], bound: float, script: Script = ACCOUNT
+        self, calls: Sequence[Call], bound: float, script: Script = ACCOUNT
     ) -> list[Any]:
         """Run `script` once for each call (all of one script: a batch runs or fails whole)."""
         commands = self._commands
@@ -393,14 +401,14 @@ class RedisStore:
             raise ConnectionError("not connected")
         async with asyncio.timeout(bound):
             if len(calls) == 1 or isinstance(commands, RedisCluster):
-                return await _by_key(commands, script, calls)
+                return await run_by_key(commands, script, calls)
             try:
-                return await _pipelined(commands, script, calls)
+                return await run_pipelined(commands, script, calls)
             except NoScriptError:
                 # Redis restarted (its script cache is gone): the script ran for none of the
                 # batch, all of which went to this one server. Load it, run them again.
                 await commands.script_load(script.text)
-                return await _pipelined(commands, script, calls)
+                return await run_pipelined(commands, script, calls)
 
     def _apply(self, reply: Any, *, own: bool) -> None:
         if self._pool is None or not isinstance(reply, str):
@@ -482,39 +490,3 @@ def _str_or_none(value: object) -> str | None:
     if value is not None and not isinstance(value, str):
         raise TypeError("not a signature")
     return value
-
-
-async def _pipelined(commands: aioredis.Redis, script: Script, calls: Sequence[_Call]) -> list[Any]:
-    async with commands.pipeline(transaction=False) as pipe:
-        for keys_, args in calls:
-            pipe.evalsha(script.sha, len(keys_), *keys_, *args)
-        replies: list[Any] = await pipe.execute()
-        return replies
-
-
-async def _by_key(commands: Client, script: Script, calls: Sequence[_Call]) -> list[Any]:
-    """Call by call: one alone, or a batch on a cluster, where redis-py pipelines no script.
-    Each key's calls in their order (a reset must not overtake the fault before it), the keys
-    (accounts) side by side."""
-    replies: list[Any] = [None] * len(calls)
-    by_key: dict[str, list[int]] = {}
-    for i, (keys_, _) in enumerate(calls):
-        by_key.setdefault(keys_[0], []).append(i)
-
-    async def run(indexes: list[int]) -> None:
-        for i in indexes:
-            replies[i] = await _one(commands, script, calls[i])
-
-    await asyncio.gather(*(run(indexes) for indexes in by_key.values()))
-    return replies
-
-
-async def _one(commands: Client, script: Script, call: _Call) -> Any:
-    keys_, args = call
-    try:
-        return await commands.evalsha(script.sha, len(keys_), *keys_, *args)
-    except NoScriptError:
-        # A server without the script: restarted, a replica just promoted, a slot's new
-        # owner. It did not run there; load it (on a cluster: on every master) and run it.
-        await commands.script_load(script.text)
-        return await commands.evalsha(script.sha, len(keys_), *keys_, *args)
