@@ -159,6 +159,6 @@ async def _one(commands: Client, script: Script, call: Call) -> Any:
         return await commands.evalsha(script.sha, len(keys_), *keys_, *args)
     except NoScriptError:
         # A server without the script: restarted, a replica just promoted, a slot's new
-        # owner. It did not run there; load it (on a cluster: on every master) and run it.
-        await commands.script_load(script.text)
-        return await commands.evalsha(script.sha, len(keys_), *keys_, *args)
+        # owner, or one it was never run on. It did not run there; EVAL runs it and leaves
+        # it cached on that server, in one round trip.
+        return await commands.eval(script.text, len(keys_), *keys_, *args)

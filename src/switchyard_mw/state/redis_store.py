@@ -237,6 +237,8 @@ class RedisStore:
                     self._apply(reply, own=True)
 
     async def _write_standing(self) -> None:
+        if not (self._pending or self._clear_trips):
+            return  # the usual case: no wait for the lock a resync may hold
         async with self._standing_lock:
             while (self._pending or self._clear_trips) and self._healthy:
                 generation = self._generation
