@@ -310,6 +310,11 @@ class RedisStore:
             self._tasks["listener"] = asyncio.create_task(self._listen(self._pubsub, generation))
             self._healthy = True
             await self._resync()
+        # Holds and trips with a bound of their own: the accounts' catching up comes first,
+        # and takes no less room than before they were kept.
+        if self._healthy and generation == self._generation:
+            async with asyncio.timeout(self._connect_timeout):
+                await self._resync_standing()
         if not self._healthy or generation != self._generation:
             raise ConnectionError("lost again while catching up")  # the loop tries again
         if self._outage:
@@ -318,14 +323,17 @@ class RedisStore:
 
     async def _resync(self) -> None:
         """Merge both ways: what this replica learnt alone goes up, the shared state comes down;
-        by max(), so the longer cooling and the larger count win. Holds and trips the same way:
-        those in force here go up (Redis may have restarted empty, or they came during the
-        outage), all those in force in Redis come down."""
-        if self._pool is not None and self._specs:
-            pool = self._pool
-            calls = [self._call(name, "merge", "", pool.view(name)) for name in self._specs]
-            for reply in await self._run(calls, self._connect_timeout):
-                self._apply(reply, own=True)
+        by max(), so the longer cooling and the larger count win."""
+        if self._pool is None or not self._specs:
+            return
+        pool = self._pool
+        calls = [self._call(name, "merge", "", pool.view(name)) for name in self._specs]
+        for reply in await self._run(calls, self._connect_timeout):
+            self._apply(reply, own=True)
+
+    async def _resync_standing(self) -> None:
+        """Holds and trips both ways: those in force here go up (Redis may have restarted
+        empty, or they came during the outage), all those in force in Redis come down."""
         async with self._standing_lock:
             await self._clear_stored_trips(self._connect_timeout)
             await self._sync_holds()
