@@ -113,27 +113,35 @@ def exposed_headers(ctx: RequestContext) -> tuple[tuple[bytes, bytes], ...]:
     """The `x-switchyard-*` response headers that say what was decided.
 
     Nearly every response repeats one of a few decisions (model, account, attempts, deadline,
-    route), so each distinct one is encoded once and shared; the cache is bounded, since a
-    model name may be anything a client sends.
+    route), so each distinct one is encoded once and shared. The deadline is keyed in whole ms,
+    as the header shows it: one cut by a budget differs a little from request to request. The
+    cache is bounded (a model name may be anything a client sends, a budget any number): when
+    full, it starts over.
     """
     client = ctx.account
+    deadline = ctx.attempt_deadline_secs
     decision = (
         ctx.resolved_model,
         None if client is None else client.name,
         ctx.attempts,
-        ctx.attempt_deadline_secs,
+        None if deadline is None else round(deadline * 1000),
         ctx.route,
     )
     headers = _EXPOSED.get(decision)
     if headers is None:
         headers = _encode_exposed(*decision)
-        if len(_EXPOSED) < 1024:
-            _EXPOSED[decision] = headers
+        if len(_EXPOSED) >= _EXPOSED_MAX:
+            _EXPOSED.clear()
+        _EXPOSED[decision] = headers
     return headers
 
 
 def _encode_exposed(
-    model: str | None, account: str | None, attempts: int, deadline: float | None, route: str | None
+    model: str | None,
+    account: str | None,
+    attempts: int,
+    deadline_ms: int | None,
+    route: str | None,
 ) -> tuple[tuple[bytes, bytes], ...]:
     out: list[tuple[bytes, bytes]] = []
     if model is not None:
@@ -142,13 +150,14 @@ def _encode_exposed(
         out.append((b"x-switchyard-account", account.encode()))
     if attempts:
         out.append((b"x-switchyard-attempts", str(attempts).encode()))
-    if deadline is not None:
-        out.append((b"x-switchyard-deadline-ms", str(round(deadline * 1000)).encode()))
+    if deadline_ms is not None:
+        out.append((b"x-switchyard-deadline-ms", str(deadline_ms).encode()))
     if route is not None:
         out.append((b"x-switchyard-route", route.encode()))
     return tuple(out)
 
 
+_EXPOSED_MAX = 1024
 _EXPOSED: dict[
-    tuple[str | None, str | None, int, float | None, str | None], tuple[tuple[bytes, bytes], ...]
+    tuple[str | None, str | None, int, int | None, str | None], tuple[tuple[bytes, bytes], ...]
 ] = {}
