@@ -15,6 +15,7 @@ from switchyard_mw.config import parse_config
 from switchyard_mw.context import RequestContext
 from switchyard_mw.core.pool import BreakerState, Cause, Outcome
 from switchyard_mw.engine.policies import Engine
+from switchyard_mw.state._lua import parse
 from switchyard_mw.state.redis_store import RedisStore
 from switchyard_mw.wire import Wire, read_request
 
@@ -117,3 +118,21 @@ async def test_a_replica_that_starts_late_learns_why(replica: MakeReplica) -> No
     assert cause(late, "x") is Cause.CREDENTIALS
     assert cause(late, "y") is Cause.CREDENTIALS
     assert answer(late) == answer(a)
+
+
+@pytest.mark.parametrize(
+    ("message", "kind", "why"),
+    [
+        # As a replica without the cause sends it, and as an outage's cooling still reads.
+        ("cool|3|30000|29000|-|o1|x", "cool", Cause.OUTAGE),
+        ("cool/credentials|3|30000|29000|-|o1|x", "cool", Cause.CREDENTIALS),
+        ("held/credentials|1|30000|12|500|o1|x|y", "held", Cause.CREDENTIALS),
+        ("closed|0|30000|-|0|o1|x", "closed", Cause.OUTAGE),
+    ],
+)
+def test_messages_name_the_cause_only_for_refused_credentials(
+    message: str, kind: str, why: Cause
+) -> None:
+    found, origin, shared = parse(message)
+    assert (found, origin, shared.cause) == (kind, "o1", why)
+    assert shared.closed is (kind == "closed")
