@@ -21,7 +21,7 @@ from typing import Any
 
 from switchyard_mw.accounts import build_accounts, pool_from_accounts
 from switchyard_mw.config import parse_config
-from switchyard_mw.core.pool import AccountPool, Lease, Outcome
+from switchyard_mw.core.pool import AccountPool, Cause, Lease, Outcome
 from switchyard_mw.extproc import Policies, start_server
 
 CONFIG = """
@@ -64,9 +64,9 @@ class CountingPool(AccountPool):
         self.out += lease is not None
         return lease
 
-    def record(self, lease: Lease, outcome: Outcome) -> None:
+    def record(self, lease: Lease, outcome: Outcome, cause: Cause = Cause.OUTAGE) -> None:
         self.out -= 1
-        super().record(lease, outcome)
+        super().record(lease, outcome, cause)
 
     def release(self, lease: Lease) -> None:
         self.out -= 1

@@ -295,6 +295,28 @@ async def test_envoy_budget_header_and_the_shorter_budget_wins() -> None:
     assert 2.0 < state["deadline"] <= 3.0
 
 
+@pytest.mark.parametrize(
+    ("headers", "stream", "low", "high"),
+    [
+        ({}, False, 60000, 60000),
+        ({"x-switchyard-timeout-ms": "90000"}, False, 60000, 60000),  # longer: the attempt's
+        ({"x-switchyard-timeout-ms": "3000"}, False, 2500, 3000),  # shorter: what is left of it
+        ({"x-envoy-expected-rq-timeout-ms": "3000"}, False, 2500, 3000),
+        ({"x-switchyard-timeout-ms": "3000"}, True, 2500, 3000),  # a stream's time to start
+        ({"x-switchyard-timeout-ms": "90000"}, True, 60000, 60000),
+    ],
+)
+async def test_the_deadline_header_reports_the_deadline_in_force(
+    headers: dict[str, str], stream: bool, low: int, high: int
+) -> None:
+    app, _ = sleeper(sse_gaps=[0.0] if stream else None)
+    mw = DeadlineMiddleware(app, timeout_secs=60)
+    body = {"model": "m", "max_tokens": 100, "stream": stream}
+    r = await post(mw, "/v1/messages", body, headers=headers)
+    assert r.status_code == 200
+    assert low <= int(r.headers["x-switchyard-deadline-ms"]) <= high
+
+
 async def test_invalid_budget_is_ignored_and_counted(otel_metrics: Metrics) -> None:
     before = otel_metrics.value("switchyard.budget.invalid")
     app, state = sleeper()

@@ -13,9 +13,12 @@ from switchyard_mw.core.pool import (
     AccountSpec,
     AccountStatus,
     BreakerState,
+    Cause,
     Lease,
     Outcome,
+    Recovery,
     classify_status,
+    fault_cause,
 )
 
 
@@ -371,10 +374,67 @@ def test_status_snapshot_in_config_order() -> None:
     pool.record(take(pool, allowed={"a"}), Outcome.FAULT)
     assert pool.status() == [
         AccountStatus("z", BreakerState.CLOSED, 0, None, 30.0, False),
-        AccountStatus("a", BreakerState.COOLED, 1, clock.now + 7.0, 7.0, False),
+        AccountStatus("a", BreakerState.COOLED, 1, clock.now + 7.0, 7.0, False, Cause.OUTAGE),
     ]
     with pytest.raises(KeyError):
         pool.status_of("missing")
+
+
+# --- why an account cools: refused credentials or an outage ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "cause"),
+    [
+        ("401", Cause.CREDENTIALS),
+        ("402", Cause.CREDENTIALS),
+        ("403", Cause.CREDENTIALS),
+        ("400", Cause.OUTAGE),  # never a fault, but not a refusal either
+        ("500", Cause.OUTAGE),
+        ("529", Cause.OUTAGE),
+        ("deadline", Cause.OUTAGE),
+        ("connect_error", Cause.OUTAGE),
+        ("no_response", Cause.OUTAGE),
+    ],
+)
+def test_fault_cause_by_status(status: str, cause: Cause) -> None:
+    assert fault_cause(status) is cause
+
+
+def test_the_fault_that_cools_an_account_says_why() -> None:
+    pool, clock = make(spec("a", failure_threshold=2, cooldown_secs=10.0))
+    pool.record(take(pool), Outcome.FAULT, Cause.OUTAGE)
+    assert pool.status_of("a").cause is None  # closed: not out of rotation
+    straggler = take(pool)
+    pool.record(take(pool), Outcome.FAULT, Cause.CREDENTIALS)  # the second in a row cools it
+    assert pool.status_of("a").cause is Cause.CREDENTIALS
+    pool.record(straggler, Outcome.FAULT, Cause.OUTAGE)  # sent before: changes nothing
+    assert pool.status_of("a").cause is Cause.CREDENTIALS
+    clock.advance(10.0)
+    pool.record(take(pool), Outcome.FAULT, Cause.OUTAGE)  # the probe: the provider is down
+    assert pool.status_of("a").cause is Cause.OUTAGE
+    clock.advance(20.0)
+    pool.record(take(pool), Outcome.SUCCESS)
+    assert pool.status_of("a").cause is None
+
+
+def test_recovery_tells_refused_keys_from_what_heals() -> None:
+    pool, clock = make(
+        spec("a", failure_threshold=1, cooldown_secs=30.0),
+        spec("b", failure_threshold=1, cooldown_secs=50.0),
+        spec("c", "other"),
+    )
+    assert pool.recovery("nobody-serves-this") is None
+    assert pool.recovery("m") == Recovery(0.0, None)
+    pool.record(take(pool, allowed={"a"}), Outcome.FAULT, Cause.CREDENTIALS)
+    assert pool.recovery("m") == Recovery(0.0, 30.0)  # b serves now
+    pool.record(take(pool, allowed={"b"}), Outcome.FAULT, Cause.OUTAGE)
+    assert pool.recovery("m") == Recovery(50.0, 30.0)
+    assert pool.recovery("m", allowed={"a"}) == Recovery(None, 30.0)
+    pool.hold("a", "m", 45.0)  # held and refused: it stays refused, back when both are over
+    clock.advance(10.0)
+    assert pool.recovery("m") == Recovery(40.0, 35.0)
+    assert pool.retry_after_secs("m") == 35.0  # what failover asks: causes aside
 
 
 # --- property: invariants under random traffic ---------------------------------------------

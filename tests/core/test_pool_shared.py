@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from test_pool import FakeClock, spec
 
-from switchyard_mw.core.pool import AccountPool, BreakerState, Lease, Outcome
+from switchyard_mw.core.pool import AccountPool, BreakerState, Cause, Lease, Outcome, Recovery
 from switchyard_mw.core.shared import Change, Shared
 
 
@@ -146,3 +146,16 @@ def test_a_hold_from_another_replica_is_applied_but_not_told_back() -> None:
     lease = pool.acquire("m")
     assert lease is not None
     assert lease.account == "a"
+
+
+def test_a_cooling_learnt_from_the_store_keeps_its_cause() -> None:
+    pool, clock, _ = shared_pool(spec("a"))
+    pool.merge("a", Shared(3, 30.0, 25.0, cause=Cause.CREDENTIALS))
+    assert pool.status_of("a").cause is Cause.CREDENTIALS
+    assert pool.view("a").cause is Cause.CREDENTIALS
+    pool.merge("a", Shared(3, 30.0, 10.0))  # a shorter outage's cooling: the longer one stays
+    assert pool.status_of("a").cause is Cause.CREDENTIALS
+    clock.advance(5.0)
+    pool.merge("a", Shared(4, 60.0, 60.0))  # ends last: it says why from now on
+    assert pool.status_of("a").cause is Cause.OUTAGE
+    assert pool.recovery("m") == Recovery(60.0, None)

@@ -8,8 +8,9 @@ account's key (to the upstream-level stream on a fault or a 429, as envoy.yaml's
 does), follows a retry the processor asks for, and ends with the final response headers.
 
 What must match: the status, the error type and text of the answers switchyard makes itself,
-the `x-switchyard-*` and `retry-after` headers, every attempt span's name, attributes and
-status, and each attempt's CLIENT span (`chat {model}`): its name, `error.type` and status.
+the `x-switchyard-*`, `retry-after` and `x-should-retry` headers, every attempt span's name,
+attributes and status, and each attempt's CLIENT span (`chat {model}`): its name, `error.type`
+and status.
 An attempt span's `error.type` is left out: it names an exception's class, and only the ASGI
 front sees exceptions (Envoy reports a failed connection as a reply).
 """
@@ -42,7 +43,7 @@ from switchyard_mw.accounts import build_accounts
 from switchyard_mw.asgi._types import Receive, Scope, Send
 from switchyard_mw.config import Config, parse_config
 from switchyard_mw.context import current_context
-from switchyard_mw.core.pool import AccountPool, Outcome
+from switchyard_mw.core.pool import AccountPool, Cause, Outcome
 from switchyard_mw.extproc import ExtProcServicer, Policies
 from switchyard_mw.telemetry import names as tm
 from switchyard_mw.testing import Behaviour, MockProvider
@@ -92,7 +93,8 @@ class Scenario:
     own_answer: bool = False
     """Switchyard answers itself (an error of its own), not the upstream."""
     before: str = ""
-    """What happened to the accounts earlier: "cooled" or "throttled" (all of them)."""
+    """What happened to the accounts earlier: "cooled" (after an outage), "refused" (their
+    credentials) or "throttled", all of them; or one such word per account, comma-separated."""
     timeout: float = 60.0
     content_type: str = "application/json"
 
@@ -107,6 +109,8 @@ SCENARIOS = {
     "a client error is no fault": Scenario(TWO, {"ka": Behaviour(status=400)}),
     "every account cooling": Scenario(TWO, {}, own_answer=True, before="cooled"),
     "every account throttled": Scenario(TWO, {}, own_answer=True, before="throttled"),
+    "every key refused": Scenario(TWO, {}, own_answer=True, before="refused"),
+    "a key refused, an account down": Scenario(TWO, {}, own_answer=True, before="refused,cooled"),
     "deadline": Scenario(ONE, {"ka": SLOW}, own_answer=True, timeout=0.3),
     "unreachable": Scenario(ONE, {"ka": UNREACHABLE}, own_answer=True),
     "not JSON": Scenario(TWO, {"ka": Behaviour()}, content_type="text/plain"),
@@ -121,7 +125,7 @@ class Decisions:
     error: tuple[str, str] | None = None
     """(type, message) of switchyard's own error answer."""
     headers: dict[str, str] = field(default_factory=dict)
-    """`x-switchyard-*` and `retry-after`."""
+    """`x-switchyard-*`, `retry-after` and `x-should-retry`."""
     attempts: list[tuple[str, dict[str, Any], str]] = field(default_factory=list)
     """Each attempt span: name, attributes (but `error.type`), status code."""
     calls: list[tuple[str, Any, str]] = field(default_factory=list)
@@ -129,7 +133,11 @@ class Decisions:
 
 
 def _kept_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in headers.items() if k.startswith("x-switchyard-") or k == "retry-after"}
+    return {
+        k: v
+        for k, v in headers.items()
+        if k.startswith("x-switchyard-") or k in ("retry-after", "x-should-retry")
+    }
 
 
 def _attempt_spans(spans: InMemorySpanExporter) -> list[tuple[str, dict[str, Any], str]]:
@@ -163,13 +171,20 @@ def _error_of(body: Any) -> tuple[str, str]:
 
 
 def _before(pool: AccountPool, scenario: Scenario) -> None:
-    for account in pool.accounts_for("m"):
-        if scenario.before == "cooled":
-            lease = pool.acquire("m")
+    accounts = pool.accounts_for("m")
+    events = scenario.before.split(",")
+    if len(events) == 1:
+        events *= len(accounts)
+    for account, event in zip(accounts, events, strict=True):
+        if event in ("cooled", "refused"):
+            lease = pool.acquire("m", allowed={account})
             assert lease is not None
-            pool.record(lease, Outcome.FAULT)
-        elif scenario.before == "throttled":
+            pool.record(lease, Outcome.FAULT, _CAUSES[event])
+        elif event == "throttled":
             pool.hold(account, "m", 30.0, wall_now=time.time())
+
+
+_CAUSES = {"cooled": Cause.OUTAGE, "refused": Cause.CREDENTIALS}
 
 
 def _config(scenario: Scenario) -> Config:

@@ -9,6 +9,7 @@ Envoy's OpenTelemetry tracer exports (OTLP/gRPC) to a real receiver, also in thi
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import secrets
 import time
@@ -247,6 +248,41 @@ async def test_envoy_enforces_the_deadline(
     long = await http.post("/v1/messages", json=message("claude-haiku-5", max_tokens=64000))
     assert long.status_code == 200
     assert long.headers["x-switchyard-deadline-ms"] == "600000"
+
+
+@pytest.mark.parametrize(
+    ("budget", "low", "high"),
+    [(None, 60000, 60000), ("90000", 60000, 60000), ("3000", 2500, 3000)],
+)
+async def test_the_deadline_header_reports_the_deadline_in_force(
+    rig: Rig, http: httpx.AsyncClient, otel_spans: Any, budget: str | None, low: int, high: int
+) -> None:
+    """The budget included, as the ASGI stack reports it; the processor's request span too."""
+    rig.configure()
+    for body in (message("claude-haiku-5"), {**message("claude-haiku-5"), "stream": True}):
+        trace_id = secrets.token_hex(16)
+        headers = {"traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01"}
+        if budget is not None:
+            headers["x-switchyard-timeout-ms"] = budget
+        response = await http.post("/v1/messages", json=body, headers=headers)
+        assert response.status_code == 200, response.text
+        reported = int(response.headers["x-switchyard-deadline-ms"])
+        assert low <= reported <= high, body
+        deadline = time.monotonic() + 5
+        while not (found := request_spans(otel_spans, trace_id)):
+            assert time.monotonic() < deadline, "the processor's request span never ended"
+            await asyncio.sleep(0.02)
+        assert [dict(s.attributes or {})[tm.DEADLINE_MS] for s in found] == [reported]
+
+
+def request_spans(exporter: Any, trace_id: str) -> list[ReadableSpan]:
+    return [
+        s
+        for s in exporter.get_finished_spans()
+        if s.name == tm.SPAN_REQUEST
+        and s.context is not None
+        and s.context.trace_id == int(trace_id, 16)
+    ]
 
 
 async def test_a_stream_must_start_in_time_but_may_run_long(

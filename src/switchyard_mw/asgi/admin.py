@@ -70,6 +70,8 @@ class CoolingStatusApp:
                     None if s.cooled_until is None else round(max(0.0, s.cooled_until - now), 3)
                 ),
                 "current_cooldown_secs": s.current_cooldown_secs,
+                # Why it is out of rotation: "credentials" (401/402/403) or "outage".
+                "cause": None if s.cause is None else s.cause.value,
                 "probe_in_flight": s.probe_in_flight,
                 # Throttle holds, per model: seconds until each ends (a 429's retry time).
                 "held_for_secs": {

@@ -17,7 +17,7 @@ from typing import Any
 from ..config import Server
 from ..context import RequestContext
 from ..engine.answers import DEADLINE_EXCEEDED, deadline_exceeded
-from ..engine.attempts import Limits, deadline_secs
+from ..engine.attempts import Limits, deadline_secs, in_force
 from ..errors import DeadlineExceededAfterStart as DeadlineExceededAfterStart
 from ..telemetry import names as tm
 from ..wire import StreamSequence, Wire, sequence_for, stream_error_event
@@ -59,7 +59,7 @@ class DeadlineMiddleware(PolicyMiddleware):
         limits: Limits = self if ctx.account is None else ctx.account.spec
         first = deadline_secs(view, limits)
         now = time.monotonic()
-        ctx.attempt_deadline_secs = first
+        ctx.attempt_deadline_secs = in_force(first, ctx.budget_at, now)
         ctx.deadline_at = now + first
         loop = running_loop()
         task = asyncio.current_task(loop)

@@ -11,7 +11,7 @@ import enum
 import math
 from dataclasses import dataclass
 
-from switchyard_mw.core.shared import Shared
+from switchyard_mw.core.shared import Cause, Shared
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,7 +63,8 @@ class BreakerState(enum.Enum):
 class AccountStatus:
     """Snapshot of one account for operators; ``cooled_until`` is clock time (s), else None.
 
-    ``probe_in_flight`` counts a probe sent by another replica too (shared state).
+    ``probe_in_flight`` counts a probe sent by another replica too (shared state); ``cause``:
+    why it is out of rotation (cooled or half-open), None while closed.
     """
 
     name: str
@@ -72,6 +73,7 @@ class AccountStatus:
     cooled_until: float | None
     current_cooldown_secs: float
     probe_in_flight: bool
+    cause: Cause | None = None
 
 
 class Admit(enum.Enum):
@@ -93,6 +95,7 @@ class Breaker:
     """One account's breaker state and transitions; the only mutable per-account state."""
 
     __slots__ = (
+        "cause",
         "cooled_until",
         "faults",
         "name",
@@ -108,6 +111,8 @@ class Breaker:
         self.name = spec.name
         self.state = BreakerState.CLOSED
         self.faults = 0
+        # Why it last faulted: while it cools, the cause of the fault that cooled it.
+        self.cause = Cause.OUTAGE
         # -inf so `max()` keeps cooling end monotonic from the first cooling on.
         self.cooled_until = -math.inf
         self.period = spec.cooldown_secs
@@ -140,16 +145,19 @@ class Breaker:
         self.probe_in_flight = True
         return Admit.PROBE
 
-    def on_fault(self, now: float, probe: bool) -> None:
+    def on_fault(self, now: float, probe: bool, cause: Cause = Cause.OUTAGE) -> None:
         self.faults += 1
         if probe:
             self.probe_in_flight = False
             self.period = min(self.period * 2, self.spec.max_cooldown_secs)
+            self.cause = cause
             self._cool(now + self.period)
-        elif self.state is BreakerState.CLOSED and self.faults >= self.spec.failure_threshold:
-            self._cool(now + self.period)
+        elif self.state is BreakerState.CLOSED:
+            self.cause = cause
+            if self.faults >= self.spec.failure_threshold:
+                self._cool(now + self.period)
         # Otherwise a straggler acquired before the cooling: the account is already being dealt
-        # with, so it must neither restart the cooling nor double the period.
+        # with, so it must neither restart the cooling, nor double the period, nor change why.
 
     def on_success(self, probe: bool) -> None:
         self.faults = 0
@@ -193,6 +201,8 @@ class Breaker:
             return
         if self.state is BreakerState.HALF_OPEN and (self.probe_in_flight or left <= 0):
             return  # our probe decides, or the cooling reported is the one already over
+        if self.state is _CLOSED or now + left >= self.cooled_until:
+            self.cause = shared.cause  # the cooling that ends last says why it cools
         self._cool(now + left)
 
     def view(self, now: float) -> Shared:
@@ -200,7 +210,7 @@ class Breaker:
         left = None if self.state is BreakerState.CLOSED else self.cooled_until - now
         if left is not None and not math.isfinite(left):
             left = 0.0
-        return Shared(self.faults, self.period, left)
+        return Shared(self.faults, self.period, left, cause=self.cause)
 
     def snapshot(self, now: float) -> AccountStatus:
         cooled = self.state is BreakerState.COOLED
@@ -211,4 +221,5 @@ class Breaker:
             self.cooled_until if cooled else None,
             self.period,
             self.probe_in_flight or now < self.probe_elsewhere_until,
+            None if self.state is _CLOSED else self.cause,
         )

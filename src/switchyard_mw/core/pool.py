@@ -32,6 +32,7 @@ from switchyard_mw.core.breaker import AccountStatus as AccountStatus
 from switchyard_mw.core.breaker import Admit, Breaker
 from switchyard_mw.core.breaker import BreakerState as BreakerState
 from switchyard_mw.core.clock import Clock, monotonic
+from switchyard_mw.core.shared import Cause as Cause
 from switchyard_mw.core.shared import Change, Shared, StateStore
 
 MAX_HOLDS = 10_000
@@ -67,6 +68,30 @@ def classify_status(status: int) -> Outcome:
     if status in (401, 402, 403) or 500 <= status <= 599:
         return _FAULT
     return _SUCCESS
+
+
+CREDENTIAL_STATUSES = frozenset({"401", "402", "403"})
+"""Fault statuses (as metrics show them) that are credential or billing refusals."""
+
+
+def fault_cause(status: str) -> Cause:
+    """Why an attempt whose status metrics show as `status` ("401", "503", "deadline", ...)
+    faulted: a refused key or its billing, or an outage that may heal."""
+    return Cause.CREDENTIALS if status in CREDENTIAL_STATUSES else Cause.OUTAGE
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """When the accounts serving a model can be tried again, apart by whether waiting heals.
+
+    ``heals_in_secs``: the soonest an account that is not cooling for refused credentials can be
+    tried (0.0: now; a hold, an outage's cooling or an in-flight probe otherwise), None when
+    every account is cooling for refused credentials. ``refused_in_secs``: the soonest probe of
+    an account cooling for refused credentials (401, 402, 403), None when none is.
+    """
+
+    heals_in_secs: float | None
+    refused_in_secs: float | None
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -309,14 +334,17 @@ class AccountPool:
             return True
         return False
 
-    def record(self, lease: Lease, outcome: Outcome) -> None:
-        """Feed back how the attempt under ``lease`` ended. Record each lease once."""
+    def record(self, lease: Lease, outcome: Outcome, cause: Cause = Cause.OUTAGE) -> None:
+        """Feed back how the attempt under ``lease`` ended. Record each lease once.
+
+        ``cause``: for a fault, whether it was a credential refusal (see :func:`fault_cause`).
+        """
         b = self._breakers[lease.account]
         probe = self._take_probe(lease)
         closed, faults = b.state is _CLOSED, b.faults
         change: Change | None = None
         if outcome is _FAULT:
-            b.on_fault(self._clock(), probe)
+            b.on_fault(self._clock(), probe, cause)
             if probe:
                 change = Change.PROBE_FAULT
             elif closed:
@@ -371,6 +399,29 @@ class AccountPool:
             if best is None or wait < best:
                 best = wait
         return best
+
+    def recovery(self, model: str, *, allowed: Collection[str] | None = None) -> Recovery | None:
+        """:meth:`retry_after_secs`, told apart by cause: when the accounts serving ``model``
+        (and in ``allowed`` if given) that waiting can heal are back, and when the probe of
+        those cooling for refused credentials is due. None if no such account exists."""
+        route = self._route(model)
+        if route is None:
+            return None
+        now = self._clock()
+        heals: float | None = None
+        refused: float | None = None
+        found = False
+        for b in route.breakers:
+            if allowed is not None and b.name not in allowed:
+                continue
+            found = True
+            wait = max(_cooling_wait(b, now), self._holds.get((b.name, model), -math.inf) - now)
+            wait = max(wait, 0.0)
+            if b.state is not _CLOSED and b.cause is Cause.CREDENTIALS:
+                refused = wait if refused is None else min(refused, wait)
+            else:
+                heals = wait if heals is None else min(heals, wait)
+        return Recovery(heals, refused) if found else None
 
     # --- throttle holds -------------------------------------------------------------------
 

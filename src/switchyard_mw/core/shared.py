@@ -18,6 +18,15 @@ from dataclasses import dataclass
 from typing import Protocol
 
 
+class Cause(enum.Enum):
+    """Why an account last faulted, and so why it cools: whether waiting can heal it."""
+
+    OUTAGE = "outage"
+    """5xx, an attempt deadline, a reset or refused connection: the provider may come back."""
+    CREDENTIALS = "credentials"
+    """401, 402 or 403: the key or its billing was refused; it does not heal by waiting."""
+
+
 class Change(enum.Enum):
     """A transition of one account that other replicas must hear about."""
 
@@ -40,7 +49,8 @@ class Shared:
     ``cooled_for_secs``: None when no cooling is in force, else the seconds until the probe is
     due (<= 0: due now). ``closed``: a probe succeeded somewhere, so the account is closed
     whatever this replica believed. ``probe_for_secs``: None when unknown, 0 when no replica
-    holds the probe slot, else the longest the current holder may keep it.
+    holds the probe slot, else the longest the current holder may keep it. ``cause``: why the
+    account last faulted (while cooled: why it cools).
     """
 
     faults: int
@@ -48,6 +58,7 @@ class Shared:
     cooled_for_secs: float | None = None
     closed: bool = False
     probe_for_secs: float | None = None
+    cause: Cause = Cause.OUTAGE
 
 
 class TripBoard(Protocol):

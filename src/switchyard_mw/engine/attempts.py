@@ -50,6 +50,15 @@ def deadline_secs(view: RequestView, limits: Limits) -> float:
     )
 
 
+def in_force(deadline_secs: float, budget_at: float | None, now: float) -> float:
+    """The attempt's deadline as it binds from `now` (monotonic): its own, or what is left of
+    the request's budget (`budget_at`) when that ends sooner; never below 0. What
+    `x-switchyard-deadline-ms` and `switchyard.deadline_ms` report."""
+    if budget_at is None or budget_at - now >= deadline_secs:
+        return deadline_secs
+    return max(budget_at - now, 0.0)
+
+
 def outcome(
     status: int, *, deadline_phase: str | None = None, upstream_status: int | None = None
 ) -> tuple[Outcome, str]:

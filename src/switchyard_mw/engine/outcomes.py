@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from ..core.pool import AccountPool, BreakerState, Lease, Outcome
+from ..core.pool import AccountPool, BreakerState, Lease, Outcome, fault_cause
 from ..core.throttle import READ_HEADERS, retry_secs
 from ..telemetry import names as tm
 
@@ -30,7 +30,7 @@ def settle(pool: AccountPool, lease: Lease, outcome: Outcome | None, status: str
         return
     name = lease.account
     before = pool.status_of(name).state
-    pool.record(lease, outcome)
+    pool.record(lease, outcome, fault_cause(status))
     tm.account_faults.add(1, {tm.ACCOUNT: name, "status": status})
     if before is not BreakerState.COOLED and pool.status_of(name).state is BreakerState.COOLED:
         tm.account_cooled.add(1, {tm.ACCOUNT: name})

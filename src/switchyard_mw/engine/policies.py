@@ -166,16 +166,26 @@ class Engine:
         return found is not _SUCCESS and self.another_possible(ctx, tried, within)
 
     def nothing_serves(self, ctx: RequestContext) -> tuple[WireError, answers.Headers]:
-        """The answer when no account can take the request: 429 or 503, with `retry-after`."""
-        waits = [
-            self.pool.retry_after_secs(model, allowed=self.routable)
+        """The answer when no account can take the request: 429 or 503, with `retry-after`
+        for the soonest account that waiting heals. Accounts cooling for refused credentials
+        count only when no other is left (then 503 says so, without a long `retry-after`)."""
+        found = [
+            self.pool.recovery(model, allowed=self.routable)
             for model in (ctx.resolved_model, self.fallback(ctx))
             if model is not None
         ]
-        wait = min((w for w in waits if w is not None), default=1.0)
+        heals = [r.heals_in_secs for r in found if r is not None and r.heals_in_secs is not None]
+        refused = [
+            r.refused_in_secs for r in found if r is not None and r.refused_in_secs is not None
+        ]
         model = ctx.resolved_model
         throttled = model is not None and self.pool.throttled(model)
-        return answers.nothing_serves(model, throttled=throttled, wait_secs=wait)
+        return answers.nothing_serves(
+            model,
+            throttled=throttled,
+            heals_in_secs=min(heals, default=None),
+            refused_in_secs=min(refused, default=None),
+        )
 
     @staticmethod
     def plain_success(ctx: RequestContext, status: int) -> bool:

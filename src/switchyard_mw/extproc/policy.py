@@ -177,8 +177,9 @@ class Policies:
         if view is None:
             return []
         attempt = attempts.deadline_secs(view, spec)
-        ctx.attempt_deadline_secs = attempt
-        left = None if ctx.budget_at is None else ctx.budget_at - time.monotonic()
+        now = time.monotonic()
+        ctx.attempt_deadline_secs = attempts.in_force(attempt, ctx.budget_at, now)
+        left = None if ctx.budget_at is None else ctx.budget_at - now
         flight.budget_bound = left is not None and left < attempt
         first = attempt if left is None else min(attempt, left)
         if not view.stream:

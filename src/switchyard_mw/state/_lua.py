@@ -5,17 +5,20 @@ the cooling end); on the server because only Redis's clock (``TIME``) is common 
 replicas: hosts' wall clocks may disagree, so no absolute time ever leaves Redis. Cooling ends
 are stored in Redis time and reported as milliseconds from now.
 
-KEYS: [1] the account hash {faults, period_ms, until_ms}; [2] the probe slot (a string with a
-PX lease). ``until_ms`` = 0: no cooling in force; else the end of the current cooling, which
-only a probe success resets. ARGV: op, channel, origin, account name, probe token, cooldown
-ms, max cooldown ms, failure threshold, probe lease ms, then op-specific:
-``local_cooled`` (0/1), ``local_period_ms``, ``local_faults``, ``local_left_ms`` ("-": closed).
+KEYS: [1] the account hash {faults, period_ms, until_ms, cause}; [2] the probe slot (a string
+with a PX lease). ``until_ms`` = 0: no cooling in force; else the end of the current cooling,
+which only a probe success resets. ``cause``: why the cooling that ends last started, "o" (an
+outage) or "c" (refused credentials); absent means "o". ARGV: op, channel, origin, account name,
+probe token, cooldown ms, max cooldown ms, failure threshold, probe lease ms, then
+op-specific: ``local_cooled`` (0/1), ``local_period_ms``, ``local_faults``, ``local_left_ms``
+("-": closed), ``local_cause`` (the cause of the replica's latest fault, "o" or "c").
 
 Reply and message (published only when something changed) share one format:
 ``kind|faults|period_ms|left_ms|probe_ms|origin|name``; left "-" when no cooling is in force,
 probe "-" when not known; kind one of count, cool, closed, probe (a replica claimed the slot),
-free, granted and held (answers to a claim, never published). The name goes last so it may
-contain "|".
+free, granted and held (answers to a claim, never published), followed by ``/credentials``
+when a cooling is in force for refused credentials (an outage's cooling adds nothing, so its
+messages read as before this field existed). The name goes last so it may contain "|".
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import hashlib
 from dataclasses import dataclass, field
 
 from ..core.pool import AccountSpec
-from ..core.shared import Shared
+from ..core.shared import Cause, Shared
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,18 +47,24 @@ local cooldown, maxp = tonumber(ARGV[6]), tonumber(ARGV[7])
 local threshold, lease = tonumber(ARGV[8]), tonumber(ARGV[9])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local v = redis.call('HMGET', KEYS[1], 'faults', 'period_ms', 'until_ms')
+local v = redis.call('HMGET', KEYS[1], 'faults', 'period_ms', 'until_ms', 'cause')
 local faults = tonumber(v[1]) or 0
 local period = tonumber(v[2]) or cooldown
 local untl = tonumber(v[3]) or 0
-local before = faults .. ':' .. period .. ':' .. untl
+local cause = v[4] or 'o'
+local before = faults .. ':' .. period .. ':' .. untl .. ':' .. cause
+local why = ARGV[14] or 'o'
 local probe = '-'
 local kind = 'count'
 local publish = false
 
 local function cool(p)
-  -- The end only ever moves later: a shorter second cooling leaves the longer one.
-  untl = math.max(untl, now + p)
+  -- The end only ever moves later: a shorter second cooling leaves the longer one, and the
+  -- cooling that ends last says why the account cools.
+  if now + p >= untl then
+    untl = now + p
+    cause = why
+  end
 end
 
 local function free_probe()
@@ -114,18 +123,23 @@ elseif op == 'merge' then
   if left > 0 then probe = string.format('%d', left) else probe = '0' end
 end
 
-if before ~= faults .. ':' .. period .. ':' .. untl then
+if before ~= faults .. ':' .. period .. ':' .. untl .. ':' .. cause then
   publish = true
   redis.call('HSET', KEYS[1], 'faults', string.format('%d', faults),
-    'period_ms', string.format('%d', period), 'until_ms', string.format('%d', untl))
+    'period_ms', string.format('%d', period), 'until_ms', string.format('%d', untl),
+    'cause', cause)
 end
 if kind == 'count' and untl > 0 then kind = 'cool' end
 if kind == 'free' and untl > 0 then kind = 'cool' end
 local left = '-'
-if untl > 0 then left = string.format('%d', untl - now) end
+local refused = ''
+if untl > 0 then
+  left = string.format('%d', untl - now)
+  if cause == 'c' then refused = '/credentials' end
+end
 local function message(k)
-  return k .. '|' .. faults .. '|' .. string.format('%d', period) .. '|' .. left .. '|' ..
-    probe .. '|' .. origin .. '|' .. name
+  return k .. refused .. '|' .. faults .. '|' .. string.format('%d', period) .. '|' .. left ..
+    '|' .. probe .. '|' .. origin .. '|' .. name
 end
 if publish then redis.call('PUBLISH', channel, message(kind)) end
 if kind == 'probe' then return message('granted') end
@@ -165,6 +179,7 @@ def script_args(
         ms(local.period_secs) if local else 0,
         local.faults if local else 0,
         left,
+        _CAUSES[local.cause] if local else "o",
     ]
 
 
@@ -172,14 +187,19 @@ def parse(reply: str) -> tuple[str, str, Shared]:
     """``kind|faults|period_ms|left_ms|probe_ms|origin|name`` -> (kind, origin, state)."""
     # ValueError on anything else (another program may publish on the channel).
     kind, faults, period, left, probe, origin, _ = reply.split("|", 6)
+    kind, _, why = kind.partition("/")
     shared = Shared(
         int(faults),
         int(period) / 1000,
         None if left == "-" else int(left) / 1000,
         kind == "closed",
         None if probe == "-" else int(probe) / 1000,
+        Cause.CREDENTIALS if why == "credentials" else Cause.OUTAGE,
     )
     return kind, origin, shared
+
+
+_CAUSES = {Cause.OUTAGE: "o", Cause.CREDENTIALS: "c"}
 
 
 def name_of(reply: str) -> str:
