@@ -15,6 +15,7 @@ from conftest import Metrics
 from switchyard_mw.asgi.variant import VariantMiddleware
 from switchyard_mw.config import Canary
 from switchyard_mw.core.variants import BUCKETS, Split, bucket
+from switchyard_mw.telemetry import names as tm
 from switchyard_mw.wire import Wire, read_request
 
 KEYS = [f"user-{i}" for i in range(10_000)]
@@ -185,7 +186,8 @@ async def test_middleware_rewrites_the_model_the_app_receives(
     assert set(models) == {"A", "A2"}
     # Pairs (turn 1, turn 2) agree.
     assert all(models[i] == models[i + 1] for i in range(0, len(models), 2))
-    assert otel_metrics.value("switchyard.variant.assignments", model="A", key="first_turn") >= 80
+    assigned = {tm.REQUEST_MODEL: "A", "key": "first_turn"}
+    assert otel_metrics.value(tm.VARIANT_ASSIGNMENTS, **assigned) >= 80
 
 
 async def test_no_canary_means_no_rewrite_and_keyless_continuation_pins() -> None:
