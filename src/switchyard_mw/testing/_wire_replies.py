@@ -9,11 +9,19 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
+
+from switchyard_mw.testing._tool_calls import (
+    Offer,
+    ToolCall,
+    anthropic_offer,
+    chat_offer,
+    responses_offer,
+)
 
 ErrorStyle = Literal["anthropic", "openai"]
 
@@ -26,17 +34,28 @@ class ReplyContext:
     text: str
     parts: tuple[str, ...]
     input_tokens: int
+    """Input tokens neither read from nor written to the prompt cache."""
     output_tokens: int
     # Chat Completions only sends a usage chunk when the caller asks for one.
     include_usage: bool = False
+    calls: tuple[ToolCall, ...] = ()
+    """Tool calls to answer with instead of text."""
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Every input token, cached or not: OpenAI's count (Anthropic's leaves cache out)."""
+        return self.input_tokens + self.cache_read_tokens + self.cache_write_tokens
 
 
 @dataclass(frozen=True, slots=True)
 class StreamPlan:
     """SSE frames of one streamed reply.
 
-    Split in three so the server can put stalls, gaps and faults between the text
-    deltas while the framing around them stays exactly what the real API sends.
+    Split in three so the server can put stalls, gaps and faults between the deltas (of text,
+    or of a tool call's arguments) while the framing around them stays exactly what the real
+    API sends.
     """
 
     prelude: bytes
@@ -45,17 +64,37 @@ class StreamPlan:
 
 
 @dataclass(frozen=True, slots=True)
+class Block:
+    """One content block (or output item, or tool call) of a stream: its opening frames, one
+    frame per delta, and its closing frames."""
+
+    opening: bytes
+    deltas: tuple[bytes, ...]
+    closing: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class Endpoint:
     errors: ErrorStyle
     reply: Callable[[ReplyContext], bytes]
     stream: Callable[[ReplyContext], StreamPlan]
+    offer: Callable[[dict[str, Any]], Offer]
+    """What the request offers in tools, read in this wire's terms."""
+    stream_error: Callable[[int, str], bytes]
+    """The wire's in-stream error event, given its sequence number and a message."""
 
 
-def split_text(text: str, parts: int) -> tuple[str, ...]:
-    """Split into `parts` contiguous pieces (fewer when the text is shorter)."""
-    count = max(1, min(parts, len(text)))
-    bounds = [len(text) * i // count for i in range(count + 1)]
-    return tuple(text[bounds[i] : bounds[i + 1]] for i in range(count))
+def fold(blocks: Sequence[Block]) -> tuple[bytes, tuple[bytes, ...], bytes]:
+    """Blocks as one opening, the deltas and one closing: a block's opening rides on its first
+    delta and the closing before it on that too, so every stall and fault falls between two
+    deltas, as in a one-block stream. Every block has at least one delta."""
+    deltas: list[bytes] = []
+    for before, block in zip((None, *blocks), blocks, strict=False):
+        first, *rest = block.deltas
+        if before is not None:
+            first = before.closing + block.opening + first
+        deltas += [first, *rest]
+    return blocks[0].opening, tuple(deltas), blocks[-1].closing
 
 
 def _new_id(prefix: str) -> str:
@@ -73,55 +112,98 @@ def _data(data: dict[str, Any]) -> bytes:
 # --- Anthropic Messages -----------------------------------------------------------------
 
 
+def _anthropic_usage(ctx: ReplyContext, output_tokens: int) -> dict[str, Any]:
+    # As message_delta carries it; message_start and a whole message add the rest below.
+    return {
+        "input_tokens": ctx.input_tokens,
+        "cache_creation_input_tokens": ctx.cache_write_tokens,
+        "cache_read_input_tokens": ctx.cache_read_tokens,
+        "output_tokens": output_tokens,
+    }
+
+
 def _anthropic_message(ctx: ReplyContext, msg_id: str, *, done: bool) -> dict[str, Any]:
+    usage = {
+        **_anthropic_usage(ctx, ctx.output_tokens if done else 1),
+        "cache_creation": {
+            "ephemeral_5m_input_tokens": ctx.cache_write_tokens,
+            "ephemeral_1h_input_tokens": 0,
+        },
+        "server_tool_use": None,
+        "service_tier": "standard",
+    }
+    content: list[dict[str, Any]] = [{"type": "text", "text": ctx.text}]
+    if ctx.calls:
+        content = [_tool_use(call, msgspec.json.decode(call.arguments)) for call in ctx.calls]
     return {
         "id": msg_id,
         "type": "message",
         "role": "assistant",
         "model": ctx.model,
-        "content": [{"type": "text", "text": ctx.text}] if done else [],
-        "stop_reason": "end_turn" if done else None,
+        "content": content if done else [],
+        "stop_reason": _anthropic_stop(ctx) if done else None,
         "stop_sequence": None,
-        "usage": {
-            "input_tokens": ctx.input_tokens,
-            "output_tokens": ctx.output_tokens if done else 1,
-        },
+        "usage": usage,
     }
+
+
+def _tool_use(call: ToolCall, arguments: Any) -> dict[str, Any]:
+    return {"type": "tool_use", "id": call.call_id, "name": call.name, "input": arguments}
+
+
+def _anthropic_stop(ctx: ReplyContext) -> str:
+    return "tool_use" if ctx.calls else "end_turn"
 
 
 def anthropic_reply(ctx: ReplyContext) -> bytes:
     return _encode(_anthropic_message(ctx, _new_id("msg_"), done=True))
 
 
+def _anthropic_block(index: int, start: dict[str, Any], deltas: list[dict[str, Any]]) -> Block:
+    return Block(
+        opening=_event(
+            "content_block_start",
+            {"type": "content_block_start", "index": index, "content_block": start},
+        ),
+        deltas=tuple(
+            _event(
+                "content_block_delta", {"type": "content_block_delta", "index": index, "delta": d}
+            )
+            for d in deltas
+        ),
+        closing=_event("content_block_stop", {"type": "content_block_stop", "index": index}),
+    )
+
+
 def anthropic_stream(ctx: ReplyContext) -> StreamPlan:
     start = _anthropic_message(ctx, _new_id("msg_"), done=False)
+    blocks = [
+        _anthropic_block(
+            index,
+            _tool_use(call, {}),
+            [{"type": "input_json_delta", "partial_json": p} for p in call.pieces],
+        )
+        for index, call in enumerate(ctx.calls)
+    ] or [
+        _anthropic_block(
+            0, {"type": "text", "text": ""}, [{"type": "text_delta", "text": p} for p in ctx.parts]
+        )
+    ]
+    opening, deltas, closing = fold(blocks)
     prelude = (
         _event("message_start", {"type": "message_start", "message": start})
-        + _event(
-            "content_block_start",
-            {
-                "type": "content_block_start",
-                "index": 0,
-                "content_block": {"type": "text", "text": ""},
-            },
-        )
+        + opening
         + _event("ping", {"type": "ping"})
     )
-    deltas = tuple(
-        _event(
-            "content_block_delta",
-            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": p}},
-        )
-        for p in ctx.parts
-    )
     epilogue = (
-        _event("content_block_stop", {"type": "content_block_stop", "index": 0})
+        closing
         + _event(
             "message_delta",
             {
                 "type": "message_delta",
-                "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                "usage": {"output_tokens": ctx.output_tokens},
+                "delta": {"stop_reason": _anthropic_stop(ctx), "stop_sequence": None},
+                # The API repeats the input and cache counts here, beside the output's.
+                "usage": _anthropic_usage(ctx, ctx.output_tokens),
             },
         )
         + _event("message_stop", {"type": "message_stop"})
@@ -129,18 +211,47 @@ def anthropic_stream(ctx: ReplyContext) -> StreamPlan:
     return StreamPlan(prelude, deltas, epilogue)
 
 
+def anthropic_stream_error(_sequence: int, message: str) -> bytes:
+    error = {"type": "overloaded_error", "message": message}
+    return _event("error", {"type": "error", "error": error})
+
+
 # --- OpenAI Chat Completions ------------------------------------------------------------
 
 
-def _chat_usage(ctx: ReplyContext) -> dict[str, int]:
+def _chat_usage(ctx: ReplyContext) -> dict[str, Any]:
     return {
-        "prompt_tokens": ctx.input_tokens,
+        "prompt_tokens": ctx.prompt_tokens,
         "completion_tokens": ctx.output_tokens,
-        "total_tokens": ctx.input_tokens + ctx.output_tokens,
+        "total_tokens": ctx.prompt_tokens + ctx.output_tokens,
+        "prompt_tokens_details": {"cached_tokens": ctx.cache_read_tokens, "audio_tokens": 0},
+        "completion_tokens_details": {
+            "reasoning_tokens": 0,
+            "audio_tokens": 0,
+            "accepted_prediction_tokens": 0,
+            "rejected_prediction_tokens": 0,
+        },
     }
 
 
+def _chat_call(
+    call: ToolCall, index: int | None = None, *, arguments: str | None = None
+) -> dict[str, Any]:
+    function = {"name": call.name, "arguments": call.arguments if arguments is None else arguments}
+    found = {"id": call.call_id, "type": "function", "function": function}
+    # A whole answer lists its calls; a stream's pieces say which call they continue.
+    return found if index is None else {"index": index, **found}
+
+
 def chat_reply(ctx: ReplyContext) -> bytes:
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": None if ctx.calls else ctx.text,
+        "refusal": None,
+        "annotations": [],
+    }
+    if ctx.calls:
+        message["tool_calls"] = [_chat_call(call) for call in ctx.calls]
     return _encode(
         {
             "id": _new_id("chatcmpl-"),
@@ -150,37 +261,62 @@ def chat_reply(ctx: ReplyContext) -> bytes:
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": ctx.text, "refusal": None},
+                    "message": message,
                     "logprobs": None,
-                    "finish_reason": "stop",
+                    "finish_reason": "tool_calls" if ctx.calls else "stop",
                 }
             ],
             "usage": _chat_usage(ctx),
+            "service_tier": "default",
             "system_fingerprint": None,
         }
     )
 
 
 def chat_stream(ctx: ReplyContext) -> StreamPlan:
-    head = {
+    head: dict[str, Any] = {
         "id": _new_id("chatcmpl-"),
         "object": "chat.completion.chunk",
         "created": int(time.time()),
         "model": ctx.model,
+        "service_tier": "default",
         "system_fingerprint": None,
     }
+    if ctx.include_usage:
+        head["usage"] = None  # on every chunk but the last, once the caller asked for usage
 
-    def chunk(delta: dict[str, Any], finish: str | None) -> bytes:
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         return _data({**head, "choices": [choice]})
 
-    epilogue = chunk({}, "stop")
+    role = {"role": "assistant", "content": None if ctx.calls else "", "refusal": None}
+    blocks = [
+        Block(
+            # The first chunk of a call names it; the ones after carry its arguments' pieces.
+            opening=chunk(
+                {
+                    **(role if index == 0 else {}),
+                    "tool_calls": [_chat_call(call, index, arguments="")],
+                }
+            ),
+            deltas=tuple(
+                chunk({"tool_calls": [{"index": index, "function": {"arguments": p}}]})
+                for p in call.pieces
+            ),
+            closing=b"",
+        )
+        for index, call in enumerate(ctx.calls)
+    ] or [Block(chunk(role), tuple(chunk({"content": p}) for p in ctx.parts), b"")]
+    prelude, deltas, closing = fold(blocks)
+    epilogue = closing + chunk({}, "tool_calls" if ctx.calls else "stop")
     if ctx.include_usage:
         epilogue += _data({**head, "choices": [], "usage": _chat_usage(ctx)})
-    return StreamPlan(
-        prelude=chunk({"role": "assistant", "content": ""}, None),
-        deltas=tuple(chunk({"content": p}, None) for p in ctx.parts),
-        epilogue=epilogue + b"data: [DONE]\n\n",
+    return StreamPlan(prelude, deltas, epilogue + b"data: [DONE]\n\n")
+
+
+def openai_chat_stream_error(_sequence: int, message: str) -> bytes:
+    return _data(
+        {"error": {"message": message, "type": "server_error", "param": None, "code": None}}
     )
 
 
@@ -201,14 +337,28 @@ def _output_message(ctx: ReplyContext, item_id: str, *, done: bool) -> dict[str,
     }
 
 
+def _function_call(call: ToolCall, *, done: bool) -> dict[str, Any]:
+    return {
+        "type": "function_call",
+        "id": call.item_id,
+        "call_id": call.call_id,
+        "name": call.name,
+        "arguments": call.arguments if done else "",
+        "status": "completed" if done else "in_progress",
+    }
+
+
 def _response(ctx: ReplyContext, resp_id: str, item_id: str, *, done: bool) -> dict[str, Any]:
     usage = {
-        "input_tokens": ctx.input_tokens,
-        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "input_tokens": ctx.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": ctx.cache_read_tokens},
         "output_tokens": ctx.output_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": ctx.input_tokens + ctx.output_tokens,
+        "total_tokens": ctx.prompt_tokens + ctx.output_tokens,
     }
+    output = [_function_call(call, done=True) for call in ctx.calls] or [
+        _output_message(ctx, item_id, done=True)
+    ]
     return {
         "id": resp_id,
         "object": "response",
@@ -218,7 +368,7 @@ def _response(ctx: ReplyContext, resp_id: str, item_id: str, *, done: bool) -> d
         "incomplete_details": None,
         "instructions": None,
         "model": ctx.model,
-        "output": [_output_message(ctx, item_id, done=True)] if done else [],
+        "output": output if done else [],
         "parallel_tool_calls": True,
         "tool_choice": "auto",
         "tools": [],
@@ -231,48 +381,82 @@ def responses_reply(ctx: ReplyContext) -> bytes:
     return _encode(_response(ctx, _new_id("resp_"), _new_id("msg_"), done=True))
 
 
-def responses_stream(ctx: ReplyContext) -> StreamPlan:
-    resp_id, item_id = _new_id("resp_"), _new_id("msg_")
-    seq = 0
+class _Sequenced:
+    """Responses events, numbered in the order they are made (which is the order they go)."""
 
-    def ev(name: str, **fields: Any) -> bytes:
-        nonlocal seq
-        frame = _event(name, {"type": name, "sequence_number": seq, **fields})
-        seq += 1
+    def __init__(self) -> None:
+        self.next = 0
+
+    def __call__(self, event: str, /, **fields: Any) -> bytes:
+        frame = _event(event, {"type": event, "sequence_number": self.next, **fields})
+        self.next += 1
         return frame
 
+
+def _responses_text(ctx: ReplyContext, ev: _Sequenced, item_id: str) -> Block:
     where = {"item_id": item_id, "output_index": 0, "content_index": 0}
-    pending = _response(ctx, resp_id, item_id, done=False)
-    prelude = (
-        ev("response.created", response=pending)
-        + ev("response.in_progress", response=pending)
-        + ev(
-            "response.output_item.added",
-            output_index=0,
-            item=_output_message(ctx, item_id, done=False),
-        )
-        + ev("response.content_part.added", **where, part=_output_text(""))
-    )
-    deltas = tuple(
-        ev("response.output_text.delta", **where, delta=p, logprobs=[]) for p in ctx.parts
-    )
-    epilogue = (
-        ev("response.output_text.done", **where, text=ctx.text, logprobs=[])
+    item = _output_message(ctx, item_id, done=False)
+    return Block(
+        opening=ev("response.output_item.added", output_index=0, item=item)
+        + ev("response.content_part.added", **where, part=_output_text("")),
+        deltas=tuple(
+            ev("response.output_text.delta", **where, delta=p, logprobs=[]) for p in ctx.parts
+        ),
+        closing=ev("response.output_text.done", **where, text=ctx.text, logprobs=[])
         + ev("response.content_part.done", **where, part=_output_text(ctx.text))
         + ev(
             "response.output_item.done",
             output_index=0,
             item=_output_message(ctx, item_id, done=True),
-        )
-        + ev("response.completed", response=_response(ctx, resp_id, item_id, done=True))
+        ),
     )
-    return StreamPlan(prelude, deltas, epilogue)
+
+
+def _responses_call(call: ToolCall, index: int, ev: _Sequenced) -> Block:
+    where = {"item_id": call.item_id, "output_index": index}
+    opening = ev(
+        "response.output_item.added", output_index=index, item=_function_call(call, done=False)
+    )
+    deltas = tuple(
+        ev("response.function_call_arguments.delta", **where, delta=p) for p in call.pieces
+    )
+    closing = ev(
+        "response.function_call_arguments.done", **where, name=call.name, arguments=call.arguments
+    ) + ev("response.output_item.done", output_index=index, item=_function_call(call, done=True))
+    return Block(opening, deltas, closing)
+
+
+def responses_stream(ctx: ReplyContext) -> StreamPlan:
+    resp_id, item_id = _new_id("resp_"), _new_id("msg_")
+    ev = _Sequenced()
+    pending = _response(ctx, resp_id, item_id, done=False)
+    started = ev("response.created", response=pending) + ev(
+        "response.in_progress", response=pending
+    )
+    # Built in stream order, so the sequence numbers run on across blocks.
+    blocks = [_responses_call(call, i, ev) for i, call in enumerate(ctx.calls)] or [
+        _responses_text(ctx, ev, item_id)
+    ]
+    opening, deltas, closing = fold(blocks)
+    completed = ev("response.completed", response=_response(ctx, resp_id, item_id, done=True))
+    return StreamPlan(started + opening, deltas, closing + completed)
+
+
+def responses_stream_error(sequence: int, message: str) -> bytes:
+    fields = {"code": "server_error", "message": message, "param": None}
+    return _event("error", {"type": "error", **fields, "sequence_number": sequence})
 
 
 ENDPOINTS: dict[str, Endpoint] = {
-    "/v1/messages": Endpoint("anthropic", anthropic_reply, anthropic_stream),
-    "/v1/chat/completions": Endpoint("openai", chat_reply, chat_stream),
-    "/v1/responses": Endpoint("openai", responses_reply, responses_stream),
+    "/v1/messages": Endpoint(
+        "anthropic", anthropic_reply, anthropic_stream, anthropic_offer, anthropic_stream_error
+    ),
+    "/v1/chat/completions": Endpoint(
+        "openai", chat_reply, chat_stream, chat_offer, openai_chat_stream_error
+    ),
+    "/v1/responses": Endpoint(
+        "openai", responses_reply, responses_stream, responses_offer, responses_stream_error
+    ),
 }
 
 

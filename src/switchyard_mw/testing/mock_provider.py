@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import uuid
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -42,13 +43,14 @@ from switchyard_mw.testing._asgi import (
     send_whole,
     unless_disconnected,
 )
+from switchyard_mw.testing._tool_calls import split_text, tool_calls
 from switchyard_mw.testing._wire_replies import (
     ENDPOINTS,
     Endpoint,
     ErrorStyle,
     ReplyContext,
+    StreamPlan,
     error_body,
-    split_text,
 )
 from switchyard_mw.wire import on_fresh_stack
 
@@ -76,11 +78,20 @@ class Behaviour(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     Timeline of an answer: read the whole request, wait ``headers_delay_secs``, then
     either fail, send a wire error (``status`` 4xx/5xx), or reply.
 
-    Streaming replies send the opening events at once, then ``chunks`` text deltas
-    ``chunk_interval_secs`` apart; after ``stall_after_chunks`` deltas (0 = before the
-    first) the stream waits ``body_stall_secs`` and, with ``fail="reset_mid_stream"``,
-    aborts. Non-streaming replies with a stall or a mid-stream fault send the headers
-    first (chunked, no content-length) and stall or abort before the body.
+    A reply is text, or tool calls when the request offers tools (see
+    ``switchyard_mw.testing._tool_calls`` for when): ``tool_calls`` calls, their arguments
+    ``tool_input`` or an example of the tool's schema.
+
+    Streaming replies send the opening events at once, then ``chunks`` deltas (of the text,
+    or of each call's arguments) ``chunk_interval_secs`` apart; after ``stall_after_chunks``
+    deltas (0 = before the first: headers long before the first token) the stream waits
+    ``body_stall_secs`` and, with ``fail="reset_mid_stream"``, aborts, or with
+    ``fail="error_mid_stream"`` sends the wire's error event and ends. Non-streaming replies
+    with a stall or a mid-stream fault send the headers first (chunked, no content-length)
+    and stall or abort before the body.
+
+    Usage counts 4 request bytes a token; ``cache_read_tokens`` and ``cache_write_tokens``
+    are input tokens reported as read from and written to the prompt cache, on top of those.
 
     ``fail="reset_before_headers"`` raises before anything is sent. Under uvicorn this
     does not drop the connection: uvicorn answers ``500 Internal Server Error`` in
@@ -97,7 +108,13 @@ class Behaviour(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     chunk_interval_secs: float = 0.0
     reply: str | None = None
     chunks: int = 3
-    fail: Literal["none", "reset_before_headers", "reset_mid_stream"] = "none"
+    fail: Literal["none", "reset_before_headers", "reset_mid_stream", "error_mid_stream"] = "none"
+    tool_calls: int = 1
+    """How many tools a tool-call answer calls (the offered tools in turn)."""
+    tool_input: dict[str, Any] | None = None
+    """The arguments of every tool call; None: an example of each tool's schema."""
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
     headers: dict[str, str] | None = None
     """Headers of an error answer: None sends the usual ones (a 429 says `retry-after: 1`,
     as both real APIs do); a mapping (even empty) sends exactly those, e.g. a 429 with
@@ -110,8 +127,11 @@ class Behaviour(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             raise ValueError(f"status must be 200 or within 400..599, got {self.status}")
         if self.chunks < 1:
             raise ValueError(f"chunks must be >= 1, got {self.chunks}")
-        if self.stall_after_chunks < 0:
-            raise ValueError(f"stall_after_chunks must be >= 0, got {self.stall_after_chunks}")
+        for count in ("stall_after_chunks", "cache_read_tokens", "cache_write_tokens"):
+            if getattr(self, count) < 0:
+                raise ValueError(f"{count} must be >= 0, got {getattr(self, count)}")
+        if self.tool_calls < 1:
+            raise ValueError(f"tool_calls must be >= 1, got {self.tool_calls}")
         for name in ("headers_delay_secs", "body_stall_secs", "chunk_interval_secs"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -128,6 +148,8 @@ class RecordedRequest(msgspec.Struct, frozen=True, kw_only=True):
     body: bytes
     headers: dict[str, str]
     """Header names lowercased; a repeated header keeps its last value."""
+    tool_call_ids: tuple[str, ...] = ()
+    """The ids of the tool calls the mock answered with (none: text, or an error)."""
 
 
 class MockProvider:
@@ -231,39 +253,61 @@ class MockProvider:
         fields: dict[str, Any] = payload if isinstance(payload, dict) else {}
         model = fields.get("model") if isinstance(fields.get("model"), str) else None
         stream = fields.get("stream") is True
+        behaviour = self.behaviour_for(key)
+        ctx = None
+        if behaviour.status == 200 and isinstance(payload, dict):
+            ctx = self._reply_context(endpoint, fields, behaviour, len(body))
         self._records.append(
             RecordedRequest(
-                path=scope["path"], key=key, model=model, stream=stream, body=body, headers=headers
+                path=scope["path"],
+                key=key,
+                model=model,
+                stream=stream,
+                body=body,
+                headers=headers,
+                tool_call_ids=tuple(call.call_id for call in ctx.calls) if ctx else (),
             )
         )
 
-        behaviour = self.behaviour_for(key)
         await _sleep(behaviour.headers_delay_secs)
         if behaviour.fail == "reset_before_headers":
             raise MockProviderFault("fail=reset_before_headers")
         if behaviour.status != 200:
             message = f"Mock provider answering {behaviour.status} for this API key."
             await _send_error(send, endpoint.errors, behaviour.status, message, behaviour.headers)
-            return
-        if not isinstance(payload, dict):
+        elif ctx is None:
             await _send_error(send, endpoint.errors, 400, "Request body is not a JSON object.")
-            return
-
-        text = behaviour.reply if behaviour.reply is not None else self.default_reply
-        options = fields.get("stream_options")
-        ctx = ReplyContext(
-            model=model or _DEFAULT_MODEL,
-            text=text,
-            parts=split_text(text, behaviour.chunks),
-            # Rough "4 bytes a token" figures: plausible, stable and free to compute.
-            input_tokens=max(1, len(body) // 4),
-            output_tokens=max(1, len(text.encode()) // 4),
-            include_usage=isinstance(options, dict) and options.get("include_usage") is True,
-        )
-        if stream:
+        elif stream:
             await _stream(endpoint, ctx, behaviour, send)
         else:
             await _reply(endpoint, ctx, behaviour, send)
+
+    def _reply_context(
+        self, endpoint: Endpoint, fields: dict[str, Any], behaviour: Behaviour, size: int
+    ) -> ReplyContext:
+        text = behaviour.reply if behaviour.reply is not None else self.default_reply
+        calls = tool_calls(
+            endpoint.offer(fields),
+            vendor=endpoint.errors,
+            count=behaviour.tool_calls,
+            pieces=behaviour.chunks,
+            tool_input=behaviour.tool_input,
+        )
+        said = "".join(c.name + c.arguments for c in calls) if calls else text
+        options = fields.get("stream_options")
+        model = fields.get("model")
+        return ReplyContext(
+            model=model if isinstance(model, str) and model else _DEFAULT_MODEL,
+            text=text,
+            parts=split_text(text, behaviour.chunks),
+            # Rough "4 bytes a token" figures: plausible, stable and free to compute.
+            input_tokens=max(1, size // 4),
+            output_tokens=max(1, len(said.encode()) // 4),
+            include_usage=isinstance(options, dict) and options.get("include_usage") is True,
+            calls=calls,
+            cache_read_tokens=behaviour.cache_read_tokens,
+            cache_write_tokens=behaviour.cache_write_tokens,
+        )
 
     async def _control(self, method: str, route: str, body: bytes, send: Send) -> None:
         if route == "health" and method == "GET":
@@ -300,38 +344,62 @@ class MockProvider:
 
 async def _reply(endpoint: Endpoint, ctx: ReplyContext, behaviour: Behaviour, send: Send) -> None:
     data = endpoint.reply(ctx)
+    request_id = _request_id(endpoint.errors)
     if behaviour.body_stall_secs <= 0 and behaviour.fail == "none":
-        await send_whole(send, 200, JSON_TYPE, data)
+        await send_whole(send, 200, JSON_TYPE, data, [request_id])
         return
     # No content-length, so the server has to send the headers now and chunk the body:
     # the client sees a response that started and then went quiet.
-    await send(
-        {"type": "http.response.start", "status": 200, "headers": [(b"content-type", JSON_TYPE)]}
-    )
+    headers = [(b"content-type", JSON_TYPE), request_id]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
     await _hiccup(behaviour)
+    if behaviour.fail == "error_mid_stream":
+        # A JSON answer has no event to carry an error once it started: it breaks off.
+        raise MockProviderFault("fail=error_mid_stream")
     await send({"type": "http.response.body", "body": data})
 
 
 async def _stream(endpoint: Endpoint, ctx: ReplyContext, behaviour: Behaviour, send: Send) -> None:
     plan = endpoint.stream(ctx)
-    headers = [(b"content-type", _SSE), (b"cache-control", b"no-cache")]
+    headers = [
+        (b"content-type", _SSE),
+        (b"cache-control", b"no-cache"),
+        _request_id(endpoint.errors),
+    ]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": plan.prelude, "more_body": True})
     for index, frame in enumerate(plan.deltas):
         if index > 0:
             await _sleep(behaviour.chunk_interval_secs)
-        if index == behaviour.stall_after_chunks:
-            await _hiccup(behaviour)
+        if index == behaviour.stall_after_chunks and not await _hiccup(behaviour):
+            await _break_off(endpoint, plan, index, send)
+            return
         await send({"type": "http.response.body", "body": frame, "more_body": True})
-    if behaviour.stall_after_chunks >= len(plan.deltas):
-        await _hiccup(behaviour)
+    if behaviour.stall_after_chunks >= len(plan.deltas) and not await _hiccup(behaviour):
+        await _break_off(endpoint, plan, len(plan.deltas), send)
+        return
     await send({"type": "http.response.body", "body": plan.epilogue})
 
 
-async def _hiccup(behaviour: Behaviour) -> None:
+async def _hiccup(behaviour: Behaviour) -> bool:
+    """Stall as the behaviour says; False when the stream is to end with an error event."""
     await _sleep(behaviour.body_stall_secs)
     if behaviour.fail == "reset_mid_stream":
         raise MockProviderFault("fail=reset_mid_stream")
+    return behaviour.fail != "error_mid_stream"
+
+
+async def _break_off(endpoint: Endpoint, plan: StreamPlan, sent: int, send: Send) -> None:
+    # Events end in a blank line (JSON inside has none): the count so far numbers the next.
+    sequence = (plan.prelude + b"".join(plan.deltas[:sent])).count(b"\n\n")
+    event = endpoint.stream_error(sequence, "Mock provider overloaded mid-stream.")
+    await send({"type": "http.response.body", "body": event})
+
+
+def _request_id(style: ErrorStyle) -> tuple[bytes, bytes]:
+    # Both APIs name each answer, errors included; the SDKs expose it as `_request_id`.
+    name = b"request-id" if style == "anthropic" else b"x-request-id"
+    return name, b"req_" + uuid.uuid4().hex[:24].encode()
 
 
 async def _sleep(secs: float) -> None:
@@ -374,6 +442,7 @@ async def _send_error(
         extra = [(b"retry-after", b"1")] if status == 429 else []
     else:
         extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+    extra.append(_request_id(style))
     await send_whole(send, status, JSON_TYPE, error_body(style, status, message), extra)
 
 
