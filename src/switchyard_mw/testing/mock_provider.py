@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import gzip
 import uuid
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -115,6 +116,9 @@ class Behaviour(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     """The arguments of every tool call; None: an example of each tool's schema."""
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
+    content_encoding: Literal["identity", "gzip"] = "identity"
+    """"gzip": JSON answers come gzip-compressed to a request whose accept-encoding allows it,
+    as the real APIs' CDNs may send them; streams stay uncompressed."""
     headers: dict[str, str] | None = None
     """Headers of an error answer: None sends the usual ones (a 429 says `retry-after: 1`,
     as both real APIs do); a mapping (even empty) sends exactly those, e.g. a 429 with
@@ -280,7 +284,8 @@ class MockProvider:
         elif stream:
             await _stream(endpoint, ctx, behaviour, send)
         else:
-            await _reply(endpoint, ctx, behaviour, send)
+            gzipped = behaviour.content_encoding == "gzip" and _accepts_gzip(headers)
+            await _reply(endpoint, ctx, behaviour, send, gzipped=gzipped)
 
     def _reply_context(
         self, endpoint: Endpoint, fields: dict[str, Any], behaviour: Behaviour, size: int
@@ -342,15 +347,20 @@ class MockProvider:
 # --- answering ----------------------------------------------------------------------------
 
 
-async def _reply(endpoint: Endpoint, ctx: ReplyContext, behaviour: Behaviour, send: Send) -> None:
+async def _reply(
+    endpoint: Endpoint, ctx: ReplyContext, behaviour: Behaviour, send: Send, *, gzipped: bool
+) -> None:
     data = endpoint.reply(ctx)
-    request_id = _request_id(endpoint.errors)
+    extra = [_request_id(endpoint.errors)]
+    if gzipped:
+        data = gzip.compress(data, mtime=0)
+        extra.append((b"content-encoding", b"gzip"))
     if behaviour.body_stall_secs <= 0 and behaviour.fail == "none":
-        await send_whole(send, 200, JSON_TYPE, data, [request_id])
+        await send_whole(send, 200, JSON_TYPE, data, extra)
         return
     # No content-length, so the server has to send the headers now and chunk the body:
     # the client sees a response that started and then went quiet.
-    headers = [(b"content-type", JSON_TYPE), request_id]
+    headers = [(b"content-type", JSON_TYPE), *extra]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await _hiccup(behaviour)
     if behaviour.fail == "error_mid_stream":
@@ -405,6 +415,14 @@ def _request_id(style: ErrorStyle) -> tuple[bytes, bytes]:
 async def _sleep(secs: float) -> None:
     if secs > 0:
         await asyncio.sleep(secs)
+
+
+def _accepts_gzip(headers: dict[str, str]) -> bool:
+    for coding in headers.get("accept-encoding", "").split(","):
+        name, _, params = coding.strip().partition(";")
+        if name.strip().lower() in ("gzip", "*"):
+            return params.replace(" ", "") not in ("q=0", "q=0.0", "q=0.00", "q=0.000")
+    return False
 
 
 def _api_key(headers: dict[str, str]) -> str:

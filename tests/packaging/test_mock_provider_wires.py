@@ -1,4 +1,5 @@
-"""The mock provider's tool calls, usage and in-stream errors, read by the official SDKs.
+"""The mock provider's tool calls, usage, request ids, compressed answers and in-stream errors,
+read by the official SDKs.
 
 Every answer is parsed into the SDK's typed objects and, for streams, put back together by the
 SDK's own streaming helper: a field the mock leaves out, misnames or sends in the wrong event
@@ -7,11 +8,13 @@ shows up as a missing value here, as it would in a user's agent.
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import AsyncIterable, Iterator
 from typing import Any
 
 import anthropic
+import httpx
 import httpx2
 import openai
 import pytest
@@ -535,3 +538,56 @@ async def test_error_mid_stream_without_streaming_breaks_off(tcp: tuple[MockProv
     async with gpt(mock, url) as client:
         with pytest.raises(openai.APIConnectionError):
             await client.chat.completions.create(model="m", messages=QUESTION)
+
+
+# --- compressed answers -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("accept", "gzipped"),
+    [
+        ("gzip, deflate", True),
+        ("br;q=1.0, GZIP;q=0.5", True),
+        ("*", True),
+        ("gzip;q=0", False),
+        ("identity", False),
+        (None, False),
+    ],
+)
+async def test_gzip_answers_when_accepted(
+    mock: MockProvider, accept: str | None, gzipped: bool
+) -> None:
+    mock.set_behaviour("*", Behaviour(content_encoding="gzip"))
+    headers = {"accept-encoding": accept} if accept is not None else {}
+    body = {"model": "m", "max_tokens": 9, "messages": QUESTION}
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=mock), base_url="http://mock.test"
+    ) as http:
+        request = http.build_request("POST", "/v1/messages", json=body, headers=headers)
+        if accept is None:
+            del request.headers["accept-encoding"]
+        answer = await http.send(request, stream=True)
+        raw = b"".join([piece async for piece in answer.aiter_raw()])
+    assert answer.headers.get("content-encoding") == ("gzip" if gzipped else None)
+    assert answer.headers["content-length"] == str(len(raw))
+    text = gzip.decompress(raw) if gzipped else raw
+    assert json.loads(text)["content"][0]["text"] == DEFAULT_REPLY
+
+
+async def test_gzip_answers_reach_the_sdks_and_streams_stay_plain(mock: MockProvider) -> None:
+    mock.set_behaviour("*", Behaviour(content_encoding="gzip"))
+    async with claude(mock) as client, gpt(mock) as o_client:
+        raw = await client.messages.with_raw_response.create(
+            model="m", max_tokens=9, messages=QUESTION
+        )
+        message = await raw.parse()
+        response = await o_client.responses.create(model="m", input="hi")
+        stream = await o_client.chat.completions.with_raw_response.create(
+            model="m", messages=QUESTION, stream=True
+        )
+        chunks = [chunk async for chunk in stream.parse()]
+    assert raw.headers["content-encoding"] == "gzip"
+    assert message.content[0].text == DEFAULT_REPLY  # type: ignore[union-attr]
+    assert response.output_text == DEFAULT_REPLY
+    assert "content-encoding" not in stream.headers
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == DEFAULT_REPLY
