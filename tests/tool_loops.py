@@ -16,6 +16,8 @@ from typing import Any
 import anthropic
 import openai
 
+from switchyard_mw.testing import Behaviour
+
 TOOL = "get_weather"
 QUESTION = "What is the weather in Zürich?"
 RESULT = "12 °C, clear skies"
@@ -39,6 +41,21 @@ TOOL_INPUT: dict[str, Any] = {
     "nested": {"ok": True},
 }
 WIRES = ("anthropic", "chat", "responses")
+ANSWER = "It is 12 °C."
+
+
+def model_behaviour(*, stream: bool) -> Behaviour:
+    """The mock's behaviour for a loop: arguments cut in nine pieces, cache counts in usage,
+    and in streams a sentence before the call (two blocks of different kinds in one stream);
+    JSON answers are the call alone."""
+    return Behaviour(
+        tool_input=TOOL_INPUT,
+        chunks=9,
+        reply=ANSWER,
+        text_before_tools=stream,
+        cache_read_tokens=300,
+        cache_write_tokens=40,
+    )
 
 
 @dataclass(frozen=True)
@@ -60,6 +77,8 @@ class Turn:
 
 @dataclass(frozen=True)
 class Loop:
+    said_first: str
+    """The text the model said beside its tool call ("" for none)."""
     call: Call
     answer: str
     turns: tuple[Turn, Turn]
@@ -97,10 +116,16 @@ async def anthropic_loop(client: anthropic.AsyncAnthropic, model: str, *, stream
     ]
     second = await _anthropic_turn(client, model, turns, tools, stream=stream)
     assert second.stop_reason == "end_turn"
-    answer = "".join(block.text for block in second.content if block.type == "text")
     return Loop(
-        Call(use.name, use.id, use.input), answer, (_claude_turn(first), _claude_turn(second))
+        _claude_text(first),
+        Call(use.name, use.id, use.input),
+        _claude_text(second),
+        (_claude_turn(first), _claude_turn(second)),
     )
+
+
+def _claude_text(message: anthropic.types.Message) -> str:
+    return "".join(block.text for block in message.content if block.type == "text")
 
 
 async def _anthropic_turn(
@@ -144,7 +169,8 @@ async def chat_loop(client: openai.AsyncOpenAI, model: str, *, stream: bool) -> 
     assert second.choices[0].finish_reason == "stop"
     call = Call(called.function.name, called.id, json.loads(called.function.arguments))
     answer = second.choices[0].message.content or ""
-    return Loop(call, answer, (_gpt_turn(first), _gpt_turn(second)))
+    said = choice.message.content or ""
+    return Loop(said, call, answer, (_gpt_turn(first), _gpt_turn(second)))
 
 
 async def _chat_turn(
@@ -181,13 +207,14 @@ async def responses_loop(client: openai.AsyncOpenAI, model: str, *, stream: bool
     first = await _responses_turn(client, model, items, tools, stream=stream)
     (called,) = [item for item in first.output if item.type == "function_call"]
     items += [
-        called.model_dump(exclude_none=True),
+        *(item.model_dump(exclude_none=True) for item in first.output),
         {"type": "function_call_output", "call_id": called.call_id, "output": RESULT},
     ]
     second = await _responses_turn(client, model, items, tools, stream=stream)
     assert not [item for item in second.output if item.type == "function_call"]
     call = Call(called.name, called.call_id, json.loads(called.arguments))
-    return Loop(call, second.output_text, (_responses_usage(first), _responses_usage(second)))
+    turns = (_responses_usage(first), _responses_usage(second))
+    return Loop(first.output_text, call, second.output_text, turns)
 
 
 async def _responses_turn(

@@ -17,19 +17,12 @@ import httpx
 import pytest
 
 from servers import example_gateway, serve_in_thread
-from switchyard_mw.testing import Behaviour, MockProvider
-from tool_loops import RESULT, TOOL, TOOL_INPUT, WIRES, run_loop
+from switchyard_mw.testing import MockProvider
+from tool_loops import ANSWER, RESULT, TOOL, TOOL_INPUT, WIRES, model_behaviour, run_loop
 
 pytestmark = pytest.mark.integration
 
 ENV = {"KEY_A": "key-a-secret"}
-BEHAVIOUR = Behaviour(
-    tool_input=TOOL_INPUT,
-    chunks=9,
-    reply="It is 12 °C.",
-    cache_read_tokens=300,
-    cache_write_tokens=40,
-)
 MODELS = [f"tools-{wire}-{mode}" for wire in WIRES for mode in ("json", "stream")]
 
 
@@ -79,7 +72,7 @@ async def test_a_tool_loop_through_the_gateway(
 ) -> None:
     provider, _ = mock
     provider.reset()
-    provider.set_behaviour("*", BEHAVIOUR)
+    provider.set_behaviour("*", model_behaviour(stream=stream))
     model = f"tools-{wire}-{'stream' if stream else 'json'}"
     before = usage(gateway, model)
 
@@ -91,7 +84,8 @@ async def test_a_tool_loop_through_the_gateway(
     assert loop.call.id in answered.body.decode()  # and back with the tool's result
     assert RESULT in answered.body.decode()
     assert answered.tool_call_ids == ()
-    assert loop.answer == "It is 12 °C."
+    assert loop.said_first == (ANSWER if stream else "")
+    assert loop.answer == ANSWER
     assert [turn.cache_read for turn in loop.turns] == [300, 300]
 
     after = usage(gateway, model)

@@ -22,9 +22,9 @@ from switchyard_mw.config import parse_config
 from switchyard_mw.extproc import ExtProcServer, Policies, Transport, start_server
 from switchyard_mw.telemetry import names as tm
 from switchyard_mw.telemetry import request_metrics as rm
-from switchyard_mw.testing import Behaviour, MockProvider
+from switchyard_mw.testing import MockProvider
 from switchyard_mw.testing.envoy import envoy_binary, run_envoy, with_ports
-from tool_loops import RESULT, TOOL, TOOL_INPUT, WIRES, run_loop
+from tool_loops import ANSWER, RESULT, TOOL, TOOL_INPUT, WIRES, model_behaviour, run_loop
 
 try:
     envoy_binary()
@@ -33,13 +33,6 @@ except FileNotFoundError:  # pragma: no cover - the dev extra installs envoy-ser
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 ENVOY_YAML = (ROOT / "examples" / "envoy" / "envoy.yaml").read_text()
-BEHAVIOUR = Behaviour(
-    tool_input=TOOL_INPUT,
-    chunks=9,
-    reply="It is 12 °C.",
-    cache_read_tokens=300,
-    cache_write_tokens=40,
-)
 MODELS = [f"tools-{wire}-{mode}" for wire in WIRES for mode in ("json", "stream")]
 
 
@@ -112,7 +105,7 @@ async def until_recorded(model: str, count: int) -> dict[str, tuple[int, float]]
 @pytest.mark.parametrize("wire", WIRES)
 async def test_a_tool_loop_through_envoy(rig: Rig, wire: str, stream: bool) -> None:
     rig.mock.reset()
-    rig.mock.set_behaviour("*", BEHAVIOUR)
+    rig.mock.set_behaviour("*", model_behaviour(stream=stream))
     model = f"tools-{wire}-{'stream' if stream else 'json'}"
     before = usage(model)
 
@@ -123,7 +116,8 @@ async def test_a_tool_loop_through_envoy(rig: Rig, wire: str, stream: bool) -> N
     assert (loop.call.id,) == asked.tool_call_ids  # as the provider sent it
     assert loop.call.id in answered.body.decode()  # and back with the tool's result
     assert RESULT in answered.body.decode()
-    assert loop.answer == "It is 12 °C."
+    assert loop.said_first == (ANSWER if stream else "")
+    assert loop.answer == ANSWER
     assert [turn.cache_read for turn in loop.turns] == [300, 300]
 
     was = {kind: before.get(kind, (0, 0.0)) for kind in ("input", "output")}

@@ -378,6 +378,75 @@ async def test_responses_function_calls_stream(mock: MockProvider) -> None:
     assert [item.id for item in final.output] == [e.item_id for e in done]
 
 
+TEXT_FIRST = Behaviour(text_before_tools=True, reply="Let me look.", chunks=2)
+
+
+async def test_anthropic_text_before_tool_use(mock: MockProvider) -> None:
+    mock.set_behaviour("*", TEXT_FIRST)
+    async with claude(mock) as client:
+        message = await client.messages.create(
+            model="m", max_tokens=64, messages=QUESTION, tools=CLAUDE_TOOLS
+        )
+        async with client.messages.stream(
+            model="m", max_tokens=64, messages=QUESTION, tools=CLAUDE_TOOLS
+        ) as stream:
+            events = [event async for event in stream]
+            final = await stream.get_final_message()
+    for answer in (message, final):
+        assert [b.type for b in answer.content] == ["text", "tool_use"]
+        assert answer.content[0].text == "Let me look."  # type: ignore[union-attr]
+        assert answer.content[1].input == EXAMPLE  # type: ignore[union-attr]
+        assert answer.stop_reason == "tool_use"
+    starts = [(e.index, e.content_block.type) for e in events if e.type == "content_block_start"]
+    assert starts == [(0, "text"), (1, "tool_use")]
+    assert [e.index for e in events if e.type == "content_block_stop"] == [0, 1]
+    said = "Let me look." + "get_weather" + json.dumps(EXAMPLE, separators=(",", ":"))
+    assert final.usage.output_tokens == len(said) // 4
+
+
+async def test_chat_content_beside_tool_calls(mock: MockProvider) -> None:
+    mock.set_behaviour("*", TEXT_FIRST)
+    tools = [{**t, "function": {**t["function"], "strict": True}} for t in CHAT_TOOLS]
+    async with gpt(mock) as client:
+        completion = await client.chat.completions.create(
+            model="m", messages=QUESTION, tools=CHAT_TOOLS
+        )
+        async with client.chat.completions.stream(
+            model="m", messages=QUESTION, tools=tools
+        ) as stream:
+            chunks = [e.chunk async for e in stream if e.type == "chunk"]
+            final = await stream.get_final_completion()
+    for answer in (completion, final):
+        message = answer.choices[0].message
+        assert message.content == "Let me look."
+        assert [c.function.name for c in message.tool_calls or []] == ["get_weather"]  # type: ignore[union-attr]
+        assert answer.choices[0].finish_reason == "tool_calls"
+    deltas = [c.choices[0].delta for c in chunks]
+    assert (deltas[0].role, deltas[0].content, deltas[0].tool_calls) == ("assistant", "", None)
+    assert [d.content for d in deltas[1:3]] == ["Let me", " look."]
+    assert deltas[3].tool_calls is not None
+    assert deltas[3].role is None
+
+
+async def test_responses_message_before_function_call(mock: MockProvider) -> None:
+    mock.set_behaviour("*", TEXT_FIRST)
+    async with gpt(mock) as client:
+        response = await client.responses.create(model="m", input=QUESTION, tools=RESPONSES_TOOLS)
+        async with client.responses.stream(
+            model="m", input=QUESTION, tools=RESPONSES_TOOLS
+        ) as stream:
+            events = [event async for event in stream]
+            final = await stream.get_final_response()
+    for answer in (response, final):
+        assert [item.type for item in answer.output] == ["message", "function_call"]
+        assert answer.output_text == "Let me look."
+    added = [
+        (e.output_index, e.item.type) for e in events if e.type == "response.output_item.added"
+    ]
+    assert added == [(0, "message"), (1, "function_call")]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
 # --- usage as each provider sends it ------------------------------------------------------
 
 CACHE = Behaviour(cache_read_tokens=300, cache_write_tokens=40)

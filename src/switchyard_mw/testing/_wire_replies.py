@@ -39,9 +39,15 @@ class ReplyContext:
     # Chat Completions only sends a usage chunk when the caller asks for one.
     include_usage: bool = False
     calls: tuple[ToolCall, ...] = ()
-    """Tool calls to answer with instead of text."""
+    """Tool calls to answer with instead of text, or after it (`text_first`)."""
+    text_first: bool = False
+    """Whether an answer with tool calls says its text before them."""
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
+
+    @property
+    def says_text(self) -> bool:
+        return self.text_first or not self.calls
 
     @property
     def prompt_tokens(self) -> int:
@@ -132,9 +138,8 @@ def _anthropic_message(ctx: ReplyContext, msg_id: str, *, done: bool) -> dict[st
         "server_tool_use": None,
         "service_tier": "standard",
     }
-    content: list[dict[str, Any]] = [{"type": "text", "text": ctx.text}]
-    if ctx.calls:
-        content = [_tool_use(call, msgspec.json.decode(call.arguments)) for call in ctx.calls]
+    content = [{"type": "text", "text": ctx.text}] if ctx.says_text else []
+    content += [_tool_use(call, msgspec.json.decode(call.arguments)) for call in ctx.calls]
     return {
         "id": msg_id,
         "type": "message",
@@ -177,17 +182,15 @@ def _anthropic_block(index: int, start: dict[str, Any], deltas: list[dict[str, A
 
 def anthropic_stream(ctx: ReplyContext) -> StreamPlan:
     start = _anthropic_message(ctx, _new_id("msg_"), done=False)
-    blocks = [
+    texts = [{"type": "text_delta", "text": p} for p in ctx.parts]
+    blocks = [_anthropic_block(0, {"type": "text", "text": ""}, texts)] if ctx.says_text else []
+    blocks += [
         _anthropic_block(
             index,
             _tool_use(call, {}),
             [{"type": "input_json_delta", "partial_json": p} for p in call.pieces],
         )
-        for index, call in enumerate(ctx.calls)
-    ] or [
-        _anthropic_block(
-            0, {"type": "text", "text": ""}, [{"type": "text_delta", "text": p} for p in ctx.parts]
-        )
+        for index, call in enumerate(ctx.calls, start=len(blocks))
     ]
     opening, deltas, closing = fold(blocks)
     prelude = (
@@ -246,7 +249,7 @@ def _chat_call(
 def chat_reply(ctx: ReplyContext) -> bytes:
     message: dict[str, Any] = {
         "role": "assistant",
-        "content": None if ctx.calls else ctx.text,
+        "content": ctx.text if ctx.says_text else None,
         "refusal": None,
         "annotations": [],
     }
@@ -289,24 +292,24 @@ def chat_stream(ctx: ReplyContext) -> StreamPlan:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         return _data({**head, "choices": [choice]})
 
-    role = {"role": "assistant", "content": None if ctx.calls else "", "refusal": None}
-    blocks = [
-        Block(
-            # The first chunk of a call names it; the ones after carry its arguments' pieces.
-            opening=chunk(
-                {
-                    **(role if index == 0 else {}),
-                    "tool_calls": [_chat_call(call, index, arguments="")],
-                }
-            ),
-            deltas=tuple(
-                chunk({"tool_calls": [{"index": index, "function": {"arguments": p}}]})
-                for p in call.pieces
-            ),
-            closing=b"",
+    role = {"role": "assistant", "content": "" if ctx.says_text else None, "refusal": None}
+    blocks = []
+    if ctx.says_text:
+        blocks.append(Block(chunk(role), tuple(chunk({"content": p}) for p in ctx.parts), b""))
+    for index, call in enumerate(ctx.calls):
+        # The first chunk of a call names it (and opens the message, when no text did); the
+        # ones after carry its arguments' pieces.
+        named = {"tool_calls": [_chat_call(call, index, arguments="")]}
+        blocks.append(
+            Block(
+                opening=chunk({**role, **named} if not blocks else named),
+                deltas=tuple(
+                    chunk({"tool_calls": [{"index": index, "function": {"arguments": p}}]})
+                    for p in call.pieces
+                ),
+                closing=b"",
+            )
         )
-        for index, call in enumerate(ctx.calls)
-    ] or [Block(chunk(role), tuple(chunk({"content": p}) for p in ctx.parts), b"")]
     prelude, deltas, closing = fold(blocks)
     epilogue = closing + chunk({}, "tool_calls" if ctx.calls else "stop")
     if ctx.include_usage:
@@ -356,9 +359,8 @@ def _response(ctx: ReplyContext, resp_id: str, item_id: str, *, done: bool) -> d
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": ctx.prompt_tokens + ctx.output_tokens,
     }
-    output = [_function_call(call, done=True) for call in ctx.calls] or [
-        _output_message(ctx, item_id, done=True)
-    ]
+    output = [_output_message(ctx, item_id, done=True)] if ctx.says_text else []
+    output += [_function_call(call, done=True) for call in ctx.calls]
     return {
         "id": resp_id,
         "object": "response",
@@ -434,9 +436,8 @@ def responses_stream(ctx: ReplyContext) -> StreamPlan:
         "response.in_progress", response=pending
     )
     # Built in stream order, so the sequence numbers run on across blocks.
-    blocks = [_responses_call(call, i, ev) for i, call in enumerate(ctx.calls)] or [
-        _responses_text(ctx, ev, item_id)
-    ]
+    blocks = [_responses_text(ctx, ev, item_id)] if ctx.says_text else []
+    blocks += [_responses_call(call, i, ev) for i, call in enumerate(ctx.calls, start=len(blocks))]
     opening, deltas, closing = fold(blocks)
     completed = ev("response.completed", response=_response(ctx, resp_id, item_id, done=True))
     return StreamPlan(started + opening, deltas, closing + completed)

@@ -114,6 +114,9 @@ class Behaviour(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     """How many tools a tool-call answer calls (the offered tools in turn)."""
     tool_input: dict[str, Any] | None = None
     """The arguments of every tool call; None: an example of each tool's schema."""
+    text_before_tools: bool = False
+    """A tool-call answer says the reply text first, as Claude often does (one text block,
+    then the tool_use blocks; Chat's content beside tool_calls; a Responses message item)."""
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
     content_encoding: Literal["identity", "gzip"] = "identity"
@@ -298,7 +301,9 @@ class MockProvider:
             pieces=behaviour.chunks,
             tool_input=behaviour.tool_input,
         )
-        said = "".join(c.name + c.arguments for c in calls) if calls else text
+        said = "".join(c.name + c.arguments for c in calls)
+        if behaviour.text_before_tools or not calls:
+            said += text
         options = fields.get("stream_options")
         model = fields.get("model")
         return ReplyContext(
@@ -310,6 +315,7 @@ class MockProvider:
             output_tokens=max(1, len(said.encode()) // 4),
             include_usage=isinstance(options, dict) and options.get("include_usage") is True,
             calls=calls,
+            text_first=behaviour.text_before_tools,
             cache_read_tokens=behaviour.cache_read_tokens,
             cache_write_tokens=behaviour.cache_write_tokens,
         )
