@@ -22,6 +22,7 @@ import pytest
 from servers import serve_in_thread
 from switchyard_mw.testing import DEFAULT_REPLY, Behaviour, MockProvider
 from switchyard_mw.testing._tool_calls import example_of
+from switchyard_mw.testing.mock_provider import THOUGHT
 
 QUESTION: Any = [{"role": "user", "content": "Weather in Oslo?"}]
 SCHEMA = {
@@ -444,6 +445,82 @@ async def test_responses_message_before_function_call(mock: MockProvider) -> Non
         (e.output_index, e.item.type) for e in events if e.type == "response.output_item.added"
     ]
     assert added == [(0, "message"), (1, "function_call")]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
+# --- thinking, when the request asks for it ------------------------------------------------
+
+THOUGHT_TOKENS = len(THOUGHT) // 4
+
+
+async def test_anthropic_thinking_block_comes_first(mock: MockProvider) -> None:
+    thinking: Any = {"type": "enabled", "budget_tokens": 1024}
+    async with claude(mock) as client:
+        message = await client.messages.create(
+            model="m", max_tokens=2048, messages=QUESTION, thinking=thinking
+        )
+        async with client.messages.stream(
+            model="m", max_tokens=2048, messages=QUESTION, thinking=thinking, tools=CLAUDE_TOOLS
+        ) as stream:
+            events = [event async for event in stream]
+            final = await stream.get_final_message()
+    assert [b.type for b in message.content] == ["thinking", "text"]
+    assert [b.type for b in final.content] == ["thinking", "tool_use"]
+    for answer in (message, final):
+        block = answer.content[0]
+        assert block.type == "thinking"
+        assert block.thinking == THOUGHT
+        assert block.signature
+    assert "".join(e.thinking for e in events if e.type == "thinking") == THOUGHT
+    assert [e.signature for e in events if e.type == "signature"] == [final.content[0].signature]  # type: ignore[union-attr]
+    said = "get_weather" + json.dumps(EXAMPLE, separators=(",", ":"))
+    assert final.usage.output_tokens == len(said) // 4 + THOUGHT_TOKENS
+    assert message.usage.output_tokens == len(DEFAULT_REPLY) // 4 + THOUGHT_TOKENS
+
+
+async def test_anthropic_without_thinking_has_no_thinking_block(mock: MockProvider) -> None:
+    async with claude(mock) as client:
+        message = await client.messages.create(
+            model="m", max_tokens=9, messages=QUESTION, thinking={"type": "disabled"}
+        )
+    assert [b.type for b in message.content] == ["text"]
+    assert message.usage.output_tokens == len(DEFAULT_REPLY) // 4
+
+
+async def test_openai_reasoning_is_counted_and_a_responses_item(mock: MockProvider) -> None:
+    async with gpt(mock) as client:
+        completion = await client.chat.completions.create(
+            model="m", messages=QUESTION, reasoning_effort="low"
+        )
+        plain = await client.chat.completions.create(model="m", messages=QUESTION)
+        response = await client.responses.create(
+            model="m", input="hi", reasoning={"effort": "medium"}
+        )
+        async with client.responses.stream(
+            model="m", input="hi", reasoning={"effort": "high"}, tools=RESPONSES_TOOLS
+        ) as stream:
+            events = [event async for event in stream]
+            final = await stream.get_final_response()
+    usage = completion.usage
+    assert usage is not None
+    assert usage.completion_tokens_details is not None
+    assert usage.completion_tokens_details.reasoning_tokens == THOUGHT_TOKENS
+    assert usage.completion_tokens == len(DEFAULT_REPLY) // 4 + THOUGHT_TOKENS
+    assert completion.choices[0].message.content == DEFAULT_REPLY
+    assert plain.usage is not None
+    assert plain.usage.completion_tokens_details is not None
+    assert plain.usage.completion_tokens_details.reasoning_tokens == 0
+    assert [item.type for item in response.output] == ["reasoning", "message"]
+    assert response.output_text == DEFAULT_REPLY
+    assert [item.type for item in final.output] == ["reasoning", "function_call"]
+    for answer in (response, final):
+        assert answer.usage is not None
+        assert answer.usage.output_tokens_details.reasoning_tokens == THOUGHT_TOKENS
+    added = [
+        (e.output_index, e.item.type) for e in events if e.type == "response.output_item.added"
+    ]
+    assert added == [(0, "reasoning"), (1, "function_call")]
+    assert final.output[0].id == events[2].item.id  # type: ignore[union-attr]
     assert [e.sequence_number for e in events] == list(range(len(events)))
 
 

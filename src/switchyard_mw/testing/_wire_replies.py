@@ -7,10 +7,12 @@ always present, even where the mock has nothing meaningful to put in them.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import msgspec
@@ -42,6 +44,12 @@ class ReplyContext:
     """Tool calls to answer with instead of text, or after it (`text_first`)."""
     text_first: bool = False
     """Whether an answer with tool calls says its text before them."""
+    thought: str = ""
+    """What the model thinks before it answers, when the request asks it to ("": no thinking).
+    Anthropic shows it as a thinking block; OpenAI only counts its reasoning tokens."""
+    thought_parts: tuple[str, ...] = ()
+    reasoning_tokens: int = 0
+    """Of `output_tokens`, those spent thinking."""
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
 
@@ -88,6 +96,8 @@ class Endpoint:
     """What the request offers in tools, read in this wire's terms."""
     stream_error: Callable[[int, str], bytes]
     """The wire's in-stream error event, given its sequence number and a message."""
+    thinks: Callable[[dict[str, Any]], bool]
+    """Whether the request asks the model to think (reason) before it answers."""
 
 
 def fold(blocks: Sequence[Block]) -> tuple[bytes, tuple[bytes, ...], bytes]:
@@ -138,7 +148,8 @@ def _anthropic_message(ctx: ReplyContext, msg_id: str, *, done: bool) -> dict[st
         "server_tool_use": None,
         "service_tier": "standard",
     }
-    content = [{"type": "text", "text": ctx.text}] if ctx.says_text else []
+    content = [_thinking(ctx.thought)] if ctx.thought else []
+    content += [{"type": "text", "text": ctx.text}] if ctx.says_text else []
     content += [_tool_use(call, msgspec.json.decode(call.arguments)) for call in ctx.calls]
     return {
         "id": msg_id,
@@ -150,6 +161,20 @@ def _anthropic_message(ctx: ReplyContext, msg_id: str, *, done: bool) -> dict[st
         "stop_sequence": None,
         "usage": usage,
     }
+
+
+def _thinking(thought: str) -> dict[str, Any]:
+    return {"type": "thinking", "thinking": thought, "signature": _signature(thought)}
+
+
+def _signature(thought: str) -> str:
+    # Opaque to clients, which send it back with the block: any base64 will do.
+    return base64.b64encode(hashlib.sha256(thought.encode()).digest()).decode()
+
+
+def anthropic_thinks(request: dict[str, Any]) -> bool:
+    thinking = request.get("thinking")
+    return isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
 
 
 def _tool_use(call: ToolCall, arguments: Any) -> dict[str, Any]:
@@ -164,7 +189,9 @@ def anthropic_reply(ctx: ReplyContext) -> bytes:
     return _encode(_anthropic_message(ctx, _new_id("msg_"), done=True))
 
 
-def _anthropic_block(index: int, start: dict[str, Any], deltas: list[dict[str, Any]]) -> Block:
+def _anthropic_block(
+    index: int, start: dict[str, Any], deltas: list[dict[str, Any]], last: bytes = b""
+) -> Block:
     return Block(
         opening=_event(
             "content_block_start",
@@ -176,14 +203,23 @@ def _anthropic_block(index: int, start: dict[str, Any], deltas: list[dict[str, A
             )
             for d in deltas
         ),
-        closing=_event("content_block_stop", {"type": "content_block_stop", "index": index}),
+        closing=last + _event("content_block_stop", {"type": "content_block_stop", "index": index}),
     )
 
 
 def anthropic_stream(ctx: ReplyContext) -> StreamPlan:
     start = _anthropic_message(ctx, _new_id("msg_"), done=False)
-    texts = [{"type": "text_delta", "text": p} for p in ctx.parts]
-    blocks = [_anthropic_block(0, {"type": "text", "text": ""}, texts)] if ctx.says_text else []
+    blocks = []
+    if ctx.thought:
+        thoughts = [{"type": "thinking_delta", "thinking": p} for p in ctx.thought_parts]
+        signed = {"type": "signature_delta", "signature": _signature(ctx.thought)}
+        signature = _event(
+            "content_block_delta", {"type": "content_block_delta", "index": 0, "delta": signed}
+        )
+        blocks.append(_anthropic_block(0, _thinking("") | {"signature": ""}, thoughts, signature))
+    if ctx.says_text:
+        texts = [{"type": "text_delta", "text": p} for p in ctx.parts]
+        blocks.append(_anthropic_block(len(blocks), {"type": "text", "text": ""}, texts))
     blocks += [
         _anthropic_block(
             index,
@@ -229,7 +265,7 @@ def _chat_usage(ctx: ReplyContext) -> dict[str, Any]:
         "total_tokens": ctx.prompt_tokens + ctx.output_tokens,
         "prompt_tokens_details": {"cached_tokens": ctx.cache_read_tokens, "audio_tokens": 0},
         "completion_tokens_details": {
-            "reasoning_tokens": 0,
+            "reasoning_tokens": ctx.reasoning_tokens,
             "audio_tokens": 0,
             "accepted_prediction_tokens": 0,
             "rejected_prediction_tokens": 0,
@@ -351,18 +387,43 @@ def _function_call(call: ToolCall, *, done: bool) -> dict[str, Any]:
     }
 
 
-def _response(ctx: ReplyContext, resp_id: str, item_id: str, *, done: bool) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class _Ids:
+    """A response's ids, the same in its events and its final form."""
+
+    response: str = field(default_factory=lambda: _new_id("resp_"))
+    message: str = field(default_factory=lambda: _new_id("msg_"))
+    reasoning: str = field(default_factory=lambda: _new_id("rs_"))
+
+
+def _reasoning(item_id: str) -> dict[str, Any]:
+    # Without `reasoning.summary` or an `include` asking for it, the item says nothing more.
+    return {"type": "reasoning", "id": item_id, "summary": []}
+
+
+def responses_thinks(request: dict[str, Any]) -> bool:
+    reasoning = request.get("reasoning")
+    return isinstance(reasoning, dict) and reasoning.get("effort") not in ("none", "minimal")
+
+
+def chat_thinks(request: dict[str, Any]) -> bool:
+    effort = request.get("reasoning_effort")
+    return isinstance(effort, str) and effort not in ("none", "minimal")
+
+
+def _response(ctx: ReplyContext, ids: _Ids, *, done: bool) -> dict[str, Any]:
     usage = {
         "input_tokens": ctx.prompt_tokens,
         "input_tokens_details": {"cached_tokens": ctx.cache_read_tokens},
         "output_tokens": ctx.output_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": ctx.reasoning_tokens},
         "total_tokens": ctx.prompt_tokens + ctx.output_tokens,
     }
-    output = [_output_message(ctx, item_id, done=True)] if ctx.says_text else []
+    output = [_reasoning(ids.reasoning)] if ctx.thought else []
+    output += [_output_message(ctx, ids.message, done=True)] if ctx.says_text else []
     output += [_function_call(call, done=True) for call in ctx.calls]
     return {
-        "id": resp_id,
+        "id": ids.response,
         "object": "response",
         "created_at": int(time.time()),
         "status": "completed" if done else "in_progress",
@@ -380,7 +441,7 @@ def _response(ctx: ReplyContext, resp_id: str, item_id: str, *, done: bool) -> d
 
 
 def responses_reply(ctx: ReplyContext) -> bytes:
-    return _encode(_response(ctx, _new_id("resp_"), _new_id("msg_"), done=True))
+    return _encode(_response(ctx, _Ids(), done=True))
 
 
 class _Sequenced:
@@ -395,11 +456,11 @@ class _Sequenced:
         return frame
 
 
-def _responses_text(ctx: ReplyContext, ev: _Sequenced, item_id: str) -> Block:
-    where = {"item_id": item_id, "output_index": 0, "content_index": 0}
+def _responses_text(ctx: ReplyContext, ev: _Sequenced, item_id: str, index: int) -> Block:
+    where = {"item_id": item_id, "output_index": index, "content_index": 0}
     item = _output_message(ctx, item_id, done=False)
     return Block(
-        opening=ev("response.output_item.added", output_index=0, item=item)
+        opening=ev("response.output_item.added", output_index=index, item=item)
         + ev("response.content_part.added", **where, part=_output_text("")),
         deltas=tuple(
             ev("response.output_text.delta", **where, delta=p, logprobs=[]) for p in ctx.parts
@@ -408,7 +469,7 @@ def _responses_text(ctx: ReplyContext, ev: _Sequenced, item_id: str) -> Block:
         + ev("response.content_part.done", **where, part=_output_text(ctx.text))
         + ev(
             "response.output_item.done",
-            output_index=0,
+            output_index=index,
             item=_output_message(ctx, item_id, done=True),
         ),
     )
@@ -429,17 +490,24 @@ def _responses_call(call: ToolCall, index: int, ev: _Sequenced) -> Block:
 
 
 def responses_stream(ctx: ReplyContext) -> StreamPlan:
-    resp_id, item_id = _new_id("resp_"), _new_id("msg_")
+    ids = _Ids()
     ev = _Sequenced()
-    pending = _response(ctx, resp_id, item_id, done=False)
+    pending = _response(ctx, ids, done=False)
     started = ev("response.created", response=pending) + ev(
         "response.in_progress", response=pending
     )
+    index = 0
+    if ctx.thought:  # a reasoning item without a summary has no deltas: it opens and closes
+        item = _reasoning(ids.reasoning)
+        started += ev("response.output_item.added", output_index=0, item=item)
+        started += ev("response.output_item.done", output_index=0, item=item)
+        index = 1
     # Built in stream order, so the sequence numbers run on across blocks.
-    blocks = [_responses_text(ctx, ev, item_id)] if ctx.says_text else []
-    blocks += [_responses_call(call, i, ev) for i, call in enumerate(ctx.calls, start=len(blocks))]
+    blocks = [_responses_text(ctx, ev, ids.message, index)] if ctx.says_text else []
+    index += len(blocks)
+    blocks += [_responses_call(call, i, ev) for i, call in enumerate(ctx.calls, start=index)]
     opening, deltas, closing = fold(blocks)
-    completed = ev("response.completed", response=_response(ctx, resp_id, item_id, done=True))
+    completed = ev("response.completed", response=_response(ctx, ids, done=True))
     return StreamPlan(started + opening, deltas, closing + completed)
 
 
@@ -450,13 +518,23 @@ def responses_stream_error(sequence: int, message: str) -> bytes:
 
 ENDPOINTS: dict[str, Endpoint] = {
     "/v1/messages": Endpoint(
-        "anthropic", anthropic_reply, anthropic_stream, anthropic_offer, anthropic_stream_error
+        "anthropic",
+        anthropic_reply,
+        anthropic_stream,
+        anthropic_offer,
+        anthropic_stream_error,
+        anthropic_thinks,
     ),
     "/v1/chat/completions": Endpoint(
-        "openai", chat_reply, chat_stream, chat_offer, openai_chat_stream_error
+        "openai", chat_reply, chat_stream, chat_offer, openai_chat_stream_error, chat_thinks
     ),
     "/v1/responses": Endpoint(
-        "openai", responses_reply, responses_stream, responses_offer, responses_stream_error
+        "openai",
+        responses_reply,
+        responses_stream,
+        responses_offer,
+        responses_stream_error,
+        responses_thinks,
     ),
 }
 

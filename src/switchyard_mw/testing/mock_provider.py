@@ -66,6 +66,8 @@ __all__ = [
 ]
 
 DEFAULT_REPLY = "Hello from the mock provider."
+THOUGHT = "The question is clear; the answer follows from it."
+"""What the mock thinks when a request asks for thinking (Anthropic shows it; OpenAI counts it)."""
 DEFAULT_KEY = "*"
 """The behaviour key that applies to every API key without a behaviour of its own."""
 
@@ -304,6 +306,7 @@ class MockProvider:
         said = "".join(c.name + c.arguments for c in calls)
         if behaviour.text_before_tools or not calls:
             said += text
+        thought = THOUGHT if endpoint.thinks(fields) else ""
         options = fields.get("stream_options")
         model = fields.get("model")
         return ReplyContext(
@@ -312,10 +315,13 @@ class MockProvider:
             parts=split_text(text, behaviour.chunks),
             # Rough "4 bytes a token" figures: plausible, stable and free to compute.
             input_tokens=max(1, size // 4),
-            output_tokens=max(1, len(said.encode()) // 4),
+            output_tokens=max(1, len(said.encode()) // 4) + _tokens(thought),
             include_usage=isinstance(options, dict) and options.get("include_usage") is True,
             calls=calls,
             text_first=behaviour.text_before_tools,
+            thought=thought,
+            thought_parts=split_text(thought, behaviour.chunks),
+            reasoning_tokens=_tokens(thought),
             cache_read_tokens=behaviour.cache_read_tokens,
             cache_write_tokens=behaviour.cache_write_tokens,
         )
@@ -421,6 +427,10 @@ def _request_id(style: ErrorStyle) -> tuple[bytes, bytes]:
 async def _sleep(secs: float) -> None:
     if secs > 0:
         await asyncio.sleep(secs)
+
+
+def _tokens(text: str) -> int:
+    return max(1, len(text.encode()) // 4) if text else 0
 
 
 def _accepts_gzip(headers: dict[str, str]) -> bool:
