@@ -44,15 +44,9 @@ from switchyard_mw.testing._asgi import (
     send_whole,
     unless_disconnected,
 )
+from switchyard_mw.testing._replies import ReplyContext, StreamPlan
 from switchyard_mw.testing._tool_calls import split_text, tool_calls
-from switchyard_mw.testing._wire_replies import (
-    ENDPOINTS,
-    Endpoint,
-    ErrorStyle,
-    ReplyContext,
-    StreamPlan,
-    error_body,
-)
+from switchyard_mw.testing._wire_replies import ENDPOINTS, Endpoint, ErrorStyle, error_body
 from switchyard_mw.wire import on_fresh_stack
 
 __all__ = [
