@@ -737,3 +737,16 @@ async def test_gzip_answers_reach_the_sdks_and_streams_stay_plain(mock: MockProv
     assert response.output_text == DEFAULT_REPLY
     assert "content-encoding" not in stream.headers
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == DEFAULT_REPLY
+
+
+async def test_control_api_lists_the_tool_call_ids(tcp: tuple[MockProvider, str]) -> None:
+    mock, url = tcp
+    async with gpt(mock, url) as client, httpx.AsyncClient(base_url=url) as http:
+        await http.put("/_mock/behaviours/*", json={"tool_calls": 2, "tool_input": {"q": 1}})
+        completion = await client.chat.completions.create(
+            model="m", messages=QUESTION, tools=CHAT_TOOLS
+        )
+        records = (await http.get("/_mock/requests")).json()
+    ids = [call.id for call in completion.choices[0].message.tool_calls or []]
+    assert len(ids) == 2
+    assert records[-1]["tool_call_ids"] == ids
