@@ -750,3 +750,71 @@ async def test_control_api_lists_the_tool_call_ids(tcp: tuple[MockProvider, str]
     ids = [call.id for call in completion.choices[0].message.tool_calls or []]
     assert len(ids) == 2
     assert records[-1]["tool_call_ids"] == ids
+
+
+# --- answers cut at the request's output cap ----------------------------------------------
+
+LONG = "Twelve bytes" * 10  # 120 bytes: 30 tokens
+
+
+async def test_stop_at_max_tokens_anthropic(mock: MockProvider) -> None:
+    mock.set_behaviour("*", Behaviour(reply=LONG, stop_at_max_tokens=True))
+    async with claude(mock) as client:
+        cut = await client.messages.create(model="m", max_tokens=5, messages=QUESTION)
+        whole = await client.messages.create(model="m", max_tokens=30, messages=QUESTION)
+        async with client.messages.stream(model="m", max_tokens=5, messages=QUESTION) as stream:
+            streamed = await stream.get_final_message()
+    for message in (cut, streamed):
+        assert message.stop_reason == "max_tokens"
+        assert message.content[0].text == LONG[:20]  # type: ignore[union-attr]
+        assert message.usage.output_tokens == 5
+    assert whole.stop_reason == "end_turn"
+    assert whole.content[0].text == LONG  # type: ignore[union-attr]
+
+
+async def test_stop_at_max_tokens_spends_the_thought_first(mock: MockProvider) -> None:
+    mock.set_behaviour("*", Behaviour(reply=LONG, stop_at_max_tokens=True))
+    thinking: Any = {"type": "enabled", "budget_tokens": 1024}
+    cap = len(THOUGHT) // 4 + 2
+    async with claude(mock) as client:
+        message = await client.messages.create(
+            model="m", max_tokens=cap, messages=QUESTION, thinking=thinking
+        )
+    assert [b.type for b in message.content] == ["thinking", "text"]
+    assert message.content[1].text == LONG[:8]  # type: ignore[union-attr]
+    assert message.usage.output_tokens == cap
+
+
+async def test_stop_at_max_tokens_openai(mock: MockProvider) -> None:
+    mock.set_behaviour("*", Behaviour(reply=LONG, stop_at_max_tokens=True))
+    async with gpt(mock) as client:
+        chat = await client.chat.completions.create(
+            model="m", messages=QUESTION, max_completion_tokens=3
+        )
+        legacy = await client.chat.completions.create(model="m", messages=QUESTION, max_tokens=4)
+        response = await client.responses.create(model="m", input="hi", max_output_tokens=16)
+        async with client.responses.stream(model="m", input="hi", max_output_tokens=16) as stream:
+            events = [event async for event in stream]
+    assert chat.choices[0].finish_reason == "length"
+    assert chat.choices[0].message.content == LONG[:12]
+    assert legacy.choices[0].message.content == LONG[:16]
+    assert legacy.usage is not None
+    assert legacy.usage.completion_tokens == 4
+    assert events[-1].type == "response.incomplete"
+    for answer in (response, events[-1].response):
+        assert answer.status == "incomplete"
+        assert answer.incomplete_details is not None
+        assert answer.incomplete_details.reason == "max_output_tokens"
+        assert answer.output_text == LONG[:64]
+        assert answer.usage is not None
+        assert answer.usage.output_tokens == 16
+
+
+async def test_tool_calls_are_not_cut(mock: MockProvider) -> None:
+    mock.set_behaviour("*", Behaviour(stop_at_max_tokens=True))
+    async with claude(mock) as client:
+        message = await client.messages.create(
+            model="m", max_tokens=1, messages=QUESTION, tools=CLAUDE_TOOLS
+        )
+    assert message.stop_reason == "tool_use"
+    assert message.content[0].input == EXAMPLE  # type: ignore[union-attr]

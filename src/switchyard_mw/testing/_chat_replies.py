@@ -62,7 +62,7 @@ def reply(ctx: ReplyContext) -> bytes:
                     "index": 0,
                     "message": message,
                     "logprobs": None,
-                    "finish_reason": "tool_calls" if ctx.calls else "stop",
+                    "finish_reason": _finish(ctx),
                 }
             ],
             "usage": _chat_usage(ctx),
@@ -107,10 +107,16 @@ def stream(ctx: ReplyContext) -> StreamPlan:
             )
         )
     prelude, deltas, closing = fold(blocks)
-    epilogue = closing + chunk({}, "tool_calls" if ctx.calls else "stop")
+    epilogue = closing + chunk({}, _finish(ctx))
     if ctx.include_usage:
         epilogue += data({**head, "choices": [], "usage": _chat_usage(ctx)})
     return StreamPlan(prelude, deltas, epilogue + b"data: [DONE]\n\n")
+
+
+def _finish(ctx: ReplyContext) -> str:
+    if ctx.cut_short:
+        return "length"
+    return "tool_calls" if ctx.calls else "stop"
 
 
 def stream_error(_sequence: int, message: str) -> bytes:

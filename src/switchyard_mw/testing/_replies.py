@@ -35,6 +35,8 @@ class ReplyContext:
     thought_parts: tuple[str, ...] = ()
     reasoning_tokens: int = 0
     """Of `output_tokens`, those spent thinking."""
+    cut_short: bool = False
+    """The text stops at the request's output cap (`max_tokens` and its kin)."""
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
 

@@ -27,7 +27,7 @@ def _output_message(ctx: ReplyContext, item_id: str, *, done: bool) -> dict[str,
     return {
         "type": "message",
         "id": item_id,
-        "status": "completed" if done else "in_progress",
+        "status": _status(ctx) if done else "in_progress",
         "role": "assistant",
         "content": [_output_text(ctx.text)] if done else [],
     }
@@ -78,9 +78,9 @@ def _response(ctx: ReplyContext, ids: _Ids, *, done: bool) -> dict[str, Any]:
         "id": ids.response,
         "object": "response",
         "created_at": int(time.time()),
-        "status": "completed" if done else "in_progress",
+        "status": _status(ctx) if done else "in_progress",
         "error": None,
-        "incomplete_details": None,
+        "incomplete_details": {"reason": "max_output_tokens"} if done and ctx.cut_short else None,
         "instructions": None,
         "model": ctx.model,
         "output": output if done else [],
@@ -90,6 +90,10 @@ def _response(ctx: ReplyContext, ids: _Ids, *, done: bool) -> dict[str, Any]:
         "usage": usage if done else None,
         "metadata": {},
     }
+
+
+def _status(ctx: ReplyContext) -> str:
+    return "incomplete" if ctx.cut_short else "completed"
 
 
 def reply(ctx: ReplyContext) -> bytes:
@@ -159,7 +163,9 @@ def stream(ctx: ReplyContext) -> StreamPlan:
     index += len(blocks)
     blocks += [_responses_call(call, i, ev) for i, call in enumerate(ctx.calls, start=index)]
     opening, deltas, closing = fold(blocks)
-    completed = ev("response.completed", response=_response(ctx, ids, done=True))
+    # An answer cut at max_output_tokens ends with response.incomplete, its usage inside.
+    ending = "response.incomplete" if ctx.cut_short else "response.completed"
+    completed = ev(ending, response=_response(ctx, ids, done=True))
     return StreamPlan(started + opening, deltas, closing + completed)
 
 

@@ -36,6 +36,8 @@ class Endpoint:
     """The wire's in-stream error event, given its sequence number and a message."""
     thinks: Callable[[dict[str, Any]], bool]
     """Whether the request asks the model to think (reason) before it answers."""
+    caps: tuple[str, ...]
+    """The request fields that cap the answer's output tokens, first found wins."""
 
 
 ENDPOINTS: dict[str, Endpoint] = {
@@ -46,9 +48,16 @@ ENDPOINTS: dict[str, Endpoint] = {
         anthropic_offer,
         anthropic.stream_error,
         anthropic.thinks,
+        ("max_tokens",),
     ),
     "/v1/chat/completions": Endpoint(
-        "openai", chat.reply, chat.stream, chat_offer, chat.stream_error, chat.thinks
+        "openai",
+        chat.reply,
+        chat.stream,
+        chat_offer,
+        chat.stream_error,
+        chat.thinks,
+        ("max_completion_tokens", "max_tokens"),
     ),
     "/v1/responses": Endpoint(
         "openai",
@@ -57,6 +66,7 @@ ENDPOINTS: dict[str, Endpoint] = {
         responses_offer,
         responses.stream_error,
         responses.thinks,
+        ("max_output_tokens",),
     ),
 }
 

@@ -115,6 +115,10 @@ class Behaviour(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     then the tool_use blocks; Chat's content beside tool_calls; a Responses message item)."""
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
+    stop_at_max_tokens: bool = False
+    """A text answer longer than the request's output cap (`max_tokens`,
+    `max_completion_tokens`, `max_output_tokens`) stops there and says so, as the real APIs
+    do. Off by default: many callers ask for fewer tokens than the default reply's 7."""
     content_encoding: Literal["identity", "gzip"] = "identity"
     """"gzip": JSON answers come gzip-compressed to a request whose accept-encoding allows it,
     as the real APIs' CDNs may send them; streams stay uncompressed."""
@@ -297,10 +301,16 @@ class MockProvider:
             pieces=behaviour.chunks,
             tool_input=behaviour.tool_input,
         )
+        thought = THOUGHT if endpoint.thinks(fields) else ""
+        cap = _cap(fields, endpoint.caps) if behaviour.stop_at_max_tokens and not calls else None
+        cut_short = cap is not None and _tokens(thought) + _tokens(text) > cap
+        if cap is not None and cut_short:
+            # The thought is spent first; the text gets what is left, 4 bytes a token.
+            room = max(0, cap - _tokens(thought)) * 4
+            text = text.encode()[:room].decode("utf-8", "ignore")
         said = "".join(c.name + c.arguments for c in calls)
         if behaviour.text_before_tools or not calls:
             said += text
-        thought = THOUGHT if endpoint.thinks(fields) else ""
         options = fields.get("stream_options")
         model = fields.get("model")
         return ReplyContext(
@@ -309,7 +319,7 @@ class MockProvider:
             parts=split_text(text, behaviour.chunks),
             # Rough "4 bytes a token" figures: plausible, stable and free to compute.
             input_tokens=max(1, size // 4),
-            output_tokens=max(1, len(said.encode()) // 4) + _tokens(thought),
+            output_tokens=cap if cap is not None and cut_short else _spent(said, thought),
             include_usage=isinstance(options, dict) and options.get("include_usage") is True,
             calls=calls,
             text_first=behaviour.text_before_tools,
@@ -318,6 +328,7 @@ class MockProvider:
             reasoning_tokens=_tokens(thought),
             cache_read_tokens=behaviour.cache_read_tokens,
             cache_write_tokens=behaviour.cache_write_tokens,
+            cut_short=cut_short,
         )
 
     async def _control(self, method: str, route: str, body: bytes, send: Send) -> None:
@@ -421,6 +432,18 @@ def _request_id(style: ErrorStyle) -> tuple[bytes, bytes]:
 async def _sleep(secs: float) -> None:
     if secs > 0:
         await asyncio.sleep(secs)
+
+
+def _cap(fields: dict[str, Any], names: tuple[str, ...]) -> int | None:
+    for name in names:
+        value = fields.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return value
+    return None
+
+
+def _spent(said: str, thought: str) -> int:
+    return max(1, len(said.encode()) // 4) + _tokens(thought)
 
 
 def _tokens(text: str) -> int:
