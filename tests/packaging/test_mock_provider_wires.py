@@ -17,6 +17,7 @@ import anthropic
 import httpx
 import httpx2
 import openai
+import pydantic
 import pytest
 
 from servers import serve_in_thread
@@ -818,3 +819,68 @@ async def test_tool_calls_are_not_cut(mock: MockProvider) -> None:
         )
     assert message.stop_reason == "tool_use"
     assert message.content[0].input == EXAMPLE  # type: ignore[union-attr]
+
+
+# --- every answer and event validates against the SDKs' types -----------------------------
+
+# The SDKs build their objects without validating them (a missing required field only shows
+# when read), so each body and event is validated here, as a stricter client would.
+SHAPES: dict[str, tuple[Any, Any]] = {
+    "/v1/messages": (anthropic.types.Message, anthropic.types.RawMessageStreamEvent),
+    "/v1/chat/completions": (
+        openai.types.chat.ChatCompletion,
+        openai.types.chat.ChatCompletionChunk,
+    ),
+    "/v1/responses": (openai.types.responses.Response, openai.types.responses.ResponseStreamEvent),
+}
+BODIES: dict[str, dict[str, Any]] = {
+    "/v1/messages": {"max_tokens": 20, "messages": QUESTION, "tools": CLAUDE_TOOLS},
+    "/v1/chat/completions": {
+        "max_completion_tokens": 20,
+        "messages": QUESTION,
+        "tools": CHAT_TOOLS,
+        "stream_options": {"include_usage": True},
+    },
+    "/v1/responses": {"max_output_tokens": 20, "input": QUESTION, "tools": RESPONSES_TOOLS},
+}
+THINK: dict[str, dict[str, Any]] = {
+    "/v1/messages": {"thinking": {"type": "enabled", "budget_tokens": 1024}},
+    "/v1/chat/completions": {"reasoning_effort": "low"},
+    "/v1/responses": {"reasoning": {"effort": "low"}},
+}
+VARIANTS = {
+    "tools": (Behaviour(tool_calls=2, cache_read_tokens=7, cache_write_tokens=3), False, True),
+    "text_first": (Behaviour(text_before_tools=True), True, True),
+    "text": (Behaviour(), True, False),
+    "cut_short": (Behaviour(reply=LONG, stop_at_max_tokens=True), True, False),
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("path", SHAPES)
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_answers_validate_against_the_sdk_types(
+    mock: MockProvider, path: str, variant: str, stream: bool
+) -> None:
+    behaviour, thinking, tools = VARIANTS[variant]
+    mock.set_behaviour("*", behaviour)
+    whole_type, event_type = SHAPES[path]
+    body = {"model": "m", "stream": stream, **BODIES[path], **(THINK[path] if thinking else {})}
+    if not tools:
+        body.pop("tools")
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=mock), base_url="http://mock.test"
+    ) as http:
+        answer = await http.post(path, json=body)
+    assert answer.status_code == 200
+    if not stream:
+        whole_type.model_validate(answer.json())
+        return
+    adapter = pydantic.TypeAdapter(event_type)
+    events = [
+        json.loads(line.removeprefix("data: "))
+        for line in answer.text.splitlines()
+        if line.startswith("data: ") and line != "data: [DONE]"
+    ]
+    validated = [adapter.validate_python(e) for e in events if e.get("type") != "ping"]
+    assert len(validated) >= 4

@@ -23,7 +23,11 @@ def _chat_usage(ctx: ReplyContext) -> dict[str, Any]:
         "prompt_tokens": ctx.prompt_tokens,
         "completion_tokens": ctx.output_tokens,
         "total_tokens": ctx.prompt_tokens + ctx.output_tokens,
-        "prompt_tokens_details": {"cached_tokens": ctx.cache_read_tokens, "audio_tokens": 0},
+        "prompt_tokens_details": {
+            "cached_tokens": ctx.cache_read_tokens,
+            "cache_write_tokens": ctx.cache_write_tokens,
+            "audio_tokens": 0,
+        },
         "completion_tokens_details": {
             "reasoning_tokens": ctx.reasoning_tokens,
             "audio_tokens": 0,

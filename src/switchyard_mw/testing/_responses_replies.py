@@ -66,7 +66,10 @@ def thinks(request: dict[str, Any]) -> bool:
 def _response(ctx: ReplyContext, ids: _Ids, *, done: bool) -> dict[str, Any]:
     usage = {
         "input_tokens": ctx.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": ctx.cache_read_tokens},
+        "input_tokens_details": {
+            "cached_tokens": ctx.cache_read_tokens,
+            "cache_write_tokens": ctx.cache_write_tokens,
+        },
         "output_tokens": ctx.output_tokens,
         "output_tokens_details": {"reasoning_tokens": ctx.reasoning_tokens},
         "total_tokens": ctx.prompt_tokens + ctx.output_tokens,
