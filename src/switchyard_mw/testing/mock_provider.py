@@ -24,6 +24,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import gzip
+import uuid
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -42,14 +44,9 @@ from switchyard_mw.testing._asgi import (
     send_whole,
     unless_disconnected,
 )
-from switchyard_mw.testing._wire_replies import (
-    ENDPOINTS,
-    Endpoint,
-    ErrorStyle,
-    ReplyContext,
-    error_body,
-    split_text,
-)
+from switchyard_mw.testing._replies import ReplyContext, StreamPlan
+from switchyard_mw.testing._tool_calls import split_text, tool_calls
+from switchyard_mw.testing._wire_replies import ENDPOINTS, Endpoint, ErrorStyle, error_body
 from switchyard_mw.wire import on_fresh_stack
 
 __all__ = [
@@ -63,6 +60,8 @@ __all__ = [
 ]
 
 DEFAULT_REPLY = "Hello from the mock provider."
+THOUGHT = "The question is clear; the answer follows from it."
+"""What the mock thinks when a request asks for thinking (Anthropic shows it; OpenAI counts it)."""
 DEFAULT_KEY = "*"
 """The behaviour key that applies to every API key without a behaviour of its own."""
 
@@ -76,11 +75,20 @@ class Behaviour(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     Timeline of an answer: read the whole request, wait ``headers_delay_secs``, then
     either fail, send a wire error (``status`` 4xx/5xx), or reply.
 
-    Streaming replies send the opening events at once, then ``chunks`` text deltas
-    ``chunk_interval_secs`` apart; after ``stall_after_chunks`` deltas (0 = before the
-    first) the stream waits ``body_stall_secs`` and, with ``fail="reset_mid_stream"``,
-    aborts. Non-streaming replies with a stall or a mid-stream fault send the headers
-    first (chunked, no content-length) and stall or abort before the body.
+    A reply is text, or tool calls when the request offers tools (see
+    ``switchyard_mw.testing._tool_calls`` for when): ``tool_calls`` calls, their arguments
+    ``tool_input`` or an example of the tool's schema.
+
+    Streaming replies send the opening events at once, then ``chunks`` deltas (of the text,
+    or of each call's arguments) ``chunk_interval_secs`` apart; after ``stall_after_chunks``
+    deltas (0 = before the first: headers long before the first token) the stream waits
+    ``body_stall_secs`` and, with ``fail="reset_mid_stream"``, aborts, or with
+    ``fail="error_mid_stream"`` sends the wire's error event and ends. Non-streaming replies
+    with a stall or a mid-stream fault send the headers first (chunked, no content-length)
+    and stall or abort before the body.
+
+    Usage counts 4 request bytes a token; ``cache_read_tokens`` and ``cache_write_tokens``
+    are input tokens reported as read from and written to the prompt cache, on top of those.
 
     ``fail="reset_before_headers"`` raises before anything is sent. Under uvicorn this
     does not drop the connection: uvicorn answers ``500 Internal Server Error`` in
@@ -97,7 +105,23 @@ class Behaviour(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     chunk_interval_secs: float = 0.0
     reply: str | None = None
     chunks: int = 3
-    fail: Literal["none", "reset_before_headers", "reset_mid_stream"] = "none"
+    fail: Literal["none", "reset_before_headers", "reset_mid_stream", "error_mid_stream"] = "none"
+    tool_calls: int = 1
+    """How many tools a tool-call answer calls (the offered tools in turn)."""
+    tool_input: dict[str, Any] | None = None
+    """The arguments of every tool call; None: an example of each tool's schema."""
+    text_before_tools: bool = False
+    """A tool-call answer says the reply text first, as Claude often does (one text block,
+    then the tool_use blocks; Chat's content beside tool_calls; a Responses message item)."""
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    stop_at_max_tokens: bool = False
+    """A text answer longer than the request's output cap (`max_tokens`,
+    `max_completion_tokens`, `max_output_tokens`) stops there and says so, as the real APIs
+    do. Off by default: many callers ask for fewer tokens than the default reply's 7."""
+    content_encoding: Literal["identity", "gzip"] = "identity"
+    """"gzip": JSON answers come gzip-compressed to a request whose accept-encoding allows it,
+    as the real APIs' CDNs may send them; streams stay uncompressed."""
     headers: dict[str, str] | None = None
     """Headers of an error answer: None sends the usual ones (a 429 says `retry-after: 1`,
     as both real APIs do); a mapping (even empty) sends exactly those, e.g. a 429 with
@@ -110,8 +134,11 @@ class Behaviour(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             raise ValueError(f"status must be 200 or within 400..599, got {self.status}")
         if self.chunks < 1:
             raise ValueError(f"chunks must be >= 1, got {self.chunks}")
-        if self.stall_after_chunks < 0:
-            raise ValueError(f"stall_after_chunks must be >= 0, got {self.stall_after_chunks}")
+        for count in ("stall_after_chunks", "cache_read_tokens", "cache_write_tokens"):
+            if getattr(self, count) < 0:
+                raise ValueError(f"{count} must be >= 0, got {getattr(self, count)}")
+        if self.tool_calls < 1:
+            raise ValueError(f"tool_calls must be >= 1, got {self.tool_calls}")
         for name in ("headers_delay_secs", "body_stall_secs", "chunk_interval_secs"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -128,6 +155,8 @@ class RecordedRequest(msgspec.Struct, frozen=True, kw_only=True):
     body: bytes
     headers: dict[str, str]
     """Header names lowercased; a repeated header keeps its last value."""
+    tool_call_ids: tuple[str, ...] = ()
+    """The ids of the tool calls the mock answered with (none: text, or an error)."""
 
 
 class MockProvider:
@@ -231,39 +260,76 @@ class MockProvider:
         fields: dict[str, Any] = payload if isinstance(payload, dict) else {}
         model = fields.get("model") if isinstance(fields.get("model"), str) else None
         stream = fields.get("stream") is True
+        behaviour = self.behaviour_for(key)
+        ctx = None
+        if behaviour.status == 200 and isinstance(payload, dict):
+            ctx = self._reply_context(endpoint, fields, behaviour, len(body))
         self._records.append(
             RecordedRequest(
-                path=scope["path"], key=key, model=model, stream=stream, body=body, headers=headers
+                path=scope["path"],
+                key=key,
+                model=model,
+                stream=stream,
+                body=body,
+                headers=headers,
+                tool_call_ids=tuple(call.call_id for call in ctx.calls) if ctx else (),
             )
         )
 
-        behaviour = self.behaviour_for(key)
         await _sleep(behaviour.headers_delay_secs)
         if behaviour.fail == "reset_before_headers":
             raise MockProviderFault("fail=reset_before_headers")
         if behaviour.status != 200:
             message = f"Mock provider answering {behaviour.status} for this API key."
             await _send_error(send, endpoint.errors, behaviour.status, message, behaviour.headers)
-            return
-        if not isinstance(payload, dict):
+        elif ctx is None:
             await _send_error(send, endpoint.errors, 400, "Request body is not a JSON object.")
-            return
+        elif stream:
+            await _stream(endpoint, ctx, behaviour, send)
+        else:
+            gzipped = behaviour.content_encoding == "gzip" and _accepts_gzip(headers)
+            await _reply(endpoint, ctx, behaviour, send, gzipped=gzipped)
 
+    def _reply_context(
+        self, endpoint: Endpoint, fields: dict[str, Any], behaviour: Behaviour, size: int
+    ) -> ReplyContext:
         text = behaviour.reply if behaviour.reply is not None else self.default_reply
+        calls = tool_calls(
+            endpoint.offer(fields),
+            vendor=endpoint.errors,
+            count=behaviour.tool_calls,
+            pieces=behaviour.chunks,
+            tool_input=behaviour.tool_input,
+        )
+        thought = THOUGHT if endpoint.thinks(fields) else ""
+        cap = _cap(fields, endpoint.caps) if behaviour.stop_at_max_tokens and not calls else None
+        cut_short = cap is not None and _tokens(thought) + _tokens(text) > cap
+        if cap is not None and cut_short:
+            # The thought is spent first; the text gets what is left, 4 bytes a token.
+            room = max(0, cap - _tokens(thought)) * 4
+            text = text.encode()[:room].decode("utf-8", "ignore")
+        said = "".join(c.name + c.arguments for c in calls)
+        if behaviour.text_before_tools or not calls:
+            said += text
         options = fields.get("stream_options")
-        ctx = ReplyContext(
-            model=model or _DEFAULT_MODEL,
+        model = fields.get("model")
+        return ReplyContext(
+            model=model if isinstance(model, str) and model else _DEFAULT_MODEL,
             text=text,
             parts=split_text(text, behaviour.chunks),
             # Rough "4 bytes a token" figures: plausible, stable and free to compute.
-            input_tokens=max(1, len(body) // 4),
-            output_tokens=max(1, len(text.encode()) // 4),
+            input_tokens=max(1, size // 4),
+            output_tokens=cap if cap is not None and cut_short else _spent(said, thought),
             include_usage=isinstance(options, dict) and options.get("include_usage") is True,
+            calls=calls,
+            text_first=behaviour.text_before_tools,
+            thought=thought,
+            thought_parts=split_text(thought, behaviour.chunks),
+            reasoning_tokens=_tokens(thought),
+            cache_read_tokens=behaviour.cache_read_tokens,
+            cache_write_tokens=behaviour.cache_write_tokens,
+            cut_short=cut_short,
         )
-        if stream:
-            await _stream(endpoint, ctx, behaviour, send)
-        else:
-            await _reply(endpoint, ctx, behaviour, send)
 
     async def _control(self, method: str, route: str, body: bytes, send: Send) -> None:
         if route == "health" and method == "GET":
@@ -298,45 +364,98 @@ class MockProvider:
 # --- answering ----------------------------------------------------------------------------
 
 
-async def _reply(endpoint: Endpoint, ctx: ReplyContext, behaviour: Behaviour, send: Send) -> None:
+async def _reply(
+    endpoint: Endpoint, ctx: ReplyContext, behaviour: Behaviour, send: Send, *, gzipped: bool
+) -> None:
     data = endpoint.reply(ctx)
+    extra = [_request_id(endpoint.errors)]
+    if gzipped:
+        data = gzip.compress(data, mtime=0)
+        extra.append((b"content-encoding", b"gzip"))
     if behaviour.body_stall_secs <= 0 and behaviour.fail == "none":
-        await send_whole(send, 200, JSON_TYPE, data)
+        await send_whole(send, 200, JSON_TYPE, data, extra)
         return
     # No content-length, so the server has to send the headers now and chunk the body:
     # the client sees a response that started and then went quiet.
-    await send(
-        {"type": "http.response.start", "status": 200, "headers": [(b"content-type", JSON_TYPE)]}
-    )
+    headers = [(b"content-type", JSON_TYPE), *extra]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
     await _hiccup(behaviour)
+    if behaviour.fail == "error_mid_stream":
+        # A JSON answer has no event to carry an error once it started: it breaks off.
+        raise MockProviderFault("fail=error_mid_stream")
     await send({"type": "http.response.body", "body": data})
 
 
 async def _stream(endpoint: Endpoint, ctx: ReplyContext, behaviour: Behaviour, send: Send) -> None:
     plan = endpoint.stream(ctx)
-    headers = [(b"content-type", _SSE), (b"cache-control", b"no-cache")]
+    headers = [
+        (b"content-type", _SSE),
+        (b"cache-control", b"no-cache"),
+        _request_id(endpoint.errors),
+    ]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": plan.prelude, "more_body": True})
     for index, frame in enumerate(plan.deltas):
         if index > 0:
             await _sleep(behaviour.chunk_interval_secs)
-        if index == behaviour.stall_after_chunks:
-            await _hiccup(behaviour)
+        if index == behaviour.stall_after_chunks and not await _hiccup(behaviour):
+            await _break_off(endpoint, plan, index, send)
+            return
         await send({"type": "http.response.body", "body": frame, "more_body": True})
-    if behaviour.stall_after_chunks >= len(plan.deltas):
-        await _hiccup(behaviour)
+    if behaviour.stall_after_chunks >= len(plan.deltas) and not await _hiccup(behaviour):
+        await _break_off(endpoint, plan, len(plan.deltas), send)
+        return
     await send({"type": "http.response.body", "body": plan.epilogue})
 
 
-async def _hiccup(behaviour: Behaviour) -> None:
+async def _hiccup(behaviour: Behaviour) -> bool:
+    """Stall as the behaviour says; False when the stream is to end with an error event."""
     await _sleep(behaviour.body_stall_secs)
     if behaviour.fail == "reset_mid_stream":
         raise MockProviderFault("fail=reset_mid_stream")
+    return behaviour.fail != "error_mid_stream"
+
+
+async def _break_off(endpoint: Endpoint, plan: StreamPlan, sent: int, send: Send) -> None:
+    # Events end in a blank line (JSON inside has none): the count so far numbers the next.
+    sequence = (plan.prelude + b"".join(plan.deltas[:sent])).count(b"\n\n")
+    event = endpoint.stream_error(sequence, "Mock provider overloaded mid-stream.")
+    await send({"type": "http.response.body", "body": event})
+
+
+def _request_id(style: ErrorStyle) -> tuple[bytes, bytes]:
+    # Both APIs name each answer, errors included; the SDKs expose it as `_request_id`.
+    name = b"request-id" if style == "anthropic" else b"x-request-id"
+    return name, b"req_" + uuid.uuid4().hex[:24].encode()
 
 
 async def _sleep(secs: float) -> None:
     if secs > 0:
         await asyncio.sleep(secs)
+
+
+def _cap(fields: dict[str, Any], names: tuple[str, ...]) -> int | None:
+    for name in names:
+        value = fields.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return value
+    return None
+
+
+def _spent(said: str, thought: str) -> int:
+    return max(1, len(said.encode()) // 4) + _tokens(thought)
+
+
+def _tokens(text: str) -> int:
+    return max(1, len(text.encode()) // 4) if text else 0
+
+
+def _accepts_gzip(headers: dict[str, str]) -> bool:
+    for coding in headers.get("accept-encoding", "").split(","):
+        name, _, params = coding.strip().partition(";")
+        if name.strip().lower() in ("gzip", "*"):
+            return params.replace(" ", "") not in ("q=0", "q=0.0", "q=0.00", "q=0.000")
+    return False
 
 
 def _api_key(headers: dict[str, str]) -> str:
@@ -374,6 +493,7 @@ async def _send_error(
         extra = [(b"retry-after", b"1")] if status == 429 else []
     else:
         extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+    extra.append(_request_id(style))
     await send_whole(send, status, JSON_TYPE, error_body(style, status, message), extra)
 
 
