@@ -1,5 +1,5 @@
 """What peers cost the process (`h2_accounting`), alone: bytes held at three levels, each
-bound at its exact edge, and a connection's reset budget."""
+bound at its exact edge, and the reset budgets of a connection and of the process."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from switchyard_mw.extproc.h2_accounting import Buffers, ProcessBytes, ResetBudget
+from switchyard_mw.extproc.h2_accounting import Buffers, ProcessBytes, ProcessResets, ResetBudget
 
 
 @dataclass
@@ -76,3 +76,20 @@ def test_a_reset_budget_earns_back_no_more_than_its_burst() -> None:
     budget = ResetBudget(rate=10.0, burst=3, now=0.0)
     assert budget.spend(0.0)
     assert [budget.spend(100.0) for _ in range(4)] == [True, True, True, False]
+
+
+def test_a_spent_budget_stays_one_token_in_debt_at_most() -> None:
+    # A peer hammering a spent budget does not push its recovery out for everyone else.
+    budget = ResetBudget(rate=10.0, burst=2, now=0.0)
+    for _ in range(1000):
+        budget.spend(0.0)
+    assert budget.tokens == -1.0
+    assert budget.spend(0.2)  # two tokens earned back in 0.2 s, whatever came before
+
+
+def test_the_process_budget_logs_one_line_then_one_per_period() -> None:
+    resets = ProcessResets(rate=1.0, burst=1, now=0.0, log_every_secs=60.0)
+    assert resets.tripped(1.0) == 1  # the first trip is logged at once
+    assert [resets.tripped(t) for t in (2.0, 3.0, 59.0)] == [None, None, None]
+    assert resets.tripped(61.0) == 4  # the next line counts every trip since the last
+    assert resets.tripped(62.0) is None

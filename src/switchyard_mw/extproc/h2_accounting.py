@@ -5,7 +5,8 @@ Two accounts, each at more than one level:
 - **Bytes held** (`Buffers`): received and not yet handed to a handler, plus answers not yet
   written, per stream, per connection and per process, each with its bound.
 - **Streams cut short** (`ResetBudget`): streams a peer resets before their answers (or opens
-  over the stream limit), a token bucket per connection.
+  over the stream limit), a token bucket per connection and one for the whole process, so
+  that a peer that reconnects after each GOAWAY gets no fresh burst.
 
 Times are the event loop's clock, passed in: nothing here reads a clock or logs.
 """
@@ -86,8 +87,33 @@ class ResetBudget:
         self.at = now
 
     def spend(self, now: float) -> bool:
-        """Spend one; False once the budget is spent."""
+        """Spend one; False once the budget is spent (it stays at most one token in debt, so
+        a peer past it does not push the recovery further out for everyone)."""
         earned = (now - self.at) * self.rate
-        self.tokens = min(self.burst, self.tokens + earned) - 1.0
+        self.tokens = max(min(self.burst, self.tokens + earned) - 1.0, -1.0)
         self.at = now
         return self.tokens >= 0.0
+
+
+class ProcessResets(ResetBudget):
+    """The process-wide budget, with what to log about it: one line when it first runs out,
+    then at most one every `log_every_secs`, with how many connections were asked to calm
+    down since the last line."""
+
+    __slots__ = ("log_every_secs", "logged_at", "trips")
+
+    def __init__(self, rate: float, burst: int, now: float, *, log_every_secs: float) -> None:
+        super().__init__(rate, burst, now)
+        self.log_every_secs = log_every_secs
+        self.logged_at: float | None = None
+        self.trips = 0
+        """Connections asked to calm down since the last log line."""
+
+    def tripped(self, now: float) -> int | None:
+        """Count one connection asked to calm down; how many to log now, or None (not yet
+        time for another line)."""
+        self.trips += 1
+        if self.logged_at is not None and now - self.logged_at < self.log_every_secs:
+            return None
+        trips, self.trips, self.logged_at = self.trips, 0, now
+        return trips

@@ -25,8 +25,10 @@ The listener also serves whatever else can reach it, so everything a peer contro
 (`H2Limits`, one frozen object handed to the server): bytes held per stream, connection and
 process (received and not yet handed to a handler, answers not yet written), streams per
 connection (one over is refused alone, REFUSED_STREAM), streams reset before their answer
-per second (past the budget GOAWAY ENHANCE_YOUR_CALM, as Envoy, Go and nghttp2 answer a rapid
-reset; Envoy itself resets every stream once answered, which costs nothing), the preface,
+per second, per connection and per process (past the budget GOAWAY ENHANCE_YOUR_CALM, as
+Envoy, Go and nghttp2 answer a rapid reset; Envoy itself resets every stream once answered,
+which costs nothing; the process's budget leaves no fresh burst to a peer that reconnects
+after each GOAWAY), the preface,
 an idle connection, a message that stops arriving, a peer that stops reading, header blocks,
 and connections per process (at the cap the longest-idle connection makes room; at the fd
 limit accepting pauses for a second, one log line per episode).
@@ -43,6 +45,7 @@ import os
 import resource
 import socket
 import stat
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -58,7 +61,7 @@ from google.protobuf.message import DecodeError
 from hyperframe.frame import DataFrame, Frame, GoAwayFrame
 
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from .h2_accounting import Buffers, ProcessBytes, ResetBudget
+from .h2_accounting import Buffers, ProcessBytes, ProcessResets, ResetBudget
 from .h2_framing import (
     DEADLINE_EXCEEDED,
     INVALID_ARGUMENT,
@@ -121,6 +124,9 @@ _CONFIG = h2.config.H2Configuration(
     normalize_inbound_headers=False,
     normalize_outbound_headers=False,
 )
+_PROCESS_LOG_EVERY_SECS = 60.0
+"""The process-wide reset budget's log line comes at most this often (an attacker reconnecting
+after each GOAWAY would otherwise write one per connection)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -149,6 +155,12 @@ class H2Limits:
     on average... (a reset once every message is answered, as Envoy ends streams, is free)"""
     reset_burst: int = 1000
     """...and at once; past the budget, GOAWAY ENHANCE_YOUR_CALM and the connection closes."""
+    process_resets_per_sec: float = 200.0
+    """The same count over every connection of the process, on average...: a peer that
+    reconnects after each GOAWAY gets no fresh burst (memory: one bucket, whatever the peers)"""
+    process_reset_burst: int = 2000
+    """...and at once; past it, a connection that cuts a stream short is sent GOAWAY
+    ENHANCE_YOUR_CALM, takes no new streams and closes once those in flight are done."""
     preface_secs: float = 10.0
     """From accept to the client's preface and SETTINGS."""
     idle_secs: float = 300.0
@@ -234,7 +246,8 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.last_stream = 0
         self.refuse_above: int | None = None
-        """Set by the final GOAWAY: streams above it are refused."""
+        """Set by the final GOAWAY (or one asking the peer to calm down): streams above it
+        are refused."""
         self._flush_pending = False
         self.closed = False
         self.buffers = Buffers(
@@ -397,9 +410,15 @@ class _Connection(asyncio.Protocol):
             self._count_reset()
 
     def _count_reset(self) -> None:
-        """Spend one of the connection's reset budget; past it, calm down."""
-        if not self.resets.spend(self.loop.time()):
-            limits = self.limits
+        """Spend one of the connection's reset budget and one of the process's. Past the
+        connection's, it is closed at once; past the process's, it is asked to go (GOAWAY
+        ENHANCE_YOUR_CALM) and its streams in flight may finish: it may be an innocent one
+        (Envoy) resetting a stream while another peer spends the budget."""
+        now = self.loop.time()
+        own = self.resets.spend(now)
+        shared = self.server.resets.spend(now)
+        limits = self.limits
+        if not own:
             _log.warning(
                 "ext_proc h2: a client reset or over-opened streams faster than %g/s "
                 "(burst %d); closing its connection with ENHANCE_YOUR_CALM",
@@ -407,6 +426,27 @@ class _Connection(asyncio.Protocol):
                 limits.reset_burst,
             )
             self._goodbye(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM, linger=True)
+        elif not shared and self.refuse_above is None:
+            trips = self.server.resets.tripped(now)
+            if trips is not None:
+                _log.warning(
+                    "ext_proc h2: clients reset or over-opened streams faster than %g/s "
+                    "(burst %d) across the process; %d connection(s) asked to go with "
+                    "ENHANCE_YOUR_CALM (one line per %g s at most)",
+                    limits.process_resets_per_sec,
+                    limits.process_reset_burst,
+                    trips,
+                    _PROCESS_LOG_EVERY_SECS,
+                )
+            self._calm_down()
+
+    def _calm_down(self) -> None:
+        """GOAWAY ENHANCE_YOUR_CALM: no new streams; those in flight may finish, then close."""
+        if not self.streams:
+            self._goodbye(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM, linger=True)
+            return
+        self.refuse_above = self.last_stream
+        self._goaway(self.last_stream, h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
 
     def _on_data(self, event: h2.events.DataReceived) -> None:
         stream = self.streams.get(event.stream_id)
@@ -769,6 +809,13 @@ class H2Server:
         self.open_connections = 0
         """Connections not yet closing: what `max_connections` counts."""
         self.buffers = ProcessBytes(self.limits.process_buffer_bytes)
+        # time.monotonic is the event loop's clock (and the server may be made before it runs).
+        self.resets = ProcessResets(
+            self.limits.process_resets_per_sec,
+            self.limits.process_reset_burst,
+            time.monotonic(),
+            log_every_secs=_PROCESS_LOG_EVERY_SECS,
+        )
         self.idle = asyncio.Event()
         """Set while no connection is open."""
         self.idle.set()
