@@ -11,6 +11,7 @@ being judged; the number of instructions a request executes does not. Each figur
     python bench/instructions.py --smoke          # two apps in process, few requests (a test)
     python bench/instructions.py --sizes 1KB,1MB  # at these body sizes (default 1KB)
     python bench/instructions.py --mode served --requests 30 --no-peers   # served, quickly
+    python bench/instructions.py --mode processor # the ext_proc processor under Envoy (h2)
 
 in process: every app of section 1, on one body, through section 1's own driver.
 served: the bare app, the minimal middleware and `switchyard_stack` under one uvicorn worker
@@ -19,6 +20,9 @@ gateway in front of its mock upstream (an Envoy, not counted); each sent exactly
 over 8 keep-alive connections by a client outside valgrind; every answer must be a 200.
 Counts are of instructions, not time: a cache miss or a system call costs far more time than
 its instructions say, so the served bare app's share of time is larger than its share here.
+processor: the ext_proc processor (`switchyard-mw extproc`, each transport of `--transports`)
+behind a real Envoy, 1 KB requests sent by h2load; only the processor runs under valgrind
+(`bench/_processor.py`). Not part of `both`.
 At each body size (`--sizes`) the requests carry a conversation of that size, and fewer of
 them are sent as the size grows (the bytes of 1,500 1 KB requests, at least 30 requests).
 """
@@ -246,6 +250,22 @@ def _counts(
         return {name: (runs[name, n].result() - runs[name, 0].result()) / n for name, _, _ in apps}
 
 
+# --- the ext_proc processor ----------------------------------------------------------------------
+
+
+def processor(transports: Sequence[str], n: int, jobs: int, workdir: Path) -> dict[str, float]:
+    """Instructions per 1 KB request of the processor on each transport, under Envoy."""
+    import _processor
+
+    with _pool(jobs) as pool:
+        runs = {
+            (t, k): pool.submit(_processor.count, t, k, workdir) for t in transports for k in (0, n)
+        }
+        return {
+            f"processor ({t})": (runs[t, n].result() - runs[t, 0].result()) / n for t in transports
+        }
+
+
 # --- report -------------------------------------------------------------------------------------
 
 
@@ -283,7 +303,7 @@ def scaling(report: dict[str, dict[str, float]], sizes: Sequence[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--mode", choices=("both", "inproc", "served"), default="both")
+    parser.add_argument("--mode", choices=("both", "inproc", "served", "processor"), default="both")
     parser.add_argument("--smoke", action="store_true", help="two apps in process, 100 requests")
     parser.add_argument("--body", default="anthropic+canary", help="section 1's body label")
     parser.add_argument("--sizes", default="1KB", help=f"comma-separated, of {list(SIZES)}")
@@ -298,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--no-peers", action="store_true", help="served: not the floor and gateway (section 3)"
+    )
+    parser.add_argument(
+        "--transports", default="h2", help="processor: comma-separated, of h2,grpcio"
     )
     parser.add_argument("--out", type=Path, default=BENCH / "out", help="results directory")
     parser.add_argument("--child-inproc", nargs=4, help=argparse.SUPPRESS)
@@ -343,6 +366,12 @@ def _count_all(
     jobs = os.cpu_count() or 1
     report: dict[str, dict[str, float]] = {}
     texts: list[str] = []
+    if args.mode == "processor":
+        transports = [t.strip() for t in args.transports.split(",") if t.strip()]
+        counts = processor(transports, args.requests or 600, jobs, out / "logs")
+        _keep(report, "processor", "1KB", counts)
+        texts.append(table("the ext_proc processor under Envoy [anthropic, 1KB]", counts, ""))
+        return report, texts
     for size in sizes:
         if args.mode in ("both", "inproc") or args.smoke:
             with tempfile.TemporaryDirectory() as tmp:

@@ -162,10 +162,10 @@ async def test_tiny_frames_cost_the_stream_about_what_they_carry(
         await peer.flush()
     for _ in range(200):  # until the server has read all 20,000 frames
         streams = [s for c in server.connections for s in c.streams.values()]
-        if streams and streams[0].parts_size == 20_000:
+        if streams and streams[0].size == 20_000:
             break
         await asyncio.sleep(0.02)
     (stream,) = streams
-    assert stream.parts_size == 20_000
-    assert sum(sys.getsizeof(part) for part in stream.parts) < 2 * stream.parts_size
+    assert stream.size == 20_000
+    assert sum(sys.getsizeof(part) for part in stream.parts) < 2 * stream.size
     peer.close()

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import resource
+import sys
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +23,10 @@ import h2.events
 import httpx
 import pytest
 from grpc_health.v1 import health_pb2
+from h2.frame_buffer import FrameBuffer
+from hyperframe.frame import DataFrame, HeadersFrame
 
+import hostile_peers
 from hostile_peers import (
     CHECK,
     CONFIG,
@@ -265,6 +272,154 @@ async def test_a_reset_while_the_answer_is_being_made_counts(probe: Probe) -> No
     assert isinstance(event, h2.events.ConnectionTerminated), peer.events[-3:]
     assert event.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
     await probe.finish()
+
+
+PROCESS_RESETS = {"process_resets_per_sec": 20.0, "process_reset_burst": 200}
+"""A process-wide budget of two connections' bursts (`SMALL`), earned back slowly."""
+
+
+async def reconnecting_attacker(port: int, secs: float) -> tuple[int, int]:
+    """Streams opened and reset at once, 50 a write, on a new connection after each GOAWAY,
+    for `secs`: (connections used, streams the server accepted on them in all, read from each
+    GOAWAY's last stream id, or every stream sent when none came)."""
+    connections = accepted = 0
+    deadline = time.monotonic() + secs
+    while time.monotonic() < deadline:
+        peer = await Peer.connect(port)
+        connections += 1
+        opened = 0
+        while time.monotonic() < deadline:
+            for _ in range(50):
+                peer.reset(peer.open())
+                opened += 1
+            if not await peer.flush(2):
+                break
+            await peer.receive(0.001)
+            if goaway(peer) or peer.eof:
+                break
+        end = goaway(peer) or await peer.until(terminated, 2)
+        if isinstance(end, h2.events.ConnectionTerminated) and end.last_stream_id is not None:
+            accepted += (end.last_stream_id + 1) // 2  # client streams are odd: 1, 3, 5, ...
+        else:
+            accepted += opened
+        peer.close()
+    return connections, accepted
+
+
+async def good_requests_elsewhere(port: int, count: int, *, after_secs: float) -> list[float]:
+    """`good_requests` from a child process, `after_secs` after it has started: the
+    attacker's loop in this process does not slow them, the server alone may."""
+    code = (
+        "import asyncio, json, sys, time\n"
+        "from hostile_peers import good_requests\n"
+        "time.sleep(float(sys.argv[3]))\n"
+        "print(json.dumps(asyncio.run(good_requests(int(sys.argv[1]), int(sys.argv[2])))))\n"
+    )
+    path = os.pathsep.join(
+        [str(Path(hostile_peers.__file__).parent), os.environ.get("PYTHONPATH", "")]
+    )
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        code,
+        str(port),
+        str(count),
+        str(after_secs),
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": path},
+    )
+    out, _ = await asyncio.wait_for(child.communicate(), 60)
+    assert child.returncode == 0
+    latencies: list[float] = json.loads(out)
+    return latencies
+
+
+async def test_a_peer_that_reconnects_gets_no_fresh_burst(serve: Callable[..., Served]) -> None:
+    # Each connection may cut 100 streams short (SMALL); the process 200, then 20 a second.
+    # Reconnecting after every GOAWAY, the attacker gets the process's budget, not 100 more
+    # per connection, while good requests on their own connections keep their latency.
+    probe = Probe(serve(limits=BUFFERS | PROCESS_RESETS, max_message_bytes=2 * MB))
+    await probe.warm_up()
+    # Once the budget is spent (well within the first second), from a process of their own.
+    good = asyncio.create_task(good_requests_elsewhere(probe.served.port, 10, after_secs=1.0))
+    started = time.monotonic()
+    connections, accepted = await reconnecting_attacker(probe.served.port, 4.0)
+    elapsed = time.monotonic() - started
+    latencies = await good
+    # Past the budget each connection gets one stream (its first reset trips the budget).
+    bound = 200 + 20 * elapsed + connections
+    assert accepted <= bound, (accepted, bound, connections)
+    # Without the process's budget, each connection but the last would have had its own 100.
+    assert connections >= 5, connections
+    assert accepted < 100 * (connections - 1), (accepted, connections)
+    assert within_normal_latency(latencies, probe.baseline), (latencies, probe.baseline)
+    await probe.finish()
+    log = probe.served.log()
+    assert 1 <= log.count("across the process") <= 2, log[-3000:]  # one line per minute
+    assert log.count("ENHANCE_YOUR_CALM") < 10, log[-3000:]  # not one per connection
+
+
+async def test_a_connection_asked_to_calm_down_by_the_process_budget_finishes_its_streams(
+    serve: Callable[..., Served],
+) -> None:
+    # The process's budget is spent by another peer; this one (Envoy, say) then cuts one
+    # stream short. It is asked to go (GOAWAY ENHANCE_YOUR_CALM), refused new streams, and its
+    # stream in flight is still answered.
+    limits = BUFFERS | {
+        "reset_burst": 1000,
+        "process_reset_burst": 50,
+        "process_resets_per_sec": 1.0,
+    }
+    probe = Probe(serve(limits=limits, max_message_bytes=2 * MB))
+    await probe.warm_up()
+    innocent = await Peer.connect(probe.served.port)
+    in_flight = innocent.open()
+    await innocent.send(in_flight, grpc_message(headers_message("rid-in-flight")))
+    assert await innocent.until(
+        lambda e: isinstance(e, h2.events.DataReceived) and e.stream_id == in_flight
+    )
+    attacker = await Peer.connect(probe.served.port)
+    for _ in range(60):
+        attacker.reset(attacker.open())
+    await attacker.flush()
+    event = await attacker.until(terminated)
+    assert isinstance(event, h2.events.ConnectionTerminated), attacker.events[-3:]
+    assert event.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+    cut = innocent.open()
+    await innocent.flush()
+    innocent.reset(cut)  # nothing answered on it: it counts, and the process has no budget
+    await innocent.flush()
+    calm = await innocent.until(terminated)
+    assert isinstance(calm, h2.events.ConnectionTerminated)
+    assert calm.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+    assert calm.last_stream_id == cut
+    # The client's h2 closes its side on a GOAWAY (python-hyper/h2#1181): frames by hand.
+    end = DataFrame(in_flight)
+    end.flags.add("END_STREAM")
+    innocent.writer.write(end.serialize())
+    trailers = await trailers_by_hand(innocent, in_flight)
+    assert trailers is not None
+    assert trailers[b"grpc-status"] == b"0"
+    assert await innocent.closed_by_server()  # once its last stream is done
+    await probe.finish()
+
+
+async def trailers_by_hand(peer: Peer, sid: int) -> dict[bytes, bytes] | None:
+    """The trailers of stream `sid`, read frame by frame past the peer's closed h2."""
+    frames = FrameBuffer(server=False)
+    frames.max_frame_size = 1 << 14
+    deadline = time.monotonic() + 10
+    while (left := deadline - time.monotonic()) > 0:
+        data = await asyncio.wait_for(peer.reader.read(1 << 16), left)
+        if not data:
+            return None
+        frames.add_data(data)
+        for frame in frames:
+            if isinstance(frame, HeadersFrame) and frame.stream_id == sid:
+                if "END_STREAM" in frame.flags:
+                    return dict(peer.h2.decoder.decode(frame.data, raw=True))
+                peer.h2.decoder.decode(frame.data, raw=True)  # keeps the HPACK table in step
+    return None
 
 
 async def test_a_stream_over_the_advertised_limit_is_refused_alone(probe: Probe) -> None:
@@ -584,6 +739,10 @@ def test_the_defaults_are_sane() -> None:
     assert limits.max_streams == 1000  # what Envoy and grpc-go expect of a server
     assert limits.reset_burst >= limits.max_streams  # a whole connection's worth at once
     assert 10 <= limits.resets_per_sec <= 1000
+    # The process's: a few connections' worth, and no more than a small share of a core's
+    # requests (a counted reset costs about what a request does).
+    assert limits.reset_burst <= limits.process_reset_burst <= 4 * limits.reset_burst
+    assert limits.resets_per_sec <= limits.process_resets_per_sec <= 1000
     assert limits.preface_secs <= 30
     assert limits.write_stall_secs <= 60
     assert limits.idle_secs >= 60

@@ -25,8 +25,10 @@ The listener also serves whatever else can reach it, so everything a peer contro
 (`H2Limits`, one frozen object handed to the server): bytes held per stream, connection and
 process (received and not yet handed to a handler, answers not yet written), streams per
 connection (one over is refused alone, REFUSED_STREAM), streams reset before their answer
-per second (past the budget GOAWAY ENHANCE_YOUR_CALM, as Envoy, Go and nghttp2 answer a rapid
-reset; Envoy itself resets every stream once answered, which costs nothing), the preface,
+per second, per connection and per process (past the budget GOAWAY ENHANCE_YOUR_CALM, as
+Envoy, Go and nghttp2 answer a rapid reset; Envoy itself resets every stream once answered,
+which costs nothing; the process's budget leaves no fresh burst to a peer that reconnects
+after each GOAWAY), the preface,
 an idle connection, a message that stops arriving, a peer that stops reading, header blocks,
 and connections per process (at the cap the longest-idle connection makes room; at the fd
 limit accepting pauses for a second, one log line per episode).
@@ -43,9 +45,9 @@ import os
 import resource
 import socket
 import stat
-from collections import deque
+import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import h2.config
@@ -56,10 +58,36 @@ import h2.exceptions
 import h2.frame_buffer
 import h2.settings
 from google.protobuf.message import DecodeError
-from grpc_health.v1 import health_pb2
 from hyperframe.frame import DataFrame, Frame, GoAwayFrame
 
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from .h2_accounting import Buffers, ProcessBytes, ProcessResets, ResetBudget
+from .h2_framing import (
+    DEADLINE_EXCEEDED,
+    INVALID_ARGUMENT,
+    OK,
+    PREFIX_BYTES,
+    RESOURCE_EXHAUSTED,
+    RESPONSE_HEADERS,
+    UNAVAILABLE,
+    UNIMPLEMENTED,
+    UNKNOWN,
+    Refusal,
+    frame,
+    read_headers,
+    trailers,
+)
+from .h2_health import Health
+from .h2_stream import (
+    FINISHING,
+    REQUEST_DONE,
+    TAKING,
+    UNANSWERED,
+    Stream,
+    StreamInput,
+    StreamState,
+)
+from .h2_timers import ConnectionTimers, Expiry
 
 _log = logging.getLogger(__name__)
 
@@ -78,9 +106,6 @@ DEFAULT_MESSAGE_BYTES = (32 << 20) + (1 << 20)
 """The largest message at the default `[server] max_body_bytes`, with room for framing."""
 WRITE_BUFFER_BYTES = 1 << 20
 """Bytes the socket may hold unsent before writing pauses (asyncio's high-water mark)."""
-_SMALL_PIECE = 256
-"""DATA pieces smaller than this are gathered into one bytearray: a peer sending tiny frames
-would otherwise make a stream hold an object (~40 bytes) for every byte or few it sent."""
 _WRITE_BATCH = 256 << 10
 """Handed to the socket at a time, so that a paused socket stops a large answer midway."""
 LINGER_SECS = 1.0
@@ -99,21 +124,9 @@ _CONFIG = h2.config.H2Configuration(
     normalize_inbound_headers=False,
     normalize_outbound_headers=False,
 )
-_SERVING = 1
-_NOT_SERVING = 2
-"""grpc.health.v1.HealthCheckResponse.ServingStatus"""
-_RESPONSE_HEADERS = [(b":status", b"200"), (b"content-type", b"application/grpc")]
-
-# gRPC status codes (grpc/doc/statuscodes.md)
-OK = 0
-UNKNOWN = 2
-INVALID_ARGUMENT = 3
-DEADLINE_EXCEEDED = 4
-NOT_FOUND = 5
-RESOURCE_EXHAUSTED = 8
-UNIMPLEMENTED = 12
-INTERNAL = 13
-UNAVAILABLE = 14
+_PROCESS_LOG_EVERY_SECS = 60.0
+"""The process-wide reset budget's log line comes at most this often (an attacker reconnecting
+after each GOAWAY would otherwise write one per connection)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -142,6 +155,12 @@ class H2Limits:
     on average... (a reset once every message is answered, as Envoy ends streams, is free)"""
     reset_burst: int = 1000
     """...and at once; past the budget, GOAWAY ENHANCE_YOUR_CALM and the connection closes."""
+    process_resets_per_sec: float = 200.0
+    """The same count over every connection of the process, on average...: a peer that
+    reconnects after each GOAWAY gets no fresh burst (memory: one bucket, whatever the peers)"""
+    process_reset_burst: int = 2000
+    """...and at once; past it, a connection that cuts a stream short is sent GOAWAY
+    ENHANCE_YOUR_CALM, takes no new streams and closes once those in flight are done."""
     preface_secs: float = 10.0
     """From accept to the client's preface and SETTINGS."""
     idle_secs: float = 300.0
@@ -183,25 +202,6 @@ OpenStream = Callable[[list[tuple[str, bytes]]], Handler]
 EndStream = Callable[[Handler], None]
 
 
-@dataclass(slots=True)
-class Health:
-    """What `Health/Check` and `Health/Watch` answer; NOT_SERVING once stopping."""
-
-    services: frozenset[str]
-    serving: bool = True
-    watchers: dict[_Stream, _Connection] = field(default_factory=dict)
-
-    def status_of(self, service: str) -> int | None:
-        if service not in self.services:
-            return None
-        return _SERVING if self.serving else _NOT_SERVING
-
-    def stop_serving(self) -> None:
-        self.serving = False
-        for stream, connection in list(self.watchers.items()):
-            connection.send_health(stream)
-
-
 def _unnamed_payload() -> str:
     return "<payload>"
 
@@ -221,88 +221,56 @@ class _FrameBuffer(h2.frame_buffer.FrameBuffer):
         return frame
 
 
-def _message(payload: bytes) -> bytes:
-    return b"\x00" + len(payload).to_bytes(4, "big") + payload
-
-
-class _Stream:
-    __slots__ = (
-        "client_done",
-        "context",
-        "detail",
-        "ended",
-        "finishing",
-        "handler",
-        "headers_sent",
-        "held",
-        "method",
-        "out",
-        "partial_at",
-        "parts",
-        "parts_size",
-        "pending",
-        "released",
-        "service",
-        "sid",
-        "status",
-        "task",
-    )
-
-    def __init__(self, sid: int, method: bytes) -> None:
-        self.sid = sid
-        self.method = method
-        self.handler: Handler | None = None
-        self.context: contextvars.Context | None = None
-        self.parts: list[bytes | bytearray | memoryview] = []
-        """The DATA pieces of the message now arriving, joined once it is whole."""
-        self.parts_size = 0
-        self.pending: deque[memoryview] = deque()
-        self.task: asyncio.Task[None] | None = None
-        self.out: deque[memoryview] = deque()
-        self.held = 0
-        """Bytes in `parts`, `pending` and `out`: what the stream costs while the peer waits."""
-        self.partial_at = 0.0
-        """When the message now in `parts` started arriving."""
-        self.headers_sent = False
-        self.client_done = False
-        self.status = OK
-        self.detail = ""
-        self.finishing = False
-        self.service = ""
-        self.released = False
-        self.ended = False
+_ANSWER = StreamInput.ANSWER
+_REQUEST_END = StreamInput.REQUEST_END
+_FINISH = StreamInput.FINISH
+_CLOSE = StreamInput.CLOSE
+_CLOSED = StreamState.CLOSED
 
 
 class _Connection(asyncio.Protocol):
-    """One HTTP/2 connection from Envoy (or a health probe) and its streams."""
+    """One HTTP/2 connection from Envoy (or a health probe): h2's events in, its streams'
+    messages to their handlers, answers and trailers out, GOAWAY when it ends.
+
+    The rest is in units of its own: gRPC framing (`h2_framing`), a stream's states
+    (`h2_stream`), bytes held and streams cut short (`h2_accounting`), the timers
+    (`h2_timers`) and the health service (`h2_health`)."""
 
     def __init__(self, server: H2Server) -> None:
         self.server = server
-        self.limits = server.limits
+        limits = self.limits = server.limits
         self.loop = asyncio.get_running_loop()
         self.h2 = h2.connection.H2Connection(config=_CONFIG)
         self.h2.incoming_buffer = _FrameBuffer(server=True)
-        self.streams: dict[int, _Stream] = {}
+        self.streams: dict[int, Stream] = {}
         self.transport: asyncio.Transport | None = None
         self.last_stream = 0
         self.refuse_above: int | None = None
-        """Set by the final GOAWAY: streams above it are refused."""
+        """Set by the final GOAWAY (or one asking the peer to calm down): streams above it
+        are refused."""
         self._flush_pending = False
         self.closed = False
-        self.held = 0
-        """Bytes held by all the streams (see `_Stream.held`)."""
-        self.partial: set[_Stream] = set()
-        """Streams with a message half received: the message timer watches them."""
-        self.blocked: set[_Stream] = set()
+        self.buffers = Buffers(
+            limits.stream_buffer_bytes, limits.connection_buffer_bytes, server.buffers
+        )
+        self.blocked: set[Stream] = set()
         """Streams with answers the peer's flow-control window holds back."""
         now = self.loop.time()
-        self.opened_at = self.active_at = self.sent_at = now
-        self.blocked_at: float | None = None
-        self.greeted = False
+        self.timers: ConnectionTimers[Stream] = ConnectionTimers(
+            now,
+            preface_secs=limits.preface_secs,
+            idle_secs=limits.idle_secs,
+            message_secs=limits.message_secs,
+            write_stall_secs=limits.write_stall_secs,
+        )
         self.writing_paused = False
-        self.reset_tokens = float(self.limits.reset_burst)
-        self.reset_tokens_at = now
+        self.resets = ResetBudget(limits.resets_per_sec, limits.reset_burst, now)
         self._timer: asyncio.TimerHandle | None = None
+
+    @property
+    def active_at(self) -> float:
+        """When a stream last opened or ended here (the longest idle makes room first)."""
+        return self.timers.active_at
 
     # asyncio.Protocol ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -352,7 +320,7 @@ class _Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.writing_paused = False
-        self.sent_at = self.loop.time()
+        self.timers.sent_at = self.loop.time()
         if self.transport is not None and not self.closed:
             self.transport.resume_reading()
         for stream in list(self.streams.values()):
@@ -380,19 +348,19 @@ class _Connection(asyncio.Protocol):
             elif kind is h2.events.RequestReceived:
                 self._on_request(event)  # type: ignore[arg-type]
             elif kind is h2.events.StreamEnded:
-                self._on_client_end(event.stream_id)  # type: ignore[attr-defined]
+                self._on_request_end(event.stream_id)  # type: ignore[attr-defined]
             elif kind is h2.events.StreamReset:
                 self._on_reset(event.stream_id)  # type: ignore[attr-defined]
             elif kind is h2.events.WindowUpdated or kind is h2.events.RemoteSettingsChanged:
-                self.greeted = True  # the client's first SETTINGS ends its preface
+                self.timers.greeted = True  # the client's first SETTINGS ends its preface
                 for stream in list(self.streams.values()):
                     self._send_out(stream)
             elif kind is h2.events.ConnectionTerminated:
                 self._write(self.h2.data_to_send())
                 self._close()
                 return
-        # Credited back at once (before the next read): `_hold` bounds what a stream,
-        # connection and process keep.
+        # Credited back at once (before the next read): the byte account bounds what a
+        # stream, connection and process keep.
         for sid, size in received.items():
             with contextlib.suppress(h2.exceptions.StreamClosedError):
                 self.h2.acknowledge_received_data(size, sid)
@@ -409,57 +377,48 @@ class _Connection(asyncio.Protocol):
             self._count_reset()
             return
         self.last_stream = max(self.last_stream, sid)
-        path = content_type = encoding = b""
-        metadata: list[tuple[str, bytes]] = []
-        for name, value in event.headers or ():
-            assert isinstance(name, bytes)
-            assert isinstance(value, bytes)
-            if name[:1] == b":":
-                if name == b":path":
-                    path = value
-            elif name == b"content-type":
-                content_type = value
-            elif name == b"grpc-encoding":
-                encoding = value
-            else:
-                metadata.append((name.decode("latin-1"), value))
-        if not content_type.startswith(b"application/grpc"):
+        # header_encoding=None: h2 hands names and values over as bytes
+        call = read_headers(event.headers or ())
+        if not call.content_type.startswith(b"application/grpc"):
             self.h2.send_headers(sid, [(b":status", b"415")], end_stream=True)
             return
-        stream = _Stream(sid, path)
+        path = call.path
+        stream = Stream(sid, path)
         self.streams[sid] = stream
-        self.active_at = self.loop.time()
-        if encoding not in (b"", b"identity"):
-            self._fail(stream, UNIMPLEMENTED, f"grpc-encoding {encoding.decode('latin-1')}")
+        self.timers.active_at = self.loop.time()
+        if call.encoding not in (b"", b"identity"):
+            self._fail(stream, UNIMPLEMENTED, f"grpc-encoding {call.encoding.decode('latin-1')}")
         elif path == PROCESS_PATH:
             stream.context = contextvars.copy_context()
             try:
-                stream.handler = stream.context.run(self.server.open_stream, metadata)
+                stream.handler = stream.context.run(self.server.open_stream, call.metadata)
             except Exception as exc:
                 _log.exception("ext_proc stream could not start")
                 self._fail(stream, UNKNOWN, f"{type(exc).__name__}: {exc}")
         elif path not in (CHECK_PATH, WATCH_PATH):
             self._fail(stream, UNIMPLEMENTED, f"method {path.decode('latin-1')} not found")
         if event.stream_ended is not None:
-            self._on_client_end(sid)
+            self._on_request_end(sid)
 
     def _on_reset(self, sid: int) -> None:
         stream = self.streams.get(sid)
         if stream is None:
             return
-        cut_short = _unanswered(stream)
+        cut_short = stream.unanswered_work()
         self._drop(stream)
         if cut_short:  # the work a rapid reset costs us
             self._count_reset()
 
     def _count_reset(self) -> None:
-        """Spend one of the connection's reset budget (a token bucket); past it, calm down."""
-        limits = self.limits
+        """Spend one of the connection's reset budget and one of the process's. Past the
+        connection's, it is closed at once; past the process's, it is asked to go (GOAWAY
+        ENHANCE_YOUR_CALM) and its streams in flight may finish: it may be an innocent one
+        (Envoy) resetting a stream while another peer spends the budget."""
         now = self.loop.time()
-        earned = (now - self.reset_tokens_at) * limits.resets_per_sec
-        self.reset_tokens = min(float(limits.reset_burst), self.reset_tokens + earned) - 1
-        self.reset_tokens_at = now
-        if self.reset_tokens < 0:
+        own = self.resets.spend(now)
+        shared = self.server.resets.spend(now)
+        limits = self.limits
+        if not own:
             _log.warning(
                 "ext_proc h2: a client reset or over-opened streams faster than %g/s "
                 "(burst %d); closing its connection with ENHANCE_YOUR_CALM",
@@ -467,144 +426,112 @@ class _Connection(asyncio.Protocol):
                 limits.reset_burst,
             )
             self._goodbye(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM, linger=True)
+        elif not shared and self.refuse_above is None:
+            trips = self.server.resets.tripped(now)
+            if trips is not None:
+                _log.warning(
+                    "ext_proc h2: clients reset or over-opened streams faster than %g/s "
+                    "(burst %d) across the process; %d connection(s) asked to go with "
+                    "ENHANCE_YOUR_CALM (one line per %g s at most)",
+                    limits.process_resets_per_sec,
+                    limits.process_reset_burst,
+                    trips,
+                    _PROCESS_LOG_EVERY_SECS,
+                )
+            self._calm_down()
+
+    def _calm_down(self) -> None:
+        """GOAWAY ENHANCE_YOUR_CALM: no new streams; those in flight may finish, then close."""
+        if not self.streams:
+            self._goodbye(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM, linger=True)
+            return
+        self.refuse_above = self.last_stream
+        self._goaway(self.last_stream, h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
 
     def _on_data(self, event: h2.events.DataReceived) -> None:
         stream = self.streams.get(event.stream_id)
         data = event.data
-        if stream is None or stream.finishing or not data:
+        if stream is None or stream.state not in TAKING or not data:
             return
-        parts = stream.parts
-        if not parts:
+        if not stream.size:
             stream.partial_at = self.loop.time()
-            self.partial.add(stream)
-        if len(data) >= _SMALL_PIECE:
-            parts.append(data)
-        elif parts and type(parts[-1]) is bytearray:
-            parts[-1] += data
-        else:
-            parts.append(bytearray(data))
-        stream.parts_size += len(data)
-        if self._hold(stream, len(data)):
-            self._take_messages(stream)
+            self.timers.partial.add(stream)
+        stream.add(data)
+        over = self.buffers.add(stream, len(data))
+        if over is not None:
+            self._overflow(stream, over)
+            return
+        self._take_messages(stream)
 
-    def _take_messages(self, stream: _Stream) -> None:
-        """Hand each whole message in `stream.parts` to the stream, in order.
-
-        A message's pieces are joined once it is whole, and its payload is a view of them: one
-        copy of a message that came in many DATA frames, none of one that came in one.
-        """
+    def _take_messages(self, stream: Stream) -> None:
+        """Hand each whole message the stream has received to it, in order."""
         limit = self.limits.max_message_bytes
-        parts = stream.parts
-        while stream.parts_size >= 5:
-            if len(parts[0]) < 5:  # a length prefix split over frames
-                _merge_head(parts)
-            head = parts[0]
-            size = int.from_bytes(head[1:5], "big")
-            if size > limit:
-                self._fail(stream, RESOURCE_EXHAUSTED, f"message of {size} bytes over {limit}")
+        while stream.size >= PREFIX_BYTES:  # (a call fewer per DATA frame than asking)
+            payload = stream.next_message(limit)
+            if payload is None:
+                break
+            if isinstance(payload, Refusal):
+                self._fail(stream, payload.status, payload.detail)
                 return
-            end = 5 + size
-            if stream.parts_size < end:
-                return
-            if head[0]:
-                self._fail(stream, INTERNAL, "compressed message but no grpc-encoding")
-                return
-            joined = len(parts) > 1
-            whole = memoryview(b"".join(parts) if joined else head)
-            parts.clear()
-            stream.parts_size -= end
-            if stream.parts_size:
-                # The next message's start. After a join it is copied (at most the last
-                # piece), so that a few bytes never keep a whole large message alive.
-                rest = whole[end:]
-                parts.append(rest.tobytes() if joined else rest)
-            self._hold(stream, -5)
             stream.partial_at = self.loop.time()
-            self._on_message(stream, whole[5:end])
-            if stream.finishing:
+            self._on_message(stream, payload)
+            if stream.state not in TAKING:
                 return
-        if not parts:
-            self.partial.discard(stream)
+        if not stream.size:
+            self.timers.partial.discard(stream)
 
-    def _hold(self, stream: _Stream, size: int) -> bool:
-        """Count `size` more bytes held for `stream`; False (and the stream failed) when that
-        is over a bound."""
-        stream.held += size
-        self.held += size
-        server = self.server
-        server.held += size
-        limits = self.limits
-        if size <= 0:
-            return True
-        if stream.held > limits.stream_buffer_bytes:
-            over = f"stream buffers over {limits.stream_buffer_bytes} bytes"
-        elif self.held > limits.connection_buffer_bytes:
-            over = f"connection buffers over {limits.connection_buffer_bytes} bytes"
-        elif server.held > limits.process_buffer_bytes:
-            over = f"process buffers over {limits.process_buffer_bytes} bytes"
-        else:
-            return True
+    def _overflow(self, stream: Stream, over: str) -> None:
+        """The stream took on more bytes than a bound allows: it fails, its holds let go."""
         self._empty(stream)
         self._fail(stream, RESOURCE_EXHAUSTED, over)
-        return False
 
-    def _empty(self, stream: _Stream) -> None:
+    def _empty(self, stream: Stream) -> None:
         """Let go of all the stream holds (its answers unsent are lost)."""
-        stream.parts.clear()
-        stream.parts_size = 0
+        stream.drop_partial()
         stream.pending.clear()
         stream.out.clear()
-        self.partial.discard(stream)
+        self.timers.partial.discard(stream)
         self.blocked.discard(stream)
-        self.held -= stream.held
-        self.server.held -= stream.held
-        stream.held = 0
+        self.buffers.forget(stream)
 
-    def _on_message(self, stream: _Stream, payload: memoryview) -> None:
+    def _on_message(self, stream: Stream, payload: memoryview) -> None:
+        # The prefix is held until the payload is taken: one account call per message.
         if stream.handler is not None:
             stream.pending.append(payload)
             if stream.task is None:
                 stream.task = self.loop.create_task(self._work(stream), context=stream.context)
             return
-        self._hold(stream, -len(payload))
-        if stream.service or stream in self.server.health.watchers:
-            # Check and Watch take one request; each more would answer (and watch) again.
-            self._fail(stream, INVALID_ARGUMENT, "more than one HealthCheckRequest")
-            return
-        try:
-            service = health_pb2.HealthCheckRequest.FromString(payload).service
-        except DecodeError:
-            self._fail(stream, INVALID_ARGUMENT, "cannot parse HealthCheckRequest")
-            return
-        stream.service = service
-        if self.server.health.status_of(service) is None:
-            self._fail(stream, NOT_FOUND, f"unknown service {service!r}")
+        self.buffers.release(stream, PREFIX_BYTES + len(payload))
+        health = self.server.health
+        verdict = health.judge(payload, asked=stream.service is not None)
+        stream.service = verdict.service
+        if verdict.status != OK:
+            self._fail(stream, verdict.status, verdict.detail)
         elif stream.method == WATCH_PATH:
-            self.server.health.watchers[stream] = self
+            health.watch(stream, lambda: self.send_health(stream))
             self.send_health(stream)
         else:
             self.send_health(stream)
             self._finish(stream)
 
-    def _on_client_end(self, sid: int) -> None:
+    def _on_request_end(self, sid: int) -> None:
         stream = self.streams.get(sid)
-        if stream is None or stream.client_done:
+        if stream is None or stream.step(_REQUEST_END) in REQUEST_DONE:
             return
-        stream.client_done = True
         if stream.method == WATCH_PATH:
             return  # a watch lasts until the client cancels it or the connection goes
-        if stream.task is None and not stream.finishing:
+        if stream.task is None and stream.state not in FINISHING:
             self._finish(stream)
 
     # the handler --------------------------------------------------------------------------
-    async def _work(self, stream: _Stream) -> None:
+    async def _work(self, stream: Stream) -> None:
         """Answer the stream's pending messages in order, then let the next one start a task."""
         handler = stream.handler
         assert handler is not None
         try:
-            while stream.pending and not stream.finishing:
+            while stream.pending and stream.state in TAKING:
                 payload = stream.pending.popleft()
-                self._hold(stream, -len(payload))
+                self.buffers.release(stream, PREFIX_BYTES + len(payload))
                 try:
                     request = ep.ProcessingRequest.FromString(payload)
                 except DecodeError:
@@ -620,51 +547,72 @@ class _Connection(asyncio.Protocol):
                 self._send(stream, answer.SerializeToString())
         finally:
             stream.task = None  # before any later message: that one starts a new task
-        if stream.client_done and not stream.finishing:
+        if stream.state in REQUEST_DONE and stream.state not in FINISHING:
             self._finish(stream)
         self._flush_soon()
 
-    def _end(self, stream: _Stream) -> None:
-        if stream.handler is not None and not stream.ended:
-            stream.ended = True
-            self.server.end_stream(stream.handler)
-
     # outgoing -----------------------------------------------------------------------------
-    def send_health(self, stream: _Stream) -> None:
-        status = self.server.health.status_of(stream.service)
-        reply = health_pb2.HealthCheckResponse(status=status or 0)
-        self._send(stream, reply.SerializeToString())
+    def send_health(self, stream: Stream) -> None:
+        self._send(stream, self.server.health.answer(stream.service or ""))
         self._flush_soon()
 
-    def _send(self, stream: _Stream, payload: bytes) -> None:
-        if stream.released:
+    def _send(self, stream: Stream, payload: bytes) -> None:
+        if stream.state is _CLOSED:
             return
-        message = _message(payload)
+        message = frame(payload)
+        if not stream.out and not self.writing_paused and self._send_now(stream, message):
+            return
         stream.out.append(memoryview(message))
-        if not self._hold(stream, len(message)):
+        over = self.buffers.add(stream, len(message))
+        if over is not None:
+            self._overflow(stream, over)
             return
-        if not stream.headers_sent:
-            stream.headers_sent = True
-            self.h2.send_headers(stream.sid, _RESPONSE_HEADERS)
+        if stream.state in UNANSWERED:
+            stream.step(_ANSWER)
+            self.h2.send_headers(stream.sid, RESPONSE_HEADERS)
         self._send_out(stream)
 
-    def _fail(self, stream: _Stream, status: int, detail: str) -> None:
+    def _send_now(self, stream: Stream, message: bytes) -> bool:
+        """Hand `message` to h2 at once when the peer's window and the frame size allow it
+        (every answer of a small request): never queued, never counted as held. False when
+        it must wait in `out`."""
+        h = self.h2
+        sid = stream.sid
+        try:
+            if len(message) > min(h.local_flow_control_window(sid), h.max_outbound_frame_size):
+                return False
+            if stream.state in UNANSWERED:
+                stream.step(_ANSWER)
+                h.send_headers(sid, RESPONSE_HEADERS)
+            h.send_data(sid, message)
+        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+            self._drop(stream)
+            return True
+        self.timers.sent_at = self.loop.time()
+        return True
+
+    def _fail(self, stream: Stream, status: int, detail: str) -> None:
         """End the stream with `status` once its answers are out; what it received is dropped."""
         stream.status, stream.detail = status, detail
-        dropped = stream.parts_size + sum(len(payload) for payload in stream.pending)
-        stream.parts.clear()
-        stream.parts_size = 0
+        dropped = stream.drop_partial() + sum(PREFIX_BYTES + len(p) for p in stream.pending)
         stream.pending.clear()
-        self.partial.discard(stream)
-        self._hold(stream, -dropped)
+        self.timers.partial.discard(stream)
+        self.buffers.release(stream, dropped)
         self._finish(stream)
 
-    def _finish(self, stream: _Stream) -> None:
-        """End the stream with its status once what it still has to send is sent."""
-        stream.finishing = True
-        self._send_out(stream)
+    def _finish(self, stream: Stream) -> None:
+        """End the stream with its status once what it still has to send is sent; with
+        nothing sent yet, at once (trailers only)."""
+        if stream.state not in UNANSWERED:
+            stream.step(_FINISH)
+            self._send_out(stream)
+            return
+        try:
+            self._end_stream(stream)
+        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+            self._drop(stream)
 
-    def _send_out(self, stream: _Stream) -> None:
+    def _send_out(self, stream: Stream) -> None:
         h = self.h2
         sid = stream.sid
         out = stream.out
@@ -679,7 +627,7 @@ class _Connection(asyncio.Protocol):
                     self.blocked.add(stream)
                     return
                 h.send_data(sid, chunk[:room])
-                self._hold(stream, -room)
+                self.buffers.release(stream, room)
                 if room == len(chunk):
                     out.popleft()
                 else:
@@ -687,44 +635,39 @@ class _Connection(asyncio.Protocol):
                 batch += room
                 if batch >= _WRITE_BATCH:  # to the socket now: a full one pauses writing
                     batch = 0
-                    self.sent_at = self.loop.time()
+                    self.timers.sent_at = self.loop.time()
                     self._write(h.data_to_send())
             if batch:
-                self.sent_at = self.loop.time()
+                self.timers.sent_at = self.loop.time()
             self.blocked.discard(stream)
-            if stream.finishing:
+            if stream.state in FINISHING:
                 self._end_stream(stream)
         except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
             self._drop(stream)
 
-    def _end_stream(self, stream: _Stream) -> None:
-        trailers = [(b"grpc-status", str(stream.status).encode())]
-        if stream.detail:
-            trailers.append((b"grpc-message", _percent_encoded(stream.detail)))
-        if not stream.headers_sent:  # a trailers-only answer
-            trailers = _RESPONSE_HEADERS + trailers
-        self.h2.send_headers(stream.sid, trailers, end_stream=True)
-        if stream.status != OK and not stream.client_done:
+    def _end_stream(self, stream: Stream) -> None:
+        """The trailers (a trailers-only answer when nothing was sent), then CLOSED."""
+        block = trailers(stream.status, stream.detail, trailers_only=stream.state in UNANSWERED)
+        self.h2.send_headers(stream.sid, block, end_stream=True)
+        if stream.status != OK and stream.state not in REQUEST_DONE:
             # The rest of the request is of no use: ask the client to stop sending it
             # (RFC 9113 8.1: a complete response, then RST_STREAM with NO_ERROR).
             self.h2.reset_stream(stream.sid, h2.errors.ErrorCodes.NO_ERROR)
         self._release(stream)
 
-    def _drop(self, stream: _Stream) -> None:
+    def _drop(self, stream: Stream) -> None:
         """The stream is gone (reset, or its connection closed): stop its work."""
-        stream.finishing = True
         self._empty(stream)
         if stream.task is not None:
             stream.task.cancel()
         self._release(stream)
 
-    def _release(self, stream: _Stream) -> None:
-        if stream.released:
+    def _release(self, stream: Stream) -> None:
+        if stream.step(_CLOSE) is _CLOSED:
             return
-        stream.released = True
         self._empty(stream)
         self.streams.pop(stream.sid, None)
-        self.active_at = self.loop.time()
+        self.timers.active_at = self.loop.time()
         if stream.task is None:
             self._end(stream)
         else:
@@ -733,9 +676,14 @@ class _Connection(asyncio.Protocol):
             # before its first step runs none), and only such a task needs one.
             stream.task.cancel()
             stream.task.add_done_callback(lambda _: self._end(stream))
-        self.server.health.watchers.pop(stream, None)
+        self.server.health.unwatch(stream)
         if self.refuse_above is not None and not self.streams:
             self.loop.call_soon(self._close)
+
+    def _end(self, stream: Stream) -> None:
+        """The handler's end: once, as the stream closed once."""
+        if stream.handler is not None:
+            self.server.end_stream(stream.handler)
 
     def _flush_soon(self) -> None:
         if not self._flush_pending:
@@ -769,11 +717,7 @@ class _Connection(asyncio.Protocol):
         """GOAWAY with `code` and the last stream accepted, then close; with `linger`, once
         the peer has had `LINGER_SECS` to read it (a peer still sending would otherwise get
         the connection reset, and the GOAWAY lost with it)."""
-        self._flush()
-        frame = GoAwayFrame(0)
-        frame.last_stream_id = self.last_stream
-        frame.error_code = code
-        self._write(frame.serialize())
+        self._goaway(self.last_stream, code)
         transport = self.transport
         if (
             not linger
@@ -791,40 +735,35 @@ class _Connection(asyncio.Protocol):
 
     # timers -------------------------------------------------------------------------------
     def _check(self) -> None:
-        """The connection's timers, checked every `tick_secs`: preface, stall, idle, message."""
+        """The connection's timers (`ConnectionTimers`), checked every `tick_secs`."""
         if self.closed:
             return
         now = self.loop.time()
-        limits = self.limits
-        if not self.greeted and now - self.opened_at > limits.preface_secs:
+        timers = self.timers
+        expiry = timers.expired(
+            now,
+            streams_open=bool(self.streams),
+            waiting_on_peer=self.writing_paused or bool(self.blocked),
+        )
+        if expiry is Expiry.NO_PREFACE:
             self._close()  # no preface, no HTTP/2 to say goodbye in
             return
-        if self._stalled(now):
+        if expiry is not Expiry.NONE:
             self._goodbye(h2.errors.ErrorCodes.NO_ERROR)
             return
-        if not self.streams and now - self.active_at > limits.idle_secs:
-            self._goodbye(h2.errors.ErrorCodes.NO_ERROR)
-            return
-        late = f"message incomplete after {limits.message_secs:g} s"
-        for stream in [s for s in self.partial if now - s.partial_at > limits.message_secs]:
+        late = f"message incomplete after {self.limits.message_secs:g} s"
+        for stream in timers.late(now):
             self._fail(stream, DEADLINE_EXCEEDED, late)
         self._flush()
-        self._timer = self.loop.call_later(limits.tick_secs, self._check)
-
-    def _stalled(self, now: float) -> bool:
-        """Answers have waited on the peer (its window or its reading) for `write_stall_secs`."""
-        if not (self.writing_paused or self.blocked):
-            self.blocked_at = None
-            return False
-        if self.blocked_at is None:
-            self.blocked_at = now
-        return now - max(self.blocked_at, self.sent_at) > self.limits.write_stall_secs
+        self._timer = self.loop.call_later(self.limits.tick_secs, self._check)
 
     # stopping -----------------------------------------------------------------------------
-    def _goaway(self, last_stream_id: int) -> None:
+    def _goaway(
+        self, last_stream_id: int, code: h2.errors.ErrorCodes = h2.errors.ErrorCodes.NO_ERROR
+    ) -> None:
         frame = GoAwayFrame(0)
         frame.last_stream_id = last_stream_id
-        frame.error_code = h2.errors.ErrorCodes.NO_ERROR
+        frame.error_code = code
         self._flush()
         self._write(frame.serialize())
 
@@ -851,36 +790,6 @@ class _Connection(asyncio.Protocol):
         self._close()
 
 
-def _unanswered(stream: _Stream) -> bool:
-    """Whether the stream has work under way or waiting: nothing answered yet, a message
-    being answered, or one received (whole or in part) and not yet taken.
-
-    A reset then cuts work short (a rapid reset's whole point). A reset after every message
-    was answered cuts nothing: it is how Envoy ends each ext_proc stream once it has the last
-    answer it needs, so counting it would close Envoy's connection under steady traffic.
-    """
-    return (
-        not stream.headers_sent or stream.task is not None or bool(stream.pending or stream.parts)
-    )
-
-
-def _merge_head(parts: list[bytes | bytearray | memoryview]) -> None:
-    """Join the first pieces of `parts` into one of at least 5 bytes (or all of them)."""
-    count, size = 0, 0
-    while size < 5 and count < len(parts):
-        size += len(parts[count])
-        count += 1
-    parts[:count] = [b"".join(parts[:count])]
-
-
-def _percent_encoded(text: str) -> bytes:
-    """grpc-message's encoding: printable ASCII as is, everything else as %XX of its UTF-8."""
-    return b"".join(
-        bytes([b]) if 0x20 <= b <= 0x7E and b != 0x25 else b"%%%02X" % b
-        for b in text.encode("utf-8")
-    )
-
-
 class H2Server:
     """A listening ext_proc server on `h2`; `port` is the bound TCP port (None for unix)."""
 
@@ -899,14 +808,25 @@ class H2Server:
         self.connections: set[_Connection] = set()
         self.open_connections = 0
         """Connections not yet closing: what `max_connections` counts."""
-        self.held = 0
-        """Bytes held by every stream of every connection (see `_Stream.held`)."""
+        self.buffers = ProcessBytes(self.limits.process_buffer_bytes)
+        # time.monotonic is the event loop's clock (and the server may be made before it runs).
+        self.resets = ProcessResets(
+            self.limits.process_resets_per_sec,
+            self.limits.process_reset_burst,
+            time.monotonic(),
+            log_every_secs=_PROCESS_LOG_EVERY_SECS,
+        )
         self.idle = asyncio.Event()
         """Set while no connection is open."""
         self.idle.set()
         self.draining = False
         self.port: int | None = None
         self._listeners: list[_Listener] = []
+
+    @property
+    def held(self) -> int:
+        """Bytes held by every stream of every connection (see `Stream.held`)."""
+        return self.buffers.held
 
     @property
     def max_message_bytes(self) -> int:

@@ -1,0 +1,177 @@
+"""One gRPC call on the `h2` transport: its state, as named states and a transition table (in
+the manner of hyper-h2's `h2/stream.py`), and what it holds while it lives.
+
+A stream's life, from the server's side:
+
+    OPEN --ANSWER--> ANSWERING --FINISH--> FINISHING --CLOSE--> CLOSED
+     |                  |                     |
+     REQUEST_END        REQUEST_END           REQUEST_END
+     v                  v                     v
+    REQUEST_DONE --ANSWER--> ANSWERING_REQUEST_DONE --FINISH--> FINISHING_REQUEST_DONE --CLOSE-->
+
+- ANSWER: the first answer goes out, behind the response headers.
+- REQUEST_END: the client ended its side (END_STREAM); Envoy mostly resets instead.
+- FINISH: the status is decided; the trailers carrying it wait behind the answers still
+  queued (a window the peer has not opened). A stream with nothing answered is finished by a
+  trailers-only answer at once, so FINISH is not an input of OPEN or REQUEST_DONE: those go
+  straight to CLOSED.
+- CLOSE: the trailers went out, or the peer reset the stream, or its connection went: it
+  leaves the connection's table (its handler ends once its task has unwound).
+
+A pair not in `TRANSITIONS` is a bug in the transport: `advance` raises a RuntimeError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import enum
+from collections import deque
+from typing import TYPE_CHECKING
+
+from .h2_framing import OK, MessageReader
+
+if TYPE_CHECKING:
+    from .h2_transport import Handler
+
+
+class StreamState(enum.IntEnum):
+    """Where a stream is in its life (an IntEnum: the hot path hashes and compares ints)."""
+
+    OPEN = 0
+    """The request arriving; nothing answered yet."""
+    REQUEST_DONE = 1
+    """The request ended by the client; nothing answered yet."""
+    ANSWERING = 2
+    """Answers going out; the request still arriving."""
+    ANSWERING_REQUEST_DONE = 3
+    """Answers going out; the request ended."""
+    FINISHING = 4
+    """The status decided, its trailers behind queued answers; what still arrives is dropped."""
+    FINISHING_REQUEST_DONE = 5
+    """The same, the request ended."""
+    CLOSED = 6
+    """Out of the connection's table; nothing more is sent or taken."""
+
+
+class StreamInput(enum.IntEnum):
+    """What moves a stream from one state to the next."""
+
+    ANSWER = 0
+    REQUEST_END = 1
+    FINISH = 2
+    CLOSE = 3
+
+
+_S = StreamState
+_I = StreamInput
+TRANSITIONS: dict[tuple[StreamState, StreamInput], StreamState] = {
+    (_S.OPEN, _I.ANSWER): _S.ANSWERING,
+    (_S.OPEN, _I.REQUEST_END): _S.REQUEST_DONE,
+    (_S.OPEN, _I.CLOSE): _S.CLOSED,
+    (_S.REQUEST_DONE, _I.ANSWER): _S.ANSWERING_REQUEST_DONE,
+    (_S.REQUEST_DONE, _I.REQUEST_END): _S.REQUEST_DONE,  # h2 reports the end twice, see below
+    (_S.REQUEST_DONE, _I.CLOSE): _S.CLOSED,
+    (_S.ANSWERING, _I.REQUEST_END): _S.ANSWERING_REQUEST_DONE,
+    (_S.ANSWERING, _I.FINISH): _S.FINISHING,
+    (_S.ANSWERING, _I.CLOSE): _S.CLOSED,
+    (_S.ANSWERING_REQUEST_DONE, _I.REQUEST_END): _S.ANSWERING_REQUEST_DONE,
+    (_S.ANSWERING_REQUEST_DONE, _I.FINISH): _S.FINISHING_REQUEST_DONE,
+    (_S.ANSWERING_REQUEST_DONE, _I.CLOSE): _S.CLOSED,
+    (_S.FINISHING, _I.REQUEST_END): _S.FINISHING_REQUEST_DONE,
+    (_S.FINISHING, _I.FINISH): _S.FINISHING,  # failed again while its answers wait: one status
+    (_S.FINISHING, _I.CLOSE): _S.CLOSED,
+    (_S.FINISHING_REQUEST_DONE, _I.REQUEST_END): _S.FINISHING_REQUEST_DONE,
+    (_S.FINISHING_REQUEST_DONE, _I.FINISH): _S.FINISHING_REQUEST_DONE,
+    (_S.FINISHING_REQUEST_DONE, _I.CLOSE): _S.CLOSED,
+    # A closed stream's task may still unwind and report (a late failure, a cancellation).
+    (_S.CLOSED, _I.REQUEST_END): _S.CLOSED,
+    (_S.CLOSED, _I.FINISH): _S.CLOSED,
+    (_S.CLOSED, _I.CLOSE): _S.CLOSED,
+}
+"""(state, input) -> next state. h2 reports a request's end twice when it comes on the
+HEADERS frame (`RequestReceived.stream_ended`, then `StreamEnded`): REQUEST_END leaves a
+state whose request is done as it is."""
+
+UNANSWERED = frozenset({_S.OPEN, _S.REQUEST_DONE})
+"""Nothing sent yet: the first answer goes behind response headers, a status alone is a
+trailers-only answer."""
+TAKING = frozenset({_S.OPEN, _S.REQUEST_DONE, _S.ANSWERING, _S.ANSWERING_REQUEST_DONE})
+"""Messages received are handed to the handler (later, in FINISHING, they are dropped)."""
+REQUEST_DONE = frozenset({_S.REQUEST_DONE, _S.ANSWERING_REQUEST_DONE, _S.FINISHING_REQUEST_DONE})
+"""The client ended its side."""
+FINISHING = frozenset({_S.FINISHING, _S.FINISHING_REQUEST_DONE})
+
+
+def advance(state: StreamState, event: StreamInput) -> StreamState:
+    """The state after `event`; a RuntimeError (a bug in the transport) for an input `state`
+    does not take."""
+    try:
+        return TRANSITIONS[state, event]
+    except KeyError:
+        raise RuntimeError(f"stream state: {event.name} in {state.name}") from None
+
+
+class Stream(MessageReader):
+    """One gRPC call: its state, handler, and the bytes it holds (a `MessageReader` of its
+    request; see there why a subclass)."""
+
+    __slots__ = (
+        "context",
+        "detail",
+        "handler",
+        "held",
+        "method",
+        "out",
+        "partial_at",
+        "pending",
+        "service",
+        "sid",
+        "state",
+        "status",
+        "task",
+    )
+
+    def __init__(self, sid: int, method: bytes) -> None:
+        super().__init__()
+        self.sid = sid
+        self.method = method
+        self.state = StreamState.OPEN
+        self.handler: Handler | None = None
+        self.context: contextvars.Context | None = None
+        self.pending: deque[memoryview] = deque()
+        """Whole messages not yet handed to the handler."""
+        self.task: asyncio.Task[None] | None = None
+        """Answering the pending messages, one after the other."""
+        self.out: deque[memoryview] = deque()
+        """Answers (framed) not yet handed to h2: the peer's window holds them back."""
+        self.held = 0
+        """Bytes in the message reader, `pending` and `out`: what the stream costs while the
+        peer waits."""
+        self.partial_at = 0.0
+        """When the message now arriving started."""
+        self.status = OK
+        self.detail = ""
+        self.service: str | None = None
+        """A health call's service, once its request came."""
+
+    def step(self, event: StreamInput) -> StreamState:
+        """Move to the state after `event`; the state before."""
+        before = self.state
+        try:  # `advance`, inline: a call fewer per step on the hot path
+            self.state = TRANSITIONS[before, event]
+        except KeyError:
+            raise RuntimeError(f"stream state: {event.name} in {before.name}") from None
+        return before
+
+    def unanswered_work(self) -> bool:
+        """Whether a reset now would cut work short: nothing answered yet, a message being
+        answered, or one received (whole or in part) and not yet taken.
+
+        A reset after every message was answered cuts nothing: it is how Envoy ends each
+        ext_proc stream once it has the last answer it needs, so counting it would close
+        Envoy's connection under steady traffic.
+        """
+        return (
+            self.state in UNANSWERED or self.task is not None or bool(self.pending) or self.size > 0
+        )
