@@ -104,6 +104,8 @@ class Policies:
             name: [msg.option(CLUSTER_HEADER, self.cluster_of(name).encode()), *options]
             for name, options in self.auth_options.items()
         }
+        self.renaming = any(a.renames for a in self.accounts.values())
+        """Whether some account has its own model names or path (retries then check them)."""
         self.options = msg.Options()
         """Header options that repeat across requests (deadlines, exposed decisions)."""
 
@@ -193,12 +195,21 @@ class Policies:
 
     def another_on_cluster(self, flight: Flight) -> bool:
         """Whether a retry on the routed cluster could go to a fresh account now."""
-        within = self.on_cluster.get(flight.cluster or "")
+        within = self.retry_within(flight)
         return within is not None and self.engine.another_possible(flight.ctx, flight.tried, within)
+
+    def retry_within(self, flight: Flight) -> Collection[str] | None:
+        """The accounts a retry may go to: those on the routed cluster that get the same body
+        and path as the first attempt (Envoy replays the request as the router sent it)."""
+        within = self.on_cluster.get(flight.cluster or "")
+        account, model = flight.ctx.account, flight.ctx.resolved_model
+        if within is None or account is None or model is None or not self.renaming:
+            return within
+        return [n for n in within if account.sends_as(self.accounts[n], model)]
 
     async def next_on_cluster(self, flight: Flight) -> Lease | None:
         model = flight.ctx.resolved_model
-        within = self.on_cluster.get(flight.cluster or "")
+        within = self.retry_within(flight)
         if within is None or model is None:
             return None
         return await self.pool.aacquire(model, exclude=flight.tried, allowed=within)
