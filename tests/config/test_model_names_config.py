@@ -24,6 +24,9 @@ path = "/openai/deployments/{model}/chat/completions?api-version=2025-04-01"
 """
 
 
+EMPTY = "llm_clients.c.models.a: the provider's model name must not be empty"
+
+
 def problems(text: str) -> list[str]:
     with pytest.raises(ConfigError) as info:
         parse_config(textwrap.dedent(text))
@@ -57,8 +60,11 @@ def test_a_bound_account_fills_its_path_template_with_the_providers_name() -> No
         "https://cloud.example.test/openai/deployments/vendor.claude-opus-5-v1:0"
         "/chat/completions?api-version=2025-04-01"
     )
-    assert accounts()["cloud"].for_model("gpt-x").url("/v1/chat/completions").startswith(
-        "https://cloud.example.test/openai/deployments/gpt-x-2026/"
+    assert (
+        accounts()["cloud"]
+        .for_model("gpt-x")
+        .url("/v1/chat/completions")
+        .startswith("https://cloud.example.test/openai/deployments/gpt-x-2026/")
     )
 
 
@@ -101,8 +107,8 @@ def test_a_template_without_model_is_a_fixed_path_for_a_list_account() -> None:
             'llm_clients.c.models.b: "p" is also the provider name of "a" '
             "(two public names on one provider name)",
         ),
-        ('{ a = "" }', None, "llm_clients.c.models.a: the provider's model name must not be empty"),
-        ('{ a = "  " }', None, "llm_clients.c.models.a: the provider's model name must not be empty"),
+        ('{ a = "" }', None, EMPTY),
+        ('{ a = "  " }', None, EMPTY),
         (
             '{ "*" = "p" }',
             None,
