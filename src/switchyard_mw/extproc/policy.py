@@ -105,7 +105,8 @@ class Policies:
             for name, options in self.auth_options.items()
         }
         self.renaming = any(a.renames for a in self.accounts.values())
-        """Whether some account has its own model names or path (retries then check them)."""
+        """Whether some account has its own model names or path: a retry's body and `:path`
+        are then the processor's to set (the upstream-level filter asks for the body)."""
         self.options = msg.Options()
         """Header options that repeat across requests (deadlines, exposed decisions)."""
 
@@ -199,13 +200,8 @@ class Policies:
         return within is not None and self.engine.another_possible(flight.ctx, flight.tried, within)
 
     def retry_within(self, flight: Flight) -> Collection[str] | None:
-        """The accounts a retry may go to: those on the routed cluster that get the same body
-        and path as the first attempt (Envoy replays the request as the router sent it)."""
-        within = self.on_cluster.get(flight.cluster or "")
-        account, model = flight.ctx.account, flight.ctx.resolved_model
-        if within is None or account is None or model is None or not self.renaming:
-            return within
-        return [n for n in within if account.sends_as(self.accounts[n], model)]
+        """The accounts a retry may go to: those on the routed cluster."""
+        return self.on_cluster.get(flight.cluster or "")
 
     async def next_on_cluster(self, flight: Flight) -> Lease | None:
         model = flight.ctx.resolved_model

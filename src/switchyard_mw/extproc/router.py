@@ -191,6 +191,7 @@ class RouterStream:
         ctx = RequestContext(view=view, body=body, now=self.started_at)
         ctx.budget_at = self.p.budget_at(self.headers, self.started_at)
         self.flight = flight = Flight(ctx=ctx, span=self.span, policies=self.p)
+        flight.path = self.headers.get(":path", b"")
         if self.span is None:
             await self.p.decide_model(ctx, self.gone)
         else:
@@ -220,7 +221,7 @@ class RouterStream:
         sets = [*self.p.route_options[lease.account]]
         sets += [options.get(k, v) for k, v in self.p.deadline_headers(flight, client)]
         if client.spec.path is not None:  # the provider's path for the model (route re-read)
-            sets.append(msg.option(":path", upstream_path(client, self.headers.get(":path"))))
+            sets.append(msg.option(":path", upstream_path(client, flight.path)))
         answer = ep.ProcessingResponse()
         common = answer.request_body.response
         new_body = ctx.body_for_app()
@@ -345,9 +346,12 @@ class RouterStream:
             span.end()
 
 
-def upstream_path(client: Account, path: bytes | None) -> bytes:
-    """The `:path` an account with a path template is called on, the client's query kept."""
-    base, _, query = (path or b"").decode("latin-1").partition("?")
+def upstream_path(client: Account, path: bytes) -> bytes:
+    """The `:path` `client` is called on for the client's `path`: its path template filled
+    (the client's query kept), or `path` itself when it has none."""
+    if client.spec.path is None:
+        return path
+    base, _, query = path.decode("latin-1").partition("?")
     return with_query(client.upstream_path(base), query).encode("latin-1")
 
 
