@@ -13,6 +13,7 @@ from switchyard_mw.cli import main
 from switchyard_mw.config import parse_config
 from switchyard_mw.errors import ConfigError
 
+VENDOR = "vendor.claude-opus-5-v1:0"
 MAPPED = """
 [llm_clients.direct]
 base_url = "https://api.example.test"
@@ -167,3 +168,15 @@ def test_check_config_names_the_key_path_and_fails(
     text = out.out + out.err
     assert 'llm_clients.c.models.b: "p" is also the provider name of "a"' in text
     assert "llm_clients.c.path: must contain {model}" in text
+
+
+def test_the_readme_and_the_example_config_show_a_provider_with_its_own_names() -> None:
+    root = Path(__file__).resolve().parents[2]
+    readme = (root / "README.md").read_text()
+    block = readme.split("```toml\n", 1)[1].split("```", 1)[0]
+    # The commented-out account is shown as a user would write it: it must be valid too.
+    shown = parse_config("\n".join(line.removeprefix("# ") for line in block.splitlines()))
+    example = parse_config((root / "examples" / "switchyard.toml").read_text())
+    assert example.llm_clients["mock-cloud"] == shown.llm_clients["mock-cloud"]
+    assert shown.llm_clients["azure"].path is not None
+    assert example.llm_clients["mock-cloud"].provider_model("claude-opus-5") == VENDOR
