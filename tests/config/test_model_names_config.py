@@ -180,3 +180,14 @@ def test_the_readme_and_the_example_config_show_a_provider_with_its_own_names() 
     assert example.llm_clients["mock-cloud"] == shown.llm_clients["mock-cloud"]
     assert shown.llm_clients["azure"].path is not None
     assert example.llm_clients["mock-cloud"].provider_model("claude-opus-5") == VENDOR
+
+
+def test_check_config_shows_each_accounts_names_and_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "good.toml"
+    config.write_text(textwrap.dedent(MAPPED))
+    assert main(["check-config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert f"models: claude-opus-5 (as {VENDOR}), gpt-x (as gpt-x-2026)" in out
+    assert "path: /openai/deployments/{model}/chat/completions?api-version=2025-04-01" in out
