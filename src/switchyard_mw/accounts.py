@@ -84,14 +84,6 @@ class Account:
             )
         return fill_path(template, provider)
 
-    def sends_as(self, other: Account, model: str) -> bool:
-        """Whether `other` gets the same body and path as this account for `model` (a retry
-        that replays the request unchanged, as Envoy's does, may go to it)."""
-        mine, theirs = self.spec, other.spec
-        return mine.path == theirs.path and mine.provider_model(model) == theirs.provider_model(
-            model
-        )
-
 
 def build_accounts(config: Config, environ: Mapping[str, str] | None = None) -> dict[str, Account]:
     """Every configured client with its key; `StartupError` names each unset key variable."""

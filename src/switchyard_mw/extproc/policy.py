@@ -196,16 +196,12 @@ class Policies:
 
     def another_on_cluster(self, flight: Flight) -> bool:
         """Whether a retry on the routed cluster could go to a fresh account now."""
-        within = self.retry_within(flight)
+        within = self.on_cluster.get(flight.cluster or "")
         return within is not None and self.engine.another_possible(flight.ctx, flight.tried, within)
-
-    def retry_within(self, flight: Flight) -> Collection[str] | None:
-        """The accounts a retry may go to: those on the routed cluster."""
-        return self.on_cluster.get(flight.cluster or "")
 
     async def next_on_cluster(self, flight: Flight) -> Lease | None:
         model = flight.ctx.resolved_model
-        within = self.retry_within(flight)
+        within = self.on_cluster.get(flight.cluster or "")
         if within is None or model is None:
             return None
         return await self.pool.aacquire(model, exclude=flight.tried, allowed=within)
