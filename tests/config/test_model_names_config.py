@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from switchyard_mw.accounts import Account, build_accounts
+from switchyard_mw.asgi.stack import switchyard_stack
 from switchyard_mw.cli import main
 from switchyard_mw.config import parse_config
 from switchyard_mw.errors import ConfigError
@@ -191,3 +192,28 @@ def test_check_config_shows_each_accounts_names_and_path(
     out = capsys.readouterr().out
     assert f"models: claude-opus-5 (as {VENDOR}), gpt-x (as gpt-x-2026)" in out
     assert "path: /openai/deployments/{model}/chat/completions?api-version=2025-04-01" in out
+
+
+COLLIDING = client('{ a = "p", b = "p" }', '"/d/{model}/chat"')
+
+
+def test_a_stack_refuses_to_start_with_a_bad_mapping(tmp_path: Path) -> None:
+    path = tmp_path / "switchyard.toml"
+    path.write_text(COLLIDING)
+    with pytest.raises(ConfigError, match=r'llm_clients\.c\.models\.b: "p" is also'):
+        switchyard_stack(lambda *a: None, config=path, environ={}, reload_on_signal=False)
+
+
+async def test_a_reload_with_a_bad_path_template_is_refused_and_the_old_config_stays(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "switchyard.toml"
+    path.write_text(client('{ a = "p" }', '"/d/{model}/chat"'))
+    stack = switchyard_stack(lambda *a: None, config=path, environ={}, reload_on_signal=False)
+    before = stack.config
+    path.write_text(client('{ a = "p" }', '"https://elsewhere.test/{model}"'))
+    assert stack.reload() == [
+        'llm_clients.c.path: must be a path starting with "/" (base_url gives the scheme and host)'
+    ]
+    assert stack.config is before
+    await stack.aclose()
