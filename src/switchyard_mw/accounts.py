@@ -3,20 +3,53 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .config import Config, LLMClient, read_api_keys
 from .core.clock import Clock, monotonic
 from .core.pool import AccountPool, AccountSpec
+from .model_names import PLACEHOLDER, fill_path
+
+_BOUND_KEPT = 256
+"""Bound copies kept per account: a `"*"` account with a path template is bound to whatever
+name a client sends, so past this the copies are made per request and not kept."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Account:
-    """One `llm_clients` entry, ready to call. `repr` never shows the key."""
+    """One `llm_clients` entry, ready to call. `repr` never shows the key.
+
+    `ctx.account` is bound to the attempt's model (`for_model`): its `url()` fills the
+    account's `path` template and `provider_model` is the name the provider knows it by.
+    """
 
     name: str
     spec: LLMClient
     api_key: str | None = field(default=None, repr=False)
+    model: str | None = None
+    """The public model this account is bound to (None: unbound, as `build_accounts` makes)."""
+    _bound: dict[str, Account] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def renames(self) -> bool:
+        """Whether a request to this account may need another body or path than the client's."""
+        return isinstance(self.spec.models, dict) or self.spec.path is not None
+
+    def for_model(self, model: str | None) -> Account:
+        """This account bound to the public `model` (itself when nothing would change)."""
+        if model is None or model == self.model or not self.renames:
+            return self
+        bound = self._bound.get(model)
+        if bound is None:
+            bound = replace(self, model=model, _bound={})
+            if len(self._bound) < _BOUND_KEPT:
+                self._bound[model] = bound
+        return bound
+
+    @property
+    def provider_model(self) -> str | None:
+        """The name the provider knows the bound model by (None when unbound)."""
+        return None if self.model is None else self.spec.provider_model(self.model)
 
     @property
     def base_url(self) -> str:
@@ -32,8 +65,24 @@ class Account:
         return [("authorization", f"Bearer {self.api_key}")]
 
     def url(self, path: str) -> str:
-        """`base_url` joined with a request path such as `/v1/messages`."""
-        return self.base_url + path
+        """`base_url` joined with a request path such as `/v1/messages`, or with the
+        account's `path` template in its place, `{model}` filled with the provider's name."""
+        return self.base_url + self.upstream_path(path)
+
+    def upstream_path(self, path: str) -> str:
+        """The path (and the template's query) this account is called on for `path`."""
+        template = self.spec.path
+        if template is None:
+            return path
+        if PLACEHOLDER not in template:
+            return template
+        provider = self.provider_model
+        if provider is None:
+            raise ValueError(
+                f"account {self.name!r} puts the model in its path: use ctx.account (bound to "
+                "the request's model) or account.for_model(name)"
+            )
+        return fill_path(template, provider)
 
 
 def build_accounts(config: Config, environ: Mapping[str, str] | None = None) -> dict[str, Account]:

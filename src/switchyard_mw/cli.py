@@ -197,7 +197,12 @@ def summary(config: Config, environ: dict[str, str] | None = None) -> str:
             f"  {name}: {c.base_url} auth={c.auth} priority={c.priority} "
             f"timeout={c.timeout_secs:g}s idle={c.stream_idle_secs:g}s {key}"
         )
-        lines.append(f"    models: {', '.join(c.models)}")
+        names = [
+            m if c.provider_model(m) == m else f"{m} (as {c.provider_model(m)})" for m in c.models
+        ]
+        lines.append(f"    models: {', '.join(names)}")
+        if c.path is not None:
+            lines.append(f"    path: {c.path}")
     lines.append(f"canaries ({len(config.canaries)}):")
     for model, canary in config.canaries.items():
         shares = ", ".join(f"{v} {p:g}%" for v, p in canary.variants.items())

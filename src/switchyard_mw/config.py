@@ -33,8 +33,14 @@ class LLMClient(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
 
     base_url: str
     """e.g. `https://api.anthropic.com`, without `/v1`: the request path is appended to it."""
-    models: list[str]
-    """The models it serves; `"*"` serves any model."""
+    models: list[str] | dict[str, str]
+    """The models it serves: a list of names (`"*"` serves any model), or a table mapping each
+    public name clients send to the provider's own (`{ "claude-opus-5" =
+    "vendor.claude-opus-5-v1:0" }`): the body the provider gets carries its own name."""
+    path: str | None = None
+    """A path template for a provider that puts the model or a deployment in the path, e.g.
+    `"/openai/deployments/{model}/chat/completions?api-version=2025-04-01"`: it replaces the
+    request's path, `{model}` filled with the provider's name (unset: the request's path)."""
     api_key_env: str | None = None
     """The environment variable holding its key, read at start-up (and at each reload)."""
     auth: Literal["x-api-key", "bearer"] = "bearer"
@@ -60,6 +66,11 @@ class LLMClient(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
 
     def serves(self, model: str) -> bool:
         return "*" in self.models or model in self.models
+
+    def provider_model(self, model: str) -> str:
+        """The name the provider knows `model` by (the public name unless `models` maps it)."""
+        models = self.models
+        return models.get(model, model) if isinstance(models, dict) else model
 
 
 class Guard(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -383,6 +394,10 @@ def _check_clients(config: Config, salvaged: set[str]) -> list[str]:
         at = f"llm_clients.{_quote(name)}"
         if not client.models:
             problems.append(f"{at}.models: must list at least one model")
+        if isinstance(client.models, dict):
+            problems.extend(_check_model_map(at, client.models))
+        if client.path is not None:
+            problems.extend(_check_path(at, client.path, maps=isinstance(client.models, dict)))
         if not client.base_url.startswith(("http://", "https://")):
             problems.append(f"{at}.base_url: must start with http:// or https://")
         if client.api_key_env is not None and not _ENV_NAME.match(client.api_key_env):
@@ -391,6 +406,53 @@ def _check_clients(config: Config, salvaged: set[str]) -> list[str]:
         if at not in salvaged and client.max_cooldown_secs < client.cooldown_secs:
             problems.append(f"{at}.max_cooldown_secs: must be >= cooldown_secs")
     return problems
+
+
+def _check_model_map(at: str, models: dict[str, str]) -> list[str]:
+    """A table of public name -> provider name: each provider name non-empty and used once."""
+    problems: list[str] = []
+    first: dict[str, str] = {}
+    for public, provider in models.items():
+        where = f"{at}.models.{_quote(public)}"
+        if public == "*":
+            problems.append(f'{where}: "*" serves any model in the list form only, not a table')
+        elif not provider.strip():
+            problems.append(f"{where}: the provider's model name must not be empty")
+        elif not provider.isprintable():
+            problems.append(f"{where}: the provider's model name must be printable")
+        elif provider in first:
+            # Health, metrics and a shared deployment path are per public name: two names on
+            # one provider name would be two breakers for one thing, and aliases belong to
+            # the client's side of the gateway (a route or a canary), not to an account.
+            problems.append(
+                f'{where}: "{provider}" is also the provider name of "{first[provider]}" '
+                "(two public names on one provider name)"
+            )
+        else:
+            first[provider] = public
+    return problems
+
+
+_PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+
+
+def _check_path(at: str, path: str, *, maps: bool) -> list[str]:
+    """A path template: a path (not a URL), `{model}` its only placeholder, required where
+    the account maps names (else every provider name would go to one path)."""
+    where = f"{at}.path"
+    if not path.startswith("/") or path.startswith("//"):
+        return [f'{where}: must be a path starting with "/" (base_url gives the scheme and host)']
+    if any(c.isspace() or not c.isprintable() for c in path) or "#" in path:
+        return [f"{where}: must not contain spaces, control characters or a #fragment"]
+    others = sorted({name for name in _PLACEHOLDER.findall(path) if name != "model"})
+    if others:
+        shown = ", ".join(f"{{{name}}}" for name in others)
+        return [f"{where}: {{model}} is the only placeholder, found {shown}"]
+    if "{" in _PLACEHOLDER.sub("", path) or "}" in _PLACEHOLDER.sub("", path):
+        return [f"{where}: unbalanced {{ or }}"]
+    if maps and "{model}" not in path:
+        return [f"{where}: must contain {{model}} where models maps names to the provider's"]
+    return []
 
 
 def _check_canaries(config: Config, unserved: Callable[[str], bool]) -> list[str]:

@@ -178,10 +178,13 @@ class RequestContext:
         self.output_tokens = output_tokens
 
     def body_for_app(self) -> bytes:
-        """The request body with `model` set to the resolved model (rewritten at most once)."""
+        """The request body with `model` set to the resolved model, in the name the current
+        attempt's account knows it by (rewritten once per name: each attempt's own)."""
         if self.body is None:
             return b""
-        view, model = self.view, self.resolved_model
+        view, model, account = self.view, self.resolved_model, self.account
+        if account is not None and model is not None and account.model == model:
+            model = account.provider_model
         if view is None or model is None or model == view.model:
             return self.body
         if self._rewritten is None or self._rewritten[0] != model:

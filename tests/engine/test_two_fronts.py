@@ -30,6 +30,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from extproc_helpers import (
     Stream,
+    common,
     immediate,
     request_body,
     request_headers,
@@ -72,6 +73,8 @@ envoy_cluster = "prov"
 timeout_secs = {timeout}
 """
 ONE = TWO.split("[llm_clients.b]")[0]
+RENAMED = TWO.replace('models = ["m"]\npriority = 1', 'models = {{ m = "m-at-b" }}\npriority = 1')
+"""Account b knows model m by its own name: a failover to it must send that name."""
 ENV = {"KEY_A": "ka", "KEY_B": "kb"}
 ACCOUNT_OF_KEY = {"ka": "a", "kb": "b"}
 BODY = msgspec.json.encode(
@@ -103,6 +106,9 @@ SCENARIOS = {
     "served": Scenario(TWO, {"ka": Behaviour()}),
     "failover after a 500": Scenario(TWO, {"ka": Behaviour(status=500), "kb": Behaviour()}),
     "failover after a 429": Scenario(TWO, {"ka": Behaviour(status=429), "kb": Behaviour()}),
+    "failover to an account with its own model name": Scenario(
+        RENAMED, {"ka": Behaviour(status=500), "kb": Behaviour()}
+    ),
     "every account answers 500": Scenario(
         TWO, {"ka": Behaviour(status=500), "kb": Behaviour(status=500)}
     ),
@@ -130,6 +136,8 @@ class Decisions:
     """Each attempt span: name, attributes (but `error.type`), status code."""
     calls: list[tuple[str, Any, str]] = field(default_factory=list)
     """Each attempt's GenAI CLIENT span (`chat {model}`): name, `error.type`, status code."""
+    sent: list[tuple[str, str]] = field(default_factory=list)
+    """Each attempt's (key, `model` of the body the upstream got)."""
 
 
 def _kept_headers(headers: Mapping[str, str]) -> dict[str, str]:
@@ -259,6 +267,7 @@ async def through_asgi(scenario: Scenario, spans: InMemorySpanExporter) -> Decis
         headers=_kept_headers(reply.headers),
         attempts=_attempt_spans(spans),
         calls=_client_spans(spans),
+        sent=[(r.key, r.model or "") for r in mock.requests],
     )
     if scenario.own_answer:
         decisions.error = _error_of(reply.json())
@@ -276,13 +285,21 @@ def _key_of(answer_sets: Mapping[str, bytes]) -> str:
     return answer_sets["x-api-key"].decode()
 
 
+def _model_of(answer: Any, replayed: bytes) -> str:
+    """The `model` of the body Envoy sends on: the answer's replacement, else `replayed`."""
+    body = common(answer).body_mutation.body if answer is not None else b""
+    return str(msgspec.json.decode(body or replayed)["model"])
+
+
 async def _play_attempts(
-    servicer: ExtProcServicer, scenario: Scenario, key: str
+    servicer: ExtProcServicer, scenario: Scenario, key: str, sent: list[tuple[str, str]]
 ) -> tuple[Upstream, str]:
     """Each attempt's upstream answer, following the retries the processor asks for; the
-    last attempt's answer and key."""
+    last attempt's answer and key. `sent` has the router's body model for attempt 1; each
+    retry's (Envoy replays that body, which the retry filter may replace) is added."""
     attempt = 1
     upstream = Stream(servicer, UPSTREAM_FILTER)  # attempt 1: only its response is filtered
+    routed_body = BODY.replace(b'"m"', f'"{sent[0][1]}"'.encode())
     while True:
         answer = scenario.upstream[key]
         if not isinstance(answer, Behaviour) or (answer.status < 500 and answer.status != 429):
@@ -297,6 +314,8 @@ async def _play_attempts(
         upstream = Stream(servicer, UPSTREAM_FILTER)
         retry = await upstream.send(upstream_headers({"x-request-id": RID}, attempt=attempt))
         key = _key_of(sets(retry))
+        replaced = await upstream.send(request_body(routed_body))
+        sent.append((key, _model_of(replaced, routed_body)))
 
 
 async def through_extproc(scenario: Scenario, spans: InMemorySpanExporter) -> Decisions:
@@ -316,7 +335,10 @@ async def through_extproc(scenario: Scenario, spans: InMemorySpanExporter) -> De
     if routed.WhichOneof("response") == "immediate_response":
         await router.close()
         return _immediate(routed, spans)
-    answer, _ = await _play_attempts(servicer, scenario, _key_of(sets(routed)))
+    sent = [(_key_of(sets(routed)), _model_of(routed, BODY))]
+    answer, _ = await _play_attempts(servicer, scenario, sent[0][0], sent)
+    # What reached a provider: an unreachable one got nothing.
+    sent = [(key, model) for key, model in sent if scenario.upstream.get(key) != UNREACHABLE]
     if answer == UNREACHABLE:
         final = await router.send(response_headers(503, details=_RESET))
     elif answer == SLOW:
@@ -326,7 +348,9 @@ async def through_extproc(scenario: Scenario, spans: InMemorySpanExporter) -> De
         final = await router.send(response_headers(answer.status, details="via_upstream"))
     await router.close()
     if final.WhichOneof("response") == "immediate_response":
-        return _immediate(final, spans)
+        decisions = _immediate(final, spans)
+        decisions.sent = sent
+        return decisions
     if answer == UNREACHABLE:  # the processor lets Envoy's own reply pass: envoy.yaml shapes it
         status, body = envoy_local_reply("/v1/messages")
         return Decisions(
@@ -335,12 +359,14 @@ async def through_extproc(scenario: Scenario, spans: InMemorySpanExporter) -> De
             headers=_kept_headers(_decoded(sets(final))),
             attempts=_attempt_spans(spans),
             calls=_client_spans(spans),
+            sent=sent,
         )
     return Decisions(
         answer.status if isinstance(answer, Behaviour) else 0,
         headers=_kept_headers(_decoded(sets(final))),
         attempts=_attempt_spans(spans),
         calls=_client_spans(spans),
+        sent=sent,
     )
 
 
@@ -386,6 +412,8 @@ async def test_both_fronts_decide_alike(
     asgi = await through_asgi(scenario, otel_spans)
     extproc = await through_extproc(scenario, otel_spans)
     assert asgi == extproc
+    if scenario.config is RENAMED:  # each account got the model in its own name
+        assert asgi.sent == [("ka", "m"), ("kb", "m-at-b")]
     if scenario.content_type == "application/json":
         assert asgi.attempts or scenario.before, "the scenario made no attempt"
         assert len(asgi.calls) == len(asgi.attempts), "each attempt has its CLIENT span"

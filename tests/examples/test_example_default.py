@@ -102,7 +102,12 @@ def test_every_start_here_step_then_ctrl_c(example: Example) -> None:
     metrics = httpx.get(f"{example.url}/metrics")
     assert metrics.status_code == 200
     assert "switchyard_variant_assignments_total" in metrics.text
-    assert _states(example) == {"mock-a": "closed", "mock-b": "closed", "mock-judge": "closed"}
+    assert _states(example) == {
+        "mock-a": "closed",
+        "mock-b": "closed",
+        "mock-cloud": "closed",
+        "mock-judge": "closed",
+    }
 
     # Key A refuses: the same requests are answered by key B, and the judge still answers;
     # after failure_threshold (3) refusals key A cools and B answers at once.

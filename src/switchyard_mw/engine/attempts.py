@@ -162,9 +162,12 @@ def end_client_span(
         error = "no_response"
     else:
         error = str(status) if status >= 400 else None
+    # `gen_ai.response.model`: the provider's own name for the model, where it has one.
+    account = ctx.account
+    provider_model = None if account is None else account.provider_model
     tm.end_client_span(
         span,
-        model=ctx.resolved_model,
+        model=provider_model or ctx.resolved_model,
         error=error,
         input_tokens=ctx.input_tokens,
         output_tokens=ctx.output_tokens,

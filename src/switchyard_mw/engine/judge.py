@@ -188,9 +188,10 @@ class Judge:
         self, route: Route, view: RequestView, body: bytes, budget_at: float | None
     ) -> tuple[str | None, str]:
         """(label, "") when the judge answered in time, else (None, fail-open reason)."""
-        account = self._accounts[route.judge]
+        # The judge's account, bound to the judge model: its own name for it, and its path.
+        account = self._accounts[route.judge].for_model(route.judge_model)
         request = build_judge_request(
-            judge_model=route.judge_model,
+            judge_model=account.provider_model or route.judge_model,
             labels=list(route.choices),
             user_text=last_user_text(view.wire, body),
             max_chars=route.judge_input_max_chars,

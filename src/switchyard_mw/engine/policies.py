@@ -202,7 +202,8 @@ class Engine:
 
     def start_attempt(self, ctx: RequestContext, lease: Lease) -> Account:
         """Make `lease`'s account the request's for its next attempt."""
-        client = ctx.account = self.accounts[lease.account]
+        # Bound to the model: the body and path carry the account's own name for it.
+        client = ctx.account = self.accounts[lease.account].for_model(ctx.resolved_model)
         ctx.attempts += 1
         return client
 

@@ -99,7 +99,7 @@ class Shadows:
         """The preferred account serving `model` that is healthy now; no lease is taken."""
         for name in self._pool.accounts_for(model):
             if self._pool.status_of(name).state is BreakerState.CLOSED:
-                return self._accounts[name]
+                return self._accounts[name].for_model(model)  # its own name and path
         return None
 
     async def _send(self, view: RequestView, body: bytes, shadow: str, path: str) -> None:
@@ -134,7 +134,7 @@ class Shadows:
                 with map_exceptions(report=False):
                     answer = await self._http.post(
                         account.url(path),
-                        content=rewrite_model(body, shadow),
+                        content=rewrite_model(body, account.provider_model or shadow),
                         headers=headers,
                         timeout=deadline,
                     )

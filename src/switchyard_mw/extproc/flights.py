@@ -61,6 +61,8 @@ class Flight:
     policies: Policies | None = None
     """The policies the request started with: its upstream-level streams use them too, even
     after a reload put others in force."""
+    path: bytes = b""
+    """The client's `:path`: a retry to an account without a path template goes back to it."""
 
 
 class Flights:

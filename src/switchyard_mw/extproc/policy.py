@@ -104,6 +104,9 @@ class Policies:
             name: [msg.option(CLUSTER_HEADER, self.cluster_of(name).encode()), *options]
             for name, options in self.auth_options.items()
         }
+        self.renaming = any(a.renames for a in self.accounts.values())
+        """Whether some account has its own model names or path: a retry's body and `:path`
+        are then the processor's to set (the upstream-level filter asks for the body)."""
         self.options = msg.Options()
         """Header options that repeat across requests (deadlines, exposed decisions)."""
 

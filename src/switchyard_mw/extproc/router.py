@@ -23,6 +23,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from ..accounts import Account
 from ..context import RequestContext, decision_attributes
 from ..core.deadline import BUDGET_HEADERS
 from ..core.pool import Outcome
@@ -37,6 +38,7 @@ from ..engine.answers import (
     exposed_headers,
 )
 from ..engine.body_usage import Reader
+from ..model_names import with_query
 from ..telemetry import names as tm
 from ..telemetry import request_metrics
 from ..wire import Wire, WireError, model_not_served, read_request, too_large
@@ -189,6 +191,7 @@ class RouterStream:
         ctx = RequestContext(view=view, body=body, now=self.started_at)
         ctx.budget_at = self.p.budget_at(self.headers, self.started_at)
         self.flight = flight = Flight(ctx=ctx, span=self.span, policies=self.p)
+        flight.path = self.headers.get(":path", b"")
         if self.span is None:
             await self.p.decide_model(ctx, self.gone)
         else:
@@ -217,6 +220,8 @@ class RouterStream:
         options = self.p.options
         sets = [*self.p.route_options[lease.account]]
         sets += [options.get(k, v) for k, v in self.p.deadline_headers(flight, client)]
+        if client.spec.path is not None:  # the provider's path for the model (route re-read)
+            sets.append(msg.option(":path", upstream_path(client, flight.path)))
         answer = ep.ProcessingResponse()
         common = answer.request_body.response
         new_body = ctx.body_for_app()
@@ -339,6 +344,15 @@ class RouterStream:
             if flight is not None:
                 _annotate(span, flight.ctx)
             span.end()
+
+
+def upstream_path(client: Account, path: bytes) -> bytes:
+    """The `:path` `client` is called on for the client's `path`: its path template filled
+    (the client's query kept), or `path` itself when it has none."""
+    if client.spec.path is None:
+        return path
+    base, _, query = path.decode("latin-1").partition("?")
+    return with_query(client.upstream_path(base), query).encode("latin-1")
 
 
 def _first_token(ctx: RequestContext) -> None:

@@ -27,7 +27,13 @@ from ..telemetry import names as tm
 from . import _messages as msg
 from .flights import Flight, Flights, out_of_order
 from .policy import Policies
-from .router import CREDENTIAL_HEADERS, REQUEST_ID_HEADER, RETRY_HEADER, retry_time
+from .router import (
+    CREDENTIAL_HEADERS,
+    REQUEST_ID_HEADER,
+    RETRY_HEADER,
+    retry_time,
+    upstream_path,
+)
 
 FILTER_METADATA = "x-switchyard-filter"
 """gRPC initial metadata naming the filter level; `upstream` for the upstream-level filter."""
@@ -46,11 +52,15 @@ class UpstreamStream:
         self.p = policies
         self.flights = flights
         self.flight: Flight | None = None
+        self.body: bytes | None = None
+        """The retry's body in its account's model name, when the body phase must replace it."""
         self.seen: set[str] = set()
         """The phases this stream has taken part in: one attempt, each phase once."""
 
     async def on(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
         kind = request.WhichOneof("request")
+        if kind == "request_body":
+            return self.on_request_body()
         if kind not in ("request_headers", "response_headers"):
             return msg.empty_for(request)
         if kind in self.seen or "response_headers" in self.seen:
@@ -89,11 +99,24 @@ class UpstreamStream:
             # the attempt goes with the previous credential, the only one left.
             return msg.UNCHANGED_REQUEST_HEADERS
         tm.failovers.add(1, {tm.RESPONSE_MODEL: flight.ctx.resolved_model or ""})
-        self.p.start_attempt(flight, lease)
+        client = self.p.start_attempt(flight, lease)
+        sets = [*self.p.auth_options[lease.account]]
+        if self.p.renaming:
+            # Envoy replays the body the router-level stream sent, in the first account's
+            # name: this account may know the model by another name, or at another path.
+            self.body = flight.ctx.body_for_app()
+            sets.append(msg.option("content-length", str(len(self.body)).encode()))
+            sets.append(msg.option(":path", upstream_path(client, flight.path)))
         answer = ep.ProcessingResponse()
         common = answer.request_headers.response
-        msg.fill(common, self.p.auth_options[lease.account], CREDENTIAL_HEADERS)
+        msg.fill(common, sets, CREDENTIAL_HEADERS)
         return answer
+
+    def on_request_body(self) -> ep.ProcessingResponse:
+        """The retry's buffered body (asked for by the example's retry filter): replaced by
+        the one in this attempt's account's name, else let through."""
+        body, self.body = self.body, None
+        return msg.request_body(body=body)
 
     def on_response_headers(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
         flight = self.flight

@@ -36,6 +36,7 @@ from ..asgi.body import ClientDisconnected, read_body
 from ..context import RequestContext, current_context
 from ..engine.outbound import map_exceptions, pool_of, seconds_left, timeout_for
 from ..engine.usage import StreamUsage, Tokens, answer_tokens
+from ..model_names import with_query
 from ..telemetry import names as tm
 from ..wire import Wire, error_body, model_not_served, sequence_for, stream_error_event
 from . import telemetry as ot
@@ -134,7 +135,7 @@ class Forwarder:
     ) -> _Reply:
         """Send the request upstream; the reply's headers have arrived, its body not yet."""
         sends = self._sends.get(account.name)
-        if sends is None or sends.account is not account:
+        if sends is None or sends.spec is not account.spec or sends.key != account.api_key:
             sends = self._sends[account.name] = _Sends(account)
         headers = [
             (name.decode("latin-1"), value.decode("latin-1"))
@@ -144,7 +145,8 @@ class Forwarder:
         headers += sends.headers
         # The path as Starlette's `request.url.path` gives it.
         path = scope["path"].replace("?", "%3F").replace("#", "%23").replace("\\", "%5C")
-        url = sends.url(path, scope.get("query_string", b""))
+        query = scope.get("query_string", b"").decode("latin-1")
+        url = with_query(account.url(path), query)  # the account's path template, if any
         span = None
         if tm.tracing():
             span = ot.start_call(httpx.URL(url), account.base_url)
@@ -192,17 +194,15 @@ class Forwarder:
 
 
 class _Sends:
-    """What every request to one account sends alike, built once."""
+    """What every request to one account sends alike, built once (whichever model it is
+    bound to: the account's copies share its spec and key)."""
 
-    __slots__ = ("account", "headers")
+    __slots__ = ("headers", "key", "spec")
 
     def __init__(self, account: Account) -> None:
-        self.account = account
+        self.spec = account.spec
+        self.key = account.api_key
         self.headers = [*account.auth_headers(), _IDENTITY]
-
-    def url(self, path: str, query: bytes) -> str:
-        url = self.account.url(path)
-        return f"{url}?{query.decode('latin-1')}" if query else url
 
 
 def _limits(ctx: RequestContext) -> aiohttp.ClientTimeout:

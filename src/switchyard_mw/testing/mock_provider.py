@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import collections
 import gzip
+import re
 import uuid
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -233,7 +234,7 @@ class MockProvider:
             return
         method: str = scope["method"]
         path: str = scope["path"]
-        endpoint = ENDPOINTS.get(path)
+        endpoint = ENDPOINTS.get(path) or _deployment_endpoint(path)
         if endpoint is not None and method == "POST":
             self._in_flight += 1
             try:
@@ -406,6 +407,16 @@ async def _stream(endpoint: Endpoint, ctx: ReplyContext, behaviour: Behaviour, s
         await _break_off(endpoint, plan, len(plan.deltas), send)
         return
     await send({"type": "http.response.body", "body": plan.epilogue})
+
+
+_DEPLOYMENT = re.compile(r"/openai/deployments/[^/]+(/chat/completions|/responses)\Z")
+
+
+def _deployment_endpoint(path: str) -> Endpoint | None:
+    """An Azure-style deployment path (`/openai/deployments/NAME/chat/completions`) answers
+    as the OpenAI wire it ends in: for accounts with a `path` template."""
+    match = _DEPLOYMENT.match(path)
+    return None if match is None else ENDPOINTS["/v1" + match.group(1)]
 
 
 async def _hiccup(behaviour: Behaviour) -> bool:
