@@ -22,6 +22,7 @@ from ..config import Server
 from ..context import RequestContext, context_of, current_var, decision_attributes
 from ..core.deadline import BUDGET_HEADERS
 from ..engine.answers import exposed_headers
+from ..engine.attempts import first_token
 from ..engine.budget import budget_end
 from ..engine.paths import json_media, llm_paths
 from ..telemetry import names as tm
@@ -287,9 +288,8 @@ def _tracking(
             if expose and (extra := exposed_headers(ctx)):
                 message = {**message, "headers": [*message.get("headers", ()), *extra]}
         elif kind == "http.response.body":
-            # A stream's first content: every wire's text chunks are "delta" events.
-            if stream and ctx.first_token_at is None and b"delta" in message.get("body", b""):
-                ctx.first_token_at = time.monotonic()
+            if stream and ctx.first_token_at is None:
+                first_token(ctx, message.get("body", b""))
             if not message.get("more_body", False):
                 if watch is not None:
                     watch.stop()

@@ -20,14 +20,13 @@ rather than by the router-level stream.
 from __future__ import annotations
 
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from ..core.pool import Outcome
 from ..core.throttle import READ_HEADERS as RETRY_TIME_HEADERS
-from ..engine import attempts
-from ..telemetry import names as tm
+from ..engine.claims import claimed
+from ..engine.machine import NEXT, ClaimProbe, How, Send
 from . import _messages as msg
 from .flights import Flight, Flights, out_of_order
 from .policy import Policies
-from .router import CREDENTIAL_HEADERS, REQUEST_ID_HEADER, RETRY_HEADER, retry_time
+from .router import CREDENTIAL_HEADERS, REQUEST_ID_HEADER, RETRY_HEADER
 
 FILTER_METADATA = "x-switchyard-filter"
 """gRPC initial metadata naming the filter level; `upstream` for the upstream-level filter."""
@@ -71,41 +70,38 @@ class UpstreamStream:
         flight.upstream_attempts += 1
         attempt = headers.get(ATTEMPT_HEADER, b"")
         first = attempt == b"1" if attempt else flight.upstream_attempts == 1
-        if first:
+        machine = flight.machine
+        if first or machine is None:
             # The router-level stream chose this attempt's account and set its credential.
             return msg.UNCHANGED_REQUEST_HEADERS
-        if flight.lease is not None:
-            # Envoy retried an attempt whose outcome nobody recorded (no response-side stream
-            # saw a refusal, e.g. the provider itself sent the retry header): no outcome known.
-            self.p.settle(flight, None, "retried")
-        lease = await self.p.next_on_cluster(flight)
-        if lease is not None and flight.closed:
-            # The request ended (its router-level stream closed) while the lease was claimed:
-            # nobody would ever settle it.
-            self.p.settle_lease(lease)
+        # Envoy retries: an attempt whose outcome nobody recorded (no response-side stream saw
+        # a refusal, e.g. the provider itself sent the retry header) goes back without one.
+        if machine.retried() is not NEXT:
+            return msg.UNCHANGED_REQUEST_HEADERS  # the request ended
+        action = machine.next()
+        if isinstance(action, ClaimProbe):
+            action = await claimed(machine, action)
+        if not isinstance(action, Send):
+            # Eligible when the retry was asked for, gone since (another request cooled it),
+            # or the request ended meanwhile: the attempt goes with the previous credential.
             return msg.UNCHANGED_REQUEST_HEADERS
-        if lease is None:
-            # Eligible when the retry was asked for, gone since (another request cooled it):
-            # the attempt goes with the previous credential, the only one left.
-            return msg.UNCHANGED_REQUEST_HEADERS
-        tm.failovers.add(1, {tm.RESPONSE_MODEL: flight.ctx.resolved_model or ""})
-        self.p.start_attempt(flight, lease)
         answer = ep.ProcessingResponse()
         common = answer.request_headers.response
-        msg.fill(common, self.p.auth_options[lease.account], CREDENTIAL_HEADERS)
+        msg.fill(common, self.p.auth_options[action.lease.account], CREDENTIAL_HEADERS)
         return answer
 
     def on_response_headers(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
         flight = self.flight
         if flight is None:
             flight = self.flight = self.flights.find(msg.attribute(request, REQUEST_ID_ATTRIBUTE))
-        if flight is None or flight.lease is None:
+        machine = None if flight is None else flight.machine
+        if flight is None or machine is None or machine.lease is None:
             return msg.UNCHANGED_RESPONSE_HEADERS
         self.p = flight.policies or self.p  # the request's own, across a reload
         headers = msg.headers_of(request.response_headers, _STATUS)
-        status = int(headers.get(":status", b"0") or 0)
-        outcome, text = attempts.outcome(status)
-        self.p.settle(flight, outcome, text, retry_time(headers, status))
-        if outcome is not Outcome.SUCCESS and self.p.another_on_cluster(flight):
+        machine.started(int(headers.get(":status", b"0") or 0), headers.items())
+        # The outcome is recorded at once; a retry on the routed cluster is asked for when the
+        # machine would fail over.
+        if machine.ended(How.RETURNED) is NEXT:
             return _RETRY
         return msg.UNCHANGED_RESPONSE_HEADERS
