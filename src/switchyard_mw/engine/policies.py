@@ -1,11 +1,12 @@
 """`Engine`: every per-request decision both fronts make, over one config's accounts.
 
 The ASGI stack and the ext_proc servicer each hold one and translate their protocol to its
-calls: which requests are LLM calls, the judge's model and the variant, which account takes
-each attempt and whether another may follow, what an attempt's end means for its account, the
-attempt's span, and what to answer when no account can serve. What differs between the fronts
-comes in as plain facts: the accounts a front can send to (`routable`: behind Envoy, those
-with a cluster) and, for a retry, the accounts it may change to (`within`: Envoy's cluster).
+calls: which requests are LLM calls, the judge's model and the variant, what an attempt's end
+means for its account, and what to answer when no account can serve. A request's attempts are
+decided by its `AttemptMachine` (`engine.machine`), built here per request. What differs
+between the fronts comes in as plain facts: the accounts a front can send to (`routable`:
+behind Envoy, those with a cluster) and, for a retry, the accounts it may change to (the
+machine's `within`: Envoy's cluster).
 """
 
 from __future__ import annotations
@@ -63,8 +64,7 @@ class Engine:
 
     def judged(self, ctx: RequestContext) -> bool:
         """Whether the request's model names a route: only then is there a choice to make."""
-        view = ctx.view
-        return view is not None and self.judge is not None and view.model in self.judge.routes
+        return self.judge is not None and self.judge.applies(ctx.view)
 
     async def judge_model(self, ctx: RequestContext, gone: Callable[[], bool]) -> None:
         """The judge's choice of model for a request it is `judged` for (else nothing)."""
@@ -197,7 +197,7 @@ async def judge_model(judge: Judge, ctx: RequestContext, gone: Callable[[], bool
     """`judge`'s choice of model and route header for a request whose model names one of its
     routes; nothing for any other. `gone`: whether the caller left (the wait is cancelled)."""
     view = ctx.view
-    if view is None or view.model not in judge.routes:
+    if view is None or not judge.applies(view):
         return
     decision = await judge.decide(view.model, view, ctx.body or b"", ctx.budget_at, gone=gone)
     ctx.resolved_model, ctx.route = decision.model, decision.route_header

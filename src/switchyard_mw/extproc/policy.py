@@ -23,7 +23,7 @@ from ..core.pool import AccountPool
 from ..engine.budget import budget_end
 from ..engine.judge import Judge
 from ..engine.machine import AttemptMachine
-from ..engine.paths import json_media
+from ..engine.paths import json_media, llm_wire
 from ..engine.policies import Engine
 from ..engine.reload import kept_accounts
 from ..engine.variants import Canaries
@@ -138,9 +138,8 @@ class Policies:
 
     def wire_of(self, method: bytes, path: bytes, content_type: bytes | None) -> Wire | None:
         """The wire of an LLM call switchyard reads; None passes the request through unread."""
-        if method != b"POST":
-            return None
-        wire = self.paths.get(path.split(b"?", 1)[0].decode("latin-1"))
+        route = path.split(b"?", 1)[0].decode("latin-1")
+        wire = llm_wire(self.paths, method.decode("latin-1"), route)
         if wire is not None and not json_media(content_type):
             return None  # not JSON: the design passes it through unread
         return wire

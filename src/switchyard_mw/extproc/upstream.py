@@ -6,7 +6,9 @@ chose. When its response is a fault or a 429 and another account on the same clu
 now, the outcome is recorded at once and the response gets `x-switchyard-retry: 1`, which the
 route's retry policy (`retry_on: retriable-headers`) turns into a retry; the retry's request
 headers swap in that account's credential. The decision to retry is the processor's alone, so
-Envoy never re-sends a request to the key that just refused it.
+Envoy never re-sends a request to the key that just refused it: it is the request's attempt
+machine (`engine.machine`, kept by its `Flight`) that answers the refusal and takes the next
+lease, as it does through the ASGI front.
 
 The example envoy.yaml runs this filter only where it can matter, so that a request answered
 well by its first account costs no upstream-level stream at all: on an attempt's response only
