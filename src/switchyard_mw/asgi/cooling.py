@@ -268,7 +268,11 @@ class CoolingMiddleware(PolicyMiddleware):
             _log.warning("account %s failed (%s)", action.lease.account, type(exc).__name__)
             return after
         if attempt.held is not None and not attempt.complete:
-            await attempt.flush()  # the app returned mid-body: pass on what it sent
+            try:
+                await attempt.flush()  # the app returned mid-body: pass on what it sent
+            except BaseException:
+                machine.ended(_GONE)  # the client is gone: the lease goes back, no outcome
+                raise
         after = machine.ended(_FINISHED if attempt.finished else _RETURNED, held=attempt.held)
         if machine.failure is not None:  # the app's framework answered a transport error
             error = ctx.transport_error

@@ -447,7 +447,8 @@ class AttemptMachine:
         if self.state in _IN_FLIGHT:
             self._status = 504
             self._settle(*self._verdict(False, None))
-        self.state = _DONE
+        if self.state is not _CLAIMING:  # a claim under way still reports back
+            self.state = _DONE
         return Refuse(answers.deadline_exceeded(phase))
 
     def retries_over(self) -> None:
