@@ -212,7 +212,7 @@ class CoolingMiddleware(PolicyMiddleware):
         if wire is None or ctx.resolved_model is None:
             return await self.inner(ctx, scope, receive, send)
         # Without an SDK, no span at all: nothing to build, activate or end.
-        machine = self.engine.machine(ctx, traced=tm.tracing(), checks_errors=True)
+        machine = AttemptMachine(self.engine, ctx, tm.tracing(), None, True)
         action: Action = machine.begin()  # the usual first attempt: a plain call
         while True:
             if isinstance(action, SendOn):

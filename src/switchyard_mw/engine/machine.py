@@ -251,11 +251,12 @@ class AttemptMachine:
         "within",
     )
 
+    # Not keyword-only: the ASGI front builds one per request, positionally (a call with
+    # keywords builds a dict of them first).
     def __init__(
         self,
         engine: Engine,
         ctx: RequestContext,
-        *,
         traced: bool = False,
         parent: trace.Span | None = None,
         checks_errors: bool = False,
@@ -304,7 +305,8 @@ class AttemptMachine:
 
     def begin(self) -> Start:
         """The request's first attempt, once its model is decided."""
-        self._expect(_READY)
+        if self.state is not _READY:
+            self._expect(_READY)
         ctx, engine = self.ctx, self.engine
         model = ctx.resolved_model
         if model is None or ctx.view is None:
@@ -351,7 +353,8 @@ class AttemptMachine:
     ) -> Hold | _Signal:
         """The attempt's answer began with `status` (`headers`: its headers, read for a 429's
         retry time). Hold it back while another account may take over."""
-        self._expect(_SENT)
+        if self.state is not _SENT:
+            self._expect(_SENT)
         self._status = status
         if status == 429:
             self._retry_headers = throttle_headers(headers)
