@@ -13,6 +13,7 @@ from switchyard_mw.asgi.stack import switchyard_stack
 from switchyard_mw.cli import main
 from switchyard_mw.config import parse_config
 from switchyard_mw.core.pool import BreakerState, Outcome
+from switchyard_mw.engine.claims import acquire_shared
 from switchyard_mw.errors import ConfigError, StartupError
 from switchyard_mw.state import MemoryStore, build_store
 from switchyard_mw.state.redis_store import RedisStore
@@ -147,7 +148,7 @@ async def test_two_stacks_on_one_redis_share_a_cooling(redis_server: RedisServer
         for stack in (first, second):  # the first ASGI call (lifespan here) starts the store
             await stack({"type": "lifespan"}, _receive_shutdown, _ignore)
         await until(lambda: first.store.healthy and second.store.healthy)  # type: ignore[attr-defined]
-        lease = await first.pool.aacquire("m")
+        lease = await acquire_shared(first.pool, "m")
         assert lease is not None
         first.pool.record(lease, Outcome.FAULT)
         await until(lambda: second.pool.status_of("a").state is BreakerState.COOLED)

@@ -6,6 +6,7 @@ from test_pool import FakeClock, spec
 
 from switchyard_mw.core.pool import AccountPool, BreakerState, Cause, Lease, Outcome, Recovery
 from switchyard_mw.core.shared import Change, Shared
+from switchyard_mw.engine.claims import acquire_shared
 
 
 class FakeStore:
@@ -38,7 +39,7 @@ def shared_pool(*specs: object) -> tuple[AccountPool, FakeClock, FakeStore]:
 
 
 async def take(pool: AccountPool, **kw: object) -> Lease:
-    lease = await pool.aacquire("m", **kw)  # type: ignore[arg-type]
+    lease = await acquire_shared(pool, "m", **kw)  # type: ignore[arg-type]
     assert lease is not None
     return lease
 
@@ -96,7 +97,7 @@ async def test_a_longer_shared_cooling_is_adopted_on_a_refused_claim() -> None:
     pool.record(await take(pool), Outcome.FAULT)
     clock.advance(30)
     store.answers["a"] = Shared(1, 60.0, 45.0)
-    assert await pool.aacquire("m") is None
+    assert await acquire_shared(pool, "m") is None
     assert pool.status_of("a").cooled_until == clock.now + 45
     assert pool.status_of("a").current_cooldown_secs == 60
 

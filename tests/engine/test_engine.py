@@ -12,6 +12,7 @@ from switchyard_mw.config import parse_config
 from switchyard_mw.context import RequestContext
 from switchyard_mw.core.pool import Outcome
 from switchyard_mw.engine import answers, attempts
+from switchyard_mw.engine.machine import FORWARD, HOLD_FOR_FAILOVER, How, Send
 from switchyard_mw.engine.policies import Engine
 from switchyard_mw.wire import Wire, read_request
 
@@ -102,13 +103,20 @@ def test_only_routable_accounts_take_requests_and_count_for_another_try() -> Non
     e = engine(routable=frozenset({"a"}))
     ctx = request()
     assert e.serving("m") == ["a"]
-    lease = e.lease_now(ctx)
-    assert lease is not None
-    assert lease.account == "a"
-    e.settle(lease, Outcome.SUCCESS, "200", "m")
-    assert not e.another_possible(ctx, ["a"])  # b serves m, but the front cannot reach it
-    assert engine().another_possible(ctx, ["a"])
-    assert not engine().another_possible(ctx, ["a"], within={"a"})  # the cluster has no other
+    machine = e.machine(ctx)
+    action = machine.begin()
+    assert isinstance(action, Send)
+    assert action.lease.account == "a"
+    # b serves m, but the front cannot reach it: a 500 is no reason to hold for another try
+    assert machine.started(500) is FORWARD
+    machine.ended(How.FINISHED)
+    machine = engine().machine(request())
+    machine.begin()
+    assert machine.started(500) is HOLD_FOR_FAILOVER
+    machine = engine().machine(request())
+    machine.begin()
+    machine.within = {"a"}  # the cluster has no other
+    assert machine.started(500) is FORWARD
 
 
 def test_the_attempt_deadline_and_its_504_text_per_phase() -> None:

@@ -44,7 +44,7 @@ from switchyard_mw.accounts import build_accounts
 from switchyard_mw.asgi._types import Receive, Scope, Send
 from switchyard_mw.config import Config, parse_config
 from switchyard_mw.context import current_context
-from switchyard_mw.core.pool import AccountPool, Cause, Outcome
+from switchyard_mw.core.pool import AccountPool, Cause, Outcome, classify_status
 from switchyard_mw.extproc import ExtProcServicer, Policies
 from switchyard_mw.telemetry import names as tm
 from switchyard_mw.testing import Behaviour, MockProvider
@@ -75,6 +75,18 @@ timeout_secs = {timeout}
 ONE = TWO.split("[llm_clients.b]")[0]
 RENAMED = TWO.replace('models = ["m"]\npriority = 1', 'models = {{ m = "m-at-b" }}\npriority = 1')
 """Account b knows model m by its own name: a failover to it must send that name."""
+CANARY = (
+    ONE
+    + TWO.split("[llm_clients.b]")[1]
+    .replace('models = ["m"]', 'models = ["m-var"]')
+    .replace("priority = 1", "priority = 0")
+    .join(["[llm_clients.v]", ""])
+    + """
+[canaries.m]
+variants = {{ "m-var" = 100.0 }}
+"""
+)
+"""a serves m; v serves the canary variant m-var that takes every conversation of m."""
 ENV = {"KEY_A": "ka", "KEY_B": "kb"}
 ACCOUNT_OF_KEY = {"ka": "a", "kb": "b"}
 BODY = msgspec.json.encode(
@@ -109,6 +121,8 @@ SCENARIOS = {
     "failover to an account with its own model name": Scenario(
         RENAMED, {"ka": Behaviour(status=500), "kb": Behaviour()}
     ),
+    "failover after a 401": Scenario(TWO, {"ka": Behaviour(status=401), "kb": Behaviour()}),
+    "a lone account's 500 is passed on": Scenario(ONE, {"ka": Behaviour(status=500)}),
     "every account answers 500": Scenario(
         TWO, {"ka": Behaviour(status=500), "kb": Behaviour(status=500)}
     ),
@@ -119,6 +133,9 @@ SCENARIOS = {
     "a key refused, an account down": Scenario(TWO, {}, own_answer=True, before="refused,cooled"),
     "deadline": Scenario(ONE, {"ka": SLOW}, own_answer=True, timeout=0.3),
     "unreachable": Scenario(ONE, {"ka": UNREACHABLE}, own_answer=True),
+    "the canary's base takes over from a cooling variant": Scenario(
+        CANARY, {"ka": Behaviour(), "kb": Behaviour()}, before="variant cooled"
+    ),
     "not JSON": Scenario(TWO, {"ka": Behaviour()}, content_type="text/plain"),
 }
 
@@ -190,6 +207,10 @@ def _before(pool: AccountPool, scenario: Scenario) -> None:
             pool.record(lease, Outcome.FAULT, _CAUSES[event])
         elif event == "throttled":
             pool.hold(account, "m", 30.0, wall_now=time.time())
+    if scenario.before == "variant cooled":
+        lease = pool.acquire("m-var")
+        assert lease is not None
+        pool.record(lease, Outcome.FAULT)
 
 
 _CAUSES = {"cooled": Cause.OUTAGE, "refused": Cause.CREDENTIALS}
@@ -302,7 +323,8 @@ async def _play_attempts(
     routed_body = BODY.replace(b'"m"', f'"{sent[0][1]}"'.encode())
     while True:
         answer = scenario.upstream[key]
-        if not isinstance(answer, Behaviour) or (answer.status < 500 and answer.status != 429):
+        # envoy.yaml's matcher: the upstream filter sees 401/402/403, 429 and 5xx answers only
+        if not isinstance(answer, Behaviour) or classify_status(answer.status) is Outcome.SUCCESS:
             await upstream.close()
             return answer, key
         extra = {"retry-after": "1"} if answer.status == 429 else {}

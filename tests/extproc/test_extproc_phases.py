@@ -33,8 +33,9 @@ from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_p
 from switchyard_mw.accounts import build_accounts, pool_from_accounts
 from switchyard_mw.config import parse_config
 from switchyard_mw.context import RequestContext
-from switchyard_mw.core.pool import Lease, Outcome
+from switchyard_mw.core.pool import Outcome
 from switchyard_mw.core.shared import Shared
+from switchyard_mw.engine.claims import acquire_shared
 from switchyard_mw.extproc import ExtProcServicer, Policies, Transport, start_server
 from switchyard_mw.extproc import flights as flights_module
 from switchyard_mw.extproc.flights import Flight, Flights
@@ -202,33 +203,54 @@ async def test_an_upstream_stream_takes_one_attempt_however_often_headers_come(e
     env.assert_empty()
 
 
+class GatedStore:
+    """A shared store whose probe claims answer "yours" once the test lets them."""
+
+    def __init__(self) -> None:
+        self.asked, self.go = asyncio.Event(), asyncio.Event()
+
+    def changed(self, account: str, change: object, local: Shared) -> None:
+        pass  # nothing to share in this test
+
+    def held(self, account: str, model: str, until_unix: float) -> None:
+        pass
+
+    async def claim_probe(self, account: str) -> Shared | None:
+        self.asked.set()
+        await self.go.wait()
+        return None
+
+
+def due_a_probe(env: Env, name: str) -> GatedStore:
+    """Account `name` is due a probe, claimed through a store that waits for the test."""
+    lease = env.pool.acquire("m", allowed={name})
+    assert lease is not None
+    env.pool.record(lease, Outcome.FAULT)
+    env.clock[0] += 60
+    store = GatedStore()
+    env.pool.attach(store)  # type: ignore[arg-type]
+    return store
+
+
 async def test_a_retry_whose_request_ended_meanwhile_gives_its_lease_back(env: Env) -> None:
     """The router-level stream closes while the upstream-level one waits for a lease."""
+    store = due_a_probe(env, "b")
     router = env.stream()
     await router.send(HEADERS)
-    await router.send(BODY_AGAIN)
+    await router.send(BODY_AGAIN)  # a takes it: no probe, nothing to claim
     flight = env.servicer.flights.find("rid-1")
     assert flight is not None
-    policies = env.servicer.policies
-    real = policies.next_on_cluster
-    waiting, go = asyncio.Event(), asyncio.Event()
-
-    async def slow_next(f: Flight) -> Lease | None:
-        waiting.set()
-        await go.wait()
-        return await real(f)
-
-    policies.next_on_cluster = slow_next  # type: ignore[method-assign]
     upstream = env.stream(UPSTREAM)
     retry = asyncio.create_task(
         upstream.send(upstream_headers({"x-request-id": "rid-1"}, attempt=2))
     )
-    await waiting.wait()
+    await store.asked.wait()  # b's probe is being claimed
     await router.close()
-    go.set()
+    store.go.set()
     answer = await retry
     assert "x-api-key" not in sets(answer)
     await upstream.close()
+    env.pool.attach(None)
     env.assert_empty()
 
 
@@ -254,24 +276,16 @@ async def test_a_stream_cancelled_while_judged_or_leased_leaves_nothing(env: Env
 async def test_a_lease_granted_after_the_stream_closed_goes_back(env: Env) -> None:
     """A transport that ends a stream while its body is being placed: the lease the placing
     then gets is given back, not kept by a flight nobody will settle."""
-    policies = env.servicer.policies
-    real = policies.first_lease
-    waiting, go = asyncio.Event(), asyncio.Event()
-
-    async def slow_first(ctx: RequestContext) -> Lease | None:
-        waiting.set()
-        await go.wait()
-        return await real(ctx)
-
-    policies.first_lease = slow_first  # type: ignore[method-assign]
-    stream = RouterStream(policies, env.servicer.flights, None)
+    store = due_a_probe(env, "a")
+    stream = RouterStream(env.servicer.policies, env.servicer.flights, None)
     await stream.on(HEADERS)
     placing = asyncio.create_task(stream.on(BODY_AGAIN))
-    await waiting.wait()
+    await store.asked.wait()  # a's probe is being claimed
     stream.close()
-    go.set()
+    store.go.set()
     answer = await placing
     assert "x-switchyard-cluster" not in sets(answer)
+    env.pool.attach(None)
     env.assert_empty()
 
 
@@ -294,7 +308,7 @@ async def test_a_probe_claim_cancelled_midway_frees_the_probe_slot(env: Env) -> 
     cool_then_probe(env)
     store = StuckStore()
     env.pool.attach(store)  # type: ignore[arg-type]
-    claim = asyncio.create_task(env.pool.aacquire("m", allowed={"a"}))
+    claim = asyncio.create_task(acquire_shared(env.pool, "m", allowed={"a"}))
     await store.asked.wait()
     claim.cancel()
     with pytest.raises(asyncio.CancelledError):

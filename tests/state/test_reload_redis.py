@@ -7,6 +7,7 @@ from test_state_redis import MakeReplica, cooled, fault, redis_server, replica, 
 
 from redis_server import until
 from switchyard_mw.core.pool import AccountPool, Outcome
+from switchyard_mw.engine.claims import acquire_shared
 
 pytestmark = pytest.mark.integration  # starts real servers
 
@@ -17,7 +18,7 @@ async def test_after_a_reload_the_store_shares_the_new_pool_s_state(replica: Mak
     accounts = [spec(n, failure_threshold=1, cooldown_secs=30.0) for n in ("x", "y", "z")]
     old, store = await replica(*accounts)
     other, _ = await replica(*accounts)
-    in_flight = await old.aacquire("m", allowed={"z"})  # a request started before the reload
+    in_flight = await acquire_shared(old, "m", allowed={"z"})  # a request started before the reload
     assert in_flight is not None
 
     new = AccountPool(accounts, clock=old.clock)  # the reloaded config's pool

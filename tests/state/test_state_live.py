@@ -19,6 +19,7 @@ import pytest
 from redis_server import RedisServer, running_redis
 from servers import ROOT, example_gateway, serve_in_thread
 from switchyard_mw.core.pool import AccountPool, AccountSpec, BreakerState, Outcome
+from switchyard_mw.engine.claims import acquire_shared
 from switchyard_mw.state.redis_store import RedisStore
 from switchyard_mw.testing import Behaviour, MockProvider
 
@@ -64,7 +65,7 @@ async def test_a_cooling_reaches_another_process_in_milliseconds(
     try:
         await store.start()
         assert (await watcher.stdout.readline()).strip() == b"ready"
-        lease = await pool.aacquire("m")
+        lease = await acquire_shared(pool, "m")
         assert lease is not None
         cooled_at = time.monotonic()
         pool.record(lease, Outcome.FAULT)

@@ -20,6 +20,7 @@ from conftest import Metrics
 from redis_server import RedisServer, running_redis, until
 from switchyard_mw.core.pool import AccountPool, AccountSpec, BreakerState, Outcome
 from switchyard_mw.core.shared import Change, Shared
+from switchyard_mw.engine.claims import acquire_shared
 from switchyard_mw.state.redis_store import RedisStore
 from switchyard_mw.telemetry import names as tm
 
@@ -73,7 +74,7 @@ def cooled_for(pool: AccountPool, name: str = "x") -> float:
 
 
 async def fault(pool: AccountPool, name: str = "x") -> None:
-    lease = await pool.aacquire("m", allowed={name})
+    lease = await acquire_shared(pool, "m", allowed={name})
     assert lease is not None
     pool.record(lease, Outcome.FAULT)
 
@@ -110,7 +111,7 @@ async def test_a_success_after_faults_resets_the_shared_count(replica: MakeRepli
     await fault(a)
     await fault(a)
     await until(lambda: b.status_of("x").consecutive_faults == 2)
-    lease = await b.aacquire("m")
+    lease = await acquire_shared(b, "m")
     assert lease is not None
     b.record(lease, Outcome.SUCCESS)
     await until(lambda: a.status_of("x").consecutive_faults == 0)
@@ -148,7 +149,7 @@ async def test_exactly_one_probe_across_replicas(
     await fault(a)
     await until(lambda: cooled(b))
     await asyncio.sleep(0.35)  # the cooling is over on both: each would probe on its own
-    leases = await asyncio.gather(*(pool.aacquire("m") for pool in (a, b) * 25))
+    leases = await asyncio.gather(*(acquire_shared(pool, "m") for pool in (a, b) * 25))
     probes = [
         (pool, lease)
         for pool, lease in zip((a, b) * 25, leases, strict=True)
@@ -177,10 +178,10 @@ async def test_a_failed_probe_recools_everywhere_with_the_doubled_period(
     b, _ = await replica(*accounts)
     await fault(a)
     await asyncio.sleep(0.25)
-    probe = await b.aacquire("m")
+    probe = await acquire_shared(b, "m")
     assert probe is not None
     assert probe.probe
-    assert await a.aacquire("m") is None  # b holds the probe: a neither probes nor serves
+    assert await acquire_shared(a, "m") is None  # b holds the probe: a neither probes nor serves
     assert a.retry_after_secs("m") == 1.0
     b.record(probe, Outcome.FAULT)
     await until(lambda: cooled(a) and a.status_of("x").current_cooldown_secs == 0.4)
@@ -194,13 +195,13 @@ async def test_a_released_probe_frees_the_slot_for_every_replica(replica: MakeRe
     b, _ = await replica(*accounts)
     await fault(a)
     await asyncio.sleep(0.25)
-    probe = await a.aacquire("m")
+    probe = await acquire_shared(a, "m")
     assert probe is not None
     assert probe.probe
     await until(lambda: b.status_of("x").probe_in_flight)
     a.release(probe)  # the client left: no verdict on the account
     await until(lambda: not b.status_of("x").probe_in_flight)
-    again = await b.aacquire("m")
+    again = await acquire_shared(b, "m")
     assert again is not None
     assert again.probe
 
@@ -213,7 +214,7 @@ async def test_a_healthy_account_costs_no_round_trip(
     try:
         before = (await client.info("stats"))["total_commands_processed"]
         for _ in range(1000):
-            lease = await pool.aacquire("m")
+            lease = await acquire_shared(pool, "m")
             assert lease is not None
             pool.record(lease, Outcome.SUCCESS)
         after = (await client.info("stats"))["total_commands_processed"]
@@ -239,7 +240,7 @@ async def test_redis_killed_then_back_local_state_then_resync(
     worst = 0.0
     for _ in range(50):
         start = time.perf_counter()
-        lease = await a.aacquire("m")
+        lease = await acquire_shared(a, "m")
         assert lease is not None
         a.record(lease, Outcome.SUCCESS)
         worst = max(worst, time.perf_counter() - start)
@@ -248,7 +249,9 @@ async def test_redis_killed_then_back_local_state_then_resync(
     assert cooled(a, "x")
     assert not cooled(b, "x")
     await asyncio.sleep(0.25)
-    probe = await a.aacquire("m", allowed={"x"})  # due: the probe is granted locally, at once
+    probe = await acquire_shared(
+        a, "m", allowed={"x"}
+    )  # due: the probe is granted locally, at once
     assert probe is not None
     assert probe.probe
     a.record(probe, Outcome.FAULT)  # re-cooled locally for 0.4 s
@@ -280,7 +283,7 @@ async def test_a_hung_redis_delays_no_request_beyond_the_timeout(
     redis_server.pause()
     try:
         start = time.perf_counter()
-        probe = await a.aacquire("m")
+        probe = await acquire_shared(a, "m")
         elapsed = time.perf_counter() - start
         assert probe is not None
         assert probe.probe
@@ -289,7 +292,7 @@ async def test_a_hung_redis_delays_no_request_beyond_the_timeout(
         assert not store.healthy
         start = time.perf_counter()
         for i in range(100):
-            lease = await a.aacquire("m", allowed={"y"})
+            lease = await acquire_shared(a, "m", allowed={"y"})
             assert lease is not None
             a.record(lease, Outcome.FAULT if i % 2 else Outcome.SUCCESS)
         assert time.perf_counter() - start < 0.1
@@ -353,13 +356,13 @@ async def test_closing_a_replica_frees_the_probe_slot_it_holds(replica: MakeRepl
     b, _ = await replica(*accounts)
     await fault(a)
     await asyncio.sleep(0.15)
-    probe = await a.aacquire("m")
+    probe = await acquire_shared(a, "m")
     assert probe is not None
     assert probe.probe
     await until(lambda: b.status_of("x").probe_in_flight)
     await store_a.aclose()  # e.g. a rolling restart, its lease still 60 s from running out
     await until(lambda: not b.status_of("x").probe_in_flight, within=1.0)
-    again = await b.aacquire("m")
+    again = await acquire_shared(b, "m")
     assert again is not None
     assert again.probe
 

@@ -14,6 +14,7 @@ from switchyard_mw.accounts import build_accounts, pool_from_accounts
 from switchyard_mw.config import parse_config
 from switchyard_mw.context import RequestContext
 from switchyard_mw.core.pool import BreakerState, Cause, Outcome
+from switchyard_mw.engine.claims import acquire_shared
 from switchyard_mw.engine.policies import Engine
 from switchyard_mw.state._lua import parse
 from switchyard_mw.state.redis_store import RedisStore
@@ -72,7 +73,7 @@ def answer(engine: Engine) -> tuple[int, str, dict[bytes, bytes]]:
 
 
 async def fail(engine: Engine, account: str, status: str) -> None:
-    lease = await engine.pool.aacquire("m", allowed={account})
+    lease = await acquire_shared(engine.pool, "m", allowed={account})
     assert lease is not None
     engine.settle(lease, Outcome.FAULT, status, "m")
 

@@ -22,8 +22,9 @@ from ..config import Server
 from ..context import RequestContext, context_of, current_var, decision_attributes
 from ..core.deadline import BUDGET_HEADERS
 from ..engine.answers import exposed_headers
+from ..engine.attempts import first_token
 from ..engine.budget import budget_end
-from ..engine.paths import json_media, llm_paths
+from ..engine.paths import json_media, llm_paths, llm_wire
 from ..telemetry import names as tm
 from ..telemetry import request_metrics
 from ..wire import Wire, WireError, error_body, read_request, too_large
@@ -145,13 +146,11 @@ class PolicyMiddleware(ABC):
 
     def _wire_of(self, scope: Scope) -> Wire | None:
         """The wire of an LLM call's method and path; None for anything else."""
-        if scope.get("method") != "POST":
-            return None
         path: str = scope["path"]
         root = scope.get("root_path", "")
         if root and path.startswith(root):
             path = path[len(root) :]
-        return self._paths.get(path)
+        return llm_wire(self._paths, scope.get("method", ""), path)
 
 
 _TYPE = b"content-type"
@@ -287,9 +286,8 @@ def _tracking(
             if expose and (extra := exposed_headers(ctx)):
                 message = {**message, "headers": [*message.get("headers", ()), *extra]}
         elif kind == "http.response.body":
-            # A stream's first content: every wire's text chunks are "delta" events.
-            if stream and ctx.first_token_at is None and b"delta" in message.get("body", b""):
-                ctx.first_token_at = time.monotonic()
+            if stream and ctx.first_token_at is None:
+                first_token(ctx, message.get("body", b""))
             if not message.get("more_body", False):
                 if watch is not None:
                     watch.stop()

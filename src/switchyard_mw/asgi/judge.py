@@ -88,7 +88,7 @@ class JudgeMiddleware(PolicyMiddleware):
 
     def applies(self, ctx: RequestContext) -> bool:
         """Whether the request's model names a route: only then is there a choice to make."""
-        return ctx.view is not None and ctx.view.model in self.judge.routes
+        return self.judge.applies(ctx.view)
 
     async def route(self, ctx: RequestContext) -> None:
         """The judge's choice for a request it `applies` to; nothing for any other."""

@@ -16,8 +16,10 @@ The per-account state machine lives in :mod:`~switchyard_mw.core.breaker`, apart
 selection logic. With a shared store attached (:meth:`AccountPool.attach`, e.g. Redis across
 replicas) the pool stays the local view every decision is made from: it tells the store about
 transitions that change an account's health and merges what the store reports back
-(:meth:`AccountPool.merge`). Only the probe needs the store's word before it is sent:
-:meth:`AccountPool.aacquire` is :meth:`AccountPool.acquire` plus that claim.
+(:meth:`AccountPool.merge`). Only the probe needs the store's word before it is sent: the
+caller awaits the store's claim and tells the pool its answer (:meth:`AccountPool.claim_refused`,
+:meth:`AccountPool.claim_abandoned`); the engine's attempt machine asks for that claim as an
+action its driver performs.
 """
 
 from __future__ import annotations
@@ -187,7 +189,7 @@ class AccountPool:
 
     @property
     def shared(self) -> bool:
-        """Whether a store shares this pool's state (then use :meth:`aacquire`)."""
+        """Whether a store shares this pool's state (then a probe lease needs its claim)."""
         return self._store is not None
 
     def attach(self, store: StateStore | None) -> None:
@@ -283,38 +285,28 @@ class AccountPool:
                 return lease
         return None
 
-    async def aacquire(
-        self,
-        model: str,
-        *,
-        exclude: Collection[str] = (),
-        allowed: Collection[str] | None = None,
-    ) -> Lease | None:
-        """:meth:`acquire`, with the probe slot claimed across replicas when state is shared.
+    @property
+    def store(self) -> StateStore | None:
+        """The store this pool shares its state through (None: local state only).
 
-        When the local choice is a probe, the attached store is asked for the shared slot; if
-        another replica holds it (or the shared cooling lasts longer), that account is skipped
-        and the next one chosen. Without a store, or for a non-probe lease, nothing is awaited.
-        Use it wherever state may be shared; :meth:`acquire` stays for purely local pools.
+        A probe lease from :meth:`acquire` is only this replica's once the store agrees: the
+        caller awaits ``store.claim_probe(lease.account)`` and hands the answer back through
+        :meth:`claim_refused` (or :meth:`claim_abandoned` when the claim never answered). The
+        pool itself never waits.
         """
-        lease = self.acquire(model, exclude=exclude, allowed=allowed)
-        store = self._store
-        # Each refusal makes its account ineligible here, so this ends within len(accounts).
-        while store is not None and lease is not None and lease.probe:
-            try:
-                shared = await store.claim_probe(lease.account)
-            except BaseException:
-                # Cancelled (the caller left) or failed: a slot nobody holds goes back, or the
-                # account would stay half-open with no probe ever answering.
-                self._breakers[lease.account].on_release(self._take_probe(lease))
-                raise
-            if shared is None:
-                return lease
-            # Not ours after all: hand the local slot back without an outcome, learn why.
-            self._breakers[lease.account].on_release(self._take_probe(lease))
-            self.merge(lease.account, shared)
-            lease = self.acquire(model, exclude=exclude, allowed=allowed)
-        return lease
+        return self._store
+
+    def claim_refused(self, lease: Lease, shared: Shared) -> None:
+        """The store gave ``lease``'s probe slot to another replica (or knows of a longer
+        cooling): the local slot goes back without an outcome and ``shared`` is merged, so the
+        next :meth:`acquire` skips that account (a refusal per account at most)."""
+        self._breakers[lease.account].on_release(self._take_probe(lease))
+        self.merge(lease.account, shared)
+
+    def claim_abandoned(self, lease: Lease) -> None:
+        """The claim for ``lease``'s probe slot was cancelled or failed: the local slot goes
+        back, or the account would stay half-open with no probe ever answering."""
+        self._breakers[lease.account].on_release(self._take_probe(lease))
 
     def merge(self, name: str, shared: Shared) -> None:
         """Take in an account's state as the shared store reports it (unknown names: ignored,

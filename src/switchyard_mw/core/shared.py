@@ -7,13 +7,14 @@ as :class:`Shared` snapshots that the pool merges (a cooling end only ever moves
 
 The one place a decision has to wait for the store is the half-open probe: every replica may see
 the cooling end at the same moment, and only one of them may send the probe.
-:meth:`~switchyard_mw.core.pool.AccountPool.aacquire` asks :meth:`StateStore.claim_probe`.
+The pool never waits for it: whoever drives an attempt awaits :meth:`StateStore.claim_probe`
+and hands the answer back (:meth:`~switchyard_mw.core.pool.AccountPool.claim_refused`).
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -91,7 +92,7 @@ class StateStore(Protocol):
         """Hear about a throttle hold of ``account`` for ``model`` until ``until_unix`` (Unix
         time: replicas share no monotonic clock). Never blocks: sent in the background."""
 
-    async def claim_probe(self, account: str) -> Shared | None:
+    def claim_probe(self, account: str) -> Awaitable[Shared | None]:
         """Claim the single probe slot of ``account`` across replicas.
 
         None: the probe is this replica's to send. Otherwise the shared state that says why

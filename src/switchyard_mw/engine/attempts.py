@@ -6,6 +6,8 @@ whole response reached the client); nothing here reads an ASGI message or an ext
 
 from __future__ import annotations
 
+import enum
+import time
 from typing import Protocol
 
 import httpx
@@ -18,12 +20,59 @@ from ..core.pool import Lease, Outcome, classify_status
 from ..telemetry import names as tm
 from ..wire import RequestView
 
-APP_ERROR = "app_error"
-"""An exception that is not a transport error or a deadline: the app's own bug, not a fault."""
-ACCOUNT_PHASES = frozenset({"total", "headers", "idle"})
-"""Deadline phases that are the account's fault (not "budget": the caller's)."""
-OUT_OF_TIME = frozenset({"deadline", "timeout"})
+
+class Failure(enum.StrEnum):
+    """How an attempt failed without an upstream answer to pass on, as metrics show it."""
+
+    CONNECT_ERROR = "connect_error"
+    TIMEOUT = "timeout"
+    """The outbound call's own timeout (the deadline policy's is `DEADLINE`)."""
+    TRANSPORT_ERROR = "transport_error"
+    DEADLINE = "deadline"
+    """A deadline phase that is the account's fault ran out (`ACCOUNT_PHASES`)."""
+    NO_RESPONSE = "no_response"
+    """The attempt ended without starting a response."""
+    APP_ERROR = "app_error"
+    """An exception that is not a transport error or a deadline: the app's own bug, not a
+    fault of the account."""
+
+
+class Phase(enum.StrEnum):
+    """The deadline phase that ran out (`ctx.deadline_phase`, the `phase` label)."""
+
+    TOTAL = "total"
+    """A response that is not a stream was not whole in time."""
+    HEADERS = "headers"
+    """A stream did not start in time."""
+    IDLE = "idle"
+    """A stream went silent for longer than its idle limit."""
+    BUDGET = "budget"
+    """The caller's overall budget ran out: no account is to blame."""
+
+
+class Gone(enum.StrEnum):
+    """Why nobody waits for an attempt's answer any more: its lease goes back with no outcome."""
+
+    DISCONNECTED = "disconnected"
+    """The client left."""
+    CANCELLED = "cancelled"
+    """The work was cancelled (the server, a shutdown)."""
+    RETRIED = "retried"
+    """The front started another attempt on its own (Envoy retried) before any outcome."""
+    LOCAL_REPLY = "local_reply"
+    """The front answered itself (Envoy's own reply), so no account answered."""
+    UNUSED = "unused"
+    """A lease granted after the request ended: no attempt was sent with it."""
+
+
+APP_ERROR = Failure.APP_ERROR
+ACCOUNT_PHASES = frozenset({Phase.TOTAL, Phase.HEADERS, Phase.IDLE})
+"""Deadline phases that are the account's fault (not `BUDGET`: the caller's)."""
+OUT_OF_TIME = frozenset({Failure.DEADLINE, Failure.TIMEOUT})
 """Attempt failures that are answered 504, not 502."""
+# Read on every attempt: module constants, since Enum member access is slow on Python 3.11.
+_BUDGET = Phase.BUDGET
+_DEADLINE = Failure.DEADLINE
 _FAULT = Outcome.FAULT  # read on every attempt; Enum member access is slow on Python 3.11
 
 
@@ -65,7 +114,7 @@ def outcome(
     """An answered attempt's outcome, and its status as metrics show it. `upstream_status`:
     what the upstream said when the app answered with another status."""
     if deadline_phase in ACCOUNT_PHASES:
-        return _FAULT, "deadline"
+        return _FAULT, _DEADLINE
     if upstream_status is not None:
         status = upstream_status
     return classify_status(status), str(status)
@@ -87,9 +136,9 @@ def verdict(
     if gone is not None and not finished:
         return None, gone
     if status is None:
-        return _FAULT, "no_response"
-    if deadline_phase == "budget":
-        return None, "budget"  # the caller's budget ran out, whoever answered
+        return _FAULT, Failure.NO_RESPONSE
+    if deadline_phase == _BUDGET:
+        return None, _BUDGET  # the caller's budget ran out, whoever answered
     return outcome(status, deadline_phase=deadline_phase, upstream_status=upstream_status)
 
 
@@ -98,19 +147,19 @@ def error_kind(
     *,
     deadline_phase: str | None,
     transport_error: type[BaseException] | None,
-) -> str:
+) -> Failure:
     """The `status` metrics show for an attempt that ended in `error` (raised or reported);
     `transport_error`: the outbound client's error the app reported, if any."""
     if deadline_phase in ACCOUNT_PHASES:
-        return "deadline"
+        return _DEADLINE
     if issubclass(error, httpx.ConnectError | httpx.ConnectTimeout | ConnectionError):
-        return "connect_error"
+        return Failure.CONNECT_ERROR
     if issubclass(error, httpx.TimeoutException):
-        return "timeout"
+        return Failure.TIMEOUT
     if issubclass(error, httpx.TransportError | OSError):
-        return "transport_error"
+        return Failure.TRANSPORT_ERROR
     if transport_error is error:
-        return "transport_error"  # reported by the app, in its own client's terms
+        return Failure.TRANSPORT_ERROR  # reported by the app, in its own client's terms
     if transport_error is not None:
         # Not a transport error itself, but raised after one (an app that wraps the error
         # in its own): the account is what failed.
@@ -172,3 +221,12 @@ def end_client_span(
         input_tokens=ctx.input_tokens,
         output_tokens=ctx.output_tokens,
     )
+
+
+def first_token(ctx: RequestContext, piece: bytes) -> None:
+    """Note when a stream's first content passed (`ctx.first_token_at`), the same through both
+    fronts: a piece of a stream that carries a "delta" event (every wire's text chunks do).
+    Call it while `ctx.first_token_at` is None."""
+    view = ctx.view
+    if view is not None and view.stream and b"delta" in piece:
+        ctx.first_token_at = time.monotonic()

@@ -94,6 +94,10 @@ class Judge:
             self.http = make_http_client()
         return self.http
 
+    def applies(self, view: RequestView | None) -> bool:
+        """Whether a request's model names a route: only then is there a choice to make."""
+        return view is not None and view.model in self.routes
+
     def take_over(self, old: Judge) -> None:
         """Continue `old`'s work after a config reload (call before this judge is used).
 

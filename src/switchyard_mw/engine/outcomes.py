@@ -56,11 +56,12 @@ def hold(pool: AccountPool, account: str, model: str, headers: Iterable[tuple[st
     return held
 
 
-def throttle_headers(raw: Iterable[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
-    """The headers of a 429 that say when to retry, decoded (the rest are not kept)."""
+def throttle_headers(raw: Iterable[tuple[bytes | str, bytes]]) -> list[tuple[str, str]]:
+    """The headers of a 429 that say when to retry, decoded (the rest are not kept); names
+    as ASGI gives them (bytes) or as the ext_proc front reads them (str)."""
     kept = []
     for name, value in raw:
-        key = name.decode("latin-1").lower()
+        key = (name.decode("latin-1") if isinstance(name, bytes) else name).lower()
         if key in READ_HEADERS:
             kept.append((key, value.decode("latin-1")))
     return kept

@@ -6,6 +6,8 @@ either front.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ..config import Server
 from ..wire import WIRE_PATHS, Wire
 
@@ -16,6 +18,12 @@ def llm_paths(server: Server) -> dict[str, Wire]:
     for path in server.generic_paths:
         paths.setdefault(path, Wire.GENERIC)
     return paths
+
+
+def llm_wire(paths: Mapping[str, Wire], method: str, path: str) -> Wire | None:
+    """The wire of an LLM call (a POST to one of `paths`; `path` without its query string);
+    None for any other request, which passes through unread."""
+    return paths.get(path) if method == "POST" else None
 
 
 def json_media(content_type: bytes | None) -> bool:

@@ -1,16 +1,16 @@
 """`Engine`: every per-request decision both fronts make, over one config's accounts.
 
 The ASGI stack and the ext_proc servicer each hold one and translate their protocol to its
-calls: which requests are LLM calls, the judge's model and the variant, which account takes
-each attempt and whether another may follow, what an attempt's end means for its account, the
-attempt's span, and what to answer when no account can serve. What differs between the fronts
-comes in as plain facts: the accounts a front can send to (`routable`: behind Envoy, those
-with a cluster) and, for a retry, the accounts it may change to (`within`: Envoy's cluster).
+calls: which requests are LLM calls, the judge's model and the variant, what an attempt's end
+means for its account, and what to answer when no account can serve. A request's attempts are
+decided by its `AttemptMachine` (`engine.machine`), built here per request. What differs
+between the fronts comes in as plain facts: the accounts a front can send to (`routable`:
+behind Envoy, those with a cluster) and, for a retry, the accounts it may change to (the
+machine's `within`: Envoy's cluster).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Collection, Mapping
 
 from opentelemetry import trace
@@ -18,11 +18,13 @@ from opentelemetry import trace
 from ..accounts import Account
 from ..config import Server
 from ..context import RequestContext
+from ..core.clock import Clock, monotonic
 from ..core.pool import AccountPool, Lease, Outcome
 from ..telemetry import names as tm
 from ..wire import Wire, WireError
 from . import answers, attempts
 from .judge import Judge
+from .machine import AttemptMachine
 from .outcomes import hold, settle
 from .paths import llm_paths
 from .variants import Canaries
@@ -62,8 +64,7 @@ class Engine:
 
     def judged(self, ctx: RequestContext) -> bool:
         """Whether the request's model names a route: only then is there a choice to make."""
-        view = ctx.view
-        return view is not None and self.judge is not None and view.model in self.judge.routes
+        return self.judge is not None and self.judge.applies(ctx.view)
 
     async def judge_model(self, ctx: RequestContext, gone: Callable[[], bool]) -> None:
         """The judge's choice of model for a request it is `judged` for (else nothing)."""
@@ -100,70 +101,19 @@ class Engine:
         base = ctx.canary_base()
         return base if base is not None and self.serving(base) else None
 
-    def lease_now(self, ctx: RequestContext) -> Lease | None:
-        """The usual first attempt's account, when nothing shared must be asked (no await);
-        None: ask `acquire`."""
-        model = ctx.resolved_model
-        if model is None or self.pool.shared:
-            return None
-        return self.pool.acquire(model, allowed=self.routable)
-
-    async def acquire(self, ctx: RequestContext, tried: Collection[str] = ()) -> Lease | None:
-        """The account for the next attempt, switching a canary to its base model if need be
-        (`body_for_app()` then rewrites the body to match). With shared state, a probe is
-        claimed across replicas before it is sent."""
-        pool, model = self.pool, ctx.resolved_model
-        lease = None
-        if model is not None:
-            if pool.shared:
-                lease = await pool.aacquire(model, exclude=tried, allowed=self.routable)
-            else:
-                lease = pool.acquire(model, exclude=tried, allowed=self.routable)
-        fallback = self.fallback(ctx) if lease is None else None
-        if fallback is not None:
-            lease = await pool.aacquire(fallback, exclude=tried, allowed=self.routable)
-            if lease is not None:
-                ctx.resolved_model = fallback
-        return lease
-
-    def another_possible(
-        self, ctx: RequestContext, tried: Collection[str], within: Collection[str] | None = None
-    ) -> bool:
-        """Whether one more attempt could start now; peeks without claiming a probe slot.
-
-        `within`: the accounts the retry may go to (behind Envoy, those on the routed
-        cluster); the body is then on its way, so the model cannot change to the fallback.
-        """
-        if ctx.disconnected or (ctx.budget_at is not None and time.monotonic() >= ctx.budget_at):
-            return False
-        model = ctx.resolved_model
-        if within is not None:
-            return model is not None and self._free(model, within, tried)
-        for candidate in (model, self.fallback(ctx)):
-            if candidate is not None and self._free(candidate, self.serving(candidate), tried):
-                return True
-        return False
-
-    def _free(self, model: str, accounts: Collection[str], tried: Collection[str]) -> bool:
-        untried = [n for n in accounts if n not in tried]
-        return bool(untried) and self.pool.retry_after_secs(model, allowed=untried) == 0.0
-
-    def may_retry(
+    def machine(
         self,
         ctx: RequestContext,
-        status: int,
-        tried: Collection[str],
-        within: Collection[str] | None = None,
-    ) -> bool:
-        """Whether an attempt answered with `status` should give way to another account."""
-        if self.plain_success(ctx, status):
-            return False
-        if ctx.deadline_phase == "budget":
-            return False  # the caller's budget ran out: no account is to blame
-        found, _ = attempts.outcome(
-            status, deadline_phase=ctx.deadline_phase, upstream_status=ctx.upstream_status
+        *,
+        traced: bool = False,
+        parent: trace.Span | None = None,
+        checks_errors: bool = False,
+        clock: Clock = monotonic,
+    ) -> AttemptMachine:
+        """The attempt machine of one request whose model is decided (see `engine.machine`)."""
+        return AttemptMachine(
+            self, ctx, traced=traced, parent=parent, checks_errors=checks_errors, clock=clock
         )
-        return found is not _SUCCESS and self.another_possible(ctx, tried, within)
 
     def nothing_serves(self, ctx: RequestContext) -> tuple[WireError, answers.Headers]:
         """The answer when no account can take the request: 429 or 503, with `retry-after`
@@ -248,7 +198,7 @@ async def judge_model(judge: Judge, ctx: RequestContext, gone: Callable[[], bool
     """`judge`'s choice of model and route header for a request whose model names one of its
     routes; nothing for any other. `gone`: whether the caller left (the wait is cancelled)."""
     view = ctx.view
-    if view is None or view.model not in judge.routes:
+    if view is None or not judge.applies(view):
         return
     decision = await judge.decide(view.model, view, ctx.body or b"", ctx.budget_at, gone=gone)
     ctx.resolved_model, ctx.route = decision.model, decision.route_header

@@ -17,14 +17,14 @@ Envoy, or one gRPC connection per Envoy worker thread, which is what Envoy opens
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from opentelemetry import trace
 
 from ..context import RequestContext
 from ..core.clock import Clock, monotonic
-from ..core.pool import Lease
+from ..engine.machine import AttemptMachine
 
 if TYPE_CHECKING:
     from .policy import Policies
@@ -38,24 +38,21 @@ _log = logging.getLogger(__name__)
 
 @dataclass(eq=False, slots=True, kw_only=True)
 class Flight:
-    """One request's decisions and its upstream attempts."""
+    """One request: its context, its attempt machine, and what ties its streams together.
+
+    The router-level stream and every upstream-level stream of the request feed the same
+    `machine`: it alone decides, acquires, records and releases the request's leases."""
 
     ctx: RequestContext
     span: trace.Span | None = None
     """The request's span; None when no tracer SDK is installed (nothing would record it)."""
+    machine: AttemptMachine | None = None
+    """The request's attempts, once its body was read."""
     cluster: str | None = None
-    lease: Lease | None = None
-    """The attempt in flight, until its outcome is recorded."""
-    attempt_span: trace.Span | None = None
-    client_span: trace.Span | None = None
-    """The attempt's GenAI-convention CLIENT span (`chat {model}`), under `attempt_span`."""
-    tried: list[str] = field(default_factory=list)
     upstream_attempts: int = 0
     """Attempts whose request headers an upstream-level filter has seen."""
     request_id: str | None = None
     """The id the flight is registered under (None: not registered)."""
-    budget_bound: bool = False
-    """The incoming budget, not the attempt deadline, set Envoy's timeout."""
     closed: bool = False
     """Its router-level stream ended: no attempt may start on it any more."""
     policies: Policies | None = None
@@ -63,6 +60,11 @@ class Flight:
     after a reload put others in force."""
     path: bytes = b""
     """The client's `:path`: a retry to an account without a path template goes back to it."""
+
+    @property
+    def tried(self) -> list[str]:
+        """The accounts tried so far, in order."""
+        return [] if self.machine is None else self.machine.tried
 
 
 class Flights:

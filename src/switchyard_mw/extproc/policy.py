@@ -19,17 +19,15 @@ from ..accounts import Account, pool_from_accounts
 from ..config import Config
 from ..context import RequestContext
 from ..core.clock import Clock, monotonic
-from ..core.pool import AccountPool, Lease, Outcome
-from ..engine import attempts
+from ..core.pool import AccountPool
 from ..engine.budget import budget_end
 from ..engine.judge import Judge
-from ..engine.outcomes import settle
-from ..engine.paths import json_media
+from ..engine.machine import AttemptMachine
+from ..engine.paths import json_media, llm_wire
 from ..engine.policies import Engine
 from ..engine.reload import kept_accounts
 from ..engine.variants import Canaries
 from ..state import Store, build_store
-from ..telemetry import names as tm
 from ..telemetry import request_metrics
 from ..wire import Wire
 from . import _messages as msg
@@ -143,9 +141,8 @@ class Policies:
 
     def wire_of(self, method: bytes, path: bytes, content_type: bytes | None) -> Wire | None:
         """The wire of an LLM call switchyard reads; None passes the request through unread."""
-        if method != b"POST":
-            return None
-        wire = self.paths.get(path.split(b"?", 1)[0].decode("latin-1"))
+        route = path.split(b"?", 1)[0].decode("latin-1")
+        wire = llm_wire(self.paths, method.decode("latin-1"), route)
         if wire is not None and not json_media(content_type):
             return None  # not JSON: the design passes it through unread
         return wire
@@ -162,12 +159,18 @@ class Policies:
     def serving(self, model: str) -> Collection[str]:
         return self.engine.serving(model)
 
-    async def first_lease(self, ctx: RequestContext) -> Lease | None:
-        """The account for the first attempt (switching a canary to its base if need be)."""
-        return await self.engine.acquire(ctx)
+    def machine(self, flight: Flight) -> AttemptMachine:
+        """The attempt machine of `flight`'s request: its spans hang under the request's."""
+        return self.engine.machine(flight.ctx, traced=flight.span is not None, parent=flight.span)
 
-    def deadline_headers(self, flight: Flight, client: Account) -> list[tuple[str, bytes]]:
-        """The Envoy timeouts that enforce the deadline rule for this request.
+    def within(self, account: str) -> frozenset[str]:
+        """The accounts a retry may change to once `account` took the request: those on its
+        cluster (Envoy retries on the cluster it routed to)."""
+        return self.on_cluster.get(self.cluster_of(account), frozenset())
+
+    @staticmethod
+    def deadline_headers(machine: AttemptMachine) -> list[tuple[str, bytes]]:
+        """The Envoy timeouts that enforce the attempt's deadline (`machine.deadline`).
 
         Non-streaming: `x-envoy-upstream-rq-timeout-ms` = the attempt deadline, cut to what is
         left of the incoming budget (it bounds all attempts together, as the budget does).
@@ -176,14 +179,10 @@ class Policies:
         the total timeout is only the budget, if any. The gaps between chunks are bounded by
         the route's `idle_timeout` in envoy.yaml (`stream_idle_secs`).
         """
-        ctx, view, spec = flight.ctx, flight.ctx.view, client.spec
+        view = machine.ctx.view
         if view is None:
             return []
-        attempt = attempts.deadline_secs(view, spec)
-        now = time.monotonic()
-        ctx.attempt_deadline_secs = attempts.in_force(attempt, ctx.budget_at, now)
-        left = None if ctx.budget_at is None else ctx.budget_at - now
-        flight.budget_bound = left is not None and left < attempt
+        attempt, left = machine.deadline(time.monotonic())
         first = attempt if left is None else min(attempt, left)
         if not view.stream:
             return [(TIMEOUT_HEADER, _ms(first))]
@@ -191,80 +190,3 @@ class Policies:
         if left is not None:
             headers.append((TIMEOUT_HEADER, _ms(left)))
         return headers
-
-    # --- failover inside one request: the accounts sharing the routed cluster ---------------
-
-    def another_on_cluster(self, flight: Flight) -> bool:
-        """Whether a retry on the routed cluster could go to a fresh account now."""
-        within = self.on_cluster.get(flight.cluster or "")
-        return within is not None and self.engine.another_possible(flight.ctx, flight.tried, within)
-
-    async def next_on_cluster(self, flight: Flight) -> Lease | None:
-        model = flight.ctx.resolved_model
-        within = self.on_cluster.get(flight.cluster or "")
-        if within is None or model is None:
-            return None
-        return await self.pool.aacquire(model, exclude=flight.tried, allowed=within)
-
-    def start_attempt(self, flight: Flight, lease: Lease) -> Account:
-        """Make `lease` the flight's attempt in flight; its span hangs under the request's."""
-        ctx = flight.ctx
-        client = self.engine.start_attempt(ctx, lease)
-        flight.lease = lease
-        flight.tried.append(lease.account)
-        if flight.span is None:
-            return client  # no tracer SDK: no span to hang the attempt's under
-        flight.attempt_span = self.engine.attempt_span(ctx, lease, parent=flight.span)
-        view = ctx.view
-        flight.client_span = tm.start_client_span(
-            flight.attempt_span,
-            model=ctx.resolved_model,
-            base_url=client.base_url,
-            max_tokens=None if view is None else view.max_tokens,
-        )
-        return client
-
-    def settle_lease(self, lease: Lease) -> None:
-        """Give back a lease no attempt was started with."""
-        settle(self.pool, lease, None, "unused")
-
-    def settle(
-        self,
-        flight: Flight,
-        outcome: Outcome | None,
-        status: str,
-        retry: list[tuple[str, str]] | None = None,
-        *,
-        body_follows: bool = False,
-    ) -> None:
-        """Record the attempt in flight (None: release it without an outcome).
-
-        `retry`: a 429's retry-time headers, which hold its account out for the model.
-        `body_follows`: the answer's body is being read for its usage; the attempt's spans
-        stay open for it until `end_spans`.
-        """
-        lease, flight.lease = flight.lease, None
-        if lease is None:
-            return
-        model = flight.ctx.resolved_model
-        self.engine.settle(lease, outcome, status, model, span=flight.attempt_span, retry=retry)
-        if not body_follows:
-            end_spans(flight, status)
-
-
-def end_spans(flight: Flight, status: str | None = None) -> None:
-    """End the attempt's spans (once each); the CLIENT span carries the usage read, if any.
-
-    `status`: the attempt's as metrics show it, an HTTP status or how it ended without one
-    (`connect_error`, `local_reply`, ...); None once an answer's body was read to its end."""
-    ctx = flight.ctx
-    client_span, flight.client_span = flight.client_span, None
-    if client_span is not None:
-        code = int(status) if status is not None and status.isdigit() else None
-        failure = status if code is None else None
-        if status is None:
-            code = ctx.response_status  # the answer whose body was read
-        attempts.end_client_span(client_span, ctx, status=code, failure=failure)
-    span, flight.attempt_span = flight.attempt_span, None
-    if span is not None:
-        attempts.end_span(span, ctx.deadline_phase)

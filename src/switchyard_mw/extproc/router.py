@@ -26,25 +26,26 @@ from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from ..accounts import Account
 from ..context import RequestContext, decision_attributes
 from ..core.deadline import BUDGET_HEADERS
-from ..core.pool import Outcome
 from ..core.throttle import READ_HEADERS as RETRY_TIME_HEADERS
-from ..engine import attempts, body_usage
+from ..engine import body_usage
 from ..engine.answers import (
     DEADLINE_EXCEEDED,
     NO_HEALTHY_ACCOUNT,
     RATE_LIMITED,
     UPSTREAM_UNREACHABLE,
-    deadline_exceeded,
     exposed_headers,
 )
+from ..engine.attempts import first_token
 from ..engine.body_usage import Reader
+from ..engine.claims import claimed
+from ..engine.machine import PASS_THROUGH, ClaimProbe, Failure, Gone, How, Refuse, Send
 from ..model_names import with_query
 from ..telemetry import names as tm
 from ..telemetry import request_metrics
 from ..wire import Wire, WireError, model_not_served, read_request, too_large
 from . import _messages as msg
 from .flights import Flight, Flights, out_of_order
-from .policy import CLUSTER_HEADER, Policies, end_spans
+from .policy import CLUSTER_HEADER, Policies
 
 RETRY_HEADER = "x-switchyard-retry"
 CREDENTIAL_HEADERS = ("authorization", "x-api-key")
@@ -54,7 +55,6 @@ __all__ = [
     "RATE_LIMITED",
     "UPSTREAM_UNREACHABLE",
     "RouterStream",
-    "retry_time",
 ]
 REQUEST_ID_HEADER = "x-request-id"
 _UNTRUSTED = [CLUSTER_HEADER]
@@ -197,30 +197,31 @@ class RouterStream:
         else:
             with trace.use_span(self.span, end_on_exit=False):
                 await self.p.decide_model(ctx, self.gone)
-        lease = await self.p.first_lease(ctx)
-        if lease is not None and self.closed:
-            self.p.settle_lease(lease)  # the stream ended meanwhile: nobody would settle it
-            return msg.request_body()
-        if lease is None:
-            model = ctx.resolved_model or view.model
-            if not self.p.pool.accounts_for(model):
-                # No account serves it: behind Envoy there is no app that might, so the
-                # processor answers as the example gateway's forwarder does.
-                return self.refuse(model_not_served(self.wire, model))
-            if not self.p.serving(model):
-                # Only accounts Envoy cannot route to serve it: on, untouched but for the model.
-                return self._unrouted(ctx)
-            error, headers = self.p.engine.nothing_serves(ctx)
-            return self.refuse(error, [(k.decode(), v) for k, v in headers])
-        client = self.p.start_attempt(flight, lease)
-        flight.cluster = client.spec.envoy_cluster
+        if self.closed:
+            return msg.request_body()  # the stream ended meanwhile: nothing to place
+        machine = flight.machine = self.p.machine(flight)
+        action = machine.begin()
+        if isinstance(action, ClaimProbe):
+            action = await claimed(machine, action)
+        if isinstance(action, Refuse):
+            headers = [(k.decode(), v) for k, v in action.headers]
+            return self.refuse(action.error, headers)
+        if not isinstance(action, Send):
+            if action is PASS_THROUGH and ctx.resolved_model is not None:
+                return self._not_placed(ctx)
+            return msg.request_body()  # the stream ended while a probe was claimed
+        lease = action.lease
+        machine.within = self.p.within(lease.account)
+        flight.cluster = self.p.cluster_of(lease.account)
         request_id = self.headers.get(REQUEST_ID_HEADER)
         if request_id:  # upstream-level streams find the flight by it
             self.flights.open(flight, request_id.decode("latin-1"))
         options = self.p.options
         sets = [*self.p.route_options[lease.account]]
-        sets += [options.get(k, v) for k, v in self.p.deadline_headers(flight, client)]
-        if client.spec.path is not None:  # the provider's path for the model (route re-read)
+        sets += [options.get(k, v) for k, v in self.p.deadline_headers(machine)]
+        client = ctx.account
+        if client is not None and client.spec.path is not None:
+            # the provider's path for the model (the route is read again)
             sets.append(msg.option(":path", upstream_path(client, flight.path)))
         answer = ep.ProcessingResponse()
         common = answer.request_body.response
@@ -231,6 +232,18 @@ class RouterStream:
         msg.fill(common, sets, CREDENTIAL_HEADERS)
         common.clear_route_cache = True
         return answer
+
+    def _not_placed(self, ctx: RequestContext) -> ep.ProcessingResponse:
+        """A request no account Envoy can route to serves."""
+        assert self.wire is not None
+        model = ctx.resolved_model
+        assert model is not None
+        if not self.p.pool.accounts_for(model):
+            # No account serves it: behind Envoy there is no app that might, so the
+            # processor answers as the example gateway's forwarder does.
+            return self.refuse(model_not_served(self.wire, model))
+        # Only accounts Envoy cannot route to serve it: on, untouched but for the model.
+        return self._unrouted(ctx)
 
     def _unrouted(self, ctx: RequestContext) -> ep.ProcessingResponse:
         body = ctx.body_for_app()
@@ -253,17 +266,19 @@ class RouterStream:
         reading = None
         if not local and not request.response_headers.end_of_stream:
             reading = self._usage_reader(h, status)
-        if flight.lease is not None:
+        machine = flight.machine
+        if machine is not None and machine.lease is not None:
+            machine.retries_over()  # Envoy is past retrying: this answer is the answer
             if local and details and details.startswith("upstream_reset_before_response"):
                 # No provider answered: the account's fault. Envoy's reply is already the
-                # wire's 502 (envoy.yaml's local_reply_config); answering again would wrap it.
-                self.p.settle(flight, Outcome.FAULT, "connect_error")
+                # wire's 502 (envoy.yaml's local_reply_config); answering again would wrap it,
+                # so the machine's refusal (the same 502) is not sent.
+                machine.ended(How.RAISED, Failure.CONNECT_ERROR)
             elif local:
-                self.p.settle(flight, None, "local_reply")  # Envoy's own answer: no account's
+                machine.ended(How.GONE, gone=Gone.LOCAL_REPLY)  # Envoy's own answer: no account's
             else:
-                retry = retry_time(h, status)
-                outcome, text = attempts.outcome(status)
-                self.p.settle(flight, outcome, text, retry, body_follows=bool(reading))
+                machine.started(status, h.items())
+                machine.ended(How.RETURNED, body_follows=bool(reading))
         answer = ep.ProcessingResponse()
         options = self.p.options
         exposed = [options.get(k, v) for k, v in self._exposed()]
@@ -291,23 +306,18 @@ class RouterStream:
         piece = http.body
         usage.feed(piece)
         flight = self.flight
-        if flight is not None and flight.ctx.first_token_at is None and b"delta" in piece:
-            _first_token(flight.ctx)
+        if flight is not None and flight.ctx.first_token_at is None:
+            first_token(flight.ctx, piece)
         if http.end_of_stream:
             self.close()
         return msg.UNCHANGED_RESPONSE_BODY
 
     def _deadline(self, flight: Flight) -> ep.ProcessingResponse:
         """Envoy's total or per-try timeout fired before the response started."""
-        stream = flight.ctx.view is not None and flight.ctx.view.stream
-        phase = "budget" if flight.budget_bound else "headers" if stream else "total"
-        flight.ctx.deadline_phase = phase
-        tm.deadline_exceeded.add(1, {"phase": phase})
-        outcome = attempts.verdict(
-            504, finished=False, gone=None, deadline_phase=phase, upstream_status=None
-        )
-        self.p.settle(flight, *outcome)  # the caller's budget: no account is to blame
-        return self.refuse(deadline_exceeded(phase))
+        machine = flight.machine
+        if machine is None:
+            return msg.UNCHANGED_RESPONSE_HEADERS
+        return self.refuse(machine.expired().error)
 
     def refuse(
         self, error: WireError, extra: list[tuple[str, bytes]] | None = None
@@ -334,8 +344,8 @@ class RouterStream:
             tokens = None if usage is None else usage.end()  # however the body ended
             if tokens is not None:
                 ctx.report_usage(input_tokens=tokens.input, output_tokens=tokens.output)
-            self.p.settle(flight, None, "disconnected")
-            end_spans(flight)
+            if flight.machine is not None:
+                flight.machine.closed()  # an attempt nobody answered goes back; spans end
             self.flights.close(flight)
             # Under Envoy the request ends, for switchyard, at the end of the answer's body
             # when it is read, else at its response headers.
@@ -355,12 +365,6 @@ def upstream_path(client: Account, path: bytes) -> bytes:
     return with_query(client.upstream_path(base), query).encode("latin-1")
 
 
-def _first_token(ctx: RequestContext) -> None:
-    """As the ASGI stack counts it: a stream's first piece that carries content."""
-    if ctx.view is not None and ctx.view.stream:
-        ctx.first_token_at = time.monotonic()
-
-
 def _looks_local(headers: msg.Headers) -> bool:
     """Without `response.code_details`: Envoy's local replies carry no upstream service time."""
     return "x-envoy-upstream-service-time" not in headers and headers.get(
@@ -371,10 +375,3 @@ def _looks_local(headers: msg.Headers) -> bool:
 def _annotate(span: trace.Span, ctx: RequestContext) -> None:
     if span.is_recording():
         span.set_attributes(decision_attributes(ctx))
-
-
-def retry_time(headers: msg.Headers, status: int) -> list[tuple[str, str]] | None:
-    """A 429's retry-time headers, decoded, for its throttle hold (None for any other status)."""
-    if status != 429:
-        return None
-    return [(k, v.decode("latin-1")) for k, v in headers.items() if k in RETRY_TIME_HEADERS]

@@ -6,7 +6,9 @@ chose. When its response is a fault or a 429 and another account on the same clu
 now, the outcome is recorded at once and the response gets `x-switchyard-retry: 1`, which the
 route's retry policy (`retry_on: retriable-headers`) turns into a retry; the retry's request
 headers swap in that account's credential. The decision to retry is the processor's alone, so
-Envoy never re-sends a request to the key that just refused it.
+Envoy never re-sends a request to the key that just refused it: it is the request's attempt
+machine (`engine.machine`, kept by its `Flight`) that answers the refusal and takes the next
+lease, as it does through the ASGI front.
 
 The example envoy.yaml runs this filter only where it can matter, so that a request answered
 well by its first account costs no upstream-level stream at all: on an attempt's response only
@@ -20,20 +22,13 @@ rather than by the router-level stream.
 from __future__ import annotations
 
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from ..core.pool import Outcome
 from ..core.throttle import READ_HEADERS as RETRY_TIME_HEADERS
-from ..engine import attempts
-from ..telemetry import names as tm
+from ..engine.claims import claimed
+from ..engine.machine import NEXT, ClaimProbe, How, Send
 from . import _messages as msg
 from .flights import Flight, Flights, out_of_order
 from .policy import Policies
-from .router import (
-    CREDENTIAL_HEADERS,
-    REQUEST_ID_HEADER,
-    RETRY_HEADER,
-    retry_time,
-    upstream_path,
-)
+from .router import CREDENTIAL_HEADERS, REQUEST_ID_HEADER, RETRY_HEADER, upstream_path
 
 FILTER_METADATA = "x-switchyard-filter"
 """gRPC initial metadata naming the filter level; `upstream` for the upstream-level filter."""
@@ -81,27 +76,24 @@ class UpstreamStream:
         flight.upstream_attempts += 1
         attempt = headers.get(ATTEMPT_HEADER, b"")
         first = attempt == b"1" if attempt else flight.upstream_attempts == 1
-        if first:
+        machine = flight.machine
+        if first or machine is None:
             # The router-level stream chose this attempt's account and set its credential.
             return msg.UNCHANGED_REQUEST_HEADERS
-        if flight.lease is not None:
-            # Envoy retried an attempt whose outcome nobody recorded (no response-side stream
-            # saw a refusal, e.g. the provider itself sent the retry header): no outcome known.
-            self.p.settle(flight, None, "retried")
-        lease = await self.p.next_on_cluster(flight)
-        if lease is not None and flight.closed:
-            # The request ended (its router-level stream closed) while the lease was claimed:
-            # nobody would ever settle it.
-            self.p.settle_lease(lease)
+        # Envoy retries: an attempt whose outcome nobody recorded (no response-side stream saw
+        # a refusal, e.g. the provider itself sent the retry header) goes back without one.
+        if machine.retried() is not NEXT:
+            return msg.UNCHANGED_REQUEST_HEADERS  # the request ended
+        action = machine.next()
+        if isinstance(action, ClaimProbe):
+            action = await claimed(machine, action)
+        if not isinstance(action, Send):
+            # Eligible when the retry was asked for, gone since (another request cooled it),
+            # or the request ended meanwhile: the attempt goes with the previous credential.
             return msg.UNCHANGED_REQUEST_HEADERS
-        if lease is None:
-            # Eligible when the retry was asked for, gone since (another request cooled it):
-            # the attempt goes with the previous credential, the only one left.
-            return msg.UNCHANGED_REQUEST_HEADERS
-        tm.failovers.add(1, {tm.RESPONSE_MODEL: flight.ctx.resolved_model or ""})
-        client = self.p.start_attempt(flight, lease)
-        sets = [*self.p.auth_options[lease.account]]
-        if self.p.renaming:
+        sets = [*self.p.auth_options[action.lease.account]]
+        client = flight.ctx.account
+        if self.p.renaming and client is not None:
             # Envoy replays the body the router-level stream sent, in the first account's
             # name: this account may know the model by another name, or at another path.
             self.body = flight.ctx.body_for_app()
@@ -122,13 +114,14 @@ class UpstreamStream:
         flight = self.flight
         if flight is None:
             flight = self.flight = self.flights.find(msg.attribute(request, REQUEST_ID_ATTRIBUTE))
-        if flight is None or flight.lease is None:
+        machine = None if flight is None else flight.machine
+        if flight is None or machine is None or machine.lease is None:
             return msg.UNCHANGED_RESPONSE_HEADERS
         self.p = flight.policies or self.p  # the request's own, across a reload
         headers = msg.headers_of(request.response_headers, _STATUS)
-        status = int(headers.get(":status", b"0") or 0)
-        outcome, text = attempts.outcome(status)
-        self.p.settle(flight, outcome, text, retry_time(headers, status))
-        if outcome is not Outcome.SUCCESS and self.p.another_on_cluster(flight):
+        machine.started(int(headers.get(":status", b"0") or 0), headers.items())
+        # The outcome is recorded at once; a retry on the routed cluster is asked for when the
+        # machine would fail over.
+        if machine.ended(How.RETURNED) is NEXT:
             return _RETRY
         return msg.UNCHANGED_RESPONSE_HEADERS

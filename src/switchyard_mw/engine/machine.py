@@ -1,0 +1,713 @@
+"""The attempt machine: one request's upstream attempts, decided in one place, awaiting nothing.
+
+As h11's `Connection` does for HTTP/1.1, it takes events and answers with actions: the front
+that carries the request (the ASGI stack, the ext_proc processor) tells it what happened in
+plain terms and does what it answers, translated to its own protocol. It never touches an ASGI
+message, a protobuf or a socket, and never awaits: the one decision that needs shared state
+(a probe claimed across replicas) is an action the driver performs and reports back.
+
+    machine = engine.machine(ctx)
+    action = machine.begin()              # Send | ClaimProbe | Refuse | PassThrough
+    ClaimProbe(account) -> action = machine.probe_claimed(await store.claim_probe(account))
+    Send(lease)         -> run the attempt and report it:
+        machine.started(status, headers)  # Hold | Forward   (the answer began)
+        machine.ended(how, ...)           # Next | Deliver | Refuse | Done
+    Next                -> action = machine.next()   # Send | ClaimProbe | Deliver | Refuse
+
+It owns which account and model go next (failover within the front's reach, the canary's base
+model when no variant account can serve), the tried list, the answer held back, the failure so
+far, the attempt deadline, the attempt's spans, the one retry rule (`_worth_retrying`) and the
+one outcome classification (`attempts.verdict`, at the attempt's end).
+
+Its states, and the events each takes (any other event there raises `MachineError`):
+
+    READY       begin
+    CLAIMING    probe_claimed, claim_abandoned, closed
+    SENT        started, ended, expired, retried, closed
+    HOLDING     cannot_hold, ended, expired, retried, closed   (held: it may be failed over)
+    CHECKING    cannot_hold, ended, expired, retried, closed   (a 5xx held until it ends)
+    FORWARDING  first_content, ended, expired, retried, closed
+    BETWEEN     next, expired, retried, closed                 (another attempt may follow)
+    DONE        expired, retried (ext_proc: Envoy retries on its own), closed
+
+What comes next fits this shape: a fallback chain is more candidate models in `_candidates`
+(`Send.model` already names the model each attempt goes to; `ctx.body_for_app()` rewrites the
+body to it); a hedge is a second `_Attempt` in flight, and `first_content` is where the one
+that answered first wins; retry in place is `next()` offering the same account again.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Collection, Iterable
+from typing import TYPE_CHECKING
+
+from opentelemetry import trace
+
+from ..context import RequestContext
+from ..core.clock import Clock, monotonic
+from ..core.pool import Lease, Outcome
+from ..core.shared import Shared
+from ..telemetry import names as tm
+from ..wire import WireError
+from . import answers, attempts
+from .attempts import OUT_OF_TIME, Failure, Gone, Phase
+from .outcomes import throttle_headers
+
+if TYPE_CHECKING:
+    from ..accounts import Account
+    from .policies import Engine
+
+__all__ = [
+    "ClaimProbe",
+    "Deliver",
+    "Failure",
+    "Gone",
+    "Hold",
+    "How",
+    "MachineError",
+    "Phase",
+    "Refuse",
+    "Send",
+    "State",
+]
+
+
+class State(enum.Enum):
+    """Where a request's attempts stand."""
+
+    READY = "ready"
+    """Built; `begin()` not yet called."""
+    CLAIMING = "claiming"
+    """A probe lease waits for the shared store's word (`ClaimProbe`)."""
+    SENT = "sent"
+    """An attempt is in flight; its answer has not started."""
+    HOLDING = "holding"
+    """The attempt's answer started and is held back: another account may take over."""
+    CHECKING = "checking"
+    """A 5xx answer held until its attempt ends: the app's framework may have made it of a
+    transport error, which is no upstream answer to pass on."""
+    FORWARDING = "forwarding"
+    """The attempt's answer goes to the client: nothing can follow it."""
+    BETWEEN = "between"
+    """The attempt failed before reaching the client; `next()` starts another."""
+    DONE = "done"
+    """Answered, refused or passed through: no attempt is in flight or will be."""
+
+
+class How(enum.Enum):
+    """How an attempt ended."""
+
+    FINISHED = "finished"
+    """The client has the whole answer (whatever happened to the work afterwards)."""
+    RETURNED = "returned"
+    """The work returned; its answer (if any) is held, or not yet whole at the client."""
+    RAISED = "raised"
+    """The call failed (`failure`, or an exception type `error` to classify)."""
+    GONE = "gone"
+    """Nobody waits for the answer any more (`gone` says why): no outcome."""
+
+
+class MachineError(RuntimeError):
+    """An event the machine cannot take in its state: a driver's bug, never a peer's."""
+
+
+# --- actions --------------------------------------------------------------------------------
+
+
+class Send:
+    """Send the attempt on `lease`, to `model` (`ctx.account` is its account); `span` is the
+    attempt's GenAI CLIENT span to make current around the call (None: no tracing)."""
+
+    __slots__ = ("lease", "model", "span")
+
+    def __init__(self, lease: Lease, model: str, span: trace.Span | None) -> None:
+        self.lease, self.model, self.span = lease, model, span
+
+    def __repr__(self) -> str:
+        return f"Send({self.lease.account!r}, {self.model!r})"
+
+
+class ClaimProbe:
+    """Await `store.claim_probe(account)` and hand the answer to `probe_claimed` (or call
+    `claim_abandoned` if the claim raised or was cancelled)."""
+
+    __slots__ = ("account",)
+
+    def __init__(self, account: str) -> None:
+        self.account = account
+
+    def __repr__(self) -> str:
+        return f"ClaimProbe({self.account!r})"
+
+
+class Deliver:
+    """Pass on `held`, an answer the driver held back (the last upstream answer says more than
+    anything switchyard could make up; a 429 keeps its `retry-after`)."""
+
+    __slots__ = ("held",)
+
+    def __init__(self, held: object) -> None:
+        self.held = held
+
+    def __repr__(self) -> str:
+        return "Deliver(...)"
+
+
+class Refuse:
+    """Answer the client with `error` and `headers` (switchyard's own answer)."""
+
+    __slots__ = ("error", "headers")
+
+    def __init__(self, error: WireError, headers: answers.Headers = ()) -> None:
+        self.error, self.headers = error, headers
+
+    def __repr__(self) -> str:
+        return f"Refuse({self.error.status}, {self.error.error_type!r})"
+
+
+class Hold:
+    """Hold the answer that started back; `failover`: for another account (else only until
+    the attempt ends, to see whether it was a transport error)."""
+
+    __slots__ = ("failover",)
+
+    def __init__(self, failover: bool) -> None:
+        self.failover = failover
+
+    def __repr__(self) -> str:
+        return f"Hold(failover={self.failover})"
+
+
+class _Signal:
+    __slots__ = ("_name",)
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __repr__(self) -> str:
+        return self._name
+
+
+FORWARD = _Signal("Forward")
+"""Pass the answer on as it comes."""
+NEXT = _Signal("Next")
+"""Another attempt may follow: call `next()` when ready to send it."""
+DONE = _Signal("Done")
+"""Nothing more to do for the attempts (the answer went through, or nobody waits)."""
+PASS_THROUGH = _Signal("PassThrough")
+"""Not switchyard's to place: the request goes on untouched."""
+HOLD_FOR_FAILOVER = Hold(True)
+HOLD_TO_CHECK = Hold(False)
+
+Action = Send | ClaimProbe | Deliver | Refuse | Hold | _Signal
+Start = Send | ClaimProbe | Deliver | Refuse | _Signal
+"""What `begin`, `probe_claimed` and `next` answer."""
+End = Deliver | Refuse | _Signal
+"""What `ended` answers."""
+
+# Read on every attempt: module constants, since Enum member access is slow on Python 3.11.
+_READY, _CLAIMING, _SENT = State.READY, State.CLAIMING, State.SENT
+_HOLDING, _CHECKING, _FORWARDING = State.HOLDING, State.CHECKING, State.FORWARDING
+_BETWEEN, _DONE = State.BETWEEN, State.DONE
+_FINISHED, _RETURNED, _RAISED, _GONE = How.FINISHED, How.RETURNED, How.RAISED, How.GONE
+_SUCCESS, _FAULT = Outcome.SUCCESS, Outcome.FAULT
+_APP_ERROR, _DISCONNECTED = Failure.APP_ERROR, Gone.DISCONNECTED
+_IN_FLIGHT = frozenset({_SENT, _HOLDING, _CHECKING, _FORWARDING})
+_NAMING = frozenset({Gone.RETRIED, Gone.LOCAL_REPLY, Gone.DISCONNECTED})
+"""Gone reasons a CLIENT span names as its `error.type` when no answer had started."""
+
+
+class AttemptMachine:
+    """The attempts of one request. Build it with `Engine.machine(ctx)`.
+
+    `parent`: the span attempt spans hang under (None: the current span); `traced`: whether
+    spans are made at all; `clock`: what the caller's budget is read against;
+    `checks_errors`: the front runs an app whose framework may answer a transport error with
+    its own 5xx (ASGI), so a 5xx is held until the attempt ends.
+    """
+
+    __slots__ = (
+        "_budget_bound",
+        "_claim",
+        "_client_span",
+        "_clock",
+        "_closed",
+        "_failure",
+        "_last",
+        "_lease",
+        "_more",
+        "_parent",
+        "_released",
+        "_retry_headers",
+        "_span",
+        "_status",
+        "_traced",
+        "checks_errors",
+        "ctx",
+        "engine",
+        "state",
+        "tried",
+        "within",
+    )
+
+    # Not keyword-only: the ASGI front builds one per request, positionally (a call with
+    # keywords builds a dict of them first).
+    def __init__(
+        self,
+        engine: Engine,
+        ctx: RequestContext,
+        traced: bool = False,
+        parent: trace.Span | None = None,
+        checks_errors: bool = False,
+        clock: Clock = monotonic,
+    ) -> None:
+        self.engine = engine
+        self._clock = clock  # `time.monotonic`: the budget's clock (`ctx.budget_at`)
+        self.ctx = ctx
+        self.state = _READY
+        self.tried: list[str] = []
+        """The accounts tried so far, in order."""
+        self.within: Collection[str] | None = None
+        """The accounts a later attempt may go to (behind Envoy: those on the routed
+        cluster, set once it is known); the model then stays (the body is on its way).
+        None: any account the front can send to, and the canary's base model."""
+        self.checks_errors = checks_errors
+        self._traced = traced
+        self._parent = parent
+        self._more = True  # the front can still make another attempt
+        self._closed = False  # the request ended (`closed()`)
+        self._lease: Lease | None = None
+        self._claim: tuple[Lease, tuple[str, ...], int] | None = None
+        self._status: int | None = None
+        self._retry_headers: list[tuple[str, str]] | None = None
+        self._failure: Failure | None = None
+        self._released: str | None = None  # why a lease went back before any answer
+        self._last: tuple[object, Account | None, str | None] | None = None
+        self._span: trace.Span | None = None
+        self._client_span: trace.Span | None = None
+        self._budget_bound = False
+
+    def __repr__(self) -> str:
+        return f"<AttemptMachine {self.state.name} tried={self.tried}>"
+
+    @property
+    def lease(self) -> Lease | None:
+        """The lease of the attempt in flight (None: none is)."""
+        return self._lease
+
+    @property
+    def failure(self) -> Failure | None:
+        """How the current (or last) attempt failed before reaching the client, if it did."""
+        return self._failure
+
+    # --- events -------------------------------------------------------------------------
+
+    def begin(self) -> Start:
+        """The request's first attempt, once its model is decided."""
+        if self.state is not _READY:
+            self._expect(_READY)
+        ctx, engine = self.ctx, self.engine
+        model = ctx.resolved_model
+        if model is None or ctx.view is None:
+            self.state = _DONE
+            return PASS_THROUGH
+        pool = engine.pool
+        if pool.store is None:
+            # The usual first attempt, with nothing shared to ask.
+            lease = pool.acquire(model, allowed=engine.routable)
+            if lease is not None:
+                return self._send(lease, model)
+        if not engine.places(ctx):
+            self.state = _DONE
+            return PASS_THROUGH  # no account it can reach serves the model
+        return self._acquire(self._candidates(), 0) or self._give_up()
+
+    def probe_claimed(self, shared: Shared | None) -> Start:
+        """The store's answer to `ClaimProbe`: None, the probe is ours; else why not."""
+        self._expect(_CLAIMING)
+        claim, self._claim = self._claim, None
+        assert claim is not None
+        lease, models, index = claim
+        pool = self.engine.pool
+        if shared is None:
+            if self._closed:
+                # The request ended while the store answered: nobody would settle it.
+                self.engine.settle(lease, None, Gone.UNUSED, models[index])
+                self.state = _DONE
+                return DONE
+            return self._send(lease, models[index])
+        pool.claim_refused(lease, shared)
+        return self._acquire(models, index) or self._give_up()
+
+    def claim_abandoned(self) -> None:
+        """The claim raised or was cancelled: its local probe slot goes back."""
+        self._expect(_CLAIMING)
+        claim, self._claim = self._claim, None
+        assert claim is not None
+        self.engine.pool.claim_abandoned(claim[0])
+        self.state = _DONE
+
+    def started(
+        self, status: int, headers: Iterable[tuple[bytes | str, bytes]] = ()
+    ) -> Hold | _Signal:
+        """The attempt's answer began with `status` (`headers`: its headers, read for a 429's
+        retry time). Hold it back while another account may take over."""
+        if self.state is not _SENT:
+            self._expect(_SENT)
+        self._status = status
+        if status == 429:
+            self._retry_headers = throttle_headers(headers)
+        if self._more and self._worth_retrying(status):
+            self.state = _HOLDING
+            return HOLD_FOR_FAILOVER
+        if status >= 500 and self.checks_errors:
+            self.state = _CHECKING
+            return HOLD_TO_CHECK
+        self.state = _FORWARDING
+        return FORWARD
+
+    def cannot_hold(self) -> _Signal:
+        """The driver stops holding (the answer outgrew what it holds, or the work returned
+        mid-answer): what it held goes on, and no failover can follow."""
+        if self.state is not _HOLDING:
+            self._expect(_CHECKING)
+        self.state = _FORWARDING
+        return FORWARD
+
+    def first_content(self) -> _Signal:
+        """The attempt's answer carried its first content. With one attempt in flight it
+        simply goes on; with a hedge this is where the first to answer wins."""
+        self._expect(_FORWARDING)
+        return FORWARD
+
+    def ended(
+        self,
+        how: How,
+        failure: Failure | None = None,
+        *,
+        error: type[BaseException] | None = None,
+        gone: Gone | None = None,
+        held: object = None,
+        body_follows: bool = False,
+    ) -> End:
+        """The attempt ended (`How`). `held`: the answer the driver held back, if any;
+        `body_follows`: the answer's body is read after this (its usage), so the attempt's
+        spans stay open until `closed()`.
+
+        Answers `DONE` when the attempt's answer (or nothing) is what the client gets,
+        `NEXT` when another attempt may follow, else what to answer instead.
+        """
+        state = self.state
+        if state not in _IN_FLIGHT:
+            raise MachineError(f"ended() in state {state.name}")
+        ctx, status = self.ctx, self._status
+        if how is _FINISHED or (how is _RETURNED and state is _FORWARDING):
+            if self._span is None and self.engine.plain_success(ctx, status or 500):
+                # The usual answer: a success with no span, nothing else to count or show.
+                self.engine.succeeded(self._take_lease(), ctx.resolved_model)
+                self.state = _DONE
+                return DONE
+            finished = how is _FINISHED
+            gone = _DISCONNECTED if ctx.disconnected and not finished else None
+            self._settle(*self._verdict(finished, gone), body_follows=body_follows)
+            return self._done()
+        if how is _RAISED:
+            return self._raised(failure, error)
+        if how is _GONE:
+            gone = gone or _DISCONNECTED
+            self._settle(*self._verdict(False, gone))
+            if gone is Gone.RETRIED:
+                return self._after_failure()
+            return self._done()
+        return self._returned(held)
+
+    def next(self) -> Start:
+        """Start the attempt `NEXT` announced, if an account can still take it."""
+        self._expect(_BETWEEN)
+        if not self._may_go_on():
+            return self._give_up()
+        return self._acquire(self._candidates(), 0) or self._give_up()
+
+    def retried(self) -> End:
+        """The front started another attempt on its own (Envoy's retry): an attempt still
+        in flight goes back with no outcome; `NEXT` unless the request ended."""
+        if self.state in _IN_FLIGHT:
+            return self.ended(_GONE, gone=Gone.RETRIED)
+        if self.state is _CLAIMING or self._closed:
+            return DONE
+        self._expect(_BETWEEN, _DONE)
+        self.state = _BETWEEN
+        return NEXT
+
+    def expired(self, phase: Phase | None = None) -> Refuse:
+        """A deadline ran out in `phase` (None: work it out from the attempt's deadline).
+        The attempt in flight is settled as the phase says, and the 504 is the answer."""
+        if phase is None:
+            phase = self.phase()
+        self.ctx.deadline_phase = phase
+        tm.deadline_exceeded.add(1, {"phase": phase})
+        if self.state in _IN_FLIGHT:
+            self._status = 504
+            self._settle(*self._verdict(False, None))
+        if self.state is not _CLAIMING:  # a claim under way still reports back
+            self.state = _DONE
+        return Refuse(answers.deadline_exceeded(phase))
+
+    def retries_over(self) -> None:
+        """The front can make no other attempt (Envoy is past retrying): whatever answers
+        now is the answer."""
+        self._more = False
+
+    def closed(self) -> None:
+        """The request ended: an attempt in flight goes back with no outcome, spans still
+        open end, and a probe claimed meanwhile goes back unused."""
+        self._more = False
+        self._closed = True
+        if self.state in _IN_FLIGHT:
+            self._settle(*self._verdict(False, _DISCONNECTED))
+            self.state = _DONE
+        elif self.state is not _CLAIMING:
+            self._end_spans()
+            self.state = _DONE
+
+    # --- the attempt deadline -----------------------------------------------------------
+
+    def deadline(self, now: float) -> tuple[float, float | None]:
+        """The attempt's first bound (a stream: its time to start; else the time to be whole)
+        and what is left of the caller's budget at `now` (None: no budget);
+        `ctx.attempt_deadline_secs` is the first as it binds (cut to the budget)."""
+        ctx = self.ctx
+        client = ctx.account
+        assert ctx.view is not None
+        assert client is not None
+        secs = attempts.deadline_secs(ctx.view, client.spec)
+        # What x-switchyard-deadline-ms reports: the deadline as it binds, budget included.
+        ctx.attempt_deadline_secs = attempts.in_force(secs, ctx.budget_at, now)
+        left = None if ctx.budget_at is None else ctx.budget_at - now
+        self._budget_bound = left is not None and left < secs
+        return secs, left
+
+    def phase(self, *, started: bool = False) -> Phase:
+        """The phase a deadline that fired now ran out in, from the bound `deadline` set."""
+        ctx = self.ctx
+        if self._budget_bound or (ctx.budget_at is not None and self._clock() >= ctx.budget_at):
+            return Phase.BUDGET
+        stream = ctx.view is not None and ctx.view.stream
+        if not stream:
+            return Phase.TOTAL
+        return Phase.IDLE if started else Phase.HEADERS
+
+    # --- the one retry rule -------------------------------------------------------------
+
+    def _may_go_on(self) -> bool:
+        """Whether the request may still take another attempt: someone waits for it and the
+        caller's budget is not spent."""
+        ctx = self.ctx
+        return (
+            self._more
+            and not ctx.disconnected
+            and (ctx.budget_at is None or self._clock() < ctx.budget_at)
+        )
+
+    def _worth_retrying(self, status: int) -> bool:
+        """Whether an answer with `status` should give way to another account: it says
+        something against its account, and one could take over now (a peek: nothing
+        claimed)."""
+        ctx = self.ctx
+        if self.engine.plain_success(ctx, status) or ctx.deadline_phase == Phase.BUDGET:
+            return False  # a success, or the caller's budget ran out (no account to blame)
+        found, _ = attempts.outcome(
+            status, deadline_phase=ctx.deadline_phase, upstream_status=ctx.upstream_status
+        )
+        return found is not _SUCCESS and self._may_go_on() and self._another_free()
+
+    def _another_free(self) -> bool:
+        engine, tried = self.engine, self.tried
+        pool = engine.pool
+        for model in self._candidates():
+            reach = self.within if self.within is not None else engine.serving(model)
+            untried = [n for n in reach if n not in tried]
+            if untried and pool.retry_after_secs(model, allowed=untried) == 0.0:
+                return True
+        return False
+
+    def _candidates(self) -> tuple[str, ...]:
+        """The models the next attempt may go to, in order: the request's, then (before the
+        front committed to a cluster) the canary's base model."""
+        model = self.ctx.resolved_model
+        if model is None:
+            return ()
+        if self.within is not None:
+            return (model,)
+        fallback = self.engine.fallback(self.ctx)
+        return (model,) if fallback is None or fallback == model else (model, fallback)
+
+    # --- what an ended attempt means ----------------------------------------------------
+
+    def _raised(self, failure: Failure | None, error: type[BaseException] | None) -> End:
+        ctx = self.ctx
+        if error is not None:
+            failure = attempts.error_kind(
+                error, deadline_phase=ctx.deadline_phase, transport_error=ctx.transport_error
+            )
+            if self._span is not None:
+                # The type only: an exception's text may quote the request or the reply.
+                self._span.set_attribute(tm.ERROR_TYPE, error.__qualname__)
+        assert failure is not None
+        if ctx.disconnected:
+            self._settle(None, _DISCONNECTED)
+            return self._done()
+        if failure is _APP_ERROR:
+            # A bug in the app says nothing about the account: counting it would let one bad
+            # code path cool every account.
+            self._settle(None, failure)
+            return self._done()
+        if self.state is _FORWARDING:
+            self._settle(_FAULT, failure)
+            return self._done()  # the answer started: nothing can replace it
+        self._failure = failure  # an unfinished answer is never passed on
+        self._settle(_FAULT, failure)
+        return self._after_failure()
+
+    def _returned(self, held: object) -> End:
+        ctx, state = self.ctx, self.state
+        error = ctx.transport_error
+        if state is not _SENT and error is not None and (self._status or 0) >= 500:
+            # The framework answered the transport error itself (Litestar, Django): its 5xx
+            # is no upstream answer, so it is dropped as an escaping exception would be.
+            self._failure = attempts.error_kind(
+                error, deadline_phase=ctx.deadline_phase, transport_error=error
+            )
+            self._settle(_FAULT, self._failure)
+            return self._after_failure()
+        self._settle(*self._verdict(False, _DISCONNECTED if ctx.disconnected else None))
+        if state is _CHECKING:
+            self.state = _DONE
+            return Deliver(held)  # a 5xx held only to see whether a transport error followed
+        if state is _HOLDING and held is not None:
+            self._last = (held, ctx.account, ctx.resolved_model)
+        return self._after_failure()
+
+    def _verdict(self, finished: bool, gone: Gone | None) -> tuple[Outcome | None, str]:
+        ctx = self.ctx
+        return attempts.verdict(
+            self._status,
+            finished=finished,
+            gone=gone,
+            deadline_phase=ctx.deadline_phase,
+            upstream_status=ctx.upstream_status,
+        )
+
+    def _after_failure(self) -> End:
+        """The attempt failed before reaching the client: another may follow, or not."""
+        if self._may_go_on():
+            self.state = _BETWEEN
+            return NEXT
+        return self._give_up()
+
+    def _give_up(self) -> End:
+        """No attempt can follow: the last held upstream answer, else switchyard's own."""
+        self.state = _DONE
+        last = self._last
+        if last is not None:
+            # The exposed headers name the account that gave the answer.
+            held, self.ctx.account, self.ctx.resolved_model = last
+            return Deliver(held)
+        return self._refusal()
+
+    def _refusal(self) -> Refuse:
+        """switchyard's own answer when no upstream answer can be passed on."""
+        if self._failure in OUT_OF_TIME:
+            # The call's own timeout or the deadline, whichever came first: the app's
+            # framework may have answered before the deadline policy could.
+            return Refuse(answers.deadline_exceeded(Phase.TOTAL))
+        if self.tried:
+            return Refuse(answers.unreachable())
+        error, headers = self.engine.nothing_serves(self.ctx)
+        return Refuse(error, headers)
+
+    def _done(self) -> _Signal:
+        self.state = _DONE
+        return DONE
+
+    # --- leases and spans ---------------------------------------------------------------
+
+    def _acquire(self, models: tuple[str, ...], start: int) -> Send | ClaimProbe | None:
+        """The next attempt's lease among `models[start:]`, or None when no account can
+        take it now. A probe waits for the shared store's word when state is shared."""
+        engine = self.engine
+        pool = engine.pool
+        allowed = self.within if self.within is not None else engine.routable
+        for index in range(start, len(models)):
+            lease = pool.acquire(models[index], exclude=self.tried, allowed=allowed)
+            if lease is None:
+                continue
+            if lease.probe and pool.store is not None:
+                self._claim = (lease, models, index)
+                self.state = _CLAIMING
+                return ClaimProbe(lease.account)
+            return self._send(lease, models[index])
+        return None
+
+    def _send(self, lease: Lease, model: str) -> Send:
+        ctx, engine, tried = self.ctx, self.engine, self.tried
+        if model != ctx.resolved_model:
+            ctx.resolved_model = model  # the canary's base takes over; the body follows it
+        tried.append(lease.account)
+        if len(tried) > 1:
+            tm.failovers.add(1, {tm.RESPONSE_MODEL: model})
+        client = engine.start_attempt(ctx, lease)
+        ctx.upstream_status = ctx.deadline_phase = ctx.transport_error = None
+        self._lease, self._status, self._retry_headers = lease, None, None
+        self._failure = self._released = None
+        self.state = _SENT
+        if not self._traced:
+            return Send(lease, model, None)
+        span = self._span = engine.attempt_span(ctx, lease, self._parent)
+        view = ctx.view
+        self._client_span = tm.start_client_span(
+            span,
+            model=model,
+            base_url=client.base_url,
+            max_tokens=None if view is None else view.max_tokens,
+        )
+        return Send(lease, model, self._client_span)
+
+    def _take_lease(self) -> Lease:
+        lease, self._lease = self._lease, None
+        assert lease is not None
+        return lease
+
+    def _settle(self, outcome: Outcome | None, status: str, *, body_follows: bool = False) -> None:
+        """Give the attempt's lease back with what its end said about the account."""
+        lease = self._take_lease()
+        self.engine.settle(
+            lease,
+            outcome,
+            status,
+            self.ctx.resolved_model,
+            span=self._span,
+            retry=self._retry_headers,
+        )
+        if outcome is None and status in _NAMING and self._status is None:
+            self._released = status
+        if not body_follows:
+            self._end_spans()
+
+    def _end_spans(self) -> None:
+        """End the attempt's spans (once each); the CLIENT span carries the usage read."""
+        ctx = self.ctx
+        client_span, self._client_span = self._client_span, None
+        if client_span is not None:
+            status = ctx.upstream_status if ctx.upstream_status is not None else self._status
+            failure = self._failure or self._released
+            attempts.end_client_span(client_span, ctx, status=status, failure=failure)
+        span, self._span = self._span, None
+        if span is not None:
+            attempts.end_span(span, ctx.deadline_phase)
+
+    def _expect(self, *states: State) -> None:
+        if self.state not in states:
+            expected = " or ".join(s.name for s in states)
+            raise MachineError(f"expected {expected}, the machine is {self.state.name}")
