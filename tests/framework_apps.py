@@ -44,6 +44,9 @@ from switchyard_mw import (
 FRAMEWORKS = ("starlette", "fastapi", "litestar", "django")
 MODES = ("stack", "cooling", "judge", "variant", "deadline")
 LLM_PATHS = ("/v1/messages", "/v1/chat/completions")
+SYNC_VIEW_PATH = "/v1/responses"
+"""Django only: served by a sync view (`_django_llm_sync`)."""
+SYNC_VIEW_TIMEOUT_SECS = 30.0
 DEFAULT_KEY = "app-default-key"
 """The key the app sends to its default upstream (no account chosen): the mock scripts it."""
 DEADLINE_ALONE = {"timeout_secs": 1.0, "stream_idle_secs": 4.0}
@@ -264,6 +267,26 @@ async def _django_llm(request: Any) -> Any:
     return HttpResponse(data, status=response.status_code, content_type=media_type(response))
 
 
+def _django_llm_sync(request: Any) -> Any:
+    """A sync view, as many Django projects write them (here for the Responses path): Django
+    runs it in a thread, with a blocking client and a long timeout of its own (not
+    `timeout_for`): nothing can stop its call before the upstream answers."""
+    from django.http import HttpResponse
+
+    upstream = _django_upstream[-1]
+    ctx = current_context()
+    if ctx is not None and ctx.account is not None:
+        url, auth = ctx.account.url(request.path), dict(ctx.account.auth_headers())
+    else:
+        url, auth = upstream.default_url + request.path, {"x-api-key": DEFAULT_KEY}
+    headers = {"content-type": "application/json", **auth}
+    with httpx.Client(timeout=SYNC_VIEW_TIMEOUT_SECS) as client:
+        response = client.post(url, content=request.body, headers=headers)
+    return HttpResponse(
+        response.content, status=response.status_code, content_type=media_type(response)
+    )
+
+
 async def _django_hello(_: Any) -> Any:
     from django.http import HttpResponse
 
@@ -284,6 +307,7 @@ def __getattr__(name: str) -> Any:
 
         return [
             *(path(p.lstrip("/"), csrf_exempt(_django_llm)) for p in LLM_PATHS),
+            path(SYNC_VIEW_PATH.lstrip("/"), csrf_exempt(_django_llm_sync)),
             path("hello", _django_hello),
             path("echo", csrf_exempt(_django_echo)),
         ]

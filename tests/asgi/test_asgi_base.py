@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 from typing import Any
@@ -289,6 +290,61 @@ async def test_client_disconnect_cancels_the_app_and_its_finally_runs() -> None:
     await asyncio.wait_for(task, 5)  # returns cleanly: nobody left to answer
     assert finally_ran.is_set()
     assert sent == []
+    ctx = context_of(scope)
+    assert ctx is not None
+    assert ctx.disconnected
+
+
+async def test_client_disconnect_reaches_an_app_that_listens_in_a_task_of_its_own() -> None:
+    """Shaped as Django's ASGI handler: the view in one task, a listener for
+    `http.disconnect` in another. The listener must hear the disconnect before the request's
+    task is cancelled: cancelled first, the app stops waiting and its view runs on."""
+    view_ended: list[str] = []
+    started = asyncio.Event()
+
+    async def django_like(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+
+        async def listen() -> None:
+            await receive()
+
+        async def view() -> None:
+            started.set()
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                view_ended.append("cancelled")
+                raise
+
+        tasks = (asyncio.create_task(listen()), asyncio.create_task(view()))
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    body = {"type": "http.request", "body": b'{"model": "m", "messages": []}', "more_body": False}
+    messages = [body]
+    disconnect = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop(0)
+        await disconnect.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        raise AssertionError(message)
+
+    scope = _messages_scope()
+    task = asyncio.create_task(
+        VariantMiddleware(django_like, canaries=CANARIES)(scope, receive, send)
+    )
+    await asyncio.wait_for(started.wait(), 5)
+    await asyncio.sleep(0.3)  # past WATCH_AFTER_SECS: the watch reads `receive`
+    disconnect.set()
+    await asyncio.wait_for(task, 5)
+    assert view_ended == ["cancelled"]
     ctx = context_of(scope)
     assert ctx is not None
     assert ctx.disconnected

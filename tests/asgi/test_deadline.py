@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -13,6 +14,7 @@ import pytest
 
 from conftest import Metrics
 from switchyard_mw.accounts import Account
+from switchyard_mw.asgi._disconnect import LISTENER_GRACE_SECS
 from switchyard_mw.asgi.deadline import DeadlineMiddleware
 from switchyard_mw.config import LLMClient
 from switchyard_mw.context import RequestContext, context_of, current_context
@@ -432,3 +434,153 @@ async def test_alarm_moved_later_fires_at_the_new_time_and_earlier_re_arms() -> 
     assert not disarmed.fired
     assert not other.done()
     other.cancel()
+
+
+# --- cancelling the app's work in a framework that listens for a disconnect itself -----------
+
+
+def listening_app(*, ends_when_told: bool = True) -> tuple[App, dict[str, Any]]:
+    """An app shaped as Django's ASGI handler (`ASGIHandler.handle`): the view runs in a task
+    of its own beside one that waits for `http.disconnect`; whichever ends first, the other is
+    cancelled. `ends_when_told=False`: an app that listens but then waits for its view anyway.
+    `state["view"]` says how the view ended; `state["view_at"]` when (loop time)."""
+    state: dict[str, Any] = {"view": "running", "view_at": None, "heard": None}
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        loop = asyncio.get_running_loop()
+
+        async def listen() -> None:
+            state["heard"] = (await receive())["type"]
+
+        async def view() -> None:
+            try:
+                await asyncio.sleep(30)  # the upstream call
+            except asyncio.CancelledError:
+                state["view"], state["view_at"] = "cancelled", loop.time()
+                raise
+            state["view"] = "finished"
+
+        listener, work = asyncio.create_task(listen()), asyncio.create_task(view())
+        if not ends_when_told:
+            await work
+            return
+        await asyncio.wait((listener, work), return_when=asyncio.FIRST_COMPLETED)
+        for task in (listener, work):
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    return app, state
+
+
+async def test_an_app_that_listens_for_a_disconnect_is_told_and_ends_its_view() -> None:
+    """As Django: the deadline must not cancel the app's task while it waits on its view and
+    its listener (the view would run on); the listener hears `http.disconnect`, the app
+    cancels its view, and the client gets the 504 without waiting out the grace."""
+    app, state = listening_app()
+    mw = DeadlineMiddleware(app, timeout_secs=0.3)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    r = await post(mw, "/v1/messages", {"model": "m", "max_tokens": 1})
+    answered = loop.time()
+    assert r.status_code == 504
+    assert r.json()["error"]["type"] == "deadline_exceeded"
+    assert state["heard"] == "http.disconnect"
+    assert state["view"] == "cancelled"
+    assert 0.3 <= state["view_at"] - started < 0.3 + LISTENER_GRACE_SECS
+    assert answered - started < 0.3 + LISTENER_GRACE_SECS
+
+
+async def test_an_app_that_listens_but_goes_on_is_cancelled_after_the_grace() -> None:
+    app, state = listening_app(ends_when_told=False)
+    mw = DeadlineMiddleware(app, timeout_secs=0.3)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    r = await post(mw, "/v1/messages", {"model": "m", "max_tokens": 1})
+    assert r.status_code == 504
+    assert state["heard"] == "http.disconnect"
+    assert state["view"] == "cancelled"
+    assert 0.3 + LISTENER_GRACE_SECS <= state["view_at"] - started < 2
+
+
+async def test_after_the_deadline_receive_says_the_client_left() -> None:
+    """An app that swallows the cancellation and asks `receive` again hears
+    `http.disconnect` (it would wait for ever); it sends nothing, so the 504 is still sent."""
+    heard: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            heard.append((await asyncio.wait_for(receive(), 2))["type"])
+
+    mw = DeadlineMiddleware(app, timeout_secs=0.1)
+    r = await post(mw, "/v1/messages", {"model": "m", "max_tokens": 1})
+    assert heard == ["http.disconnect"]
+    assert r.status_code == 504
+    assert r.json()["error"]["type"] == "deadline_exceeded"
+
+
+async def test_a_listening_app_with_a_started_stream_gets_the_error_event() -> None:
+    """The listener told after the stream started: the app cancels its view, returns, and the
+    stream ends with the wire's error event."""
+    state: dict[str, Any] = {"view": "running"}
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+
+        async def listen() -> None:
+            await receive()
+
+        async def view() -> None:
+            headers = [(b"content-type", b"text/event-stream")]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": b"data: {}\n\n", "more_body": True})
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                state["view"] = "cancelled"
+                raise
+
+        tasks = (asyncio.create_task(listen()), asyncio.create_task(view()))
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    mw = DeadlineMiddleware(app, timeout_secs=1, stream_idle_secs=0.2)
+    r = await post(mw, "/v1/chat/completions", {"model": "m", "stream": True})
+    assert r.status_code == 200
+    events = r.text.split("\n\n")
+    assert events[0] == "data: {}"
+    assert json.loads(events[1].removeprefix("data: "))["error"]["type"] == "deadline_exceeded"
+    assert state["view"] == "cancelled"
+
+
+async def test_cleanup_that_waits_again_is_cancelled_again() -> None:
+    """A cancellation ends one wait; cleanup that waits again (Django joining a sync view's
+    thread) is cancelled again LISTENER_GRACE_SECS later, so the 504 does not wait for it."""
+    cleaned: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        try:
+            await asyncio.sleep(30)
+        finally:
+            try:
+                await asyncio.sleep(30)  # a join of work that cannot be interrupted
+            finally:
+                cleaned.append("cut short")
+
+    mw = DeadlineMiddleware(app, timeout_secs=0.2)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    r = await post(mw, "/v1/messages", {"model": "m", "max_tokens": 1})
+    elapsed = loop.time() - started
+    assert r.status_code == 504
+    assert cleaned == ["cut short"]
+    assert 0.2 + LISTENER_GRACE_SECS <= elapsed < 0.2 + 2 * LISTENER_GRACE_SECS + 0.5

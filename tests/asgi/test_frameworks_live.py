@@ -16,6 +16,10 @@ Each case has its own model, so the accounts of one case never answer another's:
 | m-alone-down | alone-down (a closed port)                     |
 | m-slow    | slow (the mock waits 3 s; timeout_secs 1)         |
 | m-stream  | streamer (1.5 s between chunks; timeout_secs 1, stream_idle_secs 4) |
+
+On a deadline the app's own upstream call must end too, not only the client's answer: the
+mock counts the requests it is still answering (`in_flight`), and a call the app dropped ends
+there as soon as its connection closes.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -352,6 +357,109 @@ def test_slow_upstream_is_504_deadline_exceeded(target: Target) -> None:
     assert error.value.status_code == 504
     assert error.value.response.json()["error"]["type"] == "deadline_exceeded"
     assert error.value.response.headers["x-switchyard-account"] == "slow"
+
+
+SLOW_SECS = 8.0
+"""How long the mock stalls in the cancellation rows: an app whose call ran on would still be
+in flight 7 s after the 504, far beyond the 1 s allowed."""
+DROPPED_WITHIN_SECS = 0.5
+"""Well under the 1 s past the deadline at which `timeout_for`'s own bound would end the call
+anyway (BACKSTOP_SECS): a dropped call ends within a few hundredths of a second."""
+
+
+def _dropped_after(mock: MockProvider, answered: float) -> float:
+    """Seconds from `answered` until the mock was answering no request (at most SLOW_SECS)."""
+    while mock.in_flight and time.monotonic() < answered + SLOW_SECS:
+        time.sleep(0.02)
+    return time.monotonic() - answered
+
+
+def _idle(mock: MockProvider) -> None:
+    """Wait for calls still running from an earlier row (an app that did not drop its own)."""
+    end = time.monotonic() + SLOW_SECS
+    while mock.in_flight and time.monotonic() < end:
+        time.sleep(0.05)
+
+
+def test_a_deadline_drops_the_apps_upstream_call(
+    target: Target, mock: tuple[MockProvider, str]
+) -> None:
+    """Before the response started: a 504 at the deadline (1 s), and the call the app was
+    waiting on is dropped with it."""
+    _idle(mock[0])
+    mock[0].set_behaviour(KEYS["KEY_SLOW"], Behaviour(headers_delay_secs=SLOW_SECS))
+    sent = time.monotonic()
+    with pytest.raises(anthropic.APIStatusError) as error:
+        _anthropic(target).messages.create(model="m-slow", max_tokens=16, messages=MESSAGES)
+    answered = time.monotonic()
+    assert error.value.status_code == 504
+    assert error.value.response.json()["error"]["type"] == "deadline_exceeded"
+    assert 0.9 <= answered - sent < SLOW_SECS / 2  # the deadline answered, not the upstream
+    assert len([r for r in mock[0].requests if r.key == KEYS["KEY_SLOW"]]) == 1
+    assert _dropped_after(mock[0], answered) <= DROPPED_WITHIN_SECS
+
+
+def test_an_idle_stream_drops_the_apps_upstream_call(
+    target: Target, mock: tuple[MockProvider, str]
+) -> None:
+    """After the response started: one delta, then the upstream goes quiet past
+    stream_idle_secs (4); the client gets the wire's error event, and the app's call (which
+    it was relaying) is dropped with it."""
+    _idle(mock[0])
+    mock[0].set_behaviour(
+        KEYS["KEY_STREAM"], Behaviour(chunks=3, stall_after_chunks=1, body_stall_secs=SLOW_SECS)
+    )
+    with (
+        pytest.raises(anthropic.APIStatusError) as error,
+        _anthropic(target).messages.stream(
+            model="m-stream", max_tokens=32, messages=MESSAGES
+        ) as stream,
+    ):
+        for _ in stream.text_stream:
+            pass
+    answered = time.monotonic()
+    body: Any = error.value.body
+    assert (error.value.status_code, body["error"]["type"]) == (200, "deadline_exceeded")
+    assert _dropped_after(mock[0], answered) <= DROPPED_WITHIN_SECS
+
+
+def test_a_client_that_leaves_drops_the_apps_upstream_call(
+    target: Target, mock: tuple[MockProvider, str]
+) -> None:
+    """The client gives up after 0.5 s (its own read timeout) on an upstream that stalls; the
+    app's call is dropped as soon as the stack notices (within WATCH_AFTER_SECS and a sweep)."""
+    _idle(mock[0])
+    mock[0].set_behaviour(KEYS["KEY_OK"], Behaviour(headers_delay_secs=SLOW_SECS))
+    payload = {"model": "m-ok", "max_tokens": 16, "messages": MESSAGES}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{target.url}/v1/messages", json=payload, timeout=httpx.Timeout(5, read=0.5))
+    left = time.monotonic()
+    assert len([r for r in mock[0].requests if r.key == KEYS["KEY_OK"]]) == 1
+    assert _dropped_after(mock[0], left) <= DROPPED_WITHIN_SECS
+
+
+def test_a_sync_django_view_does_not_hold_the_504(
+    target: Target, mock: tuple[MockProvider, str]
+) -> None:
+    """A sync view runs in a thread, which nothing can stop: its call runs on (see
+    docs/policies/deadline.md). The client's 504 must not wait for it: Django's handler
+    waits for the view's thread as the request ends, and the deadline cancels that wait."""
+    if target.name != "django":
+        pytest.skip("a Django view")
+    _idle(mock[0])
+    mock[0].set_behaviour(KEYS["KEY_SLOW"], Behaviour(headers_delay_secs=SLOW_SECS))
+    payload = {"model": "m-slow", "input": "hi", "max_output_tokens": 16}
+    sent = time.monotonic()
+    answer = httpx.post(
+        f"{target.url}{framework_apps.SYNC_VIEW_PATH}", json=payload, timeout=SLOW_SECS * 2
+    )
+    answered = time.monotonic()
+    assert answer.status_code == 504
+    assert answer.json()["error"]["code"] == "deadline_exceeded"
+    # The deadline (1 s), then the view's listener is told and the task cancelled at most
+    # four times 0.25 s apart: about 2 s at most, far from the 8 s the view's call takes.
+    assert 0.9 <= answered - sent < SLOW_SECS / 2
+    assert mock[0].in_flight == 1  # the view's own call, in its thread, runs on
 
 
 def test_stream_with_gaps_under_the_idle_limit_completes(target: Target) -> None:

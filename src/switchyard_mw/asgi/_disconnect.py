@@ -30,6 +30,16 @@ a shorter wait would add that cost exactly then. A departure from an LLM call th
 seconds is still noticed within a few tenths of a second."""
 
 
+LISTENER_GRACE_SECS = 0.25
+"""How long an app that listens for a disconnect in a task of its own has, once told, to end
+its work itself before the task serving the request is cancelled anyway.
+
+Django listens so, and cancels its view only when that listener hears `http.disconnect`:
+cancelling the request's task first would interrupt Django while it waits on both, and leave
+the view running to its end. Django ends it within a few loop turns of the message; the grace
+only delays an app that listens but then goes on regardless."""
+
+
 def running_loop() -> asyncio.AbstractEventLoop:
     """`asyncio.get_running_loop()`, without its system call on every request.
 
@@ -111,6 +121,7 @@ class DisconnectWatch(Deferred):
         "_due",
         "_gone",
         "_handle",
+        "_listener",
         "_loop",
         "_owner",
         "_receive",
@@ -136,6 +147,7 @@ class DisconnectWatch(Deferred):
         self._owner = owner  # the task serving the request: cancelled when the client leaves
         self._task: asyncio.Task[None] | None = None
         self._gone: asyncio.Event | None = None
+        self._listener: asyncio.Task[Any] | None = None  # a task waiting in `replay` for the end
         self._sent = False  # `replay` gave the body
         self._due = False  # the sweeper's time came during the read
         self._handle: asyncio.TimerHandle | None = None
@@ -195,7 +207,11 @@ class DisconnectWatch(Deferred):
             body = b"" if self._ctx is None else self._ctx.body_for_app()
             return {"type": "http.request", "body": body, "more_body": False}
         self.start()  # the app listens for a disconnect: watch from now on
-        await self.gone.wait()
+        self._listener = asyncio.current_task(self._loop)
+        try:
+            await self.gone.wait()
+        finally:
+            self._listener = None
         return {"type": "http.disconnect"}
 
     def _expire(self) -> None:
@@ -212,8 +228,15 @@ class DisconnectWatch(Deferred):
         if self._ctx is not None:
             self._ctx.disconnected = True
         self.gone.set()
-        if self._owner is not None:
-            self._owner.cancel("client disconnected")
+        owner, listener = self._owner, self._listener
+        if owner is None:
+            return
+        if listener is None or listener is owner:
+            owner.cancel("client disconnected")
+        else:  # the app hears it in a task of its own (Django): its turn to end its work
+            self._handle = self._loop.call_later(
+                LISTENER_GRACE_SECS, owner.cancel, "client disconnected"
+            )
 
 
 class _Sweeper:

@@ -1,7 +1,11 @@
 """DeadlineMiddleware: a total bound on every upstream attempt, growing with the output cap.
 
 The bound is an alarm that cancels the app's own task (no task group: the app keeps its
-ContextVars), as `asyncio.timeout` does but with no new timer per stream chunk. A stream's
+ContextVars), as `asyncio.timeout` does but with no new timer per stream chunk, and from then
+on the app's `receive` says `http.disconnect`. An app that listens for that in a task of its
+own when the time comes (Django, which cancels its view only then) is told first and given
+`LISTENER_GRACE_SECS` to end its work itself: cancelling the task first would leave the view
+running. Either way the client gets the expiry's answer. A stream's
 `send` moves it: the response must start within `timeout_secs`, and then every chunk re-arms
 it for `stream_idle_secs`. It is the one timer that decides an expiry: the outbound call's own
 bounds (the forwarder's, `timeout_for`'s) are none or set past it, so that every expiry is
@@ -11,6 +15,7 @@ answered and counted as `deadline_exceeded` with its phase, never as an upstream
 from __future__ import annotations
 
 import asyncio
+import enum
 import time
 from typing import Any
 
@@ -22,7 +27,13 @@ from ..errors import DeadlineExceededAfterStart as DeadlineExceededAfterStart
 from ..telemetry import names as tm
 from ..wire import StreamSequence, Wire, sequence_for, stream_error_event
 from ._base import PolicyMiddleware, send_error
-from ._disconnect import WATCH_AFTER_SECS, Deferred, defer, running_loop
+from ._disconnect import (
+    LISTENER_GRACE_SECS,
+    WATCH_AFTER_SECS,
+    Deferred,
+    defer,
+    running_loop,
+)
 from ._types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ["DEADLINE_EXCEEDED", "DeadlineExceededAfterStart", "DeadlineMiddleware"]
@@ -66,19 +77,36 @@ class DeadlineMiddleware(PolicyMiddleware):
         assert task is not None  # an ASGI app runs in a task
         idle = limits.stream_idle_secs if view.stream else None
         ctx.stream_idle_secs = idle
-        guard = _Guard(ctx, send, loop, task, first, idle, now)
+        guard = _Guard(ctx, receive, send, loop, task, first, idle, now)
         try:
-            await self.app(scope, receive, guard.send)
+            await self.app(scope, guard.receive, guard.send)
         except asyncio.CancelledError:
-            # Ours only if the alarm fired and nobody else cancelled the task as well.
-            if not guard.fired or task.uncancel() > 0:
+            # Ours only if the alarm cancelled it and nobody else cancelled the task as well.
+            if not guard.took_back_cancellation():
                 raise
             await guard.answer_expiry(view.wire)
         else:
-            if guard.fired:
-                task.uncancel()  # the app swallowed our cancellation and finished anyway
+            if guard.fired:  # the app ended its work once told, or swallowed our cancellation
+                await guard.ended_late(view.wire)
         finally:
             guard.cancel()
+
+
+class Expiry(enum.Enum):
+    """How far an alarm has gone in ending the app's work."""
+
+    PENDING = "pending"
+    """Its time has not come (or it was disarmed first)."""
+    TOLD = "told"
+    """The app's own listener heard `http.disconnect`; the task is cancelled if the app has not
+    ended its work within `LISTENER_GRACE_SECS`."""
+    CANCELLED = "cancelled"
+    """The task running the app was cancelled."""
+
+
+_MAX_CANCELS = 4
+"""How often an alarm cancels a task that has not ended (`LISTENER_GRACE_SECS` apart): the
+expiry's answer comes within about a second of the deadline, whatever the app waits on."""
 
 
 class _Alarm(Deferred):
@@ -92,7 +120,7 @@ class _Alarm(Deferred):
     stays cheap.
     """
 
-    __slots__ = ("_handle", "_loop", "_task", "fired", "when")
+    __slots__ = ("_cancels", "_handle", "_loop", "_task", "expiry", "when")
 
     def __init__(
         self,
@@ -105,13 +133,19 @@ class _Alarm(Deferred):
         self._task = task
         when = loop.time() + secs
         self.when: float | None = when
-        self.fired = False
+        self.expiry = Expiry.PENDING
+        self._cancels = 0  # how often it cancelled the task
         self._handle: asyncio.TimerHandle | None = None
         self._tick = None
         if secs > 2 * WATCH_AFTER_SECS:
             defer(self, loop)
         else:
             self._handle = loop.call_at(when, self._check)
+
+    @property
+    def fired(self) -> bool:
+        """Whether its time came (and it began ending the app's work)."""
+        return self.expiry is not Expiry.PENDING
 
     def start(self) -> None:
         """Called by the sweeper: the attempt outlasted the wait, so set the timer now."""
@@ -146,18 +180,55 @@ class _Alarm(Deferred):
         if self._loop.time() < self.when:
             self._handle = self._loop.call_at(self.when, self._check)
             return
-        self.fired = True
+        self._expire()
+
+    def _expire(self) -> None:
+        self._cancel_task()
+
+    def _cancel_task(self) -> None:
+        self._handle = None
+        if self._task.done():
+            return
+        self.expiry = Expiry.CANCELLED
+        self._cancels += 1
         self._task.cancel("switchyard deadline")
+        if self._cancels < _MAX_CANCELS:
+            # A cancellation ends one wait. Cleanup that waits on a thread takes one per wait
+            # (Django with a sync view: its request-finished signal, then asgiref's join of the
+            # view's thread), and the answer must not wait for the thread.
+            self._handle = self._loop.call_later(LISTENER_GRACE_SECS, self._cancel_task)
+
+    def took_back_cancellation(self) -> bool:
+        """Whether the task's cancellation was this alarm's alone: then it is taken back
+        (the task goes on to answer the expiry). Call once, where the cancellation arrived."""
+        if self.expiry is not Expiry.CANCELLED:
+            return False
+        self.cancel()  # no further cancellation while the expiry is answered
+        left = self._task.cancelling()
+        for _ in range(self._cancels):
+            left = self._task.uncancel()
+        return left == 0
 
 
 class _Guard(_Alarm):
     """One attempt's alarm and the `send` that moves it; per attempt, never shared."""
 
-    __slots__ = ("_idle", "_sequence", "_start", "ctx", "raw_send")
+    __slots__ = (
+        "_complete",
+        "_idle",
+        "_listener",
+        "_sequence",
+        "_start",
+        "_told",
+        "ctx",
+        "raw_receive",
+        "raw_send",
+    )
 
     def __init__(
         self,
         ctx: RequestContext,
+        receive: Receive,
         send: Send,
         loop: asyncio.AbstractEventLoop,
         task: asyncio.Task[Any],
@@ -168,11 +239,15 @@ class _Guard(_Alarm):
         """`first`: the bound until the response starts; `idle`: a stream's gap limit, re-armed
         by every chunk (None: not a stream); `now`: `time.monotonic()`."""
         self.ctx = ctx
+        self.raw_receive = receive
         self.raw_send = send
         self._idle = idle
         self._start: Message | None = None  # the response's start, once sent
         # A Responses stream's error event follows the last event number that passed.
         self._sequence: StreamSequence | None = sequence_for(ctx.wire) if idle is not None else None
+        self._complete = False  # the response's last message was sent
+        self._listener: asyncio.Task[Any] | None = None  # another task waiting in `receive`
+        self._told: asyncio.Task[Any] | None = None  # the listener we cancelled to tell it
         _Alarm.__init__(self, loop, task, self._bound(first, now))  # not super(): per attempt
 
     def _bound(self, secs: float, now: float) -> float:
@@ -182,6 +257,38 @@ class _Guard(_Alarm):
             secs = max(budget_at - now, 0.0)
         return secs
 
+    async def receive(self) -> Message:
+        """The app's `receive`: `http.disconnect` once the deadline passed.
+
+        A task other than the one serving the request that waits here (a framework's
+        disconnect listener) is noted, so that the alarm can tell it: it is cancelled, and
+        the cancellation is turned here into the `http.disconnect` it waits for.
+        """
+        if self.expiry is not Expiry.PENDING:
+            return {"type": "http.disconnect"}
+        task = asyncio.current_task(self._loop)
+        if task is self._task:  # the app's own task: cancelling it reaches it anyway
+            return await self.raw_receive()
+        self._listener = task
+        try:
+            return await self.raw_receive()
+        except asyncio.CancelledError:
+            if task is None or self._told is not task or task.uncancel() > 0:
+                raise  # not (only) ours: the app's own cancellation goes on
+            return {"type": "http.disconnect"}
+        finally:
+            self._listener = None
+
+    def _expire(self) -> None:
+        listener = self._listener
+        if listener is None or listener.done():
+            self._cancel_task()
+            return
+        self.expiry = Expiry.TOLD
+        self._told = listener
+        listener.cancel("switchyard deadline")
+        self._handle = self._loop.call_later(LISTENER_GRACE_SECS, self._cancel_task)
+
     async def send(self, message: Message) -> None:
         kind = message["type"]
         if kind == "http.response.start":
@@ -190,6 +297,7 @@ class _Guard(_Alarm):
                 self._rearm(self._idle)
         elif kind == "http.response.body":
             if not message.get("more_body", False):
+                self._complete = True
                 self.cancel()
             elif self._idle is not None:
                 self._rearm(self._idle)
@@ -218,6 +326,16 @@ class _Guard(_Alarm):
         if self._start is None:
             return "headers" if self._idle is not None else "total"
         return "idle" if self._idle is not None else "total"
+
+    async def ended_late(self, wire: Wire) -> None:
+        """The app returned after the deadline passed: it ended its work once told (Django
+        then returns without a response), or swallowed the cancellation. A response the app
+        did not complete is answered as the expiry."""
+        self.cancel()
+        for _ in range(self._cancels):
+            self._task.uncancel()
+        if not self._complete:
+            await self.answer_expiry(wire)
 
     async def answer_expiry(self, wire: Wire) -> None:
         phase = self._phase()
