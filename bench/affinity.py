@@ -3,7 +3,7 @@
 300 conversations x 8 turns over 3 accounts of one model (Anthropic Messages wire), through
 switchyard_stack and the gateway's forwarder to the mock provider (which keeps a prompt cache
 per API key), all in one process. Turns go out interleaved (turn 1 of every conversation, then
-turn 2, ..., the conversations in a shuffled order each turn), as concurrent conversations do. Three runs:
+turn 2, ..., the conversations shuffled each turn), as concurrent conversations do. Three runs:
 
 - affinity: as shipped (a conversation's key picks its account by rendezvous hashing);
 - rotation: the same with the conversation key withheld, i.e. the rotation that serves
@@ -73,7 +73,7 @@ async def run(mode: str) -> dict[str, Any]:
     stack = switchyard_stack(app, config=parse_config(CONFIG), environ=ENVIRON)
     keyed = policies.conversation_key
     if mode == "rotation":
-        policies.conversation_key = lambda ctx: None  # type: ignore[assignment]
+        policies.conversation_key = lambda ctx: None
     history: list[list[dict[str, Any]]] = [[] for _ in range(CONVERSATIONS)]
     placed: list[list[str]] = [[] for _ in range(CONVERSATIONS)]
     read = total = hit_turns = whole_hits = 0
@@ -114,7 +114,7 @@ async def run(mode: str) -> dict[str, Any]:
                 placed[conv].append(ACCOUNT_OF_KEY[mock.requests[-1].key])
                 messages.append({"role": "assistant", "content": data["content"]})
     finally:
-        policies.conversation_key = keyed  # type: ignore[assignment]
+        policies.conversation_key = keyed
         await client.aclose()
         await upstream.aclose()
     shares = collections.Counter(a for conv in placed for a in conv)
