@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import collections
 import re
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -145,7 +145,7 @@ class _Seen:
 
     def __init__(self, wire: Wire | None) -> None:
         self.wire = wire
-        self.fields: dict[str, int] = {}
+        self.fields: dict[str, Any] = {}  # ints, and the OpenAI details objects
 
     def add(self, usage: Usage | None) -> None:
         if usage is None:
