@@ -16,7 +16,8 @@ from switchyard_mw.engine.usage import (
     Tokens,
     answer_tokens,
 )
-from switchyard_mw.testing import _wire_replies as replies
+from switchyard_mw.testing import _anthropic_replies, _chat_replies, _responses_replies
+from switchyard_mw.testing._replies import ReplyContext
 from switchyard_mw.wire import Wire
 from usage_streams import ANTHROPIC_STREAM, CHAT_STREAM, RESPONSES_STREAM
 
@@ -165,29 +166,29 @@ def test_a_huge_json_answer_is_read_from_its_tail_with_bounded_memory() -> None:
 
 
 @pytest.mark.parametrize(
-    ("wire", "reply", "stream", "expected"),
+    ("wire", "replies", "expected"),
     [
-        (Wire.ANTHROPIC, replies.anthropic_reply, replies.anthropic_stream, (100, 60, 30)),
-        (Wire.OPENAI_CHAT, replies.chat_reply, replies.chat_stream, (100, 60, None)),
-        (Wire.OPENAI_RESPONSES, replies.responses_reply, replies.responses_stream, (100, 60, None)),
+        (Wire.ANTHROPIC, _anthropic_replies, (100, 60, 30)),
+        (Wire.OPENAI_CHAT, _chat_replies, (100, 60, None)),
+        (Wire.OPENAI_RESPONSES, _responses_replies, (100, 60, None)),
     ],
     ids=IDS,
 )
 def test_cache_reads_and_writes_are_read_from_answers_and_streams(
-    wire: Wire, reply: Any, stream: Any, expected: tuple[int, int, int | None]
+    wire: Wire, replies: Any, expected: tuple[int, int, int | None]
 ) -> None:
-    ctx = replies.ReplyContext(
+    ctx = ReplyContext(
         model="m",
         text="hi",
         parts=("hi",),
-        input_tokens=100,
+        input_tokens=10,  # neither read from nor written to the cache
         output_tokens=5,
         include_usage=True,
-        cached_tokens=60,
+        cache_read_tokens=60,
         cache_write_tokens=30,
     )
     inputs, read, written = expected
     want = Tokens(inputs, 5, read, written)
-    assert answer_tokens(wire, reply(ctx)) == want
-    plan = stream(ctx)
+    assert answer_tokens(wire, replies.reply(ctx)) == want
+    plan = replies.stream(ctx)
     assert read_stream(wire, [plan.prelude, *plan.deltas, plan.epilogue]) == want
