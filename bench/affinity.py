@@ -33,7 +33,7 @@ from starlette.routing import Route
 
 from switchyard_mw.asgi.stack import switchyard_stack
 from switchyard_mw.config import parse_config
-from switchyard_mw.engine import policies
+from switchyard_mw.engine import machine
 from switchyard_mw.gateway import WIRE_ROUTES, Forwarder
 from switchyard_mw.testing.mock_provider import Behaviour, MockProvider
 
@@ -71,9 +71,9 @@ async def run(mode: str) -> dict[str, Any]:
     forwarder = Forwarder(upstream)
     app = Starlette(routes=[Route(p, forwarder, methods=["POST"]) for p in WIRE_ROUTES])
     stack = switchyard_stack(app, config=parse_config(CONFIG), environ=ENVIRON)
-    keyed = policies.conversation_key
+    keyed = machine.conversation_key
     if mode == "rotation":
-        policies.conversation_key = lambda ctx: None
+        machine.conversation_key = lambda ctx: None
     history: list[list[dict[str, Any]]] = [[] for _ in range(CONVERSATIONS)]
     placed: list[list[str]] = [[] for _ in range(CONVERSATIONS)]
     read = total = hit_turns = whole_hits = 0
@@ -114,7 +114,7 @@ async def run(mode: str) -> dict[str, Any]:
                 placed[conv].append(ACCOUNT_OF_KEY[mock.requests[-1].key])
                 messages.append({"role": "assistant", "content": data["content"]})
     finally:
-        policies.conversation_key = keyed
+        machine.conversation_key = keyed
         await client.aclose()
         await upstream.aclose()
     shares = collections.Counter(a for conv in placed for a in conv)

@@ -202,4 +202,3 @@ async def judge_model(judge: Judge, ctx: RequestContext, gone: Callable[[], bool
         return
     decision = await judge.decide(view.model, view, ctx.body or b"", ctx.budget_at, gone=gone)
     ctx.resolved_model, ctx.route = decision.model, decision.route_header
-
