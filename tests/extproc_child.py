@@ -59,8 +59,9 @@ class CountingPool(AccountPool):
         *,
         exclude: Collection[str] = (),
         allowed: Collection[str] | None = None,
+        key: int | None = None,
     ) -> Lease | None:
-        lease = super().acquire(model, exclude=exclude, allowed=allowed)
+        lease = super().acquire(model, exclude=exclude, allowed=allowed, key=key)
         self.out += lease is not None
         return lease
 

@@ -106,6 +106,7 @@ def pool_from_accounts(accounts: Mapping[str, Account], *, clock: Clock = monoto
                 cooldown_secs=c.spec.cooldown_secs,
                 max_cooldown_secs=c.spec.max_cooldown_secs,
                 max_throttle_secs=c.spec.max_throttle_secs,
+                weight=c.spec.weight,
             )
             for name, c in accounts.items()
         ],

@@ -61,6 +61,9 @@ class LLMClient(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """The cap of the cooling period (at least `cooldown_secs`)."""
     max_throttle_secs: PositiveSecs = 60.0
     """The longest a 429's retry time keeps this account out of rotation for one model."""
+    weight: Annotated[float, Meta(gt=0, le=1e6)] = 1.0
+    """Its share of conversations among the accounts of its priority: a conversation's turns
+    go to one account, chosen by rendezvous hashing weighted by this (see Account affinity)."""
     envoy_cluster: str | None = None
     """ext_proc mode: the Envoy cluster that reaches `base_url` (unset: not routable there)."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from typing import Any
 
 import pytest
 
@@ -15,11 +16,13 @@ from switchyard_mw.engine.usage import (
     Tokens,
     answer_tokens,
 )
+from switchyard_mw.testing import _anthropic_replies, _chat_replies, _responses_replies
+from switchyard_mw.testing._replies import ReplyContext
 from switchyard_mw.wire import Wire
 from usage_streams import ANTHROPIC_STREAM, CHAT_STREAM, RESPONSES_STREAM
 
 STREAMS = [
-    (Wire.ANTHROPIC, ANTHROPIC_STREAM, Tokens(15, 42)),
+    (Wire.ANTHROPIC, ANTHROPIC_STREAM, Tokens(15, 42, cache_read=5)),
     (Wire.OPENAI_CHAT, CHAT_STREAM, Tokens(7, 3)),
     (Wire.OPENAI_RESPONSES, RESPONSES_STREAM, Tokens(8, 9)),
 ]
@@ -111,7 +114,7 @@ ANSWERS = [
     (
         Wire.ANTHROPIC,
         {"usage": {"input_tokens": 10, "output_tokens": 5, "cache_read_input_tokens": 90}},
-        Tokens(100, 5),
+        Tokens(100, 5, cache_read=90),
     ),
     (
         Wire.OPENAI_CHAT,
@@ -160,3 +163,32 @@ def test_a_huge_json_answer_is_read_from_its_tail_with_bounded_memory() -> None:
         usage.feed(body[i : i + 10_000])
         assert usage.held <= WINDOW
     assert usage.end() == Tokens(321, 654)
+
+
+@pytest.mark.parametrize(
+    ("wire", "replies", "expected"),
+    [
+        (Wire.ANTHROPIC, _anthropic_replies, (100, 60, 30)),
+        (Wire.OPENAI_CHAT, _chat_replies, (100, 60, None)),
+        (Wire.OPENAI_RESPONSES, _responses_replies, (100, 60, None)),
+    ],
+    ids=IDS,
+)
+def test_cache_reads_and_writes_are_read_from_answers_and_streams(
+    wire: Wire, replies: Any, expected: tuple[int, int, int | None]
+) -> None:
+    ctx = ReplyContext(
+        model="m",
+        text="hi",
+        parts=("hi",),
+        input_tokens=10,  # neither read from nor written to the cache
+        output_tokens=5,
+        include_usage=True,
+        cache_read_tokens=60,
+        cache_write_tokens=30,
+    )
+    inputs, read, written = expected
+    want = Tokens(inputs, 5, read, written)
+    assert answer_tokens(wire, replies.reply(ctx)) == want
+    plan = replies.stream(ctx)
+    assert read_stream(wire, [plan.prelude, *plan.deltas, plan.epilogue]) == want

@@ -30,6 +30,8 @@ class AccountSpec:
     max_cooldown_secs: float = 300.0
     max_throttle_secs: float = 60.0
     """The longest a 429's retry time may keep this account out of rotation for a model."""
+    weight: float = 1.0
+    """Its share of conversations among the accounts of its priority (rendezvous weight)."""
 
     def __post_init__(self) -> None:
         # A bare string would silently become a set of characters.
@@ -45,6 +47,8 @@ class AccountSpec:
             raise ValueError(f"account {self.name!r}: max_cooldown_secs must be >= cooldown_secs")
         if not self.max_throttle_secs > 0:
             raise ValueError(f"account {self.name!r}: max_throttle_secs must be > 0")
+        if not (self.weight > 0 and math.isfinite(self.weight)):
+            raise ValueError(f"account {self.name!r}: weight must be > 0 and finite")
 
     def serves(self, model: str) -> bool:
         """Whether this account may be used for ``model``."""

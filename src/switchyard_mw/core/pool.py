@@ -29,6 +29,7 @@ import math
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
+from switchyard_mw.core import affinity
 from switchyard_mw.core.breaker import AccountSpec as AccountSpec
 from switchyard_mw.core.breaker import AccountStatus as AccountStatus
 from switchyard_mw.core.breaker import Admit, Breaker
@@ -109,13 +110,21 @@ class Lease:
 
 
 class _Group:
-    """Accounts of one priority serving one model, with its round-robin cursor."""
+    """Accounts of one priority serving one model, with its round-robin cursor (requests
+    without a conversation key) and each member's rendezvous seed and weight (with one)."""
 
-    __slots__ = ("cursor", "members")
+    __slots__ = ("cursor", "members", "seeds", "weights")
 
     def __init__(self, members: tuple[Breaker, ...]) -> None:
         self.members = members
         self.cursor = 0
+        self.seeds = tuple(affinity.seed(b.name) for b in members)
+        self.weights = tuple(b.spec.weight for b in members)
+
+    def rendezvous(self, key: int) -> list[Breaker]:
+        """The members in the key's rendezvous order (best first)."""
+        members = self.members
+        return [members[i] for i in affinity.order(key, self.seeds, self.weights)]
 
 
 class _Route:
@@ -249,41 +258,69 @@ class AccountPool:
         *,
         exclude: Collection[str] = (),
         allowed: Collection[str] | None = None,
+        key: int | None = None,
     ) -> Lease | None:
         """The next account to try for ``model``, or None when none is eligible.
 
         Eligible: serves the model, not in ``exclude``, in ``allowed`` if given, and closed or
         due a probe (then the lease has ``probe=True`` and nobody else gets that account until
-        the lease is recorded or released). Lowest priority value first; equal priorities take
+        the lease is recorded or released). Lowest priority value first. Within a priority, a
+        request with a conversation ``key`` (:func:`~switchyard_mw.core.affinity.key_hash`)
+        takes the first eligible account in the key's rendezvous order; one without takes
         turns (round-robin per model and priority).
         """
         route = self._route(model)
         if route is None:
             return None
         now = self._clock()
-        holds = self._holds
         for group in route.groups:
+            if key is not None and len(group.members) > 1:
+                # Its conversation's account, else the next in its order: a cooled, held or
+                # tried account moves only its own conversations.
+                for b in group.rendezvous(key):
+                    if self._eligible(b, model, now, exclude, allowed):
+                        lease = self._lease(b, now)
+                        if lease is not None:
+                            return lease
+                continue
             members = group.members
             n = len(members)
             idx = group.cursor
             for _ in range(n):
                 b = members[idx]
                 idx = idx + 1 if idx + 1 < n else 0
-                if b.name in exclude or (allowed is not None and b.name not in allowed):
-                    continue
-                if holds and holds.get((b.name, model), -math.inf) > now:
-                    continue
-                admit = b.admit(now)
-                if admit is _DENY:
-                    continue
-                # Next caller starts after this account: even spreading within the group.
-                group.cursor = idx
-                if admit is _GRANT:
-                    return self._grants[b.name]
-                lease = Lease(b.name, True)
-                self._probes[b.name] = lease
-                return lease
+                if self._eligible(b, model, now, exclude, allowed):
+                    # Next caller starts after this account: even spreading within the group.
+                    lease = self._lease(b, now)
+                    if lease is not None:
+                        group.cursor = idx
+                        return lease
         return None
+
+    def _eligible(
+        self,
+        b: Breaker,
+        model: str,
+        now: float,
+        exclude: Collection[str],
+        allowed: Collection[str] | None,
+    ) -> bool:
+        """Whether `b` may take an attempt for `model`, its breaker aside."""
+        if b.name in exclude or (allowed is not None and b.name not in allowed):
+            return False
+        holds = self._holds
+        return not (holds and holds.get((b.name, model), -math.inf) > now)
+
+    def _lease(self, b: Breaker, now: float) -> Lease | None:
+        """A lease on `b` if its breaker admits an attempt now (a probe claims its slot)."""
+        admit = b.admit(now)
+        if admit is _DENY:
+            return None
+        if admit is _GRANT:
+            return self._grants[b.name]
+        lease = Lease(b.name, True)
+        self._probes[b.name] = lease
+        return lease
 
     @property
     def store(self) -> StateStore | None:

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING
 from opentelemetry import trace
 
 from ..context import RequestContext
+from ..core.affinity import key_hash
 from ..core.clock import Clock, monotonic
 from ..core.pool import Lease, Outcome
 from ..core.shared import Shared
@@ -234,6 +235,7 @@ class AttemptMachine:
         "_clock",
         "_closed",
         "_failure",
+        "_key",
         "_last",
         "_lease",
         "_more",
@@ -287,6 +289,7 @@ class AttemptMachine:
         self._span: trace.Span | None = None
         self._client_span: trace.Span | None = None
         self._budget_bound = False
+        self._key: int | None = None  # the conversation's, worked out once in `begin`
 
     def __repr__(self) -> str:
         return f"<AttemptMachine {self.state.name} tried={self.tried}>"
@@ -312,10 +315,11 @@ class AttemptMachine:
         if model is None or ctx.view is None:
             self.state = _DONE
             return PASS_THROUGH
+        self._key = key = conversation_key(ctx)
         pool = engine.pool
         if pool.store is None:
             # The usual first attempt, with nothing shared to ask.
-            lease = pool.acquire(model, allowed=engine.routable)
+            lease = pool.acquire(model, allowed=engine.routable, key=key)
             if lease is not None:
                 return self._send(lease, model)
         if not engine.places(ctx):
@@ -639,8 +643,9 @@ class AttemptMachine:
         engine = self.engine
         pool = engine.pool
         allowed = self.within if self.within is not None else engine.routable
+        key = self._key
         for index in range(start, len(models)):
-            lease = pool.acquire(models[index], exclude=self.tried, allowed=allowed)
+            lease = pool.acquire(models[index], exclude=self.tried, allowed=allowed, key=key)
             if lease is None:
                 continue
             if lease.probe and pool.store is not None:
@@ -711,3 +716,13 @@ class AttemptMachine:
         if self.state not in states:
             expected = " or ".join(s.name for s in states)
             raise MachineError(f"expected {expected}, the machine is {self.state.name}")
+
+
+def conversation_key(ctx: RequestContext) -> int | None:
+    """The request's account-affinity key: variant stickiness's key (the user id where the
+    request carries one, else its first user turn's hash), as a 64-bit number; None: none."""
+    view = ctx.view
+    if view is None:
+        return None
+    key = view.user_key or view.first_turn_hash
+    return None if key is None else key_hash(key)

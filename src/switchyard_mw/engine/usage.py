@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import collections
 import re
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -28,10 +28,17 @@ WINDOW = 64 << 10
 
 
 class Tokens(NamedTuple):
-    """What an answer used; None where it did not say."""
+    """What an answer used; None where it did not say. `cache_read` and `cache_write` are
+    the part of `input` read from and written to the provider's prompt cache."""
 
     input: int | None
     output: int | None
+    cache_read: int | None = None
+    cache_write: int | None = None
+
+
+class _Details(msgspec.Struct):
+    cached_tokens: int | None = None  # OpenAI: input tokens read from the prompt cache
 
 
 class Usage(msgspec.Struct):
@@ -41,6 +48,8 @@ class Usage(msgspec.Struct):
     cache_creation_input_tokens: int | None = None
     prompt_tokens: int | None = None  # OpenAI Chat Completions
     completion_tokens: int | None = None
+    prompt_tokens_details: _Details | None = None  # OpenAI Chat Completions
+    input_tokens_details: _Details | None = None  # OpenAI Responses
 
 
 class _Answer(msgspec.Struct):
@@ -64,11 +73,17 @@ _OPEN, _CLOSE, _QUOTE, _BACKSLASH = b'{}"\\'
 
 def tokens_of(wire: Wire | None, usage: Usage) -> Tokens:
     if wire is Wire.OPENAI_CHAT or usage.input_tokens is None:
-        return Tokens(usage.prompt_tokens, usage.completion_tokens)
+        details = usage.prompt_tokens_details
+        cached = None if details is None else details.cached_tokens
+        return Tokens(usage.prompt_tokens, usage.completion_tokens, cached)
     inputs = usage.input_tokens
     if wire is Wire.ANTHROPIC:
-        inputs += (usage.cache_read_input_tokens or 0) + (usage.cache_creation_input_tokens or 0)
-    return Tokens(inputs, usage.output_tokens)
+        read, written = usage.cache_read_input_tokens, usage.cache_creation_input_tokens
+        inputs += (read or 0) + (written or 0)
+        return Tokens(inputs, usage.output_tokens, read, written)
+    details = usage.input_tokens_details
+    cached = None if details is None else details.cached_tokens
+    return Tokens(inputs, usage.output_tokens, cached)
 
 
 def answer_tokens(wire: Wire | None, body: bytes) -> Tokens | None:
@@ -130,7 +145,7 @@ class _Seen:
 
     def __init__(self, wire: Wire | None) -> None:
         self.wire = wire
-        self.fields: dict[str, int] = {}
+        self.fields: dict[str, Any] = {}  # ints, and the OpenAI details objects
 
     def add(self, usage: Usage | None) -> None:
         if usage is None:

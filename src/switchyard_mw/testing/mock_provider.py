@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import dataclasses
 import gzip
 import re
 import uuid
@@ -45,6 +46,7 @@ from switchyard_mw.testing._asgi import (
     send_whole,
     unless_disconnected,
 )
+from switchyard_mw.testing._prompt_cache import PromptCache
 from switchyard_mw.testing._replies import ReplyContext, StreamPlan
 from switchyard_mw.testing._tool_calls import split_text, tool_calls
 from switchyard_mw.testing._wire_replies import ENDPOINTS, Endpoint, ErrorStyle, error_body
@@ -168,8 +170,17 @@ class MockProvider:
     `httpx.ASGITransport`) in a test; `switchyard-mw mock` serves one.
     """
 
-    def __init__(self, *, reply: str = DEFAULT_REPLY, max_recorded_requests: int = 10_000) -> None:
+    def __init__(
+        self,
+        *,
+        reply: str = DEFAULT_REPLY,
+        max_recorded_requests: int = 10_000,
+        cache_ttl_secs: float = 300.0,
+    ) -> None:
         self.default_reply = reply
+        # A prompt cache per API key: a prefix seen under the key within the TTL is a cache
+        # read, reported in usage as each wire does (so affinity's effect shows offline).
+        self.prompt_cache = PromptCache(ttl_secs=cache_ttl_secs)
         self._behaviours: dict[str, Behaviour] = {}
         # Bounded so that a long soak test against one mock cannot grow without limit.
         self._records: collections.deque[RecordedRequest] = collections.deque(
@@ -220,6 +231,7 @@ class MockProvider:
         """Forget all behaviours and recorded requests."""
         self.reset_behaviours()
         self.clear_requests()
+        self.prompt_cache.clear()
 
     # --- ASGI ---------------------------------------------------------------------------
 
@@ -265,6 +277,8 @@ class MockProvider:
         ctx = None
         if behaviour.status == 200 and isinstance(payload, dict):
             ctx = self._reply_context(endpoint, fields, behaviour, len(body))
+            if not (behaviour.cache_read_tokens or behaviour.cache_write_tokens):
+                ctx = self._cached(ctx, key, model, fields)  # set counts win over the cache
         self._records.append(
             RecordedRequest(
                 path=scope["path"],
@@ -290,6 +304,21 @@ class MockProvider:
         else:
             gzipped = behaviour.content_encoding == "gzip" and _accepts_gzip(headers)
             await _reply(endpoint, ctx, behaviour, send, gzipped=gzipped)
+
+    def _cached(
+        self, ctx: ReplyContext, key: str, model: str | None, fields: dict[str, Any]
+    ) -> ReplyContext:
+        """`ctx` with its input split into what the prompt cache read, wrote and neither."""
+        cached, prompt = self.prompt_cache.read(key, model, fields)
+        total = ctx.input_tokens
+        read = min(cached // 4, total)
+        written = min(max(0, prompt // 4 - read), total - read)
+        return dataclasses.replace(
+            ctx,
+            input_tokens=total - read - written,
+            cache_read_tokens=read,
+            cache_write_tokens=written,
+        )
 
     def _reply_context(
         self, endpoint: Endpoint, fields: dict[str, Any], behaviour: Behaviour, size: int
