@@ -173,7 +173,7 @@ def test_the_wrapped_app_answers_streams_fails_over_and_stops(running: Running) 
     assert len(faults) == 1, metrics.text
     assert float(faults[0].rsplit(" ", 1)[1]) == 2  # the two refused calls above
     accounts = httpx.get(f"{running.url}/switchyard/accounts").json()["accounts"]
-    assert {a["name"] for a in accounts} == {"mock-a", "mock-b", "mock-judge"}
+    assert {a["name"] for a in accounts} == {"mock-a", "mock-b", "mock-cloud", "mock-judge"}
 
     assert _stop(running.app) == 0
     assert "Traceback" not in running.log.read_text(), running.log.read_text()

@@ -15,6 +15,7 @@ from opentelemetry import propagate
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from extproc_helpers import Stream, removes, request_body, request_headers, response_headers, sets
+from switchyard_mw import wire as wire_module
 from switchyard_mw.accounts import build_accounts
 from switchyard_mw.config import parse_config
 from switchyard_mw.core.variants import Split
@@ -22,7 +23,6 @@ from switchyard_mw.extproc import ExtProcServicer, Policies
 from switchyard_mw.extproc import _messages as msg
 from switchyard_mw.extproc import router as router_module
 from switchyard_mw.telemetry import names as tm
-from switchyard_mw.wire import RequestView
 
 CONFIG = """
 [llm_clients.a]
@@ -129,14 +129,16 @@ def test_header_options_built_once_are_bounded() -> None:
 async def test_the_first_turn_is_hashed_only_without_a_user_id(
     servicer: ExtProcServicer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Counted where the hash is computed: the view keeps it, however often it is read
+    # (the variant split and the account affinity both read it).
     hashed: list[bool] = []
-    original = RequestView.first_turn_hash
+    original = wire_module._turn_hash_of
 
-    def counting(view: RequestView) -> str | None:
+    def counting(turn: Any) -> str:
         hashed.append(True)
-        return original.fget(view)  # type: ignore[attr-defined, no-any-return]
+        return original(turn)
 
-    monkeypatch.setattr(RequestView, "first_turn_hash", property(counting))
+    monkeypatch.setattr(wire_module, "_turn_hash_of", counting)
     with_user = await one_request(servicer, body("u1"))
     assert hashed == []
     without_user = await one_request(servicer, body(None))

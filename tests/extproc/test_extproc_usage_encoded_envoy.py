@@ -35,6 +35,7 @@ from switchyard_mw.telemetry import names as tm
 from switchyard_mw.telemetry import request_metrics as rm
 from switchyard_mw.testing import MockProvider
 from switchyard_mw.testing.envoy import envoy_binary, run_envoy, with_ports
+from usage_streams import all_input
 
 try:
     envoy_binary()
@@ -208,7 +209,7 @@ async def test_a_compressed_json_answer_through_the_sdk(rig: Rig, encoding: str)
     assert response.headers["content-encoding"] == encoding  # compressed on the wire
     message = await response.parse()
     assert message.content[0].text == REPLY  # type: ignore[union-attr]
-    assert tokens(before) == (message.usage.input_tokens, message.usage.output_tokens)
+    assert tokens(before) == (all_input(message.usage), message.usage.output_tokens)
 
 
 async def test_a_gzip_stream_through_the_sdk(rig: Rig) -> None:
@@ -248,7 +249,7 @@ async def test_a_json_answer_over_the_whole_answer_bound(rig: Rig, encoding: str
     if encoding == "identity":  # a long plain answer: over the bound as sent
         assert len(answer.content) > body_usage.WHOLE_ANSWER_MAX
     usage = sent["usage"]
-    assert tokens(before) == (usage["input_tokens"], usage["output_tokens"])
+    assert tokens(before) == (all_input(usage), usage["output_tokens"])
 
 
 async def test_a_decompression_bomb_is_counted_unread(rig: Rig, otel_metrics: Metrics) -> None:

@@ -26,6 +26,7 @@ from switchyard_mw.telemetry import names as tm
 from switchyard_mw.telemetry import request_metrics as rm
 from switchyard_mw.testing import Behaviour, MockProvider
 from switchyard_mw.testing.envoy import envoy_binary, run_envoy, with_ports
+from usage_streams import all_input
 
 try:
     envoy_binary()
@@ -146,7 +147,7 @@ def tally() -> Tally:
 async def test_an_anthropic_json_answer(claude: anthropic.AsyncAnthropic, tally: Tally) -> None:
     message = await claude.messages.create(model="usage-base", max_tokens=500, messages=TURN)  # type: ignore[arg-type]
     assert message.content[0].text == REPLY  # type: ignore[union-attr]
-    assert tally.tokens() == (message.usage.input_tokens, message.usage.output_tokens)
+    assert tally.tokens() == (all_input(message.usage), message.usage.output_tokens)
 
 
 async def test_an_anthropic_stream(claude: anthropic.AsyncAnthropic, tally: Tally) -> None:
@@ -157,7 +158,7 @@ async def test_an_anthropic_stream(claude: anthropic.AsyncAnthropic, tally: Tall
     ) as stream:
         final = await stream.get_final_message()
     assert final.content[0].text == REPLY  # type: ignore[union-attr]
-    assert tally.tokens() == (final.usage.input_tokens, final.usage.output_tokens)
+    assert tally.tokens() == (all_input(final.usage), final.usage.output_tokens)
 
 
 async def test_an_openai_chat_json_answer(gpt: openai.AsyncOpenAI, tally: Tally) -> None:
