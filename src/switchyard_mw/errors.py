@@ -11,6 +11,7 @@ SwitchyardError
 ├── BadVerdict                  the judge's reply is not one of the route's labels (a ValueError)
 ├── JudgeHTTPError              the judge answered with a non-2xx status
 ├── MockProviderFault           `testing.MockProvider` aborts an answer (a RuntimeError)
+├── MachineError                an attempt machine was given an event out of place (a bug)
 └── TransportError              an outbound call failed in transport (each also httpx's namesake)
     ├── TimeoutException
     │   ├── ConnectTimeout
@@ -77,6 +78,7 @@ __all__ = [
     "JudgeHTTPError",
     "ListenError",
     "LocalProtocolError",
+    "MachineError",
     "MissingExtraError",
     "MockProviderFault",
     "NetworkError",
@@ -197,6 +199,10 @@ class DeadlineExceededAfterStart(SwitchyardError):
 
 class JudgeHTTPError(SwitchyardError):
     """The judge answered with a non-2xx status (the first argument)."""
+
+
+class MachineError(SwitchyardError, RuntimeError):
+    """An event the attempt machine cannot take in its state: a driver's bug, never a peer's."""
 
 
 class MockProviderFault(SwitchyardError, RuntimeError):

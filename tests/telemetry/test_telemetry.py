@@ -34,6 +34,7 @@ from switchyard_mw.config import parse_config
 from switchyard_mw.gateway import WIRE_ROUTES, Forwarder
 from switchyard_mw.telemetry import names as tm
 from switchyard_mw.testing import Behaviour, MockProvider
+from usage_streams import all_input
 
 ENV = {"KEY_A": "sk-secret-a-0001", "KEY_B": "sk-secret-b-0002", "KEY_J": "sk-secret-judge-0003"}
 CALLER_KEY = "sk-caller-secret-0004"
@@ -189,7 +190,7 @@ async def test_failover_once_two_attempts_each_with_its_outbound_call(
         tm.DEADLINE_MS: 60000,
         tm.VARIANT_KEY_KIND: "user",
         tm.VARIANT_KEY_HASH: tm.short_hash(USER_ID),
-        tm.USAGE_INPUT_TOKENS: usage["input_tokens"],
+        tm.USAGE_INPUT_TOKENS: all_input(usage),  # cached input included
         tm.USAGE_OUTPUT_TOKENS: usage["output_tokens"],
     }  # no gen_ai.provider.name: mock.test names no provider
 

@@ -49,6 +49,7 @@ from ..core.affinity import key_hash
 from ..core.clock import Clock, monotonic
 from ..core.pool import Lease, Outcome
 from ..core.shared import Shared
+from ..errors import MachineError as MachineError  # raised here; kept importable from here
 from ..telemetry import names as tm
 from ..wire import WireError
 from . import answers, attempts
@@ -107,10 +108,6 @@ class How(enum.Enum):
     """The call failed (`failure`, or an exception type `error` to classify)."""
     GONE = "gone"
     """Nobody waits for the answer any more (`gone` says why): no outcome."""
-
-
-class MachineError(RuntimeError):
-    """An event the machine cannot take in its state: a driver's bug, never a peer's."""
 
 
 # --- actions --------------------------------------------------------------------------------
