@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, TextIO
 from urllib.parse import urlsplit
 
+from .clouds.checks import cloud_problems
 from .config import (
     Config,
     State,
@@ -96,6 +97,7 @@ def check_config(path: str, *, out: TextIO, err: TextIO, check_env: bool = True)
     config, problems = diagnose_config(path)
     if config is not None and check_env:
         problems.extend(missing_api_keys(config))
+        problems.extend(cloud_problems(config))
     if problems or config is None:
         return _problems(path, problems, err)
     for warning in config_warnings(config):
