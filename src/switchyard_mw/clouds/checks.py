@@ -49,6 +49,11 @@ def credentials_file_problems(path: str) -> list[str]:
         return [f"{path}: not JSON (a service-account key file is)"]
     if not isinstance(info, dict) or not isinstance(info.get("type"), str):
         return [f'{path}: no "type" (not a Google credentials file)']
+    if info["type"] not in ("service_account", "authorized_user"):
+        return [
+            f'{path}: credentials of type "{info["type"]}" are not read from a file here '
+            "(leave credentials_file unset: application-default credentials read them)"
+        ]
     if info["type"] == "service_account":
         missing = [k for k in ("client_email", "private_key", "token_uri") if not info.get(k)]
         if missing:

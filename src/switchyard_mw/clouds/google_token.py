@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -128,11 +129,22 @@ class GoogleToken:
         path = self._settings.credentials_file
         if path is None:
             creds, _ = google.auth.default(scopes=[SCOPE], request=request)
-        else:
-            creds, _ = google.auth.load_credentials_from_file(  # type: ignore[no-untyped-call]
+            return creds
+        # Loaded by its declared type, never a type the file picks for itself (google-auth's
+        # advice for files from elsewhere): a service account's key, or a user's login.
+        with open(path, encoding="utf-8") as file:
+            kind = json.load(file).get("type")
+        if kind == "service_account":
+            from google.oauth2 import service_account
+
+            return service_account.Credentials.from_service_account_file(  # type: ignore[no-untyped-call,no-any-return]
                 path, scopes=[SCOPE]
             )
-        return creds
+        if kind == "authorized_user":
+            from google.oauth2 import credentials
+
+            return credentials.Credentials.from_authorized_user_file(path, scopes=[SCOPE])  # type: ignore[no-untyped-call,no-any-return]
+        raise ValueError(f'{path}: credentials of type "{kind}" are not read from a file here')
 
     def _token_uri(self) -> str | None:
         uri = getattr(self._creds, "_token_uri", None)

@@ -154,7 +154,7 @@ class Forwarder:
         path = scope["path"].replace("?", "%3F").replace("#", "%23").replace("\\", "%5C")
         query = scope.get("query_string", b"").decode("latin-1")
         if account.cloud is not None:
-            prepared = await _cloud_request(account, path, headers, body)
+            prepared = await _cloud_request(ctx, account, path, headers, body)
             if isinstance(prepared, Response):
                 return prepared
             url, headers, body = prepared
@@ -223,28 +223,33 @@ class _Sends:
 
 
 async def _cloud_request(
-    account: Account, path: str, headers: list[tuple[str, str]], body: bytes
+    ctx: RequestContext,
+    account: Account,
+    path: str,
+    headers: list[tuple[str, str]],
+    body: bytes,
 ) -> tuple[str, list[tuple[str, str]], bytes] | Response:
     """A cloud account's URL, headers and body for the request: re-enveloped and signed.
 
-    What it cannot take, or a credential it cannot get, is answered here, in the Anthropic
-    error shape (the clouds speak only that wire): a credential refused as a 401 (the
-    account's fault for every model), a token endpoint that did not answer in time as a 502
-    (an account fault: the request fails over). The message names the account.
+    What it cannot take, or a credential it cannot get, is answered here in the client's
+    wire: a credential refused as a 401 (the account's fault for every model), a token
+    endpoint that did not answer in time as a 502 (an account fault: the request fails
+    over). The message names the account.
     """
+    wire = ctx.wire or Wire.ANTHROPIC
     try:
         outbound = await account.outbound(path, body, headers)
     except WireError as exc:
-        return _anthropic_error(exc.status, exc.error_type, exc.message)
+        return _error(wire, exc.status, exc.error_type, exc.message)
     except CloudCredentialError as exc:
         if exc.refused:
-            return _anthropic_error(401, "authentication_error", str(exc))
-        return _anthropic_error(502, "api_error", str(exc))
+            return _error(wire, 401, "authentication_error", str(exc))
+        return _error(wire, 502, "api_error", str(exc))
     return outbound.url, outbound.headers, outbound.body
 
 
-def _anthropic_error(status: int, error_type: str, message: str) -> Response:
-    body = error_body(Wire.ANTHROPIC, error_type, message)
+def _error(wire: Wire, status: int, error_type: str, message: str) -> Response:
+    body = error_body(wire, error_type, message)
     return Response(body, status_code=status, media_type="application/json")
 
 

@@ -49,6 +49,14 @@ from switchyard_mw.testing._asgi import (
 from switchyard_mw.testing._prompt_cache import PromptCache
 from switchyard_mw.testing._replies import ReplyContext, StreamPlan
 from switchyard_mw.testing._tool_calls import split_text, tool_calls
+from switchyard_mw.testing._vertex import (
+    TOKEN_PATH,
+    VertexCall,
+    VertexFace,
+    envelope_problem,
+    send_google_error,
+    vertex_call,
+)
 from switchyard_mw.testing._wire_replies import ENDPOINTS, Endpoint, ErrorStyle, error_body
 from switchyard_mw.wire import on_fresh_stack
 
@@ -187,6 +195,8 @@ class MockProvider:
             maxlen=max_recorded_requests
         )
         self._in_flight = 0
+        self.vertex = VertexFace()
+        """The Vertex AI face: its token endpoint (`POST /token`) and the tokens it issued."""
 
     # --- in-process control -------------------------------------------------------------
 
@@ -232,6 +242,7 @@ class MockProvider:
         self.reset_behaviours()
         self.clear_requests()
         self.prompt_cache.clear()
+        self.vertex.reset()
 
     # --- ASGI ---------------------------------------------------------------------------
 
@@ -247,7 +258,16 @@ class MockProvider:
         method: str = scope["method"]
         path: str = scope["path"]
         endpoint = ENDPOINTS.get(path) or _deployment_endpoint(path)
-        if endpoint is not None and method == "POST":
+        vertex = None if endpoint is not None else vertex_call(path)
+        if vertex is not None and method == "POST":
+            self._in_flight += 1
+            try:
+                await unless_disconnected(self._answer_vertex(vertex, scope, body, send), receive)
+            finally:
+                self._in_flight -= 1
+        elif path == TOKEN_PATH and method == "POST":
+            await self.vertex.answer_token(body, send)
+        elif endpoint is not None and method == "POST":
             self._in_flight += 1
             try:
                 work = self._answer(endpoint, scope, body, send)
@@ -261,7 +281,35 @@ class MockProvider:
         else:
             await _send_error(send, "openai", 404, f"Invalid URL ({method} {path})")
 
-    async def _answer(self, endpoint: Endpoint, scope: Scope, body: bytes, send: Send) -> None:
+    async def _answer_vertex(self, call: VertexCall, scope: Scope, body: bytes, send: Send) -> None:
+        """A rawPredict call: a live token of the token endpoint's, the Vertex envelope,
+        then the Messages answer of the token's service account's behaviour."""
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        holder = self.vertex.holder(_api_key(headers))
+        if holder is None:
+            message = "Request had invalid authentication credentials."
+            await send_google_error(send, 401, message)
+            return
+        try:
+            payload = _decode(body)
+        except (msgspec.DecodeError, RecursionError):
+            payload = None
+        problem = envelope_problem(payload, call)
+        if problem is not None:
+            await send_google_error(send, 400, problem)
+            return
+        endpoint = ENDPOINTS["/v1/messages"]
+        await self._answer(endpoint, scope, body, send, vertex=(holder, call.model))
+
+    async def _answer(
+        self,
+        endpoint: Endpoint,
+        scope: Scope,
+        body: bytes,
+        send: Send,
+        *,
+        vertex: tuple[str, str] | None = None,
+    ) -> None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         key = _api_key(headers)
         try:
@@ -271,6 +319,8 @@ class MockProvider:
         except (msgspec.DecodeError, RecursionError):
             payload = None
         fields: dict[str, Any] = payload if isinstance(payload, dict) else {}
+        if vertex is not None:  # the service account answers, and the path names the model
+            key, fields = vertex[0], {**fields, "model": vertex[1]}
         model = fields.get("model") if isinstance(fields.get("model"), str) else None
         stream = fields.get("stream") is True
         behaviour = self.behaviour_for(key)
@@ -294,7 +344,11 @@ class MockProvider:
         await _sleep(behaviour.headers_delay_secs)
         if behaviour.fail == "reset_before_headers":
             raise MockProviderFault("fail=reset_before_headers")
-        if behaviour.status != 200:
+        if behaviour.status != 200 and vertex is not None and behaviour.status != 529:
+            # Vertex's own errors come in Google's shape; the model's (529) in Anthropic's.
+            message = f"Mock Vertex AI answering {behaviour.status} for this service account."
+            await send_google_error(send, behaviour.status, message, behaviour.headers)
+        elif behaviour.status != 200:
             message = f"Mock provider answering {behaviour.status} for this API key."
             await _send_error(send, endpoint.errors, behaviour.status, message, behaviour.headers)
         elif ctx is None:
