@@ -16,7 +16,7 @@ from switchyard_mw.clouds.google_token import REFRESH_AHEAD_SECS, GoogleToken
 from switchyard_mw.config import VertexSettings
 from switchyard_mw.errors import CloudCredentialError
 from switchyard_mw.testing import MockProvider
-from vertex_accounts import service_account_file
+from vertex_accounts import EMAIL, service_account_file
 
 pytestmark = pytest.mark.integration
 
@@ -86,6 +86,20 @@ async def test_near_expiry_the_old_token_serves_while_a_new_one_is_fetched_besid
             break
     assert await source.token() != first
     assert provider.vertex.token_requests == 2
+
+
+async def test_a_failed_refresh_beside_the_requests_is_not_retried_on_every_request(
+    mock: tuple[MockProvider, str], tmp_path: Path
+) -> None:
+    provider, url = mock
+    provider.vertex.token_lifetime_secs = int(REFRESH_AHEAD_SECS) - 60
+    source = token_source(service_account_file(tmp_path, provider, url))
+    first = await source.token()
+    provider.vertex.distrust(EMAIL)  # the key is revoked: refreshes are refused
+    for _ in range(20):
+        assert await source.token() == first  # still good for minutes: still used
+        await asyncio.sleep(0.01)
+    assert provider.vertex.token_requests == 2  # the first, and one refused refresh
 
 
 async def test_a_token_endpoint_that_does_not_answer_is_an_error_naming_the_account_in_time(

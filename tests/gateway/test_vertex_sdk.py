@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -33,7 +34,7 @@ REQUEST: dict[str, Any] = {
 }
 
 
-def config(mock_url: str, key_file: str) -> str:
+def config(mock_url: str, key_file: str, untrusted_file: str) -> str:
     return f"""
 [llm_clients.api]
 base_url = "{mock_url}"
@@ -49,6 +50,13 @@ vertex = {{ project = "my-project", region = "us-east5", credentials_file = "{ke
 models = {{ "claude-opus-5" = "{VERTEX_NAME}", "claude-vertex-only" = "claude-x@1" }}
 failure_threshold = 1000
 priority = 1
+
+[llm_clients.gcp-revoked]
+kind = "vertex"
+base_url = "{mock_url}"
+vertex = {{ project = "my-project", region = "us-east5", credentials_file = "{untrusted_file}" }}
+models = {{ "claude-vertex-only" = "claude-x@1" }}
+failure_threshold = 1000
 """
 
 
@@ -60,14 +68,22 @@ def mock() -> Iterator[tuple[MockProvider, str]]:
 
 
 @pytest.fixture(scope="module")
+def gateway_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("gw")
+
+
+@pytest.fixture(scope="module")
 def gateway(
-    mock: tuple[MockProvider, str], tmp_path_factory: pytest.TempPathFactory
+    mock: tuple[MockProvider, str], tmp_path_factory: pytest.TempPathFactory, gateway_dir: Path
 ) -> Iterator[str]:
     provider, url = mock
     keys = tmp_path_factory.mktemp("keys")
     key_file = service_account_file(keys, provider, url)
-    directory = tmp_path_factory.mktemp("gw")
-    with example_gateway(config(url, str(key_file)), directory, {"KEY_A": "key-a"}) as gw:
+    revoked = service_account_file(
+        keys, None, url, email="revoked@my-project.iam.gserviceaccount.com"
+    )
+    text = config(url, str(key_file), str(revoked))
+    with example_gateway(text, gateway_dir, {"KEY_A": "key-a"}) as gw:
         yield gw
 
 
@@ -193,3 +209,22 @@ async def test_the_openai_wire_is_refused_by_a_vertex_account(gateway: str) -> N
         )
     assert answer.status_code == 404
     assert "Anthropic Messages API" in answer.json()["error"]["message"]
+
+
+async def test_a_vertex_account_whose_key_is_refused_fails_over_naming_no_secret(
+    gateway: str, mock: tuple[MockProvider, str], gateway_dir: Path
+) -> None:
+    provider, _ = mock
+    client = sdk(gateway)
+    raw = await client.messages.with_raw_response.create(
+        **{**REQUEST, "model": "claude-vertex-only"}
+    )
+    await client.close()
+    assert (await raw.parse()).content[0].type == "text"
+    assert raw.headers["x-switchyard-account"] == "gcp"
+    assert raw.headers["x-switchyard-attempts"] == "2"
+    # The revoked account never reached the model: its token request was refused.
+    assert [r.key for r in provider.requests] == [EMAIL]
+    log = (gateway_dir / "gateway.log").read_text()
+    assert "ya29." not in log
+    assert "PRIVATE KEY" not in log

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -38,6 +39,8 @@ from .checks import credentials_file_problems
 SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 REFRESH_AHEAD_SECS = 300.0
 """A token closer than this to its expiry is refreshed beside the requests that still use it."""
+_RETRY_SECS = 10.0
+"""After a failed refresh beside the requests, the next one waits this long."""
 _LAST_SECS = 10.0
 """A token closer than this to its expiry is not used: the request waits for a new one."""
 
@@ -50,6 +53,7 @@ class GoogleToken:
         self._settings = settings
         self._creds: GoogleCreds | None = None
         self._refreshing: asyncio.Task[None] | None = None
+        self._retry_at = 0.0
 
     def __repr__(self) -> str:
         return f"GoogleToken(account={self._account!r})"
@@ -68,9 +72,11 @@ class GoogleToken:
         left = self._seconds_left()
         if left > REFRESH_AHEAD_SECS:
             return self._current()
-        refresh = self._refresh_task()
         if left > _LAST_SECS:
-            return self._current()  # the refresh goes on beside this request
+            if time.monotonic() >= self._retry_at:
+                self._refresh_task()  # goes on beside this request
+            return self._current()
+        refresh = self._refresh_task()
         timeout = self._settings.token_timeout_secs
         try:
             await asyncio.wait_for(asyncio.shield(refresh), timeout)
@@ -101,7 +107,15 @@ class GoogleToken:
         loop = asyncio.get_running_loop()
         if task is None or task.done() or task.get_loop() is not loop:
             task = self._refreshing = loop.create_task(self._refresh())
+            task.add_done_callback(self._settled)
         return task
+
+    def _settled(self, task: asyncio.Task[None]) -> None:
+        """A failed refresh beside the requests is tried again after `_RETRY_SECS`, not on
+        every request while the endpoint is down; its error is retrieved here (a request that
+        waited for it has raised it already)."""
+        if not task.cancelled() and task.exception() is not None:
+            self._retry_at = time.monotonic() + _RETRY_SECS
 
     async def _refresh(self) -> None:
         try:
@@ -149,11 +163,6 @@ class GoogleToken:
     def _token_uri(self) -> str | None:
         uri = getattr(self._creds, "_token_uri", None)
         return uri if isinstance(uri, str) else None
-
-    def __del__(self) -> None:
-        task = self._refreshing
-        if task is not None and task.done() and not task.cancelled():
-            task.exception()  # retrieved: a failed background refresh is no unraised error
 
 
 def _said(exc: BaseException) -> str:

@@ -29,6 +29,7 @@ TOKEN_PATH = "/token"
 GOOGLE_TOKEN_AUDIENCE = "https://oauth2.googleapis.com/token"
 """The audience google-auth puts in every assertion, whatever the key file's `token_uri`."""
 VERTEX_VERSION = "vertex-2023-10-16"
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}\Z")
 _JWT_GRANT = "urn:ietf:params:oauth:grant-type:jwt-bearer"
 _PREDICT = re.compile(
     r"/v1/projects/(?P<project>[^/]+)/locations/(?P<region>[^/]+)"
@@ -81,6 +82,10 @@ class VertexFace:
     def trust(self, client_email: str, public_key_pem: bytes) -> None:
         """Accept assertions of `client_email` signed by the key of `public_key_pem`."""
         self._trusted[client_email] = public_key_pem
+
+    def distrust(self, client_email: str) -> None:
+        """Refuse `client_email`'s assertions from now on (a revoked key); its tokens live on."""
+        self._trusted.pop(client_email, None)
 
     def holder(self, token: str) -> str | None:
         """The service account a live token was issued to; None if unknown or expired."""
@@ -143,8 +148,11 @@ def envelope_problem(payload: Any, call: VertexCall) -> str | None:
         return "The request body is not a JSON object."
     if "model" in payload:
         return 'Unknown name "model": the model is named in the URL.'
-    if payload.get("anthropic_version") != VERTEX_VERSION:
-        return f"anthropic_version: must be {VERTEX_VERSION}."
+    version = payload.get("anthropic_version")
+    # Anthropic's Vertex page names `vertex-2023-10-16`; the SDK's own Vertex client sends
+    # its API version (a date) instead: either is an envelope, no version is not.
+    if not (isinstance(version, str) and (version == VERTEX_VERSION or _DATE.match(version))):
+        return f"anthropic_version: required ({VERTEX_VERSION})."
     if (payload.get("stream") is True) != call.stream:
         return "stream: streamRawPredict streams, rawPredict does not."
     return None

@@ -15,6 +15,12 @@ How each request is answered is chosen by its API key (``x-api-key`` or
     GET    /_mock/requests           recorded LLM requests, bodies decoded as JSON
     DELETE /_mock/requests
     GET    /_mock/health
+    PUT    /_mock/vertex/keys/{client_email}   body: a PEM public key to trust
+    PUT    /_mock/vertex     body: {"token_lifetime_secs": N, "token_delay_secs": S}
+
+It also plays Vertex AI (``POST /token``, a service account's ``token_uri``, and the
+rawPredict/streamRawPredict paths, answered by the behaviour of the token's
+``client_email``): see ``switchyard_mw.testing._vertex``.
 
 Run standalone with ``python -m switchyard_mw.testing.mock_provider --port 9100``.
 """
@@ -29,7 +35,7 @@ import gzip
 import re
 import uuid
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -431,6 +437,8 @@ class MockProvider:
         elif route == "behaviours" and method == "DELETE":
             self.reset_behaviours()
             await send_empty(send)
+        elif route.startswith("vertex"):
+            await self._control_vertex(method, route.removeprefix("vertex"), body, send)
         elif route.startswith("behaviours/") and method in ("PUT", "DELETE"):
             key = route.removeprefix("behaviours/")
             if method == "DELETE":
@@ -446,6 +454,33 @@ class MockProvider:
             await send_json(send, 200, behaviour)
         else:
             await _send_error(send, "openai", 404, f"No control route {method} /_mock/{route}")
+
+    async def _control_vertex(self, method: str, route: str, body: bytes, send: Send) -> None:
+        """`PUT /_mock/vertex/keys/{client_email}` (a PEM public key): trust that service
+        account's key; `PUT /_mock/vertex` ({"token_lifetime_secs", "token_delay_secs"})."""
+        if method == "PUT" and route.startswith("/keys/") and len(route) > len("/keys/"):
+            self.vertex.trust(route.removeprefix("/keys/"), body)
+            await send_empty(send)
+        elif method == "PUT" and route == "":
+            try:
+                timings = msgspec.json.decode(body or b"{}", type=_VertexTimings)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                await _send_error(send, "openai", 400, f"Invalid Vertex settings: {exc}")
+                return
+            if timings.token_lifetime_secs is not None:
+                self.vertex.token_lifetime_secs = timings.token_lifetime_secs
+            if timings.token_delay_secs is not None:
+                self.vertex.token_delay_secs = timings.token_delay_secs
+            await send_empty(send)
+        else:
+            await _send_error(
+                send, "openai", 404, f"No control route {method} /_mock/vertex{route}"
+            )
+
+
+class _VertexTimings(msgspec.Struct, forbid_unknown_fields=True):
+    token_lifetime_secs: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    token_delay_secs: Annotated[float, msgspec.Meta(ge=0)] | None = None
 
 
 # --- answering ----------------------------------------------------------------------------
