@@ -228,3 +228,23 @@ async def test_a_vertex_account_whose_key_is_refused_fails_over_naming_no_secret
     log = (gateway_dir / "gateway.log").read_text()
     assert "ya29." not in log
     assert "PRIVATE KEY" not in log
+
+
+async def test_a_vertex_stream_cut_mid_way_ends_with_the_anthropic_error_event(
+    gateway: str, mock: tuple[MockProvider, str]
+) -> None:
+    provider, _ = mock
+    provider.set_behaviour(EMAIL, Behaviour(fail="reset_mid_stream", stall_after_chunks=1))
+    client = sdk(gateway)
+    received: list[str] = []
+
+    async def read() -> None:
+        async with client.messages.stream(**{**REQUEST, "model": "claude-vertex-only"}) as events:
+            async for text in events.text_stream:
+                received.append(text)
+
+    with pytest.raises(anthropic.APIStatusError) as info:
+        await read()
+    await client.close()
+    assert received  # the first delta reached the client before the cut
+    assert "upstream stream failed" in str(info.value)
