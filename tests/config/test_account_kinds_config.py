@@ -172,10 +172,18 @@ models = ["m"]
 
 
 def check(tmp_path: Path, key_file: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    code, _, err = check_out(tmp_path, key_file, capsys)
+    return code, err
+
+
+def check_out(
+    tmp_path: Path, key_file: Path, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str, str]:
     config = tmp_path / "c.toml"
     config.write_text(VERTEX_FILE.format(path=key_file))
     code = main(["check-config", str(config)])
-    return code, capsys.readouterr().err
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
 
 
 @pytest.mark.parametrize(
@@ -204,5 +212,10 @@ def test_check_config_accepts_a_well_formed_key_file(
     key_file = tmp_path / "sa.json"
     fields = {"type": "service_account", "client_email": "a@b", "private_key": "k"}
     key_file.write_text(json.dumps({**fields, "token_uri": "https://oauth2.example.test/token"}))
-    code, err = check(tmp_path, key_file, capsys)
+    code, out, err = check_out(tmp_path, key_file, capsys)
     assert (code, err) == (0, "")
+    assert (
+        "  gcp: vertex https://us-east5-aiplatform.googleapis.com project=p region=us-east5 "
+        f"credentials={key_file} priority=0 timeout=60s idle=60s\n"
+    ) in out
+    assert "private" not in out
