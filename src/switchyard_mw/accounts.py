@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from .clouds import CloudAccess, Outbound, cloud_access
+from .clouds import CloudAccess, Outbound, StreamTranslator, cloud_access
 from .clouds.kinds import base_url_of
 from .config import Config, LLMClient, read_api_keys
 from .core.clock import Clock, monotonic
@@ -77,6 +77,19 @@ class Account:
         if self.cloud is None:
             return Outbound(self.url(path), [*headers, *self.auth_headers()], body)
         return await self.cloud.outbound(path, body, list(headers), model=self.provider_model)
+
+    def error_answer(self, status: int, body: bytes) -> tuple[int, bytes]:
+        """An error answer of this account as the client's wire sends it: a cloud's own
+        errors (Vertex's Google-shaped ones) in the Anthropic shape, with the status the
+        cooling policy should see; an `api` account's unchanged."""
+        if self.cloud is None:
+            return status, body
+        return self.cloud.cloud.error_answer(status, body)
+
+    def stream_translator(self, content_type: str) -> StreamTranslator | None:
+        """What turns this account's 2xx stream of `content_type` into Anthropic SSE, chunk
+        by chunk (`feed`, then `end`); None when it is passed on as it is."""
+        return None if self.cloud is None else self.cloud.cloud.stream_translator(content_type)
 
     def auth_headers(self) -> list[tuple[str, str]]:
         """The credential header this account sends upstream, in its `auth` scheme."""

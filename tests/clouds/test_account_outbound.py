@@ -44,3 +44,14 @@ def test_a_vertex_account_has_its_regional_host_and_no_url_without_the_body() ->
     assert gcp.cloud is not None
     envelope = gcp.cloud.cloud.envelope("/v1/messages", BODY, model=gcp.provider_model)
     assert json.loads(envelope.body)["anthropic_version"] == "vertex-2023-10-16"
+
+
+def test_the_answer_helpers_map_a_clouds_errors_and_leave_an_api_accounts() -> None:
+    accounts = build_accounts(parse_config(CONFIG), {"KEY": "k"})
+    google = b'{"error": {"code": 429, "message": "Quota", "status": "RESOURCE_EXHAUSTED"}}'
+    assert accounts["api"].error_answer(429, google) == (429, google)
+    status, body = accounts["gcp"].error_answer(429, google)
+    assert status == 429
+    assert json.loads(body)["error"]["type"] == "rate_limit_error"
+    for account in accounts.values():
+        assert account.stream_translator("text/event-stream") is None

@@ -33,7 +33,7 @@ from starlette.types import Receive, Scope, Send
 
 from ..accounts import Account
 from ..asgi.body import ClientDisconnected, read_body
-from ..clouds import Cloud, StreamTranslator
+from ..clouds import StreamTranslator
 from ..context import RequestContext, current_context
 from ..engine.outbound import map_exceptions, pool_of, seconds_left, timeout_for
 from ..engine.usage import StreamUsage, Tokens, answer_tokens
@@ -176,7 +176,7 @@ class Forwarder:
             ot.answered(span, reply.status)
         reply.span = span
         if account.cloud is not None:
-            reply.from_cloud(account.cloud.cloud)
+            reply.from_cloud(account)
         return reply
 
     @staticmethod
@@ -313,7 +313,7 @@ class _Reply:
         self._aiohttp = aiohttp_response
         self._httpx = httpx_response
         self.span: trace.Span | None = None
-        self.cloud: Cloud | None = None
+        self.cloud: Account | None = None
         self.translator: StreamTranslator | None = None
         headers: list[tuple[bytes, bytes]] = []
         content_type: bytes | None = None
@@ -328,13 +328,13 @@ class _Reply:
         self.content_type = content_type.decode("latin-1") if content_type is not None else ""
         self.streams = self.content_type.startswith("text/event-stream") and status < 400
 
-    def from_cloud(self, cloud: Cloud) -> None:
+    def from_cloud(self, account: Account) -> None:
         """The answer of a cloud account: its stream translated if it is not Anthropic SSE
         (the hook a cloud with its own stream framing fills), its errors mapped once read."""
-        self.cloud = cloud
+        self.cloud = account
         if self.status >= 300:
             return
-        translator = cloud.stream_translator(self.content_type)
+        translator = account.stream_translator(self.content_type)
         if translator is not None:
             self.translator = translator
             self.streams = True
