@@ -140,3 +140,37 @@ async def test_an_unreachable_token_endpoint_fails_at_once(tmp_path: Path) -> No
     assert time.monotonic() - started < 2.5
     assert info.value.refused is False
     assert str(info.value).startswith("account 'gcp': ")
+
+
+@pytest.fixture
+def no_ambient_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No key file, gcloud login or metadata server to find but what a test sets (the
+    metadata server's address is a closed loopback port: nothing leaves the machine)."""
+    closed = f"127.0.0.1:{free_port()}"
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
+    monkeypatch.setenv("GCE_METADATA_HOST", closed)
+    monkeypatch.setenv("GCE_METADATA_IP", closed)
+
+
+@pytest.mark.usefixtures("no_ambient_credentials")
+async def test_application_default_credentials_find_the_key_file_google_names(
+    mock: tuple[MockProvider, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    provider, url = mock
+    key_file = service_account_file(tmp_path, provider, url)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(key_file))
+    settings = VertexSettings(project="my-project", region="us-east5")  # no credentials_file
+    token = await GoogleToken("gcp", settings).token()
+    assert provider.vertex.holder(token) == EMAIL
+
+
+@pytest.mark.usefixtures("no_ambient_credentials")
+async def test_no_application_default_credentials_is_an_error_naming_the_account() -> None:
+    settings = VertexSettings(project="my-project", region="us-east5", token_timeout_secs=3.0)
+    started = time.monotonic()
+    with pytest.raises(CloudCredentialError) as info:
+        await GoogleToken("gcp", settings).token()
+    assert time.monotonic() - started < 3.5
+    assert info.value.refused is False
+    assert str(info.value).startswith("account 'gcp': no application-default credentials found")

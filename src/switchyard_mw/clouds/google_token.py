@@ -81,10 +81,7 @@ class GoogleToken:
         try:
             await asyncio.wait_for(asyncio.shield(refresh), timeout)
         except TimeoutError:
-            where = self._token_uri() or "the token endpoint"
-            raise CloudCredentialError(
-                self._account, f"{where} did not answer within {timeout:g} s", refused=False
-            ) from None
+            raise CloudCredentialError(self._account, self._late(timeout), refused=False) from None
         return self._current()
 
     def _seconds_left(self) -> float:
@@ -159,6 +156,16 @@ class GoogleToken:
 
             return credentials.Credentials.from_authorized_user_file(path, scopes=[SCOPE])  # type: ignore[no-untyped-call,no-any-return]
         raise ValueError(f'{path}: credentials of type "{kind}" are not read from a file here')
+
+    def _late(self, timeout: float) -> str:
+        """What took too long: the token endpoint, or the search for credentials."""
+        if self._creds is None and self._settings.credentials_file is None:
+            return (
+                f"no application-default credentials found within {timeout:g} s "
+                "(GOOGLE_APPLICATION_CREDENTIALS, gcloud's login, the metadata server)"
+            )
+        where = self._token_uri() or "the token endpoint"
+        return f"{where} did not answer within {timeout:g} s"
 
     def _token_uri(self) -> str | None:
         uri = getattr(self._creds, "_token_uri", None)
