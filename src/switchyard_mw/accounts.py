@@ -78,13 +78,16 @@ class Account:
             return Outbound(self.url(path), [*headers, *self.auth_headers()], body)
         return await self.cloud.outbound(path, body, list(headers), model=self.provider_model)
 
-    def error_answer(self, status: int, body: bytes) -> tuple[int, bytes]:
+    def error_answer(
+        self, status: int, body: bytes, headers: Iterable[tuple[bytes, bytes]] = ()
+    ) -> tuple[int, bytes]:
         """An error answer of this account as the client's wire sends it: a cloud's own
         errors (Vertex's Google-shaped ones) in the Anthropic shape, with the status the
-        cooling policy should see; an `api` account's unchanged."""
+        cooling policy should see; an `api` account's unchanged. `headers`: the answer's,
+        names lowercased (a cloud may name its error there)."""
         if self.cloud is None:
             return status, body
-        return self.cloud.cloud.error_answer(status, body)
+        return self.cloud.cloud.error_answer(status, body, headers)
 
     def stream_translator(self, content_type: str) -> StreamTranslator | None:
         """What turns this account's 2xx stream of `content_type` into Anthropic SSE, chunk

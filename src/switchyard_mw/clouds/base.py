@@ -3,6 +3,7 @@ and the credential headers of one call."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -73,9 +74,13 @@ class Cloud(Protocol):
         `WireError` for what the cloud cannot take (another wire, a body that is not JSON)."""
         ...
 
-    def error_answer(self, status: int, body: bytes) -> tuple[int, bytes]:
+    def error_answer(
+        self, status: int, body: bytes, headers: Iterable[tuple[bytes, bytes]] = ()
+    ) -> tuple[int, bytes]:
         """An error answer of the cloud as the Anthropic API would send it: the status the
-        client and the cooling policy see, and the Anthropic error body."""
+        client and the cooling policy see, and the Anthropic error body. `headers` (names
+        lowercased) may name the error where the body does not (Bedrock's
+        `x-amzn-errortype`)."""
         ...
 
     def stream_translator(self, content_type: str) -> StreamTranslator | None:

@@ -9,6 +9,7 @@ in Anthropic's; the model's own errors pass through as they are.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -54,7 +55,9 @@ class VertexCloud:
         )
         return Envelope(url=url, body=data, stream=stream, model=name)
 
-    def error_answer(self, status: int, body: bytes) -> tuple[int, bytes]:
+    def error_answer(
+        self, status: int, body: bytes, headers: Iterable[tuple[bytes, bytes]] = ()
+    ) -> tuple[int, bytes]:
         """Vertex's error in Anthropic's shape. A 404 is the account's fault, not the
         client's (the model is not in this region or project, or not enabled there): a 502
         naming the account, so that the request fails over."""

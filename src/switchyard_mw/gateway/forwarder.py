@@ -343,7 +343,7 @@ class _Reply:
     def cloud_error(self, data: bytes) -> bytes:
         """A cloud's error answer as the Anthropic API sends one (status and body)."""
         assert self.cloud is not None
-        self.status, data = self.cloud.error_answer(self.status, data)
+        self.status, data = self.cloud.error_answer(self.status, data, self.headers)
         self._set_content_type(b"application/json")
         return data
 
