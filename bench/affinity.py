@@ -70,16 +70,16 @@ def turn_text(conv: int, turn: int) -> str:
     return f"Conversation {conv}, question {turn}: " + "please go on. " * 20
 
 
-def recorded_tokens() -> collections.Counter[tuple[str, str]]:
+def recorded_tokens() -> collections.defaultdict[tuple[str, str], float]:
     """Tokens switchyard recorded so far in `gen_ai.client.token.usage`, by account and type."""
     rm.requests.fold()
     metric = rm.token_usage.metric(0)
-    found: collections.Counter[tuple[str, str]] = collections.Counter()
+    found: collections.defaultdict[tuple[str, str], float] = collections.defaultdict(float)
     for point in metric.data.data_points if metric is not None else ():
         attributes = dict(point.attributes or {})
         account, kind = attributes.get(tm.ACCOUNT), attributes.get(tm.TOKEN_TYPE)
         if isinstance(account, str) and isinstance(kind, str):
-            found[account, kind] += point.sum  # type: ignore[union-attr]
+            found[account, kind] += float(point.sum)  # type: ignore[union-attr]
     return found
 
 
@@ -137,7 +137,8 @@ async def run(mode: str) -> dict[str, Any]:
         await client.aclose()
         await upstream.aclose()
     recorded = recorded_tokens()
-    recorded.subtract(recorded_before)
+    for found, before in recorded_before.items():
+        recorded[found] -= before
     shares = collections.Counter(a for conv in placed for a in conv)
     out: dict[str, Any] = {
         "mode": mode,
