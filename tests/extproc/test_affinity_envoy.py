@@ -9,6 +9,7 @@ turns read the prompt cache its first turn wrote; the processor records those re
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from switchyard_mw.core.affinity import pick
 from switchyard_mw.extproc import ExtProcServer, Policies, Transport, start_server
 from switchyard_mw.telemetry import names as tm
 from switchyard_mw.telemetry import request_metrics as rm
-from switchyard_mw.testing import MockProvider
+from switchyard_mw.testing import Behaviour, MockProvider
 from switchyard_mw.testing.envoy import envoy_binary, run_envoy, with_ports
 
 try:
@@ -37,12 +38,14 @@ ENVOY_YAML = (ROOT / "examples" / "envoy" / "envoy.yaml").read_text()
 NAMES = ("aff-a", "aff-b", "aff-c")
 KEYS = {f"KEY_{n[-1].upper()}": f"key-{n}" for n in NAMES}
 MODEL = "affinity-envoy-model"
+COOLDOWN_SECS = 0.5
 
 
 def config_text(mock_url: str) -> str:
     return "".join(
         f'[llm_clients.{n}]\nbase_url = "{mock_url}"\napi_key_env = "KEY_{n[-1].upper()}"\n'
-        f'models = ["{MODEL}"]\nenvoy_cluster = "mock"\n\n'
+        f'models = ["{MODEL}"]\nenvoy_cluster = "mock"\n'
+        f"failure_threshold = 1\ncooldown_secs = {COOLDOWN_SECS}\n\n"
         for n in NAMES
     )
 
@@ -138,3 +141,45 @@ async def test_each_conversation_stays_on_its_rendezvous_account_and_reads_its_c
     # The processor recorded the reads against the accounts that served them.
     gained = {a: after.get(a, 0.0) - before.get(a, 0.0) for a in NAMES}
     assert {a for a, v in gained.items() if v > 0} >= set(firsts)
+
+
+async def test_when_an_account_cools_only_its_conversations_move_and_they_come_back(
+    rig: Rig,
+) -> None:
+    """aff-b answers 500 (failure_threshold 1): the processor has Envoy retry its first
+    request on that conversation's next account, and from then on its conversations go there
+    directly; every other conversation stays. Healthy again after its cooling, aff-b is probed
+    and its conversations return to it."""
+    sdk = anthropic.AsyncAnthropic(base_url=rig.url, api_key="caller", max_retries=0)
+    users = [f"cooling-user-{i}" for i in range(18)]
+    histories: dict[str, list[anthropic.types.MessageParam]] = {u: [] for u in users}
+    order = {u: pick(u, [(n, 1.0) for n in NAMES]) for u in users}
+
+    async def turn(user: str) -> str:
+        history = histories[user]
+        history.append({"role": "user", "content": f"{user}, turn {len(history) // 2}"})
+        answer = await sdk.messages.create(
+            model=MODEL, max_tokens=8, messages=history, metadata={"user_id": user}
+        )
+        history.append({"role": "assistant", "content": answer.content[0].text})  # type: ignore[union-attr]
+        return rig.mock.requests[-1].key.removeprefix("key-")
+
+    try:
+        assert [await turn(u) for u in users] == [order[u][0] for u in users]
+        homed_on_b = [u for u in users if order[u][0] == "aff-b"]
+        assert homed_on_b  # some conversations rank aff-b first
+        served_by_b = sum(r.key == KEYS["KEY_B"] for r in rig.mock.requests)
+        rig.mock.set_behaviour(KEYS["KEY_B"], Behaviour(status=500))
+        during = [await turn(u) for u in users]
+        expected = [order[u][1] if order[u][0] == "aff-b" else order[u][0] for u in users]
+        assert during == expected
+        tried_b = sum(r.key == KEYS["KEY_B"] for r in rig.mock.requests)
+        assert tried_b == served_by_b + 1  # the one fault that cooled it
+        rig.mock.clear_behaviour(KEYS["KEY_B"])
+        await asyncio.sleep(COOLDOWN_SECS + 0.2)
+        assert [await turn(u) for u in users] == [order[u][0] for u in users]
+        # Back from its cooling, aff-b served each of its conversations again.
+        assert sum(r.key == KEYS["KEY_B"] for r in rig.mock.requests) == tried_b + len(homed_on_b)
+    finally:
+        rig.mock.clear_behaviour(KEYS["KEY_B"])
+        await sdk.close()
