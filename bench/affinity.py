@@ -13,7 +13,10 @@ turn 2, ..., the conversations shuffled each turn), as concurrent conversations 
 
 Printed: the cache-read share of input tokens, the share of cacheable turns (2-8) that read
 the cache, each account's share of requests, and for the cooling run how many conversations
-moved and how many were back on their own account for the last turn.
+moved and how many were back on their own account for the last turn. Then what an operator's
+dashboard shows of the same run: each account's cache-hit ratio as switchyard recorded it in
+`gen_ai.client.token.usage` (its `cache_read` tokens over its `input` tokens), the ratio the
+dashboard's panel draws.
 
     python bench/affinity.py
 """
@@ -35,6 +38,8 @@ from switchyard_mw.asgi.stack import switchyard_stack
 from switchyard_mw.config import parse_config
 from switchyard_mw.engine import machine
 from switchyard_mw.gateway import WIRE_ROUTES, Forwarder
+from switchyard_mw.telemetry import names as tm
+from switchyard_mw.telemetry import request_metrics as rm
 from switchyard_mw.testing.mock_provider import Behaviour, MockProvider
 
 CONVERSATIONS, TURNS = 300, 8
@@ -65,6 +70,19 @@ def turn_text(conv: int, turn: int) -> str:
     return f"Conversation {conv}, question {turn}: " + "please go on. " * 20
 
 
+def recorded_tokens() -> collections.defaultdict[tuple[str, str], float]:
+    """Tokens switchyard recorded so far in `gen_ai.client.token.usage`, by account and type."""
+    rm.requests.fold()
+    metric = rm.token_usage.metric(0)
+    found: collections.defaultdict[tuple[str, str], float] = collections.defaultdict(float)
+    for point in metric.data.data_points if metric is not None else ():
+        attributes = dict(point.attributes or {})
+        account, kind = attributes.get(tm.ACCOUNT), attributes.get(tm.TOKEN_TYPE)
+        if isinstance(account, str) and isinstance(kind, str):
+            found[account, kind] += float(point.sum)  # type: ignore[union-attr]
+    return found
+
+
 async def run(mode: str) -> dict[str, Any]:
     mock = MockProvider(reply="An answer of a plausible length. " * 8)
     upstream = httpx.AsyncClient(transport=httpx.ASGITransport(app=mock), timeout=None)
@@ -79,6 +97,7 @@ async def run(mode: str) -> dict[str, Any]:
     read = total = hit_turns = whole_hits = 0
     prompt_before = [0] * CONVERSATIONS  # the previous turn's prompt, in tokens
     arrivals = random.Random(37)
+    recorded_before = recorded_tokens()
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=stack), base_url="http://gw")
     try:
         for turn in range(1, TURNS + 1):
@@ -117,6 +136,9 @@ async def run(mode: str) -> dict[str, Any]:
         machine.conversation_key = keyed
         await client.aclose()
         await upstream.aclose()
+    recorded = recorded_tokens()
+    for found, before in recorded_before.items():
+        recorded[found] -= before
     shares = collections.Counter(a for conv in placed for a in conv)
     out: dict[str, Any] = {
         "mode": mode,
@@ -124,6 +146,14 @@ async def run(mode: str) -> dict[str, Any]:
         "cacheable_turns_reading_cache": round(hit_turns / (CONVERSATIONS * (TURNS - 1)), 3),
         "turns_reading_whole_previous_prompt": round(whole_hits / (CONVERSATIONS * (TURNS - 1)), 3),
         "request_share": {a: round(shares[a] / (CONVERSATIONS * TURNS), 3) for a in ACCOUNTS},
+        "recorded_cache_hit_ratio": {
+            a: round(recorded[a, "cache_read"] / recorded[a, "input"], 3) for a in ACCOUNTS
+        },
+        "recorded_cache_read_share_of_input_tokens": round(
+            sum(recorded[a, "cache_read"] for a in ACCOUNTS)
+            / sum(recorded[a, "input"] for a in ACCOUNTS),
+            3,
+        ),
     }
     if mode == "cooling":
         home = [conv[0] for conv in placed]

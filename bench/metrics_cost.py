@@ -11,8 +11,9 @@ path to the collection is counted too.
     python bench/metrics_cost.py -n 2000      # quicker, a little less exact
     python bench/metrics_cost.py --in-stack   # also: the stack in process, observe() on and off
 
-Cases: a JSON answer without usage, a JSON answer with usage (input and output tokens), a
-stream with usage (time to first token as well). Durations spread over several buckets.
+Cases: a JSON answer without usage, a JSON answer with usage (input and output tokens), the
+same with prompt cache reads and writes, a stream with usage (time to first token as well).
+Durations spread over several buckets.
 Compare with `bench/instructions.py --mode inproc`: the stack's own count per request.
 """
 
@@ -27,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CASES = ("no usage", "usage", "stream with usage")
+CASES = ("no usage", "usage", "usage with cache", "stream with usage")
 _COLLECTED = re.compile(rb"Collected : (\d+)")
 
 
@@ -44,7 +45,11 @@ def _context(case: str) -> object:
     spec = LLMClient(base_url="http://a.test", models=["*"])
     ctx.account = Account(name="acct-a", spec=spec)
     ctx.response_status = 200
-    if case != "no usage":
+    if case == "usage with cache":
+        ctx.report_usage(
+            input_tokens=300, output_tokens=40, cache_read_tokens=256, cache_write_tokens=30
+        )
+    elif case != "no usage":
         ctx.report_usage(input_tokens=300, output_tokens=40)
     if case == "stream with usage":
         ctx.first_token_at = 1000.2

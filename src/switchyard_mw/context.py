@@ -37,6 +37,8 @@ class RequestContext:
         "attempts",
         "body",
         "budget_at",
+        "cache_read_tokens",
+        "cache_write_tokens",
         "deadline_at",
         "deadline_phase",
         "disconnected",
@@ -104,6 +106,11 @@ class RequestContext:
         """Input tokens the app reported (`report_usage`); telemetry only."""
         self.output_tokens: int | None = None
         """Output tokens the app reported (`report_usage`); telemetry only."""
+        self.cache_read_tokens: int | None = None
+        """Of the input tokens, those the provider read from its prompt cache (`report_usage`);
+        None: the answer did not say. Telemetry only."""
+        self.cache_write_tokens: int | None = None
+        """Of the input tokens, those the provider wrote to its prompt cache (`report_usage`)."""
         self.response_status: int | None = None
         """The status the client was answered with, once the response started."""
         self.variant: str | None = None
@@ -167,15 +174,25 @@ class RequestContext:
         self.transport_error = type(exc)
 
     def report_usage(
-        self, *, input_tokens: int | None = None, output_tokens: int | None = None
+        self,
+        *,
+        input_tokens: int | None = None,
+        output_tokens: int | None = None,
+        cache_read_tokens: int | None = None,
+        cache_write_tokens: int | None = None,
     ) -> None:
-        """Tell switchyard the tokens the upstream call used, for the request's span.
+        """Tell switchyard the tokens the upstream call used, for the request's span and
+        metrics.
 
-        Counts as the GenAI conventions mean them: input includes cached prompt tokens.
-        A later report replaces an earlier one (the answer that reached the client wins).
+        Counts as the GenAI conventions mean them: input includes cached prompt tokens, those
+        read from the provider's prompt cache (`cache_read_tokens`) and written to it
+        (`cache_write_tokens`). A later report replaces an earlier one (the answer that
+        reached the client wins).
         """
         self.input_tokens = input_tokens
         self.output_tokens = output_tokens
+        self.cache_read_tokens = cache_read_tokens
+        self.cache_write_tokens = cache_write_tokens
 
     def body_for_app(self) -> bytes:
         """The request body with `model` set to the resolved model, in the name the current
@@ -215,10 +232,11 @@ def decision_attributes(ctx: RequestContext) -> dict[str, str | int]:
         attributes[tm.VARIANT_KEY_KIND] = ctx.key_kind
     if ctx.deadline_phase is not None:
         attributes[tm.DEADLINE_PHASE] = ctx.deadline_phase
-    if ctx.input_tokens is not None:
-        attributes[tm.USAGE_INPUT_TOKENS] = ctx.input_tokens
-    if ctx.output_tokens is not None:
-        attributes[tm.USAGE_OUTPUT_TOKENS] = ctx.output_tokens
+    attributes.update(
+        tm.usage_attributes(
+            ctx.input_tokens, ctx.output_tokens, ctx.cache_read_tokens, ctx.cache_write_tokens
+        )
+    )
     return attributes
 
 

@@ -53,7 +53,8 @@ def gateway(
 def usage(gateway: str, model: str) -> dict[str, float]:
     """The gateway's `gen_ai_client_token_usage` count and sum for `model`, by token type."""
     text = httpx.get(f"{gateway}/metrics").text
-    found = dict.fromkeys((f"{k}_{p}" for k in ("input", "output") for p in ("count", "sum")), 0.0)
+    kinds = ("input", "output", "cache_read", "cache_creation")
+    found = dict.fromkeys((f"{k}_{p}" for k in kinds for p in ("count", "sum")), 0.0)
     for line in text.splitlines():
         series, _, value = line.rpartition(" ")
         name, _, labels = series.partition("{")
@@ -95,4 +96,12 @@ async def test_a_tool_loop_through_the_gateway(
         "input_sum": sum(turn.input for turn in loop.turns),
         "output_count": 2,
         "output_sum": sum(turn.output for turn in loop.turns),
+        # The cached parts of the input, as their own token types; only Anthropic says what
+        # the cache wrote.
+        "cache_read_count": 2,
+        "cache_read_sum": sum(turn.cache_read for turn in loop.turns),
+        "cache_creation_count": 2 if wire == "anthropic" else 0,
+        "cache_creation_sum": (
+            2 * model_behaviour(stream=stream).cache_write_tokens if wire == "anthropic" else 0
+        ),
     }

@@ -46,7 +46,7 @@ from switchyard_mw.extproc.flights import Flights
 from switchyard_mw.telemetry import names as tm
 from switchyard_mw.telemetry import request_metrics as rm
 from switchyard_mw.testing import MockProvider
-from usage_streams import ANTHROPIC_STREAM, CHAT_STREAM, RESPONSES_STREAM
+from usage_streams import ANTHROPIC_STREAM, CHAT_STREAM, RESPONSES_STREAM, all_input
 
 Mode = processing_mode_pb2.ProcessingMode
 CONFIG = """
@@ -585,4 +585,70 @@ async def test_an_answer_with_nothing_to_read_is_not_counted_unread(
         stream, _ = await env.answered("/v1/messages", status, headers)
         await stream.close()
     assert [unread(otel_metrics, r) for r in ("encoding", "too_large", "corrupt")] == counts
+    env.assert_empty()
+
+
+# -- prompt cache reads and writes -------------------------------------------------------------
+
+CACHE_READ, CACHE_WRITE = 1200, 96
+# What each wire says of its cache (the mock's answers, as the providers shape them): Anthropic
+# both reads and writes; OpenAI's wires only what they read.
+CACHE_SAID = {
+    "/v1/messages": (CACHE_READ, CACHE_WRITE),
+    "/v1/chat/completions": (CACHE_READ, None),
+    "/v1/responses": (CACHE_READ, None),
+}
+
+
+async def mock_answer(path: str, *, stream: bool) -> bytes:
+    """The mock provider's answer to the request of `path`, reporting a set cache use."""
+    from switchyard_mw.testing import Behaviour
+
+    mock = MockProvider()
+    mock.set_behaviour("*", Behaviour(cache_read_tokens=CACHE_READ, cache_write_tokens=CACHE_WRITE))
+    asked = {**REQUESTS[path], "stream": True} if stream else REQUESTS[path]
+    if stream and path == "/v1/chat/completions":
+        asked = {**asked, "stream_options": {"include_usage": True}}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=mock)) as client:
+        reply = await client.post(f"http://mock.test{path}", json=asked, headers={"x-api-key": "k"})
+    assert reply.status_code == 200
+    return reply.content
+
+
+def cache_grew(
+    before: dict[str, tuple[int, float]], after: dict[str, tuple[int, float]]
+) -> tuple[float | None, float | None]:
+    """What one request added to the cache reads and creations (None: no value recorded)."""
+
+    def added(kind: str) -> float | None:
+        count, total = after.get(kind, (0, 0.0))
+        was_count, was_total = before.get(kind, (0, 0.0))
+        return None if count == was_count else total - was_total
+
+    return added("cache_read"), added("cache_creation")
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("path", list(CACHE_SAID))
+async def test_cache_reads_and_writes_are_recorded_as_their_token_types(
+    env: Env, path: str, streamed: bool
+) -> None:
+    body = await mock_answer(path, stream=streamed)
+    before = tokens()
+    headers = SSE if streamed else {"content-type": "application/json"}
+    stream, _ = await env.answered(path, 200, headers)
+    for i in range(0, len(body), 7):  # events and fields cut across pieces
+        await stream.send(response_body(body[i : i + 7]))
+    await stream.send(response_body(b"", end=True))
+    after = tokens()
+    assert cache_grew(before, after) == CACHE_SAID[path]
+    inputs, _ = grew(before, after)
+    # `input` keeps its meaning: every input token, the cached ones included.
+    assert inputs is not None
+    assert inputs > CACHE_READ + (CACHE_SAID[path][1] or 0)
+    if not streamed:
+        said = msgspec.json.decode(body)["usage"]
+        whole = {"/v1/messages": all_input(said), "/v1/chat/completions": said.get("prompt_tokens")}
+        assert inputs == whole.get(path, said.get("input_tokens"))
+    await stream.close()
     env.assert_empty()

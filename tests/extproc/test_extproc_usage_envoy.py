@@ -138,6 +138,12 @@ class Tally:
         assert gained.get("duration", (0,))[0] == 1, gained  # one request, no error type
         return tuple(gained[k][1] if k in gained else None for k in ("input", "output"))  # type: ignore[return-value]
 
+    def cache(self) -> tuple[float | None, float | None]:
+        """The prompt cache reads and writes recorded for the request (None: none recorded)."""
+        gained = self.gained()
+        kinds = ("cache_read", "cache_creation")
+        return tuple(gained[k][1] if k in gained else None for k in kinds)  # type: ignore[return-value]
+
 
 @pytest.fixture
 def tally() -> Tally:
@@ -148,6 +154,8 @@ async def test_an_anthropic_json_answer(claude: anthropic.AsyncAnthropic, tally:
     message = await claude.messages.create(model="usage-base", max_tokens=500, messages=TURN)  # type: ignore[arg-type]
     assert message.content[0].text == REPLY  # type: ignore[union-attr]
     assert tally.tokens() == (all_input(message.usage), message.usage.output_tokens)
+    usage = message.usage
+    assert tally.cache() == (usage.cache_read_input_tokens, usage.cache_creation_input_tokens)
 
 
 async def test_an_anthropic_stream(claude: anthropic.AsyncAnthropic, tally: Tally) -> None:
@@ -159,6 +167,8 @@ async def test_an_anthropic_stream(claude: anthropic.AsyncAnthropic, tally: Tall
         final = await stream.get_final_message()
     assert final.content[0].text == REPLY  # type: ignore[union-attr]
     assert tally.tokens() == (all_input(final.usage), final.usage.output_tokens)
+    usage = final.usage
+    assert tally.cache() == (usage.cache_read_input_tokens, usage.cache_creation_input_tokens)
 
 
 async def test_an_openai_chat_json_answer(gpt: openai.AsyncOpenAI, tally: Tally) -> None:
@@ -167,6 +177,9 @@ async def test_an_openai_chat_json_answer(gpt: openai.AsyncOpenAI, tally: Tally)
     assert completion.choices[0].message.content == REPLY
     usage = completion.usage
     assert tally.tokens() == (usage.prompt_tokens, usage.completion_tokens)
+    assert usage.prompt_tokens_details is not None
+    # OpenAI's wires say what the cache read, not what it wrote.
+    assert tally.cache() == (usage.prompt_tokens_details.cached_tokens, None)
 
 
 async def test_an_openai_chat_stream_with_usage(gpt: openai.AsyncOpenAI, tally: Tally) -> None:
@@ -183,6 +196,8 @@ async def test_an_openai_chat_stream_with_usage(gpt: openai.AsyncOpenAI, tally: 
     assert text == REPLY
     assert usage is not None
     assert tally.tokens() == (usage.prompt_tokens, usage.completion_tokens)
+    assert usage.prompt_tokens_details is not None
+    assert tally.cache() == (usage.prompt_tokens_details.cached_tokens, None)
 
 
 async def test_an_openai_responses_stream(gpt: openai.AsyncOpenAI, tally: Tally) -> None:
@@ -193,6 +208,7 @@ async def test_an_openai_responses_stream(gpt: openai.AsyncOpenAI, tally: Tally)
             usage = event.response.usage
     assert usage is not None
     assert tally.tokens() == (usage.input_tokens, usage.output_tokens)
+    assert tally.cache() == (usage.input_tokens_details.cached_tokens, None)
 
 
 async def test_a_json_answer_keeps_its_length_and_a_stream_its_bytes(rig: Rig) -> None:

@@ -211,6 +211,11 @@ def test_dashboard_rules_and_docs_queries_all_return_series(
             time.sleep(2.5)  # at least two scrapes between rounds
         missing = {name: expr for name, expr in expressions().items() if not query(prom, expr)}
         assert missing == {}, sorted(missing)
+        # The mix repeats its turns on the same accounts: the mock's prompt cache reads them,
+        # and the cache-hit panel shows a ratio of input tokens between 0 and 1.
+        ratio = expressions()["dashboard: Prompt cache hit ratio by model and account A"]
+        ratios = [float(series["value"][1]) for series in query(prom, ratio)]
+        assert any(0 < r <= 1 for r in ratios), ratios
         deadline = time.monotonic() + 20
         states: dict[str, str] = {}
         while time.monotonic() < deadline:

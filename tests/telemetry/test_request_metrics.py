@@ -246,6 +246,50 @@ def test_token_usage_keeps_input_and_output_apart_under_one_key() -> None:
     assert sum(points["input"].bucket_counts) == 1  # type: ignore[union-attr]
 
 
+def test_cache_reads_and_writes_are_token_types_of_their_own_beside_input() -> None:
+    """`input` keeps every input token (the conventions' meaning); the cached parts are points
+    of their own, typed as the conventions' span attributes name them, only where reported."""
+    tally = rm.TokenTally("t", "{token}", "test", tm.TOKEN_BUCKETS)
+    labels = ("m", "m", "m", "a", "", "", "")
+    tally.record_usage(300, 40, labels, cache_read=200, cache_write=64)
+    tally.record_usage(100, 5, labels, cache_read=0, cache_write=None)  # OpenAI: no writes said
+    tally.record_usage(7, 1, labels)  # an answer that said nothing of its cache
+    metric = tally.metric(0)
+    assert metric is not None
+    points = {p.attributes[tm.TOKEN_TYPE]: actual_point(p) for p in metric.data.data_points}
+    assert set(points) == {"input", "output", "cache_read", "cache_creation"}
+    assert points["input"][1:3] == (3, 407)
+    assert points["output"][1:3] == (3, 46)
+    assert points["cache_read"] == expected_point([200, 0], tm.TOKEN_BUCKETS)
+    assert points["cache_creation"] == expected_point([64], tm.TOKEN_BUCKETS)
+
+
+def test_a_tally_without_cache_fields_exports_only_input_and_output() -> None:
+    tally = rm.TokenTally("t", "{token}", "test", tm.TOKEN_BUCKETS)
+    tally.record_usage(10, 2, ("m", "m", "m", "a", "", "", ""))
+    metric = tally.metric(0)
+    assert metric is not None
+    kinds = [p.attributes[tm.TOKEN_TYPE] for p in metric.data.data_points]
+    assert sorted(kinds) == ["input", "output"]
+
+
+@pytest.mark.parametrize("fold_at", [1, 2, 5, 100])
+def test_cache_counts_of_finished_requests_fold_exactly(fold_at: int) -> None:
+    requests = fresh_requests(fold_at=fold_at)
+    reads = [0, 1, 4, 5, None, 65536, 300, None, 17]
+    for i, read in enumerate(reads):
+        write = None if read is None else i * 3
+        request = finished(secs=0.1, usage=(1000 + i, 9), cache=(read, write))
+        requests.observe(*request)
+    metrics = {m.name: m for m in requests.collect(0)}
+    tokens = {p.attributes[tm.TOKEN_TYPE]: p for p in metrics["t"].data.data_points}
+    said = [r for r in reads if r is not None]
+    writes = [i * 3 for i, r in enumerate(reads) if r is not None]
+    assert actual_point(tokens["cache_read"]) == expected_point(said, tm.TOKEN_BUCKETS)
+    assert actual_point(tokens["cache_creation"]) == expected_point(writes, tm.TOKEN_BUCKETS)
+    assert tokens["input"].count == len(reads)  # type: ignore[union-attr]
+
+
 # -- raw between collections: folded in batches, bounded ------------------------------------
 
 
@@ -255,6 +299,7 @@ def finished(
     model: str = "fold-model",
     usage: tuple[int | None, int | None] = (None, None),
     first_token_secs: float | None = None,
+    cache: tuple[int | None, int | None] = (None, None),
 ) -> Any:
     """A request that ran `secs` from start 0.0 (returned with its end: `observe`'s args)."""
     from switchyard_mw.accounts import Account
@@ -266,7 +311,12 @@ def finished(
     ctx = RequestContext(view=read_request(Wire.ANTHROPIC, body), body=body, now=0.0)
     ctx.account = Account(name="acct-f", spec=LLMClient(base_url="http://f.test", models=["*"]))
     ctx.response_status = 200
-    ctx.report_usage(input_tokens=usage[0], output_tokens=usage[1])
+    ctx.report_usage(
+        input_tokens=usage[0],
+        output_tokens=usage[1],
+        cache_read_tokens=cache[0],
+        cache_write_tokens=cache[1],
+    )
     ctx.first_token_at = first_token_secs
     return ctx, secs
 

@@ -192,6 +192,8 @@ async def test_failover_once_two_attempts_each_with_its_outbound_call(
         tm.VARIANT_KEY_HASH: tm.short_hash(USER_ID),
         tm.USAGE_INPUT_TOKENS: all_input(usage),  # cached input included
         tm.USAGE_OUTPUT_TOKENS: usage["output_tokens"],
+        tm.USAGE_CACHE_READ_TOKENS: usage["cache_read_input_tokens"],
+        tm.USAGE_CACHE_CREATION_TOKENS: usage["cache_creation_input_tokens"],
     }  # no gen_ai.provider.name: mock.test names no provider
 
     # Each outbound call told the provider which span it was.

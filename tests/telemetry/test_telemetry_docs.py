@@ -96,7 +96,7 @@ def test_prometheus_column_and_queries_use_real_series_names() -> None:
     column = {re.sub(r"`", "", row[2]) for row in table_rows(section("Metrics"))}
     assert column <= prometheus_names()
     queries = re.findall(r"```promql\n(.*?)```", DOC, flags=re.S)
-    assert len(queries) == 4
+    assert len(queries) == 6
     labels = {label.replace(".", "_") for f in tm.METRIC_LABELS.values() for label in f}
     used = set(re.findall(r"\bswitchyard_\w+", "\n".join(queries))) - labels
     assert used <= prometheus_names()

@@ -220,6 +220,8 @@ def end_client_span(
         error=error,
         input_tokens=ctx.input_tokens,
         output_tokens=ctx.output_tokens,
+        cache_read_tokens=ctx.cache_read_tokens,
+        cache_write_tokens=ctx.cache_write_tokens,
     )
 
 

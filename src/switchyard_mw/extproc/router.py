@@ -343,7 +343,12 @@ class RouterStream:
             ctx = flight.ctx
             tokens = None if usage is None else usage.end()  # however the body ended
             if tokens is not None:
-                ctx.report_usage(input_tokens=tokens.input, output_tokens=tokens.output)
+                ctx.report_usage(
+                    input_tokens=tokens.input,
+                    output_tokens=tokens.output,
+                    cache_read_tokens=tokens.cache_read,
+                    cache_write_tokens=tokens.cache_write,
+                )
             if flight.machine is not None:
                 flight.machine.closed()  # an attempt nobody answered goes back; spans end
             self.flights.close(flight)

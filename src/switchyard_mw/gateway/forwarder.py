@@ -479,7 +479,12 @@ async def _relay(reply: _Reply, ctx: RequestContext) -> AsyncIterator[bytes]:
 
 def _report(ctx: RequestContext, tokens: Tokens | None) -> None:
     if tokens is not None:
-        ctx.report_usage(input_tokens=tokens.input, output_tokens=tokens.output)
+        ctx.report_usage(
+            input_tokens=tokens.input,
+            output_tokens=tokens.output,
+            cache_read_tokens=tokens.cache_read,
+            cache_write_tokens=tokens.cache_write,
+        )
 
 
 def _events_end(data: bytes) -> int:

@@ -72,10 +72,18 @@ JUDGE_REASON = "switchyard.judge.reason"
 DEADLINE_PHASE = "switchyard.deadline.phase"
 USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+USAGE_CACHE_READ_TOKENS = "gen_ai.usage.cache_read.input_tokens"
+USAGE_CACHE_CREATION_TOKENS = "gen_ai.usage.cache_creation.input_tokens"
 ERROR_TYPE = "error.type"
 VARIANT = "switchyard.variant"
 SHADOW = "switchyard.shadow"
 TOKEN_TYPE = "gen_ai.token.type"
+# `gen_ai.token.type` values. The conventions define `input` (every input token, cached ones
+# included) and `output`, and allow other values where neither applies; cache reads and writes
+# take the names of the conventions' span attributes for them (`gen_ai.usage.cache_read.
+# input_tokens`, `gen_ai.usage.cache_creation.input_tokens`). They are parts of `input`, not
+# added to it: a sum over every type counts them twice.
+TOKEN_TYPES = ("input", "output", "cache_read", "cache_creation")
 HTTP_METHOD = "http.request.method"
 HTTP_STATUS = "http.response.status_code"
 SERVER_ADDRESS = "server.address"
@@ -284,21 +292,35 @@ def end_client_span(
     error: str | None,
     input_tokens: int | None,
     output_tokens: int | None,
+    cache_read_tokens: int | None = None,
+    cache_write_tokens: int | None = None,
 ) -> None:
     """End a `start_client_span` span with what the attempt gave back."""
     if span.is_recording():
         attributes: dict[str, str | int] = {}
         if model is not None:
             attributes[RESPONSE_MODEL] = model
-        if input_tokens is not None:
-            attributes[USAGE_INPUT_TOKENS] = input_tokens
-        if output_tokens is not None:
-            attributes[USAGE_OUTPUT_TOKENS] = output_tokens
+        usage = usage_attributes(input_tokens, output_tokens, cache_read_tokens, cache_write_tokens)
+        attributes.update(usage)
         if error is not None:
             attributes[ERROR_TYPE] = error
             span.set_status(trace.StatusCode.ERROR, error)
         span.set_attributes(attributes)
     span.end()
+
+
+def usage_attributes(
+    inputs: int | None, outputs: int | None, cache_read: int | None, cache_write: int | None
+) -> dict[str, int]:
+    """A request's or an attempt's token usage as the GenAI conventions' span attributes
+    (those the answer did not report are left out)."""
+    found = (
+        (USAGE_INPUT_TOKENS, inputs),
+        (USAGE_OUTPUT_TOKENS, outputs),
+        (USAGE_CACHE_READ_TOKENS, cache_read),
+        (USAGE_CACHE_CREATION_TOKENS, cache_write),
+    )
+    return {name: value for name, value in found if value is not None}
 
 
 def tracing() -> bool:

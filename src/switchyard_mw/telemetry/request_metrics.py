@@ -2,7 +2,9 @@
 
 Recorded for every request switchyard places, under the OpenTelemetry GenAI names:
 `gen_ai.client.operation.duration` (s), `gen_ai.server.time_to_first_token` (s) and
-`gen_ai.client.token.usage` ({token}, by `gen_ai.token.type`), each labelled with the requested
+`gen_ai.client.token.usage` ({token}, by `gen_ai.token.type`: input, output, and the parts of
+the input read from (`cache_read`) and written to (`cache_creation`) the provider's prompt
+cache, where the answer says them), each labelled with the requested
 and routed model, the variant, the account and `error.type` when the request failed.
 
 Why not the SDK's own histograms: one `record()` costs about as much as the whole policy stack
@@ -41,7 +43,7 @@ MAX_SERIES = 2000
 (as the SDK does): a requested model is any string a client sends."""
 _OVERFLOW = ("\x00",) * 7  # no real label holds a NUL: model names with one are refused
 FOLD_AT = 4096
-"""Finished requests held raw (about 180 bytes each) before the request that reaches this
+"""Finished requests held raw (about 200 bytes each) before the request that reaches this
 many folds them all into the histograms: memory stays bounded however long between scrapes."""
 
 Labels = tuple[str, str, str, str, str, str, str]
@@ -159,33 +161,46 @@ def _attributes(labels: Labels) -> dict[str, Any]:
 
 
 class TokenTally(HistogramTally):
-    """Input and output tokens under one key: a request's usage is one entry.
+    """Tokens by type under one key: a request's usage is one entry.
 
-    An entry holds two histograms side by side (input, then output); each becomes its own
-    point at collection, labelled `gen_ai.token.type`.
+    An entry holds one histogram per `gen_ai.token.type` side by side (`tm.TOKEN_TYPES`:
+    input, output, cache read, cache creation); each that holds values becomes its own point
+    at collection, labelled with its type. Cache reads and creations are parts of the input
+    (the conventions' `input` counts every input token), recorded when the answer said them.
     """
 
-    def record_usage(self, inputs: int | None, outputs: int | None, labels: Labels) -> None:
-        """One request's usage at once (a caller that keeps no batch of its own)."""
-        self.add_usage(
-            [] if inputs is None else [inputs], [] if outputs is None else [outputs], labels
-        )
+    _TYPES = len(tm.TOKEN_TYPES)
 
-    def add_usage(self, inputs: list[float], outputs: list[float], labels: Labels) -> None:
-        """Fold a batch of input and output counts (sorted here, in place)."""
+    def record_usage(
+        self,
+        inputs: int | None,
+        outputs: int | None,
+        labels: Labels,
+        cache_read: int | None = None,
+        cache_write: int | None = None,
+    ) -> None:
+        """One request's usage at once (a caller that keeps no batch of its own)."""
+        counts = (inputs, outputs, cache_read, cache_write)
+        self.add_usage(labels, [[] if count is None else [count] for count in counts])
+
+    def add_usage(self, labels: Labels, by_type: Sequence[list[float]]) -> None:
+        """Fold a batch of counts per token type, in `tm.TOKEN_TYPES`' order (each list is
+        sorted here, in place; an empty one adds nothing)."""
         entry = self._series.get(labels)
         if entry is None:
-            entry = self._new(labels, 2)
-        if inputs:
-            self._fold(entry, 0, inputs)
-        if outputs:
-            self._fold(entry, self._n + 4, outputs)
+            entry = self._new(labels, self._TYPES)
+        width = self._n + 4
+        for i, values in enumerate(by_type):
+            if values:
+                self._fold(entry, i * width, values)
 
     def metric(self, now_ns: int) -> Metric | None:
         n = self._n
+        width = n + 4
         points = []
         for labels, entry in [(k, list(v)) for k, v in list(self._series.items())]:
-            for base, kind in ((0, "input"), (n + 4, "output")):
+            for i, kind in enumerate(tm.TOKEN_TYPES):
+                base = i * width
                 if not entry[base + n]:
                     continue
                 attributes = _attributes(labels)
@@ -199,9 +214,10 @@ Key = tuple[str, str, str, str, str, str]
 """A finished request's label set: requested model, routed model, variant, account, error
 type ("" = none), shadow ("true" for a mirrored request, else "")."""
 Held = list[Any]
-"""Finished requests' raw numbers, five a request: started, ended, first token at (monotonic
-seconds; None: no stream), input and output tokens (None: not reported)."""
-_STRIDE = 5
+"""Finished requests' raw numbers, seven a request: started, ended, first token at (monotonic
+seconds; None: no stream), input, output, cache read and cache write tokens (None: not
+reported)."""
+_STRIDE = 7
 _OVERFLOW_KEY: Key = ("\x00",) * 6
 
 
@@ -256,7 +272,15 @@ class RequestTally:
             raw = self._new(key)
         # Flat, not a tuple per request: floats and ints are not tracked by the garbage
         # collector, so what is held never triggers or slows a collection.
-        raw += (ctx.started_at, end, ctx.first_token_at, ctx.input_tokens, ctx.output_tokens)
+        raw += (
+            ctx.started_at,
+            end,
+            ctx.first_token_at,
+            ctx.input_tokens,
+            ctx.output_tokens,
+            ctx.cache_read_tokens,
+            ctx.cache_write_tokens,
+        )
         self.held += 1
         if self.held >= self.fold_at:
             self.fold()
@@ -269,7 +293,7 @@ class RequestTally:
         raw = self._raw.get(key)
         if raw is None:
             raw = self._new(key)
-        raw += (0.0, secs, None, None, None)
+        raw += (0.0, secs, None, None, None, None, None)
         self.held += 1
         if self.held >= self.fold_at:
             self.fold()
@@ -303,16 +327,16 @@ class RequestTally:
             self._fold_batch(_OVERFLOW if key == _OVERFLOW_KEY else (*key[:5], "", key[5]), batch)
 
     def _fold_batch(self, labels: Labels, batch: Held) -> None:
-        starts, ends, firsts, inputs, outputs = (batch[i::_STRIDE] for i in range(_STRIDE))
+        starts, ends, firsts, *tokens = (batch[i::_STRIDE] for i in range(_STRIDE))
         self.duration.add(list(map(operator.sub, ends, starts)), labels)
         if firsts.count(None) < len(firsts):
             pairs = zip(starts, firsts, strict=True)
             self.first_token.add(
                 [first - start for start, first in pairs if first is not None], labels
             )
-        ins, outs = _reported(inputs), _reported(outputs)
-        if ins or outs:
-            self.tokens.add_usage(ins, outs, labels)
+        by_type = [_reported(counts) for counts in tokens]
+        if any(by_type):
+            self.tokens.add_usage(labels, by_type)
 
 
 def _reported(values: Held) -> list[float]:
@@ -333,7 +357,10 @@ time_to_first_token = HistogramTally(
     tm.SECONDS_BUCKETS,
 )  # fmt: skip
 token_usage = TokenTally(
-    tm.TOKEN_USAGE, "{token}", "Input and output tokens per request", tm.TOKEN_BUCKETS
+    tm.TOKEN_USAGE,
+    "{token}",
+    "Input and output tokens per request (cache reads and creations: parts of the input)",
+    tm.TOKEN_BUCKETS,
 )
 TALLIES = (duration, time_to_first_token, token_usage)
 requests = RequestTally(duration=duration, first_token=time_to_first_token, tokens=token_usage)
