@@ -78,7 +78,7 @@ async def test_near_expiry_the_old_token_serves_while_a_new_one_is_fetched_besid
     provider.vertex.token_delay_secs = 0.5  # a slow endpoint: the request must not wait for it
     started = time.monotonic()
     again = await source.token()
-    assert time.monotonic() - started < 0.2
+    assert time.monotonic() - started < 0.4  # the endpoint takes 0.5 s: it was not waited for
     assert again == first
     for _ in range(50):  # the refresh beside it lands
         await asyncio.sleep(0.05)
