@@ -107,14 +107,23 @@ class GoogleToken:
             task.add_done_callback(self._settled)
         return task
 
-    def _settled(self, task: asyncio.Task[None]) -> None:
-        """A failed refresh beside the requests is tried again after `_RETRY_SECS`, not on
-        every request while the endpoint is down; its error is retrieved here (a request that
-        waited for it has raised it already)."""
-        if not task.cancelled() and task.exception() is not None:
-            self._retry_at = time.monotonic() + _RETRY_SECS
+    @staticmethod
+    def _settled(task: asyncio.Task[None]) -> None:
+        """Retrieve a refresh's error: one that ran beside the requests raised it to nobody
+        (a request that waited for it has raised it already)."""
+        if not task.cancelled():
+            task.exception()
 
     async def _refresh(self) -> None:
+        """Refresh the token; when that fails, a refresh beside the requests waits
+        `_RETRY_SECS` (set here, before the task is seen done: not a request later)."""
+        try:
+            await self._fetch()
+        except CloudCredentialError:
+            self._retry_at = time.monotonic() + _RETRY_SECS
+            raise
+
+    async def _fetch(self) -> None:
         try:
             await asyncio.to_thread(self._refresh_blocking)
         except CloudCredentialError:
