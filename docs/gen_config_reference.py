@@ -24,6 +24,8 @@ from switchyard_mw import config as cfg
 OUT = Path(__file__).resolve().parent / "configuration.md"
 TABLES: list[tuple[str, type[msgspec.Struct], str]] = [
     ("[llm_clients.NAME]", cfg.LLMClient, "One upstream account: credentials and endpoint."),
+    ("vertex = { ... }", cfg.VertexSettings, 'Inside a `kind = "vertex"` account (Providers).'),
+    ("bedrock = { ... }", cfg.BedrockSettings, 'Inside a `kind = "bedrock"` account.'),
     ('[canaries."MODEL"]', cfg.Canary, "A rollout of MODEL's variants (and its shadows)."),
     ("guard = { ... }", cfg.Guard, "Inside a canary: the automatic rollback."),
     ("[routes.NAME]", cfg.Route, "Requests whose model is NAME: an LLM judge picks the model."),

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
+from .clouds import CloudAccess, Outbound, StreamTranslator, cloud_access
+from .clouds.kinds import base_url_of
 from .config import Config, LLMClient, read_api_keys
 from .core.clock import Clock, monotonic
 from .core.pool import AccountPool, AccountSpec
@@ -29,6 +31,8 @@ class Account:
     model: str | None = None
     """The public model this account is bound to (None: unbound, as `build_accounts` makes)."""
     _bound: dict[str, Account] = field(default_factory=dict, repr=False, compare=False)
+    cloud: CloudAccess | None = field(default=None, repr=False, compare=False)
+    """A `vertex` or `bedrock` account's envelope and credentials (None: `kind = "api"`)."""
 
     @property
     def renames(self) -> bool:
@@ -52,9 +56,43 @@ class Account:
         return None if self.model is None else self.spec.provider_model(self.model)
 
     @property
+    def kind(self) -> str:
+        """`api`, `vertex` or `bedrock` (the config's `kind`)."""
+        return self.spec.kind
+
+    @property
     def base_url(self) -> str:
-        """The configured `base_url` without a trailing slash (the request path follows)."""
-        return self.spec.base_url.rstrip("/")
+        """The configured `base_url` without a trailing slash (the request path follows); a
+        cloud account's default from its region when unset."""
+        return base_url_of(self.spec)
+
+    async def outbound(
+        self, path: str, body: bytes, headers: Iterable[tuple[str, str]] = ()
+    ) -> Outbound:
+        """What to send to this account for a request on `path` (e.g. `/v1/messages`) with
+        `body` (`ctx.body_for_app()`): the URL, `headers` plus the credential, and the body,
+        for any kind: a cloud account's re-enveloped and signed (a token fetched or a
+        signature made, which is why this is awaited). Raises `WireError` for a request the
+        account cannot take, `CloudCredentialError` when it gets no credential in time."""
+        if self.cloud is None:
+            return Outbound(self.url(path), [*headers, *self.auth_headers()], body)
+        return await self.cloud.outbound(path, body, list(headers), model=self.provider_model)
+
+    def error_answer(
+        self, status: int, body: bytes, headers: Iterable[tuple[bytes, bytes]] = ()
+    ) -> tuple[int, bytes]:
+        """An error answer of this account as the client's wire sends it: a cloud's own
+        errors (Vertex's Google-shaped ones) in the Anthropic shape, with the status the
+        cooling policy should see; an `api` account's unchanged. `headers`: the answer's,
+        names lowercased (a cloud may name its error there)."""
+        if self.cloud is None:
+            return status, body
+        return self.cloud.cloud.error_answer(status, body, headers)
+
+    def stream_translator(self, content_type: str) -> StreamTranslator | None:
+        """What turns this account's 2xx stream of `content_type` into Anthropic SSE, chunk
+        by chunk (`feed`, then `end`); None when it is passed on as it is."""
+        return None if self.cloud is None else self.cloud.cloud.stream_translator(content_type)
 
     def auth_headers(self) -> list[tuple[str, str]]:
         """The credential header this account sends upstream, in its `auth` scheme."""
@@ -71,6 +109,11 @@ class Account:
 
     def upstream_path(self, path: str) -> str:
         """The path (and the template's query) this account is called on for `path`."""
+        if self.cloud is not None:
+            raise ValueError(
+                f"account {self.name!r} is a {self.kind} account: its URL depends on the body, "
+                "use `await ctx.account.outbound(path, body)`"
+            )
         template = self.spec.path
         if template is None:
             return path
@@ -86,10 +129,13 @@ class Account:
 
 
 def build_accounts(config: Config, environ: Mapping[str, str] | None = None) -> dict[str, Account]:
-    """Every configured client with its key; `StartupError` names each unset key variable."""
+    """Every configured client with its key; `StartupError` names each unset key variable.
+
+    A cloud account's library is imported here (`MissingExtraError` names its extra); its
+    credential is fetched on first use."""
     keys = read_api_keys(config, environ)
     return {
-        name: Account(name=name, spec=spec, api_key=keys[name])
+        name: Account(name=name, spec=spec, api_key=keys[name], cloud=cloud_access(name, spec))
         for name, spec in config.llm_clients.items()
     }
 

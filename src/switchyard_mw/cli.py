@@ -9,8 +9,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, TextIO
 from urllib.parse import urlsplit
 
+from .clouds.checks import cloud_problems
+from .clouds.kinds import base_url_of
 from .config import (
     Config,
+    LLMClient,
     State,
     config_warnings,
     diagnose_config,
@@ -96,6 +99,7 @@ def check_config(path: str, *, out: TextIO, err: TextIO, check_env: bool = True)
     config, problems = diagnose_config(path)
     if config is not None and check_env:
         problems.extend(missing_api_keys(config))
+        problems.extend(cloud_problems(config))
     if problems or config is None:
         return _problems(path, problems, err)
     for warning in config_warnings(config):
@@ -184,18 +188,35 @@ def run_extproc(
     return EXIT_OK
 
 
+def _endpoint(c: LLMClient) -> str:
+    """Where an account is called and how it authenticates, credentials never read out."""
+    if c.vertex is not None and c.kind == "vertex":
+        v = c.vertex
+        credentials = v.credentials_file or "application default"
+        return (
+            f"vertex {base_url_of(c)} project={v.project} region={v.region} "
+            f"credentials={credentials}"
+        )
+    if c.bedrock is not None and c.kind == "bedrock":
+        b = c.bedrock
+        return f"bedrock region={b.region or 'from AWS'} profile={b.profile or 'default chain'}"
+    return f"{c.base_url} auth={c.auth}"
+
+
 def summary(config: Config, environ: dict[str, str] | None = None) -> str:
     """Clients, models, canaries and routes; key variables shown as set or unset, never read out."""
     env = os.environ if environ is None else environ
     lines = [f"accounts ({len(config.llm_clients)}):"]
     for name, c in config.llm_clients.items():
-        if c.api_key_env is None:
-            key = "no key"
+        if c.kind != "api":
+            key = ""
+        elif c.api_key_env is None:
+            key = " no key"
         else:
-            key = f"key ${c.api_key_env} {'set' if env.get(c.api_key_env) else 'NOT SET'}"
+            key = f" key ${c.api_key_env} {'set' if env.get(c.api_key_env) else 'NOT SET'}"
         lines.append(
-            f"  {name}: {c.base_url} auth={c.auth} priority={c.priority} "
-            f"timeout={c.timeout_secs:g}s idle={c.stream_idle_secs:g}s {key}"
+            f"  {name}: {_endpoint(c)} priority={c.priority} "
+            f"timeout={c.timeout_secs:g}s idle={c.stream_idle_secs:g}s{key}"
         )
         names = [
             m if c.provider_model(m) == m else f"{m} (as {c.provider_model(m)})" for m in c.models

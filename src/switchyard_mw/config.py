@@ -28,11 +28,43 @@ PositiveInt = Annotated[int, Meta(gt=0)]
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
+AccountKind = Literal["api", "vertex", "bedrock"]
+"""How an account is called: `api`, an endpoint of the client's wire with a key in a header;
+`vertex` and `bedrock`, Claude through a cloud (the Anthropic Messages wire re-enveloped)."""
+
+
+class VertexSettings(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """A `kind = "vertex"` account: Claude on Google Vertex AI, as gcloud configures it."""
+
+    project: str
+    """The Google Cloud project id the model is enabled in."""
+    region: str
+    """The Vertex AI location, e.g. `us-east5`, `europe-west1` or `global`."""
+    credentials_file: str | None = None
+    """A service-account key file (JSON); unset: application-default credentials
+    (`GOOGLE_APPLICATION_CREDENTIALS`, gcloud's own login, or the metadata server)."""
+    token_timeout_secs: PositiveSecs = 10.0
+    """The longest wait for the token endpoint; past it the attempt fails naming the account."""
+
+
+class BedrockSettings(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """A `kind = "bedrock"` account: Claude on Amazon Bedrock, as the AWS CLI configures it."""
+
+    region: str | None = None
+    """The AWS region, e.g. `us-east-1`; unset: `AWS_REGION`, `AWS_DEFAULT_REGION` or the
+    profile's region, as the AWS tools look it up."""
+    profile: str | None = None
+    """A named profile of the shared AWS files; unset: the standard credential chain
+    (environment, shared files' default profile, container or instance role)."""
+
+
 class LLMClient(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """One upstream account: an endpoint, its credential and how to treat its faults."""
 
-    base_url: str
-    """e.g. `https://api.anthropic.com`, without `/v1`: the request path is appended to it."""
+    base_url: str = ""
+    """e.g. `https://api.anthropic.com`, without `/v1`: the request path is appended to it.
+    Required for `kind = "api"`; a cloud account derives it from its region (set it to reach
+    a private endpoint)."""
     models: list[str] | dict[str, str]
     """The models it serves: a list of names (`"*"` serves any model), or a table mapping each
     public name clients send to the provider's own (`{ "claude-opus-5" =
@@ -66,6 +98,14 @@ class LLMClient(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     go to one account, chosen by rendezvous hashing weighted by this (see Account affinity)."""
     envoy_cluster: str | None = None
     """ext_proc mode: the Envoy cluster that reaches `base_url` (unset: not routable there)."""
+    kind: AccountKind = "api"
+    """`api`: `base_url` speaks the client's wire, `api_key_env` holds the key; `vertex` or
+    `bedrock`: Claude through that cloud, configured in the table of the same name (Anthropic
+    Messages requests only; see Providers)."""
+    vertex: VertexSettings | None = None
+    """`kind = "vertex"`: `{ project = "...", region = "us-east5" }` (and its credentials)."""
+    bedrock: BedrockSettings | None = None
+    """`kind = "bedrock"`: `{ region = "us-east-1" }` (and a profile)."""
 
     def serves(self, model: str) -> bool:
         return "*" in self.models or model in self.models
@@ -347,6 +387,7 @@ def _suggest(key: str, known: Iterable[str]) -> str:
 
 
 _AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
+_MISSING = re.compile(r"^Object missing required field `(?P<name>[^`]+)`$")
 _BOUND = re.compile(r"^Expected `(?P<type>[^`]+)` (?P<op>[<>]=?) (?P<n>[-0-9.e+]+)$")
 
 
@@ -355,6 +396,8 @@ def _describe(exc: msgspec.ValidationError, where: str) -> str:
     match = _AT.match(str(exc))
     what = match.group("what") if match else str(exc)
     path = where + (match.group("path") if match and match.group("path") else "")
+    if m := _MISSING.match(what):  # a nested table's field: named at its own key path
+        return f"{path}.{m.group('name')}: required"
     if m := _BOUND.match(what):
         op, n = m.group("op"), float(m.group("n"))
         if m.group("type") == "int" and op == ">=" and n == 1:
@@ -401,13 +444,39 @@ def _check_clients(config: Config, salvaged: set[str]) -> list[str]:
             problems.extend(_check_model_map(at, client.models))
         if client.path is not None:
             problems.extend(_check_path(at, client.path, maps=isinstance(client.models, dict)))
-        if not client.base_url.startswith(("http://", "https://")):
+        if client.kind != "api":
+            problems.extend(_check_cloud(at, client, salvaged=at in salvaged))
+        elif not client.base_url:
+            problems.append(f"{at}.base_url: required")
+        if client.base_url and not client.base_url.startswith(("http://", "https://")):
             problems.append(f"{at}.base_url: must start with http:// or https://")
         if client.api_key_env is not None and not _ENV_NAME.match(client.api_key_env):
             problems.append(f"{at}.api_key_env: not an environment variable name")
         # A salvaged entry may hold a default in place of a bad period: comparing would mislead.
         if at not in salvaged and client.max_cooldown_secs < client.cooldown_secs:
             problems.append(f"{at}.max_cooldown_secs: must be >= cooldown_secs")
+    return problems
+
+
+def _check_cloud(at: str, client: LLMClient, *, salvaged: bool) -> list[str]:
+    """A cloud account: its own table set (and no other's), and none of the keys it replaces
+    (the cloud decides the path and the credential). A salvaged entry's table may have been
+    dropped for a bad field, already reported."""
+    problems: list[str] = []
+    kind = client.kind
+    if getattr(client, kind) is None and not salvaged:
+        problems.append(f'{at}.{kind}: required when kind = "{kind}"')
+    for other in ("vertex", "bedrock"):
+        if other != kind and getattr(client, other) is not None:
+            problems.append(f'{at}.{other}: only with kind = "{other}"')
+    for key, unset in (("path", None), ("api_key_env", None), ("auth", "bearer")):
+        if getattr(client, key) != unset:
+            problems.append(f'{at}.{key}: not used with kind = "{kind}" (the cloud decides it)')
+    if client.envoy_cluster is not None:
+        problems.append(
+            f'{at}.envoy_cluster: a kind = "{kind}" account is reached through the forwarding '
+            "app only (the ext_proc front does not re-envelope or sign; see Envoy)"
+        )
     return problems
 
 
@@ -508,6 +577,11 @@ def _check_routes(
         judge = config.llm_clients.get(route.judge)
         if judge is None and route.judge not in declared_clients:
             problems.append(f'{at}.judge: no llm_clients entry "{route.judge}"')
+        elif judge is not None and judge.kind != "api":
+            problems.append(
+                f'{at}.judge: llm_clients.{_quote(route.judge)} is a kind = "{judge.kind}" '
+                'account; the judge speaks OpenAI Chat to a kind = "api" account'
+            )
         elif judge is not None and not judge.serves(route.judge_model):
             problems.append(
                 f"{at}.judge_model: llm_clients.{_quote(route.judge)} does not serve "

@@ -12,6 +12,7 @@ SwitchyardError
 ├── JudgeHTTPError              the judge answered with a non-2xx status
 ├── MockProviderFault           `testing.MockProvider` aborts an answer (a RuntimeError)
 ├── MachineError                an attempt machine was given an event out of place (a bug)
+├── CloudCredentialError        a cloud account got no token or signature (names the account)
 └── TransportError              an outbound call failed in transport (each also httpx's namesake)
     ├── TimeoutException
     │   ├── ConnectTimeout
@@ -71,6 +72,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BadVerdict",
     "ClientDisconnected",
+    "CloudCredentialError",
     "ConfigError",
     "ConnectError",
     "ConnectTimeout",
@@ -203,6 +205,18 @@ class JudgeHTTPError(SwitchyardError):
 
 class MachineError(SwitchyardError, RuntimeError):
     """An event the attempt machine cannot take in its state: a driver's bug, never a peer's."""
+
+
+class CloudCredentialError(SwitchyardError):
+    """A `vertex` or `bedrock` account could not get its credential: its token endpoint
+    refused or did not answer in time, its key file is unreadable. The message names the
+    account, never a key or a token. `refused`: the credentials were turned down (an account
+    fault for every model, as a 401), not merely unreachable."""
+
+    def __init__(self, account: str, message: str, *, refused: bool) -> None:
+        self.account = account
+        self.refused = refused
+        super().__init__(f"account {account!r}: {message}")
 
 
 class MockProviderFault(SwitchyardError, RuntimeError):

@@ -35,6 +35,8 @@ HEAVY = (
     "opentelemetry.instrumentation",
     "prometheus_client",
     "redis",
+    "google.auth",
+    "botocore",
 )
 
 
@@ -133,6 +135,7 @@ def test_the_stack_serves_a_request_with_no_extra_installed() -> None:
         ("switchyard_mw.extproc", ("grpc",), "envoy"),
         ("switchyard_mw.extproc", ("h2",), "envoy"),
         ("switchyard_mw.extproc", ("google.protobuf",), "envoy"),
+        ("switchyard_mw.clouds.google_token", ("google.auth",), "vertex"),
     ],
 )
 def test_a_feature_without_its_extra_names_the_extra(

@@ -127,15 +127,19 @@ class Shadows:
         self, account: Account, path: str, body: bytes, shadow: str, deadline: float
     ) -> str | None:
         """POST the copy; the error type, or None for a success. Never raises."""
-        headers = [("content-type", "application/json"), *account.auth_headers()]
+        renamed = rewrite_model(body, account.provider_model or shadow)
         try:
             async with asyncio.timeout(deadline):
+                # Any kind of account: a cloud one's copy is re-enveloped and signed too.
+                outbound = await account.outbound(
+                    path, renamed, [("content-type", "application/json")]
+                )
                 # Not the attempt's call: the request's `transport_error` is left alone.
                 with map_exceptions(report=False):
                     answer = await self._http.post(
-                        account.url(path),
-                        content=rewrite_model(body, account.provider_model or shadow),
-                        headers=headers,
+                        outbound.url,
+                        content=outbound.body,
+                        headers=outbound.headers,
                         timeout=deadline,
                     )
         except TimeoutError:

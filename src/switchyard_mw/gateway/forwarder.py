@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 from collections.abc import AsyncIterator, Iterable
 
-from ..errors import MissingExtraError, TransportError
+from ..errors import CloudCredentialError, MissingExtraError, TransportError, WireError
 
 try:
     import aiohttp
@@ -33,6 +33,7 @@ from starlette.types import Receive, Scope, Send
 
 from ..accounts import Account
 from ..asgi.body import ClientDisconnected, read_body
+from ..clouds import StreamTranslator
 from ..context import RequestContext, current_context
 from ..engine.outbound import map_exceptions, pool_of, seconds_left, timeout_for
 from ..engine.usage import StreamUsage, Tokens, answer_tokens
@@ -107,11 +108,14 @@ class Forwarder:
             await _unplaced(ctx)(scope, receive, send)
             return
         reply = await self._call(ctx, ctx.account, scope, await _request_body(receive))
+        if isinstance(reply, Response):  # answered in the gateway: a cloud refused the request
+            await reply(scope, receive, send)
+            return
         if reply.streams:
             await _stream(reply, ctx, send)
             return
         data = await self._read(reply, ctx)
-        headers = reply.headers
+        headers = reply.headers  # after the read: a cloud's error may have changed them
         if reply.status >= 200 and reply.status not in (204, 304):
             headers = [(b"content-length", b"%d" % len(data)), *headers]  # as Starlette's
         await send({"type": "http.response.start", "status": reply.status, "headers": headers})
@@ -123,6 +127,8 @@ class Forwarder:
         if ctx is None or ctx.account is None or ctx.view is None:
             return _unplaced(ctx)
         reply = await self._call(ctx, ctx.account, request.scope, await request.body())
+        if isinstance(reply, Response):
+            return reply
         if reply.streams:
             return self._streaming(reply, ctx)
         data = await self._read(reply, ctx)
@@ -132,8 +138,9 @@ class Forwarder:
 
     async def _call(
         self, ctx: RequestContext, account: Account, scope: Scope, body: bytes
-    ) -> _Reply:
-        """Send the request upstream; the reply's headers have arrived, its body not yet."""
+    ) -> _Reply | Response:
+        """Send the request upstream; the reply's headers have arrived, its body not yet (or
+        the answer of a cloud account that cannot take the request)."""
         sends = self._sends.get(account.name)
         if sends is None or sends.spec is not account.spec or sends.key != account.api_key:
             sends = self._sends[account.name] = _Sends(account)
@@ -146,7 +153,13 @@ class Forwarder:
         # The path as Starlette's `request.url.path` gives it.
         path = scope["path"].replace("?", "%3F").replace("#", "%23").replace("\\", "%5C")
         query = scope.get("query_string", b"").decode("latin-1")
-        url = with_query(account.url(path), query)  # the account's path template, if any
+        if account.cloud is not None:
+            prepared = await _cloud_request(ctx, account, path, headers, body)
+            if isinstance(prepared, Response):
+                return prepared
+            url, headers, body = prepared
+        else:
+            url = with_query(account.url(path), query)  # the account's path template, if any
         span = None
         if tm.tracing():
             span = ot.start_call(httpx.URL(url), account.base_url)
@@ -162,6 +175,8 @@ class Forwarder:
         if span is not None:
             ot.answered(span, reply.status)
         reply.span = span
+        if account.cloud is not None:
+            reply.from_cloud(account)
         return reply
 
     @staticmethod
@@ -188,6 +203,8 @@ class Forwarder:
             await reply.aclose()
         if span is not None:
             span.end()
+        if reply.cloud is not None and reply.status >= 400:
+            data = reply.cloud_error(data)
         if reply.status < 300 and "json" in reply.content_type:
             _report(ctx, answer_tokens(ctx.wire, data))  # request metrics, SDK or not
         return data
@@ -203,6 +220,37 @@ class _Sends:
         self.spec = account.spec
         self.key = account.api_key
         self.headers = [*account.auth_headers(), _IDENTITY]
+
+
+async def _cloud_request(
+    ctx: RequestContext,
+    account: Account,
+    path: str,
+    headers: list[tuple[str, str]],
+    body: bytes,
+) -> tuple[str, list[tuple[str, str]], bytes] | Response:
+    """A cloud account's URL, headers and body for the request: re-enveloped and signed.
+
+    What it cannot take, or a credential it cannot get, is answered here in the client's
+    wire: a credential refused as a 401 (the account's fault for every model), a token
+    endpoint that did not answer in time as a 502 (an account fault: the request fails
+    over). The message names the account.
+    """
+    wire = ctx.wire or Wire.ANTHROPIC
+    try:
+        outbound = await account.outbound(path, body, headers)
+    except WireError as exc:
+        return _error(wire, exc.status, exc.error_type, exc.message)
+    except CloudCredentialError as exc:
+        if exc.refused:
+            return _error(wire, 401, "authentication_error", str(exc))
+        return _error(wire, 502, "api_error", str(exc))
+    return outbound.url, outbound.headers, outbound.body
+
+
+def _error(wire: Wire, status: int, error_type: str, message: str) -> Response:
+    body = error_body(wire, error_type, message)
+    return Response(body, status_code=status, media_type="application/json")
 
 
 def _limits(ctx: RequestContext) -> aiohttp.ClientTimeout:
@@ -241,7 +289,17 @@ class _Reply:
     hop-by-hop ones and those the serving server sets itself.
     """
 
-    __slots__ = ("_aiohttp", "_httpx", "content_type", "headers", "span", "status", "streams")
+    __slots__ = (
+        "_aiohttp",
+        "_httpx",
+        "cloud",
+        "content_type",
+        "headers",
+        "span",
+        "status",
+        "streams",
+        "translator",
+    )
 
     def __init__(
         self,
@@ -255,6 +313,8 @@ class _Reply:
         self._aiohttp = aiohttp_response
         self._httpx = httpx_response
         self.span: trace.Span | None = None
+        self.cloud: Account | None = None
+        self.translator: StreamTranslator | None = None
         headers: list[tuple[bytes, bytes]] = []
         content_type: bytes | None = None
         for name, value in raw_headers:
@@ -267,6 +327,30 @@ class _Reply:
         self.headers = headers
         self.content_type = content_type.decode("latin-1") if content_type is not None else ""
         self.streams = self.content_type.startswith("text/event-stream") and status < 400
+
+    def from_cloud(self, account: Account) -> None:
+        """The answer of a cloud account: its stream translated if it is not Anthropic SSE
+        (the hook a cloud with its own stream framing fills), its errors mapped once read."""
+        self.cloud = account
+        if self.status >= 300:
+            return
+        translator = account.stream_translator(self.content_type)
+        if translator is not None:
+            self.translator = translator
+            self.streams = True
+            self._set_content_type(translator.content_type)
+
+    def cloud_error(self, data: bytes) -> bytes:
+        """A cloud's error answer as the Anthropic API sends one (status and body)."""
+        assert self.cloud is not None
+        self.status, data = self.cloud.error_answer(self.status, data, self.headers)
+        self._set_content_type(b"application/json")
+        return data
+
+    def _set_content_type(self, value: bytes) -> None:
+        kept = [(k, v) for k, v in self.headers if k != b"content-type"]
+        self.headers = [(b"content-type", value), *kept]
+        self.content_type = value.decode("latin-1")
 
     @classmethod
     async def pooled(
@@ -362,8 +446,10 @@ async def _relay(reply: _Reply, ctx: RequestContext) -> AsyncIterator[bytes]:
     pending = b""
     usage = StreamUsage(ctx.wire)
     sequence = sequence_for(ctx.wire)  # numbers the error event on a Responses stream
+    translator = reply.translator
     try:
-        async for chunk in reply.chunks():
+        async for piece in reply.chunks():
+            chunk = piece if translator is None else translator.feed(piece)
             data = pending + chunk if pending else chunk
             cut = _events_end(data)
             pending = data[cut:]
@@ -373,6 +459,10 @@ async def _relay(reply: _Reply, ctx: RequestContext) -> AsyncIterator[bytes]:
                 if sequence is not None:
                     sequence.feed(events)
                 yield events
+        if translator is not None and (tail := translator.end()):
+            data, pending = pending + tail, b""
+            usage.feed(data)
+            yield data
     except TransportError as exc:  # from either client (`_Reply` maps them)
         # The caller already has a 200: end its stream with the wire's error event, and let
         # the cooling policy count the account's fault all the same.

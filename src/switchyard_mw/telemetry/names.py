@@ -244,7 +244,10 @@ _PROVIDER_HOSTS = {
     "api.perplexity.ai": "perplexity",
     "api.cohere.com": "cohere",
 }
-_PROVIDER_SUFFIXES = ((".openai.azure.com", "azure.ai.openai"),)
+_PROVIDER_SUFFIXES = (
+    (".openai.azure.com", "azure.ai.openai"),
+    ("aiplatform.googleapis.com", "gcp.vertex_ai"),  # `{region}-aiplatform...` and global
+)
 
 
 @functools.lru_cache(maxsize=256)

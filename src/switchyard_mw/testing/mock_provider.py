@@ -15,6 +15,12 @@ How each request is answered is chosen by its API key (``x-api-key`` or
     GET    /_mock/requests           recorded LLM requests, bodies decoded as JSON
     DELETE /_mock/requests
     GET    /_mock/health
+    PUT    /_mock/vertex/keys/{client_email}   body: a PEM public key to trust
+    PUT    /_mock/vertex     body: {"token_lifetime_secs": N, "token_delay_secs": S}
+
+It also plays Vertex AI (``POST /token``, a service account's ``token_uri``, and the
+rawPredict/streamRawPredict paths, answered by the behaviour of the token's
+``client_email``): see ``switchyard_mw.testing._vertex``.
 
 Run standalone with ``python -m switchyard_mw.testing.mock_provider --port 9100``.
 """
@@ -29,7 +35,7 @@ import gzip
 import re
 import uuid
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -49,6 +55,14 @@ from switchyard_mw.testing._asgi import (
 from switchyard_mw.testing._prompt_cache import PromptCache
 from switchyard_mw.testing._replies import ReplyContext, StreamPlan
 from switchyard_mw.testing._tool_calls import split_text, tool_calls
+from switchyard_mw.testing._vertex import (
+    TOKEN_PATH,
+    VertexCall,
+    VertexFace,
+    envelope_problem,
+    send_google_error,
+    vertex_call,
+)
 from switchyard_mw.testing._wire_replies import ENDPOINTS, Endpoint, ErrorStyle, error_body
 from switchyard_mw.wire import on_fresh_stack
 
@@ -187,6 +201,8 @@ class MockProvider:
             maxlen=max_recorded_requests
         )
         self._in_flight = 0
+        self.vertex = VertexFace()
+        """The Vertex AI face: its token endpoint (`POST /token`) and the tokens it issued."""
 
     # --- in-process control -------------------------------------------------------------
 
@@ -232,6 +248,7 @@ class MockProvider:
         self.reset_behaviours()
         self.clear_requests()
         self.prompt_cache.clear()
+        self.vertex.reset()
 
     # --- ASGI ---------------------------------------------------------------------------
 
@@ -247,7 +264,16 @@ class MockProvider:
         method: str = scope["method"]
         path: str = scope["path"]
         endpoint = ENDPOINTS.get(path) or _deployment_endpoint(path)
-        if endpoint is not None and method == "POST":
+        vertex = None if endpoint is not None else vertex_call(path)
+        if vertex is not None and method == "POST":
+            self._in_flight += 1
+            try:
+                await unless_disconnected(self._answer_vertex(vertex, scope, body, send), receive)
+            finally:
+                self._in_flight -= 1
+        elif path == TOKEN_PATH and method == "POST":
+            await self.vertex.answer_token(body, send)
+        elif endpoint is not None and method == "POST":
             self._in_flight += 1
             try:
                 work = self._answer(endpoint, scope, body, send)
@@ -261,7 +287,35 @@ class MockProvider:
         else:
             await _send_error(send, "openai", 404, f"Invalid URL ({method} {path})")
 
-    async def _answer(self, endpoint: Endpoint, scope: Scope, body: bytes, send: Send) -> None:
+    async def _answer_vertex(self, call: VertexCall, scope: Scope, body: bytes, send: Send) -> None:
+        """A rawPredict call: a live token of the token endpoint's, the Vertex envelope,
+        then the Messages answer of the token's service account's behaviour."""
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        holder = self.vertex.holder(_api_key(headers))
+        if holder is None:
+            message = "Request had invalid authentication credentials."
+            await send_google_error(send, 401, message)
+            return
+        try:
+            payload = _decode(body)
+        except (msgspec.DecodeError, RecursionError):
+            payload = None
+        problem = envelope_problem(payload, call)
+        if problem is not None:
+            await send_google_error(send, 400, problem)
+            return
+        endpoint = ENDPOINTS["/v1/messages"]
+        await self._answer(endpoint, scope, body, send, vertex=(holder, call.model))
+
+    async def _answer(
+        self,
+        endpoint: Endpoint,
+        scope: Scope,
+        body: bytes,
+        send: Send,
+        *,
+        vertex: tuple[str, str] | None = None,
+    ) -> None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         key = _api_key(headers)
         try:
@@ -271,6 +325,8 @@ class MockProvider:
         except (msgspec.DecodeError, RecursionError):
             payload = None
         fields: dict[str, Any] = payload if isinstance(payload, dict) else {}
+        if vertex is not None:  # the service account answers, and the path names the model
+            key, fields = vertex[0], {**fields, "model": vertex[1]}
         model = fields.get("model") if isinstance(fields.get("model"), str) else None
         stream = fields.get("stream") is True
         behaviour = self.behaviour_for(key)
@@ -294,7 +350,11 @@ class MockProvider:
         await _sleep(behaviour.headers_delay_secs)
         if behaviour.fail == "reset_before_headers":
             raise MockProviderFault("fail=reset_before_headers")
-        if behaviour.status != 200:
+        if behaviour.status != 200 and vertex is not None and behaviour.status != 529:
+            # Vertex's own errors come in Google's shape; the model's (529) in Anthropic's.
+            message = f"Mock Vertex AI answering {behaviour.status} for this service account."
+            await send_google_error(send, behaviour.status, message, behaviour.headers)
+        elif behaviour.status != 200:
             message = f"Mock provider answering {behaviour.status} for this API key."
             await _send_error(send, endpoint.errors, behaviour.status, message, behaviour.headers)
         elif ctx is None:
@@ -377,6 +437,8 @@ class MockProvider:
         elif route == "behaviours" and method == "DELETE":
             self.reset_behaviours()
             await send_empty(send)
+        elif route.startswith("vertex"):
+            await self._control_vertex(method, route.removeprefix("vertex"), body, send)
         elif route.startswith("behaviours/") and method in ("PUT", "DELETE"):
             key = route.removeprefix("behaviours/")
             if method == "DELETE":
@@ -392,6 +454,33 @@ class MockProvider:
             await send_json(send, 200, behaviour)
         else:
             await _send_error(send, "openai", 404, f"No control route {method} /_mock/{route}")
+
+    async def _control_vertex(self, method: str, route: str, body: bytes, send: Send) -> None:
+        """`PUT /_mock/vertex/keys/{client_email}` (a PEM public key): trust that service
+        account's key; `PUT /_mock/vertex` ({"token_lifetime_secs", "token_delay_secs"})."""
+        if method == "PUT" and route.startswith("/keys/") and len(route) > len("/keys/"):
+            self.vertex.trust(route.removeprefix("/keys/"), body)
+            await send_empty(send)
+        elif method == "PUT" and route == "":
+            try:
+                timings = msgspec.json.decode(body or b"{}", type=_VertexTimings)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                await _send_error(send, "openai", 400, f"Invalid Vertex settings: {exc}")
+                return
+            if timings.token_lifetime_secs is not None:
+                self.vertex.token_lifetime_secs = timings.token_lifetime_secs
+            if timings.token_delay_secs is not None:
+                self.vertex.token_delay_secs = timings.token_delay_secs
+            await send_empty(send)
+        else:
+            await _send_error(
+                send, "openai", 404, f"No control route {method} /_mock/vertex{route}"
+            )
+
+
+class _VertexTimings(msgspec.Struct, forbid_unknown_fields=True):
+    token_lifetime_secs: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    token_delay_secs: Annotated[float, msgspec.Meta(ge=0)] | None = None
 
 
 # --- answering ----------------------------------------------------------------------------
