@@ -95,6 +95,15 @@ def test_invalid_budget_values_are_rejected(raw: bytes) -> None:
 # --- enforcement -----------------------------------------------------------------------------
 
 
+CHUNK = (
+    b'data: {"type":"content_block_delta","delta":{"type":"text_delta","text":"x"},'
+    b'"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n'
+)
+"""A stream's chunk: one content event as both Anthropic and Chat read it (a stream starts at
+its first content event, and its start is held back until then)."""
+CHUNK_EVENT = CHUNK.decode().removesuffix("\n\n")
+
+
 def sleeper(
     *, before_start: float = 0.0, sse_gaps: list[float] | None = None
 ) -> tuple[App, dict[str, Any]]:
@@ -126,9 +135,7 @@ def sleeper(
             )
             for gap in sse_gaps:
                 await asyncio.sleep(gap)
-                await send(
-                    {"type": "http.response.body", "body": b"data: {}\n\n", "more_body": True}
-                )
+                await send({"type": "http.response.body", "body": CHUNK, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
             state["cancelled"] = True
@@ -209,7 +216,7 @@ async def test_stalled_stream_ends_with_one_wire_error_event(
     r = await post(mw, path, {"model": "m", "stream": True})
     assert r.status_code == 200
     events = r.text.split("\n\n")
-    assert events[:2] == ["data: {}", "data: {}"]
+    assert events[:2] == [CHUNK_EVENT, CHUNK_EVENT]
     last = events[2]
     if path == "/v1/messages":
         assert last.startswith("event: error\ndata: ")
@@ -271,7 +278,7 @@ async def test_steady_slow_stream_outlives_the_idle_cap_many_times() -> None:
     mw = DeadlineMiddleware(app, timeout_secs=0.3, stream_idle_secs=0.2)
     r = await post(mw, "/v1/messages", {"model": "m", "stream": True})
     assert r.status_code == 200
-    assert r.text.count("data: {}") == 12
+    assert r.text.count(CHUNK_EVENT) == 12
     assert "error" not in r.text
     assert not state["cancelled"]
 
@@ -538,7 +545,7 @@ async def test_a_listening_app_with_a_started_stream_gets_the_error_event() -> N
         async def view() -> None:
             headers = [(b"content-type", b"text/event-stream")]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
-            await send({"type": "http.response.body", "body": b"data: {}\n\n", "more_body": True})
+            await send({"type": "http.response.body", "body": CHUNK, "more_body": True})
             try:
                 await asyncio.sleep(30)
             except asyncio.CancelledError:
@@ -556,7 +563,7 @@ async def test_a_listening_app_with_a_started_stream_gets_the_error_event() -> N
     r = await post(mw, "/v1/chat/completions", {"model": "m", "stream": True})
     assert r.status_code == 200
     events = r.text.split("\n\n")
-    assert events[0] == "data: {}"
+    assert events[0] == CHUNK_EVENT
     assert json.loads(events[1].removeprefix("data: "))["error"]["type"] == "deadline_exceeded"
     assert state["view"] == "cancelled"
 

@@ -30,6 +30,8 @@ DEADLINE_TEXTS = {
     "headers": "the upstream stream did not start within its deadline",
     "idle": "the upstream stream went silent for longer than its idle limit",
     "budget": "the request's overall time budget ran out",
+    "first_token": "the upstream stream sent no content within its first-token limit",
+    "slow": "the upstream stream's output rate stayed below its floor",
 }
 """The 504's text for each deadline phase."""
 _DEADLINES = {

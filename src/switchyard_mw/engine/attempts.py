@@ -48,6 +48,10 @@ class Phase(enum.StrEnum):
     """A stream went silent for longer than its idle limit."""
     BUDGET = "budget"
     """The caller's overall budget ran out: no account is to blame."""
+    FIRST_TOKEN = "first_token"
+    """A stream started (or not) but sent no content event within `first_token_secs`."""
+    SLOW = "slow"
+    """A stream's output rate stayed below `min_tokens_per_sec` over its window."""
 
 
 class Gone(enum.StrEnum):
@@ -66,7 +70,7 @@ class Gone(enum.StrEnum):
 
 
 APP_ERROR = Failure.APP_ERROR
-ACCOUNT_PHASES = frozenset({Phase.TOTAL, Phase.HEADERS, Phase.IDLE})
+ACCOUNT_PHASES = frozenset({Phase.TOTAL, Phase.HEADERS, Phase.IDLE, Phase.FIRST_TOKEN, Phase.SLOW})
 """Deadline phases that are the account's fault (not `BUDGET`: the caller's)."""
 OUT_OF_TIME = frozenset({Failure.DEADLINE, Failure.TIMEOUT})
 """Attempt failures that are answered 504, not 502."""
