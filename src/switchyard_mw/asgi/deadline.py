@@ -72,19 +72,19 @@ class DeadlineMiddleware(PolicyMiddleware):
         limits: Limits = self if ctx.account is None else ctx.account.spec
         first = deadline_secs(view, limits)
         now = time.monotonic()
-        # A stream starts at its first content event: that is bounded too, and the sooner
-        # of the two bounds is the first the alarm is set to.
+        # A stream starts at its first content event: `first` is the sooner of its bounds on
+        # the headers and on that event; once the headers came, the second is what is due.
         to_content = first_token_secs(limits) if view.stream else first
-        ctx.attempt_deadline_secs = in_force(min(first, to_content), ctx.budget_at, now)
-        ctx.deadline_at = now + min(first, to_content)
+        ctx.attempt_deadline_secs = in_force(first, ctx.budget_at, now)
+        ctx.deadline_at = now + first
         loop = running_loop()
         task = asyncio.current_task(loop)
         assert task is not None  # an ASGI app runs in a task
         idle = limits.stream_idle_secs if view.stream else None
         ctx.stream_idle_secs = idle
-        guard = _Guard(ctx, receive, send, loop, task, min(first, to_content), idle, now)
+        guard = _Guard(ctx, receive, send, loop, task, first, idle, now)
         guard.hold_start(watch_for(view.wire) if view.stream else None, limits, now + to_content)
-        if view.stream and to_content < first:
+        if view.stream and to_content <= first < limits.timeout_secs:
             guard.no_start_phase = Phase.FIRST_TOKEN
         try:
             await self.app(scope, guard.receive, guard.send)

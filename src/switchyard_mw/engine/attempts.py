@@ -19,6 +19,7 @@ from ..core.deadline import attempt_deadline_secs
 from ..core.pool import Lease, Outcome, classify_status
 from ..telemetry import names as tm
 from ..wire import RequestView
+from .stream_bounds import first_token_secs
 
 
 class Failure(enum.StrEnum):
@@ -92,10 +93,12 @@ class Limits(Protocol):
 
 
 def deadline_secs(view: RequestView, limits: Limits) -> float:
-    """The attempt's first bound: a stream must start within `timeout_secs`; any other
-    response must be whole within the deadline rule's time, which grows with the output cap."""
+    """The attempt's first bound: a stream must start within `timeout_secs` (or its
+    `first_token_secs`, when that is sooner: a stream without headers has no content either);
+    any other response must be whole within the deadline rule's time, which grows with the
+    output cap."""
     if view.stream:
-        return limits.timeout_secs
+        return min(limits.timeout_secs, first_token_secs(limits))
     return attempt_deadline_secs(
         timeout_secs=limits.timeout_secs,
         max_tokens=view.max_tokens,

@@ -8,9 +8,9 @@ and says when the first content event passed and how many output tokens have pas
 
 Content events, per wire (the official SDKs' event types):
 
-- Anthropic Messages: `content_block_delta` of any delta type that carries output
-  (`text_delta`, `thinking_delta`, `input_json_delta`, `citations_delta`; not
-  `signature_delta`, which only seals a thinking block), and `content_block_start` of a block
+- Anthropic Messages: `content_block_delta` of any delta type but `signature_delta`, which
+  only seals a thinking block (`text_delta`, `thinking_delta`, `input_json_delta`,
+  `citations_delta`, and types to come), and `content_block_start` of a block
   that is itself output: a `tool_use`/`server_tool_use` block (the tool's name is the model's
   decision), or a text or thinking block that starts with text. `message_start`, `ping`,
   a `content_block_start` of an empty text block, `content_block_stop`, `message_delta`,
@@ -47,9 +47,7 @@ rule of thumb for English text with the GPT and Claude tokenizers (code and othe
 run fewer bytes a token, so the estimate errs towards a slower rate)."""
 
 _DATA = b"data:"
-_ANTHROPIC_DELTAS = frozenset(
-    {"text_delta", "thinking_delta", "input_json_delta", "citations_delta"}
-)
+_NOT_CONTENT_DELTAS = frozenset({"signature_delta"})
 _ANTHROPIC_OUTPUT_BLOCKS = frozenset({"tool_use", "server_tool_use"})
 _CHAT_TEXT = ("content", "refusal", "reasoning_content", "reasoning")
 _RESPONSES_CALL_ITEMS = frozenset({"function_call", "custom_tool_call"})
@@ -127,7 +125,7 @@ def _anthropic(event: dict[str, Any]) -> Read:
     kind = event.get("type")
     if kind == "content_block_delta":
         delta = event.get("delta")
-        if isinstance(delta, dict) and delta.get("type") in _ANTHROPIC_DELTAS:
+        if isinstance(delta, dict) and delta.get("type") not in _NOT_CONTENT_DELTAS:
             return _size(delta), None
         return _NOTHING
     if kind == "content_block_start":
