@@ -80,7 +80,7 @@ class LLMClient(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     priority: int = 0
     """Lower is preferred; accounts of equal priority share the traffic in turn."""
     timeout_secs: PositiveSecs = 60.0
-    """The floor of a non-streaming attempt's deadline; a stream's time to start."""
+    """The floor of a non-streaming attempt's deadline; a stream's time to send its headers."""
     stream_idle_secs: PositiveSecs = 60.0
     """The longest silence between two chunks of a stream."""
     first_token_secs: PositiveSecs | None = None
