@@ -79,6 +79,12 @@ EVENTS: list[tuple[Wire, dict[str, object], bool]] = [
     (RESP, resp("refusal.delta", delta="No"), True),
     (RESP, resp("output_text.done", text="Hi"), False),
     (RESP, resp("completed", response={"usage": {"output_tokens": 2}}), False),
+    (RESP, {"type": "error", "code": "server_error", "message": "x"}, False),
+    (CHAT, {"error": {"type": "server_error", "message": "x"}}, False),
+    # Events not known here are content: a newer API's stream is never taken for silence.
+    (A, {"type": "a_newer_event"}, True),
+    (CHAT, {"id": "x", "object": "something.new"}, True),
+    (RESP, resp("newer.event"), True),
 ]
 
 
@@ -100,6 +106,14 @@ def test_an_event_cut_anywhere_is_seen_once_whole(wire: Wire) -> None:
         assert seen.count(True) == 1
         assert seen[0] is (cut > len(opening) + len(first) - 2)  # its data line was whole
         assert watch.started
+
+
+@pytest.mark.parametrize("wire", [A, CHAT, RESP])
+def test_data_that_is_not_the_wires_json_is_content_but_done_is_not(wire: Wire) -> None:
+    assert ContentWatch(wire).feed(b"data: [DONE]\n\n") is False
+    assert ContentWatch(wire).feed(b": a comment\nevent: a\n\n") is False  # no data line
+    assert ContentWatch(wire).feed(b"event: a\ndata: 0\n\n") is True
+    assert ContentWatch(wire).feed(b"data: {not json\n\n") is True
 
 
 def test_a_wire_with_no_known_events_has_no_watch() -> None:

@@ -6,7 +6,10 @@ that never says anything fails over like an attempt with no answer. Both fronts 
 piece of a stream's body, cut anywhere, to one `ContentWatch`; it parses SSE `data:` lines
 and says when the first content event passed and how many output tokens have passed so far.
 
-Content events, per wire (the official SDKs' event types):
+Content events, per wire (the official SDKs' event types). Only the events that open an answer
+are held back: an event this reader does not know (a newer event type, data that is not the
+wire's JSON) counts as content, so that a stream of a newer API is never taken for a silent
+one.
 
 - Anthropic Messages: `content_block_delta` of any delta type but `signature_delta`, which
   only seals a thinking block (`text_delta`, `thinking_delta`, `input_json_delta`,
@@ -93,14 +96,18 @@ class ContentWatch:
         return content
 
     def _line(self, payload: bytes) -> bool:
-        if not payload.startswith(b"{"):
-            return False  # `[DONE]`, or no JSON at all
-        try:
-            event = _decode(payload)
-        except msgspec.DecodeError:
+        if payload == b"[DONE]" or not payload:
             return False
+        event = None
+        if payload.startswith(b"{"):
+            try:
+                event = _decode(payload)
+            except msgspec.DecodeError:
+                event = None
         if not isinstance(event, dict):
-            return False
+            # Not an event of the wire: nothing this reader knows to hold back.
+            self._estimate += len(payload)
+            return True
         size, counted = self._reader(event)
         if counted is not None:
             self._counted = counted
@@ -119,6 +126,22 @@ Read = tuple[int, int | None]
 """What an event says: its content bytes (-1: not a content event) and the output tokens the
 stream reported in it (None: none)."""
 _NOTHING: Read = (-1, None)
+_UNKNOWN: Read = (0, None)
+"""An event this reader does not know: content (holding back what it cannot read could take
+a healthy stream of a newer API for a silent one), with no bytes to its estimate."""
+_ANTHROPIC_OPENING = frozenset(
+    {"message_start", "ping", "content_block_stop", "message_stop", "error"}
+)
+_RESPONSES_NOT_CONTENT = (
+    ".created",
+    ".in_progress",
+    ".queued",
+    ".added",
+    ".done",
+    ".completed",
+    ".failed",
+    ".incomplete",
+)
 
 
 def _anthropic(event: dict[str, Any]) -> Read:
@@ -138,13 +161,18 @@ def _anthropic(event: dict[str, Any]) -> Read:
         return (len(text), None) if isinstance(text, str) and text else _NOTHING
     if kind == "message_delta":
         return -1, _tokens(event.get("usage"), "output_tokens")
-    return _NOTHING
+    return _NOTHING if kind in _ANTHROPIC_OPENING else _UNKNOWN
 
 
 def _chat(event: dict[str, Any]) -> Read:
     counted = _tokens(event.get("usage"), "completion_tokens")
+    choices = event.get("choices")
+    if choices is None:
+        # A usage-only chunk or an error says nothing; anything else is not known here.
+        known = "usage" in event or "error" in event
+        return (-1, counted) if known else _UNKNOWN
     size = -1
-    for choice in event.get("choices") or ():
+    for choice in choices if isinstance(choices, list) else ():
         delta = choice.get("delta") if isinstance(choice, dict) else None
         if not isinstance(delta, dict):
             continue
@@ -161,7 +189,7 @@ def _chat(event: dict[str, Any]) -> Read:
 def _responses(event: dict[str, Any]) -> Read:
     kind = event.get("type")
     if not isinstance(kind, str):
-        return _NOTHING
+        return _UNKNOWN
     if kind.endswith(".delta"):
         return _size(event), None
     if kind == "response.output_item.added":
@@ -169,10 +197,11 @@ def _responses(event: dict[str, Any]) -> Read:
         if isinstance(item, dict) and item.get("type") in _RESPONSES_CALL_ITEMS:
             return len(str(item.get("name", ""))), None
         return _NOTHING
-    response = event.get("response")
-    if isinstance(response, dict):
-        return -1, _tokens(response.get("usage"), "output_tokens")
-    return _NOTHING
+    if kind == "error" or kind.endswith(_RESPONSES_NOT_CONTENT):
+        response = event.get("response")
+        usage = response.get("usage") if isinstance(response, dict) else None
+        return -1, _tokens(usage, "output_tokens")
+    return _UNKNOWN
 
 
 def _size(delta: dict[str, Any]) -> int:
