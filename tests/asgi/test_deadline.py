@@ -591,3 +591,54 @@ async def test_cleanup_that_waits_again_is_cancelled_again() -> None:
     assert r.status_code == 504
     assert cleaned == ["cut short"]
     assert 0.2 + LISTENER_GRACE_SECS <= elapsed < 0.2 + 2 * LISTENER_GRACE_SECS + 0.5
+
+
+# --- a stream starts at its first content event ----------------------------------------------
+
+OPENING = b'event: message_start\ndata: {"type":"message_start","message":{}}\n\nevent: ping\ndata: {"type":"ping"}\n\n'  # noqa: E501
+
+
+def opens_then(content_after: float, then: bytes = CHUNK) -> App:
+    """A stream that sends its headers and opening events at once, its content later."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        headers = [(b"content-type", b"text/event-stream")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": OPENING, "more_body": True})
+        await asyncio.sleep(content_after)
+        await send({"type": "http.response.body", "body": then, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    return app
+
+
+async def test_no_content_in_time_is_a_504_with_nothing_of_the_stream(
+    otel_metrics: Metrics,
+) -> None:
+    before = otel_metrics.value("switchyard.deadline.exceeded", phase="first_token")
+    mw = DeadlineMiddleware(opens_then(5.0), timeout_secs=0.3, stream_idle_secs=30)
+    started = time.monotonic()
+    r = await post(mw, "/v1/messages", {"model": "m", "stream": True})
+    assert time.monotonic() - started < 2.0
+    # The headers and opening events were held: the client gets the expiry as its answer.
+    assert r.status_code == 504
+    assert r.json()["error"]["type"] == "deadline_exceeded"
+    assert r.json()["error"]["message"] == deadline_exceeded("first_token").message
+    assert b"message_start" not in r.content
+    assert otel_metrics.value("switchyard.deadline.exceeded", phase="first_token") == before + 1
+
+
+async def test_content_in_time_lets_the_held_opening_through_in_order() -> None:
+    mw = DeadlineMiddleware(opens_then(0.1), timeout_secs=1.0, stream_idle_secs=30)
+    r = await post(mw, "/v1/messages", {"model": "m", "stream": True})
+    assert r.status_code == 200
+    assert r.content == OPENING + CHUNK
+
+
+async def test_a_stream_that_ends_before_any_content_goes_on_as_it_is() -> None:
+    error = b'event: error\ndata: {"type":"error","error":{"type":"overloaded_error"}}\n\n'
+    mw = DeadlineMiddleware(opens_then(0.0, then=error), timeout_secs=1.0, stream_idle_secs=30)
+    r = await post(mw, "/v1/messages", {"model": "m", "stream": True})
+    assert r.status_code == 200
+    assert r.content == OPENING + error

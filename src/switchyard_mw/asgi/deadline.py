@@ -394,14 +394,15 @@ class _Guard(_Alarm):
         self._holds = False
         now = time.monotonic()
         ctx = self.ctx
-        if content and ctx.first_token_at is None:
-            ctx.first_token_at = now
+        if content and self._watch is not None and ctx.first_token_at is None:
+            ctx.first_token_at = now  # a stream's time to first token (not a JSON answer's)
         for message in held:
             await self.send(message)
         if content and self._watch is not None and not self._complete:
             self._floor = floor_for(self._limits, now)
-            if self._floor is not None:
+            if self._floor is not None and self._idle is not None:
                 self._count(b"")
+                self._rearm(self._idle)  # the floor may bind before the next chunk comes
 
     def _count(self, body: bytes) -> None:
         """A stream's output so far, read against its throughput floor."""
