@@ -42,7 +42,8 @@ Headers = tuple[tuple[bytes, bytes], ...]
 
 
 def deadline_exceeded(phase: str) -> WireError:
-    """The 504 for a deadline that expired in `phase` (total, headers, idle or budget)."""
+    """The 504 for a deadline that expired in `phase` (total, headers, first_token,
+    idle, slow or budget)."""
     return _DEADLINES[phase]
 
 
