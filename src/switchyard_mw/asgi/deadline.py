@@ -341,8 +341,22 @@ class _Guard(_Alarm):
         self._content_at = content_at
 
     async def send(self, message: Message) -> None:
-        if self._held is not None:
-            return await self._hold(message)
+        held = self._held
+        if held is not None:
+            if self._watch is not None:
+                return await self._hold(message)
+            # A JSON answer: its start waits for the body's first bytes, and goes on with them
+            # here (no coroutine more than the start's own send: this runs on every answer).
+            if message["type"] != "http.response.body" or not (
+                message.get("body") or not message.get("more_body", False)
+            ):
+                held.append(message)
+                return
+            self._held = None
+            self._holds = False
+            self._start = held[0]
+            for early in held:
+                await self.raw_send(early)
         kind = message["type"]
         if kind == "http.response.start":
             if self._holds and message["status"] < 300:
