@@ -642,3 +642,31 @@ async def test_a_stream_that_ends_before_any_content_goes_on_as_it_is() -> None:
     r = await post(mw, "/v1/messages", {"model": "m", "stream": True})
     assert r.status_code == 200
     assert r.content == OPENING + error
+
+
+async def test_timeout_for_never_cuts_a_stream_before_its_first_token_is_due() -> None:
+    app, seen = timeout_seen_by_app()
+    # Its first content may come 9 s in: past timeout_secs (2) and stream_idle_secs (3).
+    account = Account(
+        name="a",
+        spec=LLMClient(
+            base_url="http://x",
+            models=["m"],
+            timeout_secs=2,
+            stream_idle_secs=3,
+            first_token_secs=9,
+        ),
+    )
+
+    async def with_client(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        ctx = context_of(scope)
+        assert ctx is not None
+        ctx.account = account
+        await deadline(scope, receive, send)
+
+    deadline = DeadlineMiddleware(app, timeout_secs=1)
+    from switchyard_mw.asgi.variant import VariantMiddleware
+
+    outer = VariantMiddleware(with_client, canaries={})
+    await post(outer, "/v1/messages", {"model": "m", "stream": True})
+    assert seen["timeout"].read == pytest.approx(9 + BACKSTOP_SECS, abs=0.1)

@@ -30,6 +30,10 @@ FAST = Behaviour(reply="fast fast fast")
 TRICKLE_GAP_SECS = 1.0
 FLOOR, WINDOW_SECS = 2.0, 3.0
 """2 tokens/s over 3 s; `trickle` makes about 0.5 a second (2 characters a delta)."""
+PATIENT_FIRST_TOKEN_SECS = 3.0
+PATIENT = Behaviour(reply="worth the wait", stall_after_chunks=0, body_stall_secs=1.6)
+"""Its first token after 1.6 s: past its `timeout_secs` and `stream_idle_secs` (and the
+app's own read bound of those), within its `first_token_secs`."""
 TRICKLE = Behaviour(reply="ab" * 20, chunks=20, chunk_interval_secs=TRICKLE_GAP_SECS)
 
 CONFIG = f"""
@@ -61,6 +65,15 @@ min_tokens_per_sec = {FLOOR}
 throughput_window_secs = {WINDOW_SECS}
 failure_threshold = 100000
 
+[llm_clients.patient]
+base_url = "{{mock}}"
+api_key_env = "KEY_PATIENT"
+auth = "x-api-key"
+models = ["ft-patient"]
+timeout_secs = 0.3
+stream_idle_secs = 0.3
+first_token_secs = {PATIENT_FIRST_TOKEN_SECS}
+
 [llm_clients.fast]
 base_url = "{{mock}}"
 api_key_env = "KEY_FAST"
@@ -76,7 +89,13 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Moc
     provider.set_behaviour("key-late", LATE)
     provider.set_behaviour("key-fast", FAST)
     provider.set_behaviour("key-trickle", TRICKLE)
-    env = {"KEY_LATE": "key-late", "KEY_FAST": "key-fast", "KEY_TRICKLE": "key-trickle"}
+    provider.set_behaviour("key-patient", PATIENT)
+    env = {
+        "KEY_LATE": "key-late",
+        "KEY_FAST": "key-fast",
+        "KEY_TRICKLE": "key-trickle",
+        "KEY_PATIENT": "key-patient",
+    }
     with serve_in_thread(provider) as mock_url:
         config = CONFIG.replace("{mock}", mock_url)
         with example_gateway(config, tmp_path_factory.mktemp("ft"), env) as url:
@@ -222,3 +241,15 @@ def test_a_trickling_stream_is_cut_at_its_floor(gateway: tuple[str, MockProvider
         before[0] + 1,
         before[1] + 1,
     )
+
+
+def test_a_first_token_within_its_limit_is_waited_for(gateway: tuple[str, MockProvider]) -> None:
+    url, _ = gateway
+    client = anthropic.Anthropic(base_url=url, api_key="caller", max_retries=0, timeout=30)
+    started = time.monotonic()
+    with client.messages.stream(
+        model="ft-patient", max_tokens=64, messages=[{"role": "user", "content": "hi"}]
+    ) as stream:
+        text = "".join(stream.text_stream)
+    assert text == PATIENT.reply
+    assert time.monotonic() - started >= PATIENT.body_stall_secs

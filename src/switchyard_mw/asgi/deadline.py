@@ -76,7 +76,9 @@ class DeadlineMiddleware(PolicyMiddleware):
         # the headers and on that event; once the headers came, the second is what is due.
         to_content = first_token_secs(limits) if view.stream else first
         ctx.attempt_deadline_secs = in_force(first, ctx.budget_at, now)
-        ctx.deadline_at = now + first
+        # What an app's own call bounds (`timeout_for`, a backstop past the alarm) must not cut
+        # a stream before its first content is due.
+        ctx.deadline_at = now + max(first, to_content)
         loop = running_loop()
         task = asyncio.current_task(loop)
         assert task is not None  # an ASGI app runs in a task
