@@ -23,8 +23,8 @@ from switchyard_mw.testing import Behaviour, MockProvider
 pytestmark = pytest.mark.integration
 
 FIRST_TOKEN_SECS = 0.5
-SILENCE_SECS = 5.0
-"""When `late` sends its first token: ten times its limit."""
+SILENCE_SECS = 10.0
+"""When `late` sends its first token: twenty times its limit."""
 LATE = Behaviour(reply="late late late", stall_after_chunks=0, body_stall_secs=SILENCE_SECS)
 FAST = Behaviour(reply="fast fast fast")
 TRICKLE_GAP_SECS = 1.0
@@ -198,7 +198,8 @@ def test_a_late_first_token_fails_over_before_the_client_saw_a_byte(
     text = call(url)
     took = time.monotonic() - started
     assert text == FAST.reply  # the fast account's answer, and nothing of the late one's
-    assert FIRST_TOKEN_SECS <= took < SILENCE_SECS / 2  # well before the late first token
+    # Well before the late first token, with a margin for a loaded machine.
+    assert FIRST_TOKEN_SECS <= took < SILENCE_SECS / 2
     keys = [r.key for r in provider.requests[-2:]]
     assert keys == ["key-late", "key-fast"]
     # The late account's fault, of its phase.
