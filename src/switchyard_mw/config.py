@@ -80,9 +80,18 @@ class LLMClient(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     priority: int = 0
     """Lower is preferred; accounts of equal priority share the traffic in turn."""
     timeout_secs: PositiveSecs = 60.0
-    """The floor of a non-streaming attempt's deadline; a stream's time to start."""
+    """The floor of a non-streaming attempt's deadline; a stream's time to send its headers."""
     stream_idle_secs: PositiveSecs = 60.0
     """The longest silence between two chunks of a stream."""
+    first_token_secs: PositiveSecs | None = None
+    """The longest a stream may take from sending to its first content event (text, thinking
+    or tool-use); until then its headers are held back, so an expiry fails over (unset:
+    `timeout_secs`)."""
+    min_tokens_per_sec: Annotated[float, Meta(gt=0, le=1e6)] | None = None
+    """A stream's output floor after its first content event: below it over
+    `throughput_window_secs`, the stream ends like an idle expiry (unset: no floor)."""
+    throughput_window_secs: PositiveSecs = 10.0
+    """The window `min_tokens_per_sec` is measured over."""
     default_max_tokens: PositiveInt | None = None
     """The output cap assumed (for the deadline) when a request sets none."""
     failure_threshold: PositiveInt = 3

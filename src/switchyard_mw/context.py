@@ -94,7 +94,8 @@ class RequestContext:
         """The real upstream status the app reported for the current attempt
         (`report_upstream`); None when it did not."""
         self.deadline_phase: str | None = None
-        """Set when a deadline expired: `total`, `headers`, `idle` or `budget`."""
+        """Set when a deadline expired: `total`, `headers`, `first_token`, `idle`, `slow` or
+        `budget`."""
         self.transport_error: type[BaseException] | None = None
         """The type of the transport error (refused, reset, stalled) the current attempt's
         upstream call raised: set by the client `make_http_client()` builds, or by the app

@@ -95,6 +95,15 @@ def test_invalid_budget_values_are_rejected(raw: bytes) -> None:
 # --- enforcement -----------------------------------------------------------------------------
 
 
+CHUNK = (
+    b'data: {"type":"content_block_delta","delta":{"type":"text_delta","text":"x"},'
+    b'"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n'
+)
+"""A stream's chunk: one content event as both Anthropic and Chat read it (a stream starts at
+its first content event, and its start is held back until then)."""
+CHUNK_EVENT = CHUNK.decode().removesuffix("\n\n")
+
+
 def sleeper(
     *, before_start: float = 0.0, sse_gaps: list[float] | None = None
 ) -> tuple[App, dict[str, Any]]:
@@ -126,9 +135,7 @@ def sleeper(
             )
             for gap in sse_gaps:
                 await asyncio.sleep(gap)
-                await send(
-                    {"type": "http.response.body", "body": b"data: {}\n\n", "more_body": True}
-                )
+                await send({"type": "http.response.body", "body": CHUNK, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
             state["cancelled"] = True
@@ -209,7 +216,7 @@ async def test_stalled_stream_ends_with_one_wire_error_event(
     r = await post(mw, path, {"model": "m", "stream": True})
     assert r.status_code == 200
     events = r.text.split("\n\n")
-    assert events[:2] == ["data: {}", "data: {}"]
+    assert events[:2] == [CHUNK_EVENT, CHUNK_EVENT]
     last = events[2]
     if path == "/v1/messages":
         assert last.startswith("event: error\ndata: ")
@@ -271,7 +278,7 @@ async def test_steady_slow_stream_outlives_the_idle_cap_many_times() -> None:
     mw = DeadlineMiddleware(app, timeout_secs=0.3, stream_idle_secs=0.2)
     r = await post(mw, "/v1/messages", {"model": "m", "stream": True})
     assert r.status_code == 200
-    assert r.text.count("data: {}") == 12
+    assert r.text.count(CHUNK_EVENT) == 12
     assert "error" not in r.text
     assert not state["cancelled"]
 
@@ -538,7 +545,7 @@ async def test_a_listening_app_with_a_started_stream_gets_the_error_event() -> N
         async def view() -> None:
             headers = [(b"content-type", b"text/event-stream")]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
-            await send({"type": "http.response.body", "body": b"data: {}\n\n", "more_body": True})
+            await send({"type": "http.response.body", "body": CHUNK, "more_body": True})
             try:
                 await asyncio.sleep(30)
             except asyncio.CancelledError:
@@ -556,7 +563,7 @@ async def test_a_listening_app_with_a_started_stream_gets_the_error_event() -> N
     r = await post(mw, "/v1/chat/completions", {"model": "m", "stream": True})
     assert r.status_code == 200
     events = r.text.split("\n\n")
-    assert events[0] == "data: {}"
+    assert events[0] == CHUNK_EVENT
     assert json.loads(events[1].removeprefix("data: "))["error"]["type"] == "deadline_exceeded"
     assert state["view"] == "cancelled"
 
@@ -584,3 +591,82 @@ async def test_cleanup_that_waits_again_is_cancelled_again() -> None:
     assert r.status_code == 504
     assert cleaned == ["cut short"]
     assert 0.2 + LISTENER_GRACE_SECS <= elapsed < 0.2 + 2 * LISTENER_GRACE_SECS + 0.5
+
+
+# --- a stream starts at its first content event ----------------------------------------------
+
+OPENING = b'event: message_start\ndata: {"type":"message_start","message":{}}\n\nevent: ping\ndata: {"type":"ping"}\n\n'  # noqa: E501
+
+
+def opens_then(content_after: float, then: bytes = CHUNK) -> App:
+    """A stream that sends its headers and opening events at once, its content later."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        headers = [(b"content-type", b"text/event-stream")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": OPENING, "more_body": True})
+        await asyncio.sleep(content_after)
+        await send({"type": "http.response.body", "body": then, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    return app
+
+
+async def test_no_content_in_time_is_a_504_with_nothing_of_the_stream(
+    otel_metrics: Metrics,
+) -> None:
+    before = otel_metrics.value("switchyard.deadline.exceeded", phase="first_token")
+    mw = DeadlineMiddleware(opens_then(5.0), timeout_secs=0.3, stream_idle_secs=30)
+    started = time.monotonic()
+    r = await post(mw, "/v1/messages", {"model": "m", "stream": True})
+    assert time.monotonic() - started < 2.0
+    # The headers and opening events were held: the client gets the expiry as its answer.
+    assert r.status_code == 504
+    assert r.json()["error"]["type"] == "deadline_exceeded"
+    assert r.json()["error"]["message"] == deadline_exceeded("first_token").message
+    assert b"message_start" not in r.content
+    assert otel_metrics.value("switchyard.deadline.exceeded", phase="first_token") == before + 1
+
+
+async def test_content_in_time_lets_the_held_opening_through_in_order() -> None:
+    mw = DeadlineMiddleware(opens_then(0.1), timeout_secs=1.0, stream_idle_secs=30)
+    r = await post(mw, "/v1/messages", {"model": "m", "stream": True})
+    assert r.status_code == 200
+    assert r.content == OPENING + CHUNK
+
+
+async def test_a_stream_that_ends_before_any_content_goes_on_as_it_is() -> None:
+    error = b'event: error\ndata: {"type":"error","error":{"type":"overloaded_error"}}\n\n'
+    mw = DeadlineMiddleware(opens_then(0.0, then=error), timeout_secs=1.0, stream_idle_secs=30)
+    r = await post(mw, "/v1/messages", {"model": "m", "stream": True})
+    assert r.status_code == 200
+    assert r.content == OPENING + error
+
+
+async def test_timeout_for_never_cuts_a_stream_before_its_first_token_is_due() -> None:
+    app, seen = timeout_seen_by_app()
+    # Its first content may come 9 s in: past timeout_secs (2) and stream_idle_secs (3).
+    account = Account(
+        name="a",
+        spec=LLMClient(
+            base_url="http://x",
+            models=["m"],
+            timeout_secs=2,
+            stream_idle_secs=3,
+            first_token_secs=9,
+        ),
+    )
+
+    async def with_client(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        ctx = context_of(scope)
+        assert ctx is not None
+        ctx.account = account
+        await deadline(scope, receive, send)
+
+    deadline = DeadlineMiddleware(app, timeout_secs=1)
+    from switchyard_mw.asgi.variant import VariantMiddleware
+
+    outer = VariantMiddleware(with_client, canaries={})
+    await post(outer, "/v1/messages", {"model": "m", "stream": True})
+    assert seen["timeout"].read == pytest.approx(9 + BACKSTOP_SECS, abs=0.1)

@@ -33,6 +33,14 @@ MESSAGE_START = (
     b'"role":"assistant","model":"fault-model","content":[],"stop_reason":null,'
     b'"stop_sequence":null,"usage":{"input_tokens":1,"output_tokens":1}}}\n\n'
 )
+TEXT_START = (
+    b'event: content_block_start\ndata: {"type":"content_block_start","index":0,'
+    b'"content_block":{"type":"text","text":""}}\n\n'
+)
+TEXT_DELTA = (
+    b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+    b'"delta":{"type":"text_delta","text":"Hel"}}\n\n'
+)
 
 pytestmark = pytest.mark.integration  # starts real servers
 HUGE_BYTES = 8 * 1024 * 1024
@@ -96,7 +104,19 @@ class FaultServer:
         await writer.drain()
 
     async def _die_mid_stream(self, writer: asyncio.StreamWriter) -> None:
-        writer.write(SSE_HEAD + chunk(MESSAGE_START) + b"40\r\nevent: content_block_")
+        # After a first content event: the stream has started, so nothing can replace it.
+        writer.write(
+            SSE_HEAD
+            + chunk(MESSAGE_START)
+            + chunk(TEXT_START)
+            + chunk(TEXT_DELTA)
+            + b"40\r\nevent: content_block_"
+        )
+        await writer.drain()
+
+    async def _die_before_content(self, writer: asyncio.StreamWriter) -> None:
+        # Its opening events only: the client has seen nothing of it yet.
+        writer.write(SSE_HEAD + chunk(MESSAGE_START) + chunk(TEXT_START) + b"40\r\nevent: ping")
         await writer.drain()
 
     async def _malformed_sse(self, writer: asyncio.StreamWriter) -> None:
@@ -225,6 +245,23 @@ async def test_upstream_dies_mid_stream_ends_with_a_wire_error_event(
     assert info.value.body["error"]["type"] == "upstream_error"  # type: ignore[index]
     assert faults_of(gateway, "faulty") == before + 1
     await client.close()
+
+
+def test_upstream_dies_before_the_first_content_event_fails_over(
+    gateway: str, faults: FaultServer
+) -> None:
+    """A stream starts at its first content event: one that breaks before it is no answer
+    yet, and the next account gives the whole of one."""
+    faults.mode = "die_before_content"
+    before = faults_of(gateway, "faulty")
+    client = anthropic.Anthropic(base_url=gateway, api_key="k", max_retries=0, timeout=10)
+    with client.messages.stream(**REQUEST) as stream:  # type: ignore[arg-type]
+        message = stream.get_final_message()
+    assert message.content[0].type == "text"
+    assert message.content[0].text  # the good account's whole answer
+    assert stream.response.headers["x-switchyard-account"] == "good"
+    assert stream.response.headers["x-switchyard-attempts"] == "2"
+    assert faults_of(gateway, "faulty") == before + 1
 
 
 def test_malformed_sse_frame_passes_through_byte_for_byte(

@@ -191,6 +191,17 @@ def forwarding(env: Env, m: AttemptMachine) -> None:
     assert m.started(200) is FORWARD
 
 
+def first_token_expired(env: Env, m: AttemptMachine) -> None:
+    """The ASGI front's deadline policy answered 504 itself: no content came in time."""
+    begun(env, m)
+    env.ctx.deadline_phase = Phase.FIRST_TOKEN
+
+
+def first_token_held(env: Env, m: AttemptMachine) -> None:
+    first_token_expired(env, m)
+    assert m.started(504) is HOLD_FOR_FAILOVER
+
+
 def between(env: Env, m: AttemptMachine) -> None:
     holding(env, m)
     assert m.ended(How.RETURNED, held=HELD) is NEXT
@@ -450,6 +461,29 @@ TABLE: dict[str, Row] = {
         State.DONE,
         phase_is(Phase.TOTAL),
     ),
+    "expired before the first content event: 504, the account's fault": Row(
+        begun,
+        State.SENT,
+        ask("expired", Phase.FIRST_TOKEN),
+        is_refuse(504, "deadline_exceeded"),
+        State.DONE,
+        phase_is(Phase.FIRST_TOKEN),
+    ),
+    "a front's own 504 for a first-token expiry: hold for failover": Row(
+        first_token_expired,
+        State.SENT,
+        ask("started", 504),
+        is_(HOLD_FOR_FAILOVER),
+        State.HOLDING,
+    ),
+    "first-token expiry held and returned: next, the account's fault": Row(
+        first_token_held,
+        State.HOLDING,
+        ask("ended", How.RETURNED, held=HELD),
+        is_(NEXT),
+        State.BETWEEN,
+        a_faulted,
+    ),
     "expired on the budget: no account blamed": Row(
         begun,
         State.SENT,
@@ -518,6 +552,14 @@ TABLE: dict[str, Row] = {
     ),
     "returned while forwarding: done": Row(
         forwarding, State.FORWARDING, ask("ended", How.RETURNED), is_(DONE), State.DONE
+    ),
+    "expired slow after the answer started: the account's fault": Row(
+        forwarding,
+        State.FORWARDING,
+        ask("expired", Phase.SLOW),
+        is_refuse(504, "deadline_exceeded"),
+        State.DONE,
+        phase_is(Phase.SLOW),
     ),
     "raised after the answer started: done, a fault": Row(
         forwarding,
@@ -762,5 +804,12 @@ def test_gone_reasons_and_failures_keep_the_strings_users_see() -> None:
         "no_response",
         "app_error",
     ]
-    assert [p.value for p in Phase] == ["total", "headers", "idle", "budget"]
+    assert [p.value for p in Phase] == [
+        "total",
+        "headers",
+        "idle",
+        "budget",
+        "first_token",
+        "slow",
+    ]
     assert Gone.DISCONNECTED == "disconnected"

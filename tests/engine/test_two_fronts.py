@@ -439,3 +439,35 @@ async def test_both_fronts_decide_alike(
     if scenario.content_type == "application/json":
         assert asgi.attempts or scenario.before, "the scenario made no attempt"
         assert len(asgi.calls) == len(asgi.attempts), "each attempt has its CLIENT span"
+
+
+async def test_a_streams_first_bound_is_the_sooner_of_its_headers_and_first_token() -> None:
+    """Both fronts bound a stream's start by the sooner of `timeout_secs` and
+    `first_token_secs` (a stream without headers has no content either): the deadline they
+    report and, under Envoy, the per-try timeout that enforces it. After the headers, only the
+    ASGI front holds a stream until its first content event (docs/envoy.md says why)."""
+    text = ONE.format(timeout=60.0) + "first_token_secs = 0.5\n"
+    config = parse_config(text)
+    body = msgspec.json.encode({**msgspec.json.decode(BODY), "stream": True})
+    mock = MockProvider()
+    upstream = httpx.AsyncClient(transport=_Upstreams(mock, {}), base_url="http://upstream.test")
+    stack = switchyard_stack(_forwarding_app(upstream), config=config, environ=ENV)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=stack), base_url="http://gw.test"
+    ) as client:
+        reply = await client.post(
+            "/v1/messages", content=body, headers={"content-type": "application/json"}
+        )
+    await stack.aclose()
+    await upstream.aclose()
+    assert reply.status_code == 200
+    asgi = reply.headers["x-switchyard-deadline-ms"]
+
+    policies = Policies(config, build_accounts(config, ENV))
+    router = Stream(ExtProcServicer(policies))
+    await router.send(request_headers(extra={"x-request-id": RID}))
+    routed = sets(await router.send(request_body(body)))
+    final = sets(await router.send(response_headers(200, details="via_upstream")))
+    await router.close()
+    assert asgi == final["x-switchyard-deadline-ms"].decode() == "500"
+    assert routed["x-envoy-upstream-rq-per-try-timeout-ms"] == b"500"

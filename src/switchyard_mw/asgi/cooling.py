@@ -46,6 +46,7 @@ from ..engine.machine import (
     Gone,
     How,
     Refuse,
+    State,
 )
 from ..engine.machine import Send as SendOn
 from ..engine.policies import Engine
@@ -80,7 +81,16 @@ _CANCELLED = Gone.CANCELLED
 class _Attempt:
     """The `send` of one attempt: forwards at once unless the machine holds the answer back."""
 
-    __slots__ = ("_machine", "_send", "complete", "finished", "held", "size", "started")
+    __slots__ = (
+        "_machine",
+        "_send",
+        "complete",
+        "content",
+        "finished",
+        "held",
+        "size",
+        "started",
+    )
 
     def __init__(self, send: Send, machine: AttemptMachine) -> None:
         self._send = send
@@ -90,6 +100,7 @@ class _Attempt:
         self.held: list[Message] | None = None
         self.size = 0  # bytes held
         self.complete = False  # the held response is whole: it can be swallowed
+        self.content = False  # the machine heard of the answer's first content
 
     async def send(self, message: Message) -> None:
         if self.held is None:
@@ -102,8 +113,11 @@ class _Attempt:
                 if action is not FORWARD:
                     self.held = [message]
                     return
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
-                self.finished = True
+            if message["type"] == "http.response.body":
+                if not self.content:
+                    self._first_content()
+                if not message.get("more_body", False):
+                    self.finished = True
             await self._send(message)
             return
         self.held.append(message)
@@ -113,6 +127,14 @@ class _Attempt:
                 self.complete = True
             elif self.size > MAX_HELD_BYTES:
                 await self.flush()
+
+    def _first_content(self) -> None:
+        """The deadline policy holds a stream back until its first content event and notes
+        it (`ctx.first_token_at`): the machine hears of it as that content passes."""
+        machine = self._machine
+        if machine.ctx.first_token_at is not None and machine.state is State.FORWARDING:
+            self.content = True
+            machine.first_content()
 
     async def flush(self) -> None:
         """Stop holding: what was held goes on, and no failover can follow."""

@@ -22,7 +22,9 @@ from typing import Any
 from ..config import Server
 from ..context import RequestContext
 from ..engine.answers import DEADLINE_EXCEEDED, deadline_exceeded
-from ..engine.attempts import Limits, deadline_secs, in_force
+from ..engine.attempts import Limits, Phase, deadline_secs, in_force
+from ..engine.content_events import ContentWatch, watch_for
+from ..engine.stream_bounds import ThroughputFloor, first_token_secs, floor_for
 from ..errors import DeadlineExceededAfterStart as DeadlineExceededAfterStart
 from ..telemetry import names as tm
 from ..wire import StreamSequence, Wire, sequence_for, stream_error_event
@@ -70,14 +72,22 @@ class DeadlineMiddleware(PolicyMiddleware):
         limits: Limits = self if ctx.account is None else ctx.account.spec
         first = deadline_secs(view, limits)
         now = time.monotonic()
+        # A stream starts at its first content event: `first` is the sooner of its bounds on
+        # the headers and on that event; once the headers came, the second is what is due.
+        to_content = first_token_secs(limits) if view.stream else first
         ctx.attempt_deadline_secs = in_force(first, ctx.budget_at, now)
-        ctx.deadline_at = now + first
+        # What an app's own call bounds (`timeout_for`, a backstop past the alarm) must not cut
+        # a stream before its first content is due.
+        ctx.deadline_at = now + max(first, to_content)
         loop = running_loop()
         task = asyncio.current_task(loop)
         assert task is not None  # an ASGI app runs in a task
         idle = limits.stream_idle_secs if view.stream else None
         ctx.stream_idle_secs = idle
         guard = _Guard(ctx, receive, send, loop, task, first, idle, now)
+        guard.hold_start(watch_for(view.wire) if view.stream else None, limits, now + to_content)
+        if view.stream and to_content <= first < limits.timeout_secs:
+            guard.no_start_phase = Phase.FIRST_TOKEN
         try:
             await self.app(scope, guard.receive, guard.send)
         except asyncio.CancelledError:
@@ -88,6 +98,8 @@ class DeadlineMiddleware(PolicyMiddleware):
         else:
             if guard.fired:  # the app ended its work once told, or swallowed our cancellation
                 await guard.ended_late(view.wire)
+            else:
+                await guard.release()
         finally:
             guard.cancel()
 
@@ -210,17 +222,37 @@ class _Alarm(Deferred):
         return left == 0
 
 
+MAX_HELD_BYTES = 256 << 10
+"""Held events before a stream's first content larger than this go on: no answer opens with
+that much, and memory stays bounded."""
+
+
 class _Guard(_Alarm):
-    """One attempt's alarm and the `send` that moves it; per attempt, never shared."""
+    """One attempt's alarm and the `send` that moves it; per attempt, never shared.
+
+    A successful response's start is held back until its first content (a stream's first
+    content event, the body of any other answer), with the events before it: an expiry
+    meanwhile is answered as if nothing had started, so the account's lack of content fails
+    over like an attempt with no answer.
+    """
 
     __slots__ = (
         "_complete",
+        "_content_at",
+        "_floor",
+        "_held",
+        "_held_size",
+        "_holds",
         "_idle",
+        "_limits",
         "_listener",
         "_sequence",
+        "_slow_at",
         "_start",
         "_told",
+        "_watch",
         "ctx",
+        "no_start_phase",
         "raw_receive",
         "raw_send",
     )
@@ -248,6 +280,16 @@ class _Guard(_Alarm):
         self._complete = False  # the response's last message was sent
         self._listener: asyncio.Task[Any] | None = None  # another task waiting in `receive`
         self._told: asyncio.Task[Any] | None = None  # the listener we cancelled to tell it
+        self._holds = False  # a successful start is held until the first content
+        self._held: list[Message] | None = None  # the start and events held back
+        self._held_size = 0
+        self._watch: ContentWatch | None = None  # a stream's content events
+        self._limits: object = None
+        self._content_at = 0.0  # (monotonic) when a stream's first content is due
+        self._floor: ThroughputFloor | None = None
+        self._slow_at: float | None = None  # (monotonic) when the stream is slow unless more
+        self.no_start_phase: str = Phase.HEADERS if idle is not None else Phase.TOTAL
+        """The phase of an expiry before anything reached the client."""
         _Alarm.__init__(self, loop, task, self._bound(first, now))  # not super(): per attempt
 
     def _bound(self, secs: float, now: float) -> float:
@@ -289,9 +331,43 @@ class _Guard(_Alarm):
         listener.cancel("switchyard deadline")
         self._handle = self._loop.call_later(LISTENER_GRACE_SECS, self._cancel_task)
 
+    def hold_start(self, watch: ContentWatch | None, limits: object, content_at: float) -> None:
+        """Hold a successful response's start back until its first content: `watch` reads a
+        stream's events (None: the first body is the content); `content_at` (monotonic): when
+        a stream's first content is due; `limits`: the account's, for its throughput floor."""
+        if self._idle is not None and watch is None:
+            return  # a stream of a wire whose content events are unknown: as before
+        self._holds = True
+        self._watch = watch
+        self._limits = limits
+        self._content_at = content_at
+
     async def send(self, message: Message) -> None:
+        held = self._held
+        if held is not None:
+            if self._watch is not None:
+                return await self._hold(message)
+            # A JSON answer: its start waits for the body's first bytes, and goes on with them
+            # here (no coroutine more than the start's own send: this runs on every answer).
+            if message["type"] != "http.response.body" or not (
+                message.get("body") or not message.get("more_body", False)
+            ):
+                held.append(message)
+                return
+            self._held = None
+            self._holds = False
+            self._start = held[0]
+            for early in held:
+                await self.raw_send(early)
         kind = message["type"]
         if kind == "http.response.start":
+            if self._holds and message["status"] < 300:
+                self._held = [message]
+                if self._idle is not None:  # a stream: its first content is now what is due
+                    self.no_start_phase = Phase.FIRST_TOKEN
+                    now = time.monotonic()
+                    self.move(self._loop.time() + self._bound(self._content_at - now, now))
+                return
             self._start = message
             if self._idle is not None:
                 self._rearm(self._idle)
@@ -300,13 +376,63 @@ class _Guard(_Alarm):
                 self._complete = True
                 self.cancel()
             elif self._idle is not None:
+                body = message.get("body", b"")
+                if self._floor is not None:
+                    self._count(body)
                 self._rearm(self._idle)
                 if self._sequence is not None:
-                    self._sequence.feed(message.get("body", b""))
+                    self._sequence.feed(body)
         await self.raw_send(message)
+
+    async def _hold(self, message: Message) -> None:
+        """Hold `message` with the start; pass all on once the first content came (or the
+        answer ended, or outgrew what is held)."""
+        held = self._held
+        assert held is not None
+        held.append(message)
+        if message["type"] != "http.response.body":
+            return
+        body = message.get("body", b"")
+        more = message.get("more_body", False)
+        self._held_size += len(body)
+        watch = self._watch
+        content = bool(body) if watch is None else watch.feed(body)
+        if content or not more or self._held_size > MAX_HELD_BYTES:
+            await self._release(content)
+
+    async def release(self) -> None:
+        """The app returned with a response still held (it ended mid-answer): it goes on."""
+        if self._held is not None and not self.fired:
+            await self._release(False)
+
+    async def _release(self, content: bool) -> None:
+        held, self._held = self._held or [], None
+        self._holds = False
+        now = time.monotonic()
+        ctx = self.ctx
+        if content and self._watch is not None and ctx.first_token_at is None:
+            ctx.first_token_at = now  # a stream's time to first token (not a JSON answer's)
+        for message in held:
+            await self.send(message)
+        if content and self._watch is not None and not self._complete:
+            self._floor = floor_for(self._limits, now)
+            if self._floor is not None and self._idle is not None:
+                self._count(b"")
+                self._rearm(self._idle)  # the floor may bind before the next chunk comes
+
+    def _count(self, body: bytes) -> None:
+        """A stream's output so far, read against its throughput floor."""
+        watch, floor = self._watch, self._floor
+        assert watch is not None
+        assert floor is not None
+        if body:
+            watch.feed(body)
+        self._slow_at = floor.note(time.monotonic(), watch.output_tokens)
 
     def _rearm(self, secs: float) -> None:
         now = time.monotonic()
+        if self._slow_at is not None and self._slow_at - now < secs:
+            secs = max(self._slow_at - now, 0.0)  # the throughput floor binds first
         self.move(self._loop.time() + self._bound(secs, now))
         self.ctx.deadline_at = now + secs
 
@@ -321,10 +447,13 @@ class _Guard(_Alarm):
 
     def _phase(self) -> str:
         ctx = self.ctx
-        if ctx.budget_at is not None and time.monotonic() >= ctx.budget_at - 0.001:
+        now = time.monotonic()
+        if ctx.budget_at is not None and now >= ctx.budget_at - 0.001:
             return "budget"
         if self._start is None:
-            return "headers" if self._idle is not None else "total"
+            return self.no_start_phase
+        if self._slow_at is not None and now >= self._slow_at - 0.001:
+            return Phase.SLOW
         return "idle" if self._idle is not None else "total"
 
     async def ended_late(self, wire: Wire) -> None:

@@ -30,6 +30,8 @@ DEADLINE_TEXTS = {
     "headers": "the upstream stream did not start within its deadline",
     "idle": "the upstream stream went silent for longer than its idle limit",
     "budget": "the request's overall time budget ran out",
+    "first_token": "the upstream stream sent no content within its first-token limit",
+    "slow": "the upstream stream's output rate stayed below its floor",
 }
 """The 504's text for each deadline phase."""
 _DEADLINES = {
@@ -40,7 +42,8 @@ Headers = tuple[tuple[bytes, bytes], ...]
 
 
 def deadline_exceeded(phase: str) -> WireError:
-    """The 504 for a deadline that expired in `phase` (total, headers, idle or budget)."""
+    """The 504 for a deadline that expired in `phase` (total, headers, first_token,
+    idle, slow or budget)."""
     return _DEADLINES[phase]
 
 

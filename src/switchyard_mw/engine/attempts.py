@@ -19,6 +19,7 @@ from ..core.deadline import attempt_deadline_secs
 from ..core.pool import Lease, Outcome, classify_status
 from ..telemetry import names as tm
 from ..wire import RequestView
+from .stream_bounds import first_token_secs
 
 
 class Failure(enum.StrEnum):
@@ -48,6 +49,10 @@ class Phase(enum.StrEnum):
     """A stream went silent for longer than its idle limit."""
     BUDGET = "budget"
     """The caller's overall budget ran out: no account is to blame."""
+    FIRST_TOKEN = "first_token"
+    """A stream started (or not) but sent no content event within `first_token_secs`."""
+    SLOW = "slow"
+    """A stream's output rate stayed below `min_tokens_per_sec` over its window."""
 
 
 class Gone(enum.StrEnum):
@@ -66,7 +71,7 @@ class Gone(enum.StrEnum):
 
 
 APP_ERROR = Failure.APP_ERROR
-ACCOUNT_PHASES = frozenset({Phase.TOTAL, Phase.HEADERS, Phase.IDLE})
+ACCOUNT_PHASES = frozenset({Phase.TOTAL, Phase.HEADERS, Phase.IDLE, Phase.FIRST_TOKEN, Phase.SLOW})
 """Deadline phases that are the account's fault (not `BUDGET`: the caller's)."""
 OUT_OF_TIME = frozenset({Failure.DEADLINE, Failure.TIMEOUT})
 """Attempt failures that are answered 504, not 502."""
@@ -88,10 +93,12 @@ class Limits(Protocol):
 
 
 def deadline_secs(view: RequestView, limits: Limits) -> float:
-    """The attempt's first bound: a stream must start within `timeout_secs`; any other
-    response must be whole within the deadline rule's time, which grows with the output cap."""
+    """The attempt's first bound: a stream must start within `timeout_secs` (or its
+    `first_token_secs`, when that is sooner: a stream without headers has no content either);
+    any other response must be whole within the deadline rule's time, which grows with the
+    output cap."""
     if view.stream:
-        return limits.timeout_secs
+        return min(limits.timeout_secs, first_token_secs(limits))
     return attempt_deadline_secs(
         timeout_secs=limits.timeout_secs,
         max_tokens=view.max_tokens,

@@ -35,9 +35,9 @@ from ..engine.answers import (
     UPSTREAM_UNREACHABLE,
     exposed_headers,
 )
-from ..engine.attempts import first_token
 from ..engine.body_usage import Reader
 from ..engine.claims import claimed
+from ..engine.content_events import ContentWatch, watch_for
 from ..engine.machine import PASS_THROUGH, ClaimProbe, Failure, Gone, How, Refuse, Send
 from ..model_names import with_query
 from ..telemetry import names as tm
@@ -121,6 +121,9 @@ class RouterStream:
         self.closed = False
         self.usage: Reader | None = None
         """Reads the response body's usage, while Envoy sends it (asked for at its headers)."""
+        self.content: ContentWatch | None = None
+        """Finds a stream's first content event in the body read (the time to first token),
+        with the ASGI front's reader."""
 
     async def on(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
         kind = request.WhichOneof("request")
@@ -285,6 +288,9 @@ class RouterStream:
         msg.fill(answer.response_headers.response, exposed, [RETRY_HEADER])
         if reading is not None:
             self.usage, mode = reading
+            view = flight.ctx.view
+            if view is not None and view.stream:
+                self.content = watch_for(self.wire)
             answer.mode_override.CopyFrom(mode)
             # No attempt follows the final answer: the registry holds the flight no longer.
             self.flights.close(flight)
@@ -305,9 +311,10 @@ class RouterStream:
         assert usage is not None
         piece = http.body
         usage.feed(piece)
-        flight = self.flight
-        if flight is not None and flight.ctx.first_token_at is None:
-            first_token(flight.ctx, piece)
+        flight, content = self.flight, self.content
+        if flight is not None and content is not None and content.feed(piece):
+            flight.ctx.first_token_at = time.monotonic()
+            self.content = None  # found: the rest passes unread
         if http.end_of_stream:
             self.close()
         return msg.UNCHANGED_RESPONSE_BODY
