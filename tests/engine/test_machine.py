@@ -17,7 +17,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from switchyard_mw.accounts import build_accounts, pool_from_accounts
-from switchyard_mw.config import parse_config
+from switchyard_mw.config import Fallback, parse_config
 from switchyard_mw.context import RequestContext
 from switchyard_mw.core.breaker import BreakerState
 from switchyard_mw.core.pool import Outcome
@@ -42,6 +42,7 @@ from switchyard_mw.engine.machine import (
     Send,
     State,
 )
+from switchyard_mw.engine.fallbacks import Chains
 from switchyard_mw.engine.policies import Engine
 from switchyard_mw.telemetry import names as tm
 from switchyard_mw.wire import Wire, read_request
@@ -219,6 +220,38 @@ def claiming(env: Env, m: AttemptMachine) -> None:
     action = m.begin()
     assert isinstance(action, ClaimProbe)
     assert action.account == "a"
+
+
+CONTEXT_REFUSAL = msgspec.json.encode(
+    {
+        "error": {
+            "message": "too long",
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
+    }
+)
+OTHER_400 = msgspec.json.encode({"error": {"message": "bad", "code": "invalid_value"}})
+
+
+def chained(env: Env, m: AttemptMachine) -> None:
+    """m falls back to m-var (account v) when its prompt is too long."""
+    env.engine.chains = Chains({"m": Fallback(models=["m-var"], on=("context_length",))})
+    begun(env, m)
+
+
+def reading(env: Env, m: AttemptMachine) -> None:
+    chained(env, m)
+    assert m.started(400) is HOLD_FOR_FAILOVER
+
+
+def read_and_ended(body: bytes) -> Step:
+    def step(env: Env, m: AttemptMachine) -> object:
+        m.read(body)
+        return m.ended(How.RETURNED, held=HELD)
+
+    return step
 
 
 def is_send(account: str, model: str = "m") -> Callable[[object], bool]:
@@ -583,6 +616,22 @@ TABLE: dict[str, Row] = {
     ),
     "retried while between: next": Row(
         between, State.BETWEEN, ask("retried"), is_(NEXT), State.BETWEEN
+    ),
+    # READING
+    "started 400, the model has a context_length chain: hold to read it": Row(
+        chained, State.SENT, ask("started", 400), is_(HOLD_FOR_FAILOVER), State.READING
+    ),
+    "read a context-length refusal: next (the chain's model)": Row(
+        reading, State.READING, read_and_ended(CONTEXT_REFUSAL), is_(NEXT), State.BETWEEN
+    ),
+    "read another 400: deliver it, no other attempt": Row(
+        reading, State.READING, read_and_ended(OTHER_400), delivers(HELD), State.DONE, a_untouched
+    ),
+    "reading, the answer outgrows the hold: forward": Row(
+        reading, State.READING, ask("cannot_hold"), is_(FORWARD), State.FORWARDING
+    ),
+    "reading, closed: released": Row(
+        reading, State.READING, ask("closed"), is_(None), State.DONE, a_untouched
     ),
     # DONE
     "retried after the answer: next (Envoy retries on its own)": Row(
