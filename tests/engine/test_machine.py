@@ -23,6 +23,7 @@ from switchyard_mw.core.breaker import BreakerState
 from switchyard_mw.core.pool import Outcome
 from switchyard_mw.core.shared import Shared
 from switchyard_mw.engine.claims import claimed
+from switchyard_mw.engine.fallbacks import Chains
 from switchyard_mw.engine.machine import (
     DONE,
     FORWARD,
@@ -42,7 +43,6 @@ from switchyard_mw.engine.machine import (
     Send,
     State,
 )
-from switchyard_mw.engine.fallbacks import Chains
 from switchyard_mw.engine.policies import Engine
 from switchyard_mw.telemetry import names as tm
 from switchyard_mw.wire import Wire, read_request

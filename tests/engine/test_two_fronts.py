@@ -87,8 +87,20 @@ variants = {{ "m-var" = 100.0 }}
 """
 )
 """a serves m; v serves the canary variant m-var that takes every conversation of m."""
-ENV = {"KEY_A": "ka", "KEY_B": "kb"}
-ACCOUNT_OF_KEY = {"ka": "a", "kb": "b"}
+FALLBACK = (
+    ONE
+    + TWO.split("[llm_clients.b]")[1]
+    .replace('models = ["m"]', 'models = ["m-small"]')
+    .replace("KEY_B", "KEY_C")
+    .join(["[llm_clients.c]", ""])
+    + """
+[fallbacks]
+m = ["m-small"]
+"""
+)
+"""a serves m; c, on the same cluster, serves m-small, m's fallback."""
+ENV = {"KEY_A": "ka", "KEY_B": "kb", "KEY_C": "kc"}
+ACCOUNT_OF_KEY = {"ka": "a", "kb": "b", "kc": "c"}
 BODY = msgspec.json.encode(
     {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
 )
@@ -137,6 +149,12 @@ SCENARIOS = {
         CANARY, {"ka": Behaviour(), "kb": Behaviour()}, before="variant cooled"
     ),
     "not JSON": Scenario(TWO, {"ka": Behaviour()}, content_type="text/plain"),
+    "m's account fails: the fallback model on the same cluster serves": Scenario(
+        FALLBACK, {"ka": Behaviour(status=500), "kc": Behaviour()}
+    ),
+    "m's account cooling: the fallback model from the first attempt": Scenario(
+        FALLBACK, {"kc": Behaviour()}, before="cooled"
+    ),
 }
 
 
@@ -436,6 +454,10 @@ async def test_both_fronts_decide_alike(
     assert asgi == extproc
     if scenario.config is RENAMED:  # each account got the model in its own name
         assert asgi.sent == [("ka", "m"), ("kb", "m-at-b")]
+    if scenario.config is FALLBACK:  # the fallback's account got its model, and it is said
+        assert asgi.sent[-1] == ("kc", "m-small")
+        assert asgi.headers["x-switchyard-model"] == "m-small"
+        assert asgi.headers["x-switchyard-route"] == "fallback:unavailable"
     if scenario.content_type == "application/json":
         assert asgi.attempts or scenario.before, "the scenario made no attempt"
         assert len(asgi.calls) == len(asgi.attempts), "each attempt has its CLIENT span"
