@@ -348,3 +348,26 @@ def test_context_refusal_gzip_and_bounds() -> None:
     padded = TOO_LONG[:-1] + b"," + b'"x":"' + b"y" * 70_000 + b'"}'
     assert not context_refusal(400, padded)  # past the 64 KiB bound: not read
     assert not context_refusal(400, gzip.compress(padded))  # inflated no further either
+
+
+def test_an_answer_that_reached_the_client_never_changes_model() -> None:
+    env = Env()
+    m = env.machine()
+    m.begin()
+    assert m.started(200) is FORWARD  # a stream started: the client has its first bytes
+    assert m.ended(How.RAISED, Failure.TRANSPORT_ERROR) is DONE  # cut mid-way: no other model
+    assert m.tried == ["a"]
+    assert env.ctx.route is None
+
+
+def test_a_spent_budget_moves_to_no_chain() -> None:
+    env = Env()
+    env.cool("b")
+    env.ctx.budget_at = 10.0
+    clock = [0.0]
+    m = env.machine(clock=lambda: clock[0])
+    m.begin()
+    clock[0] = 10.0  # the caller's budget ran out during the attempt
+    assert m.started(500) is FORWARD
+    assert m.ended(How.RETURNED) is not NEXT
+    assert m.tried == ["a"]
