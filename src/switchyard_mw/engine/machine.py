@@ -31,10 +31,12 @@ Its states, and the events each takes (any other event there raises `MachineErro
     BETWEEN     next, expired, retried, closed                 (another attempt may follow)
     DONE        expired, retried (ext_proc: Envoy retries on its own), closed
 
-What comes next fits this shape: a fallback chain is more candidate models in `_candidates`
-(`Send.model` already names the model each attempt goes to; `ctx.body_for_app()` rewrites the
-body to it); a hedge is a second `_Attempt` in flight, and `first_content` is where the one
-that answered first wins; retry in place is `next()` offering the same account again.
+A fallback chain (`engine.fallbacks`) is more candidate models in `_candidates` (`Send.model`
+names the model each attempt goes to; `ctx.body_for_app()` rewrites the body to it), and a
+400 held in READING until its body says whether it is a context-length refusal. What comes
+next fits this shape too: a hedge is a second `_Attempt` in flight, and `first_content` is
+where the one that answered first wins; retry in place is `next()` offering the same account
+again.
 """
 
 from __future__ import annotations
@@ -280,8 +282,10 @@ class AttemptMachine:
         """The accounts tried so far, in order."""
         self.within: Collection[str] | None = None
         """The accounts a later attempt may go to (behind Envoy: those on the routed
-        cluster, set once it is known); the model then stays (the body is on its way).
-        None: any account the front can send to, and the canary's base model."""
+        cluster, set once it is known); the model then stays (the body is on its way), but
+        for a fallback chain's models where the front rewrites a retry's body
+        (`engine.rewrites_retries`). None: any account the front can send to, and the
+        canary's base model."""
         self.checks_errors = checks_errors
         self._traced = traced
         self._parent = parent
@@ -596,7 +600,7 @@ class AttemptMachine:
             if after not in refused and after not in found:
                 found.append(after)
                 if after not in models:
-                    chained.setdefault(after, reason)
+                    chained[after] = reason  # why it is offered now
         return tuple(found)
 
     def _reads_refusal(self) -> bool:
