@@ -670,8 +670,8 @@ def test_every_state_and_event_is_in_the_table() -> None:
 
 WRONG = [
     (nothing, ["started", "ended", "next", "probe_claimed", "claim_abandoned", "first_content"]),
-    (begun, ["begin", "next", "probe_claimed", "cannot_hold", "first_content"]),
-    (forwarding, ["started", "next", "cannot_hold"]),
+    (begun, ["begin", "next", "probe_claimed", "cannot_hold", "first_content", "read"]),
+    (forwarding, ["started", "next", "cannot_hold", "read"]),
     (between, ["started", "ended", "cannot_hold"]),
     (done, ["begin", "started", "ended", "next"]),
 ]
@@ -690,6 +690,7 @@ def test_an_event_out_of_place_is_the_driver_s_bug(setup: Setup, events: list[st
             "started": (200,),
             "ended": (How.FINISHED,),
             "probe_claimed": (None,),
+            "read": (b"{}",),
         }
         with pytest.raises(MachineError):
             getattr(machine, name)(*args.get(name, ()))

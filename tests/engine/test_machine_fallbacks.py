@@ -136,6 +136,26 @@ def all_of_m_cooled(env: Env, m: AttemptMachine) -> list[object]:
     return [m.begin()]
 
 
+def all_of_m_held_by_a_429(env: Env, m: AttemptMachine) -> list[object]:
+    for name in ("a", "b"):
+        env.engine.pool.hold(name, "m", 30.0)
+    return [m.begin()]
+
+
+def m_429_in_the_request(env: Env, m: AttemptMachine) -> list[object]:
+    env.cool("b")
+    first = m.begin()
+    assert m.started(429, [(b"retry-after", b"20")]) is HOLD_FOR_FAILOVER
+    assert m.ended(How.RETURNED, held=HELD) is NEXT
+    return [first, m.next()]
+
+
+def with_a_shared_store(env: Env, m: AttemptMachine) -> list[object]:
+    env.cool("a", "b")
+    env.engine.pool.attach(_Store())  # type: ignore[arg-type]
+    return [m.begin()]
+
+
 def m_fails_in_the_request(env: Env, m: AttemptMachine) -> list[object]:
     first = m.begin()
     m.ended(How.RAISED, Failure.CONNECT_ERROR)
@@ -184,6 +204,25 @@ def signed_thinking_stays(env: Env, m: AttemptMachine) -> list[object]:
     return [m.begin()]
 
 
+def signed_thinking_too_long(env: Env, m: AttemptMachine) -> list[object]:
+    first = m.begin()
+    assert m.started(400) is FORWARD  # not read: nothing could follow it
+    return [first]
+
+
+class _Store:
+    """A shared store with nothing shared (the begin path that asks no fast question)."""
+
+    def changed(self, account: str, change: object, local: object) -> None:
+        pass
+
+    def held(self, account: str, model: str, until_unix: float) -> None:
+        pass
+
+    async def claim_probe(self, account: str) -> None:
+        return None
+
+
 @dataclass(frozen=True)
 class Row:
     drive: Drive
@@ -212,6 +251,15 @@ def refuses(status: int) -> Callable[[object], bool]:
 TABLE: dict[str, Row] = {
     "every account of m cooled: m-big": Row(
         all_of_m_cooled, [("v", "m-big")], "fallback:unavailable", sends
+    ),
+    "every account of m held by a 429's retry time: m-big": Row(
+        all_of_m_held_by_a_429, [("v", "m-big")], "fallback:unavailable", sends
+    ),
+    "m's last account answers 429: m-big": Row(
+        m_429_in_the_request, [("a", "m"), ("v", "m-big")], "fallback:unavailable", sends
+    ),
+    "state shared through a store: the same order": Row(
+        with_a_shared_store, [("v", "m-big")], "fallback:unavailable", sends
     ),
     "both accounts of m fail in the request: m-big": Row(
         m_fails_in_the_request,
@@ -242,6 +290,9 @@ TABLE: dict[str, Row] = {
     ),
     "signed thinking never changes model: 503": Row(
         signed_thinking_stays, [], None, refuses(503), SIGNED, Wire.ANTHROPIC
+    ),
+    "signed thinking, a 400: forwarded, never read": Row(
+        signed_thinking_too_long, [("a", "m")], None, sends, SIGNED, Wire.ANTHROPIC
     ),
 }
 
