@@ -177,7 +177,9 @@ FALLBACK_REASONS: tuple[FallbackReason, ...] = ("unavailable", "context_length")
 
 class Fallback(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """A model's fallback chain. The list form `"gpt-x" = ["gpt-x-mini"]` is this table with
-    `models` the list and `on` both reasons."""
+    `models` the list and `on` both reasons. `check-config` refuses a chain naming a model no
+    account serves, a cycle through the chains and an unknown reason ([Fallback
+    chains](policies/fallbacks.md))."""
 
     models: list[str]
     """The models tried in order, each on its own accounts, when the model cannot serve; a
