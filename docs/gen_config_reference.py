@@ -29,6 +29,7 @@ TABLES: list[tuple[str, type[msgspec.Struct], str]] = [
     ('[canaries."MODEL"]', cfg.Canary, "A rollout of MODEL's variants (and its shadows)."),
     ("guard = { ... }", cfg.Guard, "Inside a canary: the automatic rollback."),
     ("[routes.NAME]", cfg.Route, "Requests whose model is NAME: an LLM judge picks the model."),
+    ('[fallbacks] "MODEL" = { ... }', cfg.Fallback, "MODEL's fallback chain."),
     ("[server]", cfg.Server, "How every request is treated, whatever its policy."),
     ("[state]", cfg.State, "Where account health lives: each process, or Redis."),
 ]
@@ -79,7 +80,7 @@ def describe_type(tp: Any) -> str:
         parts = [describe_type(a) for a in get_args(tp) if a is not type(None)]
         optional = type(None) in get_args(tp)
         return " or ".join(parts) + (" (optional)" if optional else "")
-    if origin is list:
+    if origin in (list, tuple):
         return f"list of {describe_type(get_args(tp)[0])}"
     if origin is dict:
         key, value = get_args(tp)
@@ -103,6 +104,8 @@ def describe_default(field: msgspec.structs.FieldInfo) -> str:
         return f'`"{value}"`'
     if isinstance(value, msgspec.Struct):
         return "(below)"
+    if isinstance(value, tuple):
+        return "`[" + ", ".join(f'"{v}"' for v in value) + "]`"
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     return f"`{value}`"

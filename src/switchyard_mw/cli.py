@@ -238,6 +238,10 @@ def summary(config: Config, environ: dict[str, str] | None = None) -> str:
             f"  {name}: judge {route.judge}/{route.judge_model} within {deadline}; "
             f"{choices}; fallback {route.fallback}"
         )
+    if config.fallbacks:
+        lines.append(f"fallbacks ({len(config.fallbacks)}):")
+        for model, chain in config.fallbacks.items():
+            lines.append(f"  {model} -> {', '.join(chain.models)} on {', '.join(chain.on)}")
     lines.append(f"state: {_state_summary(config.state)}")
     return "\n".join(lines)
 

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 import msgspec
 from msgspec import Meta, Struct
 
+from .core.chains import cycles
 from .errors import ConfigError, StartupError
 
 PositiveSecs = Annotated[float, Meta(gt=0)]
@@ -169,6 +170,26 @@ class Route(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """How much of the last user turn the judge sees."""
 
 
+FallbackReason = Literal["unavailable", "context_length"]
+FALLBACK_REASONS: tuple[FallbackReason, ...] = ("unavailable", "context_length")
+"""Why a request may move to the next model of its chain."""
+
+
+class Fallback(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """A model's fallback chain. The list form `"gpt-x" = ["gpt-x-mini"]` is this table with
+    `models` the list and `on` both reasons. `check-config` refuses a chain naming a model no
+    account serves, a cycle through the chains and an unknown reason ([Fallback
+    chains](policies/fallbacks.md))."""
+
+    models: list[str]
+    """The models tried in order, each on its own accounts, when the model cannot serve; a
+    model of the chain that has a chain of its own brings it after this one's."""
+    on: tuple[FallbackReason, ...] = FALLBACK_REASONS
+    """When the chain applies: `"unavailable"` (every account of the model cooled, held by a
+    429, or failed in this request) and `"context_length"` (the provider refused the prompt as
+    too long for the model)."""
+
+
 class Server(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """How the middlewares treat every request, whatever its policy."""
 
@@ -214,6 +235,7 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     llm_clients: dict[str, LLMClient] = {}
     canaries: dict[str, Canary] = {}
     routes: dict[str, Route] = {}
+    fallbacks: dict[str, Fallback] = {}
     server: Server = Server()
     state: State = State()
 
@@ -230,7 +252,7 @@ _SECTIONS: dict[str, type[Struct]] = {
     "canaries": Canary,
     "routes": Route,
 }
-_TOP_KEYS = (*_TABLES, *_SECTIONS)
+_TOP_KEYS = (*_TABLES, *_SECTIONS, "fallbacks")
 
 
 ConfigSource = Config | str | os.PathLike[str]
@@ -302,6 +324,8 @@ def validate(raw: Mapping[str, Any]) -> tuple[Config, list[str]]:
                 problems.append(f"{key}: expected a table")
                 continue
             sections[key] = _convert_section(key, value, problems, salvaged)
+        elif key == "fallbacks":
+            sections[key] = _convert_fallbacks(value, problems)
         else:
             problems.append(f"{key}: unknown key{_suggest(key, _TOP_KEYS)}")
     config = Config(**sections)
@@ -340,6 +364,33 @@ def _convert_section(
         if converted is not None:
             entries[name] = converted
     return entries
+
+
+def _convert_fallbacks(value: Any, problems: list[str]) -> dict[str, Fallback]:
+    """`[fallbacks]`: each model's chain, in the list form or the table form."""
+    if not isinstance(value, dict):
+        problems.append("fallbacks: expected a table")
+        return {}
+    chains: dict[str, Fallback] = {}
+    for model, entry in value.items():
+        where = f"fallbacks.{_quote(model)}"
+        if isinstance(entry, list):
+            if all(isinstance(m, str) for m in entry):
+                chains[model] = Fallback(models=entry)
+            else:
+                problems.append(f"{where}: expected a list of model names")
+            continue
+        if isinstance(entry, dict) and isinstance(entry.get("on"), list):
+            unknown = [r for r in entry["on"] if r not in FALLBACK_REASONS]
+            if unknown:
+                known = " or ".join(f'"{r}"' for r in FALLBACK_REASONS)
+                shown = ", ".join(f'"{r}"' for r in unknown)
+                problems.append(f"{where}.on: unknown reason {shown} (expected {known})")
+                continue
+        converted = _convert(entry, Fallback, where, problems)
+        if converted is not None:
+            chains[model] = converted
+    return chains
 
 
 def _convert(value: Any, kind: type[_S], where: str, problems: list[str]) -> _S | None:
@@ -437,6 +488,7 @@ def _cross_check(
     problems = _check_clients(config, salvaged)
     problems.extend(_check_canaries(config, unserved))
     problems.extend(_check_routes(config, unserved, declared_clients))
+    problems.extend(_check_fallbacks(config.fallbacks, unserved))
     problems.extend(_check_state(config.state))
     if config.state.mode == "cluster":
         problems.extend(_check_hash_tags(config))
@@ -605,6 +657,28 @@ def _check_routes(
             problems.append(f"{at}.fallback: {_unserved_msg(route.fallback)}")
         if name in config.canaries:
             problems.append(f"{at}: also named as a canary base model; a route name is not a model")
+    return problems
+
+
+def _check_fallbacks(chains: dict[str, Fallback], unserved: Callable[[str], bool]) -> list[str]:
+    """Every model of a chain served, each named once, no chain leading back to its model."""
+    problems: list[str] = []
+    for model, chain in chains.items():
+        where = f"fallbacks.{_quote(model)}"
+        if unserved(model):
+            problems.append(f"{where}: {_unserved_msg(model)} (the chain would never apply)")
+        if not chain.models:
+            problems.append(f"{where}: must name at least one model")
+        if not chain.on:
+            problems.append(f"{where}.on: must name at least one reason")
+        for after in dict.fromkeys(chain.models):
+            if unserved(after):
+                problems.append(f"{where}: {_unserved_msg(after)}")
+            if chain.models.count(after) > 1:
+                problems.append(f'{where}: "{after}" is named more than once')
+    for cycle in cycles({model: chain.models for model, chain in chains.items()}):
+        shown = " -> ".join(f'"{m}"' for m in cycle)
+        problems.append(f"fallbacks.{_quote(cycle[0])}: a cycle through the chains: {shown}")
     return problems
 
 

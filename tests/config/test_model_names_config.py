@@ -181,6 +181,8 @@ def test_the_readme_and_the_example_config_show_a_provider_with_its_own_names() 
     assert example.llm_clients["mock-cloud"] == shown.llm_clients["mock-cloud"]
     assert shown.llm_clients["azure"].path is not None
     assert example.llm_clients["mock-cloud"].provider_model("claude-opus-5") == VENDOR
+    assert example.fallbacks == shown.fallbacks  # the two-provider setup's fallback chain
+    assert shown.fallbacks["claude-opus-5"].models == ["claude-haiku-5"]
 
 
 def test_check_config_shows_each_accounts_names_and_path(

@@ -17,12 +17,13 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from switchyard_mw.accounts import build_accounts, pool_from_accounts
-from switchyard_mw.config import parse_config
+from switchyard_mw.config import Fallback, parse_config
 from switchyard_mw.context import RequestContext
 from switchyard_mw.core.breaker import BreakerState
 from switchyard_mw.core.pool import Outcome
 from switchyard_mw.core.shared import Shared
 from switchyard_mw.engine.claims import claimed
+from switchyard_mw.engine.fallbacks import Chains
 from switchyard_mw.engine.machine import (
     DONE,
     FORWARD,
@@ -219,6 +220,38 @@ def claiming(env: Env, m: AttemptMachine) -> None:
     action = m.begin()
     assert isinstance(action, ClaimProbe)
     assert action.account == "a"
+
+
+CONTEXT_REFUSAL = msgspec.json.encode(
+    {
+        "error": {
+            "message": "too long",
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
+    }
+)
+OTHER_400 = msgspec.json.encode({"error": {"message": "bad", "code": "invalid_value"}})
+
+
+def chained(env: Env, m: AttemptMachine) -> None:
+    """m falls back to m-var (account v) when its prompt is too long."""
+    env.engine.chains = Chains({"m": Fallback(models=["m-var"], on=("context_length",))})
+    begun(env, m)
+
+
+def reading(env: Env, m: AttemptMachine) -> None:
+    chained(env, m)
+    assert m.started(400) is HOLD_FOR_FAILOVER
+
+
+def read_and_ended(body: bytes) -> Step:
+    def step(env: Env, m: AttemptMachine) -> object:
+        m.read(body)
+        return m.ended(How.RETURNED, held=HELD)
+
+    return step
 
 
 def is_send(account: str, model: str = "m") -> Callable[[object], bool]:
@@ -584,6 +617,22 @@ TABLE: dict[str, Row] = {
     "retried while between: next": Row(
         between, State.BETWEEN, ask("retried"), is_(NEXT), State.BETWEEN
     ),
+    # READING
+    "started 400, the model has a context_length chain: hold to read it": Row(
+        chained, State.SENT, ask("started", 400), is_(HOLD_FOR_FAILOVER), State.READING
+    ),
+    "read a context-length refusal: next (the chain's model)": Row(
+        reading, State.READING, read_and_ended(CONTEXT_REFUSAL), is_(NEXT), State.BETWEEN
+    ),
+    "read another 400: deliver it, no other attempt": Row(
+        reading, State.READING, read_and_ended(OTHER_400), delivers(HELD), State.DONE, a_untouched
+    ),
+    "reading, the answer outgrows the hold: forward": Row(
+        reading, State.READING, ask("cannot_hold"), is_(FORWARD), State.FORWARDING
+    ),
+    "reading, closed: released": Row(
+        reading, State.READING, ask("closed"), is_(None), State.DONE, a_untouched
+    ),
     # DONE
     "retried after the answer: next (Envoy retries on its own)": Row(
         done, State.DONE, ask("retried"), is_(NEXT), State.BETWEEN
@@ -621,8 +670,8 @@ def test_every_state_and_event_is_in_the_table() -> None:
 
 WRONG = [
     (nothing, ["started", "ended", "next", "probe_claimed", "claim_abandoned", "first_content"]),
-    (begun, ["begin", "next", "probe_claimed", "cannot_hold", "first_content"]),
-    (forwarding, ["started", "next", "cannot_hold"]),
+    (begun, ["begin", "next", "probe_claimed", "cannot_hold", "first_content", "read"]),
+    (forwarding, ["started", "next", "cannot_hold", "read"]),
     (between, ["started", "ended", "cannot_hold"]),
     (done, ["begin", "started", "ended", "next"]),
 ]
@@ -641,6 +690,7 @@ def test_an_event_out_of_place_is_the_driver_s_bug(setup: Setup, events: list[st
             "started": (200,),
             "ended": (How.FINISHED,),
             "probe_claimed": (None,),
+            "read": (b"{}",),
         }
         with pytest.raises(MachineError):
             getattr(machine, name)(*args.get(name, ()))

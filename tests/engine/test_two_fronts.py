@@ -34,6 +34,7 @@ from extproc_helpers import (
     immediate,
     request_body,
     request_headers,
+    response_body,
     response_headers,
     sets,
     upstream_headers,
@@ -87,8 +88,39 @@ variants = {{ "m-var" = 100.0 }}
 """
 )
 """a serves m; v serves the canary variant m-var that takes every conversation of m."""
-ENV = {"KEY_A": "ka", "KEY_B": "kb"}
-ACCOUNT_OF_KEY = {"ka": "a", "kb": "b"}
+FALLBACK = (
+    ONE
+    + TWO.split("[llm_clients.b]")[1]
+    .replace('models = ["m"]', 'models = ["m-small"]')
+    .replace("KEY_B", "KEY_C")
+    .join(["[llm_clients.c]", ""])
+    + """
+[fallbacks]
+m = ["m-small"]
+"""
+)
+"""a serves m; c, on the same cluster, serves m-small, m's fallback."""
+CONTEXT = (
+    TWO
+    + FALLBACK.split("[llm_clients.c]")[1]
+    .split("[fallbacks]")[0]
+    .replace('"m-small"', '"m-big"')
+    .join(["[llm_clients.c]", ""])
+    + """
+[fallbacks]
+m = {{ models = ["m-big"], on = ["context_length"] }}
+"""
+)
+"""a and b serve m; c serves m-big, where a prompt too long for m goes."""
+TOO_LONG = Behaviour(refuse="context_length")
+TOO_LONG_BODY = msgspec.json.encode(
+    {
+        "type": "error",
+        "error": {"type": "invalid_request_error", "message": "prompt is too long: 9 > 8"},
+    }
+)
+ENV = {"KEY_A": "ka", "KEY_B": "kb", "KEY_C": "kc"}
+ACCOUNT_OF_KEY = {"ka": "a", "kb": "b", "kc": "c"}
 BODY = msgspec.json.encode(
     {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
 )
@@ -137,6 +169,18 @@ SCENARIOS = {
         CANARY, {"ka": Behaviour(), "kb": Behaviour()}, before="variant cooled"
     ),
     "not JSON": Scenario(TWO, {"ka": Behaviour()}, content_type="text/plain"),
+    "m's account fails: the fallback model on the same cluster serves": Scenario(
+        FALLBACK, {"ka": Behaviour(status=500), "kc": Behaviour()}
+    ),
+    "m's account cooling: the fallback model from the first attempt": Scenario(
+        FALLBACK, {"kc": Behaviour()}, before="cooled"
+    ),
+    "a context-length refusal: the larger model, not m's other account": Scenario(
+        CONTEXT, {"ka": TOO_LONG, "kb": TOO_LONG, "kc": Behaviour()}
+    ),
+    "a context-length refusal without a chain: the 400 once": Scenario(
+        TWO, {"ka": TOO_LONG, "kb": Behaviour()}
+    ),
 }
 
 
@@ -323,12 +367,16 @@ async def _play_attempts(
     routed_body = BODY.replace(b'"m"', f'"{sent[0][1]}"'.encode())
     while True:
         answer = scenario.upstream[key]
-        # envoy.yaml's matcher: the upstream filter sees 401/402/403, 429 and 5xx answers only
-        if not isinstance(answer, Behaviour) or classify_status(answer.status) is Outcome.SUCCESS:
+        # envoy.yaml's matcher: the upstream filter sees 400, 401/402/403, 429 and 5xx only
+        status = _status(answer)
+        if status != 400 and classify_status(status) is Outcome.SUCCESS:
             await upstream.close()
             return answer, key
-        extra = {"retry-after": "1"} if answer.status == 429 else {}
-        reply = await upstream.send(response_headers(answer.status, extra, request_id=RID))
+        extra = {"retry-after": "1"} if status == 429 else {}
+        reply = await upstream.send(response_headers(status, extra, request_id=RID))
+        if reply.HasField("mode_override"):  # a 400 to read: its body, in one piece
+            body = TOO_LONG_BODY if answer is TOO_LONG else b'{"type":"error"}'
+            reply = await upstream.send(response_body(body, end=True))
         await upstream.close()
         if sets(reply).get("x-switchyard-retry") != b"1":
             return answer, key
@@ -338,6 +386,13 @@ async def _play_attempts(
         key = _key_of(sets(retry))
         replaced = await upstream.send(request_body(routed_body))
         sent.append((key, _model_of(replaced, routed_body)))
+
+
+def _status(answer: Upstream) -> int:
+    """The status an upstream answers with (0: none, it is unreachable)."""
+    if not isinstance(answer, Behaviour):
+        return 0
+    return 400 if answer.refuse == "context_length" else answer.status
 
 
 async def through_extproc(scenario: Scenario, spans: InMemorySpanExporter) -> Decisions:
@@ -367,7 +422,7 @@ async def through_extproc(scenario: Scenario, spans: InMemorySpanExporter) -> De
         final = await router.send(response_headers(504, details="upstream_response_timeout"))
     else:
         assert isinstance(answer, Behaviour)
-        final = await router.send(response_headers(answer.status, details="via_upstream"))
+        final = await router.send(response_headers(_status(answer), details="via_upstream"))
     await router.close()
     if final.WhichOneof("response") == "immediate_response":
         decisions = _immediate(final, spans)
@@ -384,7 +439,7 @@ async def through_extproc(scenario: Scenario, spans: InMemorySpanExporter) -> De
             sent=sent,
         )
     return Decisions(
-        answer.status if isinstance(answer, Behaviour) else 0,
+        _status(answer),
         headers=_kept_headers(_decoded(sets(final))),
         attempts=_attempt_spans(spans),
         calls=_client_spans(spans),
@@ -436,6 +491,15 @@ async def test_both_fronts_decide_alike(
     assert asgi == extproc
     if scenario.config is RENAMED:  # each account got the model in its own name
         assert asgi.sent == [("ka", "m"), ("kb", "m-at-b")]
+    if scenario.config is FALLBACK:  # the fallback's account got its model, and it is said
+        assert asgi.sent[-1] == ("kc", "m-small")
+        assert asgi.headers["x-switchyard-model"] == "m-small"
+        assert asgi.headers["x-switchyard-route"] == "fallback:unavailable"
+    if scenario.config is CONTEXT:
+        assert asgi.sent == [("ka", "m"), ("kc", "m-big")]
+        assert asgi.headers["x-switchyard-route"] == "fallback:context_length"
+    if scenario.upstream.get("ka") is TOO_LONG and scenario.config is TWO:
+        assert (asgi.status, asgi.sent) == (400, [("ka", "m")])
     if scenario.content_type == "application/json":
         assert asgi.attempts or scenario.before, "the scenario made no attempt"
         assert len(asgi.calls) == len(asgi.attempts), "each attempt has its CLIENT span"

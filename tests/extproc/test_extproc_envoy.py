@@ -239,7 +239,10 @@ async def test_a_client_error_from_the_provider_is_no_fault(
     rig.mock.set_behaviour("key-a", Behaviour(status=400))
     response = await http.post("/v1/messages", json=message())
     assert response.status_code == 400
-    assert streams == {"router": 1}  # 400 is not a refusal: no failover, no upstream stream
+    # 400 is not a refusal: no failover. The upstream-level filter sees it (a context-length
+    # refusal is a 400 too) and lets it on: no model here has a chain, so its body is not read.
+    assert streams == {"router": 1, "upstream": 1, "upstream response headers": 1}
+    assert [r.key for r in rig.mock.requests] == ["key-a"]
     assert policies.pool.status_of("key-a").state is BreakerState.CLOSED
 
 

@@ -884,3 +884,47 @@ async def test_answers_validate_against_the_sdk_types(
     ]
     validated = [adapter.validate_python(e) for e in events if e.get("type") != "ping"]
     assert len(validated) >= 4
+
+
+# --- a context-length refusal, in each wire's shape ------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_context_length_refusal_is_each_sdk_s_bad_request(
+    mock: MockProvider, stream: bool
+) -> None:
+    mock.set_behaviour("k", Behaviour(refuse="context_length"))
+    with pytest.raises(anthropic.BadRequestError) as claude_error:
+        await claude(mock).messages.create(
+            model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}], stream=stream
+        )
+    assert claude_error.value.status_code == 400
+    body: Any = claude_error.value.body
+    assert body["error"]["type"] == "invalid_request_error"
+    assert body["error"]["message"].startswith("prompt is too long: ")
+    client = gpt(mock)
+    with pytest.raises(openai.BadRequestError) as chat_error:
+        await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], stream=stream
+        )
+    assert (chat_error.value.code, chat_error.value.param) == (
+        "context_length_exceeded",
+        "messages",
+    )
+    assert "This model's maximum context length is" in chat_error.value.message
+    with pytest.raises(openai.BadRequestError) as responses_error:
+        await client.responses.create(model="m", input="hi", stream=stream)
+    assert (responses_error.value.code, responses_error.value.param) == (
+        "context_length_exceeded",
+        "input",
+    )
+    assert responses_error.value.type == "invalid_request_error"
+    assert len(mock.requests) == 3
+
+
+async def test_context_length_refusal_is_opt_in(mock: MockProvider) -> None:
+    assert Behaviour().refuse == "none"
+    reply = await gpt(mock).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hi"}]
+    )
+    assert reply.choices[0].message.content == DEFAULT_REPLY

@@ -31,7 +31,7 @@ CONCEPTS = {
     tm.SHADOW: "a mirrored request",
     tm.TOKEN_TYPE: "input or output tokens",
     "route": "the judge route",
-    "reason": "why it happened (a judge failed open, an answer's usage was not read)",
+    "reason": "why it happened (a judge failed open, an answer's usage was not read, a fallback)",
     "outcome": "how the judge call ended",
     "status": "the attempt's status",
     "phase": "the deadline that expired",

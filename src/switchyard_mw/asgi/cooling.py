@@ -34,6 +34,7 @@ from ..core.pool import AccountPool
 from ..engine.answers import NO_HEALTHY_ACCOUNT, RATE_LIMITED, UPSTREAM_UNREACHABLE
 from ..engine.attempts import APP_ERROR
 from ..engine.claims import claimed
+from ..engine.fallbacks import Chains
 from ..engine.machine import (
     DONE,
     FORWARD,
@@ -171,6 +172,7 @@ class CoolingMiddleware(PolicyMiddleware):
         engine: Engine | None = None,
     ) -> None:
         store: Store | None = None
+        chains: Chains | None = None
         if engine is not None:
             accounts, pool = engine.accounts, engine.pool
         elif config is not None:
@@ -180,13 +182,14 @@ class CoolingMiddleware(PolicyMiddleware):
             accounts = build_accounts(loaded, environ)
             server = server or loaded.server
             store = build_store(loaded.state) if pool is None else None
+            chains = Chains(loaded.fallbacks)
         elif accounts is None:
             raise TypeError("CoolingMiddleware needs config (or accounts)")
         super().__init__(app, server=server)
         if engine is None:
             if pool is None:
                 pool = pool_from_accounts(accounts, clock=clock)
-            engine = Engine(server=self.server, accounts=accounts, pool=pool)
+            engine = Engine(server=self.server, accounts=accounts, pool=pool, chains=chains)
         self.engine = engine
         self.accounts = engine.accounts
         self.pool = engine.pool
@@ -295,12 +298,19 @@ class CoolingMiddleware(PolicyMiddleware):
             except BaseException:
                 machine.ended(_GONE)  # the client is gone: the lease goes back, no outcome
                 raise
+        if attempt.held is not None and machine.state is State.READING:
+            machine.read(_body_of(attempt.held))  # a 400: a context-length refusal?
         after = machine.ended(_FINISHED if attempt.finished else _RETURNED, held=attempt.held)
         if machine.failure is not None:  # the app's framework answered a transport error
             error = ctx.transport_error
             name = "" if error is None else error.__name__
             _log.warning("account %s failed (%s)", action.lease.account, name)
         return after
+
+
+def _body_of(held: list[Message]) -> bytes:
+    """The body of a held answer (bounded by MAX_HELD_BYTES)."""
+    return b"".join(m.get("body", b"") for m in held if m["type"] == "http.response.body")
 
 
 def _replay(ctx: RequestContext, receive: Receive) -> Receive:

@@ -15,6 +15,7 @@ from ..context import RequestContext
 from ..core.clock import Clock, monotonic
 from ..core.pool import AccountPool
 from ..engine import reload
+from ..engine.fallbacks import Chains
 from ..engine.policies import Engine
 from ..engine.reload import Loader
 from ..engine.shadow import Shadows
@@ -94,6 +95,7 @@ class SwitchyardStack(PolicyMiddleware):
             pool=pool,
             judge=judge.judge,
             canaries=variant.canaries,
+            chains=Chains(config.fallbacks),
         )
         cooling = CoolingMiddleware(app, engine=engine, server=server)
         cooling.inner = deadline.handle

@@ -26,14 +26,17 @@ Its states, and the events each takes (any other event there raises `MachineErro
     SENT        started, ended, expired, retried, closed
     HOLDING     cannot_hold, ended, expired, retried, closed   (held: it may be failed over)
     CHECKING    cannot_hold, ended, expired, retried, closed   (a 5xx held until it ends)
+    READING     read, cannot_hold, ended, expired, retried, closed  (a 400 held to be read)
     FORWARDING  first_content, ended, expired, retried, closed
     BETWEEN     next, expired, retried, closed                 (another attempt may follow)
     DONE        expired, retried (ext_proc: Envoy retries on its own), closed
 
-What comes next fits this shape: a fallback chain is more candidate models in `_candidates`
-(`Send.model` already names the model each attempt goes to; `ctx.body_for_app()` rewrites the
-body to it); a hedge is a second `_Attempt` in flight, and `first_content` is where the one
-that answered first wins; retry in place is `next()` offering the same account again.
+A fallback chain (`engine.fallbacks`) is more candidate models in `_candidates` (`Send.model`
+names the model each attempt goes to; `ctx.body_for_app()` rewrites the body to it), and a
+400 held in READING until its body says whether it is a context-length refusal. What comes
+next fits this shape too: a hedge is a second `_Attempt` in flight, and `first_content` is
+where the one that answered first wins; retry in place is `next()` offering the same account
+again.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from ..telemetry import names as tm
 from ..wire import WireError
 from . import answers, attempts
 from .attempts import OUT_OF_TIME, Failure, Gone, Phase
+from .fallbacks import Reason, context_refusal
 from .outcomes import throttle_headers
 
 if TYPE_CHECKING:
@@ -89,6 +93,9 @@ class State(enum.Enum):
     CHECKING = "checking"
     """A 5xx answer held until its attempt ends: the app's framework may have made it of a
     transport error, which is no upstream answer to pass on."""
+    READING = "reading"
+    """A 400 answer held until its body is read (`read`): a context-length refusal moves the
+    request to the next model of its chain (`engine.fallbacks`), any other 400 goes on."""
     FORWARDING = "forwarding"
     """The attempt's answer goes to the client: nothing can follow it."""
     BETWEEN = "between"
@@ -208,10 +215,14 @@ End = Deliver | Refuse | _Signal
 _READY, _CLAIMING, _SENT = State.READY, State.CLAIMING, State.SENT
 _HOLDING, _CHECKING, _FORWARDING = State.HOLDING, State.CHECKING, State.FORWARDING
 _BETWEEN, _DONE = State.BETWEEN, State.DONE
+_READING = State.READING
 _FINISHED, _RETURNED, _RAISED, _GONE = How.FINISHED, How.RETURNED, How.RAISED, How.GONE
 _SUCCESS, _FAULT = Outcome.SUCCESS, Outcome.FAULT
 _APP_ERROR, _DISCONNECTED = Failure.APP_ERROR, Gone.DISCONNECTED
-_IN_FLIGHT = frozenset({_SENT, _HOLDING, _CHECKING, _FORWARDING})
+_IN_FLIGHT = frozenset({_SENT, _HOLDING, _CHECKING, _READING, _FORWARDING})
+_UNAVAILABLE, _CONTEXT_LENGTH = Reason.UNAVAILABLE, Reason.CONTEXT_LENGTH
+_FALLBACK_ROUTE = "fallback:"
+"""`x-switchyard-route` of a request a fallback chain moved: `fallback:<reason>`."""
 _NAMING = frozenset({Gone.RETRIED, Gone.LOCAL_REPLY, Gone.DISCONNECTED})
 """Gone reasons a CLIENT span names as its `error.type` when no answer had started."""
 
@@ -227,6 +238,7 @@ class AttemptMachine:
 
     __slots__ = (
         "_budget_bound",
+        "_chained",
         "_claim",
         "_client_span",
         "_clock",
@@ -237,6 +249,7 @@ class AttemptMachine:
         "_lease",
         "_more",
         "_parent",
+        "_refused",
         "_released",
         "_retry_headers",
         "_span",
@@ -269,8 +282,10 @@ class AttemptMachine:
         """The accounts tried so far, in order."""
         self.within: Collection[str] | None = None
         """The accounts a later attempt may go to (behind Envoy: those on the routed
-        cluster, set once it is known); the model then stays (the body is on its way).
-        None: any account the front can send to, and the canary's base model."""
+        cluster, set once it is known); the model then stays (the body is on its way), but
+        for a fallback chain's models where the front rewrites a retry's body
+        (`engine.rewrites_retries`). None: any account the front can send to, and the
+        canary's base model."""
         self.checks_errors = checks_errors
         self._traced = traced
         self._parent = parent
@@ -287,6 +302,10 @@ class AttemptMachine:
         self._client_span: trace.Span | None = None
         self._budget_bound = False
         self._key: int | None = None  # the conversation's, worked out once in `begin`
+        self._chained: dict[str, Reason] = {}
+        """Models of a fallback chain offered so far, with why (a move there is a fallback)."""
+        self._refused: set[str] = set()
+        """Models that refused this request's prompt as too long: none is tried again."""
 
     def __repr__(self) -> str:
         return f"<AttemptMachine {self.state.name} tried={self.tried}>"
@@ -365,6 +384,9 @@ class AttemptMachine:
         if status >= 500 and self.checks_errors:
             self.state = _CHECKING
             return HOLD_TO_CHECK
+        if status == 400 and self._more and self._reads_refusal():
+            self.state = _READING
+            return HOLD_FOR_FAILOVER
         self.state = _FORWARDING
         return FORWARD
 
@@ -372,9 +394,17 @@ class AttemptMachine:
         """The driver stops holding (the answer outgrew what it holds, or the work returned
         mid-answer): what it held goes on, and no failover can follow."""
         if self.state is not _HOLDING:
-            self._expect(_CHECKING)
+            self._expect(_CHECKING, _READING)
         self.state = _FORWARDING
         return FORWARD
+
+    def read(self, body: bytes) -> None:
+        """The whole body of the 400 held in READING: a context-length refusal moves the next
+        attempt to the model's chain (`ended` then answers `NEXT`)."""
+        self._expect(_READING)
+        model = self.ctx.resolved_model
+        if model is not None and context_refusal(self._status or 0, body):
+            self._refused.add(model)
 
     def first_content(self) -> _Signal:
         """The attempt's answer carried its first content. With one attempt in flight it
@@ -535,14 +565,55 @@ class AttemptMachine:
 
     def _candidates(self) -> tuple[str, ...]:
         """The models the next attempt may go to, in order: the request's, then (before the
-        front committed to a cluster) the canary's base model."""
+        front committed to a cluster) the canary's base model, then their fallback chains."""
         model = self.ctx.resolved_model
         if model is None:
             return ()
         if self.within is not None:
-            return (model,)
-        fallback = self.engine.fallback(self.ctx)
-        return (model,) if fallback is None or fallback == model else (model, fallback)
+            found: tuple[str, ...] = (model,)
+        else:
+            fallback = self.engine.fallback(self.ctx)
+            found = (model,) if fallback is None or fallback == model else (model, fallback)
+        if self.engine.chains and self._may_change_model():
+            found = self._chain(found)
+        return found
+
+    def _may_change_model(self) -> bool:
+        """Whether a fallback chain may move the request: its signed thinking does not bind
+        it to the model, and the front can rewrite the body for another attempt."""
+        return not self.ctx.pinned_model and (self.within is None or self.engine.rewrites_retries)
+
+    def _chain(self, models: tuple[str, ...]) -> tuple[str, ...]:
+        """`models` followed by their chains: after a context-length refusal only the
+        refused model's `context_length` chain, else each model's `unavailable` chain."""
+        chains, refused, chained = self.engine.chains, self._refused, self._chained
+        assert chains is not None
+        model = models[0]
+        if model in refused:
+            reason, order = _CONTEXT_LENGTH, chains.after(model, _CONTEXT_LENGTH)
+        else:
+            reason, order = _UNAVAILABLE, models
+            for own in models:
+                order += chains.after(own, _UNAVAILABLE)
+        found: list[str] = []
+        for after in order:
+            if after not in refused and after not in found:
+                found.append(after)
+                if after not in models:
+                    chained[after] = reason  # why it is offered now
+        return tuple(found)
+
+    def _reads_refusal(self) -> bool:
+        """Whether a 400 is worth reading: the model has a `context_length` chain this
+        request may follow."""
+        chains, model = self.engine.chains, self.ctx.resolved_model
+        return (
+            chains is not None
+            and model is not None
+            and chains.has(model, _CONTEXT_LENGTH)
+            and self._may_change_model()
+            and self._may_go_on()
+        )
 
     # --- what an ended attempt means ----------------------------------------------------
 
@@ -573,6 +644,8 @@ class AttemptMachine:
 
     def _returned(self, held: object) -> End:
         ctx, state = self.ctx, self.state
+        if state is _READING:
+            return self._read_out(held)
         error = ctx.transport_error
         if state is not _SENT and error is not None and (self._status or 0) >= 500:
             # The framework answered the transport error itself (Litestar, Django): its 5xx
@@ -587,6 +660,18 @@ class AttemptMachine:
             self.state = _DONE
             return Deliver(held)  # a 5xx held only to see whether a transport error followed
         if state is _HOLDING and held is not None:
+            self._last = (held, ctx.account, ctx.resolved_model)
+        return self._after_failure()
+
+    def _read_out(self, held: object) -> End:
+        """A 400 held to be read ended: a context-length refusal is the last answer so far
+        and the chain's models may follow; any other 400 goes to the client as it is."""
+        ctx = self.ctx
+        self._settle(*self._verdict(False, _DISCONNECTED if ctx.disconnected else None))
+        if ctx.resolved_model not in self._refused:
+            self.state = _DONE
+            return DONE if held is None else Deliver(held)
+        if held is not None:
             self._last = (held, ctx.account, ctx.resolved_model)
         return self._after_failure()
 
@@ -655,7 +740,8 @@ class AttemptMachine:
     def _send(self, lease: Lease, model: str) -> Send:
         ctx, engine, tried = self.ctx, self.engine, self.tried
         if model != ctx.resolved_model:
-            ctx.resolved_model = model  # the canary's base takes over; the body follows it
+            self._moved(model)
+            ctx.resolved_model = model  # the canary's base or a fallback; the body follows it
         tried.append(lease.account)
         if len(tried) > 1:
             tm.failovers.add(1, {tm.RESPONSE_MODEL: model})
@@ -667,6 +753,8 @@ class AttemptMachine:
         if not self._traced:
             return Send(lease, model, None)
         span = self._span = engine.attempt_span(ctx, lease, self._parent)
+        if ctx.route is not None and ctx.route.startswith(_FALLBACK_ROUTE):
+            span.set_attribute(tm.FALLBACK, ctx.route.removeprefix(_FALLBACK_ROUTE))
         view = ctx.view
         self._client_span = tm.start_client_span(
             span,
@@ -675,6 +763,25 @@ class AttemptMachine:
             max_tokens=None if view is None else view.max_tokens,
         )
         return Send(lease, model, self._client_span)
+
+    def _moved(self, model: str) -> Reason | None:
+        """The request moves from its model to `model`: a fallback (counted, and said in
+        `x-switchyard-route`) when `model` came from a chain, None for the canary's base."""
+        ctx = self.ctx
+        reason = self._chained.get(model)
+        if reason is not None:
+            if ctx.resolved_model in self._refused:
+                reason = _CONTEXT_LENGTH  # a model may be on both chains: the refusal says why
+            tm.fallbacks.add(
+                1,
+                {
+                    tm.REQUEST_MODEL: ctx.resolved_model or "",
+                    tm.RESPONSE_MODEL: model,
+                    "reason": reason.value,
+                },
+            )
+            ctx.route = _FALLBACK_ROUTE + reason.value
+        return reason
 
     def _take_lease(self) -> Lease:
         lease, self._lease = self._lease, None

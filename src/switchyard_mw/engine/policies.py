@@ -23,6 +23,7 @@ from ..core.pool import AccountPool, Lease, Outcome
 from ..telemetry import names as tm
 from ..wire import Wire, WireError
 from . import answers, attempts
+from .fallbacks import Chains
 from .judge import Judge
 from .machine import AttemptMachine
 from .outcomes import hold, settle
@@ -36,7 +37,8 @@ class Engine:
     """The decisions of one config; a reload builds another (requests keep theirs).
 
     `judge` and `canaries` are None where nothing routes or splits (a cooling policy alone);
-    `routable`: the accounts the front can send a request to (None: all of them).
+    `routable`: the accounts the front can send a request to (None: all of them);
+    `chains`: the config's fallback chains (None: none).
     """
 
     def __init__(
@@ -48,6 +50,7 @@ class Engine:
         judge: Judge | None = None,
         canaries: Canaries | None = None,
         routable: frozenset[str] | None = None,
+        chains: Chains | None = None,
     ) -> None:
         self.server = server
         self.accounts = dict(accounts)
@@ -55,6 +58,10 @@ class Engine:
         self.judge = judge
         self.canaries = canaries
         self.routable = routable
+        self.chains = chains if chains else None
+        self.rewrites_retries = False
+        """Whether the front rewrites the body of a retry it makes on its own (Envoy's): only
+        then may a fallback chain move a request once the front committed to a cluster."""
         self.paths: dict[str, Wire] = llm_paths(server)
         """The wire of each LLM path; any other path passes through unread."""
         # Read when an attempt's span starts: parsed once here, not per request.

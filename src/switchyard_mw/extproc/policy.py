@@ -21,6 +21,7 @@ from ..context import RequestContext
 from ..core.clock import Clock, monotonic
 from ..core.pool import AccountPool
 from ..engine.budget import budget_end
+from ..engine.fallbacks import Chains
 from ..engine.judge import Judge
 from ..engine.machine import AttemptMachine
 from ..engine.paths import json_media, llm_wire
@@ -86,6 +87,7 @@ class Policies:
             judge=self.judge,
             canaries=self.canaries,
             routable=self.routable,
+            chains=Chains(config.fallbacks),
         )
         self.paths: dict[str, Wire] = self.engine.paths
         # A retry stays on the cluster Envoy routed the request to.
@@ -102,7 +104,9 @@ class Policies:
             name: [msg.option(CLUSTER_HEADER, self.cluster_of(name).encode()), *options]
             for name, options in self.auth_options.items()
         }
-        self.renaming = any(a.renames for a in self.accounts.values())
+        # A fallback chain moves a retry to another model: its body is then ours to set too.
+        self.renaming = any(a.renames for a in self.accounts.values()) or bool(self.engine.chains)
+        self.engine.rewrites_retries = self.renaming
         """Whether some account has its own model names or path: a retry's body and `:path`
         are then the processor's to set (the upstream-level filter asks for the body)."""
         self.options = msg.Options()

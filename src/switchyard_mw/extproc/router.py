@@ -38,7 +38,7 @@ from ..engine.answers import (
 from ..engine.body_usage import Reader
 from ..engine.claims import claimed
 from ..engine.content_events import ContentWatch, watch_for
-from ..engine.machine import PASS_THROUGH, ClaimProbe, Failure, Gone, How, Refuse, Send
+from ..engine.machine import PASS_THROUGH, ClaimProbe, Failure, Gone, How, Refuse, Send, State
 from ..model_names import with_query
 from ..telemetry import names as tm
 from ..telemetry import request_metrics
@@ -270,6 +270,10 @@ class RouterStream:
         if not local and not request.response_headers.end_of_stream:
             reading = self._usage_reader(h, status)
         machine = flight.machine
+        if machine is not None and machine.state is State.READING:
+            # The upstream-level filter asked for a 400's body and it never came (a filter
+            # without allow_mode_override): read nothing, the 400 is the answer.
+            machine.ended(How.RETURNED)
         if machine is not None and machine.lease is not None:
             machine.retries_over()  # Envoy is past retrying: this answer is the answer
             if local and details and details.startswith("upstream_reset_before_response"):

@@ -24,7 +24,7 @@ from __future__ import annotations
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from ..core.throttle import READ_HEADERS as RETRY_TIME_HEADERS
 from ..engine.claims import claimed
-from ..engine.machine import NEXT, ClaimProbe, How, Send
+from ..engine.machine import NEXT, ClaimProbe, How, Send, State
 from . import _messages as msg
 from .flights import Flight, Flights, out_of_order
 from .policy import Policies
@@ -38,6 +38,15 @@ REQUEST_ID_ATTRIBUTE = "request.id"
 _READ = frozenset([REQUEST_ID_HEADER, ATTEMPT_HEADER])
 _STATUS = frozenset([":status", *RETRY_TIME_HEADERS])
 _RETRY = msg.response_headers(msg.mutation([(RETRY_HEADER, b"1")]))
+_RETRY_AFTER_BODY = ep.ProcessingResponse(
+    response_body=ep.BodyResponse(
+        response=ep.CommonResponse(header_mutation=msg.mutation([(RETRY_HEADER, b"1")]))
+    )
+)
+"""The retry header set from the body phase: in BUFFERED mode Envoy still holds the headers."""
+_READ_BODY = ep.ProcessingResponse(
+    response_headers=ep.HeadersResponse(), mode_override=msg.READ_BUFFERED
+)
 
 
 class UpstreamStream:
@@ -51,11 +60,15 @@ class UpstreamStream:
         """The retry's body in its account's model name, when the body phase must replace it."""
         self.seen: set[str] = set()
         """The phases this stream has taken part in: one attempt, each phase once."""
+        self.reading = False
+        """The response body was asked for, to read a 400 (`on_response_body`)."""
 
     async def on(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
         kind = request.WhichOneof("request")
         if kind == "request_body":
             return self.on_request_body()
+        if kind == "response_body":
+            return self.on_response_body(request.response_body.body)
         if kind not in ("request_headers", "response_headers"):
             return msg.empty_for(request)
         if kind in self.seen or "response_headers" in self.seen:
@@ -120,8 +133,26 @@ class UpstreamStream:
         self.p = flight.policies or self.p  # the request's own, across a reload
         headers = msg.headers_of(request.response_headers, _STATUS)
         machine.started(int(headers.get(":status", b"0") or 0), headers.items())
+        if machine.state is State.READING:
+            # A 400 the request's fallback chain may answer: whether it is a context-length
+            # refusal is in its body. Buffered, Envoy holds the headers until it is read, so
+            # the retry header can still go on them (`on_response_body`).
+            self.reading = True
+            return _READ_BODY
         # The outcome is recorded at once; a retry on the routed cluster is asked for when the
         # machine would fail over.
         if machine.ended(How.RETURNED) is NEXT:
             return _RETRY
         return msg.UNCHANGED_RESPONSE_HEADERS
+
+    def on_response_body(self, body: bytes) -> ep.ProcessingResponse:
+        """The body of a 400 asked for at its headers: a context-length refusal is retried
+        on the chain's model (the retry header set on the held headers), else it goes on."""
+        machine = None if self.flight is None else self.flight.machine
+        if not self.reading or machine is None or machine.state is not State.READING:
+            return msg.UNCHANGED_RESPONSE_BODY
+        self.reading = False
+        machine.read(body)
+        if machine.ended(How.RETURNED) is NEXT:
+            return _RETRY_AFTER_BODY
+        return msg.UNCHANGED_RESPONSE_BODY

@@ -33,6 +33,7 @@ ACCOUNT_STATE = "switchyard.account.state"
 CANARY_GUARD_TRIPS = "switchyard.canary.guard_trips"
 SHADOW_DROPPED = "switchyard.shadow.dropped"
 FAILOVERS = "switchyard.failovers"
+FALLBACKS = "switchyard.fallbacks"
 DEADLINE_EXCEEDED = "switchyard.deadline.exceeded"
 VARIANT_ASSIGNMENTS = "switchyard.variant.assignments"
 JUDGE_DURATION = "switchyard.judge.duration"
@@ -65,6 +66,8 @@ VARIANT_KEY_HASH = "switchyard.variant.key_hash"
 ATTEMPT_STATUS = "switchyard.attempt.status"
 ATTEMPT_OUTCOME = "switchyard.attempt.outcome"
 ATTEMPT_PROBE = "switchyard.attempt.probe"
+FALLBACK = "switchyard.fallback"
+"""On an attempt span whose model a fallback chain chose: why (`unavailable`, `context_length`)."""
 JUDGE_ROUTE = "switchyard.judge.route"
 JUDGE_OUTCOME = "switchyard.judge.outcome"
 JUDGE_LABEL = "switchyard.judge.label"
@@ -105,6 +108,7 @@ METRIC_LABELS: dict[str, tuple[str, ...]] = {
     CANARY_GUARD_TRIPS: (REQUEST_MODEL, VARIANT),
     SHADOW_DROPPED: (RESPONSE_MODEL,),
     FAILOVERS: (RESPONSE_MODEL,),
+    FALLBACKS: (REQUEST_MODEL, RESPONSE_MODEL, "reason"),
     DEADLINE_EXCEEDED: ("phase",),
     VARIANT_ASSIGNMENTS: (REQUEST_MODEL, VARIANT, "key"),
     JUDGE_DURATION: ("route", "outcome"),
@@ -149,6 +153,11 @@ shadow_dropped = meter.create_counter(
 )
 failovers = meter.create_counter(
     FAILOVERS, unit="{attempt}", description="Attempts moved to another account"
+)
+fallbacks = meter.create_counter(
+    FALLBACKS,
+    unit="{attempt}",
+    description="Attempts moved to the next model of a fallback chain (from, to, reason)",
 )
 deadline_exceeded = meter.create_counter(
     DEADLINE_EXCEEDED, unit="{request}", description="Deadlines that expired, by phase"

