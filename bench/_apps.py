@@ -136,7 +136,9 @@ def _client(kind: str) -> httpx.AsyncClient:
 def passthrough(kind: str) -> Starlette:
     """A bare Starlette pass-through (no policy at all) to BENCH_UPSTREAM with one shared client.
 
-    `kind` is a client kind, or `aiohttp` for a plain aiohttp ClientSession (the floor).
+    `kind` is a client kind, `aiohttp` for a plain aiohttp ClientSession (the floor), or
+    `aiohttp-read` for the same that also reads the body once as switchyard must, with
+    `read_request` (the necessary-work floor: a malformed body gets a 400 as switchyard's).
     """
     from starlette.applications import Starlette
     from starlette.requests import Request
@@ -145,16 +147,24 @@ def passthrough(kind: str) -> Starlette:
 
     upstream = os.environ["BENCH_UPSTREAM"].rstrip("/")
     headers = {"content-type": "application/json", "authorization": "Bearer sk-upstream"}
-    if kind == "aiohttp":
+    if kind in ("aiohttp", "aiohttp-read"):
         import aiohttp
 
+        from switchyard_mw.wire import WIRE_PATHS, WireError, read_request
+
         session: list[aiohttp.ClientSession] = []
+        validates = kind == "aiohttp-read"
 
         async def forward_aiohttp(request: Request) -> Response:
             if not session:  # built in the serving loop
                 connector = aiohttp.TCPConnector(limit=POOL)
                 session.append(aiohttp.ClientSession(connector=connector, auto_decompress=False))
             body = await request.body()
+            if validates:
+                try:
+                    read_request(WIRE_PATHS[request.url.path], body)
+                except WireError as exc:
+                    return Response(exc.message, status_code=exc.status)
             async with session[0].post(
                 upstream + request.url.path, data=body, headers=headers
             ) as reply:

@@ -42,6 +42,7 @@ MODEL = "gpt-4o-mini"
 PEERS = BENCH / ".peers"
 LITELLM_VENV = PEERS / "litellm"
 FLOOR = "pass-through aiohttp"
+NECESSARY = "pass-through aiohttp + read_request (necessary work)"
 
 GATEWAY_CONFIG = """
 [llm_clients.up-a]
@@ -150,7 +151,7 @@ def run(
     shipped = shipped_transport()
     base_env = environment(workdir, mock)
     servers: list[tuple[str, list[str] | None, dict[str, str], str]] = []
-    # A smoke run keeps the floor and the shipped gateway only.
+    # A smoke run keeps the two floors and the shipped gateway only.
     passthrough_kinds = ["aiohttp"] if smoke else ["aiohttp", "httpx", "httpx-aiohttp", "httpx2"]
     for kind in passthrough_kinds:
         servers.append(
@@ -161,6 +162,9 @@ def run(
                 "_apps:passthrough_app",
             )
         )
+    # The necessary-work floor: the aiohttp pass-through plus the one validating read of the
+    # body switchyard cannot do without, so the gateway's own cost shows apart from it.
+    servers.append((NECESSARY, None, {"BENCH_CLIENT": "aiohttp-read"}, "_apps:passthrough_app"))
     # The example gateway with httpx's own pool (as before the choice), with httpx2 standing in
     # for httpx, and with `make_http_client()` as shipped.
     gateways = [("httpx", "httpx"), ("httpx2", "httpx2")]

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 STACK = "switchyard_stack"
 LITELLM = "LiteLLM proxy"
 FLOOR = "pass-through aiohttp"
+NECESSARY = "pass-through aiohttp + read_request (necessary work)"
 ENVOY_PLAIN = "Envoy, no processor"
 ENVOY_PROC = "Envoy + switchyard-mw extproc"
 ENVOY_PROC_GRPCIO = "Envoy + switchyard-mw extproc --transport grpcio"

@@ -46,6 +46,7 @@ from _report import (
     FLOOR,
     MINIMAL,
     MINIMAL_PROC,
+    NECESSARY,
     SHIPPED_GATEWAY,
     STACK,
 )
@@ -164,6 +165,24 @@ def gateway_targets(run: Mapping[str, Any], sizes: Sequence[str]) -> list[Verdic
     return out
 
 
+def necessary_targets(run: Mapping[str, Any], sizes: Sequence[str]) -> list[Verdict]:
+    """The example gateway's CPU-capacity ratio to the necessary-work floor (the aiohttp
+    pass-through that also runs `read_request` on the body), at each size asked: what is
+    switchyard's own cost, the one validating read left out."""
+    floor, gateway = _rows(run, "3", NECESSARY), _rows(run, "3", SHIPPED_GATEWAY)
+    out = []
+    for conns in run_conns(run):
+        for size in sizes:
+            f, g = _row(floor, size, conns), _row(gateway, size, conns)
+            ratio, shown = None, ""
+            if f and g and f.get("cpu_ms") and g.get("cpu_ms"):
+                ratio = f["cpu_ms"] / g["cpu_ms"]
+                shown = f"floor CPU {f['cpu_ms']:.3f} ms, gateway CPU {g['cpu_ms']:.3f} ms"
+            name = f"example gateway / necessary-work floor, CPU capacity, {size}, {conns} conns"
+            out.append(judge(name, Bound(0.90, at_least=True, spec=".2f"), ratio, shown))
+    return out
+
+
 def growth_target(run: Mapping[str, Any], default: str) -> list[Verdict]:
     """The default processor's CPU per request at 128 KB over its 1 KB figure."""
     processor = _rows(run, "4", ENVOY_PROC)
@@ -243,6 +262,7 @@ def targets(
     """Every issue-26 target, from each step's JSON (an empty mapping: the step did not run)."""
     return [
         *gateway_targets(run, sizes),
+        *necessary_targets(run, sizes),
         *growth_target(run, default),
         *transport_targets(transport, default),
         *stack_target(instructions),
@@ -260,20 +280,26 @@ def size_table(run: Mapping[str, Any], sizes: Sequence[str]) -> str:
     """CPU per request and ratios at each size, the first connection count of the run."""
     conns = run_conns(run)[0]
     floor, gateway = _rows(run, "3", FLOOR), _rows(run, "3", SHIPPED_GATEWAY)
+    necessary = _rows(run, "3", NECESSARY)
     stack = _rows(run, "2", STACK)
     h2, grpcio = _rows(run, "4", ENVOY_PROC), _rows(run, "4", ENVOY_PROC_GRPCIO)
     minimal = _rows(run, "4", MINIMAL_PROC)
     lines = [
-        f"| body ({conns} conns) | floor CPU ms | gateway CPU ms | gateway / floor, CPU capacity "
+        f"| body ({conns} conns) | floor CPU ms | necessary-work floor CPU ms | gateway CPU ms "
+        "| gateway / floor, CPU capacity | gateway / necessary-work floor, CPU capacity "
         "| gateway / floor, req/s | stacked / bare app (served), CPU capacity "
         "| processor CPU ms, default | processor CPU ms, grpcio | minimal processor CPU ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for size in sizes:
-        g = _row(gateway, size, conns)
+        g, n = _row(gateway, size, conns), _row(necessary, size, conns)
+        over_necessary = "-"
+        if g and n and g.get("cpu_ms") and n.get("cpu_ms"):
+            over_necessary = f"{n['cpu_ms'] / g['cpu_ms']:.2f}"
         lines.append(
-            f"| {size} | {_cell(_row(floor, size, conns), 'cpu_ms')} | {_cell(g, 'cpu_ms')} | "
-            f"{_cell(g, 'cpu_ratio', '.2f')} | {_cell(g, 'ratio', '.2f')} | "
+            f"| {size} | {_cell(_row(floor, size, conns), 'cpu_ms')} | {_cell(n, 'cpu_ms')} | "
+            f"{_cell(g, 'cpu_ms')} | {_cell(g, 'cpu_ratio', '.2f')} | {over_necessary} | "
+            f"{_cell(g, 'ratio', '.2f')} | "
             f"{_cell(_row(stack, size, conns), 'cpu_ratio', '.2f')} | "
             f"{_cell(_row(h2, size, conns), 'cpu_ms')} | "
             f"{_cell(_row(grpcio, size, conns), 'cpu_ms')} | "

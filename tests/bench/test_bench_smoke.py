@@ -37,6 +37,8 @@ def test_bench_smoke_prints_the_table_and_writes_the_chart(tmp_path: Path) -> No
         assert f"| minimal middleware (reference) [anthropic] | {size} |" in done.stdout
         if shutil.which("wrk"):
             assert f"| minimal middleware (reference) | {size} | 16 |" in done.stdout
+            necessary = f"| pass-through aiohttp + read_request (necessary work) | {size} | 16 |"
+            assert necessary in done.stdout
             if "**4 envoy**" in done.stdout:
                 row = f"| Envoy + minimal Python processor (reference) | {size} | 16 |"
                 assert row in done.stdout

@@ -25,11 +25,21 @@ sys.path.insert(0, str(ROOT / "bench"))
 import fresh_run  # bench/ is a folder of scripts, not a package
 
 GATEWAY = "example gateway, shipped (httpx+aiohttp)"
+NECESSARY = "pass-through aiohttp + read_request (necessary work)"
 PROC = "Envoy + switchyard-mw extproc"
 
 
-def run_json(ratio_1kb: float, ratio_128kb: float, cpu_1kb: float, cpu_128kb: float) -> Any:
-    """bench/run.py's results.json, as its `_report.write` shapes it, for two sizes."""
+def run_json(
+    ratio_1kb: float,
+    ratio_128kb: float,
+    cpu_1kb: float,
+    cpu_128kb: float,
+    necessary_128kb: float = 0.475,
+) -> Any:
+    """bench/run.py's results.json, as its `_report.write` shapes it, for two sizes.
+
+    `necessary_128kb`: the necessary-work floor's CPU per 128 KB request, beside the gateway's
+    0.5 ms (its 1 KB figure is 0.209 ms, beside the gateway's 0.22: 0.95 of it)."""
 
     def row(section: str, name: str, size: str, **values: Any) -> dict[str, Any]:
         extra = {"cpu_ratio": values.pop("cpu_ratio")} if "cpu_ratio" in values else {}
@@ -48,6 +58,8 @@ def run_json(ratio_1kb: float, ratio_128kb: float, cpu_1kb: float, cpu_128kb: fl
             row("3 peers", "pass-through aiohttp", "1KB", cpu_ms=0.2, ratio=1.0, cpu_ratio=1.0),
             row("3 peers", GATEWAY, "1KB", cpu_ms=0.22, ratio=0.9, cpu_ratio=ratio_1kb),
             row("3 peers", GATEWAY, "128KB", cpu_ms=0.5, ratio=0.8, cpu_ratio=ratio_128kb),
+            row("3 peers", NECESSARY, "1KB", cpu_ms=0.209, ratio=0.95, cpu_ratio=0.95),
+            row("3 peers", NECESSARY, "128KB", cpu_ms=necessary_128kb, ratio=0.9, cpu_ratio=0.9),
             row("4 envoy", PROC, "1KB", cpu_ms=cpu_1kb),
             row("4 envoy", PROC, "128KB", cpu_ms=cpu_128kb),
             row("4 envoy", PROC + " --transport grpcio", "1KB", cpu_ms=0.5),
@@ -88,9 +100,10 @@ def verdicts(
     cpu_ms: float = 0.05,
     added: float = 1.0,
     stack: float = 150_000.0,
+    necessary_128kb: float = 0.475,
 ) -> dict[str, fresh_run.Verdict]:
     found = fresh_run.targets(
-        run_json(ratio_1kb, ratio_128kb, 0.1, cpu_128kb),
+        run_json(ratio_1kb, ratio_128kb, 0.1, cpu_128kb, necessary_128kb),
         transport_json(cpu_ms, added),
         instructions_json(stack),
         sizes=["1KB", "128KB"],
@@ -105,6 +118,8 @@ def _size(target: str) -> str:
 
 GATEWAY_1KB = "example gateway / pass-through aiohttp 1KB"
 GATEWAY_128KB = "example gateway / pass-through aiohttp 128KB"
+NECESSARY_1KB = "example gateway / necessary-work floor 1KB"
+NECESSARY_128KB = "example gateway / necessary-work floor 128KB"
 GROWTH = "processor CPU 128 KB / 1 KB"
 CPU = "processor CPU per 1 KB request"
 P99 = "added p99 through Envoy at half capacity"
@@ -113,8 +128,12 @@ STACK = "instructions the ASGI stack adds per served 1 KB request"
 
 def test_every_target_is_read_from_its_step() -> None:
     found = verdicts()
-    assert sorted(found) == sorted([GATEWAY_1KB, GATEWAY_128KB, GROWTH, CPU, P99, STACK])
+    expected = [GATEWAY_1KB, GATEWAY_128KB, NECESSARY_1KB, NECESSARY_128KB]
+    assert sorted(found) == sorted([*expected, GROWTH, CPU, P99, STACK])
     assert found[GATEWAY_1KB].measured == 0.95
+    assert found[NECESSARY_1KB].measured == pytest.approx(0.209 / 0.22)
+    assert found[NECESSARY_128KB].measured == pytest.approx(0.95)
+    assert "floor CPU 0.475 ms, gateway CPU 0.500 ms" in found[NECESSARY_128KB].shown
     assert found[GROWTH].measured == pytest.approx(1.5)
     assert found[CPU].measured == 0.05
     assert found[P99].measured == 1.0
@@ -128,6 +147,7 @@ def test_every_target_is_read_from_its_step() -> None:
     [
         (GATEWAY_1KB, {"ratio_1kb": 0.90}, {"ratio_1kb": 0.8999}),
         (GATEWAY_128KB, {"ratio_128kb": 0.80}, {"ratio_128kb": 0.7999}),
+        (NECESSARY_128KB, {"necessary_128kb": 0.45}, {"necessary_128kb": 0.4499}),
         (GROWTH, {"cpu_128kb": 0.2}, {"cpu_128kb": 0.2001}),
         (CPU, {"cpu_ms": 0.10}, {"cpu_ms": 0.1001}),
         (P99, {"added": 2.0}, {"added": 2.001}),
@@ -159,10 +179,13 @@ def test_a_step_that_did_not_run_leaves_its_rows_not_measured(tmp_path: Path) ->
     data = {"run": run, "transport": {}, "instructions": instructions_json(150_000.0)}
     found = fresh_run.compose(tmp_path, data, conditions, sizes=["1KB", "32KB", "128KB"])
     unmeasured = [v.target for v in found if v.met is None]
-    assert len(unmeasured) == 3  # the gateway at 32 KB (asked, not in the output); transport's 2
+    # The gateway at 32 KB against both floors (asked, not in the output); transport's 2.
+    assert len(unmeasured) == 4
     assert any("32KB" in t for t in unmeasured)
     text = (tmp_path / "fresh.md").read_text()
-    assert text.count("| not measured | not measured |") == 3
+    assert text.count("| not measured | not measured |") == 4
+    assert "necessary-work floor CPU ms" in text
+    assert "| 128KB | - | 0.475 | 0.500 |" in text  # each floor beside the gateway
     assert "**failed, exit 1**" in text
     saved = json.loads((tmp_path / "fresh.json").read_text())
     assert [t["target"] for t in saved["targets"]] == [v.target for v in found]

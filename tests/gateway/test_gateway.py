@@ -440,3 +440,47 @@ async def test_a_send_failing_mid_stream_is_the_clients_departure(kind: str) -> 
         await http.aclose()
     assert [m["type"] for m in sent] == ["http.response.start"]
     assert stack.pool.status_of("a").consecutive_faults == 0  # nobody's fault
+
+
+def _conversation_of(size: int) -> bytes:
+    """A Messages body of exactly `size` bytes, non-ASCII text included."""
+    body = json.dumps({**MESSAGE, "messages": [{"role": "user", "content": ""}]}).encode()
+    fill = "caf\u00e9 \u2615 the lock file moved; ".encode()
+    missing = size - len(body)
+    text = (fill * (missing // len(fill) + 1))[:missing]
+    while True:  # the cut may split a character: trim to whole ones, pad with ASCII
+        try:
+            text.decode()
+            break
+        except UnicodeDecodeError:
+            text = text[:-1]
+    text += b"x" * (missing - len(text))
+    raw = body.replace(b'"content": ""', b'"content": "' + text + b'"')
+    assert len(raw) == size
+    return raw
+
+
+@ENTRIES
+@KINDS
+@pytest.mark.parametrize("size", [65535, 65536, 65537, (1 << 20) + 3])
+async def test_a_large_body_arrives_upstream_whole_and_the_connection_goes_on(
+    entry: str, kind: str, size: int
+) -> None:
+    body = _conversation_of(size)
+    async with (
+        upstream(answer_json) as (url, seen),
+        gateway(url, entry=entry, kind=kind) as client,
+    ):
+        for _ in range(2):  # the second on the same pooled connection: the framing held
+            reply = await client.post(
+                "/v1/messages", content=body, headers={"content-type": "application/json"}
+            )
+            assert reply.status_code == 200
+            assert reply.content == ANSWER
+    assert len(seen) == 2
+    for request in seen:
+        sent = request.split(b"\r\n\r\n", 1)[1]
+        assert sent == body
+        headers = header_lines(request)
+        assert ("content-length", str(size)) in headers
+        assert [v for k, v in headers if k == "content-type"] == ["application/json"]

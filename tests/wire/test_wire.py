@@ -325,6 +325,51 @@ def test_long_bodies_not_utf8_in_skipped_fields_are_400(wire: Wire, tail: bytes)
     assert "UTF-8" in info.value.message
 
 
+def _past_blocks(text: bytes, at: int) -> bytes:
+    """A body of more than two of the UTF-8 check's 64 KiB blocks, non-ASCII throughout (a
+    wide character every few hundred bytes), with `text` in a skipped field starting at byte
+    `at`."""
+    turn = "the cache key ignores the lock file \u00e9 \u2615 " * 8
+    turns = [{"role": "user", "content": turn}] * 100
+    head = json.dumps({"model": "m", "messages": turns}, ensure_ascii=False).encode()
+    head = head[:-1] + b', "skipped": "'
+    assert len(head) < at
+    pad = b"x" * (at - len(head))
+    return head + pad + text + b"x" * 200_000 + b'"}'
+
+
+BLOCK = 65536  # wire._UTF8_BLOCK
+
+
+@pytest.mark.parametrize(
+    ("text", "at"),
+    [
+        (b"\xe2\x98", BLOCK - 2),  # a character cut by the block edge, never finished
+        (b"\xe2\x98(", BLOCK - 2),  # cut, and what follows the edge is no continuation
+        (b"\xed\xa0\x80", BLOCK - 1),  # a surrogate across the edge
+        (b"\xf0\x9f\x98", 2 * BLOCK - 1),  # a truncated emoji across the second edge
+        (b"\x80", 2 * BLOCK),  # a lone continuation byte starting a block
+        (b"\xc0\xaf", 2 * BLOCK + 7),  # an overlong '/' inside the third block
+    ],
+)
+def test_bodies_not_utf8_at_or_past_a_block_edge_are_400(text: bytes, at: int) -> None:
+    raw = _past_blocks(text, at)
+    assert raw[at : at + len(text)] == text
+    assert len(raw) > 3 * BLOCK
+    with pytest.raises(WireError) as info:
+        read_request(Wire.OPENAI_CHAT, raw)
+    assert info.value.status == 400
+    assert "UTF-8" in info.value.message
+
+
+@pytest.mark.parametrize("at", [BLOCK - 3, BLOCK - 2, BLOCK - 1, BLOCK, 2 * BLOCK - 2])
+@pytest.mark.parametrize("char", ["\u00e9", "\u2615", "\U0001f600"])
+def test_characters_across_a_block_edge_are_read(at: int, char: str) -> None:
+    raw = _past_blocks(char.encode(), at)
+    assert raw.decode()  # valid: only the check's blocks cut the character
+    assert read_request(Wire.OPENAI_CHAT, raw).model == "m"
+
+
 @pytest.mark.parametrize("wire", list(Wire))
 def test_long_mostly_ascii_utf8_bodies_are_read(wire: Wire) -> None:
     raw = _long_body("caf\u00e9 \u2615 \U0001f600", "é 日本語 😀".encode())

@@ -41,6 +41,7 @@ from ..model_names import with_query
 from ..telemetry import names as tm
 from ..wire import Wire, error_body, model_not_served, sequence_for, stream_error_event
 from . import telemetry as ot
+from .upstream_body import upstream_body
 
 WIRE_ROUTES = ("/v1/messages", "/v1/chat/completions", "/v1/responses")
 """The three wire paths a gateway forwards: mount a `Forwarder` on each (POST)."""
@@ -366,7 +367,7 @@ class _Reply:
                 "POST",
                 url,
                 headers=headers,
-                data=body,
+                data=upstream_body(body),
                 allow_redirects=False,
                 auto_decompress=False,
                 timeout=limits,
