@@ -14,12 +14,10 @@ The ratio is compared in exact fractions of the decimal the operator wrote: 0.29
 is 29 hedges, not the 28.999999999999996 of floats that would refuse the 29th. A window with fewer
 requests than one whole hedge (19 at 5 %) allows none: the budget is a cap, never a floor.
 
-Shared across replicas (a state store configured), the same counters live in Redis, one hash
-per bucket ``{prefix}hedge:{model}:{bucket}`` with fields ``r`` and ``h`` and a ``PEXPIRE`` of
-two windows, the bucket index taken from Redis ``TIME`` (hosts' clocks may disagree). One Lua
-script does ``note`` (HINCRBY r) and ``try`` (sum r and h over the window's buckets, compare as
-``(h + 1) * den <= num * r``, HINCRBY h on success) atomically, as ``state/_lua.py`` does for
-cooling; this module is then the local fallback while the store is unreachable.
+Shared across replicas (a state store configured), the same counters live in Redis
+(``state/hedge_budget.py``): one hash per model with a field per bucket and counter, changed
+by one Lua script on Redis's clock; this module is then the local fallback while the store is
+unreachable.
 """
 
 from __future__ import annotations
