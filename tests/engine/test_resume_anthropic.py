@@ -108,6 +108,15 @@ def test_a_cut_inside_text_merges_into_the_open_block() -> None:
     ]
 
 
+def test_a_continuation_without_blocks_still_closes_the_open_one() -> None:
+    out = splice(CUT_IN_TEXT, [message_start(25), message_delta(1), MESSAGE_STOP])
+    assert out == [
+        stop(0),
+        {**message_delta(0), "usage": {"input_tokens": 35, "output_tokens": 2}},
+        MESSAGE_STOP,
+    ]
+
+
 def test_a_cut_between_blocks_continues_the_indices() -> None:
     sent = [message_start(10), text_start(0), text(0, "Part one."), stop(0)]
     out = splice(sent, CONTINUATION)
@@ -160,7 +169,7 @@ def test_usage_sums_every_field_both_parts_report() -> None:
     first["message"]["usage"]["cache_read_input_tokens"] = 4
     s = AnthropicSplice([first, text_start(0), text(0, "a")])
     s.feed(message_start(20, 1))
-    [delta] = s.feed(message_delta(9))
+    *_, delta = s.feed(message_delta(9))
     assert delta["usage"] == {"cache_read_input_tokens": 4, "input_tokens": 30, "output_tokens": 10}
 
 

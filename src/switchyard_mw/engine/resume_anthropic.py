@@ -165,8 +165,18 @@ class AnthropicSplice:
         if kind == "content_block_stop":
             return [{**event, "index": self._indices.get(event["index"], event["index"])}]
         if kind == "message_delta":
-            return [{**event, "usage": self._summed(_ints(event.get("usage", {})))}]
+            return [
+                *self._close_open(),
+                {**event, "usage": self._summed(_ints(event.get("usage", {})))},
+            ]
         return [dict(event)]
+
+    def _close_open(self) -> list[Event]:
+        """A continuation that ends with no block of its own still closes the block left open."""
+        if self._open_text is None:
+            return []
+        index, self._open_text = self._open_text, None
+        return [{"type": "content_block_stop", "index": index}]
 
     def _block_start(self, event: Mapping[str, Any]) -> list[Event]:
         block = event["content_block"]
