@@ -8,7 +8,7 @@ import httpx2
 import openai
 import pytest
 
-from switchyard_mw.engine.resume_anthropic import ResumeRefusal
+from switchyard_mw.engine.resume import ResumeRefusal
 from switchyard_mw.engine.resume_chat import DONE, ChatSplice, continuation_request, encode
 
 Chunk = dict[str, Any]

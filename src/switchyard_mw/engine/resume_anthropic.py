@@ -29,13 +29,9 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from .resume import ResumeRefusal as ResumeRefusal
+
 Event = dict[str, Any]
-
-
-class ResumeRefusal(enum.Enum):
-    NOT_STARTED = "not_started"  # no message_start reached the client: a plain retry serves
-    SIGNED_THINKING = "signed_thinking"  # thinking cannot be prefilled without its signature
-    TOOL_USE = "tool_use"  # a tool call (in progress or complete) is not text to prefill
 
 
 class Cut(enum.Enum):

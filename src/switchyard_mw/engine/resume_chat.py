@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .resume_anthropic import ResumeRefusal
+from .resume import ResumeRefusal
 
 Chunk = dict[str, Any]
 
