@@ -28,9 +28,12 @@ _ERROR_TYPES = {
 }
 
 
-def reenvelope(body: bytes, version: str, *, model: str | None) -> tuple[str, bool, bytes]:
+def reenvelope(
+    body: bytes, version: str, *, model: str | None, drop: tuple[str, ...] = ()
+) -> tuple[str, bool, bytes]:
     """(the model, whether it streams, the body without `model` and with
     `anthropic_version`), for a Messages `body`; `model` stands in if the body has none.
+    The keys in `drop` leave the body too (Bedrock refuses a `stream` key: its endpoint says).
 
     A version the client set in the body is kept (a team may pin a newer one).
     """
@@ -45,7 +48,10 @@ def reenvelope(body: bytes, version: str, *, model: str | None) -> tuple[str, bo
     if not chosen:
         raise WireError(400, "invalid_request_error", "model: required")
     fields.setdefault("anthropic_version", version)
-    return chosen, fields.get("stream") is True, _encode(fields)
+    stream = fields.get("stream") is True
+    for key in drop:
+        fields.pop(key, None)
+    return chosen, stream, _encode(fields)
 
 
 def messages_only(path: str, kind: str) -> None:

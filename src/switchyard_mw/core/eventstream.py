@@ -28,7 +28,7 @@ import zlib
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from .errors import SwitchyardError
+from .errors import FramingError
 
 HeaderValue = bool | int | bytes | str
 """A header's value: booleans (types 0, 1), integers (byte, short, integer, long, and a
@@ -47,9 +47,7 @@ _PRELUDE = struct.Struct("!III")
 _UINT32 = struct.Struct("!I")
 
 
-class FramingError(SwitchyardError, ValueError):
-    """Bytes that are not an event stream: a checksum that does not match, a length out of
-    bounds, a header that runs past its block, an unknown header type."""
+__all__ = ["MAX_FRAME_BYTES", "Decoder", "FramingError", "HeaderValue", "Message", "encode"]
 
 
 class Message(NamedTuple):
@@ -104,8 +102,9 @@ class Decoder:
         if zlib.crc32(buffer[:8]) != prelude_crc:
             raise FramingError("event stream: prelude checksum does not match")
         if total > self.max_frame_bytes:
+            limit = self.max_frame_bytes
             raise FramingError(
-                f"event stream: a {total}-byte message is over the {self.max_frame_bytes}-byte limit"
+                f"event stream: a {total}-byte message is over the {limit}-byte limit"
             )
         if headers_length > MAX_HEADERS_BYTES or total < _MIN_FRAME + headers_length:
             raise FramingError(

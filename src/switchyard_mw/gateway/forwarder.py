@@ -451,6 +451,10 @@ async def _relay(reply: _Reply, ctx: RequestContext) -> AsyncIterator[bytes]:
     try:
         async for piece in reply.chunks():
             chunk = piece if translator is None else translator.feed(piece)
+            if translator is not None and (failure := getattr(translator, "failure", None)):
+                # The cloud's stream carried its own error (Bedrock's exception message):
+                # the client's stream ends with it, the cooling policy counts its status.
+                ctx.report_upstream(failure)
             data = pending + chunk if pending else chunk
             cut = _events_end(data)
             pending = data[cut:]
