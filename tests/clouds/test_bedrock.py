@@ -112,10 +112,10 @@ async def test_the_envelope_is_bedrocks(aws_env: Path, mock: MockProvider) -> No
     assert aws.base_url == MOCK
     request = {**REQUEST, "model": BEDROCK_ID, "stream": True}
     outbound = await aws.outbound("/v1/messages", json.dumps(request).encode())
-    # The model in the path with its `:` escaped as botocore sends it; the stream's endpoint.
+    # The model in the path as HTTP clients send it (`:` as it is); the stream's endpoint.
     assert (
         outbound.url
-        == f"{MOCK}/model/us.anthropic.claude-opus-5-v1%3A0/invoke-with-response-stream"
+        == f"{MOCK}/model/us.anthropic.claude-opus-5-v1:0/invoke-with-response-stream"
     )
     body = json.loads(outbound.body)
     assert body == {

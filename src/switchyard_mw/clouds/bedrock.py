@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from urllib.parse import quote
-
 import msgspec
 
+from ..model_names import PLACEHOLDER, fill_path
 from .anthropic_body import is_anthropic_error, messages_only, reenvelope
 from .base import Envelope, StreamTranslator
 from .bedrock_errors import exception_type, mapped, message_of
@@ -45,9 +44,11 @@ class BedrockCloud:
         messages_only(path, self.kind)
         name, stream, data = reenvelope(body, BEDROCK_VERSION, model=model, drop=("stream",))
         verb = "invoke-with-response-stream" if stream else "invoke"
-        # Every reserved character escaped (a model id's `:` as `%3A`), as botocore sends it:
-        # the signature covers the path as sent.
-        url = f"{self.base_url}/model/{quote(name, safe='')}/{verb}"
+        # The signature covers the path exactly as it goes out, so it is written as every HTTP
+        # client sends it: a path segment's own characters (a model id's `:`) left as they
+        # are. botocore escapes `:` as `%3A`, but aiohttp's URLs turn `%3A` back into `:`
+        # before sending, and a signature of the one would not match the other.
+        url = f"{self.base_url}{fill_path(f'/model/{PLACEHOLDER}/{verb}', name)}"
         return Envelope(url=url, body=data, stream=stream, model=name)
 
     def error_answer(
