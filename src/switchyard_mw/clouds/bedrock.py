@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+
 import msgspec
 
 from ..model_names import PLACEHOLDER, fill_path
