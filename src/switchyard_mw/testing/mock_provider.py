@@ -77,9 +77,14 @@ from switchyard_mw.testing._wire_replies import (
 )
 from switchyard_mw.wire import on_fresh_stack
 
+MOCK_AWS_ACCESS_KEY_ID = bedrock.MOCK_AWS_ACCESS_KEY_ID
+MOCK_AWS_SECRET_ACCESS_KEY = bedrock.MOCK_AWS_SECRET_ACCESS_KEY
+
 __all__ = [
     "DEFAULT_KEY",
     "DEFAULT_REPLY",
+    "MOCK_AWS_ACCESS_KEY_ID",
+    "MOCK_AWS_SECRET_ACCESS_KEY",
     "Behaviour",
     "MockProvider",
     "MockProviderFault",
