@@ -335,3 +335,35 @@ async def test_credentials_resolve_once_and_refresh_near_their_end(
     # refresh window): resolved, then refreshed before each of the three signatures, never
     # signed with what is about to expire.
     assert int(counter.read_text()) == runs
+
+
+def test_check_config_names_a_missing_profile_and_a_region_from_nowhere(
+    aws_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from switchyard_mw.clouds.checks import cloud_problems
+
+    (aws_env / "config").write_text("[profile prod]\nregion = eu-central-1\n")
+    config = (
+        CONFIG
+        + """
+[llm_clients.aws-missing]
+kind = "bedrock"
+bedrock = { profile = "staging" }
+models = ["claude-opus-5"]
+[llm_clients.aws-nowhere]
+kind = "bedrock"
+bedrock = {}
+models = ["claude-opus-5"]
+[llm_clients.aws-prod]
+kind = "bedrock"
+bedrock = { profile = "prod" }
+models = ["claude-opus-5"]
+"""
+    )
+    assert cloud_problems(parse_config(config)) == [
+        "llm_clients.aws-missing.bedrock.profile: no profile 'staging' in the shared AWS files",
+        "llm_clients.aws-nowhere.bedrock.region: not set, and neither AWS_REGION, "
+        "AWS_DEFAULT_REGION nor the profile names one",
+    ]
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-west-2")
+    assert len(cloud_problems(parse_config(config))) == 1

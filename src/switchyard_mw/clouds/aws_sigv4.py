@@ -86,15 +86,7 @@ class AwsSigV4:
 
     def check(self) -> list[str]:
         """A named profile that the shared files do not hold (checked offline)."""
-        if self.profile is None:
-            return []
-        try:
-            profiles = self._session.available_profiles
-        except BotoCoreError as exc:
-            return [f"bedrock.profile: the shared AWS files cannot be read: {type(exc).__name__}"]
-        if self.profile not in profiles:
-            return [f"bedrock.profile: no profile {self.profile!r} in the shared AWS files"]
-        return []
+        return _profile_problems(self._session, self.profile)
 
     async def _frozen(self) -> Any:
         """Frozen credentials for one signature; resolving or refreshing off the loop."""
@@ -133,6 +125,36 @@ class AwsSigV4:
             raise CloudCredentialError(
                 self.account, f"AWS credentials: {exc}", refused=_refused(exc)
             ) from None
+
+
+def offline_problems(settings: BedrockSettings) -> list[str]:
+    """What check-config can tell of a Bedrock account without a network: a profile the shared
+    files lack, a region found nowhere (`bedrock.region`, the environment, the profile)."""
+    session = botocore.session.Session()
+    problems = _profile_problems(session, settings.profile)
+    if settings.region is None and not problems:
+        try:
+            region = _region(botocore.session.Session(profile=settings.profile))
+        except BotoCoreError:
+            region = None
+        if region is None:
+            problems.append(
+                "bedrock.region: not set, and neither AWS_REGION, AWS_DEFAULT_REGION nor the "
+                "profile names one"
+            )
+    return problems
+
+
+def _profile_problems(session: Any, profile: str | None) -> list[str]:
+    if profile is None:
+        return []
+    try:
+        profiles = session.available_profiles
+    except BotoCoreError as exc:
+        return [f"bedrock.profile: the shared AWS files cannot be read: {type(exc).__name__}"]
+    if profile not in profiles:
+        return [f"bedrock.profile: no profile {profile!r} in the shared AWS files"]
+    return []
 
 
 def _region(session: Any) -> str | None:
