@@ -346,3 +346,27 @@ async def test_a_bedrock_stream_that_fails_after_its_first_token_ends_with_the_e
     assert body["error"]["type"] == error_type
     after = metric_value(gateway, "switchyard_account_faults_total", **labels)
     assert after - before == 1
+
+
+async def test_a_refused_aws_secret_fails_over_and_never_reaches_the_log(
+    mock: MockProvider, tmp_path: Path
+) -> None:
+    """A Bedrock account whose secret is wrong: Bedrock refuses the signature (a credential
+    fault), the request fails over to the API, and neither the secret nor a signature appears
+    in the gateway's output."""
+    wrong = "wrong/secret/that/must/not/be/logged"
+    env = _aws_env(tmp_path)
+    (tmp_path / "credentials").write_text(
+        f"[second]\naws_access_key_id = {SECOND_KEY_ID}\naws_secret_access_key = {wrong}\n"
+    )
+    text = config(mock.url)  # type: ignore[attr-defined]
+    with example_gateway(text, tmp_path, env) as gateway:
+        request = {**_request(tools=False), "model": "claude-sonnet-5"}
+        _, headers = await _ask(gateway, request, stream=False)
+    assert headers["x-switchyard-account"] == "api-second"
+    assert headers["x-switchyard-attempts"] == "2"
+    # Refused at the signature: only the API's request reached a model.
+    assert [r.key for r in mock.requests] == ["key-api-second"]
+    log = (tmp_path / "gateway.log").read_text()
+    assert wrong not in log
+    assert "Signature=" not in log
