@@ -123,6 +123,17 @@ async def test_the_envelope_is_bedrocks(aws_env: Path, mock: MockProvider) -> No
         "messages": REQUEST["messages"],
         "anthropic_version": "bedrock-2023-05-31",
     }
+    betas = [("anthropic-beta", "context-1m-2025-08-07, fine-grained"), ("Anthropic-Beta", "x")]
+    with_betas = await aws.outbound("/v1/messages", json.dumps(request).encode(), betas)
+    assert json.loads(with_betas.body)["anthropic_beta"] == [
+        "context-1m-2025-08-07",
+        "fine-grained",
+        "x",
+    ]
+    own = json.dumps({**request, "anthropic_beta": ["mine"]}).encode()
+    assert json.loads((await aws.outbound("/v1/messages", own, betas)).body)["anthropic_beta"] == [
+        "mine"
+    ]
     names = {k for k, _ in outbound.headers}
     assert {"authorization", "x-amz-date", "accept", "content-type"} <= names
     assert MOCK_AWS_SECRET_ACCESS_KEY not in repr(outbound)

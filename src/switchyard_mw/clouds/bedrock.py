@@ -40,10 +40,25 @@ class BedrockCloud:
     base_url: str
     kind: str = field(default="bedrock", init=False)
 
-    def envelope(self, path: str, body: bytes, *, model: str | None = None) -> Envelope:
-        """The InvokeModel (or InvokeModelWithResponseStream) call for a Messages request."""
+    def envelope(
+        self,
+        path: str,
+        body: bytes,
+        *,
+        model: str | None = None,
+        headers: Iterable[tuple[str, str]] = (),
+    ) -> Envelope:
+        """The InvokeModel (or InvokeModelWithResponseStream) call for a Messages request.
+
+        Bedrock takes the API's betas in the body: the client's `anthropic-beta` headers
+        become `anthropic_beta` (as the Anthropic SDK's own Bedrock client sends them), unless
+        the body has one already."""
         messages_only(path, self.kind)
-        name, stream, data = reenvelope(body, BEDROCK_VERSION, model=model, drop=("stream",))
+        betas = _betas(headers)
+        add = {"anthropic_beta": betas} if betas else None
+        name, stream, data = reenvelope(
+            body, BEDROCK_VERSION, model=model, drop=("stream",), add=add
+        )
         verb = "invoke-with-response-stream" if stream else "invoke"
         # The signature covers the path exactly as it goes out, so it is written as every HTTP
         # client sends it: a path segment's own characters (a model id's `:`) left as they
@@ -73,6 +88,17 @@ class BedrockCloud:
         if content_type.split(";", 1)[0].strip().lower() != EVENTSTREAM_TYPE:
             return None
         return BedrockStream()
+
+
+def _betas(headers: Iterable[tuple[str, str]]) -> list[str]:
+    """Every beta the client's `anthropic-beta` headers name (comma-separated, repeatable)."""
+    return [
+        beta.strip()
+        for name, value in headers
+        if name.lower() == "anthropic-beta"
+        for beta in value.split(",")
+        if beta.strip()
+    ]
 
 
 def anthropic_error_of(error_type: str, message: str) -> bytes:
