@@ -9,6 +9,7 @@ Bedrock's own throttle, ModelNotReady and a refused signature.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -370,3 +371,19 @@ async def test_a_refused_aws_secret_fails_over_and_never_reaches_the_log(
     log = (tmp_path / "gateway.log").read_text()
     assert wrong not in log
     assert "Signature=" not in log
+
+
+async def test_the_clients_betas_reach_bedrock_in_the_body(
+    gateway: str, mock: MockProvider
+) -> None:
+    mock.set_behaviour("key-api", Behaviour(status=503))
+    client = anthropic.AsyncAnthropic(base_url=gateway, api_key="caller", max_retries=0)
+    betas = "context-1m-2025-08-07,fine-grained-tool-streaming-2025-05-14"
+    raw = await client.messages.with_raw_response.create(
+        **_request(tools=False), extra_headers={"anthropic-beta": betas}
+    )
+    await client.close()
+    assert raw.headers["x-switchyard-account"] == "aws"
+    api_call, bedrock_call = mock.requests
+    assert api_call.headers["anthropic-beta"] == betas  # the API takes them as a header
+    assert json.loads(bedrock_call.body)["anthropic_beta"] == betas.split(",")
