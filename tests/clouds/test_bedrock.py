@@ -378,3 +378,31 @@ models = ["claude-opus-5"]
     ]
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-west-2")
     assert len(cloud_problems(parse_config(config))) == 1
+
+
+async def test_a_credential_chain_that_does_not_answer_is_an_error_in_time_not_a_hang(
+    aws_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    from switchyard_mw.clouds.aws_sigv4 import AwsSigV4
+    from switchyard_mw.clouds.base import Envelope
+    from switchyard_mw.config import BedrockSettings
+
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    (aws_env / "config").write_text(
+        "[profile stuck]\n"
+        f"credential_process = {sys.executable} -c 'import time; time.sleep(1.5)'\n"
+    )
+    signer = AwsSigV4(
+        "aws", BedrockSettings(region="us-east-1", profile="stuck"), resolve_timeout_secs=0.3
+    )
+    envelope = Envelope(url=f"{MOCK}/model/m/invoke", body=b"{}", stream=False, model="m")
+    started = time.monotonic()
+    with pytest.raises(
+        errors.CloudCredentialError, match="account 'aws': no AWS credentials within 0.3 s"
+    ) as e:
+        await signer.headers(envelope, [])
+    assert time.monotonic() - started < 2
+    assert not e.value.refused  # no answer is not a refusal: the request fails over (a 502)
