@@ -401,7 +401,7 @@ async def test_a_credential_chain_that_does_not_answer_is_an_error_in_time_not_a
     envelope = Envelope(url=f"{MOCK}/model/m/invoke", body=b"{}", stream=False, model="m")
     started = time.monotonic()
     with pytest.raises(
-        errors.CloudCredentialError, match="account 'aws': no AWS credentials within 0.3 s"
+        errors.CloudCredentialError, match=r"account 'aws': no AWS credentials within 0\.3 s"
     ) as e:
         await signer.headers(envelope, [])
     assert time.monotonic() - started < 2
