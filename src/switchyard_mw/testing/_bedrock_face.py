@@ -4,7 +4,8 @@
 stream` the same events as the Messages API's stream, each in a binary event-stream `chunk`
 message (`{"bytes": base64(event), "p": padding}`), the last with Bedrock's
 `amazon-bedrock-invocationMetrics`. The body must be Bedrock's: `anthropic_version`
-`bedrock-2023-05-31`, no `model`, no `stream` (each is a `ValidationException`, as there).
+`bedrock-2023-05-31`, no `model`, no `stream` (each is a `ValidationException`, as there); an API date as the version
+is taken too, as the Anthropic SDK's own Bedrock client sends one.
 
 Every request must carry a valid AWS Signature V4 for service `bedrock`: the mock re-signs it
 with botocore, with the secret it holds for the request's access key id, at the request's own
@@ -36,6 +37,7 @@ EVENTSTREAM_TYPE = b"application/vnd.amazon.eventstream"
 BEDROCK_VERSION = "bedrock-2023-05-31"
 MAX_SKEW = datetime.timedelta(minutes=5)
 
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}\Z")
 ROUTE = re.compile(r"/model/(?P<model>[^/]+)/(?P<verb>invoke|invoke-with-response-stream)\Z")
 _AUTH = re.compile(
     r"AWS4-HMAC-SHA256 Credential=(?P<key>[^/]+)/(?P<date>\d{8})/(?P<region>[^/]+)/"
@@ -149,7 +151,8 @@ def verify(
 def body_problem(fields: Mapping[str, Any]) -> str | None:
     """What Bedrock's validation says of an Anthropic body it would refuse (None: fine)."""
     version = fields.get("anthropic_version")
-    if version != BEDROCK_VERSION:
+    # The documented version, or an API date as the Anthropic SDK's own Bedrock client sends.
+    if version != BEDROCK_VERSION and not (isinstance(version, str) and _DATE.match(version)):
         return f"anthropic_version: expected {BEDROCK_VERSION!r}, got {version!r}"
     for key in ("model", "stream"):
         if key in fields:
