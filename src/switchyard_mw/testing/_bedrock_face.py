@@ -4,8 +4,8 @@
 stream` the same events as the Messages API's stream, each in a binary event-stream `chunk`
 message (`{"bytes": base64(event), "p": padding}`), the last with Bedrock's
 `amazon-bedrock-invocationMetrics`. The body must be Bedrock's: `anthropic_version`
-`bedrock-2023-05-31`, no `model`, no `stream` (each is a `ValidationException`, as there); an API date as the version
-is taken too, as the Anthropic SDK's own Bedrock client sends one.
+`bedrock-2023-05-31` (or an API date, as the Anthropic SDK's own Bedrock client sends), no
+`model`, no `stream` (each is a `ValidationException`, as there).
 
 Every request must carry a valid AWS Signature V4 for service `bedrock`: the mock re-signs it
 with botocore, with the secret it holds for the request's access key id, at the request's own
