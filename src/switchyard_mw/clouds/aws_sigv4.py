@@ -26,7 +26,8 @@ try:
     import botocore.session
     from botocore.auth import SigV4Auth
     from botocore.awsrequest import AWSRequest
-    from botocore.exceptions import BotoCoreError
+    from botocore.exceptions import BotoCoreError, ReadTimeoutError
+    from botocore.exceptions import ConnectionError as AwsConnectionError
 except ImportError as exc:
     raise MissingExtraError("switchyard_mw.clouds.aws_sigv4", "bedrock", exc) from None
 
@@ -173,11 +174,4 @@ def _nearing_end(credentials: Any) -> bool:
 def _refused(exc: BotoCoreError) -> bool:
     """A chain that is misconfigured (a profile missing, a file malformed) will not heal by
     waiting; one that could not reach its endpoint might."""
-    from botocore.exceptions import (
-        ConnectionError as AwsConnectionError,
-    )
-    from botocore.exceptions import (
-        ReadTimeoutError,
-    )
-
     return not isinstance(exc, AwsConnectionError | ReadTimeoutError)
