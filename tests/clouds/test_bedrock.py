@@ -114,8 +114,7 @@ async def test_the_envelope_is_bedrocks(aws_env: Path, mock: MockProvider) -> No
     outbound = await aws.outbound("/v1/messages", json.dumps(request).encode())
     # The model in the path as HTTP clients send it (`:` as it is); the stream's endpoint.
     assert (
-        outbound.url
-        == f"{MOCK}/model/us.anthropic.claude-opus-5-v1:0/invoke-with-response-stream"
+        outbound.url == f"{MOCK}/model/us.anthropic.claude-opus-5-v1:0/invoke-with-response-stream"
     )
     body = json.loads(outbound.body)
     assert body == {

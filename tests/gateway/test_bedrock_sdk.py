@@ -334,12 +334,16 @@ async def test_a_bedrock_stream_that_fails_after_its_first_token_ends_with_the_e
     labels = {"switchyard_account": "aws-first", "status": status}
     before = metric_value(gateway, "switchyard_account_faults_total", **labels)
     client = anthropic.AsyncAnthropic(base_url=gateway, api_key="caller", max_retries=0)
-    text = []
+    text: list[str] = []
     request = {**_request(tools=False), "model": "claude-sonnet-5"}
-    with pytest.raises(anthropic.APIStatusError) as raised:
+
+    async def read() -> None:
         async with client.messages.stream(**request) as events:
             async for chunk in events.text_stream:
                 text.append(chunk)
+
+    with pytest.raises(anthropic.APIStatusError) as raised:
+        await read()
     await client.close()
     assert text  # the first delta reached the client before the failure
     body = raised.value.body
