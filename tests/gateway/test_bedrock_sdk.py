@@ -55,6 +55,7 @@ api_key_env = "KEY_API"
 auth = "x-api-key"
 models = ["claude-opus-5"]
 failure_threshold = 100
+timeout_secs = 1.0
 
 [llm_clients.api-second]
 base_url = "{mock_url}"
@@ -78,6 +79,7 @@ base_url = "{mock_url}"
 bedrock = {{ region = "us-west-2", profile = "second" }}
 models = {{ "claude-sonnet-5" = "{SONNET_ID}" }}
 failure_threshold = 100
+timeout_secs = 1.0
 """
     return text
 
@@ -391,3 +393,23 @@ async def test_the_clients_betas_reach_bedrock_in_the_body(
     api_call, bedrock_call = mock.requests
     assert api_call.headers["anthropic-beta"] == betas  # the API takes them as a header
     assert json.loads(bedrock_call.body)["anthropic_beta"] == betas.split(",")
+
+
+@pytest.mark.parametrize(
+    ("model", "slow_key", "answered_by"),
+    [
+        ("claude-opus-5", "key-api", "aws"),
+        ("claude-sonnet-5", SECOND_KEY_ID, "api-second"),
+    ],
+    ids=["api-to-bedrock", "bedrock-to-api"],
+)
+async def test_a_stream_that_does_not_start_in_time_fails_over(
+    gateway: str, mock: MockProvider, model: str, slow_key: str, answered_by: str
+) -> None:
+    """A stream whose response has not started within the account's `timeout_secs` (1 s
+    here; the provider waits 3 s) goes to the next provider."""
+    mock.set_behaviour(slow_key, Behaviour(headers_delay_secs=3.0))
+    (_, final), headers = await _ask(gateway, {**_request(tools=False), "model": model}, True)
+    assert final["content"][0]["text"] == "Hello from the mock provider."
+    assert headers["x-switchyard-account"] == answered_by
+    assert headers["x-switchyard-attempts"] == "2"
