@@ -131,38 +131,45 @@ def _serve(uvicorn: Any, app: Any, port: int) -> Any:
 
 def _demo(gateway: str, mock: Any) -> None:
     """Ask `claude-opus-5` as the API, then Bedrock, fail: the answer comes from the next."""
-    import anthropic
+    import httpx
 
     from switchyard_mw.testing import MOCK_AWS_ACCESS_KEY_ID, Behaviour
 
-    client = anthropic.Anthropic(base_url=gateway, api_key="any", max_retries=0)
     steps = [
         ("all three up", None, None),
         ("the API answers 503", ANTHROPIC_KEY, Behaviour(status=503)),
         ("Bedrock throttles too", MOCK_AWS_ACCESS_KEY_ID, Behaviour(status=429)),
     ]
-    for label, key, behaviour in steps:
-        if key is not None and behaviour is not None:
-            mock.set_behaviour(key, behaviour)
-        for stream in (False, True):
-            text, headers = _ask(client, stream)
-            kind = "stream" if stream else "json"
-            account = headers["x-switchyard-account"]
-            print(f"{label:24} {kind:6} -> {account:9} {text}", flush=True)
-    client.close()
+    with httpx.Client(base_url=gateway, timeout=30) as client:
+        for label, key, behaviour in steps:
+            if key is not None and behaviour is not None:
+                mock.set_behaviour(key, behaviour)
+            for stream in (False, True):
+                text, account = _ask(client, stream)
+                kind = "stream" if stream else "json"
+                print(f"{label:24} {kind:6} -> {account:9} {text}", flush=True)
 
 
-def _ask(client: Any, stream: bool) -> tuple[str, Any]:
-    request: dict[str, Any] = {
+def _ask(client: Any, stream: bool) -> tuple[str, str]:
+    """One Messages request as any Anthropic client sends it; the answer's text and the
+    account that gave it."""
+    request = {
         "model": "claude-opus-5",
         "max_tokens": 64,
         "messages": [{"role": "user", "content": "Hello"}],
+        "stream": stream,
     }
-    if stream:
-        with client.messages.stream(**request) as events:
-            return "".join(events.text_stream), events.response.headers
-    raw = client.messages.with_raw_response.create(**request)
-    return raw.parse().content[0].text, raw.headers
+    headers = {"x-api-key": "any", "anthropic-version": "2023-06-01"}
+    response = client.post("/v1/messages", json=request, headers=headers)
+    response.raise_for_status()
+    account = response.headers["x-switchyard-account"]
+    if not stream:
+        return response.json()["content"][0]["text"], account
+    text = ""
+    for line in response.text.splitlines():
+        if line.startswith("data: ") and '"text_delta"' in line:
+            text += json.loads(line[6:])["delta"]["text"]
+    return text, account
 
 
 if __name__ == "__main__":
