@@ -222,10 +222,16 @@ API_FAULTS = [
         ]
         for stream in (False, True)
     ),
-    # A JSON answer cut after its headers. (A stream cut after its headers but before its
-    # first token fails over once a stream's start is its first content event.)
-    pytest.param(
-        Behaviour(fail="reset_mid_stream", stall_after_chunks=0), False, False, id="cut-json"
+    # Cut after the headers (and a stream's opening events) but before the first token: held
+    # back until then, nothing has reached the client.
+    *(
+        pytest.param(
+            Behaviour(fail="reset_mid_stream", stall_after_chunks=0),
+            False,
+            stream,
+            id=f"cut-after-headers-{'stream' if stream else 'json'}",
+        )
+        for stream in (False, True)
     ),
 ]
 
@@ -413,3 +419,22 @@ async def test_a_stream_that_does_not_start_in_time_fails_over(
     assert final["content"][0]["text"] == "Hello from the mock provider."
     assert headers["x-switchyard-account"] == answered_by
     assert headers["x-switchyard-attempts"] == "2"
+
+
+@pytest.mark.parametrize(
+    "exception", ["ServiceUnavailableException", "ThrottlingException", "InternalServerException"]
+)
+async def test_a_bedrock_stream_that_fails_before_its_first_token_fails_over(
+    gateway: str, mock: MockProvider, exception: str
+) -> None:
+    """Bedrock's exception message before any content: nothing reached the client yet, so the
+    request goes on to the API."""
+    mock.set_behaviour(
+        SECOND_KEY_ID,
+        Behaviour(fail="error_mid_stream", stall_after_chunks=0, bedrock_exception=exception),
+    )
+    request = {**_request(tools=False), "model": "claude-sonnet-5"}
+    (_, final), headers = await _ask(gateway, request, True)
+    assert final["content"][0]["text"] == "Hello from the mock provider."
+    assert headers["x-switchyard-account"] == "api-second"
+    assert [r.key for r in mock.requests] == [SECOND_KEY_ID, "key-api-second"]
