@@ -326,18 +326,26 @@ async def test_bedrocks_last_answer_reaches_the_client_in_the_api_shape(
             Behaviour(
                 fail="error_mid_stream",
                 stall_after_chunks=1,
+                body_stall_secs=0.3,
                 bedrock_exception="InternalServerException",
             ),
             "api_error",
             "500",
         ),
-        (Behaviour(fail="reset_mid_stream", stall_after_chunks=1), "upstream_error", "502"),
+        (
+            Behaviour(fail="reset_mid_stream", stall_after_chunks=1, body_stall_secs=0.3),
+            "upstream_error",
+            "502",
+        ),
     ],
     ids=["exception-message", "connection-cut"],
 )
 async def test_a_bedrock_stream_that_fails_after_its_first_token_ends_with_the_error_event(
     gateway: str, mock: MockProvider, fault: Behaviour, error_type: str, status: str
 ) -> None:
+    # The first delta goes out 0.3 s before the failure, so it reaches the client first (one
+    # that came in the same read as the failure would be held back with it, and the request
+    # would fail over instead: nothing would have reached the client).
     mock.set_behaviour(SECOND_KEY_ID, fault)
     labels = {"switchyard_account": "aws-first", "status": status}
     before = metric_value(gateway, "switchyard_account_faults_total", **labels)
