@@ -405,3 +405,18 @@ async def test_a_credential_chain_that_does_not_answer_is_an_error_in_time_not_a
         await signer.headers(envelope, [])
     assert time.monotonic() - started < 2
     assert not e.value.refused  # no answer is not a refusal: the request fails over (a 502)
+
+
+def test_bedrocks_prompt_too_long_reads_as_the_apis_context_length_refusal(aws_env: Path) -> None:
+    """Bedrock refuses an over-long prompt with a ValidationException carrying the model's
+    message: answered as the API's 400 `invalid_request_error`, so a fallback chain's
+    `context_length` takes it as it takes the API's."""
+    from switchyard_mw.engine.fallbacks import context_refusal
+
+    aws = _accounts()["aws"]
+    assert aws.cloud is not None
+    wire = b'{"message":"prompt is too long: 250000 tokens > 200000 maximum"}'
+    headers = [(b"x-amzn-errortype", b"ValidationException:http://internal.amazon.com/")]
+    status, body = aws.cloud.cloud.error_answer(400, wire, headers)
+    assert context_refusal(status, body)
+    assert not context_refusal(*aws.cloud.cloud.error_answer(429, wire, []))
