@@ -64,6 +64,8 @@ class Account:
     def base_url(self) -> str:
         """The configured `base_url` without a trailing slash (the request path follows); a
         cloud account's default from its region when unset."""
+        if self.cloud is not None:  # a Bedrock region may come from the AWS environment
+            return self.cloud.cloud.base_url
         return base_url_of(self.spec)
 
     async def outbound(

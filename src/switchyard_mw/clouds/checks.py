@@ -1,5 +1,6 @@
 """What check-config can tell of cloud accounts offline: a key file that is missing,
-unreadable or not a credentials file, a kind whose extra is not installed."""
+unreadable or not a credentials file, an AWS profile the shared files lack or a region found
+nowhere, a kind whose extra is not installed."""
 
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ def cloud_problems(config: Config) -> list[str]:
                     f'{at}.kind: "{spec.kind}" needs the {extra!r} extra '
                     f"(pip install 'switchyard-mw[{extra}]')"
                 )
+        if spec.kind == "bedrock" and spec.bedrock is not None and _installed("botocore"):
+            from .aws_sigv4 import offline_problems  # botocore: the `bedrock` extra
+
+            problems.extend(f"{at}.{problem}" for problem in offline_problems(spec.bedrock))
         if spec.vertex is not None and spec.vertex.credentials_file is not None:
             for problem in credentials_file_problems(spec.vertex.credentials_file):
                 problems.append(f"{at}.vertex.credentials_file: {problem}")

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from ..config import LLMClient
 from ..errors import StartupError
 from .base import CloudAccess
+from .bedrock import BedrockCloud, bedrock_base_url
 from .vertex import VertexCloud, vertex_base_url
 
 
@@ -35,12 +36,29 @@ def _vertex(name: str, spec: LLMClient) -> CloudAccess:
     return CloudAccess(VertexCloud(name, settings, base), GoogleToken(name, settings))
 
 
-BUILDERS: dict[str, Callable[[str, LLMClient], CloudAccess]] = {"vertex": _vertex}
-"""Account kind -> builder (`bedrock` joins here)."""
+def _bedrock(name: str, spec: LLMClient) -> CloudAccess:
+    from .aws_sigv4 import AwsSigV4  # botocore: the `bedrock` extra
+
+    settings = spec.bedrock
+    assert settings is not None  # the config check requires it
+    signer = AwsSigV4(name, settings)
+    base = spec.base_url.rstrip("/") or bedrock_base_url(signer.region)
+    return CloudAccess(BedrockCloud(name, signer.region, base), signer)
+
+
+BUILDERS: dict[str, Callable[[str, LLMClient], CloudAccess]] = {
+    "vertex": _vertex,
+    "bedrock": _bedrock,
+}
+"""Account kind -> builder."""
 
 
 def base_url_of(spec: LLMClient) -> str:
     """The scheme and host an account is called on: `base_url`, or its cloud's default."""
-    if spec.base_url or spec.kind != "vertex" or spec.vertex is None:
+    if spec.base_url:
         return spec.base_url.rstrip("/")
-    return vertex_base_url(spec.vertex.region)
+    if spec.kind == "vertex" and spec.vertex is not None:
+        return vertex_base_url(spec.vertex.region)
+    if spec.kind == "bedrock" and spec.bedrock is not None and spec.bedrock.region:
+        return bedrock_base_url(spec.bedrock.region)
+    return ""

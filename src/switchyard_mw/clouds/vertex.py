@@ -42,8 +42,16 @@ class VertexCloud:
     base_url: str
     kind: str = field(default="vertex", init=False)
 
-    def envelope(self, path: str, body: bytes, *, model: str | None = None) -> Envelope:
-        """The rawPredict (or streamRawPredict) call for a Messages request."""
+    def envelope(
+        self,
+        path: str,
+        body: bytes,
+        *,
+        model: str | None = None,
+        headers: Iterable[tuple[str, str]] = (),
+    ) -> Envelope:
+        """The rawPredict (or streamRawPredict) call for a Messages request (Vertex takes the
+        client's `anthropic-beta` header as the API does: `headers` change nothing here)."""
         messages_only(path, self.kind)
         name, stream, data = reenvelope(body, VERTEX_VERSION, model=model)
         verb = "streamRawPredict" if stream else "rawPredict"

@@ -448,9 +448,16 @@ async def _relay(reply: _Reply, ctx: RequestContext) -> AsyncIterator[bytes]:
     usage = StreamUsage(ctx.wire)
     sequence = sequence_for(ctx.wire)  # numbers the error event on a Responses stream
     translator = reply.translator
+    failed = False
     try:
         async for piece in reply.chunks():
             chunk = piece if translator is None else translator.feed(piece)
+            failure = None if failed else getattr(translator, "failure", None)
+            if failure is not None:
+                # The cloud's stream carried its own error (Bedrock's exception message):
+                # the client's stream ends with it, the cooling policy counts its status.
+                ctx.report_upstream(failure)
+                failed = True
             data = pending + chunk if pending else chunk
             cut = _events_end(data)
             pending = data[cut:]

@@ -269,6 +269,8 @@ def provider_name(base_url: str) -> str | None:
     name = _PROVIDER_HOSTS.get(host)
     if name is None:
         name = next((n for suffix, n in _PROVIDER_SUFFIXES if host.endswith(suffix)), None)
+    if name is None and host.startswith("bedrock-runtime.") and host.endswith(".amazonaws.com"):
+        name = "aws.bedrock"  # `bedrock-runtime.{region}.amazonaws.com` (and its FIPS hosts)
     return name
 
 

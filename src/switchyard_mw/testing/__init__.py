@@ -9,6 +9,8 @@ if TYPE_CHECKING:
     from switchyard_mw.testing.mock_provider import (
         DEFAULT_KEY,
         DEFAULT_REPLY,
+        MOCK_AWS_ACCESS_KEY_ID,
+        MOCK_AWS_SECRET_ACCESS_KEY,
         Behaviour,
         MockProvider,
         MockProviderFault,
@@ -18,6 +20,8 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_KEY",
     "DEFAULT_REPLY",
+    "MOCK_AWS_ACCESS_KEY_ID",
+    "MOCK_AWS_SECRET_ACCESS_KEY",
     "Behaviour",
     "MockProvider",
     "MockProviderFault",

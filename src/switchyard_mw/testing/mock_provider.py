@@ -22,6 +22,10 @@ It also plays Vertex AI (``POST /token``, a service account's ``token_uri``, and
 rawPredict/streamRawPredict paths, answered by the behaviour of the token's
 ``client_email``): see ``switchyard_mw.testing._vertex``.
 
+A Bedrock face answers ``/model/{modelId}/invoke`` and ``.../invoke-with-response-stream``
+(AWS Signature V4 checked, the binary event-stream framing; see ``_bedrock_face``); its
+behaviours are keyed by the AWS access key id.
+
 Run standalone with ``python -m switchyard_mw.testing.mock_provider --port 9100``.
 """
 
@@ -40,6 +44,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from switchyard_mw.errors import MockProviderFault
+from switchyard_mw.testing import _bedrock_face as bedrock
 from switchyard_mw.testing._asgi import (
     JSON_TYPE,
     Receive,
@@ -72,9 +77,14 @@ from switchyard_mw.testing._wire_replies import (
 )
 from switchyard_mw.wire import on_fresh_stack
 
+MOCK_AWS_ACCESS_KEY_ID = bedrock.MOCK_AWS_ACCESS_KEY_ID
+MOCK_AWS_SECRET_ACCESS_KEY = bedrock.MOCK_AWS_SECRET_ACCESS_KEY
+
 __all__ = [
     "DEFAULT_KEY",
     "DEFAULT_REPLY",
+    "MOCK_AWS_ACCESS_KEY_ID",
+    "MOCK_AWS_SECRET_ACCESS_KEY",
     "Behaviour",
     "MockProvider",
     "MockProviderFault",
@@ -153,6 +163,10 @@ class Behaviour(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     """Headers of an error answer: None sends the usual ones (a 429 says `retry-after: 1`,
     as both real APIs do); a mapping (even empty) sends exactly those, e.g. a 429 with
     `retry-after-ms` or a provider's rate-limit reset headers, or with no retry time."""
+    bedrock_exception: str | None = None
+    """The Bedrock face only: the exception an error answer (`status`) or a mid-stream error
+    is named by, e.g. `"ModelNotReadyException"` with status 429 (None: the status's usual
+    one, `ThrottlingException` for 429; mid-stream `ServiceUnavailableException`)."""
 
     def __post_init__(self) -> None:
         # Checked here rather than with msgspec.Meta so direct construction is
@@ -200,8 +214,15 @@ class MockProvider:
         reply: str = DEFAULT_REPLY,
         max_recorded_requests: int = 10_000,
         cache_ttl_secs: float = 300.0,
+        aws_credentials: dict[str, str] | None = None,
     ) -> None:
         self.default_reply = reply
+        # The Bedrock face's secrets by access key id, to check each request's signature.
+        self.aws_credentials = (
+            {bedrock.MOCK_AWS_ACCESS_KEY_ID: bedrock.MOCK_AWS_SECRET_ACCESS_KEY}
+            if aws_credentials is None
+            else dict(aws_credentials)
+        )
         # A prompt cache per API key: a prefix seen under the key within the TTL is a cache
         # read, reported in usage as each wire does (so affinity's effect shows offline).
         self.prompt_cache = PromptCache(ttl_secs=cache_ttl_secs)
@@ -273,6 +294,10 @@ class MockProvider:
             return
         method: str = scope["method"]
         path: str = scope["path"]
+        call = bedrock.route(path) if method == "POST" else None
+        if call is not None:
+            await self._bedrock(call, scope, body, send, receive)
+            return
         endpoint = ENDPOINTS.get(path) or _deployment_endpoint(path)
         vertex = None if endpoint is not None else vertex_call(path)
         if vertex is not None and method == "POST":
@@ -296,6 +321,22 @@ class MockProvider:
             await self._control(method, path.removeprefix("/_mock/"), body, send)
         else:
             await _send_error(send, "openai", 404, f"Invalid URL ({method} {path})")
+
+    async def _bedrock(
+        self, call: bedrock.BedrockCall, scope: Scope, body: bytes, send: Send, receive: Receive
+    ) -> None:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        key = bedrock.verify(scope, headers, body, self.aws_credentials)
+        if isinstance(key, bedrock.Refusal):
+            await bedrock.send_error(send, 403, key.message, exception=key.exception)
+            return
+        call = dataclasses.replace(call, key=key)
+        self._in_flight += 1
+        try:
+            work = self._answer(ENDPOINTS["/v1/messages"], scope, body, send, bedrock_call=call)
+            await unless_disconnected(work, receive)
+        finally:
+            self._in_flight -= 1
 
     async def _answer_vertex(self, call: VertexCall, scope: Scope, body: bytes, send: Send) -> None:
         """A rawPredict call: a live token of the token endpoint's, the Vertex envelope,
@@ -325,9 +366,10 @@ class MockProvider:
         send: Send,
         *,
         vertex: tuple[str, str] | None = None,
+        bedrock_call: bedrock.BedrockCall | None = None,
     ) -> None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        key = _api_key(headers)
+        key = _api_key(headers) if bedrock_call is None else bedrock_call.key
         try:
             # Like a provider that reads any JSON its parser can: as deep as the gateway's
             # reader allows (a body nested deeper than that is a 400 here too).
@@ -339,9 +381,14 @@ class MockProvider:
             key, fields = vertex[0], {**fields, "model": vertex[1]}
         model = fields.get("model") if isinstance(fields.get("model"), str) else None
         stream = fields.get("stream") is True
+        invalid = None
+        if bedrock_call is not None:  # the model in the path, the endpoint says if it streams
+            invalid = bedrock.body_problem(fields) if isinstance(payload, dict) else None
+            model, stream = bedrock_call.model, bedrock_call.stream
+            fields = {**fields, "model": bedrock.anthropic_name(model)}
         behaviour = self.behaviour_for(key)
         ctx = None
-        if behaviour.status == 200 and isinstance(payload, dict):
+        if behaviour.status == 200 and isinstance(payload, dict) and invalid is None:
             ctx = self._reply_context(endpoint, fields, behaviour, len(body))
             if not (behaviour.cache_read_tokens or behaviour.cache_write_tokens):
                 ctx = self._cached(ctx, key, model, fields)  # set counts win over the cache
@@ -360,7 +407,9 @@ class MockProvider:
         await _sleep(behaviour.headers_delay_secs)
         if behaviour.fail == "reset_before_headers":
             raise MockProviderFault("fail=reset_before_headers")
-        if behaviour.refuse == "context_length":
+        if bedrock_call is not None:
+            await self._bedrock_answer(endpoint, ctx, behaviour, send, invalid, stream)
+        elif behaviour.refuse == "context_length":
             wire = next(path for path, e in ENDPOINTS.items() if e is endpoint)
             refusal = context_length_body(wire, 200_000 + len(body) // 4)
             await send_whole(send, 400, JSON_TYPE, refusal, [_request_id(endpoint.errors)])
@@ -378,6 +427,34 @@ class MockProvider:
         else:
             gzipped = behaviour.content_encoding == "gzip" and _accepts_gzip(headers)
             await _reply(endpoint, ctx, behaviour, send, gzipped=gzipped)
+
+    async def _bedrock_answer(
+        self,
+        endpoint: Endpoint,
+        ctx: ReplyContext | None,
+        behaviour: Behaviour,
+        send: Send,
+        refusal: str | None,
+        stream: bool,
+    ) -> None:
+        if behaviour.status != 200:
+            message = f"Mock provider answering {behaviour.status} for this access key."
+            await bedrock.send_error(
+                send,
+                behaviour.status,
+                message,
+                exception=behaviour.bedrock_exception,
+                headers=behaviour.headers,
+            )
+        elif ctx is None:
+            await bedrock.send_error(send, 400, refusal or "Malformed input request")
+        elif stream:
+            framed = bedrock.EventStreamSend(send)
+            if behaviour.bedrock_exception is not None:
+                framed.exception = behaviour.bedrock_exception
+            await _stream(endpoint, ctx, behaviour, framed)
+        else:
+            await _reply(endpoint, ctx, behaviour, send, gzipped=False)
 
     def _cached(
         self, ctx: ReplyContext, key: str, model: str | None, fields: dict[str, Any]
