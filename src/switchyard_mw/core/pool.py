@@ -713,6 +713,14 @@ class AccountPool:
             b = self._pairs.get((name, model)) or Breaker(b.spec)
         return b.snapshot(self._clock())
 
+    def closed_for(self, name: str, model: str) -> bool:
+        """Whether `name` is closed for `model`: its own breaker, and that pair's if it has
+        one (no lease is taken); KeyError if unknown."""
+        if self._breakers[name].state is not _CLOSED:
+            return False
+        pair = self._pairs.get((name, model)) if self._pairs else None
+        return pair is None or pair.state is _CLOSED
+
     def pair_status(self, name: str) -> dict[str, AccountStatus]:
         """Each model of `name` whose health differs from the account's own, with its state:
         the pairs that faulted (model faults count per model where an account serves
