@@ -98,9 +98,11 @@ class LLMClient(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     failure_threshold: PositiveInt = 3
     """Consecutive account faults that cool it."""
     cooldown_secs: PositiveSecs = 30.0
-    """The first cooling period; it doubles each time a probe fails."""
+    """The first cooling period; a failed probe re-cools for it again while the outage is
+    younger than `max_cooldown_secs`, then doubles it (a refused key: from its first)."""
     max_cooldown_secs: PositiveSecs = 300.0
-    """The cap of the cooling period (at least `cooldown_secs`)."""
+    """The cap of the cooling period (at least `cooldown_secs`), and the outage age from which
+    a failed probe doubles the period."""
     max_throttle_secs: PositiveSecs = 60.0
     """The longest a 429's retry time keeps this account out of rotation for one model."""
     weight: Annotated[float, Meta(gt=0, le=1e6)] = 1.0

@@ -641,6 +641,7 @@ async def test_status_app_shows_state_and_no_secret(clock: FakeClock) -> None:
                 "cause": "outage",
                 "probe_in_flight": False,
                 "held_for_secs": {},
+                "models": {},
             },
             {
                 "name": "b",
@@ -651,6 +652,7 @@ async def test_status_app_shows_state_and_no_secret(clock: FakeClock) -> None:
                 "cause": None,
                 "probe_in_flight": False,
                 "held_for_secs": {"m": 28.0},
+                "models": {},
             },
         ]
     }

@@ -152,19 +152,54 @@ def test_cooling_blocks_until_period_elapses_then_admits_a_probe() -> None:
     assert st_.cooled_until is None
 
 
-def test_probe_fault_doubles_period_and_caps_at_max() -> None:
-    pool, clock = cool_single(cooldown_secs=10.0, max_cooldown_secs=35.0)
+def failed_probes(pool: AccountPool, clock: FakeClock, n: int, cause: Cause) -> list[float]:
+    """The period after each of `n` failed probes, each sent when its cooling ends."""
     periods = []
-    for _ in range(4):
+    for _ in range(n):
         clock.advance(pool.status_of("a").current_cooldown_secs)
         probe = take(pool)
         assert probe.probe
-        pool.record(probe, Outcome.FAULT)
+        pool.record(probe, Outcome.FAULT, cause)
         st_ = pool.status_of("a")
         assert st_.state is BreakerState.COOLED
         assert st_.cooled_until == clock.now + st_.current_cooldown_secs
         periods.append(st_.current_cooldown_secs)
+    return periods
+
+
+def test_an_outage_keeps_its_period_until_it_is_max_cooldown_old_then_doubles_to_max() -> None:
+    pool, clock = cool_single(cooldown_secs=10.0, max_cooldown_secs=35.0)
+    # Probes at 10, 20, 30 s of the outage: younger than 35 s, the period stays; at 40 s
+    # and after, it doubles up to the cap.
+    periods = failed_probes(pool, clock, 6, Cause.OUTAGE)
+    assert periods == [10.0, 10.0, 10.0, 20.0, 35.0, 35.0]
+
+
+def test_the_outage_age_boundary_is_max_cooldown_exactly() -> None:
+    pool, clock = cool_single(cooldown_secs=10.0, max_cooldown_secs=20.0)
+    clock.advance(10.0)
+    pool.record(take(pool), Outcome.FAULT)  # 10 s old: kept
+    clock.advance(9.999)
+    assert pool.acquire("m") is None
+    clock.advance(0.001)
+    pool.record(take(pool), Outcome.FAULT)  # 20 s old, = max_cooldown_secs: doubled
+    assert pool.status_of("a").current_cooldown_secs == 20.0
+
+
+def test_a_refused_key_doubles_from_its_first_failed_probe() -> None:
+    pool, clock = make(spec("a", failure_threshold=1, cooldown_secs=10.0, max_cooldown_secs=35.0))
+    pool.record(take(pool), Outcome.FAULT, Cause.CREDENTIALS)
+    periods = failed_probes(pool, clock, 4, Cause.CREDENTIALS)
     assert periods == [20.0, 35.0, 35.0, 35.0]
+
+
+def test_a_new_outage_after_a_success_starts_young_again() -> None:
+    pool, clock = cool_single(cooldown_secs=10.0, max_cooldown_secs=20.0)
+    failed_probes(pool, clock, 3, Cause.OUTAGE)  # 10, 20 (doubled at 20 s), 20
+    clock.advance(20.0)
+    pool.record(take(pool), Outcome.SUCCESS)
+    fault(pool)
+    assert failed_probes(pool, clock, 1, Cause.OUTAGE) == [10.0]
 
 
 def test_probe_success_closes_and_resets_period() -> None:
@@ -187,8 +222,8 @@ def test_probe_fault_recools_even_below_threshold() -> None:
     pool.record(take(pool), Outcome.FAULT)
     st_ = pool.status_of("a")
     assert st_.state is BreakerState.COOLED
-    assert st_.current_cooldown_secs == 20.0
-    assert st_.cooled_until == clock.now + 20.0
+    assert st_.current_cooldown_secs == 10.0  # a young outage keeps its period
+    assert st_.cooled_until == clock.now + 10.0
 
 
 def test_only_one_probe_in_flight() -> None:
@@ -328,10 +363,14 @@ def test_wildcard_accounts() -> None:
     assert only_explicit.acquire("other") is None
 
 
-def test_wildcard_health_is_shared_across_models() -> None:
+def test_a_wildcard_accounts_model_faults_are_per_model_and_refusals_shared() -> None:
     pool, _ = make(spec("any", "*", failure_threshold=1), spec("x", "gpt", priority=1))
-    pool.record(take(pool, "foo"), Outcome.FAULT)
+    pool.record(take(pool, "foo"), Outcome.FAULT)  # a 5xx for foo
+    assert pool.acquire("foo") is None
+    assert take(pool, "bar").account == "any"
+    pool.record(take(pool, "bar"), Outcome.FAULT, Cause.CREDENTIALS)  # a refused key
     assert pool.acquire("bar") is None
+    assert pool.acquire("baz") is None
     assert take(pool, "gpt").account == "x"
 
 
@@ -490,11 +529,20 @@ class PoolMachine(RuleBasedStateMachine):
             if now.cooled_until is not None:
                 assert now.cooled_until >= self.until.get(s.name, now.cooled_until)
                 self.until[s.name] = now.cooled_until
-            probes = sum(1 for lease in self.leases if lease.account == s.name and lease.probe)
-            assert probes <= 1
-            assert now.probe_in_flight == (probes == 1)
-            if now.probe_in_flight:
-                assert now.state is BreakerState.HALF_OPEN
+            # One probe at most per breaker: the account's own, and each pair's.
+            for unit in (None, "m", "other"):
+                if unit is not None and not s.serves(unit):
+                    continue
+                st_ = self.pool.status_of(s.name, model=unit)
+                probes = sum(
+                    1
+                    for lease in self.leases
+                    if lease.account == s.name and lease.probe and lease.unit == unit
+                )
+                assert probes <= 1
+                assert st_.probe_in_flight == (probes == 1)
+                if st_.probe_in_flight:
+                    assert st_.state is BreakerState.HALF_OPEN
 
 
 PoolMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=60, deadline=None)

@@ -3,7 +3,7 @@
 import pytest
 from test_pool import FakeClock, fault, spec, take
 
-from switchyard_mw.core.pool import AccountPool, AccountSpec, BreakerState, Outcome
+from switchyard_mw.core.pool import AccountPool, AccountSpec, BreakerState, Cause, Outcome
 
 
 def pools(
@@ -103,7 +103,8 @@ def test_the_new_spec_rules_the_kept_state() -> None:
     fault(old)
     new.carry_over(old)
     clock.advance(10)
-    new.record(take(new), Outcome.FAULT)  # the probe fails: doubled, capped by the new max
+    # The probe meets a refused key: doubled, capped by the new max.
+    new.record(take(new), Outcome.FAULT, Cause.CREDENTIALS)
     assert new.status_of("a").current_cooldown_secs == 15
     assert new.retry_after_secs("m") == pytest.approx(15)
 

@@ -18,13 +18,15 @@ class FakeStore:
         self.answers: dict[str, Shared | None] = {}
         self.holds: list[tuple[str, str, float]] = []
 
-    def changed(self, account: str, change: Change, local: Shared) -> None:
+    def changed(
+        self, account: str, change: Change, local: Shared, *, model: str | None = None
+    ) -> None:
         self.changes.append((account, change, local))
 
     def held(self, account: str, model: str, until_unix: float) -> None:
         self.holds.append((account, model, until_unix))
 
-    async def claim_probe(self, account: str) -> Shared | None:
+    async def claim_probe(self, account: str, model: str | None = None) -> Shared | None:
         self.claims.append(account)
         return self.answers.get(account)
 

@@ -91,13 +91,15 @@ class Store:
         self.answers = list(answers)
         self.asked: list[str] = []
 
-    def changed(self, account: str, change: object, local: Shared) -> None:
+    def changed(
+        self, account: str, change: object, local: Shared, *, model: str | None = None
+    ) -> None:
         pass  # nothing is shared in these tests
 
     def held(self, account: str, model: str, until_unix: float) -> None:
         pass
 
-    async def claim_probe(self, account: str) -> Shared | None:
+    async def claim_probe(self, account: str, model: str | None = None) -> Shared | None:
         self.asked.append(account)
         return self.answers.pop(0)
 
@@ -796,7 +798,7 @@ async def test_a_cancelled_claim_gives_its_slot_back() -> None:
     env.clock.now += 31
 
     class Stuck(Store):
-        async def claim_probe(self, account: str) -> Shared | None:
+        async def claim_probe(self, account: str, model: str | None = None) -> Shared | None:
             await asyncio.Event().wait()
             return None
 

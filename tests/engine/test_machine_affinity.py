@@ -47,13 +47,15 @@ class AlwaysOurs:
     def __init__(self) -> None:
         self.asked: list[str] = []
 
-    def changed(self, account: str, change: object, local: Shared) -> None:
+    def changed(
+        self, account: str, change: object, local: Shared, *, model: str | None = None
+    ) -> None:
         pass
 
     def held(self, account: str, model: str, until_unix: float) -> None:
         pass
 
-    async def claim_probe(self, account: str) -> Shared | None:
+    async def claim_probe(self, account: str, model: str | None = None) -> Shared | None:
         self.asked.append(account)
         return None
 

@@ -115,14 +115,16 @@ async def test_account_health_is_kept_unless_name_or_base_url_changed(tmp_path: 
     stack, upstream, path = stack_for(tmp_path, config_text())
     upstream.status_a = 500
     assert (await ask(stack, "u1"))[0] == 500
-    assert stack.pool.status_of("acct-a").state is BreakerState.COOLED
-    path.write_text(config_text(percent=50))  # same accounts: acct-a stays cooled
+    assert stack.pool.status_of("acct-a", model="base").state is BreakerState.COOLED
+    # Same accounts: acct-a stays cooled for base (u1 stays on base at 1 %; var, another
+    # model of acct-a, has its own health).
+    path.write_text(config_text(percent=1))
     assert stack.reload() == []
-    assert stack.pool.status_of("acct-a").state is BreakerState.COOLED
+    assert stack.pool.status_of("acct-a", model="base").state is BreakerState.COOLED
     assert (await ask(stack, "u1"))[0] == 503
-    path.write_text(config_text(percent=50, a_url="http://a2.test"))  # a new endpoint
+    path.write_text(config_text(percent=1, a_url="http://a2.test"))  # a new endpoint
     assert stack.reload() == []
-    assert stack.pool.status_of("acct-a").state is BreakerState.CLOSED
+    assert stack.pool.status_of("acct-a", model="base").state is BreakerState.CLOSED
 
 
 async def test_an_outcome_recorded_after_the_reload_reaches_the_new_pool(tmp_path: Path) -> None:
@@ -134,7 +136,7 @@ async def test_an_outcome_recorded_after_the_reload_reaches_the_new_pool(tmp_pat
     assert stack.reload() == []
     upstream.release.set()
     assert (await held)[0] == 500
-    assert stack.pool.status_of("acct-a").state is BreakerState.COOLED
+    assert stack.pool.status_of("acct-a", model="base").state is BreakerState.COOLED
 
 
 async def test_a_broken_config_is_refused_whole(

@@ -76,6 +76,8 @@ timeout_secs = {timeout}
 ONE = TWO.split("[llm_clients.b]")[0]
 RENAMED = TWO.replace('models = ["m"]\npriority = 1', 'models = {{ m = "m-at-b" }}\npriority = 1')
 """Account b knows model m by its own name: a failover to it must send that name."""
+DUAL = TWO.replace('models = ["m"]\npriority = 0', 'models = ["m", "m-b"]\npriority = 0')
+"""Account a serves two models, m and m-b: a model fault of m-b is (a, m-b)'s alone."""
 CANARY = (
     ONE
     + TWO.split("[llm_clients.b]")[1]
@@ -181,6 +183,15 @@ SCENARIOS = {
     "a context-length refusal without a chain: the 400 once": Scenario(
         TWO, {"ka": TOO_LONG, "kb": Behaviour()}
     ),
+    "another model of the account failing leaves this one served": Scenario(
+        DUAL, {"ka": Behaviour()}, before="other model cooled"
+    ),
+    "this model failing while another model of the account serves": Scenario(
+        DUAL, {"ka": Behaviour(status=503), "kb": Behaviour()}, before="other model served"
+    ),
+    "a key refused on another model moves this one too": Scenario(
+        DUAL, {"kb": Behaviour()}, before="other model refused"
+    ),
 }
 
 
@@ -255,6 +266,15 @@ def _before(pool: AccountPool, scenario: Scenario) -> None:
         lease = pool.acquire("m-var")
         assert lease is not None
         pool.record(lease, Outcome.FAULT)
+    if scenario.before.startswith("other model "):
+        # Account a's other model, m-b: cooled after an outage, refused, or serving.
+        lease = pool.acquire("m-b")
+        assert lease is not None
+        event = scenario.before.removeprefix("other model ")
+        if event == "served":
+            pool.record(lease, Outcome.SUCCESS)
+        else:
+            pool.record(lease, Outcome.FAULT, _CAUSES[event])
 
 
 _CAUSES = {"cooled": Cause.OUTAGE, "refused": Cause.CREDENTIALS}
@@ -500,6 +520,12 @@ async def test_both_fronts_decide_alike(
         assert asgi.headers["x-switchyard-route"] == "fallback:context_length"
     if scenario.upstream.get("ka") is TOO_LONG and scenario.config is TWO:
         assert (asgi.status, asgi.sent) == (400, [("ka", "m")])
+    if scenario.config is DUAL:  # m-b's outage stays m-b's; a refused key is all of a's
+        served = {"other model cooled": "a", "other model served": "b"}.get(scenario.before, "b")
+        assert asgi.headers["x-switchyard-account"] == served
+        assert [key for key, _ in asgi.sent] == (
+            ["ka", "kb"] if scenario.before == "other model served" else [f"k{served}"]
+        )
     if scenario.content_type == "application/json":
         assert asgi.attempts or scenario.before, "the scenario made no attempt"
         assert len(asgi.calls) == len(asgi.attempts), "each attempt has its CLIENT span"

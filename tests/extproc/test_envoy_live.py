@@ -320,7 +320,9 @@ async def test_a_refused_key_fails_over_inside_the_request(
     assert response.headers["x-switchyard-attempts"] == "2"
     assert "x-switchyard-retry" not in response.headers
     assert [r.key for r in rig.mock.requests] == ["key-a", "key-b"]
-    assert policies.pool.status_of("key-a").state is BreakerState.COOLED
+    # Cooled for this model (a 503: only this model of the account's three; a refusal: all).
+    assert not policies.pool.closed_for("key-a", "claude-haiku-5")
+    assert (policies.pool.status_of("key-a").state is BreakerState.COOLED) == (status < 500)
     assert (
         otel_metrics.value(tm.ACCOUNT_FAULTS, **{tm.ACCOUNT: "key-a"}, status=str(status))
         == faults + 1
@@ -578,4 +580,4 @@ async def test_envoys_own_reply_when_no_provider_answered_is_in_the_wires_shape(
         assert error["code"] == "upstream_unreachable"
     assert response.headers["x-switchyard-account"] == "key-a"
     assert rig.mock.requests == []  # nothing reached a provider
-    assert policies.pool.status_of("key-a").consecutive_faults == 1
+    assert policies.pool.status_of("key-a", model="claude-haiku-5").consecutive_faults == 1

@@ -245,10 +245,13 @@ async def test_a_body_over_the_limit_is_a_413_in_openai_format(env: Env) -> None
 
 
 async def test_no_healthy_account_is_a_503_with_retry_after(env: Env) -> None:
+    # (A model fault cools a two-model account for that model only: the variant's and the
+    # base's, or the canary's base would take over.)
     for name in ("a", "b"):
-        lease = env.policies.pool.acquire("m-var", allowed={name})
-        assert lease is not None
-        env.policies.pool.record(lease, Outcome.FAULT)
+        for model in ("m-var", "m-base"):
+            lease = env.policies.pool.acquire(model, allowed={name})
+            assert lease is not None
+            env.policies.pool.record(lease, Outcome.FAULT)
     stream = env.stream()
     await stream.send(request_headers("/v1/chat/completions"))
     chat = msgspec.json.encode(
@@ -292,7 +295,7 @@ async def test_envoys_timeout_becomes_a_504_deadline_exceeded(env: Env, otel_met
     assert body["error"]["type"] == "deadline_exceeded"
     assert headers["x-switchyard-account"] == b"a"
     assert otel_metrics.value(tm.DEADLINE_EXCEEDED, phase="total") == before + 1
-    assert env.policies.pool.status_of("a").consecutive_faults == 1
+    assert env.policies.pool.status_of("a", model="m-var").consecutive_faults == 1
 
 
 async def test_an_upstream_504_is_passed_on_as_the_upstreams(env: Env) -> None:
@@ -353,7 +356,7 @@ async def test_a_filter_that_sees_every_phase_of_every_attempt_works_too(env: En
     final = sets(await router.send(response_headers(200, details="via_upstream")))
     await router.close()
     assert final["x-switchyard-attempts"] == b"2"
-    assert env.policies.pool.status_of("a").state is BreakerState.COOLED
+    assert env.policies.pool.status_of("a", model="m-var").state is BreakerState.COOLED
 
 
 async def test_a_429_may_fail_over_but_never_cools(env: Env) -> None:

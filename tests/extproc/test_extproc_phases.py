@@ -209,13 +209,15 @@ class GatedStore:
     def __init__(self) -> None:
         self.asked, self.go = asyncio.Event(), asyncio.Event()
 
-    def changed(self, account: str, change: object, local: Shared) -> None:
+    def changed(
+        self, account: str, change: object, local: Shared, *, model: str | None = None
+    ) -> None:
         pass  # nothing to share in this test
 
     def held(self, account: str, model: str, until_unix: float) -> None:
         pass
 
-    async def claim_probe(self, account: str) -> Shared | None:
+    async def claim_probe(self, account: str, model: str | None = None) -> Shared | None:
         self.asked.set()
         await self.go.wait()
         return None
@@ -295,10 +297,12 @@ class StuckStore:
     def __init__(self) -> None:
         self.asked = asyncio.Event()
 
-    def changed(self, account: str, change: object, local: Shared) -> None:
+    def changed(
+        self, account: str, change: object, local: Shared, *, model: str | None = None
+    ) -> None:
         pass  # nothing to share in this test
 
-    async def claim_probe(self, account: str) -> Shared | None:
+    async def claim_probe(self, account: str, model: str | None = None) -> Shared | None:
         self.asked.set()
         await asyncio.Event().wait()
         return None

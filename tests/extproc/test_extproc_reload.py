@@ -110,9 +110,9 @@ async def test_health_is_kept_and_the_guard_re_armed(
     lease = pool.acquire("m-base", exclude=["b"])
     assert lease is not None
     pool.record(lease, Outcome.FAULT)
-    assert pool.status_of("a").state is BreakerState.COOLED
+    assert pool.status_of("a", model="m-base").state is BreakerState.COOLED
     svc.policies.canaries.trip("m-base", "m-var")
     path.write_text(CONFIG.replace('"https://other.example"', '"https://moved.example"'))
     assert reload(svc, path) == []
-    assert svc.policies.pool.status_of("a").state is BreakerState.COOLED
+    assert svc.policies.pool.status_of("a", model="m-base").state is BreakerState.COOLED
     assert not svc.policies.canaries.tripped("m-base", "m-var")

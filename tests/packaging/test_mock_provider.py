@@ -593,3 +593,40 @@ def test_main_without_uvicorn(
         main(["--port", "0"])
     assert info.value.code == 2
     assert "pip install uvicorn (it comes with the 'example' extra)" in capsys.readouterr().err
+
+
+# --- an error status for some models, for a while -----------------------------------------
+
+
+async def test_an_error_status_for_some_models_leaves_the_others_answered(local: Target) -> None:
+    mock = local.transport.app  # type: ignore[union-attr]
+    mock.set_behaviour("k", Behaviour(status=503, status_models=["model-a"]))
+    client = local.openai("k")
+    with pytest.raises(openai.InternalServerError):
+        await client.chat.completions.create(model="model-a", messages=MESSAGES)
+    answer = await client.chat.completions.create(model="model-b", messages=MESSAGES)
+    assert answer.choices[0].message.content == DEFAULT_REPLY
+
+
+async def test_an_error_status_for_n_seconds_then_healthy(local: Target) -> None:
+    mock = local.transport.app  # type: ignore[union-attr]
+    mock.set_behaviour("k", Behaviour(status=503, status_for_secs=0.3))
+    client = local.openai("k")
+    with pytest.raises(openai.InternalServerError):
+        await client.chat.completions.create(model="m", messages=MESSAGES)
+    await asyncio.sleep(0.3)
+    answer = await client.chat.completions.create(model="m", messages=MESSAGES)
+    assert answer.choices[0].message.content == DEFAULT_REPLY
+    # Set again, it lasts its N seconds again; through the control route too.
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=mock), base_url="http://mock.test"
+    ) as control:
+        put = await control.put("/_mock/behaviours/k", json={"status": 500, "status_for_secs": 5})
+        assert put.json()["status_for_secs"] == 5
+    with pytest.raises(openai.InternalServerError):
+        await client.chat.completions.create(model="m", messages=MESSAGES)
+
+
+def test_status_for_secs_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="status_for_secs"):
+        Behaviour(status=503, status_for_secs=-1)

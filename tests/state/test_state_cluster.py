@@ -189,7 +189,7 @@ def test_two_gateways_share_a_cooling_and_a_probe_through_a_failover(
 def assert_kept(now: dict[str, str], copy: dict[str, str]) -> None:
     """Every field at least what the replica had: the stores' resync may have merged a later
     local end into it (by max), never an earlier one."""
-    assert copy.keys() == {"faults", "period_ms", "until_ms", "cause"}
+    assert copy.keys() == {"faults", "period_ms", "until_ms", "cause", "since_ms"}
     assert now.keys() == copy.keys()
     assert now["cause"] == copy["cause"]
     numbers = ("faults", "period_ms", "until_ms")

@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 from conftest import Metrics
 from redis_server import RedisServer, running_redis, until
 from switchyard_mw.core.pool import AccountPool, AccountSpec, BreakerState, Outcome
-from switchyard_mw.core.shared import Change, Shared
+from switchyard_mw.core.shared import Cause, Change, Shared
 from switchyard_mw.engine.claims import acquire_shared
 from switchyard_mw.state.redis_store import RedisStore
 from switchyard_mw.telemetry import names as tm
@@ -170,22 +170,30 @@ async def test_exactly_one_probe_across_replicas(
         await client.aclose()
 
 
-async def test_a_failed_probe_recools_everywhere_with_the_doubled_period(
-    replica: MakeReplica,
+@pytest.mark.parametrize(
+    ("max_cooldown", "wait", "cause", "period"),
+    [
+        (0.4, 0.45, Cause.OUTAGE, 0.4),  # an outage older than max_cooldown_secs: doubled
+        (10.0, 0.25, Cause.OUTAGE, 0.2),  # a young outage: the same period again
+        (10.0, 0.25, Cause.CREDENTIALS, 0.4),  # a refused key: doubled at once
+    ],
+)
+async def test_a_failed_probe_recools_everywhere_with_the_period_the_outage_age_says(
+    replica: MakeReplica, max_cooldown: float, wait: float, cause: Cause, period: float
 ) -> None:
-    accounts = (spec("x", failure_threshold=1, cooldown_secs=0.2, max_cooldown_secs=10.0),)
+    accounts = (spec("x", failure_threshold=1, cooldown_secs=0.2, max_cooldown_secs=max_cooldown),)
     a, _ = await replica(*accounts)
     b, _ = await replica(*accounts)
     await fault(a)
-    await asyncio.sleep(0.25)
+    await asyncio.sleep(wait)
     probe = await acquire_shared(b, "m")
     assert probe is not None
     assert probe.probe
     assert await acquire_shared(a, "m") is None  # b holds the probe: a neither probes nor serves
     assert a.retry_after_secs("m") == 1.0
-    b.record(probe, Outcome.FAULT)
-    await until(lambda: cooled(a) and a.status_of("x").current_cooldown_secs == 0.4)
-    assert 0.3 < cooled_for(a) <= 0.4
+    b.record(probe, Outcome.FAULT, cause)
+    await until(lambda: cooled(a) and a.status_of("x").current_cooldown_secs == period)
+    assert period - 0.1 < cooled_for(a) <= period
     assert not a.status_of("x").probe_in_flight
 
 

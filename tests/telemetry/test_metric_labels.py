@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from servers import ROOT
-from switchyard_mw.core.pool import AccountPool, AccountSpec
+from switchyard_mw.core.pool import AccountPool, AccountSpec, Outcome
 from switchyard_mw.telemetry import names as tm
 from switchyard_mw.telemetry import request_metrics as rm
 
@@ -147,14 +147,37 @@ def test_the_tallied_families_use_the_same_labels() -> None:
         assert names == set(tm.METRIC_LABELS[tally.name])
 
 
-def test_the_account_state_gauge_uses_the_account_label() -> None:
-    pool = AccountPool([AccountSpec(name="labels-a", models=frozenset({"m"}))])
+def test_the_account_state_gauge_uses_the_account_and_routed_model_labels() -> None:
+    """The account alone; a pair whose health differs (a model fault of an account serving
+    several models) adds a point with the model routed to, named as every family names it."""
+    pool = AccountPool(
+        [
+            AccountSpec(name="labels-a", models=frozenset({"m"})),
+            AccountSpec(name="labels-b", models=frozenset({"m", "n"}), failure_threshold=1),
+        ]
+    )
+    lease = pool.acquire("n", allowed={"labels-b"})
+    assert lease is not None
+    pool.record(lease, Outcome.FAULT)
     rm.watch(pool)
     try:
-        observed = [o for o in rm._observe_states(None) if "labels-a" in o.attributes.values()]  # type: ignore[arg-type, union-attr]
+        observed = [
+            (dict(o.attributes or {}), o.value)
+            for o in rm._observe_states(None)  # type: ignore[arg-type]
+            if {"labels-a", "labels-b"} & set((o.attributes or {}).values())
+        ]
     finally:
         rm.unwatch(pool)
-    assert [set(o.attributes or {}) for o in observed] == [set(tm.METRIC_LABELS[tm.ACCOUNT_STATE])]
+    assert sorted(observed, key=str) == sorted(
+        [
+            ({tm.ACCOUNT: "labels-a"}, rm.CLOSED),
+            ({tm.ACCOUNT: "labels-b"}, rm.CLOSED),
+            ({tm.ACCOUNT: "labels-b", tm.RESPONSE_MODEL: "n"}, rm.COOLED),
+        ],
+        key=str,
+    )
+    labels = {label for attributes, _ in observed for label in attributes}
+    assert labels == set(tm.METRIC_LABELS[tm.ACCOUNT_STATE])
 
 
 # --- what users read: the docs table, the dashboard, the rules ---------------------------------

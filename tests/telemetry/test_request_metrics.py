@@ -204,7 +204,7 @@ def test_account_state_reads_each_state() -> None:
     now = [100.0]
     pool = AccountPool(
         [
-            AccountSpec(name="st-a", models=frozenset({"m", "n"}), failure_threshold=1),
+            AccountSpec(name="st-a", models=frozenset({"m"}), failure_threshold=1),
             AccountSpec(name="st-b", models=frozenset({"m"})),
         ],
         clock=lambda: now[0],
@@ -216,12 +216,37 @@ def test_account_state_reads_each_state() -> None:
     pool.record(lease, Outcome.FAULT)
     assert rm.account_state(pool, "st-a") == rm.COOLED
     now[0] += 31
-    probe = pool.acquire("n")
+    probe = pool.acquire("m", allowed={"st-a"})
     assert probe is not None
     assert probe.probe
     assert rm.account_state(pool, "st-a") == rm.HALF_OPEN
     pool.hold("st-b", "m", 10)
     assert rm.account_state(pool, "st-b") == rm.THROTTLED
+
+
+def test_pair_states_read_each_model_that_differs() -> None:
+    from switchyard_mw.core.pool import AccountPool, AccountSpec, Cause, Outcome
+
+    now = [100.0]
+    pool = AccountPool(
+        [AccountSpec(name="pa", models=frozenset({"m", "n", "*"}), failure_threshold=1)],
+        clock=lambda: now[0],
+    )
+    assert rm.pair_states(pool, "pa") == {}
+    for model in ("m", "x-1", "x-2"):
+        lease = pool.acquire(model)
+        assert lease is not None
+        pool.record(lease, Outcome.FAULT, Cause.OUTAGE)
+    # Models no account names share the label "*" (bounded); the account itself is closed.
+    assert rm.pair_states(pool, "pa") == {"m": rm.COOLED, "*": rm.COOLED}
+    assert rm.account_state(pool, "pa") == rm.CLOSED
+    now[0] += 30
+    probe = pool.acquire("m")
+    assert probe is not None
+    assert probe.pair_probe
+    assert rm.pair_states(pool, "pa")["m"] == rm.HALF_OPEN
+    pool.record(probe, Outcome.SUCCESS)
+    assert "m" not in rm.pair_states(pool, "pa")  # healthy again: as the account
 
 
 def test_account_state_gauge_is_exported(otel_metrics: Metrics) -> None:

@@ -13,7 +13,7 @@ import msgspec
 
 from ..config import Config
 from ..core.clock import Clock, monotonic
-from ..core.pool import AccountPool
+from ..core.pool import AccountPool, AccountStatus
 from ..engine.variants import Canaries
 from ._types import ASGIApp, Receive, Scope, Send
 
@@ -64,23 +64,35 @@ class CoolingStatusApp:
         return [
             {
                 "name": s.name,
-                "state": s.state.value,
-                "consecutive_faults": s.consecutive_faults,
-                "cooled_for_secs": (
-                    None if s.cooled_until is None else round(max(0.0, s.cooled_until - now), 3)
-                ),
-                "current_cooldown_secs": s.current_cooldown_secs,
-                # Why it is out of rotation: "credentials" (401/402/403) or "outage".
-                "cause": None if s.cause is None else s.cause.value,
-                "probe_in_flight": s.probe_in_flight,
+                **_breaker(s, now),
                 # Throttle holds, per model: seconds until each ends (a 429's retry time).
                 "held_for_secs": {
                     model: round(max(0.0, until - now), 3)
                     for model, until in pool.holds_of(s.name).items()
                 },
+                # The models whose health differs from the account's (an account serving
+                # several keeps their faults per model: 5xx, deadlines, resets).
+                "models": {
+                    model: _breaker(pair, now) for model, pair in pool.pair_status(s.name).items()
+                },
             }
             for s in pool.status()
         ]
+
+
+def _breaker(s: AccountStatus, now: float) -> dict[str, object]:
+    """One breaker's state (an account's, or an (account, model) pair's) as JSON fields."""
+    return {
+        "state": s.state.value,
+        "consecutive_faults": s.consecutive_faults,
+        "cooled_for_secs": (
+            None if s.cooled_until is None else round(max(0.0, s.cooled_until - now), 3)
+        ),
+        "current_cooldown_secs": s.current_cooldown_secs,
+        # Why it is out of rotation: "credentials" (401/402/403) or "outage".
+        "cause": None if s.cause is None else s.cause.value,
+        "probe_in_flight": s.probe_in_flight,
+    }
 
 
 def cooling_status_app(pool: Follow[AccountPool], *, clock: Clock = monotonic) -> ASGIApp:

@@ -106,6 +106,7 @@ class Breaker:
         "period",
         "probe_elsewhere_until",
         "probe_in_flight",
+        "since",
         "spec",
         "state",
     )
@@ -123,6 +124,9 @@ class Breaker:
         self.probe_in_flight = False
         # Until when another replica holds the probe slot (shared state only).
         self.probe_elsewhere_until = -math.inf
+        # When the cooling in force began after a closed spell (inf: closed): how old the
+        # outage is, which decides whether a failed probe grows the period (`_grows`).
+        self.since = math.inf
 
     def respec(self, spec: AccountSpec) -> None:
         """Take a reloaded config's settings for this account, keeping its state.
@@ -153,15 +157,29 @@ class Breaker:
         self.faults += 1
         if probe:
             self.probe_in_flight = False
-            self.period = min(self.period * 2, self.spec.max_cooldown_secs)
+            if self._grows(now, cause):
+                self.period = min(self.period * 2, self.spec.max_cooldown_secs)
             self.cause = cause
-            self._cool(now + self.period)
+            self._cool(now, now + self.period)
         elif self.state is BreakerState.CLOSED:
             self.cause = cause
             if self.faults >= self.spec.failure_threshold:
-                self._cool(now + self.period)
+                self._cool(now, now + self.period)
         # Otherwise a straggler acquired before the cooling: the account is already being dealt
         # with, so it must neither restart the cooling, nor double the period, nor change why.
+
+    def _grows(self, now: float, cause: Cause) -> bool:
+        """Whether a failed probe at `now` doubles the period (else it re-cools for the same).
+
+        An outage younger than `max_cooldown_secs` keeps the period: most outages are short,
+        and a provider that healed is then back within one period (plus the wait for the next
+        request), not after a doubled one. Past that age it doubles as before, so an account
+        that stays broken reaches the same steady probe rate. A credential refusal does not
+        heal by waiting: it doubles from its first failed probe.
+        """
+        if cause is Cause.CREDENTIALS:
+            return True
+        return not now - self.since < self.spec.max_cooldown_secs
 
     def on_success(self, probe: bool) -> None:
         self.faults = 0
@@ -169,6 +187,7 @@ class Breaker:
             self.probe_in_flight = False
             self.state = BreakerState.CLOSED
             self.period = self.spec.cooldown_secs
+            self.since = math.inf
 
     def on_throttle(self, probe: bool) -> None:
         # A 429 says nothing about the account's health (nor does a release, which shares this):
@@ -179,7 +198,9 @@ class Breaker:
     def on_release(self, probe: bool) -> None:
         self.on_throttle(probe)
 
-    def _cool(self, until: float) -> None:
+    def _cool(self, now: float, until: float) -> None:
+        if self.state is _CLOSED:
+            self.since = now  # an outage begins
         self.state = BreakerState.COOLED
         self.cooled_until = max(self.cooled_until, until)
 
@@ -197,6 +218,7 @@ class Breaker:
             self.state = BreakerState.CLOSED
             self.faults = shared.faults
             self.period = shared.period_secs
+            self.since = math.inf
             return
         self.faults = shared.faults
         self.period = max(self.period, shared.period_secs)
@@ -207,7 +229,7 @@ class Breaker:
             return  # our probe decides, or the cooling reported is the one already over
         if self.state is _CLOSED or now + left >= self.cooled_until:
             self.cause = shared.cause  # the cooling that ends last says why it cools
-        self._cool(now + left)
+        self._cool(now, now + left)
 
     def view(self, now: float) -> Shared:
         """This breaker as a :class:`Shared` snapshot (what a store pushes after an outage)."""

@@ -43,6 +43,11 @@ MAX_HOLDS = 10_000
 account serves any model string a client sends; past this, a new hold is not kept (the cost is
 one more 429, never a wrong answer)."""
 
+MAX_PAIRS = 10_000
+"""The most (account, model) breakers kept at once. Only a pair that faulted has one (it goes
+once closed with no fault left), and a wildcard account serves any model string; past this, a
+model fault of a new pair counts against the whole account, as every fault did before."""
+
 PROBE_RETRY_AFTER_SECS = 1.0
 """What :meth:`AccountPool.retry_after_secs` reports while the only hope is an in-flight probe:
 its outcome could reopen the account any moment, and 1 s is the smallest positive whole
@@ -102,11 +107,20 @@ class Lease:
     """Permission to send one attempt to ``account``; give it back via record() or release().
 
     Compared by identity: a stale probe lease (already recorded or released) is then not
-    mistaken for the probe currently in flight.
+    mistaken for the probe currently in flight. ``model``: the attempt's model where the account
+    keeps model faults per (account, model) (it serves several models), else None.
+    ``pair_probe``: the probe is that pair's, not the account's (its key or billing).
     """
 
     account: str
     probe: bool
+    model: str | None = None
+    pair_probe: bool = False
+
+    @property
+    def unit(self) -> str | None:
+        """Whose probe this is: the model of the pair probed, None for the account's own."""
+        return self.model if self.pair_probe else None
 
 
 class _Group:
@@ -163,8 +177,14 @@ class AccountPool:
         self._routes: dict[str, _Route] = {}
         wildcard = [b for b in self._breakers.values() if "*" in b.spec.models]
         self._wildcard: _Route | None = _Route(wildcard) if wildcard else None
-        # The lease currently probing each account, to tell it apart from stale probe leases.
-        self._probes: dict[str, Lease] = {}
+        # The lease currently probing each account (model None) or pair, to tell it apart from
+        # stale probe leases.
+        self._probes: dict[tuple[str, str | None], Lease] = {}
+        # Accounts serving several models keep model faults per (account, model): a breaker
+        # per pair that faulted, made when it first faults and dropped once healthy again.
+        # An account serving one model keeps every fault on its own breaker, as before.
+        self._split = frozenset(s.name for s in accounts if _splits(s))
+        self._pairs: dict[tuple[str, str], Breaker] = {}
         self._store: StateStore | None = None
         # Throttle holds: (account, model) -> clock time the hold ends. Apart from the breakers:
         # a hold is neither a fault nor a cooling, and it concerns one model only.
@@ -225,17 +245,29 @@ class AccountPool:
             breaker = old._breakers[name]
             breaker.respec(self._breakers[name].spec)
             self._breakers[name] = breaker
-            probe = old._probes.get(name)
+            probe = old._probes.get((name, None))
             if probe is not None:
-                self._probes[name] = probe
+                self._probes[(name, None)] = probe
         for (name, model), until in old._holds.items():
             if name in kept:
                 self._holds[(name, model)] = until
+        self._carry_pairs(old, kept)
         # Routes hold breakers: rebuild them over the kept ones.
         self._routes.clear()
         wildcard = [b for b in self._breakers.values() if "*" in b.spec.models]
         self._wildcard = _Route(wildcard) if wildcard else None
         old._successor = self
+
+    def _carry_pairs(self, old: AccountPool, kept: set[str]) -> None:
+        """Keep `old`'s pair breakers of `kept` accounts that still keep faults per model and
+        still serve the model (shared, like the accounts' breakers)."""
+        for (name, model), pair in old._pairs.items():
+            if name in kept and name in self._split and self._breakers[name].spec.serves(model):
+                pair.respec(self._breakers[name].spec)
+                self._pairs[(name, model)] = pair
+                probe = old._probes.get((name, model))
+                if probe is not None:
+                    self._probes[(name, model)] = probe
 
     def _route(self, model: str) -> _Route | None:
         route = self._routes.get(model)
@@ -279,7 +311,7 @@ class AccountPool:
                 # tried account moves only its own conversations.
                 for b in group.rendezvous(key):
                     if self._eligible(b, model, now, exclude, allowed):
-                        lease = self._lease(b, now)
+                        lease = self._lease(b, model, now)
                         if lease is not None:
                             return lease
                 continue
@@ -291,7 +323,7 @@ class AccountPool:
                 idx = idx + 1 if idx + 1 < n else 0
                 if self._eligible(b, model, now, exclude, allowed):
                     # Next caller starts after this account: even spreading within the group.
-                    lease = self._lease(b, now)
+                    lease = self._lease(b, model, now)
                     if lease is not None:
                         group.cursor = idx
                         return lease
@@ -311,16 +343,83 @@ class AccountPool:
         holds = self._holds
         return not (holds and holds.get((b.name, model), -math.inf) > now)
 
-    def _lease(self, b: Breaker, now: float) -> Lease | None:
+    def _lease(self, b: Breaker, model: str, now: float) -> Lease | None:
         """A lease on `b` if its breaker admits an attempt now (a probe claims its slot)."""
+        if b.name in self._split:
+            return self._split_lease(b, model, now)
         admit = b.admit(now)
         if admit is _DENY:
             return None
         if admit is _GRANT:
             return self._grants[b.name]
         lease = Lease(b.name, True)
-        self._probes[b.name] = lease
+        self._probes[(b.name, None)] = lease
         return lease
+
+    def _split_lease(self, b: Breaker, model: str, now: float) -> Lease | None:
+        """A lease on an account that keeps model faults per pair: the account's own breaker
+        first (a refused key shuts every model out), then the pair's."""
+        if b.state is not _CLOSED:
+            admit = b.admit(now)
+            if admit is _DENY:
+                return None
+            if admit is not _GRANT:
+                lease = Lease(b.name, True, model)
+                self._probes[(b.name, None)] = lease
+                return lease
+        pair = self._pairs.get((b.name, model)) if self._pairs else None
+        if pair is None:
+            return Lease(b.name, False, model)
+        admit = pair.admit(now)
+        if admit is _DENY:
+            return None
+        if admit is _GRANT:
+            return Lease(b.name, False, model)
+        lease = Lease(b.name, True, model, pair_probe=True)
+        self._probes[(b.name, model)] = lease
+        return lease
+
+    def _successor_of(self, name: str) -> AccountPool | None:
+        """The pool a reload kept `name`'s health in (it sharing this pool's breaker), if any:
+        a pair that faults on a request still running here is kept there."""
+        successor = self._successor
+        if successor is not None and successor._breakers.get(name) is self._breakers[name]:
+            return successor
+        return None
+
+    def _breaker(self, name: str, unit: str | None) -> Breaker | None:
+        """The breaker of `name` (unit None) or of its pair with model `unit` (None if none)."""
+        if unit is None:
+            return self._breakers[name]
+        pair = self._pairs.get((name, unit))
+        if pair is None and (successor := self._successor_of(name)) is not None:
+            return successor._breaker(name, unit)
+        return pair
+
+    def _pair(self, name: str, model: str) -> Breaker | None:
+        """The pair breaker of (`name`, `model`), made if needed; None when `name` keeps no
+        pairs, does not serve `model`, or MAX_PAIRS are kept (its faults go to the account)."""
+        pair = self._pairs.get((name, model))
+        if pair is not None or name not in self._split:
+            return pair
+        if (successor := self._successor_of(name)) is not None:
+            return successor._pair(name, model)
+        b = self._breakers[name]
+        if not b.spec.serves(model) or len(self._pairs) >= MAX_PAIRS:
+            return None
+        pair = self._pairs[(name, model)] = Breaker(b.spec)
+        return pair
+
+    def _prune(self, name: str, unit: str | None) -> None:
+        """Drop the pair breaker of (`name`, `unit`) once it is as a new one would be."""
+        if unit is None:
+            return
+        pair = self._pairs.get((name, unit))
+        idle = pair is not None and pair.state is _CLOSED and not pair.faults
+        if idle and (name, unit) not in self._probes:
+            del self._pairs[(name, unit)]
+        if (successor := self._successor_of(name)) is not None:
+            successor._prune(name, unit)
 
     @property
     def store(self) -> StateStore | None:
@@ -336,30 +435,54 @@ class AccountPool:
     def claim_refused(self, lease: Lease, shared: Shared) -> None:
         """The store gave ``lease``'s probe slot to another replica (or knows of a longer
         cooling): the local slot goes back without an outcome and ``shared`` is merged, so the
-        next :meth:`acquire` skips that account (a refusal per account at most)."""
-        self._breakers[lease.account].on_release(self._take_probe(lease))
-        self.merge(lease.account, shared)
+        next :meth:`acquire` skips that account or pair (a refusal per probe slot at most)."""
+        self.claim_abandoned(lease)
+        self.merge(lease.account, shared, model=lease.unit)
 
     def claim_abandoned(self, lease: Lease) -> None:
         """The claim for ``lease``'s probe slot was cancelled or failed: the local slot goes
         back, or the account would stay half-open with no probe ever answering."""
-        self._breakers[lease.account].on_release(self._take_probe(lease))
-
-    def merge(self, name: str, shared: Shared) -> None:
-        """Take in an account's state as the shared store reports it (unknown names: ignored,
-        another replica may run a newer config). A cooling end only ever moves later."""
-        b = self._breakers.get(name)
+        probe = self._take_probe(lease)
+        b = self._breaker(lease.account, lease.unit)
         if b is not None:
-            b.merge(self._clock(), shared)
+            b.on_release(probe)
 
-    def view(self, name: str) -> Shared:
-        """One account's local state as a :class:`Shared` snapshot; KeyError if unknown."""
-        return self._breakers[name].view(self._clock())
+    def merge(self, name: str, shared: Shared, *, model: str | None = None) -> None:
+        """Take in an account's state (with `model`: that pair's) as the shared store reports
+        it (unknown names: ignored, another replica may run a newer config). A cooling end
+        only ever moves later."""
+        if name not in self._breakers:
+            return
+        if model is None:
+            self._breakers[name].merge(self._clock(), shared)
+            return
+        pair = self._pairs.get((name, model))
+        if pair is None and (shared.closed or shared.cooled_for_secs is None):
+            return  # nothing to learn about a pair this replica holds no fault of
+        pair = pair or self._pair(name, model)
+        if pair is not None:
+            pair.merge(self._clock(), shared)
+            self._prune(name, model)
+
+    def view(self, name: str, *, model: str | None = None) -> Shared:
+        """One account's (with `model`: that pair's) local state as a :class:`Shared`
+        snapshot; KeyError if the account is unknown (a pair with no fault: a closed one)."""
+        b = self._breakers[name]
+        if model is not None:
+            b = self._pairs.get((name, model)) or Breaker(b.spec)
+        return b.view(self._clock())
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """Every (account, model) with a breaker of its own now: those that faulted."""
+        return list(self._pairs)
 
     def _take_probe(self, lease: Lease) -> bool:
-        """Whether ``lease`` is the account's live probe; if so, it stops being one."""
-        if lease.probe and self._probes.get(lease.account) is lease:
-            del self._probes[lease.account]
+        """Whether ``lease`` is its account's (or pair's) live probe; if so, it stops being one."""
+        if not lease.probe:
+            return False
+        key = (lease.account, lease.unit)
+        if self._probes.get(key) is lease:
+            del self._probes[key]
             return True
         return False
 
@@ -368,8 +491,62 @@ class AccountPool:
 
         ``cause``: for a fault, whether it was a credential refusal (see :func:`fault_cause`).
         """
-        b = self._breakers[lease.account]
+        if lease.model is not None:
+            self._record_split(lease, outcome, cause)
+            return
+        self._apply(self._breakers[lease.account], None, self._take_probe(lease), outcome, cause)
+
+    def _record_split(self, lease: Lease, outcome: Outcome, cause: Cause) -> None:
+        """`record` for an account keeping model faults per pair: a refused key or billing is
+        the account's fault, any other fault its pair's; a success is proof for both."""
+        name, model = lease.account, lease.model
+        assert model is not None
         probe = self._take_probe(lease)
+        refused = outcome is _FAULT and cause is Cause.CREDENTIALS
+        if lease.pair_probe and refused:
+            # The pair's probe met a refused key: its slot goes back, the account takes it.
+            self._apply_pair(name, model, probe, None, cause)
+            probe = False
+        unit = lease.unit if probe else self._unit_of(name, model, outcome, refused)
+        self._apply_pair(name, unit, probe, outcome, cause)
+        if outcome is _SUCCESS:
+            # The key works (the account's count resets), and so does the model (the pair's).
+            self._apply_pair(name, model if unit is None else None, False, outcome, cause)
+
+    def _unit_of(self, name: str, model: str, outcome: Outcome, refused: bool) -> str | None:
+        """Where an outcome that is no probe's lands: a model fault on its pair (None when
+        no pair can be kept), anything else on the account."""
+        if outcome is _FAULT and not refused and self._pair(name, model) is not None:
+            return model
+        return None
+
+    def _apply_pair(
+        self, name: str, unit: str | None, probe: bool, outcome: Outcome | None, cause: Cause
+    ) -> None:
+        """Apply an outcome (None: a release) to the account (unit None) or the pair."""
+        b = self._breaker(name, unit)
+        if b is None:
+            return  # a pair that never faulted: a success changes nothing there
+        if outcome is None:
+            b.on_release(probe)
+            if probe and self._store is not None:
+                self._changed(b, unit, Change.PROBE_FREED)
+        else:
+            self._apply(b, unit, probe, outcome, cause)
+        self._prune(name, unit)
+
+    def _changed(self, b: Breaker, unit: str | None, change: Change) -> None:
+        store = self._store
+        assert store is not None
+        if unit is None:
+            store.changed(b.name, change, b.view(self._clock()))
+        else:
+            store.changed(b.name, change, b.view(self._clock()), model=unit)
+
+    def _apply(
+        self, b: Breaker, unit: str | None, probe: bool, outcome: Outcome, cause: Cause
+    ) -> None:
+        """An outcome on breaker `b` (an account's, or its pair with model `unit`)."""
         closed, faults = b.state is _CLOSED, b.faults
         change: Change | None = None
         if outcome is _FAULT:
@@ -390,15 +567,18 @@ class AccountPool:
                 change = Change.PROBE_FREED
         # A success on a healthy account changes nothing: the hot path never reaches the store.
         if change is not None and self._store is not None:
-            self._store.changed(b.name, change, b.view(self._clock()))
+            self._changed(b, unit, change)
 
     def release(self, lease: Lease) -> None:
         """The attempt ended without an outcome (e.g. client gone): free a probe slot only."""
-        b = self._breakers[lease.account]
         probe = self._take_probe(lease)
+        if lease.model is not None:
+            self._apply_pair(lease.account, lease.unit, probe, None, Cause.OUTAGE)
+            return
+        b = self._breakers[lease.account]
         b.on_release(probe)
         if probe and self._store is not None:
-            self._store.changed(b.name, Change.PROBE_FREED, b.view(self._clock()))
+            self._changed(b, None, Change.PROBE_FREED)
 
     def retry_after_secs(
         self, model: str, *, allowed: Collection[str] | None = None
@@ -419,7 +599,7 @@ class AccountPool:
         for b in route.breakers:
             if allowed is not None and b.name not in allowed:
                 continue
-            wait = _cooling_wait(b, now)
+            wait = self._wait(b, model, now)
             if holds:
                 # Held, and maybe cooled too: it is back when both are over.
                 wait = max(wait, holds.get((b.name, model), -math.inf) - now)
@@ -444,13 +624,19 @@ class AccountPool:
             if allowed is not None and b.name not in allowed:
                 continue
             found = True
-            wait = max(_cooling_wait(b, now), self._holds.get((b.name, model), -math.inf) - now)
+            wait = max(self._wait(b, model, now), self._holds.get((b.name, model), -math.inf) - now)
             wait = max(wait, 0.0)
             if b.state is not _CLOSED and b.cause is Cause.CREDENTIALS:
                 refused = wait if refused is None else min(refused, wait)
             else:
                 heals = wait if heals is None else min(heals, wait)
         return Recovery(heals, refused) if found else None
+
+    def _wait(self, b: Breaker, model: str, now: float) -> float:
+        """Seconds until `b` admits an attempt for `model`: its own breaker's and its pair's."""
+        wait = _cooling_wait(b, now)
+        pair = self._pairs.get((b.name, model)) if self._pairs else None
+        return wait if pair is None else max(wait, _cooling_wait(pair, now))
 
     # --- throttle holds -------------------------------------------------------------------
 
@@ -519,9 +705,33 @@ class AccountPool:
         now = self._clock()
         return [b.snapshot(now) for b in self._breakers.values()]
 
-    def status_of(self, name: str) -> AccountStatus:
-        """Snapshot of one account; KeyError if unknown."""
-        return self._breakers[name].snapshot(self._clock())
+    def status_of(self, name: str, *, model: str | None = None) -> AccountStatus:
+        """Snapshot of one account (with `model`: of that pair, closed if it never faulted);
+        KeyError if unknown."""
+        b = self._breakers[name]
+        if model is not None:
+            b = self._pairs.get((name, model)) or Breaker(b.spec)
+        return b.snapshot(self._clock())
+
+    def closed_for(self, name: str, model: str) -> bool:
+        """Whether `name` is closed for `model`: its own breaker, and that pair's if it has
+        one (no lease is taken); KeyError if unknown."""
+        if self._breakers[name].state is not _CLOSED:
+            return False
+        pair = self._pairs.get((name, model)) if self._pairs else None
+        return pair is None or pair.state is _CLOSED
+
+    def pair_status(self, name: str) -> dict[str, AccountStatus]:
+        """Each model of `name` whose health differs from the account's own, with its state:
+        the pairs that faulted (model faults count per model where an account serves
+        several)."""
+        now = self._clock()
+        return {m: pair.snapshot(now) for (a, m), pair in self._pairs.items() if a == name}
+
+
+def _splits(spec: AccountSpec) -> bool:
+    """Whether `spec`'s model faults are kept per (account, model): it serves several."""
+    return len(spec.models) > 1 or "*" in spec.models
 
 
 def _cooling_wait(b: Breaker, now: float) -> float:

@@ -84,16 +84,20 @@ class StateStore(Protocol):
     nothing (``claim_probe`` returns None, so the local decision stands) and catches up later.
     """
 
-    def changed(self, account: str, change: Change, local: Shared) -> None:
+    def changed(
+        self, account: str, change: Change, local: Shared, *, model: str | None = None
+    ) -> None:
         """Hear about a transition; ``local`` is the pool's view right after it. Never blocks:
-        the write happens in the background."""
+        the write happens in the background. ``model``: the transition is that (account,
+        model) pair's (a model fault of an account serving several), not the account's."""
 
     def held(self, account: str, model: str, until_unix: float) -> None:
         """Hear about a throttle hold of ``account`` for ``model`` until ``until_unix`` (Unix
         time: replicas share no monotonic clock). Never blocks: sent in the background."""
 
-    def claim_probe(self, account: str) -> Awaitable[Shared | None]:
-        """Claim the single probe slot of ``account`` across replicas.
+    def claim_probe(self, account: str, model: str | None = None) -> Awaitable[Shared | None]:
+        """Claim the single probe slot of ``account`` (with ``model``: of that pair) across
+        replicas.
 
         None: the probe is this replica's to send. Otherwise the shared state that says why
         not (another replica holds the slot, or the cooling lasts longer than this replica

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from ..core.pool import AccountPool, Lease
+from ..core.shared import Shared, StateStore
 from .machine import AttemptMachine, ClaimProbe, Start
 
 
@@ -20,7 +21,7 @@ async def claimed(machine: AttemptMachine, action: Start) -> Start:
         store = machine.engine.pool.store
         assert store is not None  # a probe is only claimed where state is shared
         try:
-            shared = await store.claim_probe(action.account)
+            shared = await _claim(store, action.account, action.model)
         except BaseException:
             machine.claim_abandoned()
             raise
@@ -46,7 +47,7 @@ async def acquire_shared(
     store = pool.store
     while store is not None and lease is not None and lease.probe:
         try:
-            shared = await store.claim_probe(lease.account)
+            shared = await _claim(store, lease.account, lease.unit)
         except BaseException:
             pool.claim_abandoned(lease)
             raise
@@ -55,3 +56,10 @@ async def acquire_shared(
         pool.claim_refused(lease, shared)
         lease = pool.acquire(model, exclude=exclude, allowed=allowed)
     return lease
+
+
+async def _claim(store: StateStore, account: str, model: str | None) -> Shared | None:
+    """The store's claim of an account's probe slot, or (`model`) of that pair's."""
+    if model is None:
+        return await store.claim_probe(account)
+    return await store.claim_probe(account, model)

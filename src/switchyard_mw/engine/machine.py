@@ -134,13 +134,15 @@ class Send:
 
 
 class ClaimProbe:
-    """Await `store.claim_probe(account)` and hand the answer to `probe_claimed` (or call
-    `claim_abandoned` if the claim raised or was cancelled)."""
+    """Await `store.claim_probe(account, model)` and hand the answer to `probe_claimed` (or
+    call `claim_abandoned` if the claim raised or was cancelled). `model`: the probe is that
+    (account, model) pair's, None: the account's own."""
 
-    __slots__ = ("account",)
+    __slots__ = ("account", "model")
 
-    def __init__(self, account: str) -> None:
+    def __init__(self, account: str, model: str | None = None) -> None:
         self.account = account
+        self.model = model
 
     def __repr__(self) -> str:
         return f"ClaimProbe({self.account!r})"
@@ -733,7 +735,7 @@ class AttemptMachine:
             if lease.probe and pool.store is not None:
                 self._claim = (lease, models, index)
                 self.state = _CLAIMING
-                return ClaimProbe(lease.account)
+                return ClaimProbe(lease.account, lease.unit)
             return self._send(lease, models[index])
         return None
 

@@ -14,6 +14,7 @@ from ..core.throttle import READ_HEADERS, retry_secs
 from ..telemetry import names as tm
 
 _FAULT = Outcome.FAULT  # read on every attempt; Enum member access is slow on Python 3.11
+_COOLED = BreakerState.COOLED
 
 
 def settle(pool: AccountPool, lease: Lease, outcome: Outcome | None, status: str) -> None:
@@ -29,11 +30,20 @@ def settle(pool: AccountPool, lease: Lease, outcome: Outcome | None, status: str
         pool.record(lease, outcome)  # the hot path: no state snapshot, no metric
         return
     name = lease.account
-    before = pool.status_of(name).state
+    before = _cooled(pool, lease)
     pool.record(lease, outcome, fault_cause(status))
     tm.account_faults.add(1, {tm.ACCOUNT: name, "status": status})
-    if before is not BreakerState.COOLED and pool.status_of(name).state is BreakerState.COOLED:
+    if _cooled(pool, lease) > before:
         tm.account_cooled.add(1, {tm.ACCOUNT: name})
+
+
+def _cooled(pool: AccountPool, lease: Lease) -> int:
+    """How many of the breakers `lease`'s outcome may land on are cooled: the account's own
+    and, where it keeps model faults per model, that pair's."""
+    cooled = pool.status_of(lease.account).state is BreakerState.COOLED
+    if lease.model is None:
+        return cooled
+    return cooled + (pool.status_of(lease.account, model=lease.model).state is _COOLED)
 
 
 def hold(pool: AccountPool, account: str, model: str, headers: Iterable[tuple[str, str]]) -> float:

@@ -23,7 +23,7 @@ from ..accounts import Account
 from ..config import Canary
 from ..context import RequestContext
 from ..core.deadline import attempt_deadline_secs
-from ..core.pool import AccountPool, BreakerState
+from ..core.pool import AccountPool
 from ..core.variants import Split
 from ..telemetry import names as tm
 from ..telemetry import request_metrics
@@ -98,7 +98,7 @@ class Shadows:
     def _account(self, model: str) -> Account | None:
         """The preferred account serving `model` that is healthy now; no lease is taken."""
         for name in self._pool.accounts_for(model):
-            if self._pool.status_of(name).state is BreakerState.CLOSED:
+            if self._pool.closed_for(name, model):
                 return self._accounts[name].for_model(model)  # its own name and path
         return None
 

@@ -5,13 +5,19 @@ the cooling end); on the server because only Redis's clock (``TIME``) is common 
 replicas: hosts' wall clocks may disagree, so no absolute time ever leaves Redis. Cooling ends
 are stored in Redis time and reported as milliseconds from now.
 
-KEYS: [1] the account hash {faults, period_ms, until_ms, cause}; [2] the probe slot (a string
-with a PX lease). ``until_ms`` = 0: no cooling in force; else the end of the current cooling,
-which only a probe success resets. ``cause``: why the cooling that ends last started, "o" (an
-outage) or "c" (refused credentials); absent means "o". ARGV: op, channel, origin, account name,
-probe token, cooldown ms, max cooldown ms, failure threshold, probe lease ms, then
+KEYS: [1] the account hash {faults, period_ms, until_ms, cause, since_ms}; [2] the probe slot
+(a string with a PX lease). ``until_ms`` = 0: no cooling in force; else the end of the current
+cooling, which only a probe success resets. ``cause``: why the cooling that ends last started,
+"o" (an outage) or "c" (refused credentials); absent means "o". ``since_ms``: when the cooling
+in force began after a closed spell (0 or absent: unknown). ARGV: op, channel, origin, account
+name, probe token, cooldown ms, max cooldown ms, failure threshold, probe lease ms, then
 op-specific: ``local_cooled`` (0/1), ``local_period_ms``, ``local_faults``, ``local_left_ms``
-("-": closed), ``local_cause`` (the cause of the replica's latest fault, "o" or "c").
+("-": closed), ``local_cause`` (the cause of the replica's latest fault, "o" or "c"), then
+``grace_ms``: a failed probe of an outage younger than this keeps the period (absent, from a
+replica of an older version: it doubles, as it always did).
+
+The same script keeps an (account, model) pair's faults where an account serves several models
+(its own two keys, with the account's hash tag; the name is then :func:`unit_name`'s).
 
 Reply and message (published only when something changed) share one format:
 ``kind|faults|period_ms|left_ms|probe_ms|origin|name``; left "-" when no cooling is in force,
@@ -24,6 +30,7 @@ messages read as before this field existed). The name goes last so it may contai
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
 
 from ..core.pool import AccountSpec
@@ -47,18 +54,21 @@ local cooldown, maxp = tonumber(ARGV[6]), tonumber(ARGV[7])
 local threshold, lease = tonumber(ARGV[8]), tonumber(ARGV[9])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local v = redis.call('HMGET', KEYS[1], 'faults', 'period_ms', 'until_ms', 'cause')
+local v = redis.call('HMGET', KEYS[1], 'faults', 'period_ms', 'until_ms', 'cause', 'since_ms')
 local faults = tonumber(v[1]) or 0
 local period = tonumber(v[2]) or cooldown
 local untl = tonumber(v[3]) or 0
 local cause = v[4] or 'o'
-local before = faults .. ':' .. period .. ':' .. untl .. ':' .. cause
+local since = tonumber(v[5]) or 0
+local before = faults .. ':' .. period .. ':' .. untl .. ':' .. cause .. ':' .. since
 local why = ARGV[14] or 'o'
+local grace = tonumber(ARGV[15])
 local probe = '-'
 local kind = 'count'
 local publish = false
 
 local function cool(p)
+  if untl == 0 then since = now end  -- an outage begins
   -- The end only ever moves later: a shorter second cooling leaves the longer one, and the
   -- cooling that ends last says why the account cools.
   if now + p >= untl then
@@ -90,7 +100,11 @@ if op == 'fault' then
   end
 elseif op == 'probe_fault' then
   faults = faults + 1
-  period = math.max(math.min(period * 2, maxp), tonumber(ARGV[11]))
+  if grace and why == 'o' and since > 0 and now - since < grace then
+    period = math.max(period, tonumber(ARGV[11]))  -- a young outage: the same period again
+  else
+    period = math.max(math.min(period * 2, maxp), tonumber(ARGV[11]))
+  end
   cool(period)
   free_probe()
 elseif op == 'reset' then
@@ -99,7 +113,7 @@ elseif op == 'probe_success' then
   -- A late success must not cut short a cooling a newer probe started.
   if untl <= now or redis.call('GET', KEYS[2]) == token then
     free_probe()
-    faults, period, untl = 0, cooldown, 0
+    faults, period, untl, since = 0, cooldown, 0, 0
     kind = 'closed'
     publish = true
   end
@@ -123,11 +137,11 @@ elseif op == 'merge' then
   if left > 0 then probe = string.format('%d', left) else probe = '0' end
 end
 
-if before ~= faults .. ':' .. period .. ':' .. untl .. ':' .. cause then
+if before ~= faults .. ':' .. period .. ':' .. untl .. ':' .. cause .. ':' .. since then
   publish = true
   redis.call('HSET', KEYS[1], 'faults', string.format('%d', faults),
     'period_ms', string.format('%d', period), 'until_ms', string.format('%d', untl),
-    'cause', cause)
+    'cause', cause, 'since_ms', string.format('%d', since))
 end
 if kind == 'count' and untl > 0 then kind = 'cool' end
 if kind == 'free' and untl > 0 then kind = 'cool' end
@@ -148,9 +162,35 @@ return message(kind)
 ACCOUNT = Script(SCRIPT)
 
 
-def keys(prefix: str, account: str) -> tuple[str, str]:
-    """KEYS of one account: its hash, its probe slot. The braces are a Cluster hash tag."""
-    return f"{prefix}:account:{{{account}}}", f"{prefix}:probe:{{{account}}}"
+def keys(prefix: str, account: str, model: str | None = None) -> tuple[str, str]:
+    """KEYS of one account (with `model`: of that pair): its hash, its probe slot. The braces
+    are a Cluster hash tag: an account's pairs live in its slot."""
+    if model is None:
+        return f"{prefix}:account:{{{account}}}", f"{prefix}:probe:{{{account}}}"
+    return f"{prefix}:pair:{{{account}}}:{model}", f"{prefix}:pairprobe:{{{account}}}:{model}"
+
+
+_PAIR = "\x1f"
+"""Opens the name of a pair in the script's replies and messages (a control character no
+config names an account with); a replica of an older version reads it as an unknown account
+and ignores it."""
+
+
+def unit_name(account: str, model: str | None) -> str:
+    """What replies and messages call an account (its name) or a pair (JSON after `_PAIR`)."""
+    if model is None:
+        return account
+    return _PAIR + json.dumps([account, model], separators=(",", ":"))
+
+
+def unit_of(name: str) -> tuple[str, str | None]:
+    """(account, model or None) from :func:`unit_name`'s; ValueError if it is not one."""
+    if not name.startswith(_PAIR):
+        return name, None
+    account, model = json.loads(name[1:])
+    if not isinstance(account, str) or not isinstance(model, str):
+        raise ValueError("not a pair")
+    return account, model
 
 
 def script_args(
@@ -161,6 +201,7 @@ def script_args(
     token: str,
     lease_ms: int,
     local: Shared | None,
+    model: str | None = None,
 ) -> list[str | int]:
     """ARGV for one run of :data:`SCRIPT`, in the order its header lists."""
     cooled = local is not None and local.cooled_for_secs is not None
@@ -169,7 +210,7 @@ def script_args(
         op,
         channel,
         origin,
-        spec.name,
+        unit_name(spec.name, model),
         token,
         ms(spec.cooldown_secs),
         ms(spec.max_cooldown_secs),
@@ -180,6 +221,7 @@ def script_args(
         local.faults if local else 0,
         left,
         _CAUSES[local.cause] if local else "o",
+        ms(spec.max_cooldown_secs),
     ]
 
 

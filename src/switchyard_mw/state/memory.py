@@ -19,7 +19,9 @@ class MemoryStore:
     def bind(self, pool: AccountPool) -> None:
         pass
 
-    def changed(self, account: str, change: Change, local: Shared) -> None:
+    def changed(
+        self, account: str, change: Change, local: Shared, *, model: str | None = None
+    ) -> None:
         pass
 
     def held(self, account: str, model: str, until_unix: float) -> None:
@@ -28,7 +30,7 @@ class MemoryStore:
     def share_trips(self, canaries: TripBoard) -> None:
         pass  # one process: its canary guard decides alone
 
-    async def claim_probe(self, account: str) -> Shared | None:
+    async def claim_probe(self, account: str, model: str | None = None) -> Shared | None:
         return None  # one process: the pool's own probe slot is the only one
 
     async def start(self) -> None:

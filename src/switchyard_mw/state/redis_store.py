@@ -2,7 +2,9 @@
 
 Keys (``P`` = ``key_prefix``, ``A`` = account; docs/operations.md, "Sharing account health"):
 ``P:account:{A}`` hash, no TTL (it must outlive any cooling and is never evicted under a
-``volatile-*`` policy); ``P:probe:{A}`` the probe slot, ``PX`` = the lease; ``P:holds:{A}`` the
+``volatile-*`` policy); ``P:probe:{A}`` the probe slot, ``PX`` = the lease; ``P:pair:{A}:M``
+and ``P:pairprobe:{A}:M`` the same for the (account, model M) pair of an account serving
+several models (its model faults; one account's keys share a slot); ``P:holds:{A}`` the
 throttle holds, TTL = the longest; ``P:trips`` the canary-guard trips (:mod:`._standing`);
 channel ``P:events``. Every change of an account runs one Lua script (:mod:`._lua`), every hold
 and trip one of :mod:`._standing`. Writes go out from a background task, in order; only the
@@ -33,7 +35,7 @@ from ..core.pool import AccountPool, AccountSpec
 from ..core.shared import Change, Shared
 from ..telemetry import names as tm
 from . import _standing as standing
-from ._lua import ACCOUNT, Script, keys, ms, name_of, parse, script_args
+from ._lua import ACCOUNT, Script, keys, ms, name_of, parse, script_args, unit_of
 from ._redis_io import (
     ERRORS,
     Call,
@@ -84,7 +86,8 @@ class RedisStore:
         self._lease_ms = max(1, round(probe_lease_secs * 1000))
         self._origin = secrets.token_hex(6)  # tells this replica's own events apart
         self._tokens = itertools.count()
-        self._claims: dict[str, str] = {}  # account -> token of the probe slot we hold
+        # (account, model or None) -> token of the probe slot we hold
+        self._claims: dict[tuple[str, str | None], str] = {}
         self._pool: AccountPool | None = None
         self._specs: dict[str, AccountSpec] = {}
         self._commands: Client | None = None
@@ -94,7 +97,7 @@ class RedisStore:
         self._outage = False
         self._closing = False
         self._generation = 0  # one per connection: tells stale failures from current ones
-        self._queue: deque[tuple[str, Change, Shared, str]] = deque()
+        self._queue: deque[tuple[str, str | None, Change, Shared, str]] = deque()
         # Throttle holds and guard trips to keep in Redis.
         self._pending = standing.Pending()
         # One writer of holds and trips at a time (the write loop, or a resync), so that a
@@ -130,8 +133,10 @@ class RedisStore:
     async def aclose(self) -> None:
         # Last writes, and the probe slots still claimed: left alone, a slot would keep every
         # replica from probing until its lease ran out (the server has finished its requests).
-        last = [self._call(a, c.value, token, local) for a, c, local, token in self._queue]
-        last += [self._call(a, "probe_freed", token) for a, token in self._claims.items()]
+        last = [self._call(a, c.value, token, local, m) for a, m, c, local, token in self._queue]
+        last += [
+            self._call(a, "probe_freed", token, None, m) for (a, m), token in self._claims.items()
+        ]
         if self._healthy and last:
             with contextlib.suppress(*ERRORS):
                 await self._run(last, self._timeout)
@@ -149,14 +154,16 @@ class RedisStore:
 
     # --- what the pool tells the store ---------------------------------------------------
 
-    def changed(self, account: str, change: Change, local: Shared) -> None:
-        token = self._claims.pop(account, "") if change in _PROBE_OUTCOMES else ""
+    def changed(
+        self, account: str, change: Change, local: Shared, *, model: str | None = None
+    ) -> None:
+        token = self._claims.pop((account, model), "") if change in _PROBE_OUTCOMES else ""
         if not self._healthy or account not in self._specs:
             return  # during an outage the resync merges the local state once Redis is back
         if len(self._queue) >= MAX_QUEUED:
             self._lost(TimeoutError(f"{MAX_QUEUED} writes waiting"), self._generation)
             return
-        self._queue.append((account, change, local, token))
+        self._queue.append((account, model, change, local, token))
         self._wake.set()
 
     def held(self, account: str, model: str, until_unix: float) -> None:
@@ -195,25 +202,28 @@ class RedisStore:
             self._lost(TimeoutError(f"{MAX_QUEUED} holds and trips waiting"), self._generation)
         return self._healthy
 
-    async def claim_probe(self, account: str) -> Shared | None:
+    async def claim_probe(self, account: str, model: str | None = None) -> Shared | None:
         if not self._healthy or account not in self._specs:
             return None  # nobody to ask: the local decision stands
         token = f"{self._origin}:{next(self._tokens)}"
         generation = self._generation
+        call = self._call(account, "claim", token, None, model)
         try:
-            (reply,) = await self._run([self._call(account, "claim", token)], self._timeout)
+            (reply,) = await self._run([call], self._timeout)
         except ERRORS as exc:
             self._lost(exc, generation)
             return None
         kind, _, shared = parse(reply)
         if kind == "granted":
-            self._claims[account] = token
+            self._claims[(account, model)] = token
             return None
         return shared
 
-    async def snapshot(self, account: str) -> Shared:
-        """The shared state of ``account`` as Redis holds it now (for operators and tests)."""
-        (reply,) = await self._run([self._call(account, "merge", "", Shared(0, 0.0))], 1.0)
+    async def snapshot(self, account: str, model: str | None = None) -> Shared:
+        """The shared state of ``account`` (with ``model``: of that pair) as Redis holds it
+        now (for operators and tests)."""
+        call = self._call(account, "merge", "", Shared(0, 0.0), model)
+        (reply,) = await self._run([call], 1.0)
         return parse(reply)[2]
 
     # --- background work -------------------------------------------------------------------
@@ -226,7 +236,7 @@ class RedisStore:
             while self._queue and self._healthy:
                 batch = list(self._queue)
                 self._queue.clear()
-                calls = [self._call(a, c.value, token, local) for a, c, local, token in batch]
+                calls = [self._call(a, c.value, token, local, m) for a, m, c, local, token in batch]
                 generation = self._generation
                 try:
                     replies = await self._run(calls, self._timeout)
@@ -328,8 +338,23 @@ class RedisStore:
             return
         pool = self._pool
         calls = [self._call(name, "merge", "", pool.view(name)) for name in self._specs]
+        calls += [
+            self._call(name, "merge", "", pool.view(name, model=model), model)
+            for name, model in self._known_pairs()
+        ]
         for reply in await self._run(calls, self._connect_timeout):
             self._apply(reply, own=True)
+
+    def _known_pairs(self) -> list[tuple[str, str]]:
+        """The pairs a resync merges: each model every account serving several names (a pair
+        another replica cooled comes down), and those that faulted here (a wildcard's too)."""
+        assert self._pool is not None
+        found = dict.fromkeys(self._pool.pairs())
+        for name, spec in self._specs.items():
+            named = sorted(m for m in spec.models if m != "*")
+            if len(spec.models) > 1:
+                found.update(dict.fromkeys((name, m) for m in named))
+        return [(name, model) for name, model in found if name in self._specs]
 
     async def _resync_standing(self) -> None:
         """Holds and trips both ways: those in force here go up (Redis may have restarted
@@ -392,10 +417,19 @@ class RedisStore:
 
     # --- helpers ---------------------------------------------------------------------------
 
-    def _call(self, account: str, op: str, token: str, local: Shared | None = None) -> Call:
+    def _call(
+        self,
+        account: str,
+        op: str,
+        token: str,
+        local: Shared | None = None,
+        model: str | None = None,
+    ) -> Call:
         spec = self._specs[account]
-        args = script_args(op, self._channel, self._origin, spec, token, self._lease_ms, local)
-        return keys(self._prefix, account), args
+        args = script_args(
+            op, self._channel, self._origin, spec, token, self._lease_ms, local, model
+        )
+        return keys(self._prefix, account, model), args
 
     def _holds_call(self, account: str, holds: list[tuple[str, int]], *, read: bool) -> Call:
         return standing.hold_call(
@@ -433,7 +467,11 @@ class RedisStore:
             shared = dataclasses.replace(shared, closed=False)
         elif origin == self._origin:
             return  # our own change, already applied from the script's reply
-        self._pool.merge(name_of(reply), shared)
+        try:
+            account, model = unit_of(name_of(reply))
+        except (ValueError, TypeError):
+            return
+        self._pool.merge(account, shared, model=model)
 
     def _take_note(self, data: bytes) -> None:
         """Another replica's hold or trip. Anyone may publish on the channel: a note that is

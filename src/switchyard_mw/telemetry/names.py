@@ -119,7 +119,7 @@ METRIC_LABELS: dict[str, tuple[str, ...]] = {
     OPERATION_DURATION: (REQUEST_MODEL, RESPONSE_MODEL, VARIANT, ACCOUNT, ERROR_TYPE, SHADOW),
     TIME_TO_FIRST_TOKEN: (REQUEST_MODEL, RESPONSE_MODEL, VARIANT, ACCOUNT, ERROR_TYPE, SHADOW),
     TOKEN_USAGE: (REQUEST_MODEL, RESPONSE_MODEL, VARIANT, ACCOUNT, ERROR_TYPE, SHADOW, TOKEN_TYPE),
-    ACCOUNT_STATE: (ACCOUNT,),
+    ACCOUNT_STATE: (ACCOUNT, RESPONSE_MODEL),
 }
 """Each metric family's label names (a label may be absent from a point: `error.type` when
 nothing failed). tests/telemetry check every call site and the docs against it."""

@@ -405,17 +405,48 @@ def account_state(pool: AccountPool, name: str) -> int:
     return code
 
 
+def pair_states(pool: AccountPool, name: str) -> dict[str, int]:
+    """The state of each model of `name` whose health differs from the account's own (an
+    account serving several models keeps their faults per model), as `account_state` codes.
+    A model no account names is reported as "*" (a wildcard account serves any string a
+    client sends, and a label must stay bounded): the worst of those."""
+    states: dict[str, int] = {}
+    holds = pool.holds_of(name)
+    for model, status in pool.pair_status(name).items():
+        code = _STATE_CODES.get(status.state, COOLED)
+        if code == CLOSED and model in holds:
+            code = THROTTLED
+        label = model if model in pool.named_models else "*"
+        states[label] = max(code, states.get(label, CLOSED))
+    return states
+
+
 def _observe_states(_options: metrics.CallbackOptions) -> list[metrics.Observation]:
-    # One observation per account name: the newest pool wins where tests built several.
-    states = {name: account_state(pool, name) for pool in list(_pools) for name in pool.names}
-    return [metrics.Observation(code, {tm.ACCOUNT: name}) for name, code in states.items()]
+    # One observation per account name (and per model where a pair differs): the newest pool
+    # wins where tests built several.
+    states: dict[tuple[str, str | None], int] = {}
+    for pool in list(_pools):
+        for name in pool.names:
+            states[(name, None)] = account_state(pool, name)
+            for model, code in pair_states(pool, name).items():
+                states[(name, model)] = code
+    return [
+        metrics.Observation(
+            code,
+            {tm.ACCOUNT: name} if model is None else {tm.ACCOUNT: name, tm.RESPONSE_MODEL: model},
+        )
+        for (name, model), code in states.items()
+    ]
 
 
 account_state_gauge = tm.meter.create_observable_gauge(
     tm.ACCOUNT_STATE,
     callbacks=[_observe_states],
     unit="1",
-    description="Each account's state: 0 closed, 1 half-open, 2 cooled, 3 throttled",
+    description=(
+        "Each account's state (and each model's, where it differs): 0 closed, 1 half-open, "
+        "2 cooled, 3 throttled"
+    ),
 )
 
 

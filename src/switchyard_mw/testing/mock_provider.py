@@ -37,6 +37,7 @@ import collections
 import dataclasses
 import gzip
 import re
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
@@ -167,6 +168,12 @@ class Behaviour(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     """The Bedrock face only: the exception an error answer (`status`) or a mid-stream error
     is named by, e.g. `"ModelNotReadyException"` with status 429 (None: the status's usual
     one, `ThrottlingException` for 429; mid-stream `ServiceUnavailableException`)."""
+    status_for_secs: float | None = None
+    """An error `status` lasts this long from when the behaviour was set, then the key is
+    answered as with 200 (a provider that healed); None: as long as the behaviour is set."""
+    status_models: list[str] | None = None
+    """An error `status` (and its `status_for_secs`) answers requests for these models only;
+    the others are answered as with 200 (one model of a key overloaded). None: every model."""
 
     def __post_init__(self) -> None:
         # Checked here rather than with msgspec.Meta so direct construction is
@@ -183,6 +190,8 @@ class Behaviour(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         for name in ("headers_delay_secs", "body_stall_secs", "chunk_interval_secs"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.status_for_secs is not None and not self.status_for_secs >= 0:
+            raise ValueError(f"status_for_secs must be >= 0, got {self.status_for_secs}")
 
 
 class RecordedRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -227,6 +236,7 @@ class MockProvider:
         # read, reported in usage as each wire does (so affinity's effect shows offline).
         self.prompt_cache = PromptCache(ttl_secs=cache_ttl_secs)
         self._behaviours: dict[str, Behaviour] = {}
+        self._set_at: dict[str, float] = {}  # key -> when its behaviour was set (monotonic)
         # Bounded so that a long soak test against one mock cannot grow without limit.
         self._records: collections.deque[RecordedRequest] = collections.deque(
             maxlen=max_recorded_requests
@@ -240,6 +250,7 @@ class MockProvider:
     def set_behaviour(self, key: str, behaviour: Behaviour) -> None:
         """Answer requests made with `key` this way from now on (`"*"`: every other key)."""
         self._behaviours[key] = behaviour
+        self._set_at[key] = time.monotonic()
 
     def clear_behaviour(self, key: str) -> None:
         """Forget `key`'s behaviour: it gets the `"*"` one again, else a fast 200."""
@@ -386,7 +397,7 @@ class MockProvider:
             invalid = bedrock.body_problem(fields) if isinstance(payload, dict) else None
             model, stream = bedrock_call.model, bedrock_call.stream
             fields = {**fields, "model": bedrock.anthropic_name(model)}
-        behaviour = self.behaviour_for(key)
+        behaviour = self._in_force(key, model, self.behaviour_for(key))
         ctx = None
         if behaviour.status == 200 and isinstance(payload, dict) and invalid is None:
             ctx = self._reply_context(endpoint, fields, behaviour, len(body))
@@ -514,6 +525,22 @@ class MockProvider:
             cache_write_tokens=behaviour.cache_write_tokens,
             cut_short=cut_short,
         )
+
+    def _in_force(self, key: str, model: str | None, behaviour: Behaviour) -> Behaviour:
+        """`behaviour` with its error status dropped where `status_models` or
+        `status_for_secs` say it does not apply (to this model, or any more)."""
+        if behaviour.status == 200 or (
+            behaviour.status_for_secs is None and behaviour.status_models is None
+        ):
+            return behaviour
+        models = behaviour.status_models
+        if models is not None and model not in models:
+            return msgspec.structs.replace(behaviour, status=200)
+        if behaviour.status_for_secs is not None:
+            set_at = self._set_at.get(key if key in self._behaviours else DEFAULT_KEY, 0.0)
+            if time.monotonic() - set_at >= behaviour.status_for_secs:
+                return msgspec.structs.replace(behaviour, status=200)
+        return behaviour
 
     async def _control(self, method: str, route: str, body: bytes, send: Send) -> None:
         if route == "health" and method == "GET":
