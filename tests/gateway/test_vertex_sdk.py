@@ -10,6 +10,7 @@ fails over from one to the other under a 5xx, a 429 and a credential refusal.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ VERTEX_NAME = "claude-opus-5@20260101"
 VERTEX_PATH = (
     f"/v1/projects/my-project/locations/us-east5/publishers/anthropic/models/{VERTEX_NAME}:"
 )
+FIRST_TOKEN_SECS = 1.0
+"""The api account's first-token limit; the slow provider's first token comes 3 s late."""
 REQUEST: dict[str, Any] = {
     "model": "claude-opus-5",
     "max_tokens": 50,
@@ -42,6 +45,7 @@ api_key_env = "KEY_A"
 auth = "x-api-key"
 models = ["claude-opus-5"]
 failure_threshold = 1000
+first_token_secs = {FIRST_TOKEN_SECS}
 
 [llm_clients.gcp]
 kind = "vertex"
@@ -172,6 +176,49 @@ async def test_failover_from_the_api_to_vertex(
     seen = [(r.key, r.path, r.stream) for r in provider.requests]
     verb = "streamRawPredict" if stream else "rawPredict"
     assert seen == [("key-a", "/v1/messages", stream), (EMAIL, VERTEX_PATH + verb, stream)]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    "fault",
+    [
+        Behaviour(fail="reset_before_headers"),
+        # After the headers (and a stream's opening events), before the first token: held
+        # back until then, nothing has reached the client.
+        Behaviour(fail="reset_mid_stream", stall_after_chunks=0),
+    ],
+    ids=["cut-before-headers", "cut-before-first-token"],
+)
+async def test_a_cut_answer_fails_over_from_the_api_to_vertex(
+    gateway: str, mock: tuple[MockProvider, str], fault: Behaviour, stream: bool
+) -> None:
+    provider, _ = mock
+    provider.set_behaviour("key-a", fault)
+    answer, headers = await ask(gateway, stream=stream)
+    assert answer["content"][0]["text"] == "Hello from the mock provider."
+    assert headers["x-switchyard-account"] == "gcp"
+    assert headers["x-switchyard-attempts"] == "2"
+    assert [r.key for r in provider.requests] == ["key-a", EMAIL]
+
+
+async def test_a_slow_first_token_fails_over_from_the_api_to_vertex(
+    gateway: str, mock: tuple[MockProvider, str]
+) -> None:
+    """The api stream sends its headers at once and its first token 3 s later; past the
+    account's `first_token_secs` (1 s) the request goes to Vertex, and the client sees only
+    Vertex's stream, well before the api's first token was due."""
+    provider, _ = mock
+    provider.set_behaviour(
+        "key-a", Behaviour(reply="late", stall_after_chunks=0, body_stall_secs=3.0)
+    )
+    started = time.monotonic()
+    answer, headers = await ask(gateway, stream=True)
+    took = time.monotonic() - started
+    assert answer["content"][0]["text"] == "Hello from the mock provider."
+    assert headers["x-switchyard-account"] == "gcp"
+    assert headers["x-switchyard-attempts"] == "2"
+    assert [(r.key, r.stream) for r in provider.requests] == [("key-a", True), (EMAIL, True)]
+    assert FIRST_TOKEN_SECS <= took < 3.0
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,308 @@
+"""What Envoy lets an upstream-level ext_proc filter do to serve a Bedrock account, as
+docs/envoy.md ("Cloud accounts") says: measured with a bare processor, not switchyard's, so
+that the facts hold whatever the processor does with them.
+
+The client is the official Anthropic SDK, streaming, pointed at Envoy; the upstream is the mock
+provider's Bedrock face, which re-signs every request with botocore and refuses one whose
+SigV4 signature does not match the method, path, host, signed headers and body it received.
+
+The processor, in the upstream filter (request headers SEND, request body BUFFERED, response
+headers SEND, response body STREAMED):
+- answers the request headers with nothing, and the buffered body with the Bedrock envelope:
+  `:path` (the model id in it), `:authority`, a body of another length with its
+  `content-length`, and the `authorization`/`x-amz-date` signed over that very body;
+- answers the response headers with `content-type: text/event-stream`, and each piece of the
+  binary event-stream with the SSE events it completes (often another length, sometimes none).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import anthropic
+import grpc  # type: ignore[import-untyped]
+import pytest
+
+from servers import free_port, serve_in_thread
+from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+from switchyard_mw.testing import Behaviour, MockProvider
+from switchyard_mw.testing.envoy import envoy_binary, run_envoy
+
+pytestmark = pytest.mark.integration
+pytest.importorskip("botocore")
+
+from botocore.auth import SigV4Auth  # noqa: E402
+from botocore.awsrequest import AWSRequest  # noqa: E402
+from botocore.credentials import Credentials  # noqa: E402
+
+from switchyard_mw.clouds.bedrock import BedrockCloud  # noqa: E402
+from switchyard_mw.clouds.bedrock_stream import EVENTSTREAM_TYPE, BedrockStream  # noqa: E402
+from switchyard_mw.testing._bedrock_face import (  # noqa: E402
+    MOCK_AWS_ACCESS_KEY_ID,
+    MOCK_AWS_SECRET_ACCESS_KEY,
+)
+
+MODEL_ID = "us.anthropic.claude-opus-5-v1:0"
+REGION = "us-east-1"
+REQUEST: dict[str, Any] = {
+    "model": "claude-opus-5",
+    "max_tokens": 50,
+    "messages": [{"role": "user", "content": "hi"}],
+}
+
+
+def _content_type(headers: Any) -> str:
+    for header in headers.headers.headers:
+        if header.key == "content-type":
+            return bytes(header.raw_value).decode()
+    return ""
+
+
+def _set(mutation: Any, key: str, value: str) -> None:
+    option = mutation.set_headers.add()
+    option.header.key, option.header.raw_value = key, value.encode()
+    option.append_action = option.OVERWRITE_IF_EXISTS_OR_ADD
+
+
+class BedrockEnvelopingProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    """Re-envelopes and signs each request for Bedrock, and turns its event-stream into SSE."""
+
+    def __init__(self, upstream_host: str) -> None:
+        self.host = upstream_host
+        self.cloud = BedrockCloud("aws", REGION, f"http://{upstream_host}")
+        self.sent: list[tuple[str, bytes]] = []  # (path, body) as the processor set them
+        self.pieces: list[tuple[int, int]] = []  # (bytes in, bytes out) per response piece
+
+    async def Process(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+        translator: BedrockStream | None = None  # set once the answer is an event-stream
+        async for request in requests:
+            kind = request.WhichOneof("request")
+            answer = ep.ProcessingResponse()
+            if kind == "request_body":
+                self._envelope(request.request_body.body, answer)
+            elif kind == "response_headers":
+                answer.response_headers.SetInParent()
+                if _content_type(request.response_headers) == EVENTSTREAM_TYPE:
+                    translator = BedrockStream()
+                    mutation = answer.response_headers.response.header_mutation
+                    _set(mutation, "content-type", "text/event-stream")
+                    mutation.remove_headers.append("content-length")
+            elif kind == "response_body" and translator is None:
+                answer.response_body.SetInParent()  # a JSON answer is Anthropic's already
+                self.pieces.append((len(request.response_body.body),) * 2)
+            elif kind == "response_body":
+                piece = request.response_body
+                sse = translator.feed(piece.body)
+                if piece.end_of_stream:
+                    sse += translator.end()
+                self.pieces.append((len(piece.body), len(sse)))
+                answer.response_body.response.body_mutation.body = sse
+            else:
+                getattr(answer, kind).SetInParent()
+            yield answer
+
+    def _envelope(self, body: bytes, answer: Any) -> None:
+        """The body phase's answer: path, host, body and the signature over that body."""
+        renamed = json.dumps({**json.loads(body), "model": MODEL_ID}).encode()
+        envelope = self.cloud.envelope("/v1/messages", renamed)
+        path = envelope.url.removeprefix(f"http://{self.host}")
+        signed = AWSRequest(
+            method="POST",
+            url=envelope.url,
+            data=envelope.body,
+            headers={"content-type": "application/json"},
+        )
+        credentials = Credentials(MOCK_AWS_ACCESS_KEY_ID, MOCK_AWS_SECRET_ACCESS_KEY)
+        SigV4Auth(credentials, "bedrock", REGION).add_auth(signed)
+        common = answer.request_body.response
+        common.body_mutation.body = envelope.body
+        mutation = common.header_mutation
+        _set(mutation, ":path", path)
+        _set(mutation, ":authority", self.host)
+        _set(mutation, "content-length", str(len(envelope.body)))
+        for name in ("authorization", "x-amz-date", "x-amz-content-sha256"):
+            if name in signed.headers:
+                _set(mutation, name, signed.headers[name])
+        mutation.remove_headers.append("x-api-key")  # the caller's key never leaves
+        self.sent.append((path, envelope.body))
+
+
+CONFIG = """
+static_resources:
+  listeners:
+  - address: {{socket_address: {{address: 127.0.0.1, port_value: {listen}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": {t}.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: probe
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {{prefix: /}}
+                route: {{cluster: provider, timeout: 30s}}
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config: {{"@type": {t}.filters.http.router.v3.Router}}
+  clusters:
+  - name: processor
+    type: STATIC
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": {t}.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{http2_protocol_options: {{}}}}
+    load_assignment:
+      cluster_name: processor
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {processor}}}}}}}
+  - name: provider
+    type: STATIC
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": {t}.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{http_protocol_options: {{}}}}
+        http_filters:
+        - name: envoy.filters.http.ext_proc
+          typed_config:
+            "@type": {t}.filters.http.ext_proc.v3.ExternalProcessor
+            grpc_service: {{envoy_grpc: {{cluster_name: processor}}}}
+            failure_mode_allow: false
+            message_timeout: 10s
+            mutation_rules: {{allow_all_routing: {allow_all_routing}}}
+            processing_mode:
+              request_header_mode: SEND
+              request_body_mode: BUFFERED
+              response_header_mode: SEND
+              response_body_mode: STREAMED
+              request_trailer_mode: SKIP
+              response_trailer_mode: SKIP
+        - name: envoy.filters.http.upstream_codec
+          typed_config: {{"@type": {t}.filters.http.upstream_codec.v3.UpstreamCodec}}
+    load_assignment:
+      cluster_name: provider
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {provider}}}}}}}
+"""
+
+
+@pytest.fixture(scope="module")
+def mock() -> Iterator[tuple[MockProvider, str]]:
+    provider = MockProvider()
+    with serve_in_thread(provider) as url:
+        yield provider, url
+
+
+async def _through_envoy(
+    mock_url: str, stream: bool, *, allow_all_routing: bool = True
+) -> tuple[dict[str, Any], list[str], str, BedrockEnvelopingProcessor]:
+    """The SDK's answer through Envoy and the processor: the final message, the event types
+    it parsed, the response's content type, and the processor's record."""
+    envoy_binary()  # raises, saying what to install, when there is no Envoy
+    host = mock_url.removeprefix("http://")
+    processor = BedrockEnvelopingProcessor(host)
+    server = grpc.aio.server()
+    ep_grpc.add_ExternalProcessorServicer_to_server(processor, server)
+    processor_port = free_port()
+    server.add_insecure_port(f"127.0.0.1:{processor_port}")
+    await server.start()
+    listen = free_port()
+    config = CONFIG.format(
+        t="type.googleapis.com/envoy.extensions",
+        listen=listen,
+        processor=processor_port,
+        provider=host.rsplit(":", 1)[1],
+        allow_all_routing=str(allow_all_routing).lower(),
+    )
+    client = anthropic.AsyncAnthropic(
+        base_url=f"http://127.0.0.1:{listen}", api_key="caller", max_retries=0
+    )
+    types: list[str] = []
+    try:
+        with run_envoy(config, listen_port=listen):
+            if stream:
+                async with client.messages.stream(**REQUEST) as events:
+                    types = [event.type async for event in events]
+                    message = await events.get_final_message()
+                    content_type = events.response.headers["content-type"]
+            else:
+                raw = await client.messages.with_raw_response.create(**REQUEST)
+                message = await raw.parse()
+                content_type = raw.headers["content-type"]
+    finally:
+        await client.close()
+        await server.stop(0)
+    return message.model_dump(), types, content_type, processor
+
+
+async def test_the_upstream_filter_re_envelopes_signs_and_translates_a_bedrock_stream(
+    mock: tuple[MockProvider, str],
+) -> None:
+    provider, url = mock
+    provider.clear_requests()
+    # Deltas 0.2 s apart, so that they reach Envoy (and the processor) as pieces of their own.
+    provider.set_behaviour(MOCK_AWS_ACCESS_KEY_ID, Behaviour(chunks=3, chunk_interval_secs=0.2))
+    try:
+        message, types, content_type, processor = await _through_envoy(url, stream=True)
+    finally:
+        provider.reset_behaviours()
+
+    # (a)-(c): the mock received the path, body and signature the processor set, and the
+    # signature over that body verified (the key is the access key id the mock checked).
+    [call] = provider.requests
+    [(path, body)] = processor.sent
+    assert call.path == path == f"/model/{MODEL_ID}/invoke-with-response-stream"
+    assert call.key == MOCK_AWS_ACCESS_KEY_ID
+    assert call.body == body
+    assert len(body) != len(json.dumps(REQUEST))  # another length than the client's
+    sent = json.loads(body)
+    assert "model" not in sent
+    assert "stream" not in sent
+    assert sent["anthropic_version"] == "bedrock-2023-05-31"
+    assert "x-api-key" not in call.headers
+
+    # (d): the binary event-stream reached the SDK as Anthropic's SSE, piece by piece.
+    assert content_type.startswith("text/event-stream")
+    assert types[0] == "message_start"
+    assert types[-1] == "message_stop"
+    assert message["content"][0]["text"]
+    assert message["stop_reason"] == "end_turn"
+    assert any(bytes_in != bytes_out for bytes_in, bytes_out in processor.pieces)
+    assert sum(bytes_out for _, bytes_out in processor.pieces) > 0
+    assert len(processor.pieces) > 3  # piece by piece, not one buffered body
+
+
+async def test_a_bedrock_json_answer_passes_through_the_same_processor(
+    mock: tuple[MockProvider, str],
+) -> None:
+    provider, url = mock
+    provider.clear_requests()
+    message, _, _, processor = await _through_envoy(url, stream=False)
+    [call] = provider.requests
+    assert call.path == f"/model/{MODEL_ID}/invoke"
+    assert call.key == MOCK_AWS_ACCESS_KEY_ID
+    assert message["content"][0]["text"]
+    assert processor.pieces  # the JSON answer's body reached the processor, and was left as is
+
+
+async def test_without_allow_all_routing_the_authority_is_dropped_and_the_signature_fails(
+    mock: tuple[MockProvider, str],
+) -> None:
+    """`:authority` is a routing header: without `mutation_rules.allow_all_routing` Envoy
+    drops its mutation silently, sends the client's host, and the
+    signature, made over the upstream's host, does not match."""
+    provider, url = mock
+    provider.clear_requests()
+    with pytest.raises(anthropic.PermissionDeniedError) as info:
+        await _through_envoy(url, stream=True, allow_all_routing=False)
+    assert "signature we calculated does not match" in str(info.value)
+    assert provider.requests == []  # refused before the model
