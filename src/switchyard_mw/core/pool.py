@@ -329,6 +329,21 @@ class AccountPool:
                         return lease
         return None
 
+    def lease_again(self, account: str, model: str) -> Lease | None:
+        """A lease on `account` alone for `model`, its throttle hold for the model aside, or
+        None when its breaker admits no attempt now (a probe claims its slot, as `acquire`).
+
+        For a retry in place: the caller waited out the retry time of the 429 that set the
+        hold, and a hold that ends a clock tick after the wait (or one a reload carried over)
+        must not turn that retry into a local refusal. Cooling is not set aside: an account
+        its own fault cooled is not retried.
+        """
+        b = self._breakers.get(account)
+        route = self._route(model)
+        if b is None or route is None or b not in route.breakers:
+            return None
+        return self._lease(b, self._clock())
+
     def _eligible(
         self,
         b: Breaker,
