@@ -419,6 +419,13 @@ def retried_in_place(env: Env, m: AttemptMachine) -> None:
     assert is_send("a")(m.waited())
 
 
+def b_alone_answered_503(env: Env, m: AttemptMachine) -> None:
+    env.cool("a", "a")  # two faults: a cools
+    assert is_send("b")(m.begin())
+    assert m.started(503) is HOLD_FOR_FAILOVER  # b is not cooled yet: it may be retried
+    assert m.ended(How.RETURNED, held=HELD) is NEXT  # now it is (failure_threshold = 1)
+
+
 def waiting_after_a_5xx_then_a_fault(env: Env, m: AttemptMachine) -> None:
     only_a_answers(503, [])(env, m)
     assert is_wait("a", 0.5)(m.next())
@@ -825,6 +832,14 @@ TABLE: dict[str, Row] = {
         with_budget(3.0, only_a_answers(429, RETRY_AFTER_2)),
         State.BETWEEN,
         lambda env, m: (setattr(env.clock, "now", env.clock.now + 1.0), m.next())[1],
+        delivers(HELD),
+        State.DONE,
+        config=WAIT_CONFIG,
+    ),
+    "in place: next after a 5xx that cooled its account: the held answer at once": Row(
+        b_alone_answered_503,
+        State.BETWEEN,
+        ask("next"),
         delivers(HELD),
         State.DONE,
         config=WAIT_CONFIG,

@@ -73,6 +73,12 @@ def gpt(gateway: str) -> openai.AsyncOpenAI:
     )
 
 
+async def drain(stream: Any, into: list[Any]) -> None:
+    """Read `stream` into `into` until it ends or raises."""
+    async for item in stream:
+        into.append(item)
+
+
 async def test_a_429_retry_after_2_waits_2_s_and_succeeds_on_the_same_account(
     gateway: str, provider: MockProvider
 ) -> None:
@@ -151,7 +157,6 @@ async def test_a_stream_that_started_is_never_retried(gateway: str, provider: Mo
             model="m6", max_tokens=9, messages=QUESTION, stream=True
         )
         with pytest.raises(anthropic.APIStatusError):
-            async for event in stream:
-                events.append(event)
+            await drain(stream, events)
     assert [e.type for e in events].count("content_block_delta") == 1
     assert len(provider.requests) == 1

@@ -344,6 +344,10 @@ class AccountPool:
             return None
         return self._lease(b, self._clock())
 
+    def cooling_secs(self, account: str) -> float:
+        """Seconds until `account`'s breaker admits an attempt (0.0: now), holds aside."""
+        return _cooling_wait(self._breakers[account], self._clock())
+
     def _eligible(
         self,
         b: Breaker,

@@ -525,6 +525,20 @@ class AttemptMachine:
             self.state = _DONE
         return Refuse(answers.deadline_exceeded(phase))
 
+    def fails_over(self) -> bool:
+        """After `ended` answered `NEXT`: whether another account can take the next attempt
+        now (a peek: nothing claimed)."""
+        return self.state is _BETWEEN and self._another_free()
+
+    def waits_in_place(self) -> float | None:
+        """After `ended` answered `NEXT`: the wait before the next attempt when it can only be
+        a retry in place (no other account can take it now), else None. For a front whose
+        retry is another's to time (Envoy's back-off): `next()` then answers `Wait`, and
+        `waited()` may follow at once."""
+        if self.state is not _BETWEEN or self._another_free():
+            return None
+        return self._in_place_secs()
+
     def retries_over(self) -> None:
         """The front can make no other attempt (Envoy is past retrying): whatever answers
         now is the answer."""
@@ -609,6 +623,8 @@ class AttemptMachine:
         )
         if secs is None or not self._may_go_on():
             return None
+        if self.engine.pool.cooling_secs(account.name) > secs:
+            return None  # its own faults cooled it past the wait: no retry to wait for
         if ctx.budget_at is not None and self._clock() + secs >= ctx.budget_at:
             return None  # the wait would end past the caller's deadline
         return secs
