@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import msgspec
@@ -419,6 +420,12 @@ def retried_in_place(env: Env, m: AttemptMachine) -> None:
     assert is_send("a")(m.waited())
 
 
+def sent_past_its_deadline(env: Env, m: AttemptMachine) -> None:
+    begun(env, m)
+    secs, _ = m.deadline(env.clock.now)
+    env.clock.now += secs
+
+
 def b_alone_answered_503(env: Env, m: AttemptMachine) -> None:
     env.cool("a", "a")  # two faults: a cools
     assert is_send("b")(m.begin())
@@ -610,6 +617,36 @@ TABLE: dict[str, Row] = {
     ),
     "retried by the front: released, next": Row(
         begun, State.SENT, ask("retried"), is_(NEXT), State.BETWEEN, a_untouched
+    ),
+    "retried by the front, never answered (a connect failure): a fault, next": Row(
+        begun,
+        State.SENT,
+        ask("retried", Failure.CONNECT_ERROR),
+        is_(NEXT),
+        State.BETWEEN,
+        lambda env, m, action: (
+            a_faulted(env, m, action),
+            failure_is(Failure.CONNECT_ERROR)(env, m, action),
+        ),
+    ),
+    "retried by the front past the attempt's deadline (a per-try timeout): a deadline fault": Row(
+        sent_past_its_deadline,
+        State.SENT,
+        ask("retried", Failure.CONNECT_ERROR),
+        is_(NEXT),
+        State.BETWEEN,
+        lambda env, m, action: (
+            phase_is(Phase.TOTAL)(env, m, action),
+            failure_is(Failure.DEADLINE)(env, m, action),
+        ),
+    ),
+    "retried by the front once the answer started: released as before": Row(
+        holding,
+        State.HOLDING,
+        ask("retried", Failure.CONNECT_ERROR),
+        is_(NEXT),
+        State.BETWEEN,
+        a_untouched,
     ),
     "closed: released": Row(begun, State.SENT, ask("closed"), is_(None), State.DONE, a_untouched),
     # HOLDING
@@ -1116,3 +1153,25 @@ def test_gone_reasons_and_failures_keep_the_strings_users_see() -> None:
         "slow",
     ]
     assert Gone.DISCONNECTED == "disconnected"
+
+
+def test_a_retry_in_place_is_one_more_attempt_on_the_same_account_but_no_failover(
+    otel_metrics: Any,
+) -> None:
+    env = Env(WAIT_CONFIG)
+    env.cool("b")
+    failovers = otel_metrics.value(tm.FAILOVERS, **{tm.RESPONSE_MODEL: "m"})
+    m = env.machine()
+    assert is_send("a")(m.begin())
+    assert m.started(429, RETRY_AFTER_2) is HOLD_FOR_FAILOVER
+    assert m.ended(How.RETURNED, held=HELD) is NEXT
+    assert m.fails_over() is False
+    assert m.waits_in_place() == 2.0
+    assert is_wait("a", 2.0)(m.next())
+    env.clock.now += 2.0
+    assert is_send("a")(m.waited())
+    assert m.started(200) is FORWARD
+    assert m.ended(How.FINISHED) is DONE
+    assert m.tried == ["a", "a"]
+    assert env.ctx.attempts == 2
+    assert otel_metrics.value(tm.FAILOVERS, **{tm.RESPONSE_MODEL: "m"}) == failovers

@@ -85,9 +85,11 @@ async def test_a_429_retry_after_2_waits_2_s_and_succeeds_on_the_same_account(
     provider.set_behaviour("key-a", RETRY_AFTER_2)
     started = time.monotonic()
     async with gpt(gateway) as client:
-        answer = await client.chat.completions.create(model="m1", messages=QUESTION)
+        raw = await client.chat.completions.with_raw_response.create(model="m1", messages=QUESTION)
     took = time.monotonic() - started
-    assert answer.choices[0].message.content == DEFAULT_REPLY
+    assert raw.parse().choices[0].message.content == DEFAULT_REPLY
+    assert raw.headers["x-switchyard-account"] == "a"
+    assert raw.headers["x-switchyard-attempts"] == "2"
     assert 2.0 <= took < 3.5
     assert [r.key for r in provider.requests] == ["key-a", "key-a"]
 

@@ -272,6 +272,7 @@ class AttemptMachine:
         "_refused",
         "_released",
         "_retry_headers",
+        "_sent_at",
         "_span",
         "_status",
         "_traced",
@@ -328,6 +329,7 @@ class AttemptMachine:
         self._refused: set[str] = set()
         """Models that refused this request's prompt as too long: none is tried again."""
         self._waited = False  # the request's one retry in place was spent
+        self._sent_at: float | None = None  # when the attempt in flight was sent (`_clock`)
 
     def __repr__(self) -> str:
         return f"<AttemptMachine {self.state.name} tried={self.tried}>"
@@ -500,9 +502,18 @@ class AttemptMachine:
             return ClaimProbe(lease.account)
         return self._send(lease, model)
 
-    def retried(self) -> End:
+    def retried(self, unanswered: Failure | None = None) -> End:
         """The front started another attempt on its own (Envoy's retry): an attempt still
-        in flight goes back with no outcome; `NEXT` unless the request ended."""
+        in flight goes back with no outcome; `NEXT` unless the request ended.
+
+        `unanswered`: what it means when that attempt's answer never started (Envoy retried a
+        connect failure or a reset before the headers): then it is that account fault; past
+        the attempt's deadline it is the deadline's (Envoy's per-try timeout, a stream's time
+        to start), counted as `expired` counts it."""
+        if self.state is _SENT and unanswered is not None:
+            if self._past_deadline():
+                return self._timed_out()
+            return self.ended(_RAISED, unanswered)
         if self.state in _IN_FLIGHT:
             return self.ended(_GONE, gone=Gone.RETRIED)
         if self.state is _CLAIMING or self._closed:
@@ -538,6 +549,20 @@ class AttemptMachine:
         if self.state is not _BETWEEN or self._another_free():
             return None
         return self._in_place_secs()
+
+    def _past_deadline(self) -> bool:
+        bound, sent_at = self.ctx.attempt_deadline_secs, self._sent_at
+        return bound is not None and sent_at is not None and self._clock() - sent_at >= bound
+
+    def _timed_out(self) -> End:
+        """The attempt in flight ran out of time and another may follow (a front's retry)."""
+        phase = self.phase()
+        self.ctx.deadline_phase = phase
+        tm.deadline_exceeded.add(1, {"phase": phase})
+        self._status = 504
+        self._failure = Failure.DEADLINE
+        self._settle(*self._verdict(False, None))
+        return self._after_failure()
 
     def retries_over(self) -> None:
         """The front can make no other attempt (Envoy is past retrying): whatever answers
@@ -833,6 +858,7 @@ class AttemptMachine:
         client = engine.start_attempt(ctx, lease)
         ctx.upstream_status = ctx.deadline_phase = ctx.transport_error = None
         self._lease, self._status, self._retry_headers = lease, None, None
+        self._sent_at = self._clock()
         self._failure = self._released = None
         self.state = _SENT
         if not self._traced:

@@ -27,7 +27,7 @@ import time
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from ..core.throttle import READ_HEADERS as RETRY_TIME_HEADERS
 from ..engine.claims import claimed
-from ..engine.machine import NEXT, ClaimProbe, How, Send, State, Wait
+from ..engine.machine import NEXT, ClaimProbe, Failure, How, Send, State, Wait
 from . import _messages as msg
 from .flights import Flight, Flights, out_of_order
 from .policy import Policies
@@ -118,9 +118,11 @@ class UpstreamStream:
         if first or machine is None:
             # The router-level stream chose this attempt's account and set its credential.
             return msg.UNCHANGED_REQUEST_HEADERS
-        # Envoy retries: an attempt whose outcome nobody recorded (no response-side stream saw
-        # a refusal, e.g. the provider itself sent the retry header) goes back without one.
-        if machine.retried() is not NEXT:
+        # Envoy retries an attempt whose answer never started, on a connect failure or a reset
+        # before the headers (the route's retry_on): the account's fault, as through the ASGI
+        # front. Every answer that did start is seen by the response-side stream first (the
+        # example strips a provider's own x-switchyard-retry before Envoy reads it).
+        if machine.retried(Failure.CONNECT_ERROR) is not NEXT:
             return msg.UNCHANGED_REQUEST_HEADERS  # the request ended
         action = machine.next()
         if isinstance(action, Wait):
