@@ -402,7 +402,9 @@ class AttemptMachine:
         self._status = status
         if status == 429 or status >= 500:  # a 5xx may say when to retry in place too
             self._retry_headers = throttle_headers(headers)
-        if self._more and (self._worth_retrying(status) or self._in_place_secs() is not None):
+        if self._more and (
+            self._worth_retrying(status) or (status >= 429 and self._in_place_secs() is not None)
+        ):
             self.state = _HOLDING
             return HOLD_FOR_FAILOVER
         if status >= 500 and self.checks_errors:
