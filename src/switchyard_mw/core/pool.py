@@ -342,11 +342,12 @@ class AccountPool:
         route = self._route(model)
         if b is None or route is None or b not in route.breakers:
             return None
-        return self._lease(b, self._clock())
+        return self._lease(b, model, self._clock())
 
-    def cooling_secs(self, account: str) -> float:
-        """Seconds until `account`'s breaker admits an attempt (0.0: now), holds aside."""
-        return _cooling_wait(self._breakers[account], self._clock())
+    def cooling_secs(self, account: str, model: str) -> float:
+        """Seconds until `account` admits an attempt for `model` (0.0: now), holds aside: its
+        cooling, and the (account, model) pair's where model faults are kept apart."""
+        return self._wait(self._breakers[account], model, self._clock())
 
     def _eligible(
         self,

@@ -650,7 +650,8 @@ class AttemptMachine:
         )
         if secs is None or not self._may_go_on():
             return None
-        if self.engine.pool.cooling_secs(account.name) > secs:
+        model = ctx.resolved_model
+        if model is not None and self.engine.pool.cooling_secs(account.name, model) > secs:
             return None  # its own faults cooled it past the wait: no retry to wait for
         if ctx.budget_at is not None and self._clock() + secs >= ctx.budget_at:
             return None  # the wait would end past the caller's deadline
