@@ -105,6 +105,10 @@ class LLMClient(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     a failed probe doubles the period."""
     max_throttle_secs: PositiveSecs = 60.0
     """The longest a 429's retry time keeps this account out of rotation for one model."""
+    retry_wait_max_secs: Annotated[float, Meta(ge=0, le=3600)] = 0.0
+    """Retry in place: a 429 whose retry time is at most this, or a single 5xx when no other
+    account can serve, is retried once on this account after that wait, inside the request's
+    budget; never a stream that started (0: off)."""
     weight: Annotated[float, Meta(gt=0, le=1e6)] = 1.0
     """Its share of conversations among the accounts of its priority: a conversation's turns
     go to one account, chosen by rendezvous hashing weighted by this (see Account affinity)."""

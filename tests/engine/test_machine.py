@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import msgspec
@@ -42,6 +43,7 @@ from switchyard_mw.engine.machine import (
     Refuse,
     Send,
     State,
+    Wait,
 )
 from switchyard_mw.engine.policies import Engine
 from switchyard_mw.telemetry import names as tm
@@ -70,6 +72,23 @@ models = ["m-var"]
 failure_threshold = 1
 cooldown_secs = 30
 """
+WAIT_CONFIG = """
+[llm_clients.a]
+base_url = "https://api.anthropic.com"
+api_key_env = "K"
+models = ["m"]
+failure_threshold = 2
+retry_wait_max_secs = 5
+
+[llm_clients.b]
+base_url = "https://api.anthropic.com"
+api_key_env = "K"
+models = ["m"]
+priority = 1
+failure_threshold = 1
+retry_wait_max_secs = 5
+"""
+"""Retry in place on: both accounts wait up to 5 s; `a` cools on its second fault."""
 BODY = msgspec.json.encode(
     {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
 )
@@ -106,12 +125,13 @@ class Store:
 
 @dataclass
 class Env:
+    config: str = CONFIG
     clock: Clock = field(default_factory=Clock)
     engine: Engine = field(init=False)
     ctx: RequestContext = field(init=False)
 
     def __post_init__(self) -> None:
-        config = parse_config(CONFIG)
+        config = parse_config(self.config)
         accounts = build_accounts(config, {"K": "k"})
         pool = pool_from_accounts(accounts, clock=self.clock)
         self.engine = Engine(server=config.server, accounts=accounts, pool=pool)
@@ -157,6 +177,7 @@ class Row:
     """Whether the action is the expected one."""
     after: State
     check: Check | None = None
+    config: str = CONFIG
 
 
 def nothing(env: Env, m: AttemptMachine) -> None:
@@ -376,6 +397,73 @@ def phase_is(phase: Phase) -> Check:
     return check
 
 
+RETRY_AFTER_2 = [(b"retry-after", b"2")]
+
+
+def only_a_answers(status: int, headers: list[tuple[bytes, bytes]]) -> Setup:
+    def setup(env: Env, m: AttemptMachine) -> None:
+        only_a(env, m)
+        assert m.started(status, headers) is HOLD_FOR_FAILOVER
+        assert m.ended(How.RETURNED, held=HELD) is NEXT
+
+    return setup
+
+
+def waiting(env: Env, m: AttemptMachine) -> None:
+    only_a_answers(429, RETRY_AFTER_2)(env, m)
+    assert is_wait("a", 2.0)(m.next())
+
+
+def retried_in_place(env: Env, m: AttemptMachine) -> None:
+    waiting(env, m)
+    env.clock.now += 2.0
+    assert is_send("a")(m.waited())
+
+
+def sent_past_its_deadline(env: Env, m: AttemptMachine) -> None:
+    begun(env, m)
+    secs, _ = m.deadline(env.clock.now)
+    env.clock.now += secs
+
+
+def b_alone_answered_503(env: Env, m: AttemptMachine) -> None:
+    env.cool("a", "a")  # two faults: a cools
+    assert is_send("b")(m.begin())
+    assert m.started(503) is HOLD_FOR_FAILOVER  # b is not cooled yet: it may be retried
+    assert m.ended(How.RETURNED, held=HELD) is NEXT  # now it is (failure_threshold = 1)
+
+
+def waiting_after_a_5xx_then_a_fault(env: Env, m: AttemptMachine) -> None:
+    only_a_answers(503, [])(env, m)
+    assert is_wait("a", 0.5)(m.next())
+    env.cool("a")  # another request's fault: its second, so it cools
+
+
+def waiting_then(step: Setup) -> Setup:
+    def setup(env: Env, m: AttemptMachine) -> None:
+        waiting(env, m)
+        step(env, m)
+
+    return setup
+
+
+def with_budget(secs: float, then: Setup) -> Setup:
+    def setup(env: Env, m: AttemptMachine) -> None:
+        env.ctx.budget_at = env.clock.now + secs
+        then(env, m)
+
+    return setup
+
+
+def is_wait(account: str, secs: float) -> Callable[[object], bool]:
+    return lambda a: isinstance(a, Wait) and (a.account, a.secs) == (account, secs)
+
+
+def a_tried_twice(env: Env, m: AttemptMachine, action: object) -> None:
+    assert m.tried == ["a", "a"]
+    assert env.engine.pool.retry_after_secs("m", allowed={"a"}) > 0  # its hold is still on
+
+
 def ask(name: str, *args: object, **kw: object) -> Step:
     return lambda env, m: getattr(m, name)(*args, **kw)
 
@@ -530,6 +618,36 @@ TABLE: dict[str, Row] = {
     "retried by the front: released, next": Row(
         begun, State.SENT, ask("retried"), is_(NEXT), State.BETWEEN, a_untouched
     ),
+    "retried by the front, never answered (a connect failure): a fault, next": Row(
+        begun,
+        State.SENT,
+        ask("retried", Failure.CONNECT_ERROR),
+        is_(NEXT),
+        State.BETWEEN,
+        lambda env, m, action: (
+            a_faulted(env, m, action),
+            failure_is(Failure.CONNECT_ERROR)(env, m, action),
+        ),
+    ),
+    "retried by the front past the attempt's deadline (a per-try timeout): a deadline fault": Row(
+        sent_past_its_deadline,
+        State.SENT,
+        ask("retried", Failure.CONNECT_ERROR),
+        is_(NEXT),
+        State.BETWEEN,
+        lambda env, m, action: (
+            phase_is(Phase.TOTAL)(env, m, action),
+            failure_is(Failure.DEADLINE)(env, m, action),
+        ),
+    ),
+    "retried by the front once the answer started: released as before": Row(
+        holding,
+        State.HOLDING,
+        ask("retried", Failure.CONNECT_ERROR),
+        is_(NEXT),
+        State.BETWEEN,
+        a_untouched,
+    ),
     "closed: released": Row(begun, State.SENT, ask("closed"), is_(None), State.DONE, a_untouched),
     # HOLDING
     "held answer returned: next": Row(
@@ -647,12 +765,181 @@ TABLE: dict[str, Row] = {
         State.DONE,
     ),
     "closed after the answer: done": Row(done, State.DONE, ask("closed"), is_(None), State.DONE),
+    # Retry in place (`retry_wait_max_secs`): only when no other account can take it.
+    "in place: a 429 another account can take fails over as before": Row(
+        begun,
+        State.SENT,
+        ask("started", 429, RETRY_AFTER_2),
+        is_(HOLD_FOR_FAILOVER),
+        State.HOLDING,
+        config=WAIT_CONFIG,
+    ),
+    "in place: a 429 saying 2 s, nobody else: held to retry": Row(
+        only_a,
+        State.SENT,
+        ask("started", 429, RETRY_AFTER_2),
+        is_(HOLD_FOR_FAILOVER),
+        State.HOLDING,
+        config=WAIT_CONFIG,
+    ),
+    "in place: a 429 saying 5 s (the max): held to retry": Row(
+        only_a,
+        State.SENT,
+        ask("started", 429, [(b"retry-after-ms", b"5000")]),
+        is_(HOLD_FOR_FAILOVER),
+        State.HOLDING,
+        config=WAIT_CONFIG,
+    ),
+    "in place: a 429 saying 5.001 s, past the max: forwarded": Row(
+        only_a,
+        State.SENT,
+        ask("started", 429, [(b"retry-after-ms", b"5001")]),
+        is_(FORWARD),
+        State.FORWARDING,
+        config=WAIT_CONFIG,
+    ),
+    "in place: a 429 saying no time: forwarded": Row(
+        only_a,
+        State.SENT,
+        ask("started", 429, []),
+        is_(FORWARD),
+        State.FORWARDING,
+        config=WAIT_CONFIG,
+    ),
+    "in place: off by default (retry_wait_max_secs = 0): forwarded": Row(
+        only_a, State.SENT, ask("started", 429, RETRY_AFTER_2), is_(FORWARD), State.FORWARDING
+    ),
+    "in place: a wait ending at the budget's end: forwarded": Row(
+        with_budget(2.0, only_a),
+        State.SENT,
+        ask("started", 429, RETRY_AFTER_2),
+        is_(FORWARD),
+        State.FORWARDING,
+        config=WAIT_CONFIG,
+    ),
+    "in place: a wait ending just inside the budget: held": Row(
+        with_budget(2.001, only_a),
+        State.SENT,
+        ask("started", 429, RETRY_AFTER_2),
+        is_(HOLD_FOR_FAILOVER),
+        State.HOLDING,
+        config=WAIT_CONFIG,
+    ),
+    "in place: a 5xx, nobody else, the app answers errors: held to retry, not checked": Row(
+        only_a_app_answers_errors,
+        State.SENT,
+        ask("started", 503),
+        is_(HOLD_FOR_FAILOVER),
+        State.HOLDING,
+        config=WAIT_CONFIG,
+    ),
+    "in place: a 401, nobody else: forwarded (a key does not heal by waiting)": Row(
+        only_a,
+        State.SENT,
+        ask("started", 401),
+        is_(FORWARD),
+        State.FORWARDING,
+        config=WAIT_CONFIG,
+    ),
+    "in place: next after a 429, nobody else: wait its retry time": Row(
+        only_a_answers(429, RETRY_AFTER_2),
+        State.BETWEEN,
+        ask("next"),
+        is_wait("a", 2.0),
+        State.WAITING,
+        config=WAIT_CONFIG,
+    ),
+    "in place: next after a 5xx with no retry time: wait 0.5 s": Row(
+        only_a_answers(503, []),
+        State.BETWEEN,
+        ask("next"),
+        is_wait("a", 0.5),
+        State.WAITING,
+        config=WAIT_CONFIG,
+    ),
+    "in place: next after a 529 saying retry-after 1: wait 1 s": Row(
+        only_a_answers(529, [(b"retry-after", b"1")]),
+        State.BETWEEN,
+        ask("next"),
+        is_wait("a", 1.0),
+        State.WAITING,
+        config=WAIT_CONFIG,
+    ),
+    "in place: next once the budget no longer fits the wait: the held answer": Row(
+        with_budget(3.0, only_a_answers(429, RETRY_AFTER_2)),
+        State.BETWEEN,
+        lambda env, m: (setattr(env.clock, "now", env.clock.now + 1.0), m.next())[1],
+        delivers(HELD),
+        State.DONE,
+        config=WAIT_CONFIG,
+    ),
+    "in place: next after a 5xx that cooled its account: the held answer at once": Row(
+        b_alone_answered_503,
+        State.BETWEEN,
+        ask("next"),
+        delivers(HELD),
+        State.DONE,
+        config=WAIT_CONFIG,
+    ),
+    "in place: waited, the hold still on by 1 ms: the same account again": Row(
+        waiting_then(lambda env, m: setattr(env.clock, "now", env.clock.now + 1.999)),
+        State.WAITING,
+        ask("waited"),
+        is_send("a"),
+        State.SENT,
+        a_tried_twice,
+        config=WAIT_CONFIG,
+    ),
+    "in place: waited, but its own faults cooled it: the held answer": Row(
+        waiting_after_a_5xx_then_a_fault,
+        State.WAITING,
+        ask("waited"),
+        delivers(HELD),
+        State.DONE,
+        held_is_from_a,
+        config=WAIT_CONFIG,
+    ),
+    "in place: waited after the client left: the held answer": Row(
+        waiting_then(lambda env, m: setattr(env.ctx, "disconnected", True)),
+        State.WAITING,
+        ask("waited"),
+        delivers(HELD),
+        State.DONE,
+        config=WAIT_CONFIG,
+    ),
+    "in place: expired while waiting: the 504": Row(
+        waiting,
+        State.WAITING,
+        ask("expired", Phase.BUDGET),
+        is_refuse(504, "deadline_exceeded"),
+        State.DONE,
+        config=WAIT_CONFIG,
+    ),
+    "in place: closed while waiting: done": Row(
+        waiting, State.WAITING, ask("closed"), is_(None), State.DONE, config=WAIT_CONFIG
+    ),
+    "in place: the retry answers 429 again: forwarded (once a request)": Row(
+        retried_in_place,
+        State.SENT,
+        ask("started", 429, RETRY_AFTER_2),
+        is_(FORWARD),
+        State.FORWARDING,
+        config=WAIT_CONFIG,
+    ),
+    "in place: a stream that started and broke: never retried": Row(
+        with_budget(50.0, lambda env, m: (only_a(env, m), m.started(200))),
+        State.FORWARDING,
+        ask("ended", How.RAISED, Failure.TRANSPORT_ERROR),
+        is_(DONE),
+        State.DONE,
+        config=WAIT_CONFIG,
+    ),
 }
 
 
 @pytest.mark.parametrize("row", TABLE.values(), ids=TABLE.keys())
 def test_transition(row: Row) -> None:
-    env = Env()
+    env = Env(row.config)
     machine = env.machine()
     row.setup(env, machine)
     assert machine.state is row.state
@@ -674,17 +961,18 @@ WRONG = [
     (nothing, ["started", "ended", "next", "probe_claimed", "claim_abandoned", "first_content"]),
     (begun, ["begin", "next", "probe_claimed", "cannot_hold", "first_content", "read"]),
     (forwarding, ["started", "next", "cannot_hold", "read"]),
-    (between, ["started", "ended", "cannot_hold"]),
-    (done, ["begin", "started", "ended", "next"]),
+    (between, ["started", "ended", "cannot_hold", "waited"]),
+    (done, ["begin", "started", "ended", "next", "waited"]),
+    (waiting, ["begin", "started", "ended", "next", "cannot_hold", "retried", "read"]),
 ]
 
 
 @pytest.mark.parametrize(
-    ("setup", "events"), WRONG, ids=["ready", "sent", "fwd", "between", "done"]
+    ("setup", "events"), WRONG, ids=["ready", "sent", "fwd", "between", "done", "waiting"]
 )
 def test_an_event_out_of_place_is_the_driver_s_bug(setup: Setup, events: list[str]) -> None:
     for name in events:
-        env = Env()
+        env = Env(WAIT_CONFIG if setup is waiting else CONFIG)
         machine = env.machine()
         setup(env, machine)
         before = machine.state
@@ -865,3 +1153,25 @@ def test_gone_reasons_and_failures_keep_the_strings_users_see() -> None:
         "slow",
     ]
     assert Gone.DISCONNECTED == "disconnected"
+
+
+def test_a_retry_in_place_is_one_more_attempt_on_the_same_account_but_no_failover(
+    otel_metrics: Any,
+) -> None:
+    env = Env(WAIT_CONFIG)
+    env.cool("b")
+    failovers = otel_metrics.value(tm.FAILOVERS, **{tm.RESPONSE_MODEL: "m"})
+    m = env.machine()
+    assert is_send("a")(m.begin())
+    assert m.started(429, RETRY_AFTER_2) is HOLD_FOR_FAILOVER
+    assert m.ended(How.RETURNED, held=HELD) is NEXT
+    assert m.fails_over() is False
+    assert m.waits_in_place() == 2.0
+    assert is_wait("a", 2.0)(m.next())
+    env.clock.now += 2.0
+    assert is_send("a")(m.waited())
+    assert m.started(200) is FORWARD
+    assert m.ended(How.FINISHED) is DONE
+    assert m.tried == ["a", "a"]
+    assert env.ctx.attempts == 2
+    assert otel_metrics.value(tm.FAILOVERS, **{tm.RESPONSE_MODEL: "m"}) == failovers

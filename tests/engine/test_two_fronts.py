@@ -123,6 +123,10 @@ TOO_LONG_BODY = msgspec.json.encode(
 )
 ENV = {"KEY_A": "ka", "KEY_B": "kb", "KEY_C": "kc"}
 ACCOUNT_OF_KEY = {"ka": "a", "kb": "b", "kc": "c"}
+IN_PLACE = ONE.replace(
+    "failure_threshold = 1\n", "failure_threshold = 2\nretry_wait_max_secs = 5\n"
+)
+"""a alone, retried in place after a 429 of up to 5 s or a 5xx (one fault does not cool it)."""
 BODY = msgspec.json.encode(
     {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
 )
@@ -191,6 +195,17 @@ SCENARIOS = {
     ),
     "a key refused on another model moves this one too": Scenario(
         DUAL, {"kb": Behaviour()}, before="other model refused"
+    ),
+    "a lone account's 429 retried in place": Scenario(
+        IN_PLACE, {"ka": Behaviour(status=429, times=1)}
+    ),
+    "a lone account's 500 once retried in place": Scenario(
+        IN_PLACE, {"ka": Behaviour(status=500, times=1)}
+    ),
+    "a lone account's second 429 is passed on": Scenario(IN_PLACE, {"ka": Behaviour(status=429)}),
+    "a lone account's 500 that cooled it is passed on at once": Scenario(
+        ONE.replace("failure_threshold = 1\n", "failure_threshold = 1\nretry_wait_max_secs = 5\n"),
+        {"ka": Behaviour(status=500, times=1)},
     ),
 }
 
@@ -385,8 +400,12 @@ async def _play_attempts(
     attempt = 1
     upstream = Stream(servicer, UPSTREAM_FILTER)  # attempt 1: only its response is filtered
     routed_body = BODY.replace(b'"m"', f'"{sent[0][1]}"'.encode())
+    answered: dict[str, int] = {}
     while True:
         answer = scenario.upstream[key]
+        answered[key] = answered.get(key, 0) + 1
+        if isinstance(answer, Behaviour) and 0 < answer.times < answered[key]:
+            answer = Behaviour()  # the mock's `times`: healthy once they are spent
         # envoy.yaml's matcher: the upstream filter sees 400, 401/402/403, 429 and 5xx only
         status = _status(answer)
         if status != 400 and classify_status(status) is Outcome.SUCCESS:
@@ -458,9 +477,13 @@ async def through_extproc(scenario: Scenario, spans: InMemorySpanExporter) -> De
             calls=_client_spans(spans),
             sent=sent,
         )
+    # The client gets the upstream's headers with the processor's set over them.
+    upstream = (
+        {"retry-after": "1"} if isinstance(answer, Behaviour) and answer.status == 429 else {}
+    )
     return Decisions(
         _status(answer),
-        headers=_kept_headers(_decoded(sets(final))),
+        headers=_kept_headers({**upstream, **_decoded(sets(final))}),
         attempts=_attempt_spans(spans),
         calls=_client_spans(spans),
         sent=sent,

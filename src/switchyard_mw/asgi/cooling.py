@@ -48,6 +48,7 @@ from ..engine.machine import (
     How,
     Refuse,
     State,
+    Wait,
 )
 from ..engine.machine import Send as SendOn
 from ..engine.policies import Engine
@@ -246,6 +247,11 @@ class CoolingMiddleware(PolicyMiddleware):
                 action = machine.next()
             elif isinstance(action, ClaimProbe):
                 action = await claimed(machine, action)
+            elif isinstance(action, Wait):
+                # Retry in place: the wait ends inside the caller's budget (the machine saw
+                # to it); a client that leaves meanwhile cancels it with the request.
+                await asyncio.sleep(action.secs)
+                action = machine.waited()
             else:
                 break
         if isinstance(action, Deliver):

@@ -329,6 +329,26 @@ class AccountPool:
                         return lease
         return None
 
+    def lease_again(self, account: str, model: str) -> Lease | None:
+        """A lease on `account` alone for `model`, its throttle hold for the model aside, or
+        None when its breaker admits no attempt now (a probe claims its slot, as `acquire`).
+
+        For a retry in place: the caller waited out the retry time of the 429 that set the
+        hold, and a hold that ends a clock tick after the wait (or one a reload carried over)
+        must not turn that retry into a local refusal. Cooling is not set aside: an account
+        its own fault cooled is not retried.
+        """
+        b = self._breakers.get(account)
+        route = self._route(model)
+        if b is None or route is None or b not in route.breakers:
+            return None
+        return self._lease(b, model, self._clock())
+
+    def cooling_secs(self, account: str, model: str) -> float:
+        """Seconds until `account` admits an attempt for `model` (0.0: now), holds aside: its
+        cooling, and the (account, model) pair's where model faults are kept apart."""
+        return self._wait(self._breakers[account], model, self._clock())
+
     def _eligible(
         self,
         b: Breaker,

@@ -29,6 +29,7 @@ Its states, and the events each takes (any other event there raises `MachineErro
     READING     read, cannot_hold, ended, expired, retried, closed  (a 400 held to be read)
     FORWARDING  first_content, ended, expired, retried, closed
     BETWEEN     next, expired, retried, closed                 (another attempt may follow)
+    WAITING     waited, expired, closed                        (a retry in place waits)
     DONE        expired, retried (ext_proc: Envoy retries on its own), closed
 
 A fallback chain (`engine.fallbacks`) is more candidate models in `_candidates` (`Send.model`
@@ -55,7 +56,7 @@ from ..core.shared import Shared
 from ..errors import MachineError as MachineError  # raised here; kept importable from here
 from ..telemetry import names as tm
 from ..wire import WireError
-from . import answers, attempts
+from . import answers, attempts, in_place
 from .attempts import OUT_OF_TIME, Failure, Gone, Phase
 from .fallbacks import Reason, context_refusal
 from .outcomes import throttle_headers
@@ -76,6 +77,7 @@ __all__ = [
     "Refuse",
     "Send",
     "State",
+    "Wait",
 ]
 
 
@@ -100,6 +102,8 @@ class State(enum.Enum):
     """The attempt's answer goes to the client: nothing can follow it."""
     BETWEEN = "between"
     """The attempt failed before reaching the client; `next()` starts another."""
+    WAITING = "waiting"
+    """No other account can take the request: it waits (`Wait`) to retry in place."""
     DONE = "done"
     """Answered, refused or passed through: no attempt is in flight or will be."""
 
@@ -186,6 +190,20 @@ class Hold:
         return f"Hold(failover={self.failover})"
 
 
+class Wait:
+    """Sleep `secs`, then call `waited()`: the request is retried in place, on the account
+    that just refused it (its `retry_wait_max_secs`). Behind Envoy the route's retry back-off
+    has already waited: call `waited()` at once."""
+
+    __slots__ = ("account", "secs")
+
+    def __init__(self, account: str, secs: float) -> None:
+        self.account, self.secs = account, secs
+
+    def __repr__(self) -> str:
+        return f"Wait({self.account!r}, {self.secs})"
+
+
 class _Signal:
     __slots__ = ("_name",)
 
@@ -207,16 +225,16 @@ PASS_THROUGH = _Signal("PassThrough")
 HOLD_FOR_FAILOVER = Hold(True)
 HOLD_TO_CHECK = Hold(False)
 
-Action = Send | ClaimProbe | Deliver | Refuse | Hold | _Signal
-Start = Send | ClaimProbe | Deliver | Refuse | _Signal
-"""What `begin`, `probe_claimed` and `next` answer."""
+Action = Send | ClaimProbe | Deliver | Refuse | Hold | Wait | _Signal
+Start = Send | ClaimProbe | Deliver | Refuse | Wait | _Signal
+"""What `begin`, `probe_claimed`, `next` and `waited` answer."""
 End = Deliver | Refuse | _Signal
 """What `ended` answers."""
 
 # Read on every attempt: module constants, since Enum member access is slow on Python 3.11.
 _READY, _CLAIMING, _SENT = State.READY, State.CLAIMING, State.SENT
 _HOLDING, _CHECKING, _FORWARDING = State.HOLDING, State.CHECKING, State.FORWARDING
-_BETWEEN, _DONE = State.BETWEEN, State.DONE
+_BETWEEN, _DONE, _WAITING = State.BETWEEN, State.DONE, State.WAITING
 _READING = State.READING
 _FINISHED, _RETURNED, _RAISED, _GONE = How.FINISHED, How.RETURNED, How.RAISED, How.GONE
 _SUCCESS, _FAULT = Outcome.SUCCESS, Outcome.FAULT
@@ -254,9 +272,11 @@ class AttemptMachine:
         "_refused",
         "_released",
         "_retry_headers",
+        "_sent_at",
         "_span",
         "_status",
         "_traced",
+        "_waited",
         "checks_errors",
         "ctx",
         "engine",
@@ -308,6 +328,8 @@ class AttemptMachine:
         """Models of a fallback chain offered so far, with why (a move there is a fallback)."""
         self._refused: set[str] = set()
         """Models that refused this request's prompt as too long: none is tried again."""
+        self._waited = False  # the request's one retry in place was spent
+        self._sent_at: float | None = None  # when the attempt in flight was sent (`_clock`)
 
     def __repr__(self) -> str:
         return f"<AttemptMachine {self.state.name} tried={self.tried}>"
@@ -378,9 +400,11 @@ class AttemptMachine:
         if self.state is not _SENT:
             self._expect(_SENT)
         self._status = status
-        if status == 429:
+        if status == 429 or status >= 500:  # a 5xx may say when to retry in place too
             self._retry_headers = throttle_headers(headers)
-        if self._more and self._worth_retrying(status):
+        if self._more and (
+            self._worth_retrying(status) or (status >= 429 and self._in_place_secs() is not None)
+        ):
             self.state = _HOLDING
             return HOLD_FOR_FAILOVER
         if status >= 500 and self.checks_errors:
@@ -460,11 +484,38 @@ class AttemptMachine:
         self._expect(_BETWEEN)
         if not self._may_go_on():
             return self._give_up()
-        return self._acquire(self._candidates(), 0) or self._give_up()
+        return self._acquire(self._candidates(), 0) or self._wait_in_place() or self._give_up()
 
-    def retried(self) -> End:
+    def waited(self) -> Start:
+        """The `Wait` is over: the same account again, its throttle hold for the model aside
+        (the wait was that hold's time); a cooled account or a spent budget gives up."""
+        self._expect(_WAITING)
+        if not self._may_go_on():
+            return self._give_up()
+        model = self.ctx.resolved_model
+        assert model is not None
+        pool = self.engine.pool
+        lease = pool.lease_again(self.tried[-1], model)
+        if lease is None:
+            return self._give_up()
+        if lease.probe and pool.store is not None:
+            self._claim = (lease, (model,), 0)
+            self.state = _CLAIMING
+            return ClaimProbe(lease.account)
+        return self._send(lease, model)
+
+    def retried(self, unanswered: Failure | None = None) -> End:
         """The front started another attempt on its own (Envoy's retry): an attempt still
-        in flight goes back with no outcome; `NEXT` unless the request ended."""
+        in flight goes back with no outcome; `NEXT` unless the request ended.
+
+        `unanswered`: what it means when that attempt's answer never started (Envoy retried a
+        connect failure or a reset before the headers): then it is that account fault; past
+        the attempt's deadline it is the deadline's (Envoy's per-try timeout, a stream's time
+        to start), counted as `expired` counts it."""
+        if self.state is _SENT and unanswered is not None:
+            if self._past_deadline():
+                return self._timed_out()
+            return self.ended(_RAISED, unanswered)
         if self.state in _IN_FLIGHT:
             return self.ended(_GONE, gone=Gone.RETRIED)
         if self.state is _CLAIMING or self._closed:
@@ -486,6 +537,34 @@ class AttemptMachine:
         if self.state is not _CLAIMING:  # a claim under way still reports back
             self.state = _DONE
         return Refuse(answers.deadline_exceeded(phase))
+
+    def fails_over(self) -> bool:
+        """After `ended` answered `NEXT`: whether another account can take the next attempt
+        now (a peek: nothing claimed)."""
+        return self.state is _BETWEEN and self._another_free()
+
+    def waits_in_place(self) -> float | None:
+        """After `ended` answered `NEXT`: the wait before the next attempt when it can only be
+        a retry in place (no other account can take it now), else None. For a front whose
+        retry is another's to time (Envoy's back-off): `next()` then answers `Wait`, and
+        `waited()` may follow at once."""
+        if self.state is not _BETWEEN or self._another_free():
+            return None
+        return self._in_place_secs()
+
+    def _past_deadline(self) -> bool:
+        bound, sent_at = self.ctx.attempt_deadline_secs, self._sent_at
+        return bound is not None and sent_at is not None and self._clock() - sent_at >= bound
+
+    def _timed_out(self) -> End:
+        """The attempt in flight ran out of time and another may follow (a front's retry)."""
+        phase = self.phase()
+        self.ctx.deadline_phase = phase
+        tm.deadline_exceeded.add(1, {"phase": phase})
+        self._status = 504
+        self._failure = Failure.DEADLINE
+        self._settle(*self._verdict(False, None))
+        return self._after_failure()
 
     def retries_over(self) -> None:
         """The front can make no other attempt (Envoy is past retrying): whatever answers
@@ -554,6 +633,37 @@ class AttemptMachine:
             status, deadline_phase=ctx.deadline_phase, upstream_status=ctx.upstream_status
         )
         return found is not _SUCCESS and self._may_go_on() and self._another_free()
+
+    def _in_place_secs(self) -> float | None:
+        """The wait before retrying the last answer on its own account (retry in place), or
+        None: off for the account, spent already, not such an answer, or past the budget."""
+        ctx = self.ctx
+        account = ctx.account
+        if self._waited or self._failure is not None or account is None or not self.tried:
+            return None
+        secs = in_place.wait_secs(
+            self._status,
+            self._retry_headers,
+            max_secs=account.spec.retry_wait_max_secs,
+            deadline_phase=ctx.deadline_phase,
+            upstream_status=ctx.upstream_status,
+        )
+        if secs is None or not self._may_go_on():
+            return None
+        model = ctx.resolved_model
+        if model is not None and self.engine.pool.cooling_secs(account.name, model) > secs:
+            return None  # its own faults cooled it past the wait: no retry to wait for
+        if ctx.budget_at is not None and self._clock() + secs >= ctx.budget_at:
+            return None  # the wait would end past the caller's deadline
+        return secs
+
+    def _wait_in_place(self) -> Wait | None:
+        secs = self._in_place_secs()
+        if secs is None:
+            return None
+        self._waited = True  # at most once a request: never a loop
+        self.state = _WAITING
+        return Wait(self.tried[-1], secs)
 
     def _another_free(self) -> bool:
         engine, tried = self.engine, self.tried
@@ -744,12 +854,14 @@ class AttemptMachine:
         if model != ctx.resolved_model:
             self._moved(model)
             ctx.resolved_model = model  # the canary's base or a fallback; the body follows it
+        again = bool(tried) and tried[-1] == lease.account  # in place: no failover
         tried.append(lease.account)
-        if len(tried) > 1:
+        if len(tried) > 1 and not again:
             tm.failovers.add(1, {tm.RESPONSE_MODEL: model})
         client = engine.start_attempt(ctx, lease)
         ctx.upstream_status = ctx.deadline_phase = ctx.transport_error = None
         self._lease, self._status, self._retry_headers = lease, None, None
+        self._sent_at = self._clock()
         self._failure = self._released = None
         self.state = _SENT
         if not self._traced:

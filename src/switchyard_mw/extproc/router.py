@@ -48,6 +48,9 @@ from .flights import Flight, Flights, out_of_order
 from .policy import CLUSTER_HEADER, Policies
 
 RETRY_HEADER = "x-switchyard-retry"
+RETRY_AFTER_HEADER = "x-switchyard-retry-after"
+"""Set beside `RETRY_HEADER` for a retry in place: the whole seconds Envoy waits first (the
+route's `rate_limited_retry_back_off` reads it, in whole seconds)."""
 CREDENTIAL_HEADERS = ("authorization", "x-api-key")
 __all__ = [
     "DEADLINE_EXCEEDED",
@@ -289,7 +292,7 @@ class RouterStream:
         answer = ep.ProcessingResponse()
         options = self.p.options
         exposed = [options.get(k, v) for k, v in self._exposed()]
-        msg.fill(answer.response_headers.response, exposed, [RETRY_HEADER])
+        msg.fill(answer.response_headers.response, exposed, [RETRY_HEADER, RETRY_AFTER_HEADER])
         if reading is not None:
             self.usage, mode = reading
             view = flight.ctx.view

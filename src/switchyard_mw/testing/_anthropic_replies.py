@@ -75,6 +75,8 @@ def _tool_use(call: ToolCall, arguments: Any) -> dict[str, Any]:
 
 
 def _anthropic_stop(ctx: ReplyContext) -> str:
+    if ctx.refused:
+        return "refusal"
     if ctx.cut_short:
         return "max_tokens"
     return "tool_use" if ctx.calls else "end_turn"

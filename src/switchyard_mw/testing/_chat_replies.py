@@ -118,6 +118,8 @@ def stream(ctx: ReplyContext) -> StreamPlan:
 
 
 def _finish(ctx: ReplyContext) -> str:
+    if ctx.refused:
+        return "content_filter"
     if ctx.cut_short:
         return "length"
     return "tool_calls" if ctx.calls else "stop"

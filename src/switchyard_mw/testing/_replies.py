@@ -37,6 +37,8 @@ class ReplyContext:
     """Of `output_tokens`, those spent thinking."""
     cut_short: bool = False
     """The text stops at the request's output cap (`max_tokens` and its kin)."""
+    refused: bool = False
+    """The provider's content filter stopped the answer (`Behaviour.content_filter`)."""
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
 

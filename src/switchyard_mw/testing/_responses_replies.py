@@ -83,7 +83,7 @@ def _response(ctx: ReplyContext, ids: _Ids, *, done: bool) -> dict[str, Any]:
         "created_at": int(time.time()),
         "status": _status(ctx) if done else "in_progress",
         "error": None,
-        "incomplete_details": {"reason": "max_output_tokens"} if done and ctx.cut_short else None,
+        "incomplete_details": _incomplete(ctx) if done else None,
         "instructions": None,
         "model": ctx.model,
         "output": output if done else [],
@@ -96,7 +96,13 @@ def _response(ctx: ReplyContext, ids: _Ids, *, done: bool) -> dict[str, Any]:
 
 
 def _status(ctx: ReplyContext) -> str:
-    return "incomplete" if ctx.cut_short else "completed"
+    return "incomplete" if ctx.cut_short or ctx.refused else "completed"
+
+
+def _incomplete(ctx: ReplyContext) -> dict[str, str] | None:
+    if ctx.refused:
+        return {"reason": "content_filter"}
+    return {"reason": "max_output_tokens"} if ctx.cut_short else None
 
 
 def reply(ctx: ReplyContext) -> bytes:
@@ -167,7 +173,7 @@ def stream(ctx: ReplyContext) -> StreamPlan:
     blocks += [_responses_call(call, i, ev) for i, call in enumerate(ctx.calls, start=index)]
     opening, deltas, closing = fold(blocks)
     # An answer cut at max_output_tokens ends with response.incomplete, its usage inside.
-    ending = "response.incomplete" if ctx.cut_short else "response.completed"
+    ending = "response.incomplete" if ctx.cut_short or ctx.refused else "response.completed"
     completed = ev(ending, response=_response(ctx, ids, done=True))
     return StreamPlan(started + opening, deltas, closing + completed)
 

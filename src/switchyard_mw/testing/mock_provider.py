@@ -36,6 +36,7 @@ import asyncio
 import collections
 import dataclasses
 import gzip
+import math
 import re
 import time
 import uuid
@@ -124,6 +125,11 @@ class Behaviour(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     Usage counts 4 request bytes a token; ``cache_read_tokens`` and ``cache_write_tokens``
     are input tokens reported as read from and written to the prompt cache, on top of those.
 
+    ``fail="no_response"`` holds the connection and sends nothing until the client leaves.
+    ``fail="malformed_event"`` sends, in place of delta number ``stall_after_chunks``, an event
+    whose JSON breaks off (a JSON answer: the body cut in half); ``fail="no_terminator"`` ends a
+    stream without its last event (``[DONE]``, ``message_stop``, ``response.completed``).
+
     ``fail="reset_before_headers"`` raises before anything is sent. Under uvicorn this
     does not drop the connection: uvicorn answers ``500 Internal Server Error`` in
     text/plain with ``connection: close``. ``"reset_mid_stream"`` makes uvicorn close
@@ -139,7 +145,15 @@ class Behaviour(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     chunk_interval_secs: float = 0.0
     reply: str | None = None
     chunks: int = 3
-    fail: Literal["none", "reset_before_headers", "reset_mid_stream", "error_mid_stream"] = "none"
+    fail: Literal[
+        "none",
+        "reset_before_headers",
+        "reset_mid_stream",
+        "error_mid_stream",
+        "no_response",
+        "malformed_event",
+        "no_terminator",
+    ] = "none"
     tool_calls: int = 1
     """How many tools a tool-call answer calls (the offered tools in turn)."""
     tool_input: dict[str, Any] | None = None
@@ -174,6 +188,19 @@ class Behaviour(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     status_models: list[str] | None = None
     """An error `status` (and its `status_for_secs`) answers requests for these models only;
     the others are answered as with 200 (one model of a key overloaded). None: every model."""
+    times: int = 0
+    """Misbehave (status, fail, delays, stall, refusal) for the first `times` requests made
+    with this key since the behaviour was set, then answer healthily: `status=500, times=1` is
+    "500 once" (0: every request)."""
+    for_secs: float = 0.0
+    """Misbehave for this long after the behaviour was set, then answer healthily:
+    `status=503, for_secs=60` is an outage of a minute (0: for ever). With `times`, whichever
+    ends first."""
+    content_filter: bool = False
+    """The answer is stopped by the provider's content filter, in each wire's shape: Anthropic
+    `stop_reason: "refusal"`, Chat `finish_reason: "content_filter"`, Responses `status:
+    "incomplete"` with `incomplete_details.reason: "content_filter"` (a stream ends with
+    `response.incomplete`). `reply` sets the text said before it (e.g. "")."""
 
     def __post_init__(self) -> None:
         # Checked here rather than with msgspec.Meta so direct construction is
@@ -187,7 +214,9 @@ class Behaviour(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
                 raise ValueError(f"{count} must be >= 0, got {getattr(self, count)}")
         if self.tool_calls < 1:
             raise ValueError(f"tool_calls must be >= 1, got {self.tool_calls}")
-        for name in ("headers_delay_secs", "body_stall_secs", "chunk_interval_secs"):
+        if self.times < 0:
+            raise ValueError(f"times must be >= 0, got {self.times}")
+        for name in ("headers_delay_secs", "body_stall_secs", "chunk_interval_secs", "for_secs"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.status_for_secs is not None and not self.status_for_secs >= 0:
@@ -244,6 +273,8 @@ class MockProvider:
         self._in_flight = 0
         self.vertex = VertexFace()
         """The Vertex AI face: its token endpoint (`POST /token`) and the tokens it issued."""
+        # Per behaviour key: how many requests it answered since it was set (`times`).
+        self._answered: collections.Counter[str] = collections.Counter()
 
     # --- in-process control -------------------------------------------------------------
 
@@ -251,6 +282,7 @@ class MockProvider:
         """Answer requests made with `key` this way from now on (`"*"`: every other key)."""
         self._behaviours[key] = behaviour
         self._set_at[key] = time.monotonic()
+        self._answered[key] = 0
 
     def clear_behaviour(self, key: str) -> None:
         """Forget `key`'s behaviour: it gets the `"*"` one again, else a fast 200."""
@@ -397,7 +429,7 @@ class MockProvider:
             invalid = bedrock.body_problem(fields) if isinstance(payload, dict) else None
             model, stream = bedrock_call.model, bedrock_call.stream
             fields = {**fields, "model": bedrock.anthropic_name(model)}
-        behaviour = self._in_force(key, model, self.behaviour_for(key))
+        behaviour = self._in_effect(key, self._in_force(key, model, self.behaviour_for(key)))
         ctx = None
         if behaviour.status == 200 and isinstance(payload, dict) and invalid is None:
             ctx = self._reply_context(endpoint, fields, behaviour, len(body))
@@ -418,6 +450,8 @@ class MockProvider:
         await _sleep(behaviour.headers_delay_secs)
         if behaviour.fail == "reset_before_headers":
             raise MockProviderFault("fail=reset_before_headers")
+        if behaviour.fail == "no_response":
+            await asyncio.Event().wait()  # until the client leaves (and cancels this)
         if bedrock_call is not None:
             await self._bedrock_answer(endpoint, ctx, behaviour, send, invalid, stream)
         elif behaviour.refuse == "context_length":
@@ -466,6 +500,19 @@ class MockProvider:
             await _stream(endpoint, ctx, behaviour, framed)
         else:
             await _reply(endpoint, ctx, behaviour, send, gzipped=False)
+
+    def _in_effect(self, key: str, behaviour: Behaviour) -> Behaviour:
+        """`key`'s `behaviour` for this request: healthy once its `times` or `for_secs` ran
+        out."""
+        found = key if key in self._behaviours else DEFAULT_KEY
+        if not (behaviour.times or behaviour.for_secs):
+            return behaviour
+        self._answered[found] += 1
+        over = behaviour.times and self._answered[found] > behaviour.times
+        elapsed = time.monotonic() - self._set_at.get(found, -math.inf)
+        if over or (behaviour.for_secs and elapsed >= behaviour.for_secs):
+            return _healthy(behaviour)
+        return behaviour
 
     def _cached(
         self, ctx: ReplyContext, key: str, model: str | None, fields: dict[str, Any]
@@ -524,6 +571,7 @@ class MockProvider:
             cache_read_tokens=behaviour.cache_read_tokens,
             cache_write_tokens=behaviour.cache_write_tokens,
             cut_short=cut_short,
+            refused=behaviour.content_filter,
         )
 
     def _in_force(self, key: str, model: str | None, behaviour: Behaviour) -> Behaviour:
@@ -612,7 +660,9 @@ async def _reply(
     if gzipped:
         data = gzip.compress(data, mtime=0)
         extra.append((b"content-encoding", b"gzip"))
-    if behaviour.body_stall_secs <= 0 and behaviour.fail == "none":
+    if behaviour.fail == "malformed_event":
+        data = data[: len(data) // 2]  # a JSON answer that breaks off mid-object
+    if behaviour.body_stall_secs <= 0 and behaviour.fail in _WHOLE:
         await send_whole(send, 200, JSON_TYPE, data, extra)
         return
     # No content-length, so the server has to send the headers now and chunk the body:
@@ -641,11 +691,50 @@ async def _stream(endpoint: Endpoint, ctx: ReplyContext, behaviour: Behaviour, s
         if index == behaviour.stall_after_chunks and not await _hiccup(behaviour):
             await _break_off(endpoint, plan, index, send)
             return
+        if index == behaviour.stall_after_chunks and behaviour.fail == "malformed_event":
+            frame = _malformed(frame)
         await send({"type": "http.response.body", "body": frame, "more_body": True})
     if behaviour.stall_after_chunks >= len(plan.deltas) and not await _hiccup(behaviour):
         await _break_off(endpoint, plan, len(plan.deltas), send)
         return
-    await send({"type": "http.response.body", "body": plan.epilogue})
+    epilogue = plan.epilogue
+    if behaviour.fail == "no_terminator":
+        epilogue = _without_last_event(epilogue)
+    await send({"type": "http.response.body", "body": epilogue})
+
+
+def _malformed(frame: bytes) -> bytes:
+    """`frame` with the JSON of its `data:` line broken off halfway (still one event)."""
+    lines = frame.rstrip(b"\n").split(b"\n")
+    cut = [line[: (len(line) + 6) // 2] if line.startswith(b"data: ") else line for line in lines]
+    return b"\n".join(cut) + b"\n\n"
+
+
+def _without_last_event(events: bytes) -> bytes:
+    """`events` (SSE, each ending in a blank line) without the last: the stream's terminator."""
+    head, _, _ = events.rstrip(b"\n").rpartition(b"\n\n")
+    return head + b"\n\n" if head else b""
+
+
+def _healthy(behaviour: Behaviour) -> Behaviour:
+    """`behaviour` once its `times` or `for_secs` is over: the same reply, tools and pacing,
+    without the fault."""
+    return msgspec.structs.replace(
+        behaviour,
+        status=200,
+        fail="none",
+        headers_delay_secs=0.0,
+        body_stall_secs=0.0,
+        headers=None,
+        content_filter=False,
+        refuse="none",
+        times=0,
+        for_secs=0.0,
+    )
+
+
+_WHOLE = frozenset({"none", "malformed_event", "no_terminator"})
+"""Faults that leave a JSON (not streamed) answer whole: it is sent at once."""
 
 
 _DEPLOYMENT = re.compile(r"/openai/deployments/[^/]+(/chat/completions|/responses)\Z")
