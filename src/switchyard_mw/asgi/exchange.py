@@ -1,0 +1,590 @@
+"""One request's exchange with the app: its `receive`, its `send`, and its one timer.
+
+The first switchyard layer an LLM call meets builds one as the body starts to arrive, and every
+policy of the request works through it (`exchange_of(scope)`):
+
+- It is the request's one timer. It bounds the body's read, then watches for the client
+  leaving, and carries each attempt's deadline: one entry in the loop's sweeper and at most
+  one timer handle at a time, set only for a request that outlasts `WATCH_AFTER_SECS` or a
+  bound shorter than twice that (most requests end sooner). It alone cancels the task serving
+  the request, and records why, so a catch site asks it (`whose()`) rather than working it
+  out again.
+- It is the app's `receive`: the body (as the policies rewrote it) once per attempt, then
+  `http.disconnect` once the client left or the attempt's deadline passed (an app that
+  listens in a task of its own, as Django does, is told so and given `LISTENER_GRACE_SECS`).
+- It is the app's `send`, one function for what four layers each wrapped before: a stream's
+  deadline re-armed per chunk, the attempt's answer held back while the attempt machine says
+  so, and the response's tracking (status, `x-switchyard-*` headers, first token, the span's
+  attributes before the last message).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from ..context import RequestContext
+from ..engine.answers import deadline_exceeded, exposed_headers
+from ..engine.attempts import first_token
+from ..engine.machine import FORWARD
+from ..errors import DeadlineExceededAfterStart
+from ..telemetry import names as tm
+from ..wire import StreamSequence, Wire, error_body, sequence_for, stream_error_event
+from ._disconnect import LISTENER_GRACE_SECS, WATCH_AFTER_SECS, Deferred, defer
+from ._types import Message, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from ..engine.machine import AttemptMachine
+
+MAX_HELD_BYTES = 1 << 20
+"""A held error body larger than this is forwarded: failover gives way to bounded memory."""
+
+EXCHANGE_KEY = "switchyard.exchange"
+"""Where the request's exchange is kept in `scope["state"]`."""
+
+
+def exchange_of(scope: Scope) -> Exchange | None:
+    """The request's exchange (None: not an LLM call whose body switchyard read)."""
+    state = scope.get("state")
+    found: Exchange | None = None if state is None else state.get(EXCHANGE_KEY)
+    return found
+
+
+class Cause(enum.Enum):
+    """Why the exchange cancelled the task serving the request."""
+
+    READ_TIMEOUT = "read_timeout"
+    """The body did not arrive within `body_read_timeout_secs`."""
+    CLIENT_LEFT = "client_left"
+    """The client disconnected: nobody waits for the answer."""
+    DEADLINE = "deadline"
+    """The attempt's deadline passed."""
+
+
+class Stage(enum.Enum):
+    """Where the request stands for its timer."""
+
+    READING = "reading"
+    """The body is being read: the timer bounds the read."""
+    SERVING = "serving"
+    """The body is whole: the timer watches for the client and carries the deadline."""
+    ENDED = "ended"
+    """The response is complete or the request's work ended: nothing more to watch."""
+
+
+class Expiry(enum.Enum):
+    """How far the attempt's deadline has gone in ending the app's work."""
+
+    PENDING = "pending"
+    """Its time has not come (or it was disarmed first)."""
+    TOLD = "told"
+    """The app's own listener heard `http.disconnect`; the task is cancelled if the app has not
+    ended its work within `LISTENER_GRACE_SECS`."""
+    CANCELLED = "cancelled"
+    """The task running the app was cancelled."""
+
+
+_MAX_CANCELS = 4
+"""How often a deadline cancels a task that has not ended (`LISTENER_GRACE_SECS` apart): the
+expiry's answer comes within about a second of the deadline, whatever the app waits on."""
+
+# Read on every request: module constants, since Enum member access is slow on Python 3.11.
+_READ_TIMEOUT, _CLIENT_LEFT, _DEADLINE = Cause.READ_TIMEOUT, Cause.CLIENT_LEFT, Cause.DEADLINE
+_READING, _SERVING, _ENDED = Stage.READING, Stage.SERVING, Stage.ENDED
+_PENDING, _TOLD, _CANCELLED = Expiry.PENDING, Expiry.TOLD, Expiry.CANCELLED
+_SHORT = 2 * WATCH_AFTER_SECS  # a bound this short gets its timer at once
+_DISCONNECT: Message = {"type": "http.disconnect"}
+
+
+class Exchange(Deferred):
+    """One request's timer, `receive` and `send` (see the module's docstring).
+
+    `receive`/`send`: the server's; `owner`: the task serving the request (None: nothing to
+    cancel); `read_secs`: the bound on the body's read (None: none), from `started`
+    (`time.monotonic()`). `read(ctx)` ends the read.
+    """
+
+    __slots__ = (
+        "_asked",
+        "_body_sent",
+        "_cancels",
+        "_cause",
+        "_complete",
+        "_decided",
+        "_due",
+        "_grace",
+        "_handle",
+        "_held",
+        "_idle",
+        "_listener",
+        "_loop",
+        "_machine",
+        "_owner",
+        "_receive",
+        "_send",
+        "_sequence",
+        "_size",
+        "_stage",
+        "_start",
+        "_timed_by",
+        "_until",
+        "_wake",
+        "_watcher",
+        "_when",
+        "_whole",
+        "ctx",
+        "expiry",
+        "expose",
+        "finished",
+        "last",
+    )
+
+    def __init__(
+        self,
+        receive: Receive,
+        send: Send,
+        loop: asyncio.AbstractEventLoop,
+        owner: asyncio.Task[Any] | None,
+        read_secs: float | None = None,
+        started: float = 0.0,
+    ) -> None:
+        self.ctx: RequestContext | None = None  # None while the body is read
+        self._receive = receive
+        self._send = send
+        self._loop = loop
+        self._owner = owner
+        self._stage = _READING
+        self._until = None if read_secs is None else started + read_secs
+        self._due = False  # the sweeper's time came during the read
+        self._handle: asyncio.TimerHandle | None = None  # the read's bound, then the deadline
+        self._grace: asyncio.TimerHandle | None = None  # a cancellation after a listener's grace
+        self._watcher: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None  # set when a listener should hear a disconnect
+        self._listener: asyncio.Task[Any] | None = None  # a task waiting in `receive`
+        self._cause: Cause | None = None  # why the task was first cancelled, since `whose()`
+        self._cancels = 0  # how often the task was cancelled, since `whose()`
+        self._decided: Cause | None = None  # what `whose()` found last
+        self.expose = False  # add the `x-switchyard-*` headers
+        self.last: Callable[[], None] | None = None  # runs before the response's last message
+        self._when: float | None = None  # the deadline (loop time); None: none armed
+        self._idle: float | None = None  # a stream's gap limit (None: not a stream)
+        self._timed_by: AttemptMachine | None = None  # whose phases an expiry is told in
+        self._sequence: StreamSequence | None = None
+        self.expiry = _PENDING
+        self._machine: AttemptMachine | None = None  # the attempt's, when one may be held
+        self._asked = False  # the machine was told the attempt's answer started
+        self._body_sent = False
+        self._start: Message | None = None  # the attempt's response start, as the app sent it
+        self._held: list[Message] | None = None
+        self._size = 0  # bytes held
+        self._whole = False  # the held answer is whole
+        self._complete = False  # the app sent the attempt's last message
+        self.finished = False  # the client has the whole response
+        if read_secs is not None and read_secs <= _SHORT:
+            self._handle = loop.call_later(read_secs, self._check)
+        defer(self, loop)
+
+    # --- the timer --------------------------------------------------------------------------
+
+    def read(self, ctx: RequestContext) -> None:
+        """The body is whole in `ctx`: stop timing the read, watch from now on."""
+        self.ctx = ctx
+        self._stage = _SERVING
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if self._due:
+            self.start()
+
+    def start(self) -> None:
+        """Called by the sweeper (or when the app listens): the request outlasted the wait."""
+        if self._tick is not None:
+            self.leave()
+        stage = self._stage
+        if stage is _READING:  # time the read from now (nobody else may read)
+            self._due = True
+            if self._until is not None and self._handle is None and self._cause is None:
+                left = max(self._until - time.monotonic(), 0.0)
+                self._handle = self._loop.call_later(left, self._check)
+            return
+        if stage is _ENDED:
+            return
+        if self._watcher is None:
+            self._watcher = self._loop.create_task(self._watch())
+        if self._when is not None and self._handle is None and self.expiry is _PENDING:
+            self._handle = self._loop.call_at(self._when, self._check)
+
+    def stop(self) -> None:
+        """The response is complete, or the request's work ended: nothing more to watch.
+        The app's after-work (background tasks) runs on undisturbed."""
+        if self._tick is not None:  # called twice per request: no call at all the second time
+            self.leave()
+        self._stage = _ENDED
+        self._when = None
+        if self._watcher is not None:
+            self._watcher.cancel()
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if self._grace is not None:
+            self._grace.cancel()
+            self._grace = None
+
+    def _check(self) -> None:
+        self._handle = None
+        if self._stage is _READING:
+            self._cancel(_READ_TIMEOUT, "switchyard body read timeout")
+            return
+        when = self._when
+        if when is None or self.expiry is not _PENDING:
+            return
+        if self._loop.time() < when:  # moved later meanwhile
+            self._handle = self._loop.call_at(when, self._check)
+            return
+        listener = self._listener
+        if listener is None or listener.done() or listener is self._owner:
+            self._cancel_for_deadline()
+            return
+        # The app hears it in a task of its own (Django): its turn to end its work.
+        self.expiry = _TOLD
+        self._tell()
+        self._later(self._cancel_for_deadline)
+
+    def _cancel_for_deadline(self) -> None:
+        self._grace = None
+        owner = self._owner
+        if owner is None or owner.done() or self._when is None:
+            return
+        self.expiry = _CANCELLED
+        self._cancel(_DEADLINE, "switchyard deadline")
+        if self._cancels < _MAX_CANCELS:
+            # A cancellation ends one wait. Cleanup that waits on a thread takes one per wait
+            # (Django with a sync view: its request-finished signal, then asgiref's join of the
+            # view's thread), and the answer must not wait for the thread.
+            self._later(self._cancel_for_deadline)
+
+    def _cancel_for_client(self) -> None:
+        self._grace = None
+        self._cancel(_CLIENT_LEFT, "client disconnected")
+
+    def _later(self, cancel: Callable[[], None]) -> None:
+        if self._grace is not None:
+            self._grace.cancel()
+        self._grace = self._loop.call_later(LISTENER_GRACE_SECS, cancel)
+
+    def _cancel(self, cause: Cause, message: str) -> None:
+        owner = self._owner
+        if owner is None or owner.done():
+            return
+        if self._cause is None:
+            self._cause = cause
+        self._cancels += 1
+        owner.cancel(message)
+
+    def whose(self) -> Cause | None:
+        """Whose the cancellation that reached the task serving the request was: the cause,
+        when the exchange's cancellations were the only ones (they are taken back, and the
+        task goes on to answer); None when anyone else cancelled it too (it goes on). Call it
+        where the cancellation arrived; a caller further up gets the same answer."""
+        cancels = self._cancels
+        if cancels == 0:
+            return self._decided
+        self._cancels = 0
+        cause, self._cause = self._cause, None
+        owner = self._owner
+        assert owner is not None  # only a task the exchange cancelled
+        left = owner.cancelling()
+        for _ in range(cancels):
+            left = owner.uncancel()
+        if cause is _DEADLINE:
+            self.disarm()  # no further cancellation while the expiry is answered
+        self._decided = cause if left == 0 else None
+        return self._decided
+
+    async def _watch(self) -> None:
+        receive = self._receive
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                break
+        if self.ctx is not None:
+            self.ctx.disconnected = True
+        self._tell()
+        listener = self._listener
+        if listener is None or listener is self._owner:
+            self._cancel_for_client()
+        else:  # the app hears it in a task of its own (Django): its turn to end its work
+            self._later(self._cancel_for_client)
+
+    def _tell(self) -> None:
+        """A listener waiting in `receive` hears `http.disconnect` (one that comes later, too)."""
+        if self._wake is None:
+            self._wake = asyncio.Event()
+        self._wake.set()
+
+    # --- the attempt's deadline -------------------------------------------------------------
+
+    def arm(
+        self, secs: float, idle: float | None, now: float, machine: AttemptMachine | None = None
+    ) -> None:
+        """The attempt's deadline: `secs` from `now` (`time.monotonic()`) until its response
+        is whole (a stream: until it starts), cut to the request's budget; a stream's every
+        chunk re-arms it for `idle`. `machine`: whose phases an expiry is told in (None: the
+        exchange's own reading of them)."""
+        assert self.ctx is not None
+        self._idle = idle
+        self._timed_by = machine
+        self._sequence = sequence_for(self.ctx.wire) if idle is not None else None
+        self.expiry = _PENDING
+        self._when = None
+        self.move(self._bound(secs, now))
+
+    def disarm(self) -> None:
+        """No deadline any more (the attempt ended, or its response is whole)."""
+        self._when = None
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if self._grace is not None and self.expiry is not _PENDING:
+            self._grace.cancel()
+            self._grace = None
+
+    def move(self, bound: float) -> None:
+        """The deadline `bound` seconds from now: a timer at once when it is short or the
+        sweeper already passed, else the sweeper sets it (`start`)."""
+        when = self._loop.time() + bound
+        old = self._when
+        self._when = when
+        handle = self._handle
+        if handle is None:
+            if bound <= _SHORT or (self._tick is None and self._stage is _SERVING):
+                self._handle = self._loop.call_at(when, self._check)
+        elif old is not None and when < old:
+            handle.cancel()
+            self._handle = self._loop.call_at(when, self._check)
+        # Later than the timer set: it re-arms for the new time when it fires.
+
+    def _bound(self, secs: float, now: float) -> float:
+        """`secs` from `now` (monotonic), or less when the request's budget ends sooner."""
+        assert self.ctx is not None
+        budget_at = self.ctx.budget_at
+        if budget_at is not None and budget_at - now < secs:
+            secs = max(budget_at - now, 0.0)
+        return secs
+
+    def _rearm(self, secs: float) -> None:
+        if self.expiry is not _PENDING or self._when is None:
+            return
+        now = time.monotonic()
+        self.move(self._bound(secs, now))
+        assert self.ctx is not None
+        self.ctx.deadline_at = now + secs
+
+    def phase(self) -> str:
+        """The phase an expiry now ran out in."""
+        started = self._start is not None
+        machine = self._timed_by
+        if machine is not None:
+            return machine.phase(started=started)
+        ctx = self.ctx
+        assert ctx is not None
+        if ctx.budget_at is not None and time.monotonic() >= ctx.budget_at - 0.001:
+            return "budget"
+        if not started:
+            return "headers" if self._idle is not None else "total"
+        return "idle" if self._idle is not None else "total"
+
+    async def run(self, app: Any, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run the app for one attempt under the deadline `arm` set; its expiry is answered
+        here (through the attempt's hold, so it may fail over)."""
+        try:
+            await app(scope, receive, send)
+        except asyncio.CancelledError:
+            if self.whose() is not _DEADLINE:
+                raise
+            await self.answer_expiry()
+        else:
+            if self.expiry is not _PENDING:
+                # The app returned after the deadline passed: it ended its work once told
+                # (Django then returns without a response), or swallowed the cancellation.
+                self.whose()
+                if not self._complete:
+                    await self.answer_expiry()
+        finally:
+            self.disarm()
+
+    async def answer_expiry(self) -> None:
+        ctx = self.ctx
+        assert ctx is not None
+        assert ctx.wire is not None
+        wire = ctx.wire
+        phase = self.phase()
+        ctx.deadline_phase = phase
+        tm.deadline_exceeded.add(1, {"phase": phase})
+        error = deadline_exceeded(phase)
+        start = self._start
+        if start is None:
+            await send_error(self._hold_or_out, wire, error.status, error.error_type, error.message)
+        elif _is_sse(start):
+            event = stream_error_event(wire, error.error_type, error.message, self._sequence)
+            await self._hold_or_out(
+                {"type": "http.response.body", "body": event, "more_body": True}
+            )
+            await self._hold_or_out({"type": "http.response.body", "body": b"", "more_body": False})
+        else:
+            raise DeadlineExceededAfterStart(error.message)
+
+    # --- receive ------------------------------------------------------------------------------
+
+    async def receive(self) -> Message:
+        """The app's `receive`: the (possibly rewritten) body once per attempt, then waits
+        for the client to leave or the attempt's deadline to pass.
+
+        The body is built when the app first asks, so every policy has decided the model by
+        then; a failover's attempt reads the whole body again.
+        """
+        if not self._body_sent:
+            self._body_sent = True
+            body = b"" if self.ctx is None else self.ctx.body_for_app()
+            return {"type": "http.request", "body": body, "more_body": False}
+        if self.expiry is not _PENDING:
+            return _DISCONNECT
+        self.start()  # the app listens for a disconnect: watch from now on
+        if self._wake is None:
+            self._wake = asyncio.Event()
+        self._listener = asyncio.current_task(self._loop)
+        try:
+            await self._wake.wait()
+        finally:
+            self._listener = None
+        return _DISCONNECT
+
+    # --- send ---------------------------------------------------------------------------------
+
+    def attempt(self, machine: AttemptMachine | None) -> None:
+        """A new attempt begins (`machine`: its answer may be held back as it says)."""
+        self._machine = machine
+        self._asked = False
+        self._body_sent = False
+        self._start = None
+        self._held = None
+        self._size = 0
+        self._whole = False
+        self._complete = False
+        self.finished = False
+        self.expiry = _PENDING
+        if self._wake is not None and not (self.ctx is not None and self.ctx.disconnected):
+            self._wake = None  # the last attempt's deadline told its listener, not this one's
+
+    @property
+    def held(self) -> list[Message] | None:
+        """The attempt's answer held back (None: none is)."""
+        return self._held
+
+    @property
+    def held_whole(self) -> bool:
+        """Whether the held answer is whole (it can be swallowed for a failover)."""
+        return self._whole
+
+    async def send(self, message: Message) -> None:
+        """The app's `send`."""
+        kind = message["type"]
+        if kind == "http.response.body":
+            if not message.get("more_body", False):
+                self._complete = True
+                if self._when is not None:
+                    self.disarm()
+            elif self._idle is not None:
+                self._rearm(self._idle)
+                if self._sequence is not None:
+                    self._sequence.feed(message.get("body", b""))
+        elif kind == "http.response.start" and self._start is None:
+            self._start = message
+            if self._idle is not None:
+                self._rearm(self._idle)
+        await self._hold_or_out(message)
+
+    async def _hold_or_out(self, message: Message) -> None:
+        held = self._held
+        if held is None:
+            machine = self._machine
+            if machine is not None and message["type"] == "http.response.start" and not self._asked:
+                # Held while a failover is possible, and every 5xx until the app ends:
+                # Starlette's and FastAPI's error middleware answer an escaping exception with
+                # a 500 and then re-raise it, and a transport error is no upstream answer.
+                self._asked = True
+                action = machine.started(message["status"], message.get("headers", ()))
+                if action is not FORWARD:
+                    self._held = [message]
+                    return
+            await self.out(message)
+            return
+        held.append(message)
+        if message["type"] == "http.response.body":
+            self._size += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                self._whole = True
+            elif self._size > MAX_HELD_BYTES:
+                await self.flush()
+
+    async def flush(self) -> None:
+        """Stop holding: what was held goes on, and no failover can follow."""
+        if self._machine is not None:
+            self._machine.cannot_hold()
+        held, self._held = self._held or [], None
+        for message in held:
+            await self.out(message)
+
+    async def out(self, message: Message) -> None:
+        """A message on its way to the client: noted (status, headers, first token) and sent."""
+        ctx = self.ctx
+        assert ctx is not None
+        kind = message["type"]
+        if kind == "http.response.start":
+            ctx.response_status = message["status"]
+            if self.expose and (extra := exposed_headers(ctx)):
+                message = {**message, "headers": [*message.get("headers", ()), *extra]}
+        elif kind == "http.response.body":
+            if ctx.first_token_at is None and _streams(ctx):
+                first_token(ctx, message.get("body", b""))
+            if not message.get("more_body", False):
+                self.finished = True
+                self.stop()  # servers report a disconnect once a response is complete
+                if self.last is not None:
+                    self.last()
+        await self._send(message)
+
+
+def _streams(ctx: RequestContext) -> bool:
+    view = ctx.view
+    return view is not None and view.stream
+
+
+def _is_sse(start: Message) -> bool:
+    """Whether a response that started is an event stream."""
+    return any(
+        name.lower() == b"content-type" and bytes(value).startswith(b"text/event-stream")
+        for name, value in start.get("headers", ())
+    )
+
+
+async def send_error(
+    send: Send,
+    wire: Wire,
+    status: int,
+    error_type: str,
+    message: str,
+    extra_headers: Iterable[tuple[bytes, bytes]] = (),
+) -> None:
+    """A complete JSON error response in the wire's format."""
+    body = error_body(wire, error_type, message)
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *extra_headers,
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
