@@ -159,7 +159,8 @@ async def _attempt(
             machine.ended(_GONE)  # the client is gone: the lease goes back, no outcome
             raise
     after = machine.ended(_FINISHED if ex.finished else _RETURNED, held=ex.held)
-    if machine.failure is not None:  # the app's framework answered a transport error
+    # The app's framework answered a transport error (never so for the usual answer, DONE).
+    if after is not DONE and machine.failure is not None:
         error = ctx.transport_error
         name = "" if error is None else error.__name__
         _log.warning("account %s failed (%s)", action.lease.account, name)

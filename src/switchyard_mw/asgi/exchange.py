@@ -117,7 +117,6 @@ class Exchange(Deferred):
         "_due",
         "_grace",
         "_handle",
-        "_held",
         "_idle",
         "_listener",
         "_loop",
@@ -134,12 +133,14 @@ class Exchange(Deferred):
         "_wake",
         "_watcher",
         "_when",
-        "_whole",
         "ctx",
         "expiry",
         "expose",
         "finished",
+        "held",
+        "held_whole",
         "last",
+        "stream",
     )
 
     def __init__(
@@ -178,9 +179,12 @@ class Exchange(Deferred):
         self._asked = False  # the machine was told the attempt's answer started
         self._body_sent = False
         self._start: Message | None = None  # the attempt's response start, as the app sent it
-        self._held: list[Message] | None = None
+        self.held: list[Message] | None = None
+        """The attempt's answer held back (None: none is)."""
         self._size = 0  # bytes held
-        self._whole = False  # the held answer is whole
+        self.held_whole = False
+        """Whether the held answer is whole (it can be swallowed for a failover)."""
+        self.stream = False  # the request asks for a stream (its first token is noted)
         self._complete = False  # the app sent the attempt's last message
         self.finished = False  # the client has the whole response
         if read_secs is not None and read_secs <= _SHORT:
@@ -193,6 +197,7 @@ class Exchange(Deferred):
         """The body is whole in `ctx`: stop timing the read, watch from now on."""
         self.ctx = ctx
         self._stage = _SERVING
+        self.stream = ctx.view is not None and ctx.view.stream
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
@@ -340,7 +345,10 @@ class Exchange(Deferred):
         self._sequence = sequence_for(self.ctx.wire) if idle is not None else None
         self.expiry = _PENDING
         self._when = None
-        self.move(self._bound(secs, now))
+        budget_at = self.ctx.budget_at
+        if budget_at is not None and budget_at - now < secs:
+            secs = max(budget_at - now, 0.0)
+        self.move(secs)
 
     def disarm(self) -> None:
         """No deadline any more (the attempt ended, or its response is whole)."""
@@ -414,7 +422,8 @@ class Exchange(Deferred):
                 if not self._complete:
                     await self.answer_expiry()
         finally:
-            self.disarm()
+            if self._when is not None or self._grace is not None:
+                self.disarm()
 
     async def answer_expiry(self) -> None:
         ctx = self.ctx
@@ -470,30 +479,22 @@ class Exchange(Deferred):
         self._asked = False
         self._body_sent = False
         self._start = None
-        self._held = None
+        self.held = None
         self._size = 0
-        self._whole = False
+        self.held_whole = False
         self._complete = False
         self.finished = False
         self.expiry = _PENDING
         if self._wake is not None and not (self.ctx is not None and self.ctx.disconnected):
             self._wake = None  # the last attempt's deadline told its listener, not this one's
 
-    @property
-    def held(self) -> list[Message] | None:
-        """The attempt's answer held back (None: none is)."""
-        return self._held
-
-    @property
-    def held_whole(self) -> bool:
-        """Whether the held answer is whole (it can be swallowed for a failover)."""
-        return self._whole
-
     async def send(self, message: Message) -> None:
-        """The app's `send`."""
+        """The app's `send`: the deadline's part, then the hold's, then the tracking's (`out`),
+        in one function for the usual messages."""
         kind = message["type"]
         if kind == "http.response.body":
-            if not message.get("more_body", False):
+            more = message.get("more_body", False)
+            if not more:
                 self._complete = True
                 if self._when is not None:
                     self.disarm()
@@ -501,32 +502,46 @@ class Exchange(Deferred):
                 self._rearm(self._idle)
                 if self._sequence is not None:
                     self._sequence.feed(message.get("body", b""))
-        elif kind == "http.response.start" and self._start is None:
+            if self.held is not None:
+                return await self._hold(message)
+            ctx = self.ctx
+            assert ctx is not None
+            if self.stream and ctx.first_token_at is None:
+                first_token(ctx, message.get("body", b""))
+            if not more:
+                self.finished = True
+                self.stop()  # servers report a disconnect once a response is complete
+                if self.last is not None:
+                    self.last()
+            return await self._send(message)
+        if kind == "http.response.start" and self._start is None:
             self._start = message
             if self._idle is not None:
                 self._rearm(self._idle)
         await self._hold_or_out(message)
 
     async def _hold_or_out(self, message: Message) -> None:
-        held = self._held
-        if held is None:
-            machine = self._machine
-            if machine is not None and message["type"] == "http.response.start" and not self._asked:
-                # Held while a failover is possible, and every 5xx until the app ends:
-                # Starlette's and FastAPI's error middleware answer an escaping exception with
-                # a 500 and then re-raise it, and a transport error is no upstream answer.
-                self._asked = True
-                action = machine.started(message["status"], message.get("headers", ()))
-                if action is not FORWARD:
-                    self._held = [message]
-                    return
-            await self.out(message)
-            return
+        if self.held is not None:
+            return await self._hold(message)
+        machine = self._machine
+        if machine is not None and message["type"] == "http.response.start" and not self._asked:
+            # Held while a failover is possible, and every 5xx until the app ends:
+            # Starlette's and FastAPI's error middleware answer an escaping exception with
+            # a 500 and then re-raise it, and a transport error is no upstream answer.
+            self._asked = True
+            if machine.started(message["status"], message.get("headers", ())) is not FORWARD:
+                self.held = [message]
+                return
+        await self.out(message)
+
+    async def _hold(self, message: Message) -> None:
+        held = self.held
+        assert held is not None
         held.append(message)
         if message["type"] == "http.response.body":
             self._size += len(message.get("body", b""))
             if not message.get("more_body", False):
-                self._whole = True
+                self.held_whole = True
             elif self._size > MAX_HELD_BYTES:
                 await self.flush()
 
@@ -534,7 +549,7 @@ class Exchange(Deferred):
         """Stop holding: what was held goes on, and no failover can follow."""
         if self._machine is not None:
             self._machine.cannot_hold()
-        held, self._held = self._held or [], None
+        held, self.held = self.held or [], None
         for message in held:
             await self.out(message)
 
@@ -548,7 +563,7 @@ class Exchange(Deferred):
             if self.expose and (extra := exposed_headers(ctx)):
                 message = {**message, "headers": [*message.get("headers", ()), *extra]}
         elif kind == "http.response.body":
-            if ctx.first_token_at is None and _streams(ctx):
+            if self.stream and ctx.first_token_at is None:
                 first_token(ctx, message.get("body", b""))
             if not message.get("more_body", False):
                 self.finished = True
@@ -556,11 +571,6 @@ class Exchange(Deferred):
                 if self.last is not None:
                     self.last()
         await self._send(message)
-
-
-def _streams(ctx: RequestContext) -> bool:
-    view = ctx.view
-    return view is not None and view.stream
 
 
 def _is_sse(start: Message) -> bool:
