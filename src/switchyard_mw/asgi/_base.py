@@ -30,7 +30,7 @@ from ..wire import Wire, WireError, read_request, too_large
 from ._disconnect import running_loop
 from ._types import ASGIApp, Message, Receive, Scope, Send
 from .body import ClientDisconnected, read_body
-from .exchange import EXCHANGE_KEY, Cause, Exchange
+from .exchange import EXCHANGE_KEY, Cause, Exchange, Stage
 from .exchange import send_error as send_error  # its home before the exchange
 
 
@@ -163,6 +163,7 @@ _TYPE = b"content-type"
 _LENGTH = b"content-length"
 _WANTED = frozenset({_TYPE, _LENGTH, *BUDGET_HEADERS})
 _NO_SPANS: tuple[None, None, None] = (None, None, None)
+_ENDED = Stage.ENDED
 
 
 def _sniff(scope: Scope) -> tuple[bytes | None, bytes | None, bool]:
@@ -207,7 +208,7 @@ def _finish(
 ) -> None:
     """The request's end, however it ended: stop watching, reset the context, end its
     telemetry (`failure`: the type of an exception that escaped)."""
-    if ex is not None:
+    if ex is not None and ex.stage is not _ENDED:
         ex.stop()
     current_var.reset(token)
     if ctx.view is not None:

@@ -126,7 +126,6 @@ class Exchange(Deferred):
         "_send",
         "_sequence",
         "_size",
-        "_stage",
         "_start",
         "_timed_by",
         "_until",
@@ -140,6 +139,7 @@ class Exchange(Deferred):
         "held",
         "held_whole",
         "last",
+        "stage",
         "stream",
     )
 
@@ -157,7 +157,7 @@ class Exchange(Deferred):
         self._send = send
         self._loop = loop
         self._owner = owner
-        self._stage = _READING
+        self.stage = _READING
         self._until = None if read_secs is None else started + read_secs
         self._due = False  # the sweeper's time came during the read
         self._handle: asyncio.TimerHandle | None = None  # the read's bound, then the deadline
@@ -196,7 +196,7 @@ class Exchange(Deferred):
     def read(self, ctx: RequestContext) -> None:
         """The body is whole in `ctx`: stop timing the read, watch from now on."""
         self.ctx = ctx
-        self._stage = _SERVING
+        self.stage = _SERVING
         self.stream = ctx.view is not None and ctx.view.stream
         if self._handle is not None:
             self._handle.cancel()
@@ -208,7 +208,7 @@ class Exchange(Deferred):
         """Called by the sweeper (or when the app listens): the request outlasted the wait."""
         if self._tick is not None:
             self.leave()
-        stage = self._stage
+        stage = self.stage
         if stage is _READING:  # time the read from now (nobody else may read)
             self._due = True
             if self._until is not None and self._handle is None and self._cause is None:
@@ -227,7 +227,7 @@ class Exchange(Deferred):
         The app's after-work (background tasks) runs on undisturbed."""
         if self._tick is not None:  # called twice per request: no call at all the second time
             self.leave()
-        self._stage = _ENDED
+        self.stage = _ENDED
         self._when = None
         if self._watcher is not None:
             self._watcher.cancel()
@@ -240,7 +240,7 @@ class Exchange(Deferred):
 
     def _check(self) -> None:
         self._handle = None
-        if self._stage is _READING:
+        if self.stage is _READING:
             self._cancel(_READ_TIMEOUT, "switchyard body read timeout")
             return
         when = self._when
@@ -344,11 +344,18 @@ class Exchange(Deferred):
         self._timed_by = machine
         self._sequence = sequence_for(self.ctx.wire) if idle is not None else None
         self.expiry = _PENDING
-        self._when = None
         budget_at = self.ctx.budget_at
         if budget_at is not None and budget_at - now < secs:
             secs = max(budget_at - now, 0.0)
-        self.move(secs)
+        loop = self._loop
+        self._when = when = loop.time() + secs
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        # The sweeper sets the timer of a request that outlasts its wait (`start`), unless
+        # the bound is too short for that or the sweeper already passed.
+        if secs <= _SHORT or (self._tick is None and self.stage is _SERVING):
+            self._handle = loop.call_at(when, self._check)
 
     def disarm(self) -> None:
         """No deadline any more (the attempt ended, or its response is whole)."""
@@ -368,7 +375,7 @@ class Exchange(Deferred):
         self._when = when
         handle = self._handle
         if handle is None:
-            if bound <= _SHORT or (self._tick is None and self._stage is _SERVING):
+            if bound <= _SHORT or (self._tick is None and self.stage is _SERVING):
                 self._handle = self._loop.call_at(when, self._check)
         elif old is not None and when < old:
             handle.cancel()
@@ -514,10 +521,13 @@ class Exchange(Deferred):
                 if self.last is not None:
                     self.last()
             return await self._send(message)
-        if kind == "http.response.start" and self._start is None:
-            self._start = message
-            if self._idle is not None:
-                self._rearm(self._idle)
+        if kind == "http.response.start":
+            if self._start is None:
+                self._start = message
+                if self._idle is not None:
+                    self._rearm(self._idle)
+            if self.held is None and (self._machine is None or self._asked):
+                return await self._send(self._noted(message))
         await self._hold_or_out(message)
 
     async def _hold_or_out(self, message: Message) -> None:
@@ -559,9 +569,7 @@ class Exchange(Deferred):
         assert ctx is not None
         kind = message["type"]
         if kind == "http.response.start":
-            ctx.response_status = message["status"]
-            if self.expose and (extra := exposed_headers(ctx)):
-                message = {**message, "headers": [*message.get("headers", ()), *extra]}
+            message = self._noted(message)
         elif kind == "http.response.body":
             if self.stream and ctx.first_token_at is None:
                 first_token(ctx, message.get("body", b""))
@@ -571,6 +579,16 @@ class Exchange(Deferred):
                 if self.last is not None:
                     self.last()
         await self._send(message)
+
+    def _noted(self, start: Message) -> Message:
+        """The response's start as it goes to the client: its status noted, the
+        `x-switchyard-*` headers added."""
+        ctx = self.ctx
+        assert ctx is not None
+        ctx.response_status = start["status"]
+        if self.expose and (extra := exposed_headers(ctx)):
+            return {**start, "headers": [*start.get("headers", ()), *extra]}
+        return start
 
 
 def _is_sse(start: Message) -> bool:

@@ -181,7 +181,7 @@ class SwitchyardStack(PolicyMiddleware):
         ex = exchange_of(scope)
         if ex is None:  # not an LLM call switchyard read
             return await self.app(scope, receive, send)
-        if ctx.wire is None or ctx.resolved_model is None:
+        if ctx.view is None or ctx.resolved_model is None:
             return await run_timed(ex, self.app, scope, self.deadline)
         # Without an SDK, no span at all: nothing to build, activate or end.
         machine = AttemptMachine(engine, ctx, tm.tracing(), None, True)
