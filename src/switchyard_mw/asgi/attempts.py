@@ -108,7 +108,7 @@ def _arm(ex: Exchange, machine: AttemptMachine, ctx: RequestContext) -> None:
     assert view is not None
     assert client is not None
     idle = ctx.stream_idle_secs = client.spec.stream_idle_secs if view.stream else None
-    ex.arm(first, idle, now, machine)
+    ex.arm(first, idle, now)
 
 
 async def _attempt(

@@ -127,7 +127,6 @@ class Exchange(Deferred):
         "_sequence",
         "_size",
         "_start",
-        "_timed_by",
         "_until",
         "_wake",
         "_watcher",
@@ -172,7 +171,6 @@ class Exchange(Deferred):
         self.last: Callable[[], None] | None = None  # runs before the response's last message
         self._when: float | None = None  # the deadline (loop time); None: none armed
         self._idle: float | None = None  # a stream's gap limit (None: not a stream)
-        self._timed_by: AttemptMachine | None = None  # whose phases an expiry is told in
         self._sequence: StreamSequence | None = None
         self.expiry = _PENDING
         self._machine: AttemptMachine | None = None  # the attempt's, when one may be held
@@ -332,16 +330,12 @@ class Exchange(Deferred):
 
     # --- the attempt's deadline -------------------------------------------------------------
 
-    def arm(
-        self, secs: float, idle: float | None, now: float, machine: AttemptMachine | None = None
-    ) -> None:
+    def arm(self, secs: float, idle: float | None, now: float) -> None:
         """The attempt's deadline: `secs` from `now` (`time.monotonic()`) until its response
         is whole (a stream: until it starts), cut to the request's budget; a stream's every
-        chunk re-arms it for `idle`. `machine`: whose phases an expiry is told in (None: the
-        exchange's own reading of them)."""
+        chunk re-arms it for `idle`."""
         assert self.ctx is not None
         self._idle = idle
-        self._timed_by = machine
         self._sequence = sequence_for(self.ctx.wire) if idle is not None else None
         self.expiry = _PENDING
         budget_at = self.ctx.budget_at
@@ -399,11 +393,8 @@ class Exchange(Deferred):
         self.ctx.deadline_at = now + secs
 
     def phase(self) -> str:
-        """The phase an expiry now ran out in."""
+        """The phase an expiry now ran out in: what the response had got to tells it."""
         started = self._start is not None
-        machine = self._timed_by
-        if machine is not None:
-            return machine.phase(started=started)
         ctx = self.ctx
         assert ctx is not None
         if ctx.budget_at is not None and time.monotonic() >= ctx.budget_at - 0.001:
