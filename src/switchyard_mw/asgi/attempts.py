@@ -12,8 +12,9 @@ import logging
 import time
 
 from ..context import RequestContext
-from ..engine.attempts import Limits, deadline_secs, in_force
+from ..engine.attempts import Limits, Phase, deadline_secs, in_force
 from ..engine.claims import claimed
+from ..engine.content_events import watch_for
 from ..engine.machine import (
     DONE,
     NEXT,
@@ -27,6 +28,7 @@ from ..engine.machine import (
     Refuse,
 )
 from ..engine.machine import Send as SendOn
+from ..engine.stream_bounds import first_token_secs
 from ..telemetry import names as tm
 from ._types import ASGIApp, Message, Scope
 from .exchange import Exchange, send_error
@@ -94,21 +96,33 @@ def arm_from(ex: Exchange, ctx: RequestContext, limits: Limits) -> None:
     first = deadline_secs(view, limits)
     now = time.monotonic()
     ctx.attempt_deadline_secs = in_force(first, ctx.budget_at, now)
-    ctx.deadline_at = now + first
-    idle = ctx.stream_idle_secs = limits.stream_idle_secs if view.stream else None
-    ex.arm(first, idle, now)
+    _arm_both(ex, ctx, limits, first, now)
 
 
 def _arm(ex: Exchange, machine: AttemptMachine, ctx: RequestContext) -> None:
     """Arm the attempt's deadline as the machine gives it for the attempt's account."""
     now = time.monotonic()
     first, _ = machine.deadline(now)
-    ctx.deadline_at = now + first
-    view, client = ctx.view, ctx.account
-    assert view is not None
+    client = ctx.account
     assert client is not None
-    idle = ctx.stream_idle_secs = client.spec.stream_idle_secs if view.stream else None
+    _arm_both(ex, ctx, client.spec, first, now)
+
+
+def _arm_both(ex: Exchange, ctx: RequestContext, limits: Limits, first: float, now: float) -> None:
+    """The attempt's deadline (`first` from `now`) and its stream's bounds past the headers."""
+    view = ctx.view
+    assert view is not None
+    # A stream starts at its first content event: `first` is the sooner of its bounds on
+    # the headers and on that event; once the headers came, the second is what is due.
+    to_content = first_token_secs(limits) if view.stream else first
+    # What an app's own call bounds (`timeout_for`, a backstop past the alarm) must not cut
+    # a stream before its first content is due.
+    ctx.deadline_at = now + max(first, to_content)
+    idle = ctx.stream_idle_secs = limits.stream_idle_secs if view.stream else None
     ex.arm(first, idle, now)
+    ex.hold_start(watch_for(view.wire) if view.stream else None, limits, now + to_content)
+    if view.stream and to_content <= first < limits.timeout_secs:
+        ex.no_start_phase = Phase.FIRST_TOKEN
 
 
 async def _attempt(

@@ -28,8 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..context import RequestContext
 from ..engine.answers import deadline_exceeded, exposed_headers
-from ..engine.attempts import first_token
-from ..engine.machine import FORWARD
+from ..engine.attempts import Phase, first_token
+from ..engine.content_events import ContentWatch
+from ..engine.machine import FORWARD, State
+from ..engine.stream_bounds import ThroughputFloor, floor_for
 from ..errors import DeadlineExceededAfterStart
 from ..telemetry import names as tm
 from ..wire import StreamSequence, Wire, error_body, sequence_for, stream_error_event
@@ -41,6 +43,10 @@ if TYPE_CHECKING:
 
 MAX_HELD_BYTES = 1 << 20
 """A held error body larger than this is forwarded: failover gives way to bounded memory."""
+
+MAX_OPENING_BYTES = 256 << 10
+"""Held events before a stream's first content larger than this go on: no answer opens with
+that much, and memory stays bounded."""
 
 EXCHANGE_KEY = "switchyard.exchange"
 """Where the request's exchange is kept in `scope["state"]`."""
@@ -97,6 +103,7 @@ _READING, _SERVING, _ENDED = Stage.READING, Stage.SERVING, Stage.ENDED
 _PENDING, _TOLD, _CANCELLED = Expiry.PENDING, Expiry.TOLD, Expiry.CANCELLED
 _SHORT = 2 * WATCH_AFTER_SECS  # a bound this short gets its timer at once
 _DISCONNECT: Message = {"type": "http.disconnect"}
+_FORWARDING_STATE = State.FORWARDING
 
 
 class Exchange(Deferred):
@@ -113,19 +120,28 @@ class Exchange(Deferred):
         "_cancels",
         "_cause",
         "_complete",
+        "_content",
+        "_content_at",
+        "_content_watch",
         "_decided",
         "_due",
+        "_floor",
         "_grace",
         "_handle",
+        "_holds",
         "_idle",
+        "_limits",
         "_listener",
         "_loop",
         "_machine",
         "_owner",
+        "_pre",
+        "_pre_size",
         "_receive",
         "_send",
         "_sequence",
         "_size",
+        "_slow_at",
         "_start",
         "_until",
         "_wake",
@@ -138,6 +154,7 @@ class Exchange(Deferred):
         "held",
         "held_whole",
         "last",
+        "no_start_phase",
         "stage",
         "stream",
     )
@@ -172,6 +189,19 @@ class Exchange(Deferred):
         self._when: float | None = None  # the deadline (loop time); None: none armed
         self._idle: float | None = None  # a stream's gap limit (None: not a stream)
         self._sequence: StreamSequence | None = None
+        # A stream starts at its first content event (a JSON answer: at its body's first
+        # bytes): a successful start is held back until then, with the events before it.
+        self._holds = False
+        self._pre: list[Message] | None = None  # the start and events held until content
+        self._pre_size = 0
+        self._content_watch: ContentWatch | None = None  # a stream's content events
+        self._limits: object = None  # the account's, for its throughput floor
+        self._content_at = 0.0  # (monotonic) when a stream's first content is due
+        self._floor: ThroughputFloor | None = None
+        self._slow_at: float | None = None  # (monotonic) when the stream is slow unless more
+        self.no_start_phase: str = Phase.TOTAL
+        """The phase of an expiry before anything reached the client."""
+        self._content = False  # the machine heard of the answer's first content
         self.expiry = _PENDING
         self._machine: AttemptMachine | None = None  # the attempt's, when one may be held
         self._asked = False  # the machine was told the attempt's answer started
@@ -338,6 +368,11 @@ class Exchange(Deferred):
         self._idle = idle
         self._sequence = sequence_for(self.ctx.wire) if idle is not None else None
         self.expiry = _PENDING
+        self._holds = False
+        self._pre = None
+        self._pre_size = 0
+        self._content_watch = self._floor = self._slow_at = None
+        self.no_start_phase = Phase.HEADERS if idle is not None else Phase.TOTAL
         budget_at = self.ctx.budget_at
         if budget_at is not None and budget_at - now < secs:
             secs = max(budget_at - now, 0.0)
@@ -350,6 +385,17 @@ class Exchange(Deferred):
         # the bound is too short for that or the sweeper already passed.
         if secs <= _SHORT or (self._tick is None and self.stage is _SERVING):
             self._handle = loop.call_at(when, self._check)
+
+    def hold_start(self, watch: ContentWatch | None, limits: object, content_at: float) -> None:
+        """Hold a successful response's start back until its first content: `watch` reads a
+        stream's events (None: the first body is the content); `content_at` (monotonic): when
+        a stream's first content is due; `limits`: the account's, for its throughput floor."""
+        if self._idle is not None and watch is None:
+            return  # a stream of a wire whose content events are unknown: as before
+        self._holds = True
+        self._content_watch = watch
+        self._limits = limits
+        self._content_at = content_at
 
     def disarm(self) -> None:
         """No deadline any more (the attempt ended, or its response is whole)."""
@@ -388,6 +434,8 @@ class Exchange(Deferred):
         if self.expiry is not _PENDING or self._when is None:
             return
         now = time.monotonic()
+        if self._slow_at is not None and self._slow_at - now < secs:
+            secs = max(self._slow_at - now, 0.0)  # the throughput floor binds first
         self.move(self._bound(secs, now))
         assert self.ctx is not None
         self.ctx.deadline_at = now + secs
@@ -397,10 +445,13 @@ class Exchange(Deferred):
         started = self._start is not None
         ctx = self.ctx
         assert ctx is not None
-        if ctx.budget_at is not None and time.monotonic() >= ctx.budget_at - 0.001:
+        now = time.monotonic()
+        if ctx.budget_at is not None and now >= ctx.budget_at - 0.001:
             return "budget"
         if not started:
-            return "headers" if self._idle is not None else "total"
+            return self.no_start_phase
+        if self._slow_at is not None and now >= self._slow_at - 0.001:
+            return Phase.SLOW
         return "idle" if self._idle is not None else "total"
 
     async def run(self, app: Any, scope: Scope, receive: Receive, send: Send) -> None:
@@ -419,6 +470,8 @@ class Exchange(Deferred):
                 self.whose()
                 if not self._complete:
                     await self.answer_expiry()
+            elif self._pre is not None:  # the app returned mid-answer: what it sent goes on
+                await self._release(False)
         finally:
             if self._when is not None or self._grace is not None:
                 self.disarm()
@@ -475,6 +528,7 @@ class Exchange(Deferred):
         """A new attempt begins (`machine`: its answer may be held back as it says)."""
         self._machine = machine
         self._asked = False
+        self._content = False
         self._body_sent = False
         self._start = None
         self.held = None
@@ -489,6 +543,22 @@ class Exchange(Deferred):
     async def send(self, message: Message) -> None:
         """The app's `send`: the deadline's part, then the hold's, then the tracking's (`out`),
         in one function for the usual messages."""
+        pre = self._pre
+        if pre is not None:
+            if self._content_watch is not None:
+                return await self._hold_opening(message)
+            # A JSON answer: its start waits for the body's first bytes, and goes on with them
+            # here (no coroutine more than the start's own send: this runs on every answer).
+            if message["type"] != "http.response.body" or not (
+                message.get("body") or not message.get("more_body", False)
+            ):
+                pre.append(message)
+                return
+            self._pre = None
+            self._holds = False
+            self._start = pre[0]
+            for early in pre:
+                await self._hold_or_out(early)
         kind = message["type"]
         if kind == "http.response.body":
             more = message.get("more_body", False)
@@ -497,15 +567,20 @@ class Exchange(Deferred):
                 if self._when is not None:
                     self.disarm()
             elif self._idle is not None:
+                body = message.get("body", b"")
+                if self._floor is not None:
+                    self._count(body)
                 self._rearm(self._idle)
                 if self._sequence is not None:
-                    self._sequence.feed(message.get("body", b""))
+                    self._sequence.feed(body)
             if self.held is not None:
                 return await self._hold(message)
             ctx = self.ctx
             assert ctx is not None
             if self.stream and ctx.first_token_at is None:
                 first_token(ctx, message.get("body", b""))
+            if not self._content and self._machine is not None:
+                self._first_content()
             if not more:
                 self.finished = True
                 self.stop()  # servers report a disconnect once a response is complete
@@ -513,6 +588,13 @@ class Exchange(Deferred):
                     self.last()
             return await self._send(message)
         if kind == "http.response.start":
+            if self._holds and message["status"] < 300:
+                self._pre = [message]
+                if self._idle is not None:  # a stream: its first content is now what is due
+                    self.no_start_phase = Phase.FIRST_TOKEN
+                    now = time.monotonic()
+                    self.move(self._bound(self._content_at - now, now))
+                return
             if self._start is None:
                 self._start = message
                 if self._idle is not None:
@@ -520,6 +602,57 @@ class Exchange(Deferred):
             if self.held is None and (self._machine is None or self._asked):
                 return await self._send(self._noted(message))
         await self._hold_or_out(message)
+
+    async def _hold_opening(self, message: Message) -> None:
+        """Hold `message` with the start; pass all on once the first content came (or the
+        answer ended, or outgrew what is held)."""
+        pre = self._pre
+        assert pre is not None
+        pre.append(message)
+        if message["type"] != "http.response.body":
+            return
+        body = message.get("body", b"")
+        more = message.get("more_body", False)
+        self._pre_size += len(body)
+        watch = self._content_watch
+        content = bool(body) if watch is None else watch.feed(body)
+        if content or not more or self._pre_size > MAX_OPENING_BYTES:
+            await self._release(content)
+
+    async def _release(self, content: bool) -> None:
+        held, self._pre = self._pre or [], None
+        self._holds = False
+        now = time.monotonic()
+        ctx = self.ctx
+        assert ctx is not None
+        if content and self._content_watch is not None and ctx.first_token_at is None:
+            ctx.first_token_at = now  # a stream's time to first token (not a JSON answer's)
+        for message in held:
+            await self.send(message)
+        if content and self._content_watch is not None and not self._complete:
+            self._floor = floor_for(self._limits, now)
+            if self._floor is not None and self._idle is not None:
+                self._count(b"")
+                self._rearm(self._idle)  # the floor may bind before the next chunk comes
+
+    def _count(self, body: bytes) -> None:
+        """A stream's output so far, read against its throughput floor."""
+        watch, floor = self._content_watch, self._floor
+        assert watch is not None
+        assert floor is not None
+        if body:
+            watch.feed(body)
+        self._slow_at = floor.note(time.monotonic(), watch.output_tokens)
+
+    def _first_content(self) -> None:
+        """The stream's first content event passed (`ctx.first_token_at` notes it): the
+        machine hears of it as that content goes to the client."""
+        machine, ctx = self._machine, self.ctx
+        assert machine is not None
+        assert ctx is not None
+        if ctx.first_token_at is not None and machine.state is _FORWARDING_STATE:
+            self._content = True
+            machine.first_content()
 
     async def _hold_or_out(self, message: Message) -> None:
         if self.held is not None:
@@ -564,6 +697,8 @@ class Exchange(Deferred):
         elif kind == "http.response.body":
             if self.stream and ctx.first_token_at is None:
                 first_token(ctx, message.get("body", b""))
+            if not self._content and self._machine is not None:
+                self._first_content()
             if not message.get("more_body", False):
                 self.finished = True
                 self.stop()  # servers report a disconnect once a response is complete
