@@ -26,6 +26,7 @@ from ..engine.machine import (
     Gone,
     How,
     Refuse,
+    State,
 )
 from ..engine.machine import Send as SendOn
 from ..engine.stream_bounds import first_token_secs
@@ -37,6 +38,7 @@ _log = logging.getLogger("switchyard_mw.asgi.cooling")  # where operators filter
 # Read on every attempt: Enum member access is slow on Python 3.11.
 _FINISHED, _RETURNED, _RAISED, _GONE = How.FINISHED, How.RETURNED, How.RAISED, How.GONE
 _CANCELLED = Gone.CANCELLED
+_READING = State.READING
 
 
 async def run_attempts(
@@ -172,6 +174,8 @@ async def _attempt(
         except BaseException:
             machine.ended(_GONE)  # the client is gone: the lease goes back, no outcome
             raise
+    if ex.held is not None and machine.state is _READING:
+        machine.read(_body_of(ex.held))  # a 400: a context-length refusal?
     after = machine.ended(_FINISHED if ex.finished else _RETURNED, held=ex.held)
     # The app's framework answered a transport error (never so for the usual answer, DONE).
     if after is not DONE and machine.failure is not None:
@@ -179,3 +183,8 @@ async def _attempt(
         name = "" if error is None else error.__name__
         _log.warning("account %s failed (%s)", action.lease.account, name)
     return after
+
+
+def _body_of(held: list[Message]) -> bytes:
+    """The body of a held answer (bounded by MAX_HELD_BYTES)."""
+    return b"".join(m.get("body", b"") for m in held if m["type"] == "http.response.body")
