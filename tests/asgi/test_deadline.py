@@ -421,26 +421,44 @@ async def test_app_timeout_error_of_its_own_is_not_ours() -> None:
 
 
 async def test_alarm_moved_later_fires_at_the_new_time_and_earlier_re_arms() -> None:
-    from switchyard_mw.asgi.deadline import _Alarm
+    from switchyard_mw.asgi.exchange import Exchange, Expiry
+    from switchyard_mw.wire import Wire, read_request
 
-    loop = asyncio.get_running_loop()
+    body = b'{"model": "m", "messages": []}'
+
+    async def never() -> dict[str, Any]:
+        await asyncio.Event().wait()
+        raise AssertionError
+
+    async def discard(message: Any) -> None:
+        pass
+
+    def timer(task: asyncio.Task[Any]) -> Exchange:
+        loop = asyncio.get_running_loop()
+        ex = Exchange(never, discard, loop, task, None, time.monotonic())
+        ex.read(RequestContext(read_request(Wire.ANTHROPIC, body), body))
+        ex.arm(0.05, None, time.monotonic())
+        return ex
+
     target = asyncio.create_task(asyncio.sleep(30))
-    alarm = _Alarm(loop, target, 0.05)
-    alarm.move(loop.time() + 0.3)  # later: the first timer must not fire the alarm
+    alarm = timer(target)
+    alarm.move(0.3)  # later: the first timer must not fire the alarm
     await asyncio.sleep(0.15)
-    assert not alarm.fired
+    assert alarm.expiry is Expiry.PENDING
     assert not target.done()
-    alarm.move(loop.time() + 0.05)  # earlier than 0.3: re-armed
+    alarm.move(0.05)  # earlier than 0.3: re-armed
     await asyncio.sleep(0.2)
-    assert alarm.fired
+    assert alarm.expiry is Expiry.CANCELLED
     assert target.cancelled()
+    alarm.stop()
     other = asyncio.create_task(asyncio.sleep(30))
-    disarmed = _Alarm(loop, other, 0.05)
-    disarmed.cancel()
+    disarmed = timer(other)
+    disarmed.disarm()
     await asyncio.sleep(0.1)
-    assert not disarmed.fired
+    assert disarmed.expiry is Expiry.PENDING
     assert not other.done()
     other.cancel()
+    disarmed.stop()
 
 
 # --- cancelling the app's work in a framework that listens for a disconnect itself -----------

@@ -13,7 +13,7 @@ import contextvars
 import functools
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 
 from opentelemetry import propagate, trace
 from opentelemetry.propagators.textmap import Getter
@@ -22,15 +22,16 @@ from ..config import Server
 from ..context import RequestContext, context_of, current_var, decision_attributes
 from ..core.deadline import BUDGET_HEADERS
 from ..engine.answers import exposed_headers
-from ..engine.attempts import first_token
 from ..engine.budget import budget_end
 from ..engine.paths import json_media, llm_paths, llm_wire
 from ..telemetry import names as tm
 from ..telemetry import request_metrics
-from ..wire import Wire, WireError, error_body, read_request, too_large
-from ._disconnect import DisconnectWatch, running_loop
+from ..wire import Wire, WireError, read_request, too_large
+from ._disconnect import running_loop
 from ._types import ASGIApp, Message, Receive, Scope, Send
 from .body import ClientDisconnected, read_body
+from .exchange import EXCHANGE_KEY, Cause, Exchange, Stage
+from .exchange import send_error as send_error  # its home before the exchange
 
 
 class PolicyMiddleware(ABC):
@@ -56,21 +57,24 @@ class PolicyMiddleware(ABC):
         # The owner's work. Its steps are plain calls where they can be: this runs on every
         # request, and each coroutine layer costs.
         wire = self._wire_of(scope)
-        watch: DisconnectWatch | None = None
+        ex: Exchange | None = None
         if wire is None:
             ctx = RequestContext()
         else:
             read = await self._read(scope, receive, send, wire)
             if read is None:
                 return  # answered already (or the client left): no app to call
-            ctx, watch = read
-            if watch is not None:
-                receive = watch.replay
-        scope.setdefault("state", {})["switchyard"] = ctx
+            ctx, ex = read
+        state = scope.setdefault("state", {})
+        state["switchyard"] = ctx
         # Without an SDK, no span work at all: nothing to look up, start, activate or end.
         span, own_span, annotate = _telemetry(scope, ctx) if tm.tracing() else _NO_SPANS
-        if watch is not None or self.server.expose_headers or annotate is not None:
-            send = _tracking(ctx, send, watch, expose=self.server.expose_headers, last=annotate)
+        if ex is not None:
+            state[EXCHANGE_KEY] = ex
+            ex.expose, ex.last = self.server.expose_headers, annotate
+            receive, send = ex.receive, ex.send
+        elif self.server.expose_headers or annotate is not None:
+            send = _tracking(ctx, send, expose=self.server.expose_headers, last=annotate)
         token = current_var.set(ctx)
         failure = None
         try:
@@ -80,20 +84,22 @@ class PolicyMiddleware(ABC):
                 with tm.activate(span):
                     await self.handle(ctx, scope, receive, send)
         except asyncio.CancelledError:
-            if not _left(ctx):
+            # Ours only for a client that left, and if nobody else cancelled the task too:
+            # finished here, since nobody is there to answer.
+            if ex is None or ex.whose() is not Cause.CLIENT_LEFT:
                 raise
         except Exception as exc:
             failure = type(exc).__qualname__  # the type only: its text may quote a prompt
             raise
         finally:
-            _finish(ctx, token, watch, failure, annotate, own_span)
+            _finish(ctx, token, ex, failure, annotate, own_span)
 
     async def _read(
         self, scope: Scope, receive: Receive, send: Send, wire: Wire
-    ) -> tuple[RequestContext, DisconnectWatch | None] | None:
+    ) -> tuple[RequestContext, Exchange | None] | None:
         """Read an LLM call's body (bounded in size and time) into its context, and start
-        watching for a disconnect; None when the request was answered here instead. A body
-        that is not JSON is not read: the design passes it through."""
+        its exchange; None when the request was answered here instead. A body that is not
+        JSON is not read: the design passes it through."""
         content_type, length, budgeted = _sniff(scope)
         if not json_media(content_type):
             return RequestContext(), None
@@ -101,10 +107,10 @@ class PolicyMiddleware(ABC):
         task = asyncio.current_task(loop)
         started = time.monotonic()
         # The whole body must arrive in time: a client that sends it slowly, or stops
-        # halfway, would otherwise hold the request (and what it sent) forever. The watch
+        # halfway, would otherwise hold the request (and what it sent) forever. The exchange
         # times the read, then watches for the client leaving.
         secs = None if task is None else self.server.body_read_timeout_secs
-        watch = DisconnectWatch(receive, loop, task, secs, started)
+        ex = Exchange(receive, send, loop, task, secs, started)
         limit = self.server.max_body_bytes
         try:
             try:
@@ -119,22 +125,22 @@ class PolicyMiddleware(ABC):
                     body = await read_body(receive, limit=limit, first=message)
                 ctx = RequestContext(read_request(wire, body), body, started)
             except BaseException:
-                watch.stop()
+                ex.stop()
                 raise
         except ClientDisconnected:
             return None
         except asyncio.CancelledError:
-            if not watch.fired or (task is not None and task.uncancel()):
+            if ex.whose() is not Cause.READ_TIMEOUT:
                 raise
             await send_error(send, wire, *_read_timeout(self.server), _CLOSE)
             return None
         except WireError as exc:
             await send_error(send, wire, exc.status, exc.error_type, exc.message)
             return None
-        watch.read(ctx)
+        ex.read(ctx)
         if budgeted:
             ctx.budget_at = budget_end(functools.partial(_first, scope), ctx.started_at)
-        return ctx, watch
+        return ctx, ex
 
     @abstractmethod
     async def handle(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
@@ -157,6 +163,7 @@ _TYPE = b"content-type"
 _LENGTH = b"content-length"
 _WANTED = frozenset({_TYPE, _LENGTH, *BUDGET_HEADERS})
 _NO_SPANS: tuple[None, None, None] = (None, None, None)
+_ENDED = Stage.ENDED
 
 
 def _sniff(scope: Scope) -> tuple[bytes | None, bytes | None, bool]:
@@ -177,13 +184,6 @@ def _sniff(scope: Scope) -> tuple[bytes | None, bytes | None, bool]:
     return content_type, length, budgeted
 
 
-def _left(ctx: RequestContext) -> bool:
-    """Whether a cancellation is our own, for a client that left: finished here, since
-    nobody is there to answer (anyone else's cancellation goes on)."""
-    task = asyncio.current_task()
-    return ctx.disconnected and task is not None and task.uncancel() == 0
-
-
 def _telemetry(
     scope: Scope, ctx: RequestContext
 ) -> tuple[trace.Span, trace.Span | None, Callable[[], None] | None]:
@@ -201,15 +201,15 @@ def _telemetry(
 def _finish(
     ctx: RequestContext,
     token: contextvars.Token[RequestContext | None],
-    watch: DisconnectWatch | None,
+    ex: Exchange | None,
     failure: str | None,
     annotate: Callable[[], None] | None,
     own_span: trace.Span | None,
 ) -> None:
     """The request's end, however it ended: stop watching, reset the context, end its
     telemetry (`failure`: the type of an exception that escaped)."""
-    if watch is not None:
-        watch.stop()
+    if ex is not None and ex.stage is not _ENDED:
+        ex.stop()
     current_var.reset(token)
     if ctx.view is not None:
         request_metrics.observe(ctx, time.monotonic(), failure)
@@ -242,42 +242,19 @@ def _read_timeout(server: Server) -> tuple[int, str, str]:
     return 408, REQUEST_TIMEOUT, f"the request body did not arrive within {secs:g} s"
 
 
-async def send_error(
-    send: Send,
-    wire: Wire,
-    status: int,
-    error_type: str,
-    message: str,
-    extra_headers: Iterable[tuple[bytes, bytes]] = (),
-) -> None:
-    """A complete JSON error response in the wire's format."""
-    body = error_body(wire, error_type, message)
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        *extra_headers,
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
 def _tracking(
     ctx: RequestContext,
     send: Send,
-    watch: DisconnectWatch | None,
     *,
     expose: bool,
     last: Callable[[], None] | None = None,
 ) -> Send:
-    """Adds the `x-switchyard-*` headers, notes the status for the request's span, and stops
-    watching for a disconnect once the response is complete: servers report one then, and the
-    app's after-work (background tasks) must run.
+    """For a request without an exchange (not an LLM call switchyard read): adds the
+    `x-switchyard-*` headers and notes the status for the request's span.
 
     `last` runs just before the response's last message: an ASGI instrumentation ends its
     span as that message passes, so the request's attributes must be on it by then.
     """
-
-    stream = ctx.view is not None and ctx.view.stream
 
     async def send_tracked(message: Message) -> None:
         kind = message["type"]
@@ -285,14 +262,8 @@ def _tracking(
             ctx.response_status = message["status"]
             if expose and (extra := exposed_headers(ctx)):
                 message = {**message, "headers": [*message.get("headers", ()), *extra]}
-        elif kind == "http.response.body":
-            if stream and ctx.first_token_at is None:
-                first_token(ctx, message.get("body", b""))
-            if not message.get("more_body", False):
-                if watch is not None:
-                    watch.stop()
-                if last is not None:
-                    last()
+        elif last is not None and kind == "http.response.body" and not message.get("more_body"):
+            last()
         await send(message)
 
     return send_tracked

@@ -1,24 +1,21 @@
-"""Noticing a client that leaves, and cancelling the request's work when it does.
+"""Work a request starts only if it lasts: the loop's sweeper, and the grace constants.
 
-An app awaiting its upstream call does not read `receive`, so nobody else would notice: the
-call would run to its end for a client that is gone. A watcher task reads `receive` for it —
-but only once a request has lasted `WATCH_AFTER_SECS` (or the app asks `receive` itself): most
-requests end sooner, and a task or even a timer per request would be most of the stack's cost.
-One sweeper task per event loop starts the watchers of the requests that outlast that; the
-deadline policy defers its alarms the same way (`defer`).
+An app awaiting its upstream call does not read `receive`, so nobody else would notice a client
+that leaves: the call would run to its end for a client that is gone. The request's exchange
+(`exchange.py`) reads `receive` for it in a watcher task, but only once a request has lasted
+`WATCH_AFTER_SECS` (or the app asks `receive` itself): most requests end sooner, and a task or
+even a timer per request would be most of the stack's cost. One sweeper task per event loop
+starts the deferred work (`defer`) of the requests that outlast that: the watcher, and the
+timer of the attempt's deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-import time
 import weakref
 from collections import deque
-from typing import Any, ClassVar
-
-from ..context import RequestContext
-from ._types import Message, Receive
+from typing import ClassVar
 
 WATCH_AFTER_SECS = 0.1
 """How long a request runs before its client is watched: a departure goes unseen for at most
@@ -103,140 +100,6 @@ def defer(work: Deferred, loop: asyncio.AbstractEventLoop) -> None:
     work._tick = tick
     if sweeper.idle:
         sweeper.wake()
-
-
-class DisconnectWatch(Deferred):
-    """One request's watch, from the start of its body's read; `stop()` when its response is
-    complete or its work has ended.
-
-    While the body is read it is the read's timer too: one sweeper entry per request, not one
-    for the read and one for the watch (each costs). Should the read outlast
-    `WATCH_AFTER_SECS` (at once for a bound shorter than twice that), a timer cancels `owner`
-    at `read_secs` after `started` (`fired` says it did). `read(ctx)` ends the read: watching
-    for a disconnect starts when the sweeper's time comes, at once if it came during the read.
-    """
-
-    __slots__ = (
-        "_ctx",
-        "_due",
-        "_gone",
-        "_handle",
-        "_listener",
-        "_loop",
-        "_owner",
-        "_receive",
-        "_sent",
-        "_task",
-        "fired",
-        "until",
-    )
-
-    def __init__(
-        self,
-        receive: Receive,
-        loop: asyncio.AbstractEventLoop,
-        owner: asyncio.Task[Any] | None,
-        read_secs: float | None = None,
-        started: float = 0.0,
-    ) -> None:
-        """`read_secs`: the bound on the body's read (None: none); `started`: when the request
-        began (`time.monotonic()`)."""
-        self._ctx: RequestContext | None = None  # None while the body is read
-        self._receive = receive
-        self._loop = loop
-        self._owner = owner  # the task serving the request: cancelled when the client leaves
-        self._task: asyncio.Task[None] | None = None
-        self._gone: asyncio.Event | None = None
-        self._listener: asyncio.Task[Any] | None = None  # a task waiting in `replay` for the end
-        self._sent = False  # `replay` gave the body
-        self._due = False  # the sweeper's time came during the read
-        self._handle: asyncio.TimerHandle | None = None
-        self.fired = False
-        self.until = None if read_secs is None else started + read_secs
-        if read_secs is not None and read_secs <= 2 * WATCH_AFTER_SECS:
-            self._handle = loop.call_later(read_secs, self._expire)
-        defer(self, loop)
-
-    @property
-    def gone(self) -> asyncio.Event:
-        """Set once the client has left (made on first use: most requests never ask)."""
-        if self._gone is None:
-            self._gone = asyncio.Event()
-            if self._ctx is not None and self._ctx.disconnected:
-                self._gone.set()
-        return self._gone
-
-    def read(self, ctx: RequestContext) -> None:
-        """The body is whole in `ctx`: stop timing the read, watch from now on."""
-        self._ctx = ctx
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-        if self._due:
-            self.start()
-
-    def start(self) -> None:
-        if self._tick is not None:
-            self.leave()
-        if self._ctx is None:  # still reading: time the read from now (nobody else may read)
-            self._due = True
-            if self.until is not None and self._handle is None and not self.fired:
-                left = max(self.until - time.monotonic(), 0.0)
-                self._handle = self._loop.call_later(left, self._expire)
-            return
-        if self._task is None:
-            self._task = self._loop.create_task(self._watch())
-
-    def stop(self) -> None:
-        if self._tick is not None:  # called twice per request: no call at all the second time
-            self.leave()
-        if self._task is not None:
-            self._task.cancel()
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-
-    async def replay(self) -> Message:
-        """The app's `receive`: the (possibly rewritten) body once, then waits for a disconnect.
-
-        The body is built when the app first asks, so every policy has decided the model by
-        then. A failover makes a new one, so each attempt reads the whole body again.
-        """
-        if not self._sent:
-            self._sent = True
-            body = b"" if self._ctx is None else self._ctx.body_for_app()
-            return {"type": "http.request", "body": body, "more_body": False}
-        self.start()  # the app listens for a disconnect: watch from now on
-        self._listener = asyncio.current_task(self._loop)
-        try:
-            await self.gone.wait()
-        finally:
-            self._listener = None
-        return {"type": "http.disconnect"}
-
-    def _expire(self) -> None:
-        self._handle = None
-        if self._ctx is None and self._owner is not None:
-            self.fired = True
-            self._owner.cancel("switchyard body read timeout")
-
-    async def _watch(self) -> None:
-        while True:
-            message = await self._receive()
-            if message["type"] == "http.disconnect":
-                break
-        if self._ctx is not None:
-            self._ctx.disconnected = True
-        self.gone.set()
-        owner, listener = self._owner, self._listener
-        if owner is None:
-            return
-        if listener is None or listener is owner:
-            owner.cancel("client disconnected")
-        else:  # the app hears it in a task of its own (Django): its turn to end its work
-            self._handle = self._loop.call_later(
-                LISTENER_GRACE_SECS, owner.cancel, "client disconnected"
-            )
 
 
 class _Sweeper:

@@ -22,9 +22,7 @@ is held until the app ends, which costs nothing on the paths that answer well.
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 
 from ..accounts import Account, build_accounts, pool_from_accounts
 from ..config import ConfigSource, Server, as_config
@@ -33,32 +31,19 @@ from ..core.clock import Clock, monotonic
 from ..core.pool import AccountPool
 from ..engine.answers import NO_HEALTHY_ACCOUNT, RATE_LIMITED, UPSTREAM_UNREACHABLE
 from ..engine.attempts import APP_ERROR
-from ..engine.claims import claimed
 from ..engine.fallbacks import Chains
-from ..engine.machine import (
-    DONE,
-    FORWARD,
-    NEXT,
-    PASS_THROUGH,
-    Action,
-    AttemptMachine,
-    ClaimProbe,
-    Deliver,
-    Gone,
-    How,
-    Refuse,
-    State,
-    Wait,
-)
-from ..engine.machine import Send as SendOn
+from ..engine.machine import AttemptMachine
 from ..engine.policies import Engine
 from ..engine.variants import Canaries
 from ..state import Store, build_store
 from ..telemetry import names as tm
 from ..telemetry import request_metrics
-from ._base import PolicyMiddleware, send_error
+from ._base import PolicyMiddleware
 from ._types import ASGIApp, Message, Receive, Scope, Send
 from .admin import cooling_status_app as cooling_status_app  # re-exported for existing imports
+from .attempts import run_attempts
+from .exchange import MAX_HELD_BYTES as MAX_HELD_BYTES
+from .exchange import exchange_of
 
 __all__ = [
     "APP_ERROR",
@@ -69,81 +54,6 @@ __all__ = [
     "CoolingMiddleware",
     "cooling_status_app",
 ]
-
-MAX_HELD_BYTES = 1 << 20
-"""A held error body larger than this is forwarded: failover gives way to bounded memory."""
-
-Inner = Callable[[RequestContext, Scope, Receive, Send], Awaitable[None]]
-_log = logging.getLogger(__name__)
-# Read on every attempt: Enum member access is slow on Python 3.11.
-_FINISHED, _RETURNED, _RAISED, _GONE = How.FINISHED, How.RETURNED, How.RAISED, How.GONE
-_CANCELLED = Gone.CANCELLED
-
-
-class _Attempt:
-    """The `send` of one attempt: forwards at once unless the machine holds the answer back."""
-
-    __slots__ = (
-        "_machine",
-        "_send",
-        "complete",
-        "content",
-        "finished",
-        "held",
-        "size",
-        "started",
-    )
-
-    def __init__(self, send: Send, machine: AttemptMachine) -> None:
-        self._send = send
-        self._machine = machine
-        self.started = False
-        self.finished = False  # the client has the whole response
-        self.held: list[Message] | None = None
-        self.size = 0  # bytes held
-        self.complete = False  # the held response is whole: it can be swallowed
-        self.content = False  # the machine heard of the answer's first content
-
-    async def send(self, message: Message) -> None:
-        if self.held is None:
-            if message["type"] == "http.response.start" and not self.started:
-                self.started = True
-                # Held while a failover is possible, and every 5xx until the app ends:
-                # Starlette's and FastAPI's error middleware answer an escaping exception with
-                # a 500 and then re-raise it, and a transport error is no upstream answer.
-                action = self._machine.started(message["status"], message.get("headers", ()))
-                if action is not FORWARD:
-                    self.held = [message]
-                    return
-            if message["type"] == "http.response.body":
-                if not self.content:
-                    self._first_content()
-                if not message.get("more_body", False):
-                    self.finished = True
-            await self._send(message)
-            return
-        self.held.append(message)
-        if message["type"] == "http.response.body":
-            self.size += len(message.get("body", b""))
-            if not message.get("more_body", False):
-                self.complete = True
-            elif self.size > MAX_HELD_BYTES:
-                await self.flush()
-
-    def _first_content(self) -> None:
-        """The deadline policy holds a stream back until its first content event and notes
-        it (`ctx.first_token_at`): the machine hears of it as that content passes."""
-        machine = self._machine
-        if machine.ctx.first_token_at is not None and machine.state is State.FORWARDING:
-            self.content = True
-            machine.first_content()
-
-    async def flush(self) -> None:
-        """Stop holding: what was held goes on, and no failover can follow."""
-        self._machine.cannot_hold()
-        held, self.held = self.held or [], None
-        for message in held:
-            await self.send(message)  # no longer held: each passes on, noted as it goes
 
 
 class CoolingMiddleware(PolicyMiddleware):
@@ -195,9 +105,6 @@ class CoolingMiddleware(PolicyMiddleware):
         self.accounts = engine.accounts
         self.pool = engine.pool
         request_metrics.watch(self.pool)  # `switchyard.account.state`
-        self.inner: Inner = self._call_app
-        """What each attempt runs: the app, or (in `SwitchyardStack`) the deadline policy's
-        `handle` around it, called directly rather than through another ASGI layer."""
         self.store = store
         if store is not None:
             store.bind(self.pool)
@@ -228,114 +135,10 @@ class CoolingMiddleware(PolicyMiddleware):
 
         await self.app(scope, receive, send_closing)
 
-    async def _call_app(
-        self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send
-    ) -> None:
-        await self.app(scope, receive, send)
-
     async def handle(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
-        wire = ctx.wire
-        if wire is None or ctx.resolved_model is None:
-            return await self.inner(ctx, scope, receive, send)
+        ex = exchange_of(scope)
+        if ex is None or ctx.wire is None or ctx.resolved_model is None:
+            return await self.app(scope, receive, send)
         # Without an SDK, no span at all: nothing to build, activate or end.
         machine = AttemptMachine(self.engine, ctx, tm.tracing(), None, True)
-        action: Action = machine.begin()  # the usual first attempt: a plain call
-        while True:
-            if isinstance(action, SendOn):
-                action = await self._attempt(ctx, machine, action, scope, receive, send)
-            elif action is NEXT:
-                action = machine.next()
-            elif isinstance(action, ClaimProbe):
-                action = await claimed(machine, action)
-            elif isinstance(action, Wait):
-                # Retry in place: the wait ends inside the caller's budget (the machine saw
-                # to it); a client that leaves meanwhile cancels it with the request.
-                await asyncio.sleep(action.secs)
-                action = machine.waited()
-            else:
-                break
-        if isinstance(action, Deliver):
-            held: list[Message] = action.held  # type: ignore[assignment]  # ours, from ended()
-            for message in held:
-                await send(message)
-        elif isinstance(action, Refuse):
-            error = action.error
-            await send_error(
-                send, wire, error.status, error.error_type, error.message, action.headers
-            )
-        elif action is PASS_THROUGH:
-            await self.inner(ctx, scope, receive, send)  # not ours to place
-
-    async def _attempt(
-        self,
-        ctx: RequestContext,
-        machine: AttemptMachine,
-        action: SendOn,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-    ) -> Action:
-        """Run the app once on `action`'s lease and tell the machine how it went."""
-        attempt = _Attempt(send, machine)
-        span = action.span
-        try:
-            if span is None:
-                await self.inner(ctx, scope, _replay(ctx, receive), attempt.send)
-            else:
-                with tm.activate(span):  # the app's own call spans nest under it
-                    await self.inner(ctx, scope, _replay(ctx, receive), attempt.send)
-        except asyncio.CancelledError:
-            # A response already sent whole still has its outcome (uvicorn reports a
-            # disconnect once a response completes, and the base cancels then).
-            machine.ended(_FINISHED if attempt.finished else _GONE, gone=_CANCELLED)
-            raise
-        except Exception as exc:
-            if attempt.finished:
-                machine.ended(_FINISHED)
-                raise
-            after = machine.ended(_RAISED, error=type(exc))
-            if after is DONE:
-                raise  # the response started, nobody waits, or the app is broken
-            _log.warning("account %s failed (%s)", action.lease.account, type(exc).__name__)
-            return after
-        if attempt.held is not None and not attempt.complete:
-            try:
-                await attempt.flush()  # the app returned mid-body: pass on what it sent
-            except BaseException:
-                machine.ended(_GONE)  # the client is gone: the lease goes back, no outcome
-                raise
-        if attempt.held is not None and machine.state is State.READING:
-            machine.read(_body_of(attempt.held))  # a 400: a context-length refusal?
-        after = machine.ended(_FINISHED if attempt.finished else _RETURNED, held=attempt.held)
-        if machine.failure is not None:  # the app's framework answered a transport error
-            error = ctx.transport_error
-            name = "" if error is None else error.__name__
-            _log.warning("account %s failed (%s)", action.lease.account, name)
-        return after
-
-
-def _body_of(held: list[Message]) -> bytes:
-    """The body of a held answer (bounded by MAX_HELD_BYTES)."""
-    return b"".join(m.get("body", b"") for m in held if m["type"] == "http.response.body")
-
-
-def _replay(ctx: RequestContext, receive: Receive) -> Receive:
-    """A fresh `receive` per attempt: the body once, then whatever `receive` says next.
-
-    The body comes from `ctx.body_for_app()`, so every attempt reads the same bytes (with the
-    model rewrite). What `receive` itself still holds of the body is skipped: only a
-    disconnect can follow.
-    """
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": ctx.body_for_app(), "more_body": False}
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return message
-
-    return replay
+        await run_attempts(ex, machine, self.app, scope)

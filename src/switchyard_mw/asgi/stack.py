@@ -16,15 +16,19 @@ from ..core.clock import Clock, monotonic
 from ..core.pool import AccountPool
 from ..engine import reload
 from ..engine.fallbacks import Chains
+from ..engine.machine import AttemptMachine
 from ..engine.policies import Engine
 from ..engine.reload import Loader
 from ..engine.shadow import Shadows
 from ..state import Store, build_store
+from ..telemetry import names as tm
 from ..telemetry import request_metrics
 from ._base import PolicyMiddleware
 from ._types import ASGIApp, Message, Receive, Scope, Send
+from .attempts import run_attempts, run_timed
 from .cooling import CoolingMiddleware
 from .deadline import DeadlineMiddleware
+from .exchange import exchange_of
 from .judge import JudgeMiddleware
 from .variant import VariantMiddleware
 
@@ -98,7 +102,6 @@ class SwitchyardStack(PolicyMiddleware):
             chains=Chains(config.fallbacks),
         )
         cooling = CoolingMiddleware(app, engine=engine, server=server)
-        cooling.inner = deadline.handle
         shadows = Shadows.build(
             config.canaries, accounts=accounts, pool=pool, max_inflight=server.shadow_max_inflight
         )
@@ -169,13 +172,20 @@ class SwitchyardStack(PolicyMiddleware):
 
     async def handle(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
         # The policies in force now: a reload during this request leaves it on these.
-        engine, cooling, shadows = self.engine, self.cooling, self.shadows
+        engine, shadows = self.engine, self.shadows
         if engine.judged(ctx):  # no coroutine for the many requests with no route
             await engine.judge_model(ctx, gone=lambda: ctx.disconnected)
         engine.assign_variant(ctx)
         if shadows is not None:
             shadows.mirror(ctx, scope["path"])
-        await cooling.handle(ctx, scope, receive, send)
+        ex = exchange_of(scope)
+        if ex is None:  # not an LLM call switchyard read
+            return await self.app(scope, receive, send)
+        if ctx.view is None or ctx.resolved_model is None:
+            return await run_timed(ex, self.app, scope, self.deadline)
+        # Without an SDK, no span at all: nothing to build, activate or end.
+        machine = AttemptMachine(engine, ctx, tm.tracing(), None, True)
+        await run_attempts(ex, machine, self.app, scope, limits=self.deadline)
 
     async def aclose(self) -> None:
         """Release what the stack holds: its SIGHUP handler, the shadows' HTTP clients, the state

@@ -107,6 +107,10 @@ class State(enum.Enum):
     DONE = "done"
     """Answered, refused or passed through: no attempt is in flight or will be."""
 
+    # Members are singletons compared by identity: hash them that way too, in C, rather than
+    # by Enum's Python-level hash of the name (`ended` asks a set of states on every attempt).
+    __hash__ = object.__hash__
+
 
 class How(enum.Enum):
     """How an attempt ended."""

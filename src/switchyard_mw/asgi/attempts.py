@@ -1,0 +1,196 @@
+"""Driving the attempt machine over ASGI: each `Send` runs the app once through the request's
+exchange, and what happened goes back to the machine as plain events.
+
+The one driver of both the stack and `CoolingMiddleware` alone; `timed`: each attempt runs
+under the deadline the machine gives (`AttemptMachine.deadline`), as the stack does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from ..context import RequestContext
+from ..engine.attempts import Limits, Phase, deadline_secs, in_force
+from ..engine.claims import claimed
+from ..engine.content_events import watch_for
+from ..engine.machine import (
+    DONE,
+    NEXT,
+    PASS_THROUGH,
+    Action,
+    AttemptMachine,
+    ClaimProbe,
+    Deliver,
+    Gone,
+    How,
+    Refuse,
+    State,
+    Wait,
+)
+from ..engine.machine import Send as SendOn
+from ..engine.stream_bounds import first_token_secs
+from ..telemetry import names as tm
+from ._types import ASGIApp, Message, Scope
+from .exchange import Exchange, send_error
+
+_log = logging.getLogger("switchyard_mw.asgi.cooling")  # where operators filter it
+# Read on every attempt: Enum member access is slow on Python 3.11.
+_FINISHED, _RETURNED, _RAISED, _GONE = How.FINISHED, How.RETURNED, How.RAISED, How.GONE
+_CANCELLED = Gone.CANCELLED
+_READING = State.READING
+
+
+async def run_attempts(
+    ex: Exchange,
+    machine: AttemptMachine,
+    app: ASGIApp,
+    scope: Scope,
+    *,
+    limits: Limits | None = None,
+) -> None:
+    """The request's attempts as `machine` decides them. `limits`: each attempt runs under
+    its account's deadline, and a request the machine passes through under these (None: no
+    deadline)."""
+    action: Action = machine.begin()  # the usual first attempt: a plain call
+    while True:
+        if isinstance(action, SendOn):
+            action = await _attempt(ex, machine, action, app, scope, timed=limits is not None)
+        elif action is NEXT:
+            action = machine.next()
+        elif isinstance(action, ClaimProbe):
+            action = await claimed(machine, action)
+        elif isinstance(action, Wait):
+            # Retry in place: the wait ends inside the caller's budget (the machine saw to
+            # it); a client that leaves meanwhile cancels it with the request.
+            await asyncio.sleep(action.secs)
+            action = machine.waited()
+        else:
+            break
+    if isinstance(action, Deliver):
+        held: list[Message] = action.held  # type: ignore[assignment]  # ours, from ended()
+        for message in held:
+            await ex.out(message)
+    elif isinstance(action, Refuse):
+        ctx = ex.ctx
+        assert ctx is not None
+        assert ctx.wire is not None
+        error = action.error
+        await send_error(
+            ex.out, ctx.wire, error.status, error.error_type, error.message, action.headers
+        )
+    elif action is PASS_THROUGH:  # not ours to place
+        await run_timed(ex, app, scope, limits)
+
+
+async def run_timed(ex: Exchange, app: ASGIApp, scope: Scope, limits: Limits | None) -> None:
+    """The app once, as it is, under `limits`' deadline (None: none)."""
+    ex.attempt(None)
+    if limits is None:
+        await app(scope, ex.receive, ex.send)
+        return
+    ctx = ex.ctx
+    assert ctx is not None
+    assert ctx.view is not None
+    arm_from(ex, ctx, limits)
+    await ex.run(app, scope, ex.receive, ex.send)
+
+
+def arm_from(ex: Exchange, ctx: RequestContext, limits: Limits) -> None:
+    """Arm the exchange's deadline from `limits` (no account's: a deadline policy's own)."""
+    view = ctx.view
+    assert view is not None
+    first = deadline_secs(view, limits)
+    now = time.monotonic()
+    ctx.attempt_deadline_secs = in_force(first, ctx.budget_at, now)
+    _arm_both(ex, ctx, limits, first, now)
+
+
+def _arm(ex: Exchange, machine: AttemptMachine, ctx: RequestContext) -> None:
+    """Arm the attempt's deadline as the machine gives it for the attempt's account."""
+    now = time.monotonic()
+    first, _ = machine.deadline(now)
+    client = ctx.account
+    assert client is not None
+    _arm_both(ex, ctx, client.spec, first, now)
+
+
+def _arm_both(ex: Exchange, ctx: RequestContext, limits: Limits, first: float, now: float) -> None:
+    """The attempt's deadline (`first` from `now`) and its stream's bounds past the headers."""
+    view = ctx.view
+    assert view is not None
+    # A stream starts at its first content event: `first` is the sooner of its bounds on
+    # the headers and on that event; once the headers came, the second is what is due.
+    to_content = first_token_secs(limits) if view.stream else first
+    # What an app's own call bounds (`timeout_for`, a backstop past the alarm) must not cut
+    # a stream before its first content is due.
+    ctx.deadline_at = now + max(first, to_content)
+    idle = ctx.stream_idle_secs = limits.stream_idle_secs if view.stream else None
+    ex.arm(first, idle, now)
+    ex.hold_start(watch_for(view.wire) if view.stream else None, limits, now + to_content)
+    if view.stream and to_content <= first < limits.timeout_secs:
+        ex.no_start_phase = Phase.FIRST_TOKEN
+
+
+async def _attempt(
+    ex: Exchange,
+    machine: AttemptMachine,
+    action: SendOn,
+    app: ASGIApp,
+    scope: Scope,
+    *,
+    timed: bool,
+) -> Action:
+    """Run the app once on `action`'s lease and tell the machine how it went."""
+    ex.attempt(machine)
+    ctx = ex.ctx
+    assert ctx is not None
+    span = action.span
+    try:
+        if timed:
+            _arm(ex, machine, ctx)
+            if span is None:
+                await ex.run(app, scope, ex.receive, ex.send)
+            else:
+                with tm.activate(span):  # the app's own call spans nest under it
+                    await ex.run(app, scope, ex.receive, ex.send)
+        elif span is None:
+            await app(scope, ex.receive, ex.send)
+        else:
+            with tm.activate(span):
+                await app(scope, ex.receive, ex.send)
+    except asyncio.CancelledError:
+        # A response already sent whole still has its outcome (uvicorn reports a
+        # disconnect once a response completes, and the owner cancels then).
+        machine.ended(_FINISHED if ex.finished else _GONE, gone=_CANCELLED)
+        raise
+    except Exception as exc:
+        if ex.finished:
+            machine.ended(_FINISHED)
+            raise
+        after = machine.ended(_RAISED, error=type(exc))
+        if after is DONE:
+            raise  # the response started, nobody waits, or the app is broken
+        _log.warning("account %s failed (%s)", action.lease.account, type(exc).__name__)
+        return after
+    if ex.held is not None and not ex.held_whole:
+        try:
+            await ex.flush()  # the app returned mid-body: pass on what it sent
+        except BaseException:
+            machine.ended(_GONE)  # the client is gone: the lease goes back, no outcome
+            raise
+    if ex.held is not None and machine.state is _READING:
+        machine.read(_body_of(ex.held))  # a 400: a context-length refusal?
+    after = machine.ended(_FINISHED if ex.finished else _RETURNED, held=ex.held)
+    # The app's framework answered a transport error (never so for the usual answer, DONE).
+    if after is not DONE and machine.failure is not None:
+        error = ctx.transport_error
+        name = "" if error is None else error.__name__
+        _log.warning("account %s failed (%s)", action.lease.account, name)
+    return after
+
+
+def _body_of(held: list[Message]) -> bytes:
+    """The body of a held answer (bounded by MAX_HELD_BYTES)."""
+    return b"".join(m.get("body", b"") for m in held if m["type"] == "http.response.body")

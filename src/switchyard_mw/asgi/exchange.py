@@ -1,0 +1,744 @@
+"""One request's exchange with the app: its `receive`, its `send`, and its one timer.
+
+The first switchyard layer an LLM call meets builds one as the body starts to arrive, and every
+policy of the request works through it (`exchange_of(scope)`):
+
+- It is the request's one timer. It bounds the body's read, then watches for the client
+  leaving, and carries each attempt's deadline: one entry in the loop's sweeper and at most
+  one timer handle at a time, set only for a request that outlasts `WATCH_AFTER_SECS` or a
+  bound shorter than twice that (most requests end sooner). It alone cancels the task serving
+  the request, and records why, so a catch site asks it (`whose()`) rather than working it
+  out again.
+- It is the app's `receive`: the body (as the policies rewrote it) once per attempt, then
+  `http.disconnect` once the client left or the attempt's deadline passed (an app that
+  listens in a task of its own, as Django does, is told so and given `LISTENER_GRACE_SECS`).
+- It is the app's `send`, one function for what four layers each wrapped before: a stream's
+  deadline re-armed per chunk, the attempt's answer held back while the attempt machine says
+  so, and the response's tracking (status, `x-switchyard-*` headers, first token, the span's
+  attributes before the last message).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from ..context import RequestContext
+from ..engine.answers import deadline_exceeded, exposed_headers
+from ..engine.attempts import Phase, first_token
+from ..engine.content_events import ContentWatch
+from ..engine.machine import FORWARD, State
+from ..engine.stream_bounds import ThroughputFloor, floor_for
+from ..errors import DeadlineExceededAfterStart
+from ..telemetry import names as tm
+from ..wire import StreamSequence, Wire, error_body, sequence_for, stream_error_event
+from ._disconnect import LISTENER_GRACE_SECS, WATCH_AFTER_SECS, Deferred, defer
+from ._types import Message, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from ..engine.machine import AttemptMachine
+
+MAX_HELD_BYTES = 1 << 20
+"""A held error body larger than this is forwarded: failover gives way to bounded memory."""
+
+MAX_OPENING_BYTES = 256 << 10
+"""Held events before a stream's first content larger than this go on: no answer opens with
+that much, and memory stays bounded."""
+
+EXCHANGE_KEY = "switchyard.exchange"
+"""Where the request's exchange is kept in `scope["state"]`."""
+
+
+def exchange_of(scope: Scope) -> Exchange | None:
+    """The request's exchange (None: not an LLM call whose body switchyard read)."""
+    state = scope.get("state")
+    found: Exchange | None = None if state is None else state.get(EXCHANGE_KEY)
+    return found
+
+
+class Cause(enum.Enum):
+    """Why the exchange cancelled the task serving the request."""
+
+    READ_TIMEOUT = "read_timeout"
+    """The body did not arrive within `body_read_timeout_secs`."""
+    CLIENT_LEFT = "client_left"
+    """The client disconnected: nobody waits for the answer."""
+    DEADLINE = "deadline"
+    """The attempt's deadline passed."""
+
+
+class Stage(enum.Enum):
+    """Where the request stands for its timer."""
+
+    READING = "reading"
+    """The body is being read: the timer bounds the read."""
+    SERVING = "serving"
+    """The body is whole: the timer watches for the client and carries the deadline."""
+    ENDED = "ended"
+    """The response is complete or the request's work ended: nothing more to watch."""
+
+
+class Expiry(enum.Enum):
+    """How far the attempt's deadline has gone in ending the app's work."""
+
+    PENDING = "pending"
+    """Its time has not come (or it was disarmed first)."""
+    TOLD = "told"
+    """The app's own listener heard `http.disconnect`; the task is cancelled if the app has not
+    ended its work within `LISTENER_GRACE_SECS`."""
+    CANCELLED = "cancelled"
+    """The task running the app was cancelled."""
+
+
+_MAX_CANCELS = 4
+"""How often a deadline cancels a task that has not ended (`LISTENER_GRACE_SECS` apart): the
+expiry's answer comes within about a second of the deadline, whatever the app waits on."""
+
+# Read on every request: module constants, since Enum member access is slow on Python 3.11.
+_READ_TIMEOUT, _CLIENT_LEFT, _DEADLINE = Cause.READ_TIMEOUT, Cause.CLIENT_LEFT, Cause.DEADLINE
+_READING, _SERVING, _ENDED = Stage.READING, Stage.SERVING, Stage.ENDED
+_PENDING, _TOLD, _CANCELLED = Expiry.PENDING, Expiry.TOLD, Expiry.CANCELLED
+_SHORT = 2 * WATCH_AFTER_SECS  # a bound this short gets its timer at once
+_DISCONNECT: Message = {"type": "http.disconnect"}
+_FORWARDING_STATE = State.FORWARDING
+
+
+class Exchange(Deferred):
+    """One request's timer, `receive` and `send` (see the module's docstring).
+
+    `receive`/`send`: the server's; `owner`: the task serving the request (None: nothing to
+    cancel); `read_secs`: the bound on the body's read (None: none), from `started`
+    (`time.monotonic()`). `read(ctx)` ends the read.
+    """
+
+    __slots__ = (
+        "_asked",
+        "_body_sent",
+        "_cancels",
+        "_cause",
+        "_complete",
+        "_content",
+        "_content_at",
+        "_content_watch",
+        "_decided",
+        "_due",
+        "_floor",
+        "_grace",
+        "_handle",
+        "_holds",
+        "_idle",
+        "_limits",
+        "_listener",
+        "_loop",
+        "_machine",
+        "_owner",
+        "_pre",
+        "_pre_size",
+        "_receive",
+        "_send",
+        "_sequence",
+        "_size",
+        "_slow_at",
+        "_start",
+        "_until",
+        "_wake",
+        "_watcher",
+        "_when",
+        "ctx",
+        "expiry",
+        "expose",
+        "finished",
+        "held",
+        "held_whole",
+        "last",
+        "no_start_phase",
+        "stage",
+        "stream",
+    )
+
+    def __init__(
+        self,
+        receive: Receive,
+        send: Send,
+        loop: asyncio.AbstractEventLoop,
+        owner: asyncio.Task[Any] | None,
+        read_secs: float | None = None,
+        started: float = 0.0,
+    ) -> None:
+        self.ctx: RequestContext | None = None  # None while the body is read
+        self._receive = receive
+        self._send = send
+        self._loop = loop
+        self._owner = owner
+        self.stage = _READING
+        self._until = None if read_secs is None else started + read_secs
+        self._due = False  # the sweeper's time came during the read
+        self._handle: asyncio.TimerHandle | None = None  # the read's bound, then the deadline
+        self._grace: asyncio.TimerHandle | None = None  # a cancellation after a listener's grace
+        self._watcher: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None  # set when a listener should hear a disconnect
+        self._listener: asyncio.Task[Any] | None = None  # a task waiting in `receive`
+        self._cause: Cause | None = None  # why the task was first cancelled, since `whose()`
+        self._cancels = 0  # how often the task was cancelled, since `whose()`
+        self._decided: Cause | None = None  # what `whose()` found last
+        self.expose = False  # add the `x-switchyard-*` headers
+        self.last: Callable[[], None] | None = None  # runs before the response's last message
+        self._when: float | None = None  # the deadline (loop time); None: none armed
+        self._idle: float | None = None  # a stream's gap limit (None: not a stream)
+        self._sequence: StreamSequence | None = None
+        # A stream starts at its first content event (a JSON answer: at its body's first
+        # bytes): a successful start is held back until then, with the events before it.
+        self._holds = False
+        self._pre: list[Message] | None = None  # the start and events held until content
+        self._pre_size = 0
+        self._content_watch: ContentWatch | None = None  # a stream's content events
+        self._limits: object = None  # the account's, for its throughput floor
+        self._content_at = 0.0  # (monotonic) when a stream's first content is due
+        self._floor: ThroughputFloor | None = None
+        self._slow_at: float | None = None  # (monotonic) when the stream is slow unless more
+        self.no_start_phase: str = Phase.TOTAL
+        """The phase of an expiry before anything reached the client."""
+        self._content = False  # the machine heard of the answer's first content
+        self.expiry = _PENDING
+        self._machine: AttemptMachine | None = None  # the attempt's, when one may be held
+        self._asked = False  # the machine was told the attempt's answer started
+        self._body_sent = False
+        self._start: Message | None = None  # the attempt's response start, as the app sent it
+        self.held: list[Message] | None = None
+        """The attempt's answer held back (None: none is)."""
+        self._size = 0  # bytes held
+        self.held_whole = False
+        """Whether the held answer is whole (it can be swallowed for a failover)."""
+        self.stream = False  # the request asks for a stream (its first token is noted)
+        self._complete = False  # the app sent the attempt's last message
+        self.finished = False  # the client has the whole response
+        if read_secs is not None and read_secs <= _SHORT:
+            self._handle = loop.call_later(read_secs, self._check)
+        defer(self, loop)
+
+    # --- the timer --------------------------------------------------------------------------
+
+    def read(self, ctx: RequestContext) -> None:
+        """The body is whole in `ctx`: stop timing the read, watch from now on."""
+        self.ctx = ctx
+        self.stage = _SERVING
+        self.stream = ctx.view is not None and ctx.view.stream
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if self._due:
+            self.start()
+
+    def start(self) -> None:
+        """Called by the sweeper (or when the app listens): the request outlasted the wait."""
+        if self._tick is not None:
+            self.leave()
+        stage = self.stage
+        if stage is _READING:  # time the read from now (nobody else may read)
+            self._due = True
+            if self._until is not None and self._handle is None and self._cause is None:
+                left = max(self._until - time.monotonic(), 0.0)
+                self._handle = self._loop.call_later(left, self._check)
+            return
+        if stage is _ENDED:
+            return
+        if self._watcher is None:
+            self._watcher = self._loop.create_task(self._watch())
+        if self._when is not None and self._handle is None and self.expiry is _PENDING:
+            self._handle = self._loop.call_at(self._when, self._check)
+
+    def stop(self) -> None:
+        """The response is complete, or the request's work ended: nothing more to watch.
+        The app's after-work (background tasks) runs on undisturbed."""
+        if self._tick is not None:  # called twice per request: no call at all the second time
+            self.leave()
+        self.stage = _ENDED
+        self._when = None
+        if self._watcher is not None:
+            self._watcher.cancel()
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if self._grace is not None:
+            self._grace.cancel()
+            self._grace = None
+
+    def _check(self) -> None:
+        self._handle = None
+        if self.stage is _READING:
+            self._cancel(_READ_TIMEOUT, "switchyard body read timeout")
+            return
+        when = self._when
+        if when is None or self.expiry is not _PENDING:
+            return
+        if self._loop.time() < when:  # moved later meanwhile
+            self._handle = self._loop.call_at(when, self._check)
+            return
+        listener = self._listener
+        if listener is None or listener.done() or listener is self._owner:
+            self._cancel_for_deadline()
+            return
+        # The app hears it in a task of its own (Django): its turn to end its work.
+        self.expiry = _TOLD
+        self._tell()
+        self._later(self._cancel_for_deadline)
+
+    def _cancel_for_deadline(self) -> None:
+        self._grace = None
+        owner = self._owner
+        if owner is None or owner.done() or self._when is None:
+            return
+        self.expiry = _CANCELLED
+        self._cancel(_DEADLINE, "switchyard deadline")
+        if self._cancels < _MAX_CANCELS:
+            # A cancellation ends one wait. Cleanup that waits on a thread takes one per wait
+            # (Django with a sync view: its request-finished signal, then asgiref's join of the
+            # view's thread), and the answer must not wait for the thread.
+            self._later(self._cancel_for_deadline)
+
+    def _cancel_for_client(self) -> None:
+        self._grace = None
+        self._cancel(_CLIENT_LEFT, "client disconnected")
+
+    def _later(self, cancel: Callable[[], None]) -> None:
+        if self._grace is not None:
+            self._grace.cancel()
+        self._grace = self._loop.call_later(LISTENER_GRACE_SECS, cancel)
+
+    def _cancel(self, cause: Cause, message: str) -> None:
+        owner = self._owner
+        if owner is None or owner.done():
+            return
+        if self._cause is None:
+            self._cause = cause
+        self._cancels += 1
+        owner.cancel(message)
+
+    def whose(self) -> Cause | None:
+        """Whose the cancellation that reached the task serving the request was: the cause,
+        when the exchange's cancellations were the only ones (they are taken back, and the
+        task goes on to answer); None when anyone else cancelled it too (it goes on). Call it
+        where the cancellation arrived; a caller further up gets the same answer."""
+        cancels = self._cancels
+        if cancels == 0:
+            return self._decided
+        self._cancels = 0
+        cause, self._cause = self._cause, None
+        owner = self._owner
+        assert owner is not None  # only a task the exchange cancelled
+        left = owner.cancelling()
+        for _ in range(cancels):
+            left = owner.uncancel()
+        if cause is _DEADLINE:
+            self.disarm()  # no further cancellation while the expiry is answered
+        self._decided = cause if left == 0 else None
+        return self._decided
+
+    async def _watch(self) -> None:
+        receive = self._receive
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                break
+        if self.ctx is not None:
+            self.ctx.disconnected = True
+        self._tell()
+        listener = self._listener
+        if listener is None or listener is self._owner:
+            self._cancel_for_client()
+        else:  # the app hears it in a task of its own (Django): its turn to end its work
+            self._later(self._cancel_for_client)
+
+    def _tell(self) -> None:
+        """A listener waiting in `receive` hears `http.disconnect` (one that comes later, too)."""
+        if self._wake is None:
+            self._wake = asyncio.Event()
+        self._wake.set()
+
+    # --- the attempt's deadline -------------------------------------------------------------
+
+    def arm(self, secs: float, idle: float | None, now: float) -> None:
+        """The attempt's deadline: `secs` from `now` (`time.monotonic()`) until its response
+        is whole (a stream: until it starts), cut to the request's budget; a stream's every
+        chunk re-arms it for `idle`."""
+        assert self.ctx is not None
+        self._idle = idle
+        self._sequence = sequence_for(self.ctx.wire) if idle is not None else None
+        self.expiry = _PENDING
+        self._holds = False
+        self._pre = None
+        self._pre_size = 0
+        self._content_watch = self._floor = self._slow_at = None
+        self.no_start_phase = Phase.HEADERS if idle is not None else Phase.TOTAL
+        budget_at = self.ctx.budget_at
+        if budget_at is not None and budget_at - now < secs:
+            secs = max(budget_at - now, 0.0)
+        loop = self._loop
+        self._when = when = loop.time() + secs
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        # The sweeper sets the timer of a request that outlasts its wait (`start`), unless
+        # the bound is too short for that or the sweeper already passed.
+        if secs <= _SHORT or (self._tick is None and self.stage is _SERVING):
+            self._handle = loop.call_at(when, self._check)
+
+    def hold_start(self, watch: ContentWatch | None, limits: object, content_at: float) -> None:
+        """Hold a successful response's start back until its first content: `watch` reads a
+        stream's events (None: the first body is the content); `content_at` (monotonic): when
+        a stream's first content is due; `limits`: the account's, for its throughput floor."""
+        if self._idle is not None and watch is None:
+            return  # a stream of a wire whose content events are unknown: as before
+        self._holds = True
+        self._content_watch = watch
+        self._limits = limits
+        self._content_at = content_at
+
+    def disarm(self) -> None:
+        """No deadline any more (the attempt ended, or its response is whole)."""
+        self._when = None
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if self._grace is not None and self.expiry is not _PENDING:
+            self._grace.cancel()
+            self._grace = None
+
+    def move(self, bound: float) -> None:
+        """The deadline `bound` seconds from now: a timer at once when it is short or the
+        sweeper already passed, else the sweeper sets it (`start`)."""
+        when = self._loop.time() + bound
+        old = self._when
+        self._when = when
+        handle = self._handle
+        if handle is None:
+            if bound <= _SHORT or (self._tick is None and self.stage is _SERVING):
+                self._handle = self._loop.call_at(when, self._check)
+        elif old is not None and when < old:
+            handle.cancel()
+            self._handle = self._loop.call_at(when, self._check)
+        # Later than the timer set: it re-arms for the new time when it fires.
+
+    def _bound(self, secs: float, now: float) -> float:
+        """`secs` from `now` (monotonic), or less when the request's budget ends sooner."""
+        assert self.ctx is not None
+        budget_at = self.ctx.budget_at
+        if budget_at is not None and budget_at - now < secs:
+            secs = max(budget_at - now, 0.0)
+        return secs
+
+    def _rearm(self, secs: float) -> None:
+        if self.expiry is not _PENDING or self._when is None:
+            return
+        now = time.monotonic()
+        if self._slow_at is not None and self._slow_at - now < secs:
+            secs = max(self._slow_at - now, 0.0)  # the throughput floor binds first
+        self.move(self._bound(secs, now))
+        assert self.ctx is not None
+        self.ctx.deadline_at = now + secs
+
+    def phase(self) -> str:
+        """The phase an expiry now ran out in: what the response had got to tells it."""
+        started = self._start is not None
+        ctx = self.ctx
+        assert ctx is not None
+        now = time.monotonic()
+        if ctx.budget_at is not None and now >= ctx.budget_at - 0.001:
+            return "budget"
+        if not started:
+            return self.no_start_phase
+        if self._slow_at is not None and now >= self._slow_at - 0.001:
+            return Phase.SLOW
+        return "idle" if self._idle is not None else "total"
+
+    async def run(self, app: Any, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run the app for one attempt under the deadline `arm` set; its expiry is answered
+        here (through the attempt's hold, so it may fail over)."""
+        try:
+            await app(scope, receive, send)
+        except asyncio.CancelledError:
+            if self.whose() is not _DEADLINE:
+                raise
+            await self.answer_expiry()
+        else:
+            if self.expiry is not _PENDING:
+                # The app returned after the deadline passed: it ended its work once told
+                # (Django then returns without a response), or swallowed the cancellation.
+                self.whose()
+                if not self._complete:
+                    await self.answer_expiry()
+            elif self._pre is not None:  # the app returned mid-answer: what it sent goes on
+                await self._release(False)
+        finally:
+            if self._when is not None or self._grace is not None:
+                self.disarm()
+
+    async def answer_expiry(self) -> None:
+        ctx = self.ctx
+        assert ctx is not None
+        assert ctx.wire is not None
+        wire = ctx.wire
+        phase = self.phase()
+        ctx.deadline_phase = phase
+        tm.deadline_exceeded.add(1, {"phase": phase})
+        error = deadline_exceeded(phase)
+        start = self._start
+        if start is None:
+            await send_error(self._hold_or_out, wire, error.status, error.error_type, error.message)
+        elif _is_sse(start):
+            event = stream_error_event(wire, error.error_type, error.message, self._sequence)
+            await self._hold_or_out(
+                {"type": "http.response.body", "body": event, "more_body": True}
+            )
+            await self._hold_or_out({"type": "http.response.body", "body": b"", "more_body": False})
+        else:
+            raise DeadlineExceededAfterStart(error.message)
+
+    # --- receive ------------------------------------------------------------------------------
+
+    async def receive(self) -> Message:
+        """The app's `receive`: the (possibly rewritten) body once per attempt, then waits
+        for the client to leave or the attempt's deadline to pass.
+
+        The body is built when the app first asks, so every policy has decided the model by
+        then; a failover's attempt reads the whole body again.
+        """
+        if not self._body_sent:
+            self._body_sent = True
+            body = b"" if self.ctx is None else self.ctx.body_for_app()
+            return {"type": "http.request", "body": body, "more_body": False}
+        if self.expiry is not _PENDING:
+            return _DISCONNECT
+        self.start()  # the app listens for a disconnect: watch from now on
+        if self._wake is None:
+            self._wake = asyncio.Event()
+        self._listener = asyncio.current_task(self._loop)
+        try:
+            await self._wake.wait()
+        finally:
+            self._listener = None
+        return _DISCONNECT
+
+    # --- send ---------------------------------------------------------------------------------
+
+    def attempt(self, machine: AttemptMachine | None) -> None:
+        """A new attempt begins (`machine`: its answer may be held back as it says)."""
+        self._machine = machine
+        self._asked = False
+        self._content = False
+        self._body_sent = False
+        self._start = None
+        self.held = None
+        self._size = 0
+        self.held_whole = False
+        self._complete = False
+        self.finished = False
+        self.expiry = _PENDING
+        if self._wake is not None and not (self.ctx is not None and self.ctx.disconnected):
+            self._wake = None  # the last attempt's deadline told its listener, not this one's
+
+    async def send(self, message: Message) -> None:
+        """The app's `send`: the deadline's part, then the hold's, then the tracking's (`out`),
+        in one function for the usual messages."""
+        pre = self._pre
+        if pre is not None:
+            if self._content_watch is not None:
+                return await self._hold_opening(message)
+            # A JSON answer: its start waits for the body's first bytes, and goes on with them
+            # here (no coroutine more than the start's own send: this runs on every answer).
+            if message["type"] != "http.response.body" or not (
+                message.get("body") or not message.get("more_body", False)
+            ):
+                pre.append(message)
+                return
+            self._pre = None
+            self._holds = False
+            self._start = pre[0]
+            for early in pre:
+                await self._hold_or_out(early)
+        kind = message["type"]
+        if kind == "http.response.body":
+            more = message.get("more_body", False)
+            if not more:
+                self._complete = True
+                if self._when is not None:
+                    self.disarm()
+            elif self._idle is not None:
+                body = message.get("body", b"")
+                if self._floor is not None:
+                    self._count(body)
+                self._rearm(self._idle)
+                if self._sequence is not None:
+                    self._sequence.feed(body)
+            if self.held is not None:
+                return await self._hold(message)
+            ctx = self.ctx
+            assert ctx is not None
+            if self.stream and ctx.first_token_at is None:
+                first_token(ctx, message.get("body", b""))
+            if not self._content and self._machine is not None:
+                self._first_content()
+            if not more:
+                self.finished = True
+                self.stop()  # servers report a disconnect once a response is complete
+                if self.last is not None:
+                    self.last()
+            return await self._send(message)
+        if kind == "http.response.start":
+            if self._holds and message["status"] < 300:
+                self._pre = [message]
+                if self._idle is not None:  # a stream: its first content is now what is due
+                    self.no_start_phase = Phase.FIRST_TOKEN
+                    now = time.monotonic()
+                    self.move(self._bound(self._content_at - now, now))
+                return
+            if self._start is None:
+                self._start = message
+                if self._idle is not None:
+                    self._rearm(self._idle)
+            if self.held is None and (self._machine is None or self._asked):
+                return await self._send(self._noted(message))
+        await self._hold_or_out(message)
+
+    async def _hold_opening(self, message: Message) -> None:
+        """Hold `message` with the start; pass all on once the first content came (or the
+        answer ended, or outgrew what is held)."""
+        pre = self._pre
+        assert pre is not None
+        pre.append(message)
+        if message["type"] != "http.response.body":
+            return
+        body = message.get("body", b"")
+        more = message.get("more_body", False)
+        self._pre_size += len(body)
+        watch = self._content_watch
+        content = bool(body) if watch is None else watch.feed(body)
+        if content or not more or self._pre_size > MAX_OPENING_BYTES:
+            await self._release(content)
+
+    async def _release(self, content: bool) -> None:
+        held, self._pre = self._pre or [], None
+        self._holds = False
+        now = time.monotonic()
+        ctx = self.ctx
+        assert ctx is not None
+        if content and self._content_watch is not None and ctx.first_token_at is None:
+            ctx.first_token_at = now  # a stream's time to first token (not a JSON answer's)
+        for message in held:
+            await self.send(message)
+        if content and self._content_watch is not None and not self._complete:
+            self._floor = floor_for(self._limits, now)
+            if self._floor is not None and self._idle is not None:
+                self._count(b"")
+                self._rearm(self._idle)  # the floor may bind before the next chunk comes
+
+    def _count(self, body: bytes) -> None:
+        """A stream's output so far, read against its throughput floor."""
+        watch, floor = self._content_watch, self._floor
+        assert watch is not None
+        assert floor is not None
+        if body:
+            watch.feed(body)
+        self._slow_at = floor.note(time.monotonic(), watch.output_tokens)
+
+    def _first_content(self) -> None:
+        """The stream's first content event passed (`ctx.first_token_at` notes it): the
+        machine hears of it as that content goes to the client."""
+        machine, ctx = self._machine, self.ctx
+        assert machine is not None
+        assert ctx is not None
+        if ctx.first_token_at is not None and machine.state is _FORWARDING_STATE:
+            self._content = True
+            machine.first_content()
+
+    async def _hold_or_out(self, message: Message) -> None:
+        if self.held is not None:
+            return await self._hold(message)
+        machine = self._machine
+        if machine is not None and message["type"] == "http.response.start" and not self._asked:
+            # Held while a failover is possible, and every 5xx until the app ends:
+            # Starlette's and FastAPI's error middleware answer an escaping exception with
+            # a 500 and then re-raise it, and a transport error is no upstream answer.
+            self._asked = True
+            if machine.started(message["status"], message.get("headers", ())) is not FORWARD:
+                self.held = [message]
+                return
+        await self.out(message)
+
+    async def _hold(self, message: Message) -> None:
+        held = self.held
+        assert held is not None
+        held.append(message)
+        if message["type"] == "http.response.body":
+            self._size += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                self.held_whole = True
+            elif self._size > MAX_HELD_BYTES:
+                await self.flush()
+
+    async def flush(self) -> None:
+        """Stop holding: what was held goes on, and no failover can follow."""
+        if self._machine is not None:
+            self._machine.cannot_hold()
+        held, self.held = self.held or [], None
+        for message in held:
+            await self.out(message)
+
+    async def out(self, message: Message) -> None:
+        """A message on its way to the client: noted (status, headers, first token) and sent."""
+        ctx = self.ctx
+        assert ctx is not None
+        kind = message["type"]
+        if kind == "http.response.start":
+            message = self._noted(message)
+        elif kind == "http.response.body":
+            if self.stream and ctx.first_token_at is None:
+                first_token(ctx, message.get("body", b""))
+            if not self._content and self._machine is not None:
+                self._first_content()
+            if not message.get("more_body", False):
+                self.finished = True
+                self.stop()  # servers report a disconnect once a response is complete
+                if self.last is not None:
+                    self.last()
+        await self._send(message)
+
+    def _noted(self, start: Message) -> Message:
+        """The response's start as it goes to the client: its status noted, the
+        `x-switchyard-*` headers added."""
+        ctx = self.ctx
+        assert ctx is not None
+        ctx.response_status = start["status"]
+        if self.expose and (extra := exposed_headers(ctx)):
+            return {**start, "headers": [*start.get("headers", ()), *extra]}
+        return start
+
+
+def _is_sse(start: Message) -> bool:
+    """Whether a response that started is an event stream."""
+    return any(
+        name.lower() == b"content-type" and bytes(value).startswith(b"text/event-stream")
+        for name, value in start.get("headers", ())
+    )
+
+
+async def send_error(
+    send: Send,
+    wire: Wire,
+    status: int,
+    error_type: str,
+    message: str,
+    extra_headers: Iterable[tuple[bytes, bytes]] = (),
+) -> None:
+    """A complete JSON error response in the wire's format."""
+    body = error_body(wire, error_type, message)
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *extra_headers,
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
