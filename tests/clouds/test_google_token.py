@@ -174,3 +174,26 @@ async def test_no_application_default_credentials_is_an_error_naming_the_account
     assert time.monotonic() - started < 3.5
     assert info.value.refused is False
     assert str(info.value).startswith("account 'gcp': no application-default credentials found")
+
+
+async def test_credentials_found_nowhere_at_once_say_the_same_cause(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # google-auth may give up before the bound (no metadata server to wait for): the
+    # operator reads the same cause as when the search runs out of time.
+    import google.auth
+
+    def nowhere(**_: object) -> None:
+        raise google.auth.exceptions.DefaultCredentialsError(
+            "Your default credentials were not found."
+        )
+
+    monkeypatch.setattr(google.auth, "default", nowhere)
+    settings = VertexSettings(project="my-project", region="us-east5", token_timeout_secs=3.0)
+    with pytest.raises(CloudCredentialError) as info:
+        await GoogleToken("gcp", settings).token()
+    assert info.value.refused is False
+    assert str(info.value) == (
+        "account 'gcp': no application-default credentials found: "
+        "Your default credentials were not found."
+    )

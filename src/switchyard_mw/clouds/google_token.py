@@ -133,6 +133,14 @@ class GoogleToken:
             raise CloudCredentialError(
                 self._account, f"the token endpoint refused: {_said(exc)}", refused=refused
             ) from None
+        except google.auth.exceptions.DefaultCredentialsError as exc:
+            # Said as the timeout says it: whether google-auth gives up on the metadata
+            # server before the bound or not, the operator reads the same cause.
+            raise CloudCredentialError(
+                self._account,
+                f"no application-default credentials found: {_said(exc)}",
+                refused=False,
+            ) from None
         except (google.auth.exceptions.GoogleAuthError, OSError, ValueError) as exc:
             raise CloudCredentialError(
                 self._account, f"no token: {type(exc).__name__}: {_said(exc)}", refused=False
