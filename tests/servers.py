@@ -28,6 +28,23 @@ def free_port() -> int:
         return port
 
 
+@contextlib.contextmanager
+def refusing_port() -> Iterator[int]:
+    """A loopback port that refuses every connection while the block runs: bound (without
+    SO_REUSEADDR), never listening.
+
+    A port only bound and released (`free_port`) may be taken again meanwhile: by a server of
+    a later test, or as the local port of an outgoing connection, and a connection to it from
+    that very port then connects to itself (TCP's simultaneous open) and waits for an answer
+    that never comes, up to the attempt's whole deadline. Held here, the kernel gives it to
+    nobody else, and a connection to it is refused at once.
+    """
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        yield port
+
+
 def wait_for_port(port: int, timeout: float = 15.0) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:

@@ -43,7 +43,7 @@ import pytest
 import uvicorn
 
 import framework_apps
-from servers import ROOT, free_port, serve_in_thread, wait_for_port
+from servers import ROOT, free_port, refusing_port, serve_in_thread, wait_for_port
 from switchyard_mw.testing import Behaviour, MockProvider
 
 pytestmark = pytest.mark.integration
@@ -61,23 +61,28 @@ KEYS = {
 }
 STREAM_CHUNKS = 3
 MESSAGES: Any = [{"role": "user", "content": "Say hello"}]
+REFUSED = "timeout_secs = 10\n"
+"""The refusing accounts' deadline: a refusal takes a millisecond, and should a connection hang
+instead, the case fails with a 504 well inside pytest's timeout rather than by it."""
 FAILED_ATTEMPT = "failed ("  # the cooling policy's one warning line per failed attempt
 
 
-def _closed_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    return free_port()
+@pytest.fixture(scope="module")
+def refused() -> Iterator[list[str]]:
+    """Four loopback URLs that refuse connections for the whole module (`refusing_port`)."""
+    with contextlib.ExitStack() as stack:
+        ports = [stack.enter_context(refusing_port()) for _ in range(4)]
+        yield [f"http://127.0.0.1:{port}" for port in ports]
 
 
-def _config(mock_url: str) -> str:
-    closed = [f"http://127.0.0.1:{_closed_port()}" for _ in range(4)]
+def _config(mock_url: str, closed: list[str]) -> str:
     accounts = [
         ("ok", mock_url, "KEY_OK", ["m-ok", "m-401", "m-refused", "m-judged", "m-canary-2"], 1, ""),
         ("rejecting", mock_url, "KEY_REJECTING", ["m-401"], 0, ""),
-        ("closed", closed[0], "KEY_CLOSED", ["m-refused"], 0, ""),
-        ("down-1", closed[1], "KEY_CLOSED", ["m-down"], 0, ""),
-        ("down-2", closed[2], "KEY_CLOSED", ["m-down"], 1, ""),
-        ("alone-down", closed[3], "KEY_CLOSED", ["m-alone-down"], 0, ""),
+        ("closed", closed[0], "KEY_CLOSED", ["m-refused"], 0, REFUSED),
+        ("down-1", closed[1], "KEY_CLOSED", ["m-down"], 0, REFUSED),
+        ("down-2", closed[2], "KEY_CLOSED", ["m-down"], 1, REFUSED),
+        ("alone-down", closed[3], "KEY_CLOSED", ["m-alone-down"], 0, REFUSED),
         ("slow", mock_url, "KEY_SLOW", ["m-slow"], 0, "timeout_secs = 1\n"),
         (
             "streamer",
@@ -151,9 +156,11 @@ def keys() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def config_file(mock: tuple[MockProvider, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+def config_file(
+    mock: tuple[MockProvider, str], refused: list[str], tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     path = tmp_path_factory.mktemp("matrix") / "switchyard.toml"
-    path.write_text(_config(mock[1]))
+    path.write_text(_config(mock[1], refused))
     return path
 
 
@@ -252,13 +259,14 @@ def example_under(server: str, config: Path, log: Path) -> Iterator[str]:
 def target(
     request: pytest.FixtureRequest,
     mock: tuple[MockProvider, str],
+    refused: list[str],
     keys: None,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Target]:
     name: str = request.param
     workdir = tmp_path_factory.mktemp(name)
     config = workdir / "switchyard.toml"
-    config.write_text(_canary_free(_config(mock[1])))
+    config.write_text(_canary_free(_config(mock[1], refused)))
     if name.startswith("example-"):
         log = workdir / "server.log"
         with example_under(name.removeprefix("example-"), config, log) as url:

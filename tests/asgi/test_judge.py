@@ -7,9 +7,8 @@ mid-body stalls are real network behaviour; the client side is in process (ASGIT
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -18,7 +17,7 @@ import pytest
 import pytest_asyncio
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from servers import serving
+from servers import refusing_port, serving
 from switchyard_mw.accounts import Account
 from switchyard_mw.asgi._types import Message, Receive, Scope, Send
 from switchyard_mw.asgi.judge import MAX_VERDICT_BYTES, JudgeMiddleware
@@ -275,12 +274,9 @@ def judge_url(judge_server: tuple[MockProvider, str]) -> str:
 
 
 @pytest.fixture
-def closed_port() -> str:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()  # nothing listens there now: connecting is refused
-    return f"http://127.0.0.1:{port}"
+def closed_port() -> Iterator[str]:
+    with refusing_port() as port:  # connecting is refused while the test runs
+        yield f"http://127.0.0.1:{port}"
 
 
 class InnerApp:

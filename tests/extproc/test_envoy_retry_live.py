@@ -22,7 +22,7 @@ import openai
 import pytest
 import pytest_asyncio
 
-from servers import ROOT, free_port, raw_server, read_http_request, serve_in_thread
+from servers import ROOT, free_port, raw_server, read_http_request, refusing_port, serve_in_thread
 from switchyard_mw.accounts import build_accounts
 from switchyard_mw.config import parse_config
 from switchyard_mw.core.pool import BreakerState
@@ -293,7 +293,11 @@ async def test_a_refused_connection_is_charged_once(transport: Transport) -> Non
     """Envoy retries a refused connection too (`reset` covers connect failures), but on
     loopback the retry fails within the millisecond, before the processor's answer to its
     request headers: the key is charged once, by the router-level stream, as before."""
-    nobody = free_port()  # nothing listens: every connection is refused
+    with refusing_port() as nobody:  # every connection is refused
+        await _charged_once(nobody, transport)
+
+
+async def _charged_once(nobody: int, transport: Transport) -> None:
     config = two_keys(f"http://127.0.0.1:{nobody}")
     async with envoy_before(nobody, transport, config) as (envoy, policies):
         client = anthropic.AsyncAnthropic(base_url=envoy, api_key="caller", max_retries=0)

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from otlp_receiver import OtlpReceiver, ReceivedSpan
-from servers import ROOT, example_gateway, free_port, serve_in_thread
+from servers import ROOT, example_gateway, refusing_port, serve_in_thread
 from switchyard_mw.telemetry import names as tm
 from switchyard_mw.testing import Behaviour, MockProvider
 
@@ -97,7 +97,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     mock.set_behaviour(KEYS["KEY_A"], Behaviour(status=500))
     mock.set_behaviour(KEYS["KEY_J"], Behaviour(status=500))
     mock.set_behaviour(KEYS["KEY_S"], Behaviour(headers_delay_secs=2))
-    with OtlpReceiver() as otlp, serve_in_thread(mock) as mock_url:
+    # The down account's port refuses connections for the module (`refusing_port`).
+    with OtlpReceiver() as otlp, serve_in_thread(mock) as mock_url, refusing_port() as refused:
         env = {
             **KEYS,
             "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.endpoint,
@@ -106,7 +107,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             "OTEL_METRIC_EXPORT_INTERVAL": "300",
             "NO_PROXY": "127.0.0.1,localhost",
         }
-        down_url = f"http://127.0.0.1:{free_port()}"  # nothing listens: a connection error
+        down_url = f"http://127.0.0.1:{refused}"  # a connection error
         with example_gateway(config(mock_url, down_url), tmp, env) as url:
             result = Run(otlp, mock, tmp / "gateway.log", url)
             with httpx.Client(base_url=url, timeout=30) as client:
