@@ -1,0 +1,254 @@
+"""A resumable stream's bookkeeping, sans-IO: what the client has read, whether and where it
+broke, and the continuation's request and splice for its wire (`resume_streams`).
+
+Both wires that take a prefill are read here, one SSE frame at a time: Anthropic Messages and
+OpenAI Chat Completions (`resume_anthropic`, `resume_chat` build the continuation and splice
+it). A `Transcript` is fed the stream's whole frames as they go to the client; it keeps the
+parsed events (the continuation needs all of them), counts the bytes the client got, and says
+where an error frame begins: the point where the stream broke.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Collection, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..wire import Wire
+from . import resume_anthropic, resume_chat
+from .resume import ResumeRefusal
+
+if TYPE_CHECKING:
+    from ..accounts import Account
+    from ..config import LLMClient, Server
+
+__all__ = [
+    "RESUMABLE_WIRES",
+    "Splice",
+    "Transcript",
+    "accepts_prefill",
+    "continuation",
+    "enabled",
+    "frames_end",
+    "prefill_accounts",
+    "refusal",
+    "splice_for",
+]
+
+RESUMABLE_WIRES = frozenset({Wire.ANTHROPIC, Wire.OPENAI_CHAT})
+"""The wires whose requests take a trailing assistant message as the start of the answer."""
+
+_FRAME_END = re.compile(rb"\r?\n\r?\n")
+_DONE = b"[DONE]"
+
+
+def enabled(spec: LLMClient, server: Server) -> bool:
+    """Whether a stream that broke on the account of `spec` is to be continued."""
+    own = spec.resume_streams
+    return server.resume_streams if own is None else own
+
+
+def accepts_prefill(spec: LLMClient, wire: Wire) -> bool:
+    """Whether the account of `spec` may take a continuation on `wire`: said by the account,
+    else yes on Anthropic Messages (the API's prefill), no on Chat."""
+    if wire not in RESUMABLE_WIRES:
+        return False
+    own = spec.accepts_prefill
+    return wire is Wire.ANTHROPIC if own is None else own
+
+
+def prefill_accounts(
+    accounts: Mapping[str, Account], model: str, wire: Wire, routable: Collection[str] | None
+) -> frozenset[str]:
+    """The accounts that serve `model` and may take its continuation on `wire`."""
+    return frozenset(
+        name
+        for name, account in accounts.items()
+        if (routable is None or name in routable)
+        and account.spec.serves(model)
+        and accepts_prefill(account.spec, wire)
+    )
+
+
+def frames_end(data: bytes) -> int:
+    """The length of the prefix of `data` that holds only whole SSE frames."""
+    end = 0
+    for found in _FRAME_END.finditer(data):
+        end = found.end()
+    return end
+
+
+def _frames(data: bytes) -> Iterable[tuple[int, bytes]]:
+    """Each whole frame of `data` (whole frames only) with its offset."""
+    start = 0
+    for found in _FRAME_END.finditer(data):
+        yield start, data[start : found.start()]
+        start = found.end()
+
+
+def _payload(frame: bytes) -> Any:
+    """The frame's `data` as JSON (`[DONE]` as itself; None: no data, or not JSON)."""
+    lines = [line[5:].strip() for line in frame.splitlines() if line.startswith(b"data:")]
+    if not lines:
+        return None
+    data = b"\n".join(lines)
+    if data == _DONE:
+        return _DONE
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None
+
+
+def _is_error(wire: Wire, event: Any) -> bool:
+    if not isinstance(event, dict):
+        return False
+    if wire is Wire.ANTHROPIC:
+        return event.get("type") == "error"
+    return "error" in event and "choices" not in event
+
+
+def _is_content(wire: Wire, event: Any) -> bool:
+    """A content event: text the client can show (or a tool call, which then refuses)."""
+    if not isinstance(event, dict):
+        return False
+    if wire is Wire.ANTHROPIC:
+        kind = event.get("type")
+        if kind == "content_block_start":
+            block = event.get("content_block")
+            return isinstance(block, dict) and (
+                block.get("type") != "text" or bool(block.get("text"))
+            )
+        delta = event.get("delta")
+        return (
+            kind == "content_block_delta"
+            and isinstance(delta, dict)
+            and delta.get("type") != "signature_delta"
+        )
+    for choice in event.get("choices") or ():
+        delta = choice.get("delta") if isinstance(choice, dict) else None
+        if isinstance(delta, dict) and (delta.get("content") or delta.get("tool_calls")):
+            return True
+    return False
+
+
+def _is_end(wire: Wire, event: Any) -> bool:
+    if wire is Wire.ANTHROPIC:
+        return isinstance(event, dict) and event.get("type") == "message_stop"
+    return bool(event == _DONE)
+
+
+class Transcript:
+    """The client's side of one stream: its events so far (`events`), the bytes it got
+    (`sent_bytes`), whether content reached it (`content`) and whether its last event did
+    (`ended`). `feed` takes whole frames only."""
+
+    __slots__ = ("content", "ended", "events", "sent_bytes", "wire")
+
+    def __init__(self, wire: Wire) -> None:
+        self.wire = wire
+        self.events: list[dict[str, Any]] = []
+        self.sent_bytes = 0
+        self.content = False
+        self.ended = False
+
+    def feed(self, data: bytes) -> int | None:
+        """Read the whole frames `data`; the offset where an error frame begins (the events
+        before it read, nothing after), or None."""
+        wire = self.wire
+        for offset, frame in _frames(data):
+            event = _payload(frame)
+            if _is_error(wire, event):
+                self.sent_bytes += offset
+                return offset
+            if isinstance(event, dict):
+                self.events.append(event)
+                self.content = self.content or _is_content(wire, event)
+            self.ended = self.ended or _is_end(wire, event)
+        self.sent_bytes += len(data)
+        return None
+
+
+def refusal(wire: Wire, events: Iterable[Mapping[str, Any]]) -> ResumeRefusal | None:
+    """Why the stream whose client-side events are `events` cannot be continued, or None."""
+    found = continuation(wire, {}, events)
+    return found if isinstance(found, ResumeRefusal) else None
+
+
+def continuation(
+    wire: Wire, request: Mapping[str, Any], events: Iterable[Mapping[str, Any]]
+) -> dict[str, Any] | ResumeRefusal:
+    """The request that continues the answer: `request` plus the partial answer as a prefill."""
+    if wire is Wire.ANTHROPIC:
+        return resume_anthropic.continuation_request(request, events)
+    return resume_chat.continuation_request(request, events)
+
+
+class Splice(Protocol):
+    """Turns each event of the continuation into the bytes that carry the client's stream on."""
+
+    def feed(self, event: Any) -> bytes: ...
+
+
+class _AnthropicSplice:
+    __slots__ = ("_splice",)
+
+    def __init__(self, events: Iterable[Mapping[str, Any]]) -> None:
+        self._splice = resume_anthropic.AnthropicSplice(events)
+
+    def feed(self, event: Any) -> bytes:
+        if not isinstance(event, dict):
+            return b""
+        return b"".join(resume_anthropic.encode(out) for out in self._splice.feed(event))
+
+
+class _ChatSplice:
+    __slots__ = ("_splice",)
+
+    def __init__(self, events: Iterable[Mapping[str, Any]]) -> None:
+        self._splice = resume_chat.ChatSplice(events)
+
+    def feed(self, event: Any) -> bytes:
+        if event == _DONE:
+            return resume_chat.DONE
+        if not isinstance(event, dict):
+            return b""
+        return resume_chat.encode(self._splice.feed(event))
+
+
+def splice_for(wire: Wire, events: Iterable[Mapping[str, Any]]) -> Splice:
+    """The splice of a continuation into the stream whose client-side events are `events`."""
+    if wire is Wire.ANTHROPIC:
+        return _AnthropicSplice(events)
+    return _ChatSplice(events)
+
+
+class SpliceReader:
+    """Reads the continuation's stream as it comes (pieces cut anywhere) and gives the bytes
+    that go to the client; `ended`: its last event passed, `failed`: it carried an error."""
+
+    __slots__ = ("_rest", "_splice", "ended", "failed", "wire")
+
+    def __init__(self, wire: Wire, splice: Splice) -> None:
+        self.wire = wire
+        self._splice = splice
+        self._rest = b""
+        self.ended = False
+        self.failed = False
+
+    def feed(self, piece: bytes) -> bytes:
+        data = self._rest + piece if self._rest else piece
+        end = frames_end(data)
+        self._rest = data[end:]
+        out: list[bytes] = []
+        for _, frame in _frames(data[:end]):
+            event = _payload(frame)
+            if self.failed or _is_error(self.wire, event):
+                self.failed = True
+                break
+            if event is None:
+                continue
+            out.append(self._splice.feed(event))
+            self.ended = self.ended or _is_end(self.wire, event)
+        return b"".join(out)

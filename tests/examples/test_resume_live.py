@@ -1,0 +1,199 @@
+"""Resumed streams (`resume_streams = true`) through the example gateway under uvicorn, read
+with the official SDKs: a stream cut after some events, or stalled past its idle bound, on
+account `a` is continued on account `b` with the partial answer as a prefill, and the SDK's
+accumulated text is the first part followed by the continuation, parsed without error. A
+continuation that `b` refuses (a 400, as a model that takes no prefill answers) ends the
+client's stream with the error event of the original break.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+
+from servers import example_gateway, serve_in_thread
+from switchyard_mw.testing import Behaviour, MockProvider
+from switchyard_mw.testing._tool_calls import split_text
+
+pytestmark = pytest.mark.integration
+
+ENV = {"KEY_A": "key-a", "KEY_B": "key-b"}
+QUESTION: Any = [{"role": "user", "content": "Tell me a story."}]
+FIRST = "Once upon a time, a fox met a crow in the forest at dawn."
+CONTINUED = " The crow sang, and the fox listened."
+CHUNKS, CUT_AFTER = 8, 3
+PARTIAL = "".join(split_text(FIRST, CHUNKS)[:CUT_AFTER])
+
+
+def config(mock_url: str) -> str:
+    # `a` is preferred; its faults never cool it here (each test breaks it once).
+    return f"""
+[server]
+resume_streams = true
+
+[llm_clients.a]
+base_url = "{mock_url}"
+api_key_env = "KEY_A"
+auth = "x-api-key"
+models = ["claude-x", "gpt-x"]
+stream_idle_secs = 0.5
+failure_threshold = 100
+
+[llm_clients.b]
+base_url = "{mock_url}"
+api_key_env = "KEY_B"
+auth = "x-api-key"
+models = ["claude-x", "gpt-x"]
+priority = 1
+failure_threshold = 100
+accepts_prefill = true
+"""
+
+
+@pytest.fixture(scope="module")
+def mock() -> Iterator[tuple[MockProvider, str]]:
+    provider = MockProvider()
+    with serve_in_thread(provider) as url:
+        yield provider, url
+
+
+@pytest.fixture(scope="module")
+def gateway(
+    mock: tuple[MockProvider, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    with example_gateway(config(mock[1]), tmp_path_factory.mktemp("gw"), ENV) as url:
+        yield url
+
+
+@pytest.fixture
+def provider(mock: tuple[MockProvider, str]) -> Iterator[MockProvider]:
+    mock[0].reset()
+    yield mock[0]
+    mock[0].reset()
+
+
+def cut(**extra: Any) -> Behaviour:
+    """`a`'s stream: CUT_AFTER of its CHUNKS deltas, then the connection is reset."""
+    return Behaviour(
+        reply=FIRST, chunks=CHUNKS, stall_after_chunks=CUT_AFTER, fail="reset_mid_stream", **extra
+    )
+
+
+def claude(gateway: str) -> anthropic.AsyncAnthropic:
+    return anthropic.AsyncAnthropic(base_url=gateway, api_key="caller", max_retries=0)
+
+
+async def story(client: anthropic.AsyncAnthropic, into: list[str]) -> anthropic.types.Message:
+    """Stream the story into `into` as its text comes; the final message."""
+    async with client.messages.stream(model="claude-x", max_tokens=200, messages=QUESTION) as s:
+        async for chunk in s.text_stream:
+            into.append(chunk)
+        return await s.get_final_message()
+
+
+async def drain(stream: Any, into: list[str]) -> None:
+    """Read a Chat stream's text into `into` until it ends or raises."""
+    async for chunk in stream:
+        into.extend(c.delta.content or "" for c in chunk.choices)
+
+
+def prefill_of(provider: MockProvider) -> Any:
+    """The continuation request's last message, as `b` received it."""
+    continued = [r for r in provider.requests if r.key == "key-b"]
+    assert len(continued) == 1
+    return json.loads(continued[0].body)["messages"][-1]
+
+
+async def test_a_cut_anthropic_stream_is_continued_on_another_account(
+    gateway: str, provider: MockProvider
+) -> None:
+    provider.set_behaviour("key-a", cut())
+    provider.set_behaviour("key-b", Behaviour(reply=CONTINUED, chunks=2))
+    text: list[str] = []
+    async with claude(gateway) as client:
+        final = await story(client, text)
+    assert "".join(text) == PARTIAL + CONTINUED
+    assert [b.text for b in final.content if b.type == "text"] == [PARTIAL + CONTINUED]
+    assert [block.type for block in final.content] == ["text"]  # one block, the seam merged
+    assert final.stop_reason == "end_turn"
+    assert prefill_of(provider) == {
+        "role": "assistant",
+        "content": [{"type": "text", "text": PARTIAL.rstrip()}],
+    }
+
+
+async def test_a_stalled_anthropic_stream_is_continued_after_its_idle_bound(
+    gateway: str, provider: MockProvider
+) -> None:
+    provider.set_behaviour(
+        "key-a",
+        Behaviour(reply=FIRST, chunks=CHUNKS, stall_after_chunks=CUT_AFTER, body_stall_secs=5),
+    )
+    provider.set_behaviour("key-b", Behaviour(reply=CONTINUED, chunks=2))
+    text: list[str] = []
+    async with claude(gateway) as client:
+        final = await story(client, text)
+    assert "".join(text) == PARTIAL + CONTINUED
+    assert final.stop_reason == "end_turn"
+
+
+async def test_a_refused_continuation_ends_with_the_original_error(
+    gateway: str, provider: MockProvider
+) -> None:
+    provider.set_behaviour("key-a", cut())
+    provider.set_behaviour("key-b", Behaviour(status=400))
+    seen: list[str] = []
+    async with claude(gateway) as client:
+        with pytest.raises(anthropic.APIStatusError) as info:
+            await story(client, seen)
+    assert "".join(seen) == PARTIAL  # nothing of the refusal reached the client
+    error = info.value.body["error"]  # type: ignore[index]
+    assert error["type"] == "upstream_error"
+    assert "upstream stream failed" in error["message"]
+    assert len([r for r in provider.requests if r.key == "key-b"]) == 1
+
+
+async def test_a_cut_chat_stream_is_continued_where_the_account_takes_a_prefill(
+    gateway: str, provider: MockProvider
+) -> None:
+    provider.set_behaviour("key-a", cut())
+    provider.set_behaviour("key-b", Behaviour(reply=CONTINUED, chunks=2))
+    async with openai.AsyncOpenAI(
+        base_url=gateway + "/v1", api_key="caller", max_retries=0
+    ) as client:
+        parts: list[str] = []
+        ids: set[str] = set()
+        stream = await client.chat.completions.create(
+            model="gpt-x",
+            messages=QUESTION,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [chunk async for chunk in stream]
+    for chunk in chunks:
+        ids.add(chunk.id)
+        parts.extend(c.delta.content or "" for c in chunk.choices)
+    assert "".join(parts) == PARTIAL + CONTINUED
+    assert len(ids) == 1  # one answer, under the first part's id
+    assert prefill_of(provider) == {"role": "assistant", "content": PARTIAL}
+
+
+async def test_a_refused_chat_continuation_ends_with_the_original_error(
+    gateway: str, provider: MockProvider
+) -> None:
+    provider.set_behaviour("key-a", cut())
+    provider.set_behaviour("key-b", Behaviour(status=400))
+    parts: list[str] = []
+    async with openai.AsyncOpenAI(
+        base_url=gateway + "/v1", api_key="caller", max_retries=0
+    ) as client:
+        stream = await client.chat.completions.create(model="gpt-x", messages=QUESTION, stream=True)
+        with pytest.raises(openai.APIError) as info:
+            await drain(stream, parts)
+    assert "".join(parts) == PARTIAL
+    assert "upstream stream failed" in info.value.message
