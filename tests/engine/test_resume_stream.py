@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from test_machine import Env, sent
 
 from switchyard_mw.config import LLMClient, Server, parse_config
@@ -28,6 +29,7 @@ from switchyard_mw.engine.resume_stream import (
     refusal,
     splice_for,
 )
+from switchyard_mw.telemetry import names as tm
 from switchyard_mw.wire import Wire
 
 
@@ -169,3 +171,23 @@ def test_broke_is_only_for_an_ended_attempt() -> None:
     sent(env, machine)
     with pytest.raises(MachineError):
         machine.broke("cut", 1, {"b"})
+
+
+def test_the_continuation_s_span_says_where_it_resumed_and_after_how_many_bytes(
+    otel_spans: InMemorySpanExporter,
+) -> None:
+    env = Env()
+    machine = env.machine(traced=True)
+    sent(env, machine)
+    machine.started(200)
+    env.ctx.deadline_phase = "idle"
+    assert machine.ended(How.RETURNED) is DONE
+    assert isinstance(machine.broke("idle", 612, {"b"}), Send)
+    machine.started(200)
+    machine.ended(How.FINISHED)
+    spans = [s for s in otel_spans.get_finished_spans() if s.name == tm.SPAN_ATTEMPT]
+    assert [(s.attributes or {})[tm.ACCOUNT] for s in spans] == ["a", "b"]
+    resumed = spans[1].attributes or {}
+    assert (resumed[tm.RESUMED_FROM], resumed[tm.RESUME_REASON]) == ("a", "idle")
+    assert resumed[tm.RESUMED_AFTER] == 612
+    assert tm.RESUMED_FROM not in (spans[0].attributes or {})

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import anthropic
+import httpx
 import openai
 import pytest
 
@@ -102,6 +103,17 @@ async def drain(stream: Any, into: list[str]) -> None:
         into.extend(c.delta.content or "" for c in chunk.choices)
 
 
+def resumes(gateway: str, result: str) -> float:
+    """`switchyard_resumes_total` of `claude-x` streams cut, ending in `result`, on /metrics."""
+    text = httpx.get(gateway + "/metrics").text
+    wanted = (f'result="{result}"', 'gen_ai_response_model="claude-x"', 'reason="cut"')
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("switchyard_resumes_total{") and all(w in line for w in wanted)
+    )
+
+
 def prefill_of(provider: MockProvider) -> Any:
     """The continuation request's last message, as `b` received it."""
     continued = [r for r in provider.requests if r.key == "key-b"]
@@ -114,9 +126,11 @@ async def test_a_cut_anthropic_stream_is_continued_on_another_account(
 ) -> None:
     provider.set_behaviour("key-a", cut())
     provider.set_behaviour("key-b", Behaviour(reply=CONTINUED, chunks=2))
+    before = resumes(gateway, "resumed")
     text: list[str] = []
     async with claude(gateway) as client:
         final = await story(client, text)
+    assert resumes(gateway, "resumed") == before + 1
     assert "".join(text) == PARTIAL + CONTINUED
     assert [b.text for b in final.content if b.type == "text"] == [PARTIAL + CONTINUED]
     assert [block.type for block in final.content] == ["text"]  # one block, the seam merged
@@ -147,10 +161,12 @@ async def test_a_refused_continuation_ends_with_the_original_error(
 ) -> None:
     provider.set_behaviour("key-a", cut())
     provider.set_behaviour("key-b", Behaviour(status=400))
+    before = resumes(gateway, "refused")
     seen: list[str] = []
     async with claude(gateway) as client:
         with pytest.raises(anthropic.APIStatusError) as info:
             await story(client, seen)
+    assert resumes(gateway, "refused") == before + 1
     assert "".join(seen) == PARTIAL  # nothing of the refusal reached the client
     error = info.value.body["error"]  # type: ignore[index]
     assert error["type"] == "upstream_error"
