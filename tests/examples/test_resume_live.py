@@ -213,3 +213,24 @@ async def test_a_refused_chat_continuation_ends_with_the_original_error(
             await drain(stream, parts)
     assert "".join(parts) == PARTIAL
     assert "upstream stream failed" in info.value.message
+
+
+async def test_a_continuation_that_breaks_too_ends_with_the_first_break_s_error(
+    gateway: str, provider: MockProvider
+) -> None:
+    provider.set_behaviour(
+        "key-a",
+        Behaviour(reply=FIRST, chunks=CHUNKS, stall_after_chunks=CUT_AFTER, body_stall_secs=5),
+    )
+    provider.set_behaviour(
+        "key-b", Behaviour(reply=CONTINUED, chunks=4, stall_after_chunks=2, fail="reset_mid_stream")
+    )
+    seen: list[str] = []
+    async with claude(gateway) as client:
+        with pytest.raises(anthropic.APIStatusError) as info:
+            await story(client, seen)
+    # What reached the client is well formed: the first part, then the continuation's part.
+    assert "".join(seen) == PARTIAL + "".join(split_text(CONTINUED, 4)[:2])
+    error = info.value.body["error"]  # type: ignore[index]
+    assert error["type"] == "deadline_exceeded"  # the first break's (idle), not the second's
+    assert "idle" in error["message"]
