@@ -58,6 +58,20 @@ def test_the_transcript_says_where_the_error_frame_begins_and_counts_what_went_b
     assert [e["type"] for e in transcript.events][-1] == "content_block_delta"
 
 
+def test_a_stop_reason_says_the_answer_is_complete_before_its_last_event() -> None:
+    anthropic_ = Transcript(Wire.ANTHROPIC)
+    anthropic_.feed(START + BLOCK + HELLO)
+    assert not anthropic_.said_done
+    anthropic_.feed(frame({"type": "message_delta", "delta": {"stop_reason": "end_turn"}}))
+    assert anthropic_.said_done
+    assert not anthropic_.ended
+    chat = Transcript(Wire.OPENAI_CHAT)
+    chat.feed(b'data: {"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}\n\n')
+    assert not chat.said_done
+    chat.feed(b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n')
+    assert chat.said_done
+
+
 def test_a_chat_error_chunk_breaks_and_done_ends() -> None:
     transcript = Transcript(Wire.OPENAI_CHAT)
     chunk = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n'

@@ -4,8 +4,8 @@ and the continuation that carries it on.
 The tap sits on both sides of the request's exchange (`Exchange.divert`). Above it, it reads
 what the app sends, one whole SSE frame at a time (a frame cut between two messages waits for
 its end): once content has reached the client, an error frame (the forwarder's event for an
-upstream cut or reset, a provider's mid-stream error) or a clean end without the stream's last
-event is a break, and an expiry of the attempt's deadline (idle, slow) is one too. What the
+upstream cut or reset, a provider's mid-stream error) or a clean end before the answer's stop
+reason is a break, and an expiry of the attempt's deadline (idle, slow) is one too. What the
 break would have sent is kept, and nothing more of that attempt goes on. The driver then asks
 the machine for the continuation (`AttemptMachine.broke`): another account of the model that
 takes a prefill, with the request plus the partial answer. Below the exchange, the tap then
@@ -186,6 +186,7 @@ class StreamTap:
         account = ctx.account
         return (
             transcript.content
+            and not transcript.said_done  # complete but for its last event: nothing to add
             and account is not None
             and not ctx.disconnected
             and enabled(account.spec, self.server)

@@ -133,6 +133,16 @@ def _is_content(wire: Wire, event: Any) -> bool:
     return False
 
 
+def _is_said_done(wire: Wire, event: dict[str, Any]) -> bool:
+    """The event says the answer is complete (its stop reason), its last event aside."""
+    if wire is Wire.ANTHROPIC:
+        return event.get("type") == "message_delta"
+    return any(
+        isinstance(choice, dict) and choice.get("finish_reason")
+        for choice in event.get("choices") or ()
+    )
+
+
 def _is_end(wire: Wire, event: Any) -> bool:
     if wire is Wire.ANTHROPIC:
         return isinstance(event, dict) and event.get("type") == "message_stop"
@@ -141,16 +151,18 @@ def _is_end(wire: Wire, event: Any) -> bool:
 
 class Transcript:
     """The client's side of one stream: its events so far (`events`), the bytes it got
-    (`sent_bytes`), whether content reached it (`content`) and whether its last event did
-    (`ended`). `feed` takes whole frames only."""
+    (`sent_bytes`), whether content reached it (`content`), whether its stop reason did
+    (`said_done`: the answer is complete, nothing is left to continue) and whether its last
+    event did (`ended`). `feed` takes whole frames only."""
 
-    __slots__ = ("content", "ended", "events", "sent_bytes", "wire")
+    __slots__ = ("content", "ended", "events", "said_done", "sent_bytes", "wire")
 
     def __init__(self, wire: Wire) -> None:
         self.wire = wire
         self.events: list[dict[str, Any]] = []
         self.sent_bytes = 0
         self.content = False
+        self.said_done = False
         self.ended = False
 
     def feed(self, data: bytes) -> int | None:
@@ -165,6 +177,7 @@ class Transcript:
             if isinstance(event, dict):
                 self.events.append(event)
                 self.content = self.content or _is_content(wire, event)
+                self.said_done = self.said_done or _is_said_done(wire, event)
             self.ended = self.ended or _is_end(wire, event)
         self.sent_bytes += len(data)
         return None
