@@ -25,9 +25,12 @@ pytestmark = pytest.mark.integration
 
 ENV = {"KEY_A": "key-a", "KEY_B": "key-b"}
 QUESTION: Any = [{"role": "user", "content": "Tell me a story."}]
-FIRST = "Once upon a time, a fox met a crow in the forest at dawn."
+FIRST = (
+    "Once upon a time, a fox met a crow in the forest at dawn. The crow held a piece of "
+    "cheese in its beak, and the fox wanted it."
+)
 CONTINUED = " The crow sang, and the fox listened."
-CHUNKS, CUT_AFTER = 8, 3
+CHUNKS, CUT_AFTER = 48, 40  # the stream breaks after 40 text deltas (the figure)
 PARTIAL = "".join(split_text(FIRST, CHUNKS)[:CUT_AFTER])
 
 
