@@ -645,8 +645,12 @@ class Exchange(Deferred):
         assert ctx is not None
         if content and self._content_watch is not None and ctx.first_token_at is None:
             ctx.first_token_at = now  # a stream's time to first token (not a JSON answer's)
-        for message in held:
-            await self.send(message)
+        tap, self.tap = self.tap, None  # it saw these messages as they came: not twice
+        try:
+            for message in held:
+                await self.send(message)
+        finally:
+            self.tap = tap
         if content and self._content_watch is not None and not self._complete:
             self._floor = floor_for(self._limits, now)
             if self._floor is not None and self._idle is not None:
