@@ -9,6 +9,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from test_machine import Env, sent
 
+from switchyard_mw.accounts import build_accounts
 from switchyard_mw.config import LLMClient, Server, parse_config
 from switchyard_mw.engine.machine import (
     DONE,
@@ -26,6 +27,7 @@ from switchyard_mw.engine.resume_stream import (
     accepts_prefill,
     enabled,
     frames_end,
+    prefill_accounts,
     refusal,
     splice_for,
 )
@@ -117,6 +119,32 @@ def test_a_prefill_is_taken_by_anthropic_accounts_and_chat_accounts_that_say_so(
 ) -> None:
     spec = LLMClient(base_url="http://x", models=["m"], accepts_prefill=own)
     assert accepts_prefill(spec, wire) is expected
+
+
+def test_the_continuation_goes_only_to_accounts_of_the_model_that_take_a_prefill() -> None:
+    config = parse_config(
+        """
+[llm_clients.claude]
+base_url = "http://x"
+models = ["m"]
+[llm_clients.chat]
+base_url = "http://x"
+models = ["m"]
+accepts_prefill = true
+[llm_clients.no-prefill]
+base_url = "http://x"
+models = ["m"]
+accepts_prefill = false
+[llm_clients.other]
+base_url = "http://x"
+models = ["n"]
+"""
+    )
+    accounts = build_accounts(config, {})
+    assert prefill_accounts(accounts, "m", Wire.ANTHROPIC, None) == {"claude", "chat"}
+    assert prefill_accounts(accounts, "m", Wire.OPENAI_CHAT, None) == {"chat"}
+    assert prefill_accounts(accounts, "m", Wire.ANTHROPIC, frozenset({"chat"})) == {"chat"}
+    assert prefill_accounts(accounts, "m", Wire.OPENAI_RESPONSES, None) == frozenset()
 
 
 def test_the_account_s_own_setting_wins_over_the_server_s() -> None:

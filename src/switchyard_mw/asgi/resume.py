@@ -287,6 +287,8 @@ async def resume_broken(
         )
         return
     tap.mode = Mode.PASSING
+    if ctx.disconnected:
+        return  # nobody to tell
     await ex.out({"type": "http.response.body", "body": tap.original, "more_body": True})
     await ex.out({"type": "http.response.body", "body": b"", "more_body": False})
 
