@@ -1,6 +1,6 @@
 """Resumed streams (`resume_streams = true`) through the example gateway under uvicorn, read
-with the official SDKs: a stream cut after some events, or stalled past its idle bound, on
-account `a` is continued on account `b` with the partial answer as a prefill, and the SDK's
+with the official SDKs: a stream cut after 40 events, stalled past its idle bound, or under its
+throughput floor is continued on account `b` with the partial answer as a prefill, and the SDK's
 accumulated text is the first part followed by the continuation, parsed without error. A
 continuation that `b` refuses (a 400, as a model that takes no prefill answers) ends the
 client's stream with the error event of the original break.
@@ -23,7 +23,7 @@ from switchyard_mw.testing._tool_calls import split_text
 
 pytestmark = pytest.mark.integration
 
-ENV = {"KEY_A": "key-a", "KEY_B": "key-b"}
+ENV = {"KEY_A": "key-a", "KEY_B": "key-b", "KEY_S": "key-s"}
 QUESTION: Any = [{"role": "user", "content": "Tell me a story."}]
 FIRST = (
     "Once upon a time, a fox met a crow in the forest at dawn. The crow held a piece of "
@@ -48,11 +48,21 @@ models = ["claude-x", "gpt-x"]
 stream_idle_secs = 0.5
 failure_threshold = 100
 
+# `s` trickles claude-slow's streams: under its floor they end as `slow`.
+[llm_clients.s]
+base_url = "{mock_url}"
+api_key_env = "KEY_S"
+auth = "x-api-key"
+models = ["claude-slow"]
+min_tokens_per_sec = 20
+throughput_window_secs = 0.5
+failure_threshold = 100
+
 [llm_clients.b]
 base_url = "{mock_url}"
 api_key_env = "KEY_B"
 auth = "x-api-key"
-models = ["claude-x", "gpt-x"]
+models = ["claude-x", "gpt-x", "claude-slow"]
 priority = 1
 failure_threshold = 100
 accepts_prefill = true
@@ -92,9 +102,11 @@ def claude(gateway: str) -> anthropic.AsyncAnthropic:
     return anthropic.AsyncAnthropic(base_url=gateway, api_key="caller", max_retries=0)
 
 
-async def story(client: anthropic.AsyncAnthropic, into: list[str]) -> anthropic.types.Message:
+async def story(
+    client: anthropic.AsyncAnthropic, into: list[str], model: str = "claude-x"
+) -> anthropic.types.Message:
     """Stream the story into `into` as its text comes; the final message."""
-    async with client.messages.stream(model="claude-x", max_tokens=200, messages=QUESTION) as s:
+    async with client.messages.stream(model=model, max_tokens=200, messages=QUESTION) as s:
         async for chunk in s.text_stream:
             into.append(chunk)
         return await s.get_final_message()
@@ -106,10 +118,11 @@ async def drain(stream: Any, into: list[str]) -> None:
         into.extend(c.delta.content or "" for c in chunk.choices)
 
 
-def resumes(gateway: str, result: str) -> float:
-    """`switchyard_resumes_total` of `claude-x` streams cut, ending in `result`, on /metrics."""
+def resumes(gateway: str, result: str, model: str = "claude-x", reason: str = "cut") -> float:
+    """`switchyard_resumes_total` of `model`'s streams broken by `reason`, ending in `result`,
+    on /metrics."""
     text = httpx.get(gateway + "/metrics").text
-    wanted = (f'result="{result}"', 'gen_ai_response_model="claude-x"', 'reason="cut"')
+    wanted = (f'result="{result}"', f'gen_ai_response_model="{model}"', f'reason="{reason}"')
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
@@ -237,3 +250,24 @@ async def test_a_continuation_that_breaks_too_ends_with_the_first_break_s_error(
     error = info.value.body["error"]  # type: ignore[index]
     assert error["type"] == "deadline_exceeded"  # the first break's (idle), not the second's
     assert "idle" in error["message"]
+
+
+async def test_a_stream_under_its_throughput_floor_is_continued(
+    gateway: str, provider: MockProvider
+) -> None:
+    # About 25 characters a second, 6 tokens: under the floor of 20 over 0.5 s.
+    provider.set_behaviour("key-s", Behaviour(reply=FIRST, chunks=CHUNKS, chunk_interval_secs=0.1))
+    provider.set_behaviour("key-b", Behaviour(reply=CONTINUED, chunks=2))
+    before = resumes(gateway, "resumed", "claude-slow", "slow")
+    text: list[str] = []
+    async with claude(gateway) as client:
+        final = await story(client, text, model="claude-slow")
+    assert resumes(gateway, "resumed", "claude-slow", "slow") == before + 1
+    said = "".join(text)
+    assert said.endswith(CONTINUED)
+    partial = said.removesuffix(CONTINUED)
+    assert partial
+    assert FIRST.startswith(partial)
+    assert len(partial) < len(FIRST)  # cut before the end: the floor, not the stream's end
+    assert final.stop_reason == "end_turn"
+    assert prefill_of(provider)["content"] == [{"type": "text", "text": partial.rstrip()}]
