@@ -2,8 +2,9 @@
 with the official SDKs: a stream cut after 40 events, stalled past its idle bound, or under its
 throughput floor is continued on account `b` with the partial answer as a prefill, and the SDK's
 accumulated text is the first part followed by the continuation, parsed without error. A
-continuation that `b` refuses (a 400, as a model that takes no prefill answers) ends the
-client's stream with the error event of the original break.
+continuation that `b` refuses (a 400, as a model that takes no prefill answers), one that
+breaks too, and a Chat stream no account may continue end the client's stream with the error
+event of the original break.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from switchyard_mw.testing._tool_calls import split_text
 
 pytestmark = pytest.mark.integration
 
-ENV = {"KEY_A": "key-a", "KEY_B": "key-b", "KEY_S": "key-s"}
+ENV = {"KEY_A": "key-a", "KEY_B": "key-b", "KEY_C": "key-c", "KEY_S": "key-s"}
 QUESTION: Any = [{"role": "user", "content": "Tell me a story."}]
 FIRST = (
     "Once upon a time, a fox met a crow in the forest at dawn. The crow held a piece of "
@@ -44,9 +45,17 @@ resume_streams = true
 base_url = "{mock_url}"
 api_key_env = "KEY_A"
 auth = "x-api-key"
-models = ["claude-x", "gpt-x"]
+models = ["claude-x", "gpt-x", "gpt-y"]
 stream_idle_secs = 0.5
 failure_threshold = 100
+
+# `c` serves gpt-y on Chat without saying it takes a prefill: never given a continuation.
+[llm_clients.c]
+base_url = "{mock_url}"
+api_key_env = "KEY_C"
+auth = "x-api-key"
+models = ["gpt-y"]
+priority = 1
 
 # `s` trickles claude-slow's streams: under its floor they end as `slow`.
 [llm_clients.s]
@@ -271,3 +280,19 @@ async def test_a_stream_under_its_throughput_floor_is_continued(
     assert len(partial) < len(FIRST)  # cut before the end: the floor, not the stream's end
     assert final.stop_reason == "end_turn"
     assert prefill_of(provider)["content"] == [{"type": "text", "text": partial.rstrip()}]
+
+
+async def test_a_chat_stream_with_no_account_taking_a_prefill_ends_as_it_broke(
+    gateway: str, provider: MockProvider
+) -> None:
+    provider.set_behaviour("key-a", cut())
+    parts: list[str] = []
+    async with openai.AsyncOpenAI(
+        base_url=gateway + "/v1", api_key="caller", max_retries=0
+    ) as client:
+        stream = await client.chat.completions.create(model="gpt-y", messages=QUESTION, stream=True)
+        with pytest.raises(openai.APIError) as info:
+            await drain(stream, parts)
+    assert "".join(parts) == PARTIAL
+    assert "upstream stream failed" in info.value.message
+    assert [r.key for r in provider.requests] == ["key-a"]  # `c` was not asked
