@@ -272,7 +272,10 @@ async def resume_broken(
         try:
             await run(action)
         except Exception as exc:  # the continuation's failure ends the stream as it broke
-            _log.warning("resuming a stream on %s failed (%s)", action.lease.account, exc)
+            # The type only: an exception's text may quote the request or the reply.
+            _log.warning(
+                "resuming a stream on %s failed (%s)", action.lease.account, type(exc).__name__
+            )
         result = tap.result()
     ctx.response_status = status  # the client's, whatever the continuation was answered
     tm.resumes.add(1, {tm.RESPONSE_MODEL: model, "reason": reason, "result": result.value})
