@@ -10,10 +10,11 @@ where an error frame begins: the point where the stream broke.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
+
+import msgspec
 
 from ..wire import Wire
 from . import resume_anthropic, resume_chat
@@ -41,6 +42,8 @@ RESUMABLE_WIRES = frozenset({Wire.ANTHROPIC, Wire.OPENAI_CHAT})
 
 _FRAME_END = re.compile(rb"\r?\n\r?\n")
 _DONE = b"[DONE]"
+_ERROR = b"error"
+_decode = msgspec.json.Decoder().decode
 
 
 def enabled(spec: LLMClient, server: Server) -> bool:
@@ -73,10 +76,9 @@ def prefill_accounts(
 
 def frames_end(data: bytes) -> int:
     """The length of the prefix of `data` that holds only whole SSE frames."""
-    end = 0
-    for found in _FRAME_END.finditer(data):
-        end = found.end()
-    return end
+    end = data.rfind(b"\n\n")
+    crlf = data.rfind(b"\r\n\r\n")
+    return max(end + 2 if end >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
 
 
 def _frames(data: bytes) -> Iterable[tuple[int, bytes]]:
@@ -96,8 +98,8 @@ def _payload(frame: bytes) -> Any:
     if data == _DONE:
         return _DONE
     try:
-        return json.loads(data)
-    except ValueError:
+        return _decode(data)
+    except msgspec.DecodeError:
         return None
 
 
@@ -150,37 +152,61 @@ def _is_end(wire: Wire, event: Any) -> bool:
 
 
 class Transcript:
-    """The client's side of one stream: its events so far (`events`), the bytes it got
-    (`sent_bytes`), whether content reached it (`content`), whether its stop reason did
-    (`said_done`: the answer is complete, nothing is left to continue) and whether its last
-    event did (`ended`). `feed` takes whole frames only."""
+    """The client's side of one stream: the bytes it got (`sent_bytes`), and, read from them
+    only when asked (a break, the stream's end), its events (`events`), whether content reached
+    it (`content`), whether its stop reason did (`said_done`: the answer is complete, nothing
+    is left to continue) and whether its last event did (`ended`). `feed` takes whole frames
+    only, and parses none unless they may hold an error: a healthy stream costs a search for
+    the word `error` per piece and the list of its pieces."""
 
-    __slots__ = ("content", "ended", "events", "said_done", "sent_bytes", "wire")
+    __slots__ = ("_events", "_pieces", "sent_bytes", "wire")
 
     def __init__(self, wire: Wire) -> None:
         self.wire = wire
-        self.events: list[dict[str, Any]] = []
+        self._pieces: list[bytes] = []
+        self._events: list[dict[str, Any]] | None = []
         self.sent_bytes = 0
-        self.content = False
-        self.said_done = False
-        self.ended = False
 
     def feed(self, data: bytes) -> int | None:
-        """Read the whole frames `data`; the offset where an error frame begins (the events
-        before it read, nothing after), or None."""
-        wire = self.wire
-        for offset, frame in _frames(data):
-            event = _payload(frame)
-            if _is_error(wire, event):
-                self.sent_bytes += offset
-                return offset
-            if isinstance(event, dict):
-                self.events.append(event)
-                self.content = self.content or _is_content(wire, event)
-                self.said_done = self.said_done or _is_said_done(wire, event)
-            self.ended = self.ended or _is_end(wire, event)
-        self.sent_bytes += len(data)
+        """Take the whole frames `data`; the offset where an error frame begins (the frames
+        before it taken, nothing after), or None."""
+        if _ERROR in data:  # rare: only then are the frames read
+            for offset, frame in _frames(data):
+                if _is_error(self.wire, _payload(frame)):
+                    self._take(data[:offset])
+                    return offset
+        self._take(data)
         return None
+
+    def _take(self, data: bytes) -> None:
+        if data:
+            self._pieces.append(data)
+            self.sent_bytes += len(data)
+            self._events = None
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        events = self._events
+        if events is None:
+            data = b"".join(self._pieces)
+            found = (_payload(frame) for _, frame in _frames(data))
+            events = self._events = [event for event in found if isinstance(event, dict)]
+        return events
+
+    @property
+    def content(self) -> bool:
+        return any(_is_content(self.wire, event) for event in self.events)
+
+    @property
+    def said_done(self) -> bool:
+        return any(_is_said_done(self.wire, event) for event in self.events)
+
+    @property
+    def ended(self) -> bool:
+        """Whether the stream's last event reached the client: its last frame is read."""
+        last = self._pieces[-1].rstrip(b"\r\n") if self._pieces else b""
+        cut = frames_end(last)
+        return _is_end(self.wire, _payload(last[cut:]))
 
 
 def refusal(wire: Wire, events: Iterable[Mapping[str, Any]]) -> ResumeRefusal | None:
