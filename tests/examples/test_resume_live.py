@@ -296,3 +296,20 @@ async def test_a_chat_stream_with_no_account_taking_a_prefill_ends_as_it_broke(
     assert "".join(parts) == PARTIAL
     assert "upstream stream failed" in info.value.message
     assert [r.key for r in provider.requests] == ["key-a"]  # `c` was not asked
+
+
+async def test_a_stalled_chat_stream_is_continued_after_its_idle_bound(
+    gateway: str, provider: MockProvider
+) -> None:
+    provider.set_behaviour(
+        "key-a",
+        Behaviour(reply=FIRST, chunks=CHUNKS, stall_after_chunks=CUT_AFTER, body_stall_secs=5),
+    )
+    provider.set_behaviour("key-b", Behaviour(reply=CONTINUED, chunks=2))
+    parts: list[str] = []
+    async with openai.AsyncOpenAI(
+        base_url=gateway + "/v1", api_key="caller", max_retries=0
+    ) as client:
+        stream = await client.chat.completions.create(model="gpt-x", messages=QUESTION, stream=True)
+        await drain(stream, parts)
+    assert "".join(parts) == PARTIAL + CONTINUED
