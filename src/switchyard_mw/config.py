@@ -109,6 +109,13 @@ class LLMClient(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Retry in place: a 429 whose retry time is at most this, or a single 5xx when no other
     account can serve, is retried once on this account after that wait, inside the request's
     budget; never a stream that started (0: off)."""
+    resume_streams: bool | None = None
+    """A stream that breaks on this account after its content started is continued on another
+    account of the model (see Resumed streams); unset: `[server]`'s `resume_streams`."""
+    accepts_prefill: bool | None = None
+    """Whether this account takes a continuation: a request whose last message is the partial
+    assistant answer to carry on (unset: yes on the Anthropic Messages wire, no on OpenAI Chat,
+    where few providers continue a trailing assistant message; never on OpenAI Responses)."""
     weight: Annotated[float, Meta(gt=0, le=1e6)] = 1.0
     """Its share of conversations among the accounts of its priority: a conversation's turns
     go to one account, chosen by rendezvous hashing weighted by this (see Account affinity)."""
@@ -210,6 +217,11 @@ class Server(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Paths besides the three wire paths whose JSON body is read for its `model` field."""
     shadow_max_inflight: PositiveInt = 16
     """Shadow requests in flight at most; past it, new ones are dropped (and counted)."""
+    resume_streams: bool = False
+    """ASGI only: a stream that breaks (cut, reset, idle, slow) after the client got part of
+    the answer is continued on another account of the same model, the partial answer sent as
+    a prefill, and spliced into the client's stream (Resumed streams); an account's own
+    `resume_streams` overrides it for streams that break on that account."""
 
 
 class State(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

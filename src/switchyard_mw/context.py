@@ -195,6 +195,12 @@ class RequestContext:
         self.cache_read_tokens = cache_read_tokens
         self.cache_write_tokens = cache_write_tokens
 
+    def replace_body(self, body: bytes) -> None:
+        """The request the next attempt sends is `body` (a resumed stream's continuation):
+        `body_for_app()` rewrites its model as it did the client's."""
+        self.body = body
+        self._rewritten = None
+
     def body_for_app(self) -> bytes:
         """The request body with `model` set to the resolved model, in the name the current
         attempt's account knows it by (rewritten once per name: each attempt's own)."""

@@ -78,7 +78,9 @@ def test_each_name_is_in_its_right_table() -> None:
 
 def prometheus_names() -> set[str]:
     names = set()
-    histograms = {tm.JUDGE_DURATION: "s"} | {t.name: t.unit for t in rm.TALLIES}
+    histograms = {tm.JUDGE_DURATION: "s", tm.RESUMED_BYTES: "By"} | {
+        t.name: t.unit for t in rm.TALLIES
+    }
     gauges = {tm.ACCOUNT_STATE}
     for name in metric_constants():
         base = name.replace(".", "_")

@@ -34,6 +34,7 @@ from ..engine.stream_bounds import first_token_secs
 from ..telemetry import names as tm
 from ._types import ASGIApp, Message, Scope
 from .exchange import Exchange, send_error
+from .resume import resume_broken, tap_for
 
 _log = logging.getLogger("switchyard_mw.asgi.cooling")  # where operators filter it
 # Read on every attempt: Enum member access is slow on Python 3.11.
@@ -53,6 +54,7 @@ async def run_attempts(
     """The request's attempts as `machine` decides them. `limits`: each attempt runs under
     its account's deadline, and a request the machine passes through under these (None: no
     deadline)."""
+    tap_for(ex, machine)  # a stream that may be resumed is watched for its break
     action: Action = machine.begin()  # the usual first attempt: a plain call
     while True:
         if isinstance(action, SendOn):
@@ -68,6 +70,11 @@ async def run_attempts(
             action = machine.waited()
         else:
             break
+    if action is DONE and ex.tap is not None:
+        timed = limits is not None
+        await resume_broken(
+            ex, machine, lambda send_on: _attempt(ex, machine, send_on, app, scope, timed=timed)
+        )
     if isinstance(action, Deliver):
         held: list[Message] = action.held  # type: ignore[assignment]  # ours, from ended()
         for message in held:

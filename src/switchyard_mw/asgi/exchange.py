@@ -24,7 +24,7 @@ import asyncio
 import enum
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..context import RequestContext
 from ..engine.answers import deadline_exceeded, exposed_headers
@@ -157,6 +157,7 @@ class Exchange(Deferred):
         "no_start_phase",
         "stage",
         "stream",
+        "tap",
     )
 
     def __init__(
@@ -215,6 +216,7 @@ class Exchange(Deferred):
         self.stream = False  # the request asks for a stream (its first token is noted)
         self._complete = False  # the app sent the attempt's last message
         self.finished = False  # the client has the whole response
+        self.tap: Tap | None = None  # a resumable stream's (`divert`)
         if read_secs is not None and read_secs <= _SHORT:
             self._handle = loop.call_later(read_secs, self._check)
         defer(self, loop)
@@ -484,6 +486,9 @@ class Exchange(Deferred):
         phase = self.phase()
         ctx.deadline_phase = phase
         tm.deadline_exceeded.add(1, {"phase": phase})
+        tap = self.tap
+        if tap is not None and tap.expired(phase):
+            return  # a stream to resume: its error event waits for the continuation's fate
         error = deadline_exceeded(phase)
         start = self._start
         if start is None:
@@ -540,9 +545,22 @@ class Exchange(Deferred):
         if self._wake is not None and not (self.ctx is not None and self.ctx.disconnected):
             self._wake = None  # the last attempt's deadline told its listener, not this one's
 
+    def divert(self, tap: Tap) -> Send:
+        """Let `tap` see what the app sends first (`Tap.top`) and take what goes to the client
+        (`Tap.deliver`) from now on; returns the client's own `send`, for the tap to use."""
+        self.tap = tap
+        client, self._send = self._send, tap.deliver
+        return client
+
     async def send(self, message: Message) -> None:
         """The app's `send`: the deadline's part, then the hold's, then the tracking's (`out`),
         in one function for the usual messages."""
+        tap = self.tap
+        if tap is not None:
+            found = tap.top(message)
+            if found is None:
+                return
+            message = found
         pre = self._pre
         if pre is not None:
             if self._content_watch is not None:
@@ -627,8 +645,12 @@ class Exchange(Deferred):
         assert ctx is not None
         if content and self._content_watch is not None and ctx.first_token_at is None:
             ctx.first_token_at = now  # a stream's time to first token (not a JSON answer's)
-        for message in held:
-            await self.send(message)
+        tap, self.tap = self.tap, None  # it saw these messages as they came: not twice
+        try:
+            for message in held:
+                await self.send(message)
+        finally:
+            self.tap = tap
         if content and self._content_watch is not None and not self._complete:
             self._floor = floor_for(self._limits, now)
             if self._floor is not None and self._idle is not None:
@@ -715,6 +737,20 @@ class Exchange(Deferred):
         if self.expose and (extra := exposed_headers(ctx)):
             return {**start, "headers": [*start.get("headers", ()), *extra]}
         return start
+
+
+class Tap(Protocol):
+    """What sees a resumable stream's messages (`asgi.resume`): the app's before the exchange
+    does, and what goes to the client in its place."""
+
+    def top(self, message: Message) -> Message | None:
+        """The app's `message` as the exchange is to see it (None: withheld)."""
+
+    def expired(self, phase: str) -> bool:
+        """The attempt's deadline ran out in `phase`: whether the tap takes its answer over."""
+
+    async def deliver(self, message: Message) -> None:
+        """`message` on its way to the client."""
 
 
 def _is_sse(start: Message) -> bool:

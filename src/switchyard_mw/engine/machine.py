@@ -30,7 +30,7 @@ Its states, and the events each takes (any other event there raises `MachineErro
     FORWARDING  first_content, ended, expired, retried, closed
     BETWEEN     next, expired, retried, closed                 (another attempt may follow)
     WAITING     waited, expired, closed                        (a retry in place waits)
-    DONE        expired, retried (ext_proc: Envoy retries on its own), closed
+    DONE        expired, retried (ext_proc: Envoy retries on its own), broke, closed
 
 A fallback chain (`engine.fallbacks`) is more candidate models in `_candidates` (`Send.model`
 names the model each attempt goes to; `ctx.body_for_app()` rewrites the body to it), and a
@@ -507,6 +507,34 @@ class AttemptMachine:
             self.state = _CLAIMING
             return ClaimProbe(lease.account)
         return self._send(lease, model)
+
+    def broke(self, reason: str, after_bytes: int, allowed: Collection[str]) -> Start:
+        """The stream the client was reading broke after its content started (`reason`: cut,
+        idle or slow; `ended` settled its attempt, a fault): its continuation goes to another
+        account of the same model among `allowed` (those that take a prefill), or `DONE` when
+        none can take it now. The continuation is the request's last attempt: nothing fails it
+        over, and its span says it resumed a stream after `after_bytes` bytes."""
+        self._expect(_DONE)
+        ctx = self.ctx
+        model = ctx.resolved_model
+        if model is None or self._closed or not self._may_go_on():
+            return DONE
+        broken = self.tried[-1] if self.tried else ""
+        self._more = False  # a continuation is never failed over: its failure ends the stream
+        lease = self.engine.pool.acquire(model, exclude=self.tried, allowed=allowed, key=self._key)
+        if lease is None:
+            return DONE
+        if lease.probe and self.engine.pool.store is not None:
+            # A probe shared across replicas waits for the store's word: a client reading a
+            # stream does not wait for that; the slot goes back.
+            self.engine.pool.claim_abandoned(lease)
+            return DONE
+        action = self._send(lease, model)
+        if self._span is not None:
+            self._span.set_attributes(
+                {tm.RESUMED_FROM: broken, tm.RESUME_REASON: reason, tm.RESUMED_AFTER: after_bytes}
+            )
+        return action
 
     def retried(self, unanswered: Failure | None = None) -> End:
         """The front started another attempt on its own (Envoy's retry): an attempt still

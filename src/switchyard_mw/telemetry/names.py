@@ -41,6 +41,8 @@ BUDGET_INVALID = "switchyard.budget.invalid"
 STATE_DEGRADED = "switchyard.state.degraded"
 CONFIG_RELOADS = "switchyard.config.reloads"
 USAGE_UNREAD = "switchyard.usage.unread"
+RESUMES = "switchyard.resumes"
+RESUMED_BYTES = "switchyard.resume.bytes"
 
 # Span names.
 SPAN_REQUEST = "switchyard.request"
@@ -73,6 +75,12 @@ JUDGE_OUTCOME = "switchyard.judge.outcome"
 JUDGE_LABEL = "switchyard.judge.label"
 JUDGE_REASON = "switchyard.judge.reason"
 DEADLINE_PHASE = "switchyard.deadline.phase"
+RESUMED_FROM = "switchyard.resume.from"
+"""On the attempt span of a resumed stream's continuation: the account whose stream broke."""
+RESUME_REASON = "switchyard.resume.reason"
+"""On a continuation's attempt span: how the stream broke (`cut`, `idle`, `slow`)."""
+RESUMED_AFTER = "switchyard.resume.after_bytes"
+"""On a continuation's attempt span: the stream's bytes the client had when it broke."""
 USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 USAGE_CACHE_READ_TOKENS = "gen_ai.usage.cache_read.input_tokens"
@@ -116,6 +124,8 @@ METRIC_LABELS: dict[str, tuple[str, ...]] = {
     STATE_DEGRADED: (),
     CONFIG_RELOADS: ("result",),
     USAGE_UNREAD: (RESPONSE_MODEL, ACCOUNT, "reason"),
+    RESUMES: (RESPONSE_MODEL, "reason", "result"),
+    RESUMED_BYTES: (RESPONSE_MODEL, "reason"),
     OPERATION_DURATION: (REQUEST_MODEL, RESPONSE_MODEL, VARIANT, ACCOUNT, ERROR_TYPE, SHADOW),
     TIME_TO_FIRST_TOKEN: (REQUEST_MODEL, RESPONSE_MODEL, VARIANT, ACCOUNT, ERROR_TYPE, SHADOW),
     TOKEN_USAGE: (REQUEST_MODEL, RESPONSE_MODEL, VARIANT, ACCOUNT, ERROR_TYPE, SHADOW, TOKEN_TYPE),
@@ -161,6 +171,20 @@ fallbacks = meter.create_counter(
 )
 deadline_exceeded = meter.create_counter(
     DEADLINE_EXCEEDED, unit="{request}", description="Deadlines that expired, by phase"
+)
+resumes = meter.create_counter(
+    RESUMES,
+    unit="{stream}",
+    description="Streams that broke after their content started and were to be resumed, by "
+    "how they broke and the result (resumed, refused, failed, unavailable)",
+)
+BYTES_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
+"""Bucket bounds of the byte histograms: 256 B to 4 MiB, by powers of four."""
+resumed_bytes = meter.create_histogram(
+    RESUMED_BYTES,
+    unit="By",
+    description="How far into a stream it broke: the bytes the client had, per resume tried",
+    explicit_bucket_boundaries_advisory=BYTES_BUCKETS,
 )
 
 
