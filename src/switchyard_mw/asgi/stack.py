@@ -16,6 +16,7 @@ from ..core.clock import Clock, monotonic
 from ..core.pool import AccountPool
 from ..engine import reload
 from ..engine.fallbacks import Chains
+from ..engine.hedging import Hedging
 from ..engine.machine import AttemptMachine
 from ..engine.policies import Engine
 from ..engine.reload import Loader
@@ -101,6 +102,10 @@ class SwitchyardStack(PolicyMiddleware):
             canaries=variant.canaries,
             chains=Chains(config.fallbacks),
         )
+        if any(a.spec.hedge_after_secs is not None for a in accounts.values()):
+            engine.hedging = Hedging(
+                accounts=accounts, max_ratio=server.hedge_max_ratio, clock=self.clock
+            )
         cooling = CoolingMiddleware(app, engine=engine, server=server)
         shadows = Shadows.build(
             config.canaries, accounts=accounts, pool=pool, max_inflight=server.shadow_max_inflight

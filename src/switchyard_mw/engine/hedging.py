@@ -1,0 +1,96 @@
+"""Hedged first tokens: when an attempt's hedge is due, and whether the budget lets it start.
+
+One `Hedging` per engine (a reload builds another). It answers three questions for the front
+that races the attempts (`asgi/hedge.py`): how long an account's attempt may go without content
+before a hedge (`after_secs`: its `hedge_after_secs`, or with `"auto"` its measured p95 time to
+first token, `core/first_token`), whether one more hedge fits the budget of the request's model
+(`core/hedge_budget`: at most `hedge_max_ratio` of the requests over a sliding minute), and it
+keeps the times to first token `"auto"` reads (`record`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ..accounts import Account
+from ..core.clock import Clock, monotonic
+from ..core.first_token import FirstTokenTracker
+from ..core.hedge_budget import HedgeBudget, HedgeVerdict
+from ..telemetry import names as tm
+
+WINDOW_SECS = 60.0
+"""The budget's sliding window: long enough that a burst does not spend a minute's share."""
+BUCKETS = 12
+"""The window's buckets (5 s each): its one approximation is at most one bucket."""
+AUTO_WINDOW_SECS = 300.0
+AUTO_SAMPLES = 200
+AUTO_MIN_SAMPLES = 20
+AUTO_FLOOR_SECS = 0.25
+AUTO_CEILING_SECS = 30.0
+"""`"auto"`: the p95 of an account's latest 200 first tokens over five minutes, at least 20 of
+them (else the ceiling: hedge late rather than on a guess), clamped to [0.25 s, 30 s]."""
+
+_START, _REFUSED = HedgeVerdict.START, HedgeVerdict.REFUSED
+
+
+class Hedging:
+    """The hedge times of `accounts` and the per-model budgets at `max_ratio`."""
+
+    def __init__(
+        self, *, accounts: Mapping[str, Account], max_ratio: float, clock: Clock = monotonic
+    ) -> None:
+        self._after = {name: a.spec.hedge_after_secs for name, a in accounts.items()}
+        self._ratio = max_ratio
+        self._clock = clock
+        self._budgets: dict[str, HedgeBudget] = {}
+        self.first_tokens = FirstTokenTracker(
+            window_secs=AUTO_WINDOW_SECS,
+            size=AUTO_SAMPLES,
+            min_samples=AUTO_MIN_SAMPLES,
+            floor_secs=AUTO_FLOOR_SECS,
+            ceiling_secs=AUTO_CEILING_SECS,
+            clock=clock,
+        )
+
+    @property
+    def on(self) -> bool:
+        """Whether any account hedges at all (else nothing here is asked)."""
+        return any(after is not None for after in self._after.values())
+
+    def after_secs(self, account: str) -> float | None:
+        """How long an attempt on `account` may go without content before a hedge (None:
+        it never hedges)."""
+        after = self._after.get(account)
+        if after == "auto":
+            return self.first_tokens.hedge_after_secs(account)
+        return after if after is None else float(after)
+
+    def record(self, account: str, first_token_secs: float) -> None:
+        """An attempt on `account` produced its first content after `first_token_secs`."""
+        if self._after.get(account) == "auto":
+            self.first_tokens.record(account, first_token_secs)
+
+    def note_request(self, model: str) -> None:
+        """A request of `model` that may hedge started its first attempt (counted in the
+        window the ratio is read against)."""
+        self._budget(model).note_request()
+
+    def try_hedge(self, model: str) -> bool:
+        """Whether one more hedge of `model` fits the budget (counted if so; a refusal is
+        counted in `switchyard.hedges` as `refused`)."""
+        if self._budget(model).try_hedge() is _START:
+            return True
+        tm.hedges.add(1, {tm.RESPONSE_MODEL: model, "result": "refused"})
+        return False
+
+    def counts(self, model: str) -> tuple[int, int]:
+        """The requests and hedges of `model` the window holds now."""
+        return self._budget(model).counts()
+
+    def _budget(self, model: str) -> HedgeBudget:
+        budget = self._budgets.get(model)
+        if budget is None:
+            budget = self._budgets[model] = HedgeBudget(
+                max_ratio=self._ratio, window_secs=WINDOW_SECS, buckets=BUCKETS, clock=self._clock
+            )
+        return budget
