@@ -229,7 +229,8 @@ class Server(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     `resume_streams` overrides it for streams that break on that account."""
     hedge_max_ratio: Annotated[float, Meta(ge=0, le=1)] = 0.05
     """At most this share of a model's requests over a sliding minute may start a hedge
-    (`hedge_after_secs`; see [Hedged first tokens](policies/hedging.md))."""
+    (`hedge_after_secs`), across replicas when `[state]` shares it (see [Hedged first
+    tokens](policies/hedging.md))."""
 
 
 class State(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

@@ -145,7 +145,7 @@ class Race:
         try:
             done, _ = await asyncio.wait({task}, timeout=self._after)
             if not done and first.state is _RACING and (first.status or 200) < 300:
-                self._hedge(scope, send)
+                await self._hedge(scope, send)
             await self._settle()
         except BaseException:
             await self._stop(Gone.CANCELLED)
@@ -156,13 +156,15 @@ class Race:
         watch = watch_for(view.wire) if view is not None and self._stream else None
         return _Runner(ctx, send, watch, hedge=hedge)
 
-    def _hedge(self, scope: Scope, send: Send) -> None:
+    async def _hedge(self, scope: Scope, send: Send) -> None:
         """Start the hedge, if the budget and an account allow."""
         model, machine = self._ctx.resolved_model, self._machine
         assert model is not None
         # A peek first: the budget counts a hedge it allows, so only one that can start.
-        if not machine.may_hedge() or not self._hedging.try_hedge(model):
+        if not machine.may_hedge() or not await self._hedging.may_start(model):
             return
+        if self._runs and next(iter(self._runs.values())).state is not _RACING:
+            return  # the first answered while the budget was asked
         action = machine.hedge()
         account = machine.hedge_account
         if action is None or account is None:

@@ -4,19 +4,25 @@ One `Hedging` per engine (a reload builds another). It answers three questions f
 that races the attempts (`asgi/hedge.py`): how long an account's attempt may go without content
 before a hedge (`after_secs`: its `hedge_after_secs`, or with `"auto"` its measured p95 time to
 first token, `core/first_token`), whether one more hedge fits the budget of the request's model
-(`core/hedge_budget`: at most `hedge_max_ratio` of the requests over a sliding minute), and it
-keeps the times to first token `"auto"` reads (`record`).
+(`core/hedge_budget`: at most `hedge_max_ratio` of the requests over a sliding minute; with a
+state store, the model's budget in it, `state/hedge_budget.py`, the local one deciding while
+the store cannot answer), and it keeps the times to first token `"auto"` reads (`record`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from ..accounts import Account
 from ..core.clock import Clock, monotonic
 from ..core.first_token import FirstTokenTracker
 from ..core.hedge_budget import HedgeBudget, HedgeVerdict
 from ..telemetry import names as tm
+
+_log = logging.getLogger("switchyard_mw.hedging")
 
 WINDOW_SECS = 60.0
 """The budget's sliding window: long enough that a burst does not spend a minute's share."""
@@ -33,16 +39,37 @@ them (else the ceiling: hedge late rather than on a guess), clamped to [0.25 s, 
 _START, _REFUSED = HedgeVerdict.START, HedgeVerdict.REFUSED
 
 
+class SharedBudget(Protocol):
+    """A model's budget shared across replicas (`state/hedge_budget.py`)."""
+
+    async def note_request(self) -> None: ...
+
+    async def try_hedge(self) -> HedgeVerdict: ...
+
+
+SharedBudgets = Callable[[str], SharedBudget | None]
+"""A model's shared budget, or None while the store cannot be asked (the local one decides)."""
+
+
 class Hedging:
     """The hedge times of `accounts` and the per-model budgets at `max_ratio`."""
 
     def __init__(
-        self, *, accounts: Mapping[str, Account], max_ratio: float, clock: Clock = monotonic
+        self,
+        *,
+        accounts: Mapping[str, Account],
+        max_ratio: float,
+        clock: Clock = monotonic,
+        shared: SharedBudgets | None = None,
+        timeout_secs: float = 0.1,
     ) -> None:
         self._after = {name: a.spec.hedge_after_secs for name, a in accounts.items()}
         self._ratio = max_ratio
         self._clock = clock
         self._budgets: dict[str, HedgeBudget] = {}
+        self._shared = shared
+        self._timeout = timeout_secs  # the store's: past it, the local budget decides
+        self._notes: set[asyncio.Task[None]] = set()  # shared notes on their way
         self.first_tokens = FirstTokenTracker(
             window_secs=AUTO_WINDOW_SECS,
             size=AUTO_SAMPLES,
@@ -72,8 +99,41 @@ class Hedging:
 
     def note_request(self, model: str) -> None:
         """A request of `model` that may hedge started its first attempt (counted in the
-        window the ratio is read against)."""
+        window the ratio is read against; with a store, in the shared window too, in the
+        background: the request does not wait for it)."""
         self._budget(model).note_request()
+        shared = None if self._shared is None else self._shared(model)
+        if shared is not None:
+            task = asyncio.get_running_loop().create_task(self._note(shared))
+            self._notes.add(task)
+            task.add_done_callback(self._notes.discard)
+
+    async def _note(self, shared: SharedBudget) -> None:
+        try:
+            # Off the request path: more room than an answer the request waits for.
+            await asyncio.wait_for(shared.note_request(), max(1.0, 10 * self._timeout))
+        except Exception as exc:  # the store's trouble never fails a request
+            _log.debug("hedge budget: note not shared (%s)", type(exc).__name__)
+
+    async def noted(self) -> None:
+        """Wait for the shared notes on their way (at shutdown, and in tests)."""
+        if self._notes:
+            await asyncio.gather(*self._notes, return_exceptions=True)
+
+    async def may_start(self, model: str) -> bool:
+        """`try_hedge`, asking the shared budget when a store is set and answers in time."""
+        shared = None if self._shared is None else self._shared(model)
+        if shared is None:
+            return self.try_hedge(model)
+        try:
+            verdict = await asyncio.wait_for(shared.try_hedge(), self._timeout)
+        except Exception as exc:
+            _log.debug("hedge budget: store not asked (%s)", type(exc).__name__)
+            return self.try_hedge(model)
+        if verdict is _START:
+            return True
+        tm.hedges.add(1, {tm.RESPONSE_MODEL: model, "result": "refused"})
+        return False
 
     def try_hedge(self, model: str) -> bool:
         """Whether one more hedge of `model` fits the budget (counted if so; a refusal is
