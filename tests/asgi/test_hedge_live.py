@@ -34,8 +34,10 @@ BUDGET_STALL_SECS = 1.0
 SLOW_BUDGET = Behaviour(
     reply="slow but sure", stall_after_chunks=0, body_stall_secs=BUDGET_STALL_SECS
 )
-WARM = 4
-"""Requests per model answered at once before the hedges: at a ratio of 0.5 room for two."""
+WARM = 3
+"""Requests per model answered at once before the hedges (`gateway`): at a ratio of 0.5, room
+for the two hedges of each model below (a third would need a fourth request)."""
+HI = {"role": "user", "content": "hi"}
 
 CONFIG = f"""
 [server]
@@ -78,28 +80,37 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Moc
     with serve_in_thread(provider) as mock_url:
         config = CONFIG.replace("{mock}", mock_url)
         with example_gateway(config, tmp_path_factory.mktemp("hedge"), env) as url:
-            for _ in range(WARM):
-                _anthropic_json(url, "h-json")
-                _anthropic_stream(url, "h-stream")
+            # Each SDK's first call once (its first use costs it more than any later one),
+            # then plain requests: WARM per model in all.
+            for call, model, _ in CALLS.values():
+                call(url, model)
+            with httpx.Client(base_url=url, timeout=30) as client:
+                for model in ("h-json", "h-stream"):
+                    body = {"model": model, "max_tokens": 8, "messages": [HI]}
+                    assert client.post("/v1/messages", json=body).status_code == 200
             provider.set_behaviour("key-slow", SLOW)
             yield url, provider
 
 
-def _metric(gateway: str, name: str, *labels: str) -> float:
+def _scrape(gateway: str) -> str:
+    return httpx.get(f"{gateway}/metrics").text
+
+
+def _metric(scraped: str, name: str, *labels: str) -> float:
     total = 0.0
-    for line in httpx.get(f"{gateway}/metrics").text.splitlines():
+    for line in scraped.splitlines():
         series, _, value = line.rpartition(" ")
         if series.startswith(name + "{") and all(label in series for label in labels):
             total += float(value)
     return total
 
 
-def _hedges(gateway: str, model: str, result: str) -> float:
-    return _metric(gateway, "switchyard_hedges_total", f'"{model}"', f'result="{result}"')
+def _hedges(scraped: str, model: str, result: str) -> float:
+    return _metric(scraped, "switchyard_hedges_total", f'"{model}"', f'result="{result}"')
 
 
-def _faults(gateway: str, account: str) -> float:
-    return _metric(gateway, "switchyard_account_faults_total", f'switchyard_account="{account}"')
+def _faults(scraped: str, account: str) -> float:
+    return _metric(scraped, "switchyard_account_faults_total", f'switchyard_account="{account}"')
 
 
 def _anthropic_stream(url: str, model: str = "h-stream") -> tuple[str, float]:
@@ -177,7 +188,7 @@ def test_a_stalled_first_token_is_hedged_and_the_slow_call_cancelled(
 ) -> None:
     url, provider = gateway
     call, model, expected = CALLS[case]
-    won, faults = _hedges(url, model, "won"), _faults(url, "slow")
+    before = _scrape(url)
     text, first = call(url, model)
     answered = time.monotonic()
     assert text == expected  # the fast account's answer, nothing of the slow one's
@@ -187,18 +198,20 @@ def test_a_stalled_first_token_is_hedged_and_the_slow_call_cancelled(
     assert idle is not None, f"{provider.in_flight} still in flight 1 s after the answer"
     assert time.monotonic() - answered < 1.5
     assert [r.key for r in provider.requests[-2:]] == ["key-slow", "key-fast"]
-    assert _hedges(url, model, "won") == won + 1
-    assert _faults(url, "slow") == faults  # losing a race is no fault
+    after = _scrape(url)
+    assert _hedges(after, model, "won") == _hedges(before, model, "won") + 1
+    assert _faults(after, "slow") == _faults(before, "slow")  # losing a race is no fault
 
 
 def test_the_budget_refuses_a_hedge_it_has_not_earned(gateway: tuple[str, MockProvider]) -> None:
     """`h-budget`'s first request: one request in the window, at 0.5 no hedge is owed; the
     slow account answers after its stall, and only it was asked."""
     url, provider = gateway
-    refused = _hedges(url, "h-budget", "refused")
+    before = _scrape(url)
     asked = len(provider.requests)
     text, took = _chat_json(url, "h-budget")
     assert text == f"{SLOW_BUDGET.reply}|slow_budget"
     assert took >= BUDGET_STALL_SECS
     assert [r.key for r in provider.requests[asked:]] == ["key-slowb"]
-    assert _hedges(url, "h-budget", "refused") == refused + 1
+    refused = _hedges(before, "h-budget", "refused")
+    assert _hedges(_scrape(url), "h-budget", "refused") == refused + 1

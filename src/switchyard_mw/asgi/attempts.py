@@ -158,7 +158,8 @@ async def _attempt(
     try:
         if timed:
             _arm(ex, machine, ctx)
-            run = race_for(ex, machine, app)  # the app, or a race with a hedge when it is slow
+            # The app, or a race with a hedge when it is slow to its first content.
+            run = app if machine.engine.hedging is None else race_for(ex, machine, app)
             if span is None:
                 await ex.run(run, scope, ex.receive, ex.send)
             else:
