@@ -72,6 +72,7 @@ class Upstream:
         ctx = current_context()
         assert ctx is not None
         assert ctx.account is not None
+        assert scope["state"]["switchyard"] is ctx  # `request.state.switchyard` alike
         name = ctx.account.name
         self.called.append(name)
         run = self.script[name]

@@ -176,9 +176,9 @@ class Race:
         runner = self._runner(ctx, send, hedge=True)
         context = contextvars.copy_context()
         context.run(current_var.set, ctx)
-        task = asyncio.create_task(
-            self._run(runner, scope, _body_once(ctx), action), context=context
-        )
+        # Its own scope too: an app may read its context as `request.state.switchyard`.
+        own = {**scope, "state": {**scope.get("state", {}), "switchyard": ctx}}
+        task = asyncio.create_task(self._run(runner, own, _body_once(ctx), action), context=context)
         self._runs[task] = runner
 
     async def _run(
