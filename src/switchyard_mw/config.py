@@ -116,6 +116,11 @@ class LLMClient(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Whether this account takes a continuation: a request whose last message is the partial
     assistant answer to carry on (unset: yes on the Anthropic Messages wire, no on OpenAI Chat,
     where few providers continue a trailing assistant message; never on OpenAI Responses)."""
+    hedge_after_secs: Annotated[float, Meta(gt=0, le=3600)] | Literal["auto"] | None = None
+    """Hedged first tokens: an attempt on this account with no content event after this many
+    seconds gets a second attempt on another account of the same model, and the first to
+    answer wins; `"auto"`: this account's measured p95 time to first token (unset: off; see
+    [Hedged first tokens](policies/hedging.md))."""
     weight: Annotated[float, Meta(gt=0, le=1e6)] = 1.0
     """Its share of conversations among the accounts of its priority: a conversation's turns
     go to one account, chosen by rendezvous hashing weighted by this (see Account affinity)."""
@@ -222,6 +227,10 @@ class Server(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     the answer is continued on another account of the same model, the partial answer sent as
     a prefill, and spliced into the client's stream (Resumed streams); an account's own
     `resume_streams` overrides it for streams that break on that account."""
+    hedge_max_ratio: Annotated[float, Meta(ge=0, le=1)] = 0.05
+    """At most this share of a model's requests over a sliding minute may start a hedge
+    (`hedge_after_secs`), across replicas when `[state]` shares it (see [Hedged first
+    tokens](policies/hedging.md))."""
 
 
 class State(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -429,7 +438,10 @@ def _convert(value: Any, kind: type[_S], where: str, problems: list[str]) -> _S 
         try:
             msgspec.convert(value[name], field.type, strict=True)
         except msgspec.ValidationError as exc:
-            if get_origin(field.type) is Literal and isinstance(value[name], str):
+            raw = value[name]
+            if name in _EXPECTED and (isinstance(raw, bool) or not isinstance(raw, int | float)):
+                problems.append(f"{where}.{name}: expected {_EXPECTED[name]}, got {raw!r}")
+            elif get_origin(field.type) is Literal and isinstance(value[name], str):
                 allowed = ", ".join(f'"{a}"' for a in get_args(field.type))
                 problems.append(f"{where}.{name}: expected one of {allowed}")
             else:
@@ -437,6 +449,10 @@ def _convert(value: Any, kind: type[_S], where: str, problems: list[str]) -> _S 
     if len(problems) > before:
         return None
     return msgspec.convert(value, kind, strict=True)
+
+
+_EXPECTED = {"hedge_after_secs": 'a number of seconds (> 0, <= 3600) or "auto"'}
+"""What a field of several types takes, said whole (msgspec names only the type it tried)."""
 
 
 def _salvage(value: Any, kind: type[_S]) -> _S | None:

@@ -10,6 +10,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from redis_server import RedisServer, running_redis
+from switchyard_mw import switchyard_stack
+from switchyard_mw.config import parse_config
 from switchyard_mw.core.hedge_budget import HedgeVerdict
 from switchyard_mw.state.hedge_budget import SharedHedgeBudget
 
@@ -70,3 +72,58 @@ async def test_the_window_slides_on_redis_time(client: aioredis.Redis) -> None:
     await a.note_request()
     assert await client.hkeys("t:hedge:m") != []
     assert 0 < await client.pttl("t:hedge:m") <= 800  # two windows: a quiet model leaves
+
+
+STACK_CONFIG = """
+[state]
+backend = "redis"
+url = "{url}"
+key_prefix = "hedge-stacks"
+
+[llm_clients.a]
+base_url = "http://a.test"
+api_key_env = "K"
+models = ["m"]
+hedge_after_secs = 1
+
+[llm_clients.b]
+base_url = "http://b.test"
+api_key_env = "K"
+models = ["m"]
+"""
+
+
+async def _nothing(scope: object, receive: object, send: object) -> None:
+    pass
+
+
+async def test_two_stacks_draw_on_one_budget_through_their_store(
+    redis_server: RedisServer,
+) -> None:
+    """20 requests seen by one replica earn the other its hedge: each alone would refuse."""
+    config = parse_config(STACK_CONFIG.format(url=redis_server.url))
+    one, two = (
+        switchyard_stack(_nothing, config=config, environ={"K": "k"}, reload_on_signal=False)
+        for _ in range(2)
+    )
+    try:
+        for stack in (one, two):
+            await stack.store.start()
+            for _ in range(250):  # connected and subscribed, within 5 s
+                if stack.store.healthy:  # type: ignore[attr-defined]
+                    break
+                await asyncio.sleep(0.02)
+            assert stack.store.healthy  # type: ignore[attr-defined]
+        first, second = one.engine.hedging, two.engine.hedging
+        assert first is not None
+        assert second is not None
+        for _ in range(20):
+            first.note_request("m")
+        await first.noted()
+        assert second.counts("m") == (0, 0)  # its own window saw nothing
+        assert await second.may_start("m")
+        assert not await second.may_start("m")
+        assert not await first.may_start("m")
+    finally:
+        await one.aclose()
+        await two.aclose()

@@ -34,6 +34,7 @@ from ..engine.stream_bounds import first_token_secs
 from ..telemetry import names as tm
 from ._types import ASGIApp, Message, Scope
 from .exchange import Exchange, send_error
+from .hedge import race_for
 from .resume import resume_broken, tap_for
 
 _log = logging.getLogger("switchyard_mw.asgi.cooling")  # where operators filter it
@@ -157,11 +158,13 @@ async def _attempt(
     try:
         if timed:
             _arm(ex, machine, ctx)
+            # The app, or a race with a hedge when it is slow to its first content.
+            run = app if machine.engine.hedging is None else race_for(ex, machine, app)
             if span is None:
-                await ex.run(app, scope, ex.receive, ex.send)
+                await ex.run(run, scope, ex.receive, ex.send)
             else:
                 with tm.activate(span):  # the app's own call spans nest under it
-                    await ex.run(app, scope, ex.receive, ex.send)
+                    await ex.run(run, scope, ex.receive, ex.send)
         elif span is None:
             await app(scope, ex.receive, ex.send)
         else:

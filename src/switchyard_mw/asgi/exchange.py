@@ -399,6 +399,14 @@ class Exchange(Deferred):
         self._limits = limits
         self._content_at = content_at
 
+    def content_due(self) -> None:
+        """A stream's successful start came and is held elsewhere (a hedge's race): its first
+        content is what is due now, as when the start is held here."""
+        if self._holds and self._idle is not None:
+            self.no_start_phase = Phase.FIRST_TOKEN
+            now = time.monotonic()
+            self.move(self._bound(self._content_at - now, now))
+
     def disarm(self) -> None:
         """No deadline any more (the attempt ended, or its response is whole)."""
         self._when = None

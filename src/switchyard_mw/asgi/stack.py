@@ -16,6 +16,7 @@ from ..core.clock import Clock, monotonic
 from ..core.pool import AccountPool
 from ..engine import reload
 from ..engine.fallbacks import Chains
+from ..engine.hedging import BUCKETS, WINDOW_SECS, Hedging, SharedBudgets
 from ..engine.machine import AttemptMachine
 from ..engine.policies import Engine
 from ..engine.reload import Loader
@@ -101,6 +102,14 @@ class SwitchyardStack(PolicyMiddleware):
             canaries=variant.canaries,
             chains=Chains(config.fallbacks),
         )
+        if any(a.spec.hedge_after_secs is not None for a in accounts.values()):
+            engine.hedging = Hedging(
+                accounts=accounts,
+                max_ratio=server.hedge_max_ratio,
+                clock=self.clock,
+                shared=shared_budgets(self.store, server.hedge_max_ratio),
+                timeout_secs=config.state.timeout_ms / 1000,
+            )
         cooling = CoolingMiddleware(app, engine=engine, server=server)
         shadows = Shadows.build(
             config.canaries, accounts=accounts, pool=pool, max_inflight=server.shadow_max_inflight
@@ -200,6 +209,14 @@ class SwitchyardStack(PolicyMiddleware):
             await self.shadows.aclose()
         await self.store.aclose()
         await self.judge.aclose()
+
+
+def shared_budgets(store: Store, max_ratio: float) -> SharedBudgets | None:
+    """Each model's hedge budget in the state store, where it keeps one (Redis)."""
+    budget = getattr(store, "hedge_budget", None)
+    if budget is None:
+        return None
+    return functools.partial(budget, max_ratio=max_ratio, window_secs=WINDOW_SECS, buckets=BUCKETS)
 
 
 def switchyard_stack(

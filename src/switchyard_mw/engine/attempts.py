@@ -68,6 +68,8 @@ class Gone(enum.StrEnum):
     """The front answered itself (Envoy's own reply), so no account answered."""
     UNUSED = "unused"
     """A lease granted after the request ended: no attempt was sent with it."""
+    HEDGE_LOST = "hedge_lost"
+    """Another attempt of the same request produced its first content first (a hedge)."""
 
 
 APP_ERROR = Failure.APP_ERROR

@@ -268,6 +268,7 @@ class AttemptMachine:
         "_clock",
         "_closed",
         "_failure",
+        "_hedge",
         "_key",
         "_last",
         "_lease",
@@ -334,6 +335,7 @@ class AttemptMachine:
         """Models that refused this request's prompt as too long: none is tried again."""
         self._waited = False  # the request's one retry in place was spent
         self._sent_at: float | None = None  # when the attempt in flight was sent (`_clock`)
+        self._hedge: _Hedge | None = None  # a second attempt racing the one in flight
 
     def __repr__(self) -> str:
         return f"<AttemptMachine {self.state.name} tried={self.tried}>"
@@ -608,12 +610,104 @@ class AttemptMachine:
         open end, and a probe claimed meanwhile goes back unused."""
         self._more = False
         self._closed = True
+        if self._hedge is not None:
+            self.hedge_over(won=False, status=Gone.DISCONNECTED)
         if self.state in _IN_FLIGHT:
             self._settle(*self._verdict(False, _DISCONNECTED))
             self.state = _DONE
         elif self.state is not _CLAIMING:
             self._end_spans()
             self.state = _DONE
+
+    # --- hedged first tokens (`engine.hedging`; the ASGI front races them) ---------------
+
+    def may_hedge(self) -> bool:
+        """Whether a hedge could start now (a peek: nothing claimed): the attempt in flight
+        has not answered, and another account of its model is free."""
+        model = self.ctx.resolved_model
+        if self.state is not _SENT or self._hedge is not None or model is None:
+            return False
+        engine = self.engine
+        reach = self.within if self.within is not None else engine.serving(model)
+        untried = [n for n in reach if n not in self.tried]
+        return (
+            bool(untried)
+            and self._may_go_on()
+            and engine.pool.retry_after_secs(model, allowed=untried) == 0.0
+        )
+
+    def hedge(self) -> Send | None:
+        """The attempt in flight produced no content by its hedge time: a second attempt on
+        another account of the same model (never another model: both race for one answer),
+        or None when none can take it now. The front runs both; the first to produce content
+        wins, and `hedge_over` says how the race ended."""
+        self._expect(_SENT)
+        ctx, engine = self.ctx, self.engine
+        model = ctx.resolved_model
+        if self._hedge is not None or model is None or not self._may_go_on():
+            return None
+        pool = engine.pool
+        allowed = self.within if self.within is not None else engine.routable
+        lease = pool.acquire(model, exclude=self.tried, allowed=allowed, key=self._key)
+        if lease is None:
+            return None
+        if lease.probe and pool.store is not None:
+            # A probe waits for the store's word: no race is worth that wait.
+            engine.settle(lease, None, Gone.UNUSED, model)
+            return None
+        self.tried.append(lease.account)
+        ctx.attempts += 1
+        hedge = self._hedge = _Hedge(lease, engine.accounts[lease.account].for_model(model))
+        if not self._traced:
+            return Send(lease, model, None)
+        span = hedge.span = engine.attempt_span(ctx, lease, self._parent)
+        span.set_attribute(tm.HEDGE, True)
+        view = ctx.view
+        hedge.client_span = tm.start_client_span(
+            span,
+            model=model,
+            base_url=hedge.account.base_url,
+            max_tokens=None if view is None else view.max_tokens,
+        )
+        return Send(lease, model, hedge.client_span)
+
+    @property
+    def hedge_account(self) -> Account | None:
+        """The account of the hedge in flight (None: no hedge is)."""
+        return None if self._hedge is None else self._hedge.account
+
+    def hedge_over(
+        self, *, won: bool, outcome: Outcome | None = None, status: str = Gone.HEDGE_LOST
+    ) -> None:
+        """The race is decided. `won`: the hedge goes on as the request's attempt (it produced
+        content first, or the first attempt failed before any), and the first attempt's lease
+        goes back with `outcome` and `status`; else the hedge's does. The loser of a race
+        goes back with no outcome (`hedge_lost`): losing says nothing about its account."""
+        hedge, self._hedge = self._hedge, None
+        assert hedge is not None
+        model = self.ctx.resolved_model
+        if won:
+            lease = self._take_lease()
+            loser: tuple[trace.Span | None, trace.Span | None] = (self._span, self._client_span)
+            self._lease, self._span, self._client_span = hedge.lease, hedge.span, hedge.client_span
+            self.ctx.account = hedge.account
+        else:
+            lease, loser = hedge.lease, (hedge.span, hedge.client_span)
+        span, client_span = loser
+        self.engine.settle(lease, outcome, status, model, span=span)
+        if client_span is not None:
+            tm.end_client_span(
+                client_span,
+                model=model,
+                error=status,
+                input_tokens=None,
+                output_tokens=None,
+                cache_read_tokens=None,
+                cache_write_tokens=None,
+            )
+        if span is not None:
+            attempts.end_span(span, None)
+        tm.hedges.add(1, {tm.RESPONSE_MODEL: model or "", "result": "won" if won else "lost"})
 
     # --- the attempt deadline -----------------------------------------------------------
 
@@ -966,6 +1060,17 @@ class AttemptMachine:
         if self.state not in states:
             expected = " or ".join(s.name for s in states)
             raise MachineError(f"expected {expected}, the machine is {self.state.name}")
+
+
+class _Hedge:
+    """A second attempt racing the one in flight: its lease, account and spans."""
+
+    __slots__ = ("account", "client_span", "lease", "span")
+
+    def __init__(self, lease: Lease, account: Account) -> None:
+        self.lease, self.account = lease, account
+        self.span: trace.Span | None = None
+        self.client_span: trace.Span | None = None
 
 
 def conversation_key(ctx: RequestContext) -> int | None:

@@ -24,6 +24,7 @@ from ..telemetry import names as tm
 from ..wire import Wire, WireError
 from . import answers, attempts
 from .fallbacks import Chains
+from .hedging import Hedging
 from .judge import Judge
 from .machine import AttemptMachine
 from .outcomes import hold, settle
@@ -62,6 +63,8 @@ class Engine:
         self.rewrites_retries = False
         """Whether the front rewrites the body of a retry it makes on its own (Envoy's): only
         then may a fallback chain move a request once the front committed to a cluster."""
+        self.hedging: Hedging | None = None
+        """Hedged first tokens (None: no account hedges, or the front does not race)."""
         self.paths: dict[str, Wire] = llm_paths(server)
         """The wire of each LLM path; any other path passes through unread."""
         # Read when an attempt's span starts: parsed once here, not per request.

@@ -48,6 +48,7 @@ from ._redis_io import (
     run_pipelined,
     subscriber,
 )
+from .hedge_budget import SharedHedgeBudget
 
 if TYPE_CHECKING:
     from ..core.shared import TripBoard
@@ -201,6 +202,23 @@ class RedisStore:
         if self._healthy and len(self._pending) >= MAX_QUEUED:
             self._lost(TimeoutError(f"{MAX_QUEUED} holds and trips waiting"), self._generation)
         return self._healthy
+
+    def hedge_budget(
+        self, model: str, *, max_ratio: float, window_secs: float, buckets: int
+    ) -> SharedHedgeBudget | None:
+        """`model`'s hedge budget in Redis while connected (None: not now, the replica's own
+        budget decides)."""
+        client = self._commands
+        if not self._healthy or client is None:
+            return None
+        return SharedHedgeBudget(
+            client,  # type: ignore[arg-type]  # a cluster client runs a one-key script alike
+            key_prefix=f"{self._prefix}:",
+            model=model,
+            max_ratio=max_ratio,
+            window_secs=window_secs,
+            buckets=buckets,
+        )
 
     async def claim_probe(self, account: str, model: str | None = None) -> Shared | None:
         if not self._healthy or account not in self._specs:

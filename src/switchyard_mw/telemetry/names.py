@@ -34,6 +34,7 @@ CANARY_GUARD_TRIPS = "switchyard.canary.guard_trips"
 SHADOW_DROPPED = "switchyard.shadow.dropped"
 FAILOVERS = "switchyard.failovers"
 FALLBACKS = "switchyard.fallbacks"
+HEDGES = "switchyard.hedges"
 DEADLINE_EXCEEDED = "switchyard.deadline.exceeded"
 VARIANT_ASSIGNMENTS = "switchyard.variant.assignments"
 JUDGE_DURATION = "switchyard.judge.duration"
@@ -70,6 +71,8 @@ ATTEMPT_OUTCOME = "switchyard.attempt.outcome"
 ATTEMPT_PROBE = "switchyard.attempt.probe"
 FALLBACK = "switchyard.fallback"
 """On an attempt span whose model a fallback chain chose: why (`unavailable`, `context_length`)."""
+HEDGE = "switchyard.hedge"
+"""On the attempt span of a hedge (a second attempt racing the first for its first token)."""
 JUDGE_ROUTE = "switchyard.judge.route"
 JUDGE_OUTCOME = "switchyard.judge.outcome"
 JUDGE_LABEL = "switchyard.judge.label"
@@ -117,6 +120,7 @@ METRIC_LABELS: dict[str, tuple[str, ...]] = {
     SHADOW_DROPPED: (RESPONSE_MODEL,),
     FAILOVERS: (RESPONSE_MODEL,),
     FALLBACKS: (REQUEST_MODEL, RESPONSE_MODEL, "reason"),
+    HEDGES: (RESPONSE_MODEL, "result"),
     DEADLINE_EXCEEDED: ("phase",),
     VARIANT_ASSIGNMENTS: (REQUEST_MODEL, VARIANT, "key"),
     JUDGE_DURATION: ("route", "outcome"),
@@ -168,6 +172,11 @@ fallbacks = meter.create_counter(
     FALLBACKS,
     unit="{attempt}",
     description="Attempts moved to the next model of a fallback chain (from, to, reason)",
+)
+hedges = meter.create_counter(
+    HEDGES,
+    unit="{request}",
+    description="Hedged first tokens: a second attempt won, lost, or was refused by the budget",
 )
 deadline_exceeded = meter.create_counter(
     DEADLINE_EXCEEDED, unit="{request}", description="Deadlines that expired, by phase"
