@@ -89,7 +89,9 @@ class Pushed:
             await asyncio.wait_for(self._take(), 1.0)
 
 
-async def routed(text: str) -> tuple[Policies, ExtProcServicer, Any]:
+async def routed(
+    text: str, extra: dict[str, str] | None = None
+) -> tuple[Policies, ExtProcServicer, Any]:
     cfg = parse_config(text)
     policies = Policies(cfg, build_accounts(cfg, {"KEY": "k"}))
     servicer = ExtProcServicer(policies)
@@ -102,7 +104,7 @@ async def routed(text: str) -> tuple[Policies, ExtProcServicer, Any]:
             "messages": [{"role": "user", "content": "x"}],
         }
     )
-    await router.send(request_headers(extra={"x-request-id": RID}))
+    await router.send(request_headers(extra={"x-request-id": RID, **(extra or {})}))
     await router.send(request_body(body))
     return policies, servicer, router
 
@@ -193,4 +195,16 @@ async def test_an_answer_of_no_request_in_flight_goes_at_once() -> None:
     assert (await stream.next()).WhichOneof("response") == "response_headers"
     await stream.inbox.put(response_body(OPENING))
     assert _pieces_of(await stream.next()) == OPENING
+    await stream.close()
+
+
+async def test_a_budget_that_ends_first_is_the_callers_not_the_accounts(otel_metrics: Any) -> None:
+    policies, servicer, _ = await routed(config(5.0), {"x-switchyard-timeout-ms": "200"})
+    before = otel_metrics.value(tm.DEADLINE_EXCEEDED, phase="budget")
+    stream = Pushed(servicer)
+    await stream.inbox.put(response_headers(200, request_id=RID))
+    answer = await stream.next()
+    assert answer.immediate_response.status.code == 504
+    assert otel_metrics.value(tm.DEADLINE_EXCEEDED, phase="budget") == before + 1
+    assert policies.pool.status_of("a").consecutive_faults == 0
     await stream.close()

@@ -593,13 +593,19 @@ class AttemptMachine:
     def content_late(self) -> End:
         """A stream whose headers the front holds back sent no content event within its
         first-token bound (`first_token_secs`): the attempt's deadline fault, phase
-        `first_token`. `NEXT` when another account can take the next attempt now; else the
-        504 to answer (nothing of the stream reached the client)."""
+        `first_token` (`budget` when the caller's budget ended it: no account's fault).
+        `NEXT` when another account can take the next attempt now; else the 504 to answer
+        (nothing of the stream reached the client)."""
         self._expect(_SENT)
-        end = self._timed_out(Phase.FIRST_TOKEN)
+        budget_at = self.ctx.budget_at
+        spent = budget_at is not None and self._clock() >= budget_at
+        phase = Phase.BUDGET if spent else Phase.FIRST_TOKEN
+        end = self._timed_out(phase)
         if end is NEXT and not self._another_free():
             self.state = _DONE
-            return Refuse(answers.deadline_exceeded(Phase.FIRST_TOKEN))
+            return Refuse(answers.deadline_exceeded(phase))
+        if isinstance(end, Refuse):
+            return Refuse(answers.deadline_exceeded(phase))
         return end
 
     def sent_at(self) -> float | None:
