@@ -557,8 +557,9 @@ async def test_both_fronts_decide_alike(
 async def test_a_streams_first_bound_is_the_sooner_of_its_headers_and_first_token() -> None:
     """Both fronts bound a stream's start by the sooner of `timeout_secs` and
     `first_token_secs` (a stream without headers has no content either): the deadline they
-    report and, under Envoy, the per-try timeout that enforces it. After the headers, only the
-    ASGI front holds a stream until its first content event (docs/envoy.md says why)."""
+    report and, under Envoy, the per-try timeout that enforces it. After the headers, both
+    hold a stream until its first content event (under Envoy, the first-token filter:
+    tests/extproc/test_envoy_first_token_live.py)."""
     text = ONE.format(timeout=60.0) + "first_token_secs = 0.5\n"
     config = parse_config(text)
     body = msgspec.json.encode({**msgspec.json.decode(BODY), "stream": True})

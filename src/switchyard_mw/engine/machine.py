@@ -538,17 +538,17 @@ class AttemptMachine:
             )
         return action
 
-    def retried(self, unanswered: Failure | None = None) -> End:
+    def retried(self, unanswered: Failure | None = None, phase: Phase | None = None) -> End:
         """The front started another attempt on its own (Envoy's retry): an attempt still
         in flight goes back with no outcome; `NEXT` unless the request ended.
 
         `unanswered`: what it means when that attempt's answer never started (Envoy retried a
         connect failure or a reset before the headers): then it is that account fault; past
         the attempt's deadline it is the deadline's (Envoy's per-try timeout, a stream's time
-        to start), counted as `expired` counts it."""
+        to start, or `phase` when the front knows better), counted as `expired` counts it."""
         if self.state is _SENT and unanswered is not None:
             if self._past_deadline():
-                return self._timed_out()
+                return self._timed_out(phase)
             return self.ended(_RAISED, unanswered)
         if self.state in _IN_FLIGHT:
             return self.ended(_GONE, gone=Gone.RETRIED)
@@ -590,9 +590,31 @@ class AttemptMachine:
         bound, sent_at = self.ctx.attempt_deadline_secs, self._sent_at
         return bound is not None and sent_at is not None and self._clock() - sent_at >= bound
 
-    def _timed_out(self) -> End:
+    def content_late(self) -> End:
+        """A stream whose headers the front holds back sent no content event within its
+        first-token bound (`first_token_secs`): the attempt's deadline fault, phase
+        `first_token` (`budget` when the caller's budget ended it: no account's fault).
+        `NEXT` when another account can take the next attempt now; else the 504 to answer
+        (nothing of the stream reached the client)."""
+        self._expect(_SENT)
+        budget_at = self.ctx.budget_at
+        spent = budget_at is not None and self._clock() >= budget_at
+        phase = Phase.BUDGET if spent else Phase.FIRST_TOKEN
+        end = self._timed_out(phase)
+        if end is NEXT and not self._another_free():
+            self.state = _DONE
+            return Refuse(answers.deadline_exceeded(phase))
+        if isinstance(end, Refuse):
+            return Refuse(answers.deadline_exceeded(phase))
+        return end
+
+    def sent_at(self) -> float | None:
+        """When the attempt in flight was sent (the machine's clock); None: none is."""
+        return self._sent_at
+
+    def _timed_out(self, phase: Phase | None = None) -> End:
         """The attempt in flight ran out of time and another may follow (a front's retry)."""
-        phase = self.phase()
+        phase = phase or self.phase()
         self.ctx.deadline_phase = phase
         tm.deadline_exceeded.add(1, {"phase": phase})
         self._status = 504

@@ -16,6 +16,7 @@ Envoy, or one gRPC connection per Envoy worker thread, which is what Envoy opens
 
 from __future__ import annotations
 
+import enum
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -34,6 +35,19 @@ MAX_FLIGHTS = 100_000
 LOG_EVERY_SECS = 60.0
 """At most one line per this many seconds about peers breaking the phase order."""
 _log = logging.getLogger(__name__)
+
+
+class Opening(enum.Enum):
+    """The attempt's headers and the first-token filter."""
+
+    NOT_HELD = "not_held"
+    HELD = "held"
+    """Held back until the first content event or the first-token bound."""
+    CONTENT = "content"
+    """Let go at the first content event."""
+    EXPIRED = "expired"
+    """No content in time and no account left: the first-token filter answered the 504 (Envoy
+    may retry meanwhile, its per-try timeout being due at the same time)."""
 
 
 @dataclass(eq=False, slots=True, kw_only=True)
@@ -59,6 +73,10 @@ class Flight:
     """The policies the request started with: its upstream-level streams use them too, even
     after a reload put others in force."""
     path: bytes = b""
+    opening: Opening = Opening.NOT_HELD
+    """Where the first-token filter (`first_token`) is with the attempt's headers: a timeout
+    Envoy fires while they are HELD is the first token's, and CONTENT is told the machine
+    by the router-level stream when the headers reach it."""
     """The client's `:path`: a retry to an account without a path template goes back to it."""
 
     @property

@@ -48,7 +48,7 @@ import stat
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import h2.config
 import h2.connection
@@ -192,9 +192,18 @@ class H2Limits:
 
 
 class Handler(Protocol):
-    """One ext_proc stream's state: answers each message in turn, released once at the end."""
+    """One ext_proc stream's state: answers each message in turn, released once at the end.
+    None: nothing to send now (a stream that pushes its answers itself, see `Pushing`)."""
 
-    def on(self, request: ep.ProcessingRequest) -> Awaitable[ep.ProcessingResponse]: ...
+    def on(self, request: ep.ProcessingRequest) -> Awaitable[ep.ProcessingResponse | None]: ...
+
+
+@runtime_checkable
+class Pushing(Protocol):
+    """A handler whose answers are not one per message (`first_token`): it is handed how to
+    send one whenever it has one (a timer, a held answer let go)."""
+
+    def attach(self, emit: Callable[[ep.ProcessingResponse], None]) -> None: ...
 
 
 OpenStream = Callable[[list[tuple[str, bytes]]], Handler]
@@ -392,6 +401,8 @@ class _Connection(asyncio.Protocol):
             stream.context = contextvars.copy_context()
             try:
                 stream.handler = stream.context.run(self.server.open_stream, call.metadata)
+                if isinstance(stream.handler, Pushing):
+                    stream.handler.attach(lambda answer: self._push(stream, answer))
             except Exception as exc:
                 _log.exception("ext_proc stream could not start")
                 self._fail(stream, UNKNOWN, f"{type(exc).__name__}: {exc}")
@@ -544,7 +555,8 @@ class _Connection(asyncio.Protocol):
                     _log.exception("ext_proc stream failed")
                     self._fail(stream, UNKNOWN, f"{type(exc).__name__}: {exc}")
                     break
-                self._send(stream, answer.SerializeToString())
+                if answer is not None:
+                    self._send(stream, answer.SerializeToString())
         finally:
             stream.task = None  # before any later message: that one starts a new task
         if stream.state in REQUEST_DONE and stream.state not in FINISHING:
@@ -552,6 +564,13 @@ class _Connection(asyncio.Protocol):
         self._flush_soon()
 
     # outgoing -----------------------------------------------------------------------------
+    def _push(self, stream: Stream, answer: ep.ProcessingResponse) -> None:
+        """An answer a `Pushing` handler sends on its own: out now, unless the stream is
+        done taking answers."""
+        if stream.state in TAKING:
+            self._send(stream, answer.SerializeToString())
+            self._flush_soon()
+
     def send_health(self, stream: Stream) -> None:
         self._send(stream, self.server.health.answer(stream.service or ""))
         self._flush_soon()

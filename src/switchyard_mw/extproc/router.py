@@ -33,20 +33,33 @@ from ..engine.answers import (
     NO_HEALTHY_ACCOUNT,
     RATE_LIMITED,
     UPSTREAM_UNREACHABLE,
+    deadline_exceeded,
     exposed_headers,
 )
 from ..engine.body_usage import Reader
 from ..engine.claims import claimed
 from ..engine.content_events import ContentWatch, watch_for
-from ..engine.machine import PASS_THROUGH, ClaimProbe, Failure, Gone, How, Refuse, Send, State
+from ..engine.machine import (
+    FORWARD,
+    PASS_THROUGH,
+    ClaimProbe,
+    Failure,
+    Gone,
+    How,
+    Phase,
+    Refuse,
+    Send,
+    State,
+)
 from ..model_names import with_query
 from ..telemetry import names as tm
 from ..telemetry import request_metrics
 from ..wire import Wire, WireError, model_not_served, read_request, too_large
 from . import _messages as msg
-from .flights import Flight, Flights, out_of_order
+from .flights import Flight, Flights, Opening, out_of_order
 from .policy import CLUSTER_HEADER, Policies
 
+CONTENT, HELD, EXPIRED = Opening.CONTENT, Opening.HELD, Opening.EXPIRED
 RETRY_HEADER = "x-switchyard-retry"
 RETRY_AFTER_HEADER = "x-switchyard-retry-after"
 """Set beside `RETRY_HEADER` for a retry in place: the whole seconds Envoy waits first (the
@@ -287,7 +300,8 @@ class RouterStream:
             elif local:
                 machine.ended(How.GONE, gone=Gone.LOCAL_REPLY)  # Envoy's own answer: no account's
             else:
-                machine.started(status, h.items())
+                if machine.started(status, h.items()) is FORWARD and flight.opening is CONTENT:
+                    machine.first_content()  # held to it by the first-token filter
                 machine.ended(How.RETURNED, body_follows=bool(reading))
         answer = ep.ProcessingResponse()
         options = self.p.options
@@ -296,7 +310,7 @@ class RouterStream:
         if reading is not None:
             self.usage, mode = reading
             view = flight.ctx.view
-            if view is not None and view.stream:
+            if view is not None and view.stream and flight.ctx.first_token_at is None:
                 self.content = watch_for(self.wire)
             answer.mode_override.CopyFrom(mode)
             # No attempt follows the final answer: the registry holds the flight no longer.
@@ -331,7 +345,12 @@ class RouterStream:
         machine = flight.machine
         if machine is None:
             return msg.UNCHANGED_RESPONSE_HEADERS
-        return self.refuse(machine.expired().error)
+        # Envoy's per-try timeout while the first-token filter held the headers: the
+        # headers came in time, the first content did not.
+        if flight.opening is EXPIRED:  # the filter's 504 was on its way: counted there
+            return self.refuse(deadline_exceeded(Phase.FIRST_TOKEN))
+        phase = Phase.FIRST_TOKEN if flight.opening is HELD else None
+        return self.refuse(machine.expired(phase).error)
 
     def refuse(
         self, error: WireError, extra: list[tuple[str, bytes]] | None = None

@@ -12,6 +12,7 @@ is made and the metadata is not parsed for it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterable
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
@@ -21,6 +22,7 @@ from opentelemetry import propagate
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from ..telemetry import names as tm
+from .first_token import FIRST_TOKEN_FILTER, FirstTokenStream
 from .flights import Flights
 from .policy import Policies
 from .router import RouterStream
@@ -41,23 +43,62 @@ class ExtProcServicer(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     ) -> AsyncIterator[ep.ProcessingResponse]:
         stream = self.open(context.invocation_metadata() or ())
         try:
+            if isinstance(stream, FirstTokenStream):
+                async for answer in _pushed(stream, request_iterator):
+                    yield answer
+                return
             async for request in request_iterator:
                 yield await stream.on(request)
         finally:
             self.end(stream)
 
-    def open(self, metadata: Iterable[tuple[str, str | bytes]]) -> RouterStream | UpstreamStream:
+    def open(self, metadata: Iterable[tuple[str, str | bytes]]) -> Stream:
         """The state of a new stream, for the filter level its metadata names."""
         metadata = list(metadata)
-        if any(k == FILTER_METADATA and v in ("upstream", b"upstream") for k, v in metadata):
-            return UpstreamStream(self.policies, self.flights)
+        for key, value in metadata:
+            if key != FILTER_METADATA:
+                continue
+            if value in ("upstream", b"upstream"):
+                return UpstreamStream(self.policies, self.flights)
+            if value in (FIRST_TOKEN_FILTER, FIRST_TOKEN_FILTER.encode()):
+                return FirstTokenStream(self.flights)
         return RouterStream(self.policies, self.flights, _trace_parent(metadata))
 
     @staticmethod
     def end(stream: object) -> None:
-        """However the stream ended: a router-level stream's telemetry ends with it."""
-        if isinstance(stream, RouterStream):
+        """However the stream ended: a router-level stream's telemetry ends with it, a
+        first-token stream's timer stops."""
+        if isinstance(stream, RouterStream | FirstTokenStream):
             stream.close()
+
+
+Stream = RouterStream | UpstreamStream | FirstTokenStream
+
+
+async def _pushed(
+    stream: FirstTokenStream, requests: AsyncIterator[ep.ProcessingRequest]
+) -> AsyncIterator[ep.ProcessingResponse]:
+    """A stream whose answers are not one per message: a reader of its own takes the
+    messages while an answer is held, and the answers go out as the stream emits them."""
+    out: asyncio.Queue[ep.ProcessingResponse | None] = asyncio.Queue()
+    stream.attach(out.put_nowait)
+
+    async def read() -> None:
+        try:
+            async for request in requests:
+                answer = await stream.on(request)
+                if answer is not None:
+                    out.put_nowait(answer)
+        finally:
+            out.put_nowait(None)
+
+    reader = asyncio.ensure_future(read())
+    try:
+        while (answer := await out.get()) is not None:
+            yield answer
+        await reader  # its error, if any, ends the call
+    finally:
+        reader.cancel()
 
 
 def _trace_parent(metadata: Iterable[tuple[str, str | bytes]]) -> otel_context.Context | None:

@@ -26,10 +26,11 @@ import time
 
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from ..core.throttle import READ_HEADERS as RETRY_TIME_HEADERS
+from ..engine.answers import deadline_exceeded
 from ..engine.claims import claimed
-from ..engine.machine import NEXT, ClaimProbe, Failure, How, Send, State, Wait
+from ..engine.machine import NEXT, ClaimProbe, Failure, How, Phase, Refuse, Send, State, Wait
 from . import _messages as msg
-from .flights import Flight, Flights, out_of_order
+from .flights import Flight, Flights, Opening, out_of_order
 from .policy import Policies
 from .router import (
     CREDENTIAL_HEADERS,
@@ -72,6 +73,14 @@ def _retry_after(flight: Flight, secs: float) -> ep.ProcessingResponse:
         return msg.UNCHANGED_RESPONSE_HEADERS
     retry = [(RETRY_HEADER, b"1"), (RETRY_AFTER_HEADER, str(whole).encode())]
     return msg.response_headers(msg.mutation(retry))
+
+
+def _first_token_late(flight: Flight) -> ep.ProcessingResponse:
+    """The wire's 504 for a stream whose first content event was late on the last account."""
+    late, view = deadline_exceeded(Phase.FIRST_TOKEN), flight.ctx.view
+    if view is None:  # a flight is made from a request read: never so
+        return msg.UNCHANGED_REQUEST_HEADERS
+    return msg.immediate(view.wire, late.status, late.error_type, late.message)
 
 
 class UpstreamStream:
@@ -122,13 +131,26 @@ class UpstreamStream:
         # before the headers (the route's retry_on): the account's fault, as through the ASGI
         # front. Every answer that did start is seen by the response-side stream first (the
         # example strips a provider's own x-switchyard-retry before Envoy reads it).
-        if machine.retried(Failure.CONNECT_ERROR) is not NEXT:
+        # Envoy's per-try timeout is due when the first-token filter's timer is, and may fire
+        # first, while the filter holds the attempt's headers (the first token was late) or
+        # while its 504 is on the way (no account left: the 504 is the answer).
+        opening, flight.opening = flight.opening, Opening.NOT_HELD
+        if opening is Opening.EXPIRED:
+            flight.opening = opening
+            return _first_token_late(flight)
+        held = opening is Opening.HELD
+        phase = Phase.FIRST_TOKEN if held else None
+        if machine.retried(Failure.CONNECT_ERROR, phase) is not NEXT:
             return msg.UNCHANGED_REQUEST_HEADERS  # the request ended
         action = machine.next()
         if isinstance(action, Wait):
             action = machine.waited()  # a retry in place: Envoy's back-off did the waiting
         if isinstance(action, ClaimProbe):
             action = await claimed(machine, action)
+        if held and isinstance(action, Refuse):
+            # No account left: the wire's 504, as the first-token filter answers it, rather
+            # than the same account again (whose first token would be as late).
+            return _first_token_late(flight)
         if not isinstance(action, Send):
             # Eligible when the retry was asked for, gone since (another request cooled it),
             # or the request ended meanwhile: the attempt goes with the previous credential.

@@ -1,0 +1,198 @@
+"""The upstream-level first-token filter's streams: a stream's headers held to its first content.
+
+A stream starts at its first content event, not at its headers (`first_token_secs`, default the
+account's `timeout_secs`). Envoy runs this filter on an attempt's answer when it is a 2xx event
+stream (a matcher in the example envoy.yaml), with the response body `FULL_DUPLEX_STREAMED`:
+Envoy then sends the body's pieces while the processor's answer to the headers is pending. So
+the answer to the headers is held, the pieces read meanwhile by the same reader as the ASGI
+front's (`engine.content_events`), and
+
+- at the first content event: the headers are answered, then each held piece in order (an
+  answer to a piece before the headers' answer is a "spurious response": Envoy answers 500);
+- when the bound passes first, with no message arriving: the attempt is a deadline fault of
+  phase `first_token` (`AttemptMachine.content_late`), and the headers are answered
+  `x-switchyard-retry: 1`, which the route retries on the next account; with no account
+  left, with the wire's 504 `deadline_exceeded` (an immediate response).
+
+Answers are not one per message here: the stream answers when content or its timer says, so a
+transport hands it `emit` (`attach`) and takes None from `on` for "nothing to send now".
+
+Past `MAX_HELD_BYTES` of opening events without content the hold lets go, as the ASGI front's
+`MAX_OPENING_BYTES` does: what is held then is not worth more memory than a stream's start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections.abc import Callable
+
+from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from ..engine.answers import deadline_exceeded
+from ..engine.attempts import Phase
+from ..engine.content_events import ContentWatch, watch_for
+from ..engine.machine import NEXT, Refuse, State
+from ..engine.stream_bounds import first_token_secs
+from . import _messages as msg
+from .flights import Flight, Flights, Opening
+from .router import RETRY_HEADER
+from .upstream import REQUEST_ID_ATTRIBUTE
+
+FIRST_TOKEN_FILTER = "first_token"
+"""The `x-switchyard-filter` metadata value of the first-token filter."""
+MAX_HELD_BYTES = 256 << 10
+"""Opening events held without content before the hold lets go (the ASGI front's bound)."""
+
+Emit = Callable[[ep.ProcessingResponse], None]
+
+_RETRY = msg.response_headers(msg.mutation([(RETRY_HEADER, b"1")]))
+_PASS = msg.UNCHANGED_RESPONSE_HEADERS
+"""The headers let through. No `mode_override` to `NONE` for the rest of the body: measured on
+Envoy 1.40, a `FULL_DUPLEX_STREAMED` body keeps coming after one, so every piece is answered."""
+_TRAILERS = ep.ProcessingResponse(response_trailers=ep.TrailersResponse())
+
+
+class Hold(enum.Enum):
+    """Where the stream is with its answer's headers."""
+
+    WAITING = "waiting"
+    """No headers yet."""
+    HOLDING = "holding"
+    """Headers held; body pieces held with them until content or the bound."""
+    PASSED = "passed"
+    """Headers answered (released, or never held): pieces go on as they come."""
+    ENDED = "ended"
+    """The ext_proc stream ended: nothing more is sent."""
+
+
+def _piece(body: ep.HttpBody) -> ep.ProcessingResponse:
+    """The answer to a `FULL_DUPLEX_STREAMED` piece: the piece itself, unchanged (a piece
+    answered with no body would reach the client empty)."""
+    answer = ep.ProcessingResponse()
+    streamed = answer.response_body.response.body_mutation.streamed_response
+    streamed.body = body.body
+    streamed.end_of_stream = body.end_of_stream
+    return answer
+
+
+class FirstTokenStream:
+    """One first-token filter stream (one attempt's answer)."""
+
+    def __init__(self, flights: Flights) -> None:
+        self.flights = flights
+        self.flight: Flight | None = None
+        self.hold = Hold.WAITING
+        self.emit: Emit | None = None
+        self.held: list[ep.ProcessingResponse] = []
+        self.held_bytes = 0
+        self.watch: ContentWatch | None = None
+        self.timer: asyncio.TimerHandle | None = None
+
+    def attach(self, emit: Emit) -> None:
+        """How the transport sends an answer that is not the reply to the message in hand."""
+        self.emit = emit
+
+    async def on(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse | None:
+        kind = request.WhichOneof("request")
+        if kind == "response_body":
+            return self.on_body(request.response_body)
+        if kind == "response_headers" and self.hold is Hold.WAITING:
+            return self.on_headers(request)
+        if kind == "response_trailers":
+            return _TRAILERS
+        return msg.empty_for(request)
+
+    def on_headers(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse | None:
+        flight = self.flights.find(msg.attribute(request, REQUEST_ID_ATTRIBUTE))
+        due = None if flight is None else _due(flight)
+        view = None if flight is None else flight.ctx.view
+        watch = None if view is None else watch_for(view.wire)
+        if flight is None or due is None or watch is None or self.emit is None:
+            self.hold = Hold.PASSED
+            return _PASS
+        self.flight, self.watch, self.hold = flight, watch, Hold.HOLDING
+        flight.opening = Opening.HELD
+        loop = asyncio.get_running_loop()
+        self.timer = loop.call_later(max(due - time.monotonic(), 0.0), self.expire)
+        return None
+
+    def on_body(self, body: ep.HttpBody) -> ep.ProcessingResponse | None:
+        answer = _piece(body)
+        if self.hold is not Hold.HOLDING:
+            return answer
+        self.held.append(answer)
+        self.held_bytes += len(body.body)
+        watch = self.watch
+        assert watch is not None
+        if watch.feed(body.body):
+            self.release(content=True)
+        elif body.end_of_stream or self.held_bytes > MAX_HELD_BYTES:
+            self.release(content=False)
+        return None
+
+    def release(self, *, content: bool) -> None:
+        """The headers answered, then the held pieces: the stream goes to the client."""
+        flight = self.flight
+        if flight is not None:
+            flight.opening = Opening.CONTENT if content else Opening.NOT_HELD
+            if content:
+                flight.ctx.first_token_at = time.monotonic()
+        self._answer(_PASS)
+
+    def expire(self) -> None:
+        """The bound passed with no content: another account, else the 504."""
+        self.timer = None
+        flight = self.flight
+        machine = None if flight is None else flight.machine
+        if self.hold is not Hold.HOLDING or machine is None or machine.state is not State.SENT:
+            self._answer(_PASS)  # the attempt is no longer this request's to judge
+            return
+        assert flight is not None
+        flight.opening = Opening.NOT_HELD
+        end = machine.content_late()
+        if end is NEXT and machine.fails_over():
+            self._answer(_RETRY)
+            return
+        assert flight.ctx.view is not None
+        flight.opening = Opening.EXPIRED
+        error = end.error if isinstance(end, Refuse) else deadline_exceeded(Phase.FIRST_TOKEN)
+        self._answer(
+            msg.immediate(flight.ctx.view.wire, error.status, error.error_type, error.message)
+        )
+
+    def _answer(self, first: ep.ProcessingResponse) -> None:
+        emit = self.emit
+        held, self.held = self.held, []
+        if self.hold is Hold.ENDED or emit is None:
+            return
+        self.hold = Hold.PASSED
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        emit(first)
+        if first.HasField("immediate_response"):
+            return
+        for answer in held:
+            emit(answer)
+
+    def close(self) -> None:
+        """The ext_proc stream ended (Envoy reset it, or the answer ended)."""
+        self.hold = Hold.ENDED
+        self.held = []
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+
+def _due(flight: Flight) -> float | None:
+    """When the attempt's first content event is due (monotonic), inside the request's
+    budget; None when there is no bound to hold for (not a stream, no attempt in flight)."""
+    machine, ctx = flight.machine, flight.ctx
+    if machine is None or machine.state is not State.SENT or ctx.view is None:
+        return None
+    sent_at, client = machine.sent_at(), ctx.account
+    if not ctx.view.stream or sent_at is None or client is None:
+        return None
+    due = sent_at + first_token_secs(client.spec)
+    return due if ctx.budget_at is None else min(due, ctx.budget_at)

