@@ -270,6 +270,7 @@ class AttemptMachine:
         "_failure",
         "_hedge",
         "_key",
+        "_key_known",
         "_last",
         "_lease",
         "_more",
@@ -328,7 +329,8 @@ class AttemptMachine:
         self._span: trace.Span | None = None
         self._client_span: trace.Span | None = None
         self._budget_bound = False
-        self._key: int | None = None  # the conversation's, worked out once in `begin`
+        self._key: int | None = None  # the conversation's, once `_key_known`
+        self._key_known = False
         self._chained: dict[str, Reason] = {}
         """Models of a fallback chain offered so far, with why (a move there is a fallback)."""
         self._refused: set[str] = set()
@@ -361,10 +363,11 @@ class AttemptMachine:
         if model is None or ctx.view is None:
             self.state = _DONE
             return PASS_THROUGH
-        self._key = key = conversation_key(ctx)
         pool = engine.pool
         if pool.store is None:
-            # The usual first attempt, with nothing shared to ask.
+            # The usual first attempt, with nothing shared to ask (and no key to work out
+            # where no priority serving the model has several accounts).
+            key = self._conversation_key() if pool.keyed(model) else None
             lease = pool.acquire(model, allowed=engine.routable, key=key)
             if lease is not None:
                 return self._send(lease, model)
@@ -985,7 +988,7 @@ class AttemptMachine:
         engine = self.engine
         pool = engine.pool
         allowed = self.within if self.within is not None else engine.routable
-        key = self._key
+        key = self._conversation_key()
         for index in range(start, len(models)):
             lease = pool.acquire(models[index], exclude=self.tried, allowed=allowed, key=key)
             if lease is None:
@@ -996,6 +999,14 @@ class AttemptMachine:
                 return ClaimProbe(lease.account, lease.unit)
             return self._send(lease, models[index])
         return None
+
+    def _conversation_key(self) -> int | None:
+        """The conversation's affinity key (`conversation_key`), worked out once, when first
+        needed (a blake2b of the user id or first turn)."""
+        if not self._key_known:
+            self._key_known = True
+            self._key = conversation_key(self.ctx)
+        return self._key
 
     def _send(self, lease: Lease, model: str) -> Send:
         ctx, engine, tried = self.ctx, self.engine, self.tried
