@@ -534,24 +534,21 @@ class AccountPool:
 
         ``cause``: for a fault, whether it was a credential refusal (see :func:`fault_cause`).
         """
-        if self._changes_nothing(lease, outcome):
-            return
-        if lease.model is not None:
-            self._record_split(lease, outcome, cause)
-            return
-        self._apply(self._breakers[lease.account], None, self._take_probe(lease), outcome, cause)
-
-    def _changes_nothing(self, lease: Lease, outcome: Outcome) -> bool:
-        """The usual record: a success that is no probe's, on an account with no fault
-        counted and no pair breaker for the model (the account's count is 0 already, a pair
-        that never faulted has none). Nothing to walk, nothing to tell the store."""
-        return (
+        if (
             outcome is _SUCCESS
             and not lease.probe
             and self._successor is None
             and not self._breakers[lease.account].faults
             and (lease.model is None or (lease.account, lease.model) not in self._pairs)
-        )
+        ):
+            # The usual record: a success that is no probe's, on an account with no fault
+            # counted and no pair breaker for the model (the account's count is 0 already, a
+            # pair that never faulted has none). Nothing to walk, nothing to tell the store.
+            return
+        if lease.model is not None:
+            self._record_split(lease, outcome, cause)
+            return
+        self._apply(self._breakers[lease.account], None, self._take_probe(lease), outcome, cause)
 
     def _record_split(self, lease: Lease, outcome: Outcome, cause: Cause) -> None:
         """`record` for an account keeping model faults per pair: a refused key or billing is

@@ -409,6 +409,9 @@ class AttemptMachine:
         if self.state is not _SENT:
             self._expect(_SENT)
         self._status = status
+        if status < 400 and self.engine.plain_success(self.ctx, status):
+            self.state = _FORWARDING  # the usual answer: nothing to hold, no rule to ask
+            return FORWARD
         if status == 429 or status >= 500:  # a 5xx may say when to retry in place too
             self._retry_headers = throttle_headers(headers)
         if self._more and (
