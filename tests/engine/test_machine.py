@@ -1012,6 +1012,14 @@ TABLE.update(
             phase_set(Phase.TOTAL),
         ),
         "between, closed: done": Row(between, State.BETWEEN, ask("closed"), is_(None), State.DONE),
+        "a stream that broke after its content: its continuation on another account": Row(
+            lambda env, m: (forwarding(env, m), m.ended(How.RAISED, Failure.TRANSPORT_ERROR)),
+            State.DONE,
+            ask("broke", "cut", 120, {"a", "b"}),
+            is_send("b"),
+            State.SENT,
+            a_faulted,
+        ),
     }
 )
 

@@ -529,7 +529,8 @@ class AttemptMachine:
             return DONE
         broken = self.tried[-1] if self.tried else ""
         self._more = False  # a continuation is never failed over: its failure ends the stream
-        lease = self.engine.pool.acquire(model, exclude=self.tried, allowed=allowed, key=self._key)
+        key = self._conversation_key()
+        lease = self.engine.pool.acquire(model, exclude=self.tried, allowed=allowed, key=key)
         if lease is None:
             return DONE
         if lease.probe and self.engine.pool.store is not None:
