@@ -677,7 +677,8 @@ class AttemptMachine:
             return None
         pool = engine.pool
         allowed = self.within if self.within is not None else engine.routable
-        lease = pool.acquire(model, exclude=self.tried, allowed=allowed, key=self._key)
+        key = self._conversation_key()
+        lease = pool.acquire(model, exclude=self.tried, allowed=allowed, key=key)
         if lease is None:
             return None
         if lease.probe and pool.store is not None:
