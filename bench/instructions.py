@@ -80,6 +80,8 @@ FLOOR = "pass-through aiohttp"
 _COLLECTED = re.compile(rb"Collected : (\d+)")
 _CONNECTIONS = 8
 _WARMUP = 40
+_start_secs = 300.0
+"""How long a served app under valgrind may take to start (`--start-secs`)."""
 
 
 def _valgrind(cmd: Sequence[str]) -> list[str]:
@@ -189,7 +191,7 @@ def _served_count(
     with log.open("wb") as out:
         server = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=out, stderr=out)
     try:
-        deadline = time.monotonic() + 300  # imports under valgrind take a while
+        deadline = time.monotonic() + _start_secs  # imports under valgrind take a while
         while True:
             try:
                 asyncio.run(_post(port, path, body, warmup))
@@ -322,9 +324,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--transports", default="h2", help="processor: comma-separated, of h2,grpcio"
     )
+    parser.add_argument(
+        "--start-secs",
+        type=float,
+        default=300.0,
+        help="served: seconds a server under valgrind may take to start (more when loaded)",
+    )
     parser.add_argument("--out", type=Path, default=BENCH / "out", help="results directory")
     parser.add_argument("--child-inproc", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    global _start_secs
+    _start_secs = args.start_secs
     if args.child_inproc:
         name, label, size, n = args.child_inproc
         _child_inproc(name, label, size, int(n))

@@ -139,6 +139,40 @@ def test_success_resets_fault_count() -> None:
     assert pool.status_of("a").state is BreakerState.CLOSED
 
 
+def test_a_success_on_a_pair_with_a_fault_resets_the_pair_not_only_the_account() -> None:
+    pool, _ = make(spec("a", "m", "n", failure_threshold=2))  # two models: faults per pair
+    fault(pool, 1, model="m")
+    assert pool.pairs() == [("a", "m")]
+    pool.record(take(pool, "n"), Outcome.SUCCESS)  # another model's success: the pair stays
+    assert pool.pairs() == [("a", "m")]
+    pool.record(take(pool, "m"), Outcome.SUCCESS)
+    assert pool.pairs() == []
+    fault(pool, 1, model="m")
+    assert pool.status_of("a", model="m").state is BreakerState.CLOSED  # counted from 0
+
+
+def test_a_plain_grant_is_one_lease_per_account_and_model_a_probe_its_own() -> None:
+    pool, clock = make(spec("a", "m", "n", failure_threshold=1, cooldown_secs=5))
+    assert take(pool, "m") is take(pool, "m")
+    assert take(pool, "m") is not take(pool, "n")
+    fault(pool, 1, model="m")
+    clock.advance(5)
+    probe = take(pool, "m")
+    assert probe.probe
+    assert probe is not take(pool, "n")
+
+
+@pytest.mark.parametrize(
+    ("priorities", "keyed"), [((0, 1), False), ((0, 0), True), ((1, 1), True), ((0,), False)]
+)
+def test_a_key_matters_only_where_a_priority_has_several_accounts(
+    priorities: tuple[int, ...], keyed: bool
+) -> None:
+    pool, _ = make(*(spec(f"a{i}", priority=p) for i, p in enumerate(priorities)))
+    assert pool.keyed("m") is keyed
+    assert pool.keyed("unserved") is False
+
+
 def test_cooling_blocks_until_period_elapses_then_admits_a_probe() -> None:
     pool, clock = cool_single(cooldown_secs=10.0)
     clock.advance(9.999)

@@ -605,7 +605,7 @@ class Exchange(Deferred):
             assert ctx is not None
             if self.stream and ctx.first_token_at is None:
                 first_token(ctx, message.get("body", b""))
-            if not self._content and self._machine is not None:
+            if not self._content and ctx.first_token_at is not None and self._machine is not None:
                 self._first_content()
             if not more:
                 self.finished = True
@@ -680,6 +680,7 @@ class Exchange(Deferred):
         machine, ctx = self._machine, self.ctx
         assert machine is not None
         assert ctx is not None
+        # Asked once the first content passed (a JSON answer notes none: never).
         if ctx.first_token_at is not None and machine.state is _FORWARDING_STATE:
             self._content = True
             machine.first_content()
@@ -727,7 +728,7 @@ class Exchange(Deferred):
         elif kind == "http.response.body":
             if self.stream and ctx.first_token_at is None:
                 first_token(ctx, message.get("body", b""))
-            if not self._content and self._machine is not None:
+            if not self._content and ctx.first_token_at is not None and self._machine is not None:
                 self._first_content()
             if not message.get("more_body", False):
                 self.finished = True

@@ -144,7 +144,7 @@ class _Group:
 class _Route:
     """Everything acquire() needs for one model, precomputed: groups in priority order."""
 
-    __slots__ = ("breakers", "groups", "names")
+    __slots__ = ("breakers", "groups", "keyed", "names")
 
     def __init__(self, breakers: Iterable[Breaker]) -> None:
         # Stable sort: within a priority, config order sets the round-robin order.
@@ -155,6 +155,8 @@ class _Route:
         for b in ordered:
             groups.setdefault(b.spec.priority, []).append(b)
         self.groups = tuple(_Group(tuple(g)) for g in groups.values())
+        # Whether a conversation key can change the choice: only within a priority of several.
+        self.keyed = any(len(g.members) > 1 for g in self.groups)
 
 
 class AccountPool:
@@ -170,6 +172,7 @@ class AccountPool:
         # A plain grant carries no identity that matters (only probes are told apart), so each
         # account's is made once rather than per attempt.
         self._grants = {name: Lease(name, False) for name in self._breakers}
+        self._split_grants: dict[tuple[str, str], Lease] = {}  # the same per (account, model)
         # Only models some account names explicitly get their own cached route, so the cache is
         # bounded by the config, not by whatever model strings clients send. Every other model is
         # served by the "*" accounts alone, through one shared route.
@@ -284,6 +287,13 @@ class AccountPool:
         route = self._route(model)
         return route.names if route is not None else ()
 
+    def keyed(self, model: str) -> bool:
+        """Whether a conversation key can change which account :meth:`acquire` picks for
+        ``model``: some priority serving it has several accounts. Where none has, a caller
+        need not work the key out."""
+        route = self._route(model)
+        return route is not None and route.keyed
+
     def acquire(
         self,
         model: str,
@@ -389,14 +399,27 @@ class AccountPool:
                 return lease
         pair = self._pairs.get((b.name, model)) if self._pairs else None
         if pair is None:
-            return Lease(b.name, False, model)
+            return self._split_grant(b.name, model)
         admit = pair.admit(now)
         if admit is _DENY:
             return None
         if admit is _GRANT:
-            return Lease(b.name, False, model)
+            return self._split_grant(b.name, model)
         lease = Lease(b.name, True, model, pair_probe=True)
         self._probes[(b.name, model)] = lease
+        return lease
+
+    def _split_grant(self, name: str, model: str) -> Lease:
+        """A plain grant on `name` for `model`: like `_grants`, made once per pair and shared
+        (only a probe's lease is told apart by identity), at most MAX_PAIRS of them kept (a
+        wildcard account serves any model string a client sends)."""
+        grants = self._split_grants
+        lease = grants.get((name, model))
+        if lease is None:
+            lease = Lease(name, False, model)
+            if len(grants) >= MAX_PAIRS:
+                grants.clear()
+            grants[(name, model)] = lease
         return lease
 
     def _successor_of(self, name: str) -> AccountPool | None:
@@ -511,6 +534,17 @@ class AccountPool:
 
         ``cause``: for a fault, whether it was a credential refusal (see :func:`fault_cause`).
         """
+        if (
+            outcome is _SUCCESS
+            and not lease.probe
+            and self._successor is None
+            and not self._breakers[lease.account].faults
+            and (lease.model is None or (lease.account, lease.model) not in self._pairs)
+        ):
+            # The usual record: a success that is no probe's, on an account with no fault
+            # counted and no pair breaker for the model (the account's count is 0 already, a
+            # pair that never faulted has none). Nothing to walk, nothing to tell the store.
+            return
         if lease.model is not None:
             self._record_split(lease, outcome, cause)
             return

@@ -270,6 +270,7 @@ class AttemptMachine:
         "_failure",
         "_hedge",
         "_key",
+        "_key_known",
         "_last",
         "_lease",
         "_more",
@@ -328,7 +329,8 @@ class AttemptMachine:
         self._span: trace.Span | None = None
         self._client_span: trace.Span | None = None
         self._budget_bound = False
-        self._key: int | None = None  # the conversation's, worked out once in `begin`
+        self._key: int | None = None  # the conversation's, once `_key_known`
+        self._key_known = False
         self._chained: dict[str, Reason] = {}
         """Models of a fallback chain offered so far, with why (a move there is a fallback)."""
         self._refused: set[str] = set()
@@ -361,10 +363,11 @@ class AttemptMachine:
         if model is None or ctx.view is None:
             self.state = _DONE
             return PASS_THROUGH
-        self._key = key = conversation_key(ctx)
         pool = engine.pool
         if pool.store is None:
-            # The usual first attempt, with nothing shared to ask.
+            # The usual first attempt, with nothing shared to ask (and no key to work out
+            # where no priority serving the model has several accounts).
+            key = self._conversation_key() if pool.keyed(model) else None
             lease = pool.acquire(model, allowed=engine.routable, key=key)
             if lease is not None:
                 return self._send(lease, model)
@@ -406,6 +409,9 @@ class AttemptMachine:
         if self.state is not _SENT:
             self._expect(_SENT)
         self._status = status
+        if status < 400 and self.engine.plain_success(self.ctx, status):
+            self.state = _FORWARDING  # the usual answer: nothing to hold, no rule to ask
+            return FORWARD
         if status == 429 or status >= 500:  # a 5xx may say when to retry in place too
             self._retry_headers = throttle_headers(headers)
         if self._more and (
@@ -523,7 +529,8 @@ class AttemptMachine:
             return DONE
         broken = self.tried[-1] if self.tried else ""
         self._more = False  # a continuation is never failed over: its failure ends the stream
-        lease = self.engine.pool.acquire(model, exclude=self.tried, allowed=allowed, key=self._key)
+        key = self._conversation_key()
+        lease = self.engine.pool.acquire(model, exclude=self.tried, allowed=allowed, key=key)
         if lease is None:
             return DONE
         if lease.probe and self.engine.pool.store is not None:
@@ -670,7 +677,8 @@ class AttemptMachine:
             return None
         pool = engine.pool
         allowed = self.within if self.within is not None else engine.routable
-        lease = pool.acquire(model, exclude=self.tried, allowed=allowed, key=self._key)
+        key = self._conversation_key()
+        lease = pool.acquire(model, exclude=self.tried, allowed=allowed, key=key)
         if lease is None:
             return None
         if lease.probe and pool.store is not None:
@@ -985,7 +993,7 @@ class AttemptMachine:
         engine = self.engine
         pool = engine.pool
         allowed = self.within if self.within is not None else engine.routable
-        key = self._key
+        key = self._conversation_key()
         for index in range(start, len(models)):
             lease = pool.acquire(models[index], exclude=self.tried, allowed=allowed, key=key)
             if lease is None:
@@ -996,6 +1004,14 @@ class AttemptMachine:
                 return ClaimProbe(lease.account, lease.unit)
             return self._send(lease, models[index])
         return None
+
+    def _conversation_key(self) -> int | None:
+        """The conversation's affinity key (`conversation_key`), worked out once, when first
+        needed (a blake2b of the user id or first turn)."""
+        if not self._key_known:
+            self._key_known = True
+            self._key = conversation_key(self.ctx)
+        return self._key
 
     def _send(self, lease: Lease, model: str) -> Send:
         ctx, engine, tried = self.ctx, self.engine, self.tried
