@@ -7,8 +7,11 @@ the report is written. Skipped where valgrind is missing (`.ci/run` installs it)
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +25,9 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
 @pytest.mark.timeout(300)  # a guard against a hang, not a time target
 def test_instruction_counts_run_and_are_written(tmp_path: Path) -> None:
-    done = subprocess.run(
+    # Its own process group: a time-out also stops the counts running under valgrind, which
+    # a kill of the script alone leaves behind.
+    proc = subprocess.Popen(
         [
             sys.executable,
             str(ROOT / "bench" / "instructions.py"),
@@ -31,12 +36,18 @@ def test_instruction_counts_run_and_are_written(tmp_path: Path) -> None:
             str(tmp_path),
         ],
         cwd=ROOT,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=290,
-        check=False,
+        start_new_session=True,
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "| switchyard_stack |" in done.stdout
+    try:
+        out, err = proc.communicate(timeout=290)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    assert "| switchyard_stack |" in out
     counts = json.loads((tmp_path / "instructions.json").read_text())["in process"]
     assert 0 < counts["bare app"] < counts["switchyard_stack"]
