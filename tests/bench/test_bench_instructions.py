@@ -7,16 +7,14 @@ the report is written. Skipped where valgrind is missing (`.ci/run` installs it)
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from process_group import run_in_own_group
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,27 +25,12 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_instruction_counts_run_and_are_written(tmp_path: Path) -> None:
     # Its own process group: a time-out also stops the counts running under valgrind, which
     # a kill of the script alone leaves behind.
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "instructions.py"),
-            "--smoke",
-            "--out",
-            str(tmp_path),
-        ],
+    code, out, err = run_in_own_group(
+        [sys.executable, str(ROOT / "bench/instructions.py"), "--smoke", "--out", str(tmp_path)],
         cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+        timeout=290,
     )
-    try:
-        out, err = proc.communicate(timeout=290)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    assert code == 0, out[-3000:] + err[-3000:]
     assert "| switchyard_stack |" in out
     counts = json.loads((tmp_path / "instructions.json").read_text())["in process"]
     assert 0 < counts["bare app"] < counts["switchyard_stack"]
