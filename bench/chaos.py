@@ -2,7 +2,7 @@
 injected on a schedule; at the end, nothing lost, nothing left in a wrong state, nothing piled up.
 
     python bench/chaos.py                  # 10 minutes, the run docs/operations.md reports
-    python bench/chaos.py --smoke          # about 1.5 minutes: the mode CI runs
+    python bench/chaos.py --smoke          # under a minute: the mode CI runs
     python bench/chaos.py --minutes 30     # any length: the schedule scales with it
 
 What runs, all on loopback and started by this script: the bundled mock provider (in this
@@ -627,7 +627,7 @@ def _cell(counter: Counter[str]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="about 1.5 minutes, for CI")
+    parser.add_argument("--smoke", action="store_true", help="under a minute, for CI")
     parser.add_argument("--minutes", type=float, default=10.0, help="length of the faulty run")
     parser.add_argument("--rate", type=float, default=None, help="requests/s to each front")
     parser.add_argument("--report", type=Path, default=None, help="also write Markdown here")
@@ -635,9 +635,11 @@ def main() -> int:
     if shutil.which("redis-server") is None:
         print("chaos.py needs redis-server (Debian: apt-get install redis-server)")
         return 1
-    secs = 60.0 if args.smoke else args.minutes * 60
-    rate = args.rate or (4.0 if args.smoke else 6.0)
-    calm = 10.0 if args.smoke else 30.0
+    # The smoke run: the whole schedule in 24 s at twice the rate (about the requests of a
+    # minute at 4/s), then a calm longer than the cooling's cap (4 s) after the last fault.
+    secs = 24.0 if args.smoke else args.minutes * 60
+    rate = args.rate or (8.0 if args.smoke else 6.0)
+    calm = 6.0 if args.smoke else 30.0
     with tempfile.TemporaryDirectory(prefix="switchyard-chaos-") as tmp, fleet(Path(tmp)) as f:
         fronts = {
             "gateway": f"http://127.0.0.1:{f.ports['gateway']}",

@@ -423,7 +423,9 @@ def steps(args: argparse.Namespace, default: str) -> list[Step]:
     if args.smoke:
         run += ["--smoke"]  # 1 s per measurement, one of each, the floor and shipped gateway only
         transport += ["--rounds", "1", "--requests", "500", "--secs", "2", "--only", default]
-        instructions += ["--requests", "30", "--no-peers"]
+        # The two apps the target compares (not the minimal middleware): 4 processes under
+        # valgrind rather than 6.
+        instructions += ["--requests", "30", "--no-peers", "--apps", "bare app,switchyard_stack"]
     else:
         run += ["--conns", args.conns, "--secs", str(args.secs), "--repeat", str(args.repeat)]
         transport += ["--rounds", str(args.rounds)]

@@ -210,15 +210,24 @@ def _served_count(
 
 
 def served(
-    n: int, jobs: int, workdir: Path, size: str = "1KB", *, with_peers: bool = True
+    n: int,
+    jobs: int,
+    workdir: Path,
+    size: str = "1KB",
+    *,
+    with_peers: bool = True,
+    names: Sequence[str] | None = None,
 ) -> tuple[dict[str, float], dict[str, float]]:
-    """Section 2's apps, then (`with_peers`) section 3's floor and gateway (when an Envoy can
-    be the mock)."""
+    """Section 2's apps (those `names` holds; None: every one), then (`with_peers`) section
+    3's floor and gateway (when an Envoy can be the mock)."""
     import _inproc
     import _peers
 
     env = {**_inproc.ENV, "BENCH_CONFIG": str(_inproc.write_config(workdir))}
-    jobs_of = [(name, target, {**env, **extra}) for name, target, extra in SERVED]
+    wanted = [app for app in SERVED if names is None or app[0] in names]
+    if not wanted:
+        raise SystemExit(f"--apps names none of the served apps {[a[0] for a in SERVED]}")
+    jobs_of = [(name, target, {**env, **extra}) for name, target, extra in wanted]
     body = anthropic_body("claude-opus-5", SIZES[size])
     own = _counts(jobs_of, ANTHROPIC_PATH, body, n, jobs, workdir)
     if not with_peers or envoy_binary() is None:
@@ -310,7 +319,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--body", default="anthropic+canary", help="section 1's body label")
     parser.add_argument("--sizes", default="1KB", help=f"comma-separated, of {list(SIZES)}")
     parser.add_argument(
-        "--apps", default=None, help="comma-separated section 1 apps (default: every one)"
+        "--apps",
+        default=None,
+        help="comma-separated apps (default: every one): section 1's in process, and those of "
+        "them section 2 serves",
     )
     parser.add_argument(
         "--requests",
@@ -398,7 +410,10 @@ def _count_all(
             workdir = out / "logs"
             workdir.mkdir(exist_ok=True)
             n = requests_at(size, args.requests or 1600)
-            own, peers = served(n, jobs, workdir, size, with_peers=not args.no_peers)
+            served_apps = [a.strip() for a in args.apps.split(",")] if args.apps else None
+            own, peers = served(
+                n, jobs, workdir, size, with_peers=not args.no_peers, names=served_apps
+            )
             _keep(report, "served", size, own)
             texts.append(table(f"served by uvicorn [anthropic+canary, {size}]", own))
             if peers:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from process_group import run_in_own_group
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,21 +23,14 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
 @pytest.mark.timeout(300)  # a guard against a hang, not a time target
 def test_instruction_counts_run_and_are_written(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "instructions.py"),
-            "--smoke",
-            "--out",
-            str(tmp_path),
-        ],
+    # Its own process group: a time-out also stops the counts running under valgrind, which
+    # a kill of the script alone leaves behind.
+    code, out, err = run_in_own_group(
+        [sys.executable, str(ROOT / "bench/instructions.py"), "--smoke", "--out", str(tmp_path)],
         cwd=ROOT,
-        capture_output=True,
-        text=True,
         timeout=290,
-        check=False,
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "| switchyard_stack |" in done.stdout
+    assert code == 0, out[-3000:] + err[-3000:]
+    assert "| switchyard_stack |" in out
     counts = json.loads((tmp_path / "instructions.json").read_text())["in process"]
     assert 0 < counts["bare app"] < counts["switchyard_stack"]

@@ -3,7 +3,8 @@
 
 `dual` serves two models on one key, `spare` (lower priority) the same two. Model A's 503s
 cool (dual, gpt-a) only: gpt-b keeps going to dual. A 401 is the key's: both models move.
-Then a primary down 60 s with a request every 4 s: it serves again within 30 s of healing.
+Then a primary down 60 s with a request every 4 s: it serves again within 30 s of healing
+(that timeline ten times faster: `SCALE`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import openai
 import pytest
 
 from servers import example_gateway, serve_in_thread
+from switchyard_mw.config import LLMClient
 from switchyard_mw.testing import Behaviour, MockProvider
 
 pytestmark = pytest.mark.integration
@@ -26,13 +28,20 @@ ENV = {"KEY_DUAL": "key-dual", "KEY_SPARE": "key-spare"}
 MESSAGES: Any = [{"role": "user", "content": "hi"}]
 
 
-def config(mock_url: str, *, threshold: int = 2) -> str:
+SCALE = 10
+"""The outage timeline runs this many times faster than the issue's: every period of it (the
+outage, the request interval, the cooling and its cap) divided by it; the order of its events
+and its counts are the issue's."""
+
+
+def config(mock_url: str, *, threshold: int = 2, periods: str = "") -> str:
     return f"""
 [llm_clients.dual]
 base_url = "{mock_url}"
 api_key_env = "KEY_DUAL"
 models = ["gpt-a", "gpt-b"]
 failure_threshold = {threshold}
+{periods}
 
 [llm_clients.spare]
 base_url = "{mock_url}"
@@ -110,28 +119,35 @@ def test_a_refused_key_moves_every_model(gateway: str, mock: tuple[MockProvider,
     assert (dual["state"], dual["cause"], dual["models"]) == ("cooled", "credentials", {})
 
 
-@pytest.mark.timeout(180)  # the timeline itself lasts about 75 s
+@pytest.mark.timeout(60)  # the timeline itself lasts about 7.5 s
 def test_a_primary_down_60_s_serves_again_within_30_s_of_healing(
     mock: tuple[MockProvider, str], tmp_path: Path
 ) -> None:
-    """The issue's timeline, at its real pace (about 75 s): the defaults (3 faults, 30 s
-    cooling, 300 s max), a request every 4 s, the primary answering 503 for its first 60 s."""
+    """The issue's timeline `SCALE` times faster (about 7.5 s; 75 s at its real pace): the
+    default threshold (3 faults), the default cooling (30 s) and cap (300 s), a request every
+    4 s, the primary answering 503 for its first 60 s, each period divided by `SCALE`. Below,
+    the comments' times are the issue's seconds."""
     provider, url = mock
     provider.reset()
-    with example_gateway(config(url, threshold=3), tmp_path, ENV) as gateway:
+    defaults = LLMClient(models=["gpt-a"])  # 3 faults, 30 s cooling, 300 s cap
+    cooling, cap = defaults.cooldown_secs / SCALE, defaults.max_cooldown_secs / SCALE
+    periods = f"cooldown_secs = {cooling}\nmax_cooldown_secs = {cap}"
+    text = config(url, threshold=defaults.failure_threshold, periods=periods)
+    every, outage, recovery = 4 / SCALE, 60 / SCALE, 30 / SCALE
+    with example_gateway(text, tmp_path, ENV) as gateway:
         client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="caller", max_retries=0)
-        provider.set_behaviour("key-dual", Behaviour(status=503, status_for_secs=60))
+        provider.set_behaviour("key-dual", Behaviour(status=503, status_for_secs=outage))
         start = time.monotonic()
         served: list[tuple[float, str]] = []
-        while not served or served[-1][1] != "dual" or served[-1][0] < 60:
+        while not served or served[-1][1] != "dual" or served[-1][0] < outage:
             at = time.monotonic() - start
-            assert at < 60 + 30 + 4, f"the primary did not serve again: {served}"
+            assert at < outage + recovery + every, f"the primary did not serve again: {served}"
             served.append((at, ask(client, "gpt-a")))
-            time.sleep(max(0.0, start + 4 * len(served) - time.monotonic()))
+            time.sleep(max(0.0, start + every * len(served) - time.monotonic()))
         back = served[-1][0]
         # The probe at about 40 s fails; the next, at about 72 s (not 100 s), succeeds.
-        assert 60 < back <= 90, served
-        assert all(a == "spare" for t, a in served if t < 60)  # failed over, never an error
+        assert outage < back <= outage + recovery, served
+        assert all(a == "spare" for t, a in served if t < outage)  # failed over, never an error
         # The primary saw 3 faults (0, 4, 8 s), the failed probe and the probe that served.
         assert tries(provider, "key-dual", "gpt-a") == 5
-        print(f"primary healed at 60 s, served again at {back:.1f} s: {served}")
+        print(f"primary healed at {outage:g} s, served again at {back:.2f} s: {served}")
