@@ -6,9 +6,11 @@ asserts telemetry reads from these, comparing counts before and after what it do
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -113,3 +115,32 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         if _MISSING_TOOL.search(reason):
             report.outcome = "failed"
             report.longrepr = f"skipped in CI, where .ci/run installs what it needs: {reason}"
+
+
+# The suite runs on two pytest-xdist workers (pyproject's addopts: `-n 2`): every test of a
+# file that starts servers (marked `integration`) goes to one group, run in order on one
+# worker as it would run alone (its module-scoped servers started once, its timing margins as
+# measured), while the fast tests take the other core. `-n 0` runs
+# everything in this one process. (xdist's own `--dist loadgroup` does not group under
+# pytest 9.2, whose node ids can no longer be renamed: a scheduler of ours does it instead.)
+_INTEGRATION = "integration"
+
+
+@functools.cache
+def _starts_servers(path: str) -> bool:
+    """Whether the test file at `path` (relative to the root) has `integration` tests."""
+    file = Path(__file__).resolve().parents[1] / path
+    return file.is_file() and "mark.integration" in file.read_text(errors="replace")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ServersApart(LoadScopeScheduling):
+        """One scope for the files that start servers, one per test for the rest."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return _INTEGRATION if _starts_servers(nodeid.split("::", 1)[0]) else nodeid
+
+    return ServersApart(config, log)
