@@ -120,10 +120,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 # The suite runs on two pytest-xdist workers (pyproject's addopts: `-n 2`): every test of a
 # file that starts servers (marked `integration`) goes to one group, run in order on one
 # worker as it would run alone (its module-scoped servers started once, its timing margins as
-# measured), while the fast tests take the other core. `-n 0` runs
-# everything in this one process. (xdist's own `--dist loadgroup` does not group under
-# pytest 9.2, whose node ids can no longer be renamed: a scheduler of ours does it instead.)
+# measured), while the rest take the other core. The benchmark's smoke runs (tests/bench:
+# about five minutes of installs and servers under valgrind, which check that each script
+# runs and writes its report, not its figures) are a group of their own, on that other core
+# first. `-n 0` runs everything in this one process. (xdist's own `--dist loadgroup` does not
+# group under pytest 9.2, whose node ids can no longer be renamed: a scheduler of ours does.)
 _INTEGRATION = "integration"
+_BENCH = "tests/bench/"
 
 
 @functools.cache
@@ -138,9 +141,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 
     class ServersApart(LoadScopeScheduling):
-        """One scope for the files that start servers, one per test for the rest."""
+        """One scope for the benchmark's smoke runs, one for the other files that start
+        servers, one per test for the rest. The largest go first (xdist orders scopes by
+        their number of tests): the servers' to one worker, the bench's to the other."""
 
         def _split_scope(self, nodeid: str) -> str:
-            return _INTEGRATION if _starts_servers(nodeid.split("::", 1)[0]) else nodeid
+            path = nodeid.split("::", 1)[0]
+            if path.startswith(_BENCH):
+                return _BENCH
+            return _INTEGRATION if _starts_servers(path) else nodeid
 
     return ServersApart(config, log)
