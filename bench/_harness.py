@@ -18,7 +18,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -506,21 +506,119 @@ def measure(
     script = lua_script(workdir, body)
     if warmup > 0:
         wrk(url, script, conns=conns, secs=warmup)
-    runs: list[Load] = []
-    for _ in range(max(1, repeat)):
-        busy0, total0 = core_ticks(SERVER_CORE)
-        all0, all_total0 = machine_ticks()
-        ours0 = own_ticks(ours)
-        load = wrk(url, script, conns=conns, secs=secs, cpu_pid=cpu_pid)
-        busy1, total1 = core_ticks(SERVER_CORE)
-        all1, all_total1 = machine_ticks()
-        ours1 = own_ticks(ours)
-        if total1 > total0:
-            load.core_busy = (busy1 - busy0) / (total1 - total0)
-        if all_total1 > all_total0:
-            other = (all1 - all0) - (ours1 - ours0)  # loopback softirq lands here too
-            load.other_load = max(0.0, other / (all_total1 - all_total0))
-        runs.append(load)
+    runs = [
+        _measured_run(url, script, conns=conns, secs=secs, cpu_pid=cpu_pid, ours=ours)
+        for _ in range(max(1, repeat))
+    ]
+    return _median_run(runs)
+
+
+@dataclass
+class Target:
+    """A server measured beside others by `measure_interleaved`."""
+
+    name: str
+    url: str
+    pid: int
+
+
+def measure_interleaved(
+    targets: Sequence[Target],
+    body: bytes,
+    workdir: Path,
+    *,
+    conns: int,
+    secs: float,
+    warmup: float,
+    repeat: int,
+    ours: Sequence[int] = (),
+) -> dict[str, Load]:
+    """`measure` for several servers running at once, one wrk run each in turn per round (the
+    order reversed every other round); each server's run with the median req/s is kept.
+
+    A ratio between two servers measured one after the other moves with whatever the machine
+    did in between: on a shared 2-core machine the same server's CPU per request was seen to
+    move by 15 % from one row to the next. In turns, both sides of a ratio meet the same
+    conditions.
+    """
+    script = lua_script(workdir, body)
+    if warmup > 0:
+        for target in targets:
+            wrk(target.url, script, conns=conns, secs=warmup)
+    runs: dict[str, list[Load]] = {target.name: [] for target in targets}
+    for round_ in range(max(1, repeat)):
+        for target in targets if round_ % 2 == 0 else list(reversed(targets)):
+            runs[target.name].append(
+                _measured_run(
+                    target.url, script, conns=conns, secs=secs, cpu_pid=target.pid, ours=ours
+                )
+            )
+    return {name: _median_run(loads) for name, loads in runs.items()}
+
+
+def measure_side_by_side(
+    targets: Sequence[Target],
+    bodies: Mapping[str, bytes],
+    workdir: Path,
+    *,
+    section: str,
+    conns: Sequence[int],
+    secs: float,
+    warmup: float,
+    repeat: int,
+    ours: Sequence[int] = (),
+    expect_header: Callable[[str], str | None] = lambda _name: None,
+) -> list[Result]:
+    """Each body size at each connection count, the targets in turns (`measure_interleaved`),
+    after a probe of each (`expect_header(name)`: the header that proves the path); one result
+    per target, size and count, listed by target in `targets`' order."""
+    results: list[Result] = []
+    for size, body in bodies.items():
+        for target in targets:
+            probe(target.url, body, expect_header=expect_header(target.name))
+        for c in conns:
+            loads = measure_interleaved(
+                targets,
+                body,
+                workdir,
+                conns=c,
+                secs=secs,
+                warmup=warmup,
+                repeat=repeat,
+                ours=ours,
+            )
+            results += [load_result(section, n, x, c, size=size) for n, x in loads.items()]
+    order = {target.name: i for i, target in enumerate(targets)}
+    results.sort(key=lambda r: order[r.name])  # stable: sizes and counts stay as run
+    return results
+
+
+def _measured_run(
+    url: str,
+    script: Path,
+    *,
+    conns: int,
+    secs: float,
+    cpu_pid: int | None,
+    ours: Sequence[int],
+) -> Load:
+    """One wrk run, with how busy the server core was and the CPU others used meanwhile."""
+    busy0, total0 = core_ticks(SERVER_CORE)
+    all0, all_total0 = machine_ticks()
+    ours0 = own_ticks(ours)
+    load = wrk(url, script, conns=conns, secs=secs, cpu_pid=cpu_pid)
+    busy1, total1 = core_ticks(SERVER_CORE)
+    all1, all_total1 = machine_ticks()
+    ours1 = own_ticks(ours)
+    if total1 > total0:
+        load.core_busy = (busy1 - busy0) / (total1 - total0)
+    if all_total1 > all_total0:
+        other = (all1 - all0) - (ours1 - ours0)  # loopback softirq lands here too
+        load.other_load = max(0.0, other / (all_total1 - all_total0))
+    return load
+
+
+def _median_run(runs: list[Load]) -> Load:
     runs.sort(key=lambda x: x.req_s)
     return runs[len(runs) // 2]
 

@@ -29,9 +29,10 @@ from _harness import (
     Processes,
     Result,
     Skip,
+    Target,
     compare,
     free_port,
-    measure_path,
+    measure_side_by_side,
     openai_body,
     pinned,
     uvicorn_cmd,
@@ -189,37 +190,39 @@ def run(
                 "NO_DOCS": "True",
             }
             servers.append(("LiteLLM proxy", cmd, env, ""))
-    results: list[Result] = []
-    for name, command, extra_env, target in servers:
-        port = free_port()
-        if command is None:
-            cmd = uvicorn_cmd(target, port)
-        else:
-            cmd = pinned(SERVER_CORE, [*command, "--port", str(port)])
-        env = {**base_env, **extra_env}
-        try:
-            proc = procs.start(_slug(name), cmd, port=port, env=env, timeout=180)
-        except (RuntimeError, TimeoutError) as exc:
-            skips.append(Skip(SECTION, f"{name} did not start: {str(exc)[:300]}"))
-            continue
-        try:
-            for size, body in bodies.items():
-                results += measure_path(
-                    f"http://127.0.0.1:{port}{OPENAI_PATH}",
-                    body,
-                    workdir,
-                    section=SECTION,
-                    name=name,
-                    conns=conns,
-                    secs=secs,
-                    warmup=warmup,
-                    cpu_pid=proc.pid,
-                    repeat=repeat,
-                    ours=procs.pids(),
-                    expect_header="x-switchyard-model" if "gateway" in name else None,
-                    size=size,
-                )
-        finally:
+    targets: list[Target] = []
+    started: list[subprocess.Popen[bytes]] = []
+    try:
+        # Every server up at once (idle but for its turn), so that each round measures the
+        # floors and the gateways under the same conditions (`measure_interleaved`).
+        for name, command, extra_env, target in servers:
+            port = free_port()
+            if command is None:
+                cmd = uvicorn_cmd(target, port)
+            else:
+                cmd = pinned(SERVER_CORE, [*command, "--port", str(port)])
+            env = {**base_env, **extra_env}
+            try:
+                proc = procs.start(_slug(name), cmd, port=port, env=env, timeout=180)
+            except (RuntimeError, TimeoutError) as exc:
+                skips.append(Skip(SECTION, f"{name} did not start: {str(exc)[:300]}"))
+                continue
+            started.append(proc)
+            targets.append(Target(name, f"http://127.0.0.1:{port}{OPENAI_PATH}", proc.pid))
+        results = measure_side_by_side(
+            targets,
+            bodies,
+            workdir,
+            section=SECTION,
+            conns=conns,
+            secs=secs,
+            warmup=warmup,
+            repeat=repeat,
+            ours=procs.pids(),
+            expect_header=lambda name: "x-switchyard-model" if "gateway" in name else None,
+        )
+    finally:
+        for proc in started:
             procs.stop(proc)
     compare(results, FLOOR)
     return results, skips
