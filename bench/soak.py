@@ -112,6 +112,10 @@ def gateway(mock_url: str, workdir: Path) -> Iterator[tuple[str, int]]:
     }
     cmd = [sys.executable, "-m", "uvicorn", "examples.starlette_app:app", "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--log-level", "warning", "--no-access-log"]
+    # As docs/operations.md says to deploy it: with uvicorn's default (5 s, the load client's
+    # own idle expiry) a request sent as the gateway closes an idle connection is reset, an
+    # error of neither the gateway nor its policies (seen once in CI, as a ReadError).
+    cmd += ["--timeout-keep-alive", "75"]
     log = (workdir / "gateway.log").open("wb")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:

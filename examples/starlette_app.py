@@ -1,8 +1,9 @@
 """An LLM gateway in front of Anthropic/OpenAI-style providers, wrapped by switchyard_stack().
 
     python examples/starlette_app.py            # serves 127.0.0.1:8000, mock provider on :9100
-    SWITCHYARD_CONFIG=my.toml uvicorn examples.starlette_app:app
-    SWITCHYARD_CONFIG=my.toml uvicorn examples.starlette_app:app --workers 4
+    SWITCHYARD_CONFIG=my.toml uvicorn examples.starlette_app:app --timeout-keep-alive 75
+    SWITCHYARD_CONFIG=my.toml uvicorn examples.starlette_app:app --timeout-keep-alive 75 --workers 4
+        # keep-alive above the clients' idle expiry (docs/operations.md, "Keep-alive")
         # with `[state] backend = "redis"` in my.toml (the redis extra: pip install '.[redis]'), the
         # workers share account cooling; /switchyard/accounts shows it from whichever answers
 
@@ -122,6 +123,10 @@ if __name__ == "__main__":
 
     uvicorn.run(
         app,
+        # Longer than clients keep an idle connection (httpx, under the OpenAI and Anthropic
+        # SDKs: 5 s, uvicorn's own default): else a request sent as uvicorn closes an idle
+        # connection is reset. docs/operations.md, "Keep-alive".
+        timeout_keep_alive=75,
         host=os.environ.get("HOST", "127.0.0.1"),
         port=int(os.environ.get("PORT", "8000")),
         log_level=os.environ.get("LOG_LEVEL", "info"),

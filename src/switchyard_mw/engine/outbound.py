@@ -36,6 +36,12 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_CONNECTIONS = 256
 
+IDLE_EXPIRY_SECS = 4.0
+"""How long the pool keeps an idle upstream connection: below the 5 s after which uvicorn (the
+server of vLLM and of many self-hosted model servers) closes one. Kept as long as the server,
+a request sent at the moment the server closes the connection is reset, and that reset counts
+as a fault of the account."""
+
 
 def make_http_client(
     *, max_connections: int = DEFAULT_MAX_CONNECTIONS, base_url: str = ""
@@ -47,7 +53,9 @@ def make_http_client(
     Build it anywhere (at import time too): its pool is made on first use, in the running loop.
     """
     limits = httpx.Limits(
-        max_connections=max_connections, max_keepalive_connections=max_connections
+        max_connections=max_connections,
+        max_keepalive_connections=max_connections,
+        keepalive_expiry=IDLE_EXPIRY_SECS,
     )
     transport: httpx.AsyncBaseTransport
     try:
