@@ -557,21 +557,22 @@ def measure_interleaved(
 
 
 def measure_side_by_side(
+    procs: Processes,
     targets: Sequence[Target],
     bodies: Mapping[str, bytes],
-    workdir: Path,
     *,
     section: str,
     conns: Sequence[int],
     secs: float,
     warmup: float,
     repeat: int,
-    ours: Sequence[int] = (),
     expect_header: Callable[[str], str | None] = lambda _name: None,
 ) -> list[Result]:
     """Each body size at each connection count, the targets in turns (`measure_interleaved`),
     after a probe of each (`expect_header(name)`: the header that proves the path); one result
-    per target, size and count, listed by target in `targets`' order."""
+    per target, size and count, listed by target in `targets`' order. `procs`: where the
+    scripts go, and every process of the setup (for the other-load figure)."""
+    workdir, ours = procs.workdir, procs.pids()
     results: list[Result] = []
     for size, body in bodies.items():
         for target in targets:

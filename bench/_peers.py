@@ -210,15 +210,14 @@ def run(
             started.append(proc)
             targets.append(Target(name, f"http://127.0.0.1:{port}{OPENAI_PATH}", proc.pid))
         results = measure_side_by_side(
+            procs,
             targets,
             bodies,
-            workdir,
             section=SECTION,
             conns=conns,
             secs=secs,
             warmup=warmup,
             repeat=repeat,
-            ours=procs.pids(),
             expect_header=lambda name: "x-switchyard-model" if "gateway" in name else None,
         )
     finally:

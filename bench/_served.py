@@ -58,15 +58,14 @@ def run(
             started.append(proc)
             targets.append(Target(name, f"http://127.0.0.1:{port}{ANTHROPIC_PATH}", proc.pid))
         results = measure_side_by_side(
+            procs,
             targets,
             bodies,
-            procs.workdir,
             section=SECTION,
             conns=conns,
             secs=secs,
             warmup=warmup,
             repeat=repeat,
-            ours=procs.pids(),
             expect_header=lambda name: "x-switchyard-model" if "stack" in name else None,
         )
     finally:
