@@ -35,7 +35,9 @@ from ..accounts import Account
 from ..asgi.body import ClientDisconnected, read_body
 from ..clouds import StreamTranslator
 from ..context import RequestContext, current_context
+from ..engine.answer_model import StreamNamer, answer_with_model, public_name
 from ..engine.outbound import map_exceptions, pool_of, seconds_left, timeout_for
+from ..engine.provider_headers import request_id, withheld
 from ..engine.usage import StreamUsage, Tokens, answer_tokens
 from ..model_names import with_query
 from ..telemetry import names as tm
@@ -142,6 +144,7 @@ class Forwarder:
     ) -> _Reply | Response:
         """Send the request upstream; the reply's headers have arrived, its body not yet (or
         the answer of a cloud account that cannot take the request)."""
+        ctx.upstream_request_id = None  # the last attempt's answer is not this one's
         sends = self._sends.get(account.name)
         if sends is None or sends.spec is not account.spec or sends.key != account.api_key:
             sends = self._sends[account.name] = _Sends(account)
@@ -176,6 +179,9 @@ class Forwarder:
         if span is not None:
             ot.answered(span, reply.status)
         reply.span = span
+        ctx.upstream_request_id = request_id(reply.headers) or request_id(reply.withheld)
+        if reply.status < 300:
+            reply.public = public_name(account)
         if account.cloud is not None:
             reply.from_cloud(account)
         return reply
@@ -208,6 +214,8 @@ class Forwarder:
             data = reply.cloud_error(data)
         if reply.status < 300 and "json" in reply.content_type:
             _report(ctx, answer_tokens(ctx.wire, data))  # request metrics, SDK or not
+            if reply.public is not None:
+                data = answer_with_model(data, reply.public)
         return data
 
 
@@ -287,7 +295,9 @@ class _Reply:
     `map_exceptions()`.
 
     `headers` are those relayed to the caller: names lowercased, duplicates kept, minus
-    hop-by-hop ones and those the serving server sets itself.
+    hop-by-hop ones, those the serving server sets itself and those that name the provider
+    (`withheld`, read only by a cloud's error mapping). `public`: the model name the answer
+    must carry, where the provider's differs (`engine.answer_model`).
     """
 
     __slots__ = (
@@ -296,10 +306,12 @@ class _Reply:
         "cloud",
         "content_type",
         "headers",
+        "public",
         "span",
         "status",
         "streams",
         "translator",
+        "withheld",
     )
 
     def __init__(
@@ -316,11 +328,16 @@ class _Reply:
         self.span: trace.Span | None = None
         self.cloud: Account | None = None
         self.translator: StreamTranslator | None = None
+        self.public: str | None = None
         headers: list[tuple[bytes, bytes]] = []
+        self.withheld: list[tuple[bytes, bytes]] = []
         content_type: bytes | None = None
         for name, value in raw_headers:
             lowered = name.lower()
             if lowered in _DROP_RESPONSE_RAW:
+                continue
+            if withheld(lowered):
+                self.withheld.append((lowered, value))
                 continue
             if content_type is None and lowered == b"content-type":
                 content_type = value
@@ -344,7 +361,9 @@ class _Reply:
     def cloud_error(self, data: bytes) -> bytes:
         """A cloud's error answer as the Anthropic API sends one (status and body)."""
         assert self.cloud is not None
-        self.status, data = self.cloud.error_answer(self.status, data, self.headers)
+        self.status, data = self.cloud.error_answer(
+            self.status, data, [*self.headers, *self.withheld]
+        )
         self._set_content_type(b"application/json")
         return data
 
@@ -446,6 +465,7 @@ async def _relay(reply: _Reply, ctx: RequestContext) -> AsyncIterator[bytes]:
     """
     pending = b""
     usage = StreamUsage(ctx.wire)
+    namer = None if reply.public is None else StreamNamer(reply.public)
     sequence = sequence_for(ctx.wire)  # numbers the error event on a Responses stream
     translator = reply.translator
     failed = False
@@ -466,11 +486,11 @@ async def _relay(reply: _Reply, ctx: RequestContext) -> AsyncIterator[bytes]:
                 usage.feed(events)
                 if sequence is not None:
                     sequence.feed(events)
-                yield events
+                yield events if namer is None else namer.feed(events)  # whole lines: none held
         if translator is not None and (tail := translator.end()):
             data, pending = pending + tail, b""
             usage.feed(data)
-            yield data
+            yield data if namer is None else namer.feed(data) + namer.end()
     except TransportError as exc:  # from either client (`_Reply` maps them)
         # The caller already has a 200: end its stream with the wire's error event, and let
         # the cooling policy count the account's fault all the same.
@@ -482,7 +502,8 @@ async def _relay(reply: _Reply, ctx: RequestContext) -> AsyncIterator[bytes]:
     finally:
         _report(ctx, usage.end())  # what the stream said of its usage, however it ended
     if pending:
-        yield pending  # the upstream ended mid-event itself: pass on what it sent
+        # The upstream ended mid-event itself: pass on what it sent.
+        yield pending if namer is None else namer.feed(pending) + namer.end()
 
 
 def _report(ctx: RequestContext, tokens: Tokens | None) -> None:
