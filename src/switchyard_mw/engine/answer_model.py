@@ -40,6 +40,21 @@ Responses API's `response.*` events)."""
 _DATA = b"data:"
 
 
+def namer_for(
+    account: Account | None, content_type: bytes, encoding: bytes
+) -> StreamNamer | AnswerNamer | None:
+    """What renames a successful answer passing in pieces, given its headers; None: nothing
+    to rename, or bytes that cannot be (compressed: an account that renames is asked for
+    `identity`, and an upstream that compresses anyway keeps its bytes)."""
+    public = public_name(account)
+    if public is None or encoding.strip().lower() not in (b"", b"identity"):
+        return None
+    kind = content_type.lower()
+    if kind.startswith(b"text/event-stream"):
+        return StreamNamer(public)
+    return AnswerNamer(public) if b"json" in kind else None
+
+
 def public_name(account: Account | None) -> str | None:
     """The name an answer from `account` must carry, where the provider's own differs (None:
     the account knows the model by its public name, and its answer passes untouched)."""
