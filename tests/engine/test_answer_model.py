@@ -189,7 +189,8 @@ def test_find_model_tells_a_cut_text_from_one_without_a_model() -> None:
     assert find_model(b'{"id":"a"}', 0, 10, wrapped=False, whole=False) is None
     assert find_model(b'{"message":{"model":"x"}}', 0, 25, wrapped=False, whole=True) is None
     found = find_model(b'{"message":{"model":"x"}}', 0, 25, wrapped=True, whole=True)
-    assert found is not None and (found.start, found.end) == (20, 23)
+    assert found is not None
+    assert (found.start, found.end) == (20, 23)
 
 
 class _Bound:

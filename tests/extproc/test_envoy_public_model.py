@@ -142,7 +142,11 @@ async def test_the_anthropic_sdk_gets_the_public_name(
 
 
 async def test_a_json_answer_read_whole_gets_its_new_length(rig: Rig) -> None:
-    body = {"model": "claude-opus-5", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]}
+    body = {
+        "model": "claude-opus-5",
+        "max_tokens": 50,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
     async with httpx.AsyncClient(base_url=rig.envoy_url, timeout=10) as http:
         response = await http.post("/v1/messages", json=body)
     assert response.status_code == 200, response.text

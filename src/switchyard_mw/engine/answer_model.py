@@ -82,6 +82,9 @@ def find_model(data: bytes, start: int, end: int, *, wrapped: bool, whole: bool)
     `end`): at its top level, or (`wrapped`, a stream event) inside its `message` or
     `response` member. None: it has none, or is not JSON; `INCOMPLETE`: the text is cut
     (`whole` False) before that is known."""
+    plain = _plain(data, start, end, wrapped=wrapped)
+    if plain is not None:
+        return plain
     cut = None if whole else INCOMPLETE
     depth, opened = 0, -1
     for token in _TOKEN.finditer(data, start, end):
@@ -115,6 +118,34 @@ def find_model(data: bytes, start: int, end: int, *, wrapped: bool, whole: bool)
             return None  # null, or not a name: nothing to replace
         return cut
     return cut
+
+
+def _plain(data: bytes, start: int, end: int, *, wrapped: bool) -> Found | None:
+    """The answer's `model` value in the shape providers send, proven by a few searches in C:
+    before the first `"model"`, no backslash, no bracket but the object's `{` (and the
+    wrapper's, right after its key), and whole strings only, so that key is a member of the
+    object. None: another shape, read token by token."""
+    at = data.find(_KEY, start, end)
+    if at < 0:
+        return None
+    opens = data.count(b"{", start, at)
+    if not 0 < opens <= (2 if wrapped else 1):
+        return None
+    for other in _NOT_BEFORE:
+        if data.find(other, start, at) >= 0:
+            return None
+    if data.count(b'"', start, at) % 2:
+        return None
+    if opens == 2:
+        inner = data.rfind(b"{", start, at)
+        if _WRAPPER.search(data, max(start, inner - 32), inner) is None:
+            return None
+    colon = _COLON.match(data, at + len(_KEY), end)
+    value = None if colon is None else _STRING.match(data, colon.end(), end)
+    return None if value is None else Found(*value.span())
+
+
+_NOT_BEFORE = (b"\\", b"[", b"]", b"}")
 
 
 def _ours(data: bytes, depth: int, opened: int, *, wrapped: bool) -> bool:
@@ -181,10 +212,15 @@ class StreamNamer:
     line passes. Whole lines go on at once; an unfinished one waits only while its `model`
     value may still come whole (at most `HOLD_MAX` bytes)."""
 
-    __slots__ = ("_held", "_name", "_passing")
+    __slots__ = ("_held", "_learned", "_name", "_passing", "_renamed")
 
     def __init__(self, public: str) -> None:
         self._name = msgspec.json.encode(public)
+        self._learned = b""
+        """The `"model": "..."` member as the first event that named the model spelled it; a
+        piece whose every `"model"` is that member is renamed by one `replace` (Chat
+        Completions repeats it in every chunk)."""
+        self._renamed = b""
         self._held = b""
         """The unfinished line, from its start, while it may still need rewriting."""
         self._passing = False
@@ -226,6 +262,9 @@ class StreamNamer:
         at = lines.find(_KEY)
         if at < 0:
             return lines
+        learned = self._learned
+        if learned and lines.count(learned) == lines.count(_KEY):
+            return lines.replace(learned, self._renamed)
         parts: list[bytes] = []
         done = 0  # bytes of `lines` already in `parts`
         while at >= 0:
@@ -233,6 +272,9 @@ class StreamNamer:
             end = lines.find(b"\n", at)
             found = _in_line(lines, start, end, whole=True)
             if found is not None and lines[found.start : found.end] != self._name:
+                key = lines.rfind(_KEY, start, found.start)
+                self._learned = lines[key : found.end]
+                self._renamed = lines[key : found.start] + self._name
                 parts += (lines[done : found.start], self._name)
                 done = found.end
             at = lines.find(_KEY, end)

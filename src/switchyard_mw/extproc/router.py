@@ -40,7 +40,6 @@ from ..engine.answers import (
 from ..engine.body_usage import Reader
 from ..engine.claims import claimed
 from ..engine.content_events import ContentWatch, watch_for
-from ..engine.provider_headers import REQUEST_ID_NAMES, UPSTREAM_REQUEST_ID, request_id, withheld
 from ..engine.machine import (
     FORWARD,
     PASS_THROUGH,
@@ -53,6 +52,7 @@ from ..engine.machine import (
     Send,
     State,
 )
+from ..engine.provider_headers import REQUEST_ID_NAMES, UPSTREAM_REQUEST_ID, request_id, withheld
 from ..model_names import with_query
 from ..telemetry import names as tm
 from ..telemetry import request_metrics
