@@ -212,7 +212,8 @@ class Server(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """How the middlewares treat every request, whatever its policy."""
 
     expose_headers: bool = True
-    """Add the `x-switchyard-*` headers (model, account, attempts, deadline, route)."""
+    """Add the `x-switchyard-*` headers (model, account, attempts, deadline, route, and the
+    provider's request id as `x-switchyard-upstream-request-id`)."""
     max_body_bytes: PositiveInt = 32 * 1024 * 1024
     """A larger request body is refused with 413 `request_too_large`."""
     body_read_timeout_secs: PositiveSecs = 30.0
