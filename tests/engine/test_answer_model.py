@@ -203,3 +203,33 @@ def test_only_an_account_that_renames_the_model_gets_its_answer_renamed() -> Non
     assert public_name(_Bound("gpt-x", "gpt-x")) is None  # type: ignore[arg-type]
     assert public_name(_Bound(None, None)) is None  # type: ignore[arg-type]
     assert public_name(None) is None
+
+
+def _chunk(model: str, extra: str = "") -> bytes:
+    return (
+        b'data: {"id":"c","object":"chat.completion.chunk","model":"'
+        + model.encode()
+        + b'"'
+        + extra.encode()
+        + b',"choices":[]}\n\n'
+    )
+
+
+def test_later_chunks_are_renamed_as_the_first_spelled_the_member() -> None:
+    namer = StreamNamer(PUBLIC)
+    first = namer.feed(_chunk("p") + _chunk("p"))
+    assert first == _chunk(PUBLIC) * 2
+    assert namer.feed(_chunk("p") * 3) == _chunk(PUBLIC) * 3
+
+
+def test_a_piece_with_another_model_member_is_read_line_by_line() -> None:
+    namer = StreamNamer(PUBLIC)
+    namer.feed(_chunk("p"))
+    nested = ',"meta":{"model":"other"}'
+    out = namer.feed(_chunk("p", nested) + _chunk("p"))
+    assert out == _chunk(PUBLIC, nested) + _chunk(PUBLIC)
+    mixed = StreamNamer(PUBLIC).feed(_chunk("p") + _chunk("p", nested))
+    assert mixed == _chunk(PUBLIC) + _chunk(PUBLIC, nested)
+    other_spelling = b'data: {"id":"c","model": "p","choices":[]}\n\n'
+    renamed = namer.feed(other_spelling)
+    assert json.loads(renamed[6:])["model"] == PUBLIC

@@ -13,7 +13,10 @@ only until its `model` value is whole (a `response.completed` line repeats the w
 and its `model` comes before the output), and never past `HOLD_MAX` bytes. Inside a JSON
 string every quote is escaped, so a quoted `"model"` followed by `:` is a key; only one at the
 top of the object, or of the `message` / `response` object a stream event wraps, is the
-answer's model. Anything that is not such JSON passes unchanged.
+answer's model. Once a stream's event named it, later pieces whose every `"model"` is that same
+member, spelled byte for byte, are renamed by one `replace` (Chat Completions repeats it in
+every chunk); a piece with any other `"model"` is read line by line. Anything that is not such
+JSON passes unchanged.
 """
 
 from __future__ import annotations
@@ -231,6 +234,8 @@ class StreamNamer:
         return len(self._held)
 
     def feed(self, piece: bytes) -> bytes:
+        if not self._held and not self._passing and piece[-1:] == b"\n" and _KEY not in piece:
+            return piece  # whole lines that name no model: most events of most streams
         out: list[bytes] = []
         if self._passing:
             newline = piece.find(b"\n")
@@ -273,10 +278,13 @@ class StreamNamer:
             found = _in_line(lines, start, end, whole=True)
             if found is not None and lines[found.start : found.end] != self._name:
                 key = lines.rfind(_KEY, start, found.start)
-                self._learned = lines[key : found.end]
+                learned = self._learned = lines[key : found.end]
                 self._renamed = lines[key : found.start] + self._name
                 parts += (lines[done : found.start], self._name)
                 done = found.end
+                if lines.count(learned, done) == lines.count(_KEY, done):
+                    parts.append(lines[done:].replace(learned, self._renamed))
+                    return b"".join(parts)  # the rest of the piece as it spells the member
             at = lines.find(_KEY, end)
         if not parts:
             return lines
