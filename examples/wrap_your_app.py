@@ -30,6 +30,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from switchyard_mw import current_context, make_http_client, switchyard_stack, timeout_for
+from switchyard_mw.answer_names import Namer
 from switchyard_mw.asgi.admin import OperatorOnly, cooling_status_app
 from switchyard_mw.telemetry import otel
 from switchyard_mw.telemetry.prometheus import metrics_app
@@ -59,23 +60,30 @@ async def forward(request: Request) -> Response:
     )
     answer = await http.send(upstream, stream=True)
     content_type = answer.headers.get("content-type", "application/json")
+    # An account that knows the model by another name answers in it: the client gets the name
+    # it asked for (None: nothing to rename). httpx hands over the body decoded.
+    namer = ctx.account.answer_namer(content_type) if answer.status_code < 300 else None
     if content_type.startswith("text/event-stream"):
         return StreamingResponse(
-            relay(answer), status_code=answer.status_code, media_type=content_type
+            relay(answer, namer), status_code=answer.status_code, media_type=content_type
         )
     try:
         body = await answer.aread()
     finally:
         await answer.aclose()
+    if namer is not None:
+        body = namer.feed(body) + namer.end()
     # The upstream's status, as it answered: switchyard reads it to tell a fault (401, 5xx)
     # from a success. An app that answers with another status calls ctx.report_upstream().
     return Response(body, status_code=answer.status_code, media_type=content_type)
 
 
-async def relay(answer: httpx.Response) -> AsyncIterator[bytes]:
+async def relay(answer: httpx.Response, namer: Namer | None) -> AsyncIterator[bytes]:
     try:
         async for chunk in answer.aiter_bytes():
-            yield chunk
+            yield chunk if namer is None else namer.feed(chunk)
+        if namer is not None:
+            yield namer.end()
     finally:
         await answer.aclose()  # also when the client left mid-stream
 

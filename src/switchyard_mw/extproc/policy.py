@@ -112,7 +112,7 @@ class Policies:
         are then the processor's to set (the upstream-level filter asks for the body)."""
         self.plain_answers = renames
         """Whether some account may answer in its own model name: its answer's `model` is then
-        rewritten (`engine.answer_model`), which takes uncompressed bytes, so the upstream is
+        rewritten (`answer_names`), which takes uncompressed bytes, so the upstream is
         asked for `accept-encoding: identity`."""
         self.options = msg.Options()
         """Header options that repeat across requests (deadlines, exposed decisions)."""

@@ -24,11 +24,11 @@ from opentelemetry import trace
 
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from ..accounts import Account
+from ..answer_names import Namer
 from ..context import RequestContext, decision_attributes
 from ..core.deadline import BUDGET_HEADERS
 from ..core.throttle import READ_HEADERS as RETRY_TIME_HEADERS
 from ..engine import body_usage
-from ..engine.answer_model import AnswerNamer, StreamNamer, namer_for
 from ..engine.answers import (
     DEADLINE_EXCEEDED,
     NO_HEALTHY_ACCOUNT,
@@ -142,7 +142,7 @@ class RouterStream:
         self.content: ContentWatch | None = None
         """Finds a stream's first content event in the body read (the time to first token),
         with the ASGI front's reader."""
-        self.namer: StreamNamer | AnswerNamer | None = None
+        self.namer: Namer | None = None
         """Writes the public model name into the body read, where the account's differs."""
         self.whole = False
         """The body read comes in one message (BUFFERED): a new length is set on it."""
@@ -324,9 +324,11 @@ class RouterStream:
         if reading is not None:
             self.usage, mode = reading
             self.whole = mode is msg.READ_BUFFERED
-            self.namer = namer_for(
-                flight.ctx.account, h.get("content-type", b""), h.get("content-encoding", b"")
-            )
+            client = flight.ctx.account
+            self.namer = None
+            if client is not None:
+                kind, encoding = h.get("content-type", b""), h.get("content-encoding", b"")
+                self.namer = client.answer_namer(kind, encoding)
             if self.namer is not None and not self.whole:
                 # Its pieces may change length: Envoy refuses a mutation that breaks the
                 # length declared, and chunks the answer without one.

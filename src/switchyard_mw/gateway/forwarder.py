@@ -32,10 +32,10 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from ..accounts import Account
+from ..answer_names import StreamNamer, answer_with_model
 from ..asgi.body import ClientDisconnected, read_body
 from ..clouds import StreamTranslator
 from ..context import RequestContext, current_context
-from ..engine.answer_model import StreamNamer, answer_with_model, public_name
 from ..engine.outbound import map_exceptions, pool_of, seconds_left, timeout_for
 from ..engine.provider_headers import request_id, withheld
 from ..engine.usage import StreamUsage, Tokens, answer_tokens
@@ -181,7 +181,7 @@ class Forwarder:
         reply.span = span
         ctx.upstream_request_id = request_id(reply.headers) or request_id(reply.withheld)
         if reply.status < 300:
-            reply.public = public_name(account)
+            reply.public = account.answer_name
         if account.cloud is not None:
             reply.from_cloud(account)
         return reply
@@ -297,7 +297,7 @@ class _Reply:
     `headers` are those relayed to the caller: names lowercased, duplicates kept, minus
     hop-by-hop ones, those the serving server sets itself and those that name the provider
     (`withheld`, read only by a cloud's error mapping). `public`: the model name the answer
-    must carry, where the provider's differs (`engine.answer_model`).
+    must carry, where the provider's differs (`answer_names`).
     """
 
     __slots__ = (

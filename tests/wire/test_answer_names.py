@@ -1,4 +1,4 @@
-"""The public model name spliced into answers (`engine.answer_model`): JSON answers and the
+"""The public model name spliced into answers (`answer_names`): JSON answers and the
 events of all three wires, streams cut at every byte, what must stay untouched."""
 
 from __future__ import annotations
@@ -7,15 +7,17 @@ import json
 
 import pytest
 
-from switchyard_mw.engine.answer_model import (
+from switchyard_mw.accounts import build_accounts
+from switchyard_mw.answer_names import (
     HOLD_MAX,
     INCOMPLETE,
     AnswerNamer,
     StreamNamer,
     answer_with_model,
     find_model,
-    public_name,
+    namer_for,
 )
+from switchyard_mw.config import parse_config
 
 PUBLIC = "claude-opus-5"
 
@@ -193,16 +195,39 @@ def test_find_model_tells_a_cut_text_from_one_without_a_model() -> None:
     assert (found.start, found.end) == (20, 23)
 
 
-class _Bound:
-    def __init__(self, model: str | None, provider: str | None) -> None:
-        self.model, self.provider_model = model, provider
+ACCOUNTS = """
+[llm_clients.vendor]
+base_url = "http://vendor"
+api_key_env = "K"
+models = { "claude-opus-5" = "vendor.claude-opus-5-v1:0", "same" = "same" }
+
+[llm_clients.plain]
+base_url = "http://plain"
+api_key_env = "K"
+models = ["claude-opus-5"]
+"""
 
 
-def test_only_an_account_that_renames_the_model_gets_its_answer_renamed() -> None:
-    assert public_name(_Bound("claude-opus-5", "vendor.x")) == "claude-opus-5"  # type: ignore[arg-type]
-    assert public_name(_Bound("gpt-x", "gpt-x")) is None  # type: ignore[arg-type]
-    assert public_name(_Bound(None, None)) is None  # type: ignore[arg-type]
-    assert public_name(None) is None
+def test_only_an_account_that_renames_the_model_renames_its_answers() -> None:
+    config = parse_config(ACCOUNTS)
+    accounts = build_accounts(config, {"K": "k"})
+    vendor, plain = accounts["vendor"], accounts["plain"]
+    assert vendor.answer_name is None  # unbound: no model yet
+    bound = vendor.for_model("claude-opus-5")
+    assert bound.answer_name == "claude-opus-5"
+    assert vendor.for_model("same").answer_name is None
+    assert plain.for_model("claude-opus-5").answer_name is None
+    assert plain.for_model("claude-opus-5").answer_namer("application/json") is None
+    assert isinstance(bound.answer_namer("text/event-stream; charset=utf-8"), StreamNamer)
+    assert isinstance(bound.answer_namer(b"application/json"), AnswerNamer)
+    assert bound.answer_namer("application/json", "gzip") is None  # compressed: not renamed
+    assert bound.answer_namer("text/plain") is None
+
+
+def test_what_an_answer_is_renamed_by_follows_its_headers() -> None:
+    assert isinstance(namer_for(PUBLIC, b"Text/Event-Stream", b"identity"), StreamNamer)
+    assert isinstance(namer_for(PUBLIC, b"application/json", b" "), AnswerNamer)
+    assert namer_for(PUBLIC, b"application/json", b"br") is None
 
 
 def _chunk(model: str, extra: str = "") -> bytes:

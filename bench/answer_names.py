@@ -1,4 +1,4 @@
-"""What writing the public model name into an answer costs (`engine.answer_model`), in process.
+"""What writing the public model name into an answer costs (`answer_names`), in process.
 
 For each wire, a JSON answer and an event stream of about 1 KB and 100 KB, shaped as the
 providers send them (Chat Completions names the model in every chunk, Messages in
@@ -8,7 +8,7 @@ a provider's writes on) and in 4 KiB pieces cut anywhere. Beside it, what readin
 answer's usage costs (`engine.usage`), the pass both fronts already make. Printed: microseconds
 per answer, the median of `--repeat` timings of `--number` answers each.
 
-    python bench/answer_model.py [--repeat 15] [--number 200]
+    python bench/answer_names.py [--repeat 15] [--number 200]
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import timeit
 from collections.abc import Callable
 from functools import partial
 
-from switchyard_mw.engine.answer_model import StreamNamer, answer_with_model
+from switchyard_mw.answer_names import StreamNamer, answer_with_model
 from switchyard_mw.engine.usage import StreamUsage, answer_tokens
 from switchyard_mw.wire import Wire
 

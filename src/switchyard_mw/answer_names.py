@@ -1,4 +1,4 @@
-"""The public model name written into an answer, for both fronts: bytes in, bytes out.
+"""The public model name written into an answer: bytes in, bytes out.
 
 An account that knows a model by its own name (`models = {public = provider}`, a Bedrock or
 Vertex id) answers with that name, or a dated version of it, in `model`: of a JSON answer (all
@@ -22,10 +22,9 @@ JSON passes unchanged.
 from __future__ import annotations
 
 import re
+from typing import Protocol
 
 import msgspec
-
-from ..accounts import Account
 
 HOLD_MAX = 64 << 10
 """Bytes of one unfinished line (or of a JSON answer's opening) held while its `model` value
@@ -43,27 +42,27 @@ Responses API's `response.*` events)."""
 _DATA = b"data:"
 
 
-def namer_for(
-    account: Account | None, content_type: bytes, encoding: bytes
-) -> StreamNamer | AnswerNamer | None:
-    """What renames a successful answer passing in pieces, given its headers; None: nothing
-    to rename, or bytes that cannot be (compressed: an account that renames is asked for
-    `identity`, and an upstream that compresses anyway keeps its bytes)."""
-    public = public_name(account)
-    if public is None or encoding.strip().lower() not in (b"", b"identity"):
+class Namer(Protocol):
+    """Renames an answer fed in pieces: `feed` gives what goes on now, `end` what was held."""
+
+    @property
+    def held(self) -> int: ...
+
+    def feed(self, piece: bytes) -> bytes: ...
+
+    def end(self) -> bytes: ...
+
+
+def namer_for(public: str, content_type: bytes, encoding: bytes) -> Namer | None:
+    """What renames an answer passing in pieces to `public`, given its headers; None: neither
+    an event stream nor JSON, or compressed (an upstream that compresses anyway keeps its
+    bytes: the fronts ask an account that renames for `identity`)."""
+    if encoding.strip().lower() not in (b"", b"identity"):
         return None
     kind = content_type.lower()
     if kind.startswith(b"text/event-stream"):
         return StreamNamer(public)
     return AnswerNamer(public) if b"json" in kind else None
-
-
-def public_name(account: Account | None) -> str | None:
-    """The name an answer from `account` must carry, where the provider's own differs (None:
-    the account knows the model by its public name, and its answer passes untouched)."""
-    if account is None or account.model is None:
-        return None
-    return None if account.provider_model == account.model else account.model
 
 
 class Found:
