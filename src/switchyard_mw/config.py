@@ -69,7 +69,8 @@ class LLMClient(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     models: list[str] | dict[str, str]
     """The models it serves: a list of names (`"*"` serves any model), or a table mapping each
     public name clients send to the provider's own (`{ "claude-opus-5" =
-    "vendor.claude-opus-5-v1:0" }`): the body the provider gets carries its own name."""
+    "vendor.claude-opus-5-v1:0" }`): the body the provider gets carries its own name,
+    the answer the client gets the public one."""
     path: str | None = None
     """A path template for a provider that puts the model or a deployment in the path, e.g.
     `"/openai/deployments/{model}/chat/completions?api-version=2025-04-01"`: it replaces the
