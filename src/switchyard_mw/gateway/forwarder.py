@@ -37,7 +37,7 @@ from ..asgi.body import ClientDisconnected, read_body
 from ..clouds import StreamTranslator
 from ..context import RequestContext, current_context
 from ..engine.outbound import map_exceptions, pool_of, seconds_left, timeout_for
-from ..engine.provider_headers import request_id, withheld
+from ..engine.provider_headers import REQUEST_ID_NAMES, request_id, withheld
 from ..engine.usage import StreamUsage, Tokens, answer_tokens
 from ..model_names import with_query
 from ..telemetry import names as tm
@@ -84,6 +84,19 @@ _DROP_RESPONSE = frozenset(
 _DROP_REQUEST_RAW = frozenset(name.encode() for name in _DROP_REQUEST)
 _DROP_RESPONSE_RAW = frozenset(name.encode() for name in _DROP_RESPONSE)
 _IDENTITY = ("accept-encoding", "identity")
+_DROPPED, _WITHHELD, _REQUEST_ID = 1, 2, 4
+_KINDS: dict[bytes, int] = {}
+"""What an answer's header (lowercase name) is to the relay, flags of the three above (0: it
+passes), by name as first seen: names repeat from answer to answer, so one lookup a header."""
+_KINDS_MAX = 1024
+
+
+def _kind(name: bytes) -> int:
+    kind = _DROPPED if name in _DROP_RESPONSE_RAW else 0
+    kind |= (_WITHHELD if withheld(name) else 0) | (_REQUEST_ID if name in REQUEST_ID_NAMES else 0)
+    if len(_KINDS) < _KINDS_MAX:  # a peer may send any names: the table stays bounded
+        _KINDS[name] = kind
+    return kind
 
 
 class Forwarder:
@@ -179,7 +192,7 @@ class Forwarder:
         if span is not None:
             ot.answered(span, reply.status)
         reply.span = span
-        ctx.upstream_request_id = request_id(reply.headers) or request_id(reply.withheld)
+        ctx.upstream_request_id = reply.request_id
         if reply.status < 300:
             reply.public = account.answer_name
         if account.cloud is not None:
@@ -307,6 +320,7 @@ class _Reply:
         "content_type",
         "headers",
         "public",
+        "request_id",
         "span",
         "status",
         "streams",
@@ -331,18 +345,27 @@ class _Reply:
         self.public: str | None = None
         headers: list[tuple[bytes, bytes]] = []
         self.withheld: list[tuple[bytes, bytes]] = []
+        ids: list[tuple[bytes, bytes]] = []
         content_type: bytes | None = None
         for name, value in raw_headers:
             lowered = name.lower()
-            if lowered in _DROP_RESPONSE_RAW:
-                continue
-            if withheld(lowered):
-                self.withheld.append((lowered, value))
-                continue
+            kind = _KINDS.get(lowered)
+            if kind is None:
+                kind = _kind(lowered)
+            if kind:
+                if kind & _DROPPED:
+                    continue
+                if kind & _REQUEST_ID:
+                    ids.append((lowered, value))
+                if kind & _WITHHELD:
+                    self.withheld.append((lowered, value))
+                    continue
             if content_type is None and lowered == b"content-type":
                 content_type = value
             headers.append((lowered, value))
         self.headers = headers
+        self.request_id = request_id(ids) if ids else None
+        """The provider's request id (`engine.provider_headers`); None: it sent none."""
         self.content_type = content_type.decode("latin-1") if content_type is not None else ""
         self.streams = self.content_type.startswith("text/event-stream") and status < 400
 
