@@ -15,6 +15,7 @@ from switchyard_mw.core.limits import (
     LimitKey,
     Measure,
     Refused,
+    Status,
     estimate_input_tokens,
     window,
 )
@@ -71,6 +72,9 @@ def test_a_reservation_takes_the_worst_case_from_every_limit_at_once() -> None:
     assert ledger.used(TOKENS_MIN) == 600
     assert ledger.used(TOKENS_DAY) == 600
     assert ledger.used(REQUESTS_MIN) == 1
+    # the answer's headers come with the grant: each limit after the reservation
+    assert granted.statuses[TOKENS_MIN] == Status(limit=1000, remaining=400, reset_secs=60.0)
+    assert granted.statuses[REQUESTS_MIN].remaining == 1
 
 
 def test_all_or_nothing_a_refusal_reserves_nothing_and_names_the_limit() -> None:
@@ -82,6 +86,7 @@ def test_all_or_nothing_a_refusal_reserves_nothing_and_names_the_limit() -> None
     assert refused.limit == TOKENS_MIN
     assert refused.retry_after_secs == 45.0  # until the minute's window ends
     assert refused.never is False
+    assert refused.status == Status(limit=1000, remaining=400, reset_secs=45.0)
     # nothing of the refused request stays: the day limit is where it was
     assert ledger.used(TOKENS_DAY) == 600
     assert ledger.used(TOKENS_MIN) == 600

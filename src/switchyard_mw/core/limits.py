@@ -69,6 +69,15 @@ class LimitKey:
 
 
 @dataclass(frozen=True, slots=True)
+class Status:
+    """A limit as the providers' rate-limit headers report one."""
+
+    limit: float
+    remaining: float
+    reset_secs: float
+
+
+@dataclass(frozen=True, slots=True)
 class Reservation:
     """What one request holds: per limit, the window it reserved in and how much."""
 
@@ -81,6 +90,9 @@ class Reservation:
 @dataclass(frozen=True, slots=True)
 class Granted:
     reservation: Reservation
+    statuses: dict[LimitKey, Status]
+    """Each asked limit after the reservation: the answer's rate-limit headers, with no
+    second look at the counters (a round trip, where they live in Redis)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,15 +103,8 @@ class Refused:
     """Until the limit's window ends: then it is empty."""
     never: bool
     """The request's worst case alone exceeds the limit's amount: no wait admits it."""
-
-
-@dataclass(frozen=True, slots=True)
-class Status:
-    """A limit as the providers' rate-limit headers report one."""
-
-    limit: float
-    remaining: float
-    reset_secs: float
+    status: Status
+    """The refusing limit as it stands (nothing of the request reserved)."""
 
 
 def window(per: Per, now: float) -> tuple[float, float]:
@@ -136,10 +141,13 @@ class Ledger:
         """Reserve `asks` (limit -> amount) on every limit at once, or on none."""
         now = self._clock()
         for limit, amount in asks.items():
-            if amount > limit.amount:
-                return Refused(limit, self._left(limit, now), never=True)
-            if self._used_at(limit, now) + amount > limit.amount:
-                return Refused(limit, self._left(limit, now), never=False)
+            if amount > limit.amount or self._used_at(limit, now) + amount > limit.amount:
+                return Refused(
+                    limit,
+                    self._left(limit, now),
+                    never=amount > limit.amount,
+                    status=self._status(limit, now),
+                )
         held = []
         for limit, amount in asks.items():
             start = window(limit.per, now)[0]
@@ -148,7 +156,7 @@ class Ledger:
         self._tickets += 1
         reservation = Reservation(tuple(held), self._tickets)
         self._open.add(reservation.ticket)
-        return Granted(reservation)
+        return Granted(reservation, {limit: self._status(limit, now) for limit in asks})
 
     def settle(self, reservation: Reservation, used: Mapping[Measure, float]) -> None:
         """Replace the reservation by what the request used (a measure it did not report:
@@ -164,7 +172,9 @@ class Ledger:
         return self._used_at(limit, self._clock())
 
     def status(self, limit: LimitKey) -> Status:
-        now = self._clock()
+        return self._status(limit, self._clock())
+
+    def _status(self, limit: LimitKey, now: float) -> Status:
         remaining = max(0.0, limit.amount - self._used_at(limit, now))
         return Status(limit.amount, remaining, self._left(limit, now))
 
