@@ -83,8 +83,10 @@ def translate_litellm(
         parse_config(toml, source="the translation")
     except ConfigError as exc:  # a case the translation does not cover: say so, never hide it
         raise ConfigError(
-            [f"{source}: the translation is not a valid switchyard config (please report it)"]
-            + exc.problems
+            [
+                f"{source}: the translation is not a valid switchyard config (please report it)",
+                *exc.problems,
+            ]
         ) from None
     return Translation(toml, tuple(notes.lines))
 
@@ -184,16 +186,16 @@ class Settings:
         secs = seconds(stream, lookup, notes, self.origin.get("stream_timeout", ""))
         if secs is not None:
             defaults.update(stream_timing(secs))
-        retries = self.values.get("num_retries")
-        if _count(retries):
+        retries = _count(self.values.get("num_retries"))
+        if retries is not None:
             defaults.update(retry_setting(retries))
         cooldown = seconds(
             self.values.get("cooldown_time"), lookup, notes, self.origin.get("cooldown_time", "")
         )
         if cooldown is not None:  # LiteLLM's period is fixed: no doubling past it
             defaults.update(cooldown_secs=cooldown, max_cooldown_secs=cooldown)
-        allowed = self.values.get("allowed_fails")
-        if _count(allowed):  # LiteLLM cools on the failure after the allowed ones
+        allowed = _count(self.values.get("allowed_fails"))
+        if allowed is not None:  # LiteLLM cools on the failure after the allowed ones
             defaults["failure_threshold"] = allowed + 1
         strategy = self.values.get("routing_strategy")
         if strategy not in (None, "simple-shuffle"):
@@ -367,7 +369,9 @@ class Account:
 
     def add(self, d: Draft) -> None:
         self.models[d.public] = d.provider_model
-        self.comments.append(f"model_list[{d.index}]: {d.public} as {d.provider}/{d.provider_model}")
+        self.comments.append(
+            f"model_list[{d.index}]: {d.public} as {d.provider}/{d.provider_model}"
+        )
         self.comments.extend(c for c in d.comments if c not in self.comments)
 
     def table(self) -> Table:
@@ -433,7 +437,9 @@ def _weights(drafts: list[Draft], notes: Notes) -> None:
             "switchyard does not rate-limit a deployment; they weigh its share of the traffic",
         )
     for model, group in groups.items():
-        basis = next((b for b in ("weight", "rpm", "tpm") if any(b in d.balance for d in group)), "")
+        basis = next(
+            (b for b in ("weight", "rpm", "tpm") if any(b in d.balance for d in group)), ""
+        )
         if not basis or len(group) < 2:
             continue
         if not all(basis in d.balance for d in group):
@@ -472,8 +478,9 @@ def _preamble(source: str, untranslated: list[str]) -> list[str]:
     return lines
 
 
-def _count(raw: Any) -> bool:
-    return isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0
+def _count(raw: Any) -> int | None:
+    """A count LiteLLM takes (`num_retries`, `allowed_fails`), or None when it is not one."""
+    return raw if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0 else None
 
 
 def _key(name: str) -> str:

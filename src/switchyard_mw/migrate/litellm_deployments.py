@@ -234,7 +234,10 @@ def provider_of(params: Mapping[str, Any]) -> tuple[str | None, str]:
         return (custom if _known(custom) else None), model.removeprefix(f"{custom}/")
     prefix, sep, rest = model.partition("/")
     if sep and _known(prefix):
-        return prefix, rest
+        # LiteLLM's `bedrock/converse/...` and `bedrock/invoke/...` name its own route, not
+        # the model: switchyard sends Bedrock's invoke API the Messages body either way.
+        route = ("converse/", "invoke/") if prefix == "bedrock" else ()
+        return prefix, next((rest.removeprefix(r) for r in route if rest.startswith(r)), rest)
     for starts, provider in _BARE:
         if model.startswith(starts):
             return provider, model
@@ -252,7 +255,7 @@ def _names_ok(public: str, provider_model: str, site: Site) -> bool:
     if "*" in public or "*" in provider_model:
         site.note(
             'a wildcard deployment: a switchyard account serves named models, or any model as "*" '
-            "(model_name: \"*\" with model: provider/*)"
+            '(model_name: "*" with model: provider/*)'
         )
         return False
     return True
@@ -358,8 +361,7 @@ def _azure(params: Mapping[str, Any], site: Site) -> Found | None:
 
 def _bedrock(name: str, params: Mapping[str, Any], site: Site) -> Found | None:
     """Claude on Bedrock: a `bedrock` account, signed with the standard AWS credential chain."""
-    model_id = name.removeprefix("converse/").removeprefix("invoke/")
-    if "anthropic." not in model_id:
+    if "anthropic." not in name:
         site.note("switchyard's Bedrock accounts serve Anthropic's Claude models only")
         return None
     table: dict[str, Value] = {}
@@ -376,7 +378,9 @@ def _bedrock(name: str, params: Mapping[str, Any], site: Site) -> Found | None:
                 key,
             )
     settings: dict[str, Value] = {"kind": "bedrock", "bedrock": table}
-    endpoint_key = "aws_bedrock_runtime_endpoint" if "aws_bedrock_runtime_endpoint" in params else "api_base"
+    endpoint_key = (
+        "aws_bedrock_runtime_endpoint" if "aws_bedrock_runtime_endpoint" in params else "api_base"
+    )
     endpoint = site.value(params, endpoint_key)
     if endpoint is not None:
         settings["base_url"] = endpoint.rstrip("/")
