@@ -388,7 +388,7 @@ class Account:
 
 
 _KEY_NOTES = {
-    "timeout_secs": "timeout",
+    "timeout_secs": "timeout (a floor: a large max_tokens lengthens it)",
     "first_token_secs": "stream_timeout",
     "stream_idle_secs": "stream_timeout",
     "retry_wait_max_secs": "num_retries: one retry in place, after a retry-after of up to 60 s",

@@ -305,8 +305,8 @@ def _api_base(api_base: str, provider: str, site: Site) -> str:
         if base.endswith(suffix):
             return base.removesuffix(suffix)
     site.note(
-        f"api_base {api_base} does not end in /v1: LiteLLM calls {base}/chat/completions, "
-        f"switchyard calls {base}/v1/chat/completions (check which the server serves)"
+        f"api_base {api_base} does not end in /v1, and switchyard calls base_url with the "
+        f"request's path ({base}/v1/chat/completions): check that the server serves it there"
     )
     return base
 
