@@ -3,6 +3,7 @@ translated and loaded by the real config loader (and `check-config`, as a user r
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -557,6 +558,21 @@ def test_the_command_prints_toml_that_check_config_accepts(tmp_path: Path, shape
     checked = run_cli("check-config", "--no-env", str(target))
     assert checked.returncode == 0, checked.stderr
     assert checked.stdout.startswith(f"OK {target}")
+
+
+def test_with_its_keys_set_the_translation_passes_the_whole_check(tmp_path: Path) -> None:
+    """Without `--no-env`, check-config also wants each key variable set: the ones named."""
+    target = tmp_path / "switchyard.toml"
+    target.write_text(translate(LOAD_BALANCED).toml)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AZURE_")}
+    env.update(AZURE_API_KEY_EU="k1", AZURE_API_KEY_CA="k2")
+    command = [sys.executable, "-m", "switchyard_mw.cli", "check-config", str(target)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env, check=False)
+    assert done.returncode == 0, done.stderr
+    del env["AZURE_API_KEY_CA"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env, check=False)
+    assert done.returncode == 2
+    assert "environment variable AZURE_API_KEY_CA is not set" in done.stderr
 
 
 @pytest.mark.parametrize(
