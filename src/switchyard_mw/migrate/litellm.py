@@ -21,16 +21,9 @@ from typing import Any
 from ..config import parse_config
 from ..errors import ConfigError, MissingExtraError
 from .litellm_accounts import Account, join, weigh
-from .litellm_deployments import (
-    ENV_PREFIX,
-    Lookup,
-    Notes,
-    draft,
-    retry_setting,
-    seconds,
-    stream_timing,
-)
+from .litellm_deployments import draft, retry_setting, seconds, stream_timing
 from .litellm_fallbacks import Served, fallback_table
+from .litellm_site import ENV_PREFIX, Lookup, Notes
 from .toml_text import Table, Value, render
 
 __all__ = ["Translation", "translate_litellm"]

@@ -6,7 +6,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .litellm_deployments import Draft, Notes
+from .litellm_deployments import Draft
+from .litellm_site import Notes
 from .toml_text import Table, Value
 
 

@@ -9,27 +9,13 @@ name in the account's `models` and the provider's part of `model` the name the p
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .litellm_clouds import azure, bedrock, vertex
+from .litellm_site import Found, Lookup, Notes, Site, host_label, key_env
 from .toml_text import Value
-
-ENV_PREFIX = "os.environ/"
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-
-
-class Notes:
-    """What could not be translated, as `where: why` lines, in the order found."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def add(self, where: str, why: str) -> None:
-        line = f"{where}: {why}"
-        if line not in self.lines:
-            self.lines.append(line)
 
 
 @dataclass(frozen=True)
@@ -116,11 +102,6 @@ _WHY = {
     "aws_web_identity_token": "switchyard signs with the standard AWS credential chain, "
     "which reads AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN",
 }
-_STANDARD_AWS_VARS = {
-    "aws_access_key_id": "AWS_ACCESS_KEY_ID",
-    "aws_secret_access_key": "AWS_SECRET_ACCESS_KEY",
-    "aws_session_token": "AWS_SESSION_TOKEN",
-}
 
 
 @dataclass
@@ -141,45 +122,6 @@ class Draft:
     balance: dict[str, float] = field(default_factory=dict)
     """`weight`, `rpm`, `tpm` as set: the group's load-balancing weights."""
     comments: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Lookup:
-    """The environment `os.environ/VAR` values are read from, when the value is not a secret
-    (an endpoint, a region): LiteLLM reads them at start-up, switchyard wants them written."""
-
-    environ: Mapping[str, str]
-
-    def value(self, raw: Any, where: str, notes: Notes) -> str | None:
-        """`raw` itself, or the variable it names; None (noted) when unset."""
-        if raw is None:
-            return None
-        text = str(raw)
-        if not text.startswith(ENV_PREFIX):
-            return text
-        var = text.removeprefix(ENV_PREFIX)
-        found = self.environ.get(var)
-        if not found:
-            notes.add(where, f"{text}: {var} is not set here; set it and convert again")
-            return None
-        return found
-
-
-@dataclass(frozen=True)
-class Site:
-    """Where in config.yaml a deployment is, and what its translation reads and reports to."""
-
-    index: int
-    where: str
-    lookup: Lookup
-    notes: Notes
-
-    def value(self, params: Mapping[str, Any], key: str, default: str | None = None) -> str | None:
-        """`params[key]` (or `default`), a variable it names resolved; None (noted) unset."""
-        return self.lookup.value(params.get(key, default), f"{self.where} {key}", self.notes)
-
-    def note(self, why: str, key: str = "") -> None:
-        self.notes.add(f"{self.where} {key}".rstrip(), why)
 
 
 def origin(index: int, public: str, model: str) -> str:
@@ -261,17 +203,13 @@ def _names_ok(public: str, provider_model: str, site: Site) -> bool:
     return True
 
 
-Found = tuple[dict[str, Value], str, list[str]]
-"""An account's keys, its name when alone, and the comments written under its header."""
-
-
 def _settings(provider: str, name: str, params: Mapping[str, Any], site: Site) -> Found | None:
     if provider == "azure":
-        return _azure(params, site)
+        return azure(params, site)
     if provider == "bedrock":
-        return _bedrock(name, params, site)
+        return bedrock(name, params, site)
     if provider == "vertex_ai":
-        return _vertex(name, params, site)
+        return vertex(name, params, site)
     return _api(provider, params, site)
 
 
@@ -283,14 +221,14 @@ def _api(provider: str, params: Mapping[str, Any], site: Site) -> Found | None:
         if api_base is None:
             return None
         base = _api_base(api_base, provider, site)
-        hint = f"{provider}-{_host_label(api_base)}" if base != spec.base_url else provider
+        hint = f"{provider}-{host_label(api_base)}" if base != spec.base_url else provider
     if base is None:
         site.note(f"api_base: required for {provider}")
         return None
     settings: dict[str, Value] = {"base_url": base}
-    key_env = _key_env(params.get("api_key"), spec.key_env, provider, site)
-    if key_env is not None:
-        settings["api_key_env"] = key_env
+    variable = key_env(params.get("api_key"), spec.key_env, provider, site)
+    if variable is not None:
+        settings["api_key_env"] = variable
     if spec.auth != "bearer":
         settings["auth"] = spec.auth
     return settings, hint, []
@@ -309,131 +247,6 @@ def _api_base(api_base: str, provider: str, site: Site) -> str:
         f"request's path ({base}/v1/chat/completions): check that the server serves it there"
     )
     return base
-
-
-def _key_env(raw: Any, default: str | None, provider: str, site: Site) -> str | None:
-    """The variable holding the key: named by `os.environ/VAR`, LiteLLM's default for the
-    provider, or (for a key written in the file) a new one to export it as."""
-    if raw is None:
-        return default
-    text = str(raw)
-    if text.startswith(ENV_PREFIX):
-        var = text.removeprefix(ENV_PREFIX)
-        if _ENV_NAME.match(var):
-            return var
-        site.note(f"{text} does not name an environment variable", "api_key")
-        return default
-    var = f"{provider.upper()}_API_KEY_{site.index}"
-    site.note(
-        "written in config.yaml; switchyard reads keys from the environment only: "
-        f"export it as {var}",
-        "api_key",
-    )
-    return var
-
-
-def _azure(params: Mapping[str, Any], site: Site) -> Found | None:
-    """An Azure OpenAI deployment: the resource's endpoint, the deployment in the path."""
-    api_base = site.value(params, "api_base", f"{ENV_PREFIX}AZURE_API_BASE")
-    if api_base is None:
-        return None
-    version = site.value(params, "api_version", f"{ENV_PREFIX}AZURE_API_VERSION")
-    path = "/openai/deployments/{model}/chat/completions"
-    settings: dict[str, Value] = {
-        "base_url": api_base.rstrip("/").removesuffix("/openai"),
-        "path": f"{path}?api-version={version}" if version else path,
-    }
-    comments = ["Azure OpenAI: the deployment is in the path; Chat Completions requests only"]
-    token = params.get("azure_ad_token")
-    if isinstance(token, str) and token.startswith(ENV_PREFIX):
-        settings["api_key_env"] = token.removeprefix(ENV_PREFIX)
-        comments.append("a Microsoft Entra ID token, sent as Authorization: Bearer")
-        return settings, f"azure-{_host_label(api_base)}", comments
-    key_env = _key_env(params.get("api_key"), "AZURE_API_KEY", "azure", site)
-    settings["api_key_env"] = key_env or "AZURE_API_KEY"
-    site.note(
-        "Azure takes an API key in an api-key header; switchyard sends the variable's value as "
-        "Authorization: Bearer, which Azure accepts for a Microsoft Entra ID token "
-        "(azure_ad_token) only"
-    )
-    return settings, f"azure-{_host_label(api_base)}", comments
-
-
-def _bedrock(name: str, params: Mapping[str, Any], site: Site) -> Found | None:
-    """Claude on Bedrock: a `bedrock` account, signed with the standard AWS credential chain."""
-    if "anthropic." not in name:
-        site.note("switchyard's Bedrock accounts serve Anthropic's Claude models only")
-        return None
-    table: dict[str, Value] = {}
-    for key, setting in (("aws_region_name", "region"), ("aws_profile_name", "profile")):
-        found = site.value(params, key)
-        if found is not None:
-            table[setting] = found
-    for key, var in _STANDARD_AWS_VARS.items():
-        raw = params.get(key)
-        if raw is not None and raw != f"{ENV_PREFIX}{var}":
-            site.note(
-                f"switchyard signs with the standard AWS credential chain: put this in {var} "
-                "(or a profile of the shared AWS files, bedrock.profile)",
-                key,
-            )
-    settings: dict[str, Value] = {"kind": "bedrock", "bedrock": table}
-    endpoint_key = (
-        "aws_bedrock_runtime_endpoint" if "aws_bedrock_runtime_endpoint" in params else "api_base"
-    )
-    endpoint = site.value(params, endpoint_key)
-    if endpoint is not None:
-        settings["base_url"] = endpoint.rstrip("/")
-    _messages_only("Bedrock", site)
-    region = table.get("region")
-    hint = f"bedrock-{region}" if isinstance(region, str) else "bedrock"
-    return settings, hint, ["Claude on Amazon Bedrock: Anthropic Messages requests only"]
-
-
-def _vertex(name: str, params: Mapping[str, Any], site: Site) -> Found | None:
-    """Claude on Vertex AI: a `vertex` account (project, region, a key file or ADC)."""
-    if not name.startswith("claude"):
-        site.note("switchyard's Vertex AI accounts serve Anthropic's Claude models only")
-        return None
-    table: dict[str, Value] = {}
-    for key, setting, env in (
-        ("vertex_project", "project", "VERTEXAI_PROJECT"),
-        ("vertex_location", "region", "VERTEXAI_LOCATION"),
-    ):
-        found = site.value(params, key, f"{ENV_PREFIX}{env}")
-        if found is None:
-            return None
-        table[setting] = found
-    credentials = _vertex_credentials(params, site)
-    if credentials is not None:
-        table["credentials_file"] = credentials
-    _messages_only("Vertex AI", site)
-    return (
-        {"kind": "vertex", "vertex": table},
-        f"vertex-{table['region']}",
-        ["Claude on Google Vertex AI: Anthropic Messages requests only"],
-    )
-
-
-def _vertex_credentials(params: Mapping[str, Any], site: Site) -> str | None:
-    """A key file's path; the key's JSON itself (LiteLLM takes either) is never written out."""
-    found = site.value(params, "vertex_credentials")
-    if found is None or not found.lstrip().startswith("{"):
-        return found
-    site.note(
-        "the key's JSON itself: switchyard reads a key file (vertex.credentials_file) or "
-        "application-default credentials (GOOGLE_APPLICATION_CREDENTIALS); write it to a file "
-        "and set credentials_file",
-        "vertex_credentials",
-    )
-    return None
-
-
-def _messages_only(cloud: str, site: Site) -> None:
-    site.note(
-        f"{cloud} accounts take Anthropic Messages requests (/v1/messages) only: clients that "
-        "call this model through /chat/completions get 404 there"
-    )
 
 
 def _own_settings(params: Mapping[str, Any], site: Site) -> dict[str, Value]:
@@ -496,9 +309,3 @@ def _why_not(key: str) -> str:
     if key in _REQUEST_PARAMS:
         return "a request parameter: switchyard forwards the client's body as it is"
     return _WHY.get(key, "no switchyard counterpart")
-
-
-def _host_label(url: str) -> str:
-    """`my-resource` of `https://my-resource.openai.azure.com/`: a name for the account."""
-    host = url.split("://", 1)[-1].split("/", 1)[0]
-    return host if host[:1].isdigit() else host.split(".", 1)[0]

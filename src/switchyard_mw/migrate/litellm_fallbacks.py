@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..core.chains import expand
-from .litellm_deployments import Notes
+from .litellm_site import Notes
 from .toml_text import Table, Value
 
 Chains = dict[str, tuple[list[str], str]]
