@@ -12,6 +12,9 @@ from io import StringIO
 from pathlib import Path
 
 import pytest
+import yaml
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 from switchyard_mw.cli import main
 from switchyard_mw.config import Config, Fallback, parse_config
@@ -618,3 +621,175 @@ def test_without_pyyaml_the_command_names_the_extra(monkeypatch: pytest.MonkeyPa
     assert main(["from-litellm", str(path)]) == 1
     assert "'migrate' extra" in err.getvalue()
     assert out.getvalue() == ""
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "noted"),
+    [
+        (
+            "model_list: [{model_name: m, litellm_params: {model: openai/m}}]\n"
+            "router_settings: {redis_url: 'memcached://x'}\n",
+            "router_settings.redis_url: not a redis://, rediss:// or unix:// URL",
+        ),
+        (
+            "model_list: [{model_name: m, litellm_params: {model: openai/m}}]\n"
+            "router_settings: {redis_host: r, redis_port: http}\n",
+            "router_settings.redis_host: r:http is not a Redis host and port",
+        ),
+        (
+            "model_list:\n"
+            "  - {model_name: m, litellm_params: {model: openai/m}}\n"
+            "  - {model_name: n, litellm_params: {model: openai/n, api_base: 'ftp://x/v1'}}\n",
+            "model_list[1] (n: openai/n) api_base: 'ftp://x/v1' is not an http:// or https:// URL",
+        ),
+        (
+            "model_list:\n"
+            "  - {model_name: m, litellm_params: {model: openai/m}}\n"
+            "  - {model_name: n, litellm_params: {model: 'openai/'}}\n",
+            "model_list[1] (n: openai/): the provider's model name is empty or not printable",
+        ),
+    ],
+)
+def test_values_switchyard_would_refuse_are_listed_not_written(yaml_text: str, noted: str) -> None:
+    config, notes = loaded(yaml_text)
+    assert noted in notes
+    assert list(config.llm_clients) == ["openai"]
+    assert config.state.backend == "memory"
+
+
+def test_control_characters_in_names_stay_inside_their_strings_and_comments() -> None:
+    translation = translate(
+        "model_list:\n"
+        '  - {model_name: "a\\x1b[2Jb\\x7f", litellm_params: {model: openai/p, top_k: 1}}\n'
+        '  - {model_name: "c\\x1b", litellm_params: {model: "openai/q\\x1b"}}\n'
+    )
+    config = parse_config(translation.toml)
+    assert config.llm_clients["openai"].models == {"a\x1b[2Jb\x7f": "p"}
+    assert "\x1b" not in translation.toml
+    assert translation.untranslated == (
+        "model_list[0] (a\\x1b[2Jb\\x7f: openai/p) litellm_params.top_k: no switchyard counterpart",
+        "model_list[1] (c\\x1b: openai/q\\x1b): "
+        "the provider's model name is empty or not printable",
+    )
+
+
+# -- anything YAML can hold: a translation that loads, or a ConfigError, never a traceback --
+
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 10**7),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from(["gpt-4o", "claude-x", "*", "os.environ/UNSET", "os.environ/SET", ""]),
+    st.text(max_size=12),
+)
+_values = st.recursive(
+    _scalars,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+_models = st.sampled_from(
+    [
+        "openai/gpt-4o",
+        "gpt-4o-mini",
+        "azure/dep",
+        "bedrock/anthropic.claude-v2",
+        "bedrock/cohere.x",
+        "vertex_ai/claude-3@1",
+        "anthropic/*",
+        "hosted_vllm/x",
+        "ollama/llama3",
+    ]
+)
+_param_keys = st.sampled_from(
+    [
+        "api_key",
+        "api_base",
+        "api_version",
+        "timeout",
+        "stream_timeout",
+        "rpm",
+        "tpm",
+        "weight",
+        "order",
+        "num_retries",
+        "aws_region_name",
+        "vertex_project",
+        "vertex_location",
+        "vertex_credentials",
+        "azure_ad_token",
+        "temperature",
+    ]
+)
+_deployment = st.fixed_dictionaries(
+    {
+        "model_name": st.sampled_from(["a", "b", "*", "c d"]) | _values,
+        "litellm_params": st.fixed_dictionaries({"model": _models}).flatmap(
+            lambda base: st.dictionaries(_param_keys, _values, max_size=4).map(
+                lambda extra: {**extra, **base}
+            )
+        )
+        | _values,
+    }
+)
+_setting_keys = st.sampled_from(
+    [
+        "fallbacks",
+        "context_window_fallbacks",
+        "content_policy_fallbacks",
+        "default_fallbacks",
+        "timeout",
+        "request_timeout",
+        "stream_timeout",
+        "num_retries",
+        "cooldown_time",
+        "allowed_fails",
+        "routing_strategy",
+        "redis_host",
+        "redis_url",
+        "redis_port",
+        "other",
+    ]
+)
+_fallbacks = st.lists(
+    st.dictionaries(
+        st.sampled_from(["a", "b", "c d", "x"]),
+        st.lists(st.sampled_from(["a", "b", "c d", "x"]), max_size=3),
+        max_size=2,
+    ),
+    max_size=3,
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    deployments=st.lists(_deployment, min_size=1, max_size=4),
+    litellm_settings=st.dictionaries(_setting_keys, _values | _fallbacks, max_size=4),
+    router_settings=st.dictionaries(_setting_keys, _values | _fallbacks, max_size=4),
+)
+def test_any_config_translates_to_a_loadable_config_or_names_its_problem(
+    deployments: list[object],
+    litellm_settings: dict[str, object],
+    router_settings: dict[str, object],
+) -> None:
+    text = yaml.safe_dump(
+        {
+            "model_list": deployments,
+            "litellm_settings": litellm_settings,
+            "router_settings": router_settings,
+        }
+    )
+    translation: Translation | None = None
+    problems: list[str] = []
+    try:
+        translation = translate_litellm(text, environ={"SET": "https://set.example/v1"})
+    except ConfigError as exc:
+        problems = exc.problems
+    if translation is None:  # the input's problem, never an invalid translation
+        assert problems
+        assert not any("not a valid switchyard config" in p for p in problems), problems
+    else:
+        parse_config(translation.toml)
+    event("translated" if translation is not None else "refused")

@@ -200,13 +200,9 @@ class Settings:
 
     def state(self, lookup: Lookup, notes: Notes) -> Table | None:
         """`[state]` on Redis where LiteLLM shares its router state through one."""
-        url = lookup.value(self.values.get("redis_url"), "router_settings.redis_url", notes)
-        host = lookup.value(self.values.get("redis_host"), "router_settings.redis_host", notes)
-        if url is None and host is None:
-            return None
+        url = self._redis_url(lookup, notes)
         if url is None:
-            port = lookup.value(self.values.get("redis_port", 6379), "redis_port", notes)
-            url = f"redis://{host}:{port or 6379}"
+            return None
         if self.values.get("redis_password") is not None:
             notes.add(
                 self.origin["redis_password"],
@@ -217,6 +213,26 @@ class Settings:
         table.set("backend", "redis")
         table.set("url", url)
         return table
+
+    def _redis_url(self, lookup: Lookup, notes: Notes) -> str | None:
+        """`redis_url`, else `redis://redis_host:redis_port`; None (noted) when unusable."""
+        where = {
+            key: self.origin.get(key, key) for key in ("redis_url", "redis_host", "redis_port")
+        }
+        url = lookup.value(self.values.get("redis_url"), where["redis_url"], notes)
+        if url is not None:
+            if url.startswith(("redis://", "rediss://", "unix://")):
+                return url
+            notes.add(where["redis_url"], "not a redis://, rediss:// or unix:// URL")
+            return None
+        host = lookup.value(self.values.get("redis_host"), where["redis_host"], notes)
+        if host is None:
+            return None
+        port = lookup.value(self.values.get("redis_port", 6379), where["redis_port"], notes)
+        if not (host.strip() and port and port.isdigit() and 0 < int(port) < 65536):
+            notes.add(where["redis_host"], f"{host}:{port} is not a Redis host and port")
+            return None
+        return f"redis://{host.strip()}:{port}"
 
 
 def _environment_variables(raw: Mapping[str, Any], notes: Notes) -> dict[str, str]:

@@ -19,7 +19,7 @@ _STANDARD_AWS_VARS = {
 
 def azure(params: Mapping[str, Any], site: Site) -> Found | None:
     """An Azure OpenAI deployment: the resource's endpoint, the deployment in the path."""
-    api_base = site.value(params, "api_base", f"{ENV_PREFIX}AZURE_API_BASE")
+    api_base = site.url(params, "api_base", f"{ENV_PREFIX}AZURE_API_BASE")
     if api_base is None:
         return None
     version = site.value(params, "api_version", f"{ENV_PREFIX}AZURE_API_VERSION")
@@ -66,7 +66,7 @@ def bedrock(name: str, params: Mapping[str, Any], site: Site) -> Found | None:
     endpoint_key = (
         "aws_bedrock_runtime_endpoint" if "aws_bedrock_runtime_endpoint" in params else "api_base"
     )
-    endpoint = site.value(params, endpoint_key)
+    endpoint = site.url(params, endpoint_key)
     if endpoint is not None:
         settings["base_url"] = endpoint.rstrip("/")
     _messages_only("Bedrock", site)

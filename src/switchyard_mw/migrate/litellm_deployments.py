@@ -191,7 +191,11 @@ def _known(provider: str) -> bool:
 
 
 def _names_ok(public: str, provider_model: str, site: Site) -> bool:
-    """A wildcard is `"*"` served as `"*"` (any model, each under its own name), nothing else."""
+    """A wildcard is `"*"` served as `"*"` (any model, each under its own name), nothing else;
+    a provider's name is printable and not empty."""
+    if not provider_model.strip() or not provider_model.isprintable():
+        site.note("the provider's model name is empty or not printable")
+        return False
     if public == "*" and provider_model == "*":
         return True
     if "*" in public or "*" in provider_model:
@@ -217,7 +221,7 @@ def _api(provider: str, params: Mapping[str, Any], site: Site) -> Found | None:
     spec = API_PROVIDERS[provider]
     base, hint = spec.base_url, provider
     if params.get("api_base") is not None:
-        api_base = site.value(params, "api_base")
+        api_base = site.url(params, "api_base")
         if api_base is None:
             return None
         base = _api_base(api_base, provider, site)

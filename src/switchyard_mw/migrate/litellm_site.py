@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .toml_text import Value
+from .toml_text import Value, one_line
 
 ENV_PREFIX = "os.environ/"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -22,7 +22,7 @@ class Notes:
         self.lines: list[str] = []
 
     def add(self, where: str, why: str) -> None:
-        line = f"{where}: {why}"
+        line = one_line(f"{where}: {why}")  # printed to a terminal: no control characters
         if line not in self.lines:
             self.lines.append(line)
 
@@ -61,6 +61,14 @@ class Site:
     def value(self, params: Mapping[str, Any], key: str, default: str | None = None) -> str | None:
         """`params[key]` (or `default`), a variable it names resolved; None (noted) unset."""
         return self.lookup.value(params.get(key, default), f"{self.where} {key}", self.notes)
+
+    def url(self, params: Mapping[str, Any], key: str, default: str | None = None) -> str | None:
+        """An endpoint (`api_base`, ...): as `value`, and None (noted) unless http(s)."""
+        found = self.value(params, key, default)
+        if found is None or found.startswith(("http://", "https://")):
+            return found
+        self.note(f"{found!r} is not an http:// or https:// URL", key)
+        return None
 
     def note(self, why: str, key: str = "") -> None:
         self.notes.add(f"{self.where} {key}".rstrip(), why)

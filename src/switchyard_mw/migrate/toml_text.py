@@ -38,8 +38,9 @@ def key(name: str) -> str:
 
 
 def string(text: str) -> str:
-    # JSON's string escapes (\" \\ \n \t \uXXXX) are all TOML basic-string escapes too.
-    return json.dumps(text, ensure_ascii=False)
+    # JSON's string escapes (\" \\ \n \t \uXXXX) are all TOML basic-string escapes too;
+    # JSON leaves DEL as it is, which TOML wants escaped.
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 def value(v: Value) -> str:
@@ -61,7 +62,7 @@ def value(v: Value) -> str:
 
 def one_line(text: str) -> str:
     """`text` fit for a comment: names from the translated file never break out of it."""
-    return " ".join(text.split())
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in " ".join(text.split()))
 
 
 def comment_lines(lines: Sequence[str]) -> list[str]:
