@@ -243,6 +243,31 @@ def test_a_chain_through_a_model_not_translated_skips_that_model() -> None:
     assert "fallbacks (local): no deployment of local was translated: its chain is dropped" in notes
 
 
+def test_a_chain_to_another_wire_is_kept_and_said() -> None:
+    config, notes = loaded(
+        """
+        model_list:
+          - model_name: gpt-4o
+            litellm_params: {model: openai/gpt-4o}
+          - model_name: claude
+            litellm_params: {model: anthropic/claude-sonnet-4-20250514}
+          - model_name: claude
+            litellm_params: {model: bedrock/anthropic.claude-sonnet-4-20250514-v1:0}
+          - model_name: gpt-4o-mini
+            litellm_params: {model: openai/gpt-4o-mini}
+        litellm_settings:
+          fallbacks: [{"gpt-4o": ["claude", "gpt-4o-mini"]}]
+        """
+    )
+    assert config.fallbacks == {
+        "gpt-4o": Fallback(models=["claude", "gpt-4o-mini"], on=("unavailable",))
+    }
+    assert [n for n in notes if n.startswith("fallbacks")] == [
+        "fallbacks (gpt-4o -> claude): claude's accounts take Anthropic Messages requests "
+        "only: a request for gpt-4o in the OpenAI format that falls back reaches them in it"
+    ]
+
+
 def test_default_fallbacks_become_the_chain_of_every_model_without_one() -> None:
     config, _ = loaded(
         TWO_MODELS

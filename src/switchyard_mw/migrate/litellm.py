@@ -266,4 +266,10 @@ def _count(raw: Any) -> int | None:
 
 
 def _served(accounts: Iterable[Account]) -> Served:
-    return Served(list(dict.fromkeys(m for a in accounts for m in a.models)))
+    served = Served([])
+    for account in accounts:
+        for model in account.models:
+            if model not in served.models:
+                served.models.append(model)
+            served.wires.setdefault(model, set()).add(account.wire)
+    return served

@@ -6,7 +6,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .litellm_deployments import Draft
+from .litellm_deployments import Draft, wire_of
 from .litellm_site import Notes
 from .toml_text import Table, Value
 
@@ -20,6 +20,8 @@ class Account:
     models: dict[str, str] = field(default_factory=dict)
     comments: list[str] = field(default_factory=list)
     name: str = ""
+    wire: str = ""
+    """The wire its provider takes (`OpenAI`, `Anthropic Messages`)."""
 
     def takes(self, d: Draft) -> bool:
         """Whether `d` can join: the same settings, a new public name on a new provider
@@ -34,6 +36,7 @@ class Account:
 
     def add(self, d: Draft) -> None:
         self.models[d.public] = d.provider_model
+        self.wire = wire_of(d.provider)  # one endpoint: one provider, one wire
         self.comments.append(
             f"model_list[{d.index}]: {d.public} as {d.provider}/{d.provider_model}"
         )

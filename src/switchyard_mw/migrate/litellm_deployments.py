@@ -41,6 +41,12 @@ API_PROVIDERS: dict[str, ApiProvider] = {
 }
 CLOUD_PROVIDERS = ("azure", "bedrock", "vertex_ai")
 
+
+def wire_of(provider: str) -> str:
+    """The wire an account of `provider` takes: switchyard rewrites `model`, never the format."""
+    return "Anthropic Messages" if provider in ("anthropic", "bedrock", "vertex_ai") else "OpenAI"
+
+
 # Bare model names LiteLLM knows the provider of (`gpt-4o` is OpenAI's, `claude-...` Anthropic's).
 _BARE = (
     (("gpt-", "o1", "o3", "o4-", "chatgpt-", "text-embedding-"), "openai"),

@@ -10,7 +10,7 @@ what does not fit is listed.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..core.chains import expand
@@ -33,9 +33,10 @@ class SettingsView(Protocol):
 
 @dataclass
 class Served:
-    """The public models the translated accounts serve (`"*"`: any)."""
+    """The public models the translated accounts serve (`"*"`: any), and on which wires."""
 
     models: list[str]
+    wires: dict[str, set[str]] = field(default_factory=dict)
 
     def __call__(self, model: str) -> bool:
         return "*" in self.models or model in self.models
@@ -65,7 +66,22 @@ def fallback_table(settings: SettingsView, served: Served, notes: Notes) -> Tabl
         if entry is not None:
             graph[model] = g or c
             table.set(model, entry, origin)
+            _same_wire(model, graph[model], served, notes)
     return table
+
+
+def _same_wire(model: str, chain: list[str], served: Served, notes: Notes) -> None:
+    """LiteLLM turns a request into each provider's format; switchyard rewrites only `model`,
+    so a request falls back in the format it came in, which the chain's accounts must take."""
+    for after in chain:
+        missing = served.wires.get(model, set()) - served.wires.get(after, set())
+        if missing and after in served.wires:
+            theirs = " and ".join(sorted(served.wires[after]))
+            notes.add(
+                f"fallbacks ({model} -> {after})",
+                f"{after}'s accounts take {theirs} requests only: a request for {model} in "
+                f"the {' or '.join(sorted(missing))} format that falls back reaches them in it",
+            )
 
 
 def _chains(settings: SettingsView, key: str, notes: Notes) -> Chains:
