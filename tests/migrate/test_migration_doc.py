@@ -40,4 +40,6 @@ def test_the_worked_example_passes_check_config(tmp_path: Path) -> None:
     target.write_text(translation.toml)
     out, err = StringIO(), StringIO()
     assert check_config(str(target), out=out, err=err, check_env=False) == 0, err.getvalue()
-    assert "accounts (5):" in out.getvalue()
+    names = ["azure-my-endpoint-europe", "azure-my-endpoint-canada", "openai", "anthropic"]
+    for name in [*names, "bedrock-us-east-1"]:
+        assert f"  {name}: " in out.getvalue()
