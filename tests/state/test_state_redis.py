@@ -200,8 +200,8 @@ async def test_a_failed_probe_recools_everywhere_with_the_period_the_outage_age_
     assert await acquire_shared(a, "m") is None  # b holds the probe: a neither probes nor serves
     assert a.retry_after_secs("m") == 1.0
     b.record(probe, Outcome.FAULT, cause)
-    # The new cooling, not the first fault's: that one has run out but stays COOLED until a
-    # probe, and for a young outage its period is the same, so only its end tells them apart.
+    # The new cooling, not the first fault's: that one has run out (half-open), and for a
+    # young outage its period is the same, so only its end tells them apart.
     await until(
         lambda: cooled(a) and cooled_for(a) > 0 and a.status_of("x").current_cooldown_secs == period
     )
