@@ -154,7 +154,7 @@ class Breaker:
         if (
             self.probe_in_flight
             or now < self.probe_elsewhere_until
-            or (self.state is BreakerState.COOLED and now < self.cooled_until)
+            or self.state_at(now) is BreakerState.COOLED
         ):
             return Admit.DENY
         self.state = BreakerState.HALF_OPEN
@@ -250,7 +250,7 @@ class Breaker:
         """The state at `now` as operators and metrics see it: a cooling whose period has run
         out is half-open (its probe is due) whether or not a request has come since."""
         if self.state is BreakerState.COOLED and now >= self.cooled_until:
-            return BreakerState.HALF_OPEN  # the instant `admit` would let the probe go
+            return BreakerState.HALF_OPEN  # from this instant `admit` lets the probe go
         return self.state
 
     def snapshot(self, now: float) -> AccountStatus:
