@@ -18,18 +18,28 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import httpx
 import openai
 import pytest
+from openai.types.responses import ResponseErrorEvent, ResponseTextDeltaEvent
 
+from node_clients import AiSdk, Call
 from servers import ROOT, free_port, wait_for_port
 
 pytestmark = pytest.mark.integration
 
 KEYS = {"MOCK_KEY_A": "key-a", "MOCK_KEY_B": "key-b", "MOCK_JUDGE_KEY": "key-j"}
-HELLO = [{"role": "user", "content": "Hello"}]
+HELLO: Any = [{"role": "user", "content": "Hello"}]
+WIRES = ("anthropic", "chat", "responses")
+
+
+@pytest.fixture(scope="module")
+def ai_sdk(tmp_path_factory: pytest.TempPathFactory) -> AiSdk:
+    """The Vercel AI SDK under Node (installed before the app starts)."""
+    return AiSdk(tmp_path_factory.mktemp("ai-sdk"))
 
 
 @dataclass
@@ -125,7 +135,44 @@ def _behave(running: Running, key: str, behaviour: dict[str, object]) -> None:
     assert r.status_code == 200, r.text
 
 
-def test_the_wrapped_app_answers_streams_fails_over_and_stops(running: Running) -> None:
+def _read(events: Any, into: list[Any]) -> None:
+    """Append what a stream yields, keeping what arrived before it raises."""
+    for event in events:
+        into.append(event)
+
+
+def _broken_streams(
+    claude: anthropic.Anthropic, gpt: openai.OpenAI
+) -> dict[str, tuple[str, str, str]]:
+    """For each wire, a stream the upstream breaks, read with its official SDK: the text that
+    arrived, and the type (Responses: code) and message of the error the SDK reported."""
+    seen: dict[str, tuple[str, str, str]] = {}
+    events: list[Any] = []
+    stream = claude.messages.create(
+        model="claude-haiku-5", max_tokens=100, messages=HELLO, stream=True
+    )
+    with pytest.raises(anthropic.APIStatusError) as claude_error:
+        _read(stream, events)
+    text = "".join(e.delta.text for e in events if e.type == "content_block_delta")
+    error: Any = claude_error.value.body
+    seen["anthropic"] = (text, error["error"]["type"], error["error"]["message"])
+    chunks: list[Any] = []
+    with pytest.raises(openai.APIError) as chat_error:
+        _read(gpt.chat.completions.create(model="gpt-5", messages=HELLO, stream=True), chunks)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    seen["chat"] = (text, str(chat_error.value.code), chat_error.value.message)
+    # The Responses SDK yields the error event as a typed event, the stream's last.
+    answer = list(gpt.responses.create(model="gpt-5", input="Hello", stream=True))
+    last = answer[-1]
+    assert isinstance(last, ResponseErrorEvent), last
+    text = "".join(e.delta for e in answer if isinstance(e, ResponseTextDeltaEvent))
+    seen["responses"] = (text, str(last.code), last.message)
+    return seen
+
+
+def test_the_wrapped_app_answers_streams_fails_over_and_stops(
+    running: Running, ai_sdk: AiSdk
+) -> None:
     claude = anthropic.Anthropic(base_url=running.url, api_key="anything", max_retries=0)
     gpt = openai.OpenAI(base_url=f"{running.url}/v1", api_key="anything", max_retries=0)
 
@@ -178,6 +225,22 @@ def test_the_wrapped_app_answers_streams_fails_over_and_stops(running: Running) 
     assert float(faults[0].rsplit(" ", 1)[1]) == 2  # the two refused calls above
     accounts = httpx.get(f"{running.url}/switchyard/accounts").json()["accounts"]
     assert {a["name"] for a in accounts} == {"mock-a", "mock-b", "mock-cloud", "mock-judge"}
+
+    # Every key's stream breaks after its first text delta (a reset): each wire's stream ends
+    # with its error event (`relay_stream`), which the SDKs report after the text they had.
+    _behave(running, "*", {"chunks": 3, "stall_after_chunks": 1, "fail": "reset_mid_stream"})
+    for wire, (text, kind, message) in _broken_streams(claude, gpt).items():
+        assert text == "Hello fro", wire
+        assert kind == "upstream_error", wire
+        assert message.startswith("upstream stream failed: "), wire
+    calls = [Call(w, "claude-haiku-5" if w == "anthropic" else "gpt-5", True) for w in WIRES]
+    for call, outcome in zip(calls, ai_sdk.calls(running.url, calls), strict=True):
+        assert outcome["text"] == "Hello fro", outcome
+        [error] = outcome["errors"]  # the gateway's error event, not a cut connection
+        # Responses: the SDK's own stream error, with the event's code and the event as data.
+        kind = error["code"] if call.wire == "responses" else error["type"]
+        assert kind == "upstream_error", outcome
+        assert error["message"].startswith("upstream stream failed: "), outcome
 
     assert _stop(running.app) == 0
     assert "Traceback" not in running.log.read_text(), running.log.read_text()
