@@ -599,7 +599,8 @@ async def test_reset_mid_stream_breaks_the_sdk_stream(mock: MockProvider, tcp: T
 BROKEN_STREAM = (anthropic.APIConnectionError, openai.APIConnectionError, httpx2.TransportError)
 """What an SDK raises when a stream it reads breaks off: its `APIConnectionError` (anthropic
 from 2.17.0, openai's later 3.x), or, in the releases before, the transport's own error as it
-came. The versions the `dev` extra allows include both."""
+came (anthropic 2.16.0, with which this module passes too). What the SDKs document is only
+that a failure to reach the API is a connection error: the hang-up underneath is the check."""
 
 
 def hung_up(error: BaseException) -> bool:
