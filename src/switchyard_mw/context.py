@@ -46,6 +46,7 @@ class RequestContext:
         "input_tokens",
         "key_kind",
         "output_tokens",
+        "request_id",
         "resolved_model",
         "response_status",
         "route",
@@ -118,6 +119,8 @@ class RequestContext:
         """The model the canary split chose (None: no canary applied)."""
         self.first_token_at: float | None = None
         """Streams: when the first content chunk went to the client (monotonic)."""
+        self.request_id: str | None = None
+        """The id the request's log records carry: made by its first record (none usually)."""
         self._rewritten: tuple[str, bytes] | None = None
 
     @property
