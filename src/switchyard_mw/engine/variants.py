@@ -136,7 +136,7 @@ class Canaries:
         tripped.add(variant)
         ranges = tuple(r for r in split.ranges if r[2] not in tripped)
         self._live[base] = Split(base=split.base, salt=split.salt, ranges=ranges)
-        logs.guard_tripped(model=base, variant=variant)
+        logs.guard_tripped(model=base, variant=variant, here=announce)
         tm.canary_guard_trips.add(1, {tm.REQUEST_MODEL: base, tm.VARIANT: variant})
         if announce and self.on_trip is not None:
             self.on_trip(base, variant)

@@ -60,12 +60,20 @@ def decision(logger: logging.Logger, level: int, name: str, phrase: str, **field
     """Log decision `name` (e.g. `account.cooled`) with its fields, the request's id (when it
     happens in a request) and the trace id (when tracing); fields whose value is None are left
     out. The fields are the record's attributes too (`extra`), so any handler reads them."""
+    _decide(logger, level, name, phrase, fields)
+
+
+def _decide(
+    logger: logging.Logger, level: int, name: str, phrase: str, fields: dict[str, Value]
+) -> None:
+    """`decision`, called by it or by one of the functions below: the record names their
+    caller as where it was made (`stacklevel`)."""
     if not logger.isEnabledFor(level):
         return
     ids = _request_ids()
     kept = {k: v for k, v in fields.items() if v is not None}
     event = Event(name, phrase, {**ids, **kept})
-    logger.log(level, event, extra={"event": name, **ids, **kept}, stacklevel=2)
+    logger.log(level, event, extra={"event": name, **ids, **kept}, stacklevel=3)
 
 
 def _request_ids() -> dict[str, Value]:
@@ -101,99 +109,89 @@ def account_cooled(
     """An account (`model` None) or an (account, model) pair started cooling (WARNING): the
     cause (`credentials` or `outage`), the cooling period, the status of the fault that cooled
     it, and whether that fault was a probe's (then: the probe failed, it cools again)."""
-    decision(
+    _decide(
         ACCOUNTS,
         logging.WARNING,
         "account.cooled",
         "account cooled",
-        account=account,
-        model=model,
-        cause=cause,
-        period_secs=period_secs,
-        status=status,
-        probe="failed" if probe else None,
+        {
+            "account": account,
+            "model": model,
+            "cause": cause,
+            "period_secs": period_secs,
+            "status": status,
+            "probe": "failed" if probe else None,
+        },
     )
 
 
 def account_recovered(*, account: str, model: str | None) -> None:
     """A probe succeeded: the account (or pair) is back in rotation (INFO)."""
-    decision(
+    _decide(
         ACCOUNTS,
         logging.INFO,
         "account.recovered",
         "account back in rotation",
-        account=account,
-        model=model,
-        probe="succeeded",
+        {"account": account, "model": model, "probe": "succeeded"},
     )
 
 
 def probe_inconclusive(*, account: str, model: str | None, status: str) -> None:
     """A probe answered neither a success nor a fault (a 429): still half-open, the next
     request probes (INFO)."""
-    decision(
+    _decide(
         ACCOUNTS,
         logging.INFO,
         "account.probe",
         "probe inconclusive",
-        account=account,
-        model=model,
-        probe="inconclusive",
-        status=status,
+        {"account": account, "model": model, "probe": "inconclusive", "status": status},
     )
 
 
 def throttle_hold(*, account: str, model: str, hold_secs: float) -> None:
     """A 429 with a retry time holds the account out for the model (INFO)."""
-    decision(
+    _decide(
         ACCOUNTS,
         logging.INFO,
         "account.held",
         "account held by a 429",
-        account=account,
-        model=model,
-        hold_secs=round(hold_secs, 3),
+        {"account": account, "model": model, "hold_secs": round(hold_secs, 3)},
     )
 
 
 def attempt_failed(*, account: str, model: str | None, error: str) -> None:
     """An attempt failed in transport, or the app raised (WARNING): the error's type only (its
     text may quote a prompt)."""
-    decision(
+    _decide(
         ACCOUNTS,
         logging.WARNING,
         "attempt.failed",
         "attempt failed",
-        account=account,
-        model=model,
-        error=error,
+        {"account": account, "model": model, "error": error},
     )
 
 
 def fallback(*, from_model: str, to_model: str, reason: str) -> None:
     """A request moved down its fallback chain (WARNING)."""
-    decision(
+    _decide(
         ROUTING,
         logging.WARNING,
         "fallback",
         "fallback to another model",
-        from_model=from_model,
-        to_model=to_model,
-        reason=reason,
+        {"from_model": from_model, "to_model": to_model, "reason": reason},
     )
 
 
 def hedge_result(*, model: str, result: str, account: str | None = None) -> None:
-    """A hedged first token's end (INFO): `won` (the hedge answered first, on `account`),
-    `lost` (the first attempt did) or `refused` (the hedge budget is spent)."""
-    decision(
+    """A hedged first token's end (INFO): `won` (the hedge, on `account`, answered first),
+    `lost` (the first attempt did); `refused` (the hedge budget is spent: DEBUG, since under a
+    slow provider every request past the budget is one)."""
+    _decide(
         ROUTING,
-        logging.INFO,
+        logging.DEBUG if result == "refused" else logging.INFO,
         "hedge",
         "hedge " + result,
-        model=model,
-        result=result,
-        account=account,
+        {"model": model, "result": result, "account": account},
     )
 
 
@@ -201,49 +199,54 @@ def stream_resumed(
     *, model: str, reason: str, result: str, broken: str, resumed_on: str | None, sent_bytes: int
 ) -> None:
     """A started stream broke: resumed on another account (INFO) or not (WARNING)."""
-    decision(
+    _decide(
         ROUTING,
         logging.INFO if result == "resumed" else logging.WARNING,
         "stream.resumed",
         "stream resumed" if result == "resumed" else "stream not resumed",
-        model=model,
-        reason=reason,
-        result=result,
-        account=broken,
-        resumed_on=resumed_on,
-        sent_bytes=sent_bytes,
+        {
+            "model": model,
+            "reason": reason,
+            "result": result,
+            "account": broken,
+            "resumed_on": resumed_on,
+            "sent_bytes": sent_bytes,
+        },
     )
 
 
-def guard_tripped(*, model: str, variant: str) -> None:
-    """A canary guard took a variant out: its share is 0 until a reload (WARNING)."""
-    decision(
+def guard_tripped(*, model: str, variant: str, here: bool) -> None:
+    """A canary guard took a variant out: its share is 0 until a reload (WARNING); `here`:
+    this process's guard tripped (else another replica's, told through the state store)."""
+    _decide(
         CANARIES,
         logging.WARNING,
         "canary.guard_tripped",
         "canary guard tripped",
-        model=model,
-        variant=variant,
+        {"model": model, "variant": variant, "tripped_by": "here" if here else "replica"},
     )
 
 
 def config_reloaded(*, source: str | None) -> None:
     """A new config is in force (WARNING: every process's config changed under it)."""
-    decision(
-        CONFIG, logging.WARNING, "config.reload", "config reloaded", result="ok", source=source
+    _decide(
+        CONFIG,
+        logging.WARNING,
+        "config.reload",
+        "config reloaded",
+        {"result": "ok", "source": source},
     )
 
 
 def config_rejected(*, problems: list[str]) -> None:
     """A reloaded config failed validation and the old one stays (ERROR), with each problem's
     key path."""
-    decision(
+    _decide(
         CONFIG,
         logging.ERROR,
         "config.reload",
         "config reload rejected",
-        result="rejected",
-        problems=problems,
+        {"result": "rejected", "problems": problems},
     )
 
 
@@ -252,15 +255,12 @@ def limit_refused(
 ) -> None:
     """A request refused by a tenant's or the deployment's limit (WARNING): which tenant, the
     limit's name (e.g. `tokens/minute`), the model, the retry time the client was given."""
-    decision(
+    _decide(
         LIMITS,
         logging.WARNING,
         "limit.refused",
         "limit refused a request",
-        tenant=tenant,
-        limit=limit,
-        model=model,
-        retry_after_secs=retry_after_secs,
+        {"tenant": tenant, "limit": limit, "model": model, "retry_after_secs": retry_after_secs},
     )
 
 
