@@ -259,3 +259,47 @@ def test_an_invalid_config_is_exit_2_and_serves_nothing(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "cooldown_secs" in done.stderr
+
+
+def readme_serve_commands() -> list[str]:
+    """The `switchyard-mw` commands of the README's "Start here", in order."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("\n## Start here\n", 1)[1].split("\n## ", 1)[0]
+    lines = []
+    for block in re.findall(r"```sh\n(.*?)```", section, re.S):
+        lines += [line.strip() for line in block.splitlines()]
+    return [line for line in lines if line.startswith(".venv/bin/switchyard-mw ")]
+
+
+def test_the_readme_commands_as_written(tmp_path: Path, mock_url: str) -> None:
+    """Check, then serve `my.toml` as the README says (this virtualenv's program, the port
+    moved): two workers answer, the log is JSON."""
+    check, serve_command = readme_serve_commands()
+    (tmp_path / "my.toml").write_text(config_text(mock_url))
+    port = free_port()
+    env = {**os.environ, "SERVE_KEY_A": "key-a", "SERVE_KEY_B": "key-b"}
+
+    def as_run(command: str) -> list[str]:
+        command = command.replace(".venv/bin/", f"{Path(sys.executable).parent}/")
+        return ["bash", "-c", "exec " + command.replace("--port 8000", f"--port {port}")]
+
+    checked = subprocess.run(
+        as_run(check), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert checked.returncode == 0, checked.stderr
+    assert checked.stdout.startswith("OK my.toml")
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            as_run(serve_command), cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    served = Served(proc, f"http://127.0.0.1:{port}", log, tmp_path / "my.toml")
+    try:
+        wait_for_port(port, timeout=30)
+        served.wait_for(lambda: len(worker_pids(proc.pid)) == 2, "two workers", 30)
+        assert _ask(served.url).status_code == 200
+        (start,) = [r for r in _events(served, "serve.start") if r["message"] == "serving"]
+        assert (start["workers"], start["url"]) == (2, served.url)
+    finally:
+        proc.terminate()
+        proc.wait(20)

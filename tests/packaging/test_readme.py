@@ -44,6 +44,12 @@ RUN_BY = {
     ".venv/bin/uvicorn examples.wrap_your_app:app --port 8001": [
         ("tests/examples/test_example_wrap.py", "readme_commands()"),
     ],
+    ".venv/bin/switchyard-mw check-config my.toml": [
+        ("tests/gateway/test_serve_live.py", "readme_serve_commands()"),  # as written, in bash
+    ],
+    ".venv/bin/switchyard-mw serve my.toml --port 8000 --workers 2 --log-format json": [
+        ("tests/gateway/test_serve_live.py", "readme_serve_commands()"),
+    ],
     ".venv/bin/python examples/envoy/run.py": [
         ("tests/examples/test_example_extra.py", '"examples/envoy/run.py"'),
     ],
