@@ -60,6 +60,10 @@ class RequestContext:
 
     # Not keyword-only: the stack builds one per request, positionally (a call with keywords
     # builds a dict of them first).
+    request_id: str
+    """The id the request's log records carry, made by its first record: unset until then
+    (most requests make none), so that a request pays nothing for it."""
+
     def __init__(
         self,
         view: RequestView | None = None,
@@ -119,8 +123,6 @@ class RequestContext:
         """The model the canary split chose (None: no canary applied)."""
         self.first_token_at: float | None = None
         """Streams: when the first content chunk went to the client (monotonic)."""
-        self.request_id: str | None = None
-        """The id the request's log records carry: made by its first record (none usually)."""
         self._rewritten: tuple[str, bytes] | None = None
 
     @property

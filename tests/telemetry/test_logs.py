@@ -79,10 +79,9 @@ def test_records_of_one_request_share_its_id(records: list[logging.LogRecord]) -
         current_var.reset(token)
     first, second = records
     assert first.__dict__["request_id"] == second.__dict__["request_id"] == ctx.request_id
-    assert ctx.request_id is not None
     assert len(ctx.request_id) == 16
     assert first.__dict__["hold_secs"] == 1.235
-    assert RequestContext().request_id is None  # made by a record only
+    assert not hasattr(RequestContext(), "request_id")  # made by a record only
 
 
 def test_a_disabled_level_builds_nothing(records: list[logging.LogRecord]) -> None:
@@ -94,7 +93,7 @@ def test_a_disabled_level_builds_nothing(records: list[logging.LogRecord]) -> No
     finally:
         current_var.reset(token)
     assert records == []
-    assert ctx.request_id is None
+    assert not hasattr(ctx, "request_id")
 
 
 def test_text_format() -> None:
@@ -183,7 +182,7 @@ def restored_logging() -> Iterator[None]:
 def test_the_dict_config_puts_ours_and_uvicorns_in_one_json_stream() -> None:
     stream = io.StringIO()
     _configure(logs.logging_config("json"), stream)
-    logs.guard_tripped(model="m", variant="v")
+    logs.guard_tripped(model="m", variant="v", here=True)
     logging.getLogger("uvicorn.error").info("Uvicorn running on %s", "http://x")
     logging.getLogger("uvicorn.access").info("%s", "line")
     logging.getLogger("some.library").info("not at INFO")  # other libraries: WARNING and up

@@ -82,9 +82,10 @@ def _request_ids() -> dict[str, Value]:
     ids: dict[str, Value] = {}
     ctx = current_context()
     if ctx is not None:
-        if ctx.request_id is None:
-            ctx.request_id = uuid.uuid4().hex[:16]
-        ids["request_id"] = ctx.request_id
+        request_id = getattr(ctx, "request_id", None)  # unset until a record needs it
+        if request_id is None:
+            request_id = ctx.request_id = uuid.uuid4().hex[:16]
+        ids["request_id"] = request_id
     span = trace.get_current_span().get_span_context()
     if span.is_valid:
         ids["trace_id"] = format(span.trace_id, "032x")
