@@ -65,9 +65,24 @@ def _start_mock_provider() -> None:
     mock = MockProvider()
     # The judge of the `auto` route is the mock too: have it answer with one of the labels.
     mock.set_behaviour(os.environ["MOCK_JUDGE_KEY"], Behaviour(reply="complex"))
-    config = uvicorn.Config(mock, host="127.0.0.1", port=port, log_config=None, access_log=False)
+    config = uvicorn.Config(mock, host="127.0.0.1", port=port, log_config=None)
     server = uvicorn.Server(config)
     threading.Thread(target=server.run, name=MOCK_THREAD, daemon=True).start()
+
+
+class _MockApart(logging.Filter):
+    """Passes every record but the mock thread's, which it writes to MOCK_LOG instead."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.file = logging.FileHandler(MOCK_LOG)
+        self.file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.threadName != MOCK_THREAD:
+            return True
+        self.file.handle(record)
+        return False
 
 
 def _config() -> Config:
@@ -87,11 +102,11 @@ if START_MOCK == "1":
     os.environ.setdefault("MOCK_JUDGE_KEY", "mock-judge-key")
     if __name__ != "__main__":
         # Under a uvicorn command line of your own, its logging config is in force: the mock's
-        # records are kept off it here (the `__main__` block below sends them to MOCK_LOG).
-        from switchyard_mw.telemetry.logs import ThreadFilter
-
-        logging.getLogger().addFilter(ThreadFilter([MOCK_THREAD], keep=False))
-        logging.getLogger("uvicorn.error").addFilter(ThreadFilter([MOCK_THREAD], keep=False))
+        # records are taken off its loggers here, to MOCK_LOG (the `__main__` block below does
+        # the same through its config).
+        apart = _MockApart()
+        for name in ("", "uvicorn.error", "uvicorn.access"):  # where the mock's server logs
+            logging.getLogger(name).addFilter(apart)
     _start_mock_provider()
 
 # Operator routes (/metrics, /switchyard/*): loopback only unless SWITCHYARD_OPERATOR_ALLOW
