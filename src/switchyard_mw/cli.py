@@ -242,10 +242,7 @@ def run_serve(args: argparse.Namespace, *, err: TextIO) -> int:
         print(str(exc), file=err)
         return 1
     except ImportError as exc:  # uvicorn
-        print(
-            f"switchyard-mw serve needs uvicorn ({exc.name}): pip install 'switchyard-mw[gateway]'",
-            file=err,
-        )
+        print(str(MissingExtraError("switchyard-mw serve", "gateway", exc)), file=err)
         return 1
     return serve(
         args.config,
