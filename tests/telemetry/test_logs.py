@@ -109,6 +109,8 @@ def test_text_format() -> None:
     )
     spaced = logs.Event("e", "phrase", {"a": "two words", "b": "", "c": True, "d": 0.5})
     assert str(spaced) == 'phrase a="two words" b="" c=True d=0.5'
+    forged = logs.Event("e", "phrase", {"a": "x\n2026 ERROR forged", "b": "k=v", "c": 'q"'})
+    assert str(forged) == 'phrase a="x\\n2026 ERROR forged" b="k=v" c="q\\""'
 
 
 def test_json_format_of_a_decision() -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -98,7 +99,11 @@ def _text(value: Value) -> str:
     if isinstance(value, list):
         return json.dumps(value)
     text = str(value)
-    return json.dumps(text) if (" " in text or not text) else text
+    # Quoted (JSON) unless plainly one word: no value can forge another field or a new line.
+    return text if _PLAIN.fullmatch(text) else json.dumps(text)
+
+
+_PLAIN = re.compile(r'[^\s"=\\\x00-\x1f\x7f]+')
 
 
 # --- the decisions, one function each (the fields are the docs' "Logs" table) ----------------
