@@ -97,7 +97,7 @@ def _text(value: Value) -> str:
     if isinstance(value, float):
         return f"{value:g}"
     if isinstance(value, list):
-        return json.dumps(value)
+        return json.dumps(value, separators=(",", ":"))  # one word: no space
     text = str(value)
     # Quoted (JSON) unless plainly one word: no value can forge another field or a new line.
     return text if _PLAIN.fullmatch(text) else json.dumps(text)
