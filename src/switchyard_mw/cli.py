@@ -6,21 +6,24 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 from urllib.parse import urlsplit
 
-from .clouds.checks import cloud_problems
+from .clouds.checks import EnvironmentCheck, environment_checks
 from .clouds.kinds import base_url_of
 from .config import (
+    Canary,
     Config,
     LLMClient,
+    Server,
     State,
     config_warnings,
     diagnose_config,
     load_config,
-    missing_api_keys,
 )
 from .errors import ConfigError
+from .toml_lines import key_lines, line_of, parse_key_path
 
 if TYPE_CHECKING:  # the extproc package imports grpc: only `extproc` itself needs it
     from .extproc import Transport
@@ -42,7 +45,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     check.add_argument(
         "--no-env",
         action="store_true",
-        help="do not check that each account's api_key_env variable is set here",
+        help="skip the checks that read this machine (each api_key_env variable, a cloud "
+        "account's credentials file, AWS profile and extra) and list them",
     )
     extproc = commands.add_parser("extproc", help="serve the policies to Envoy (ext_proc gRPC)")
     extproc.add_argument("--config", required=True, help="path to the TOML config")
@@ -96,27 +100,57 @@ def main(argv: Sequence[str] | None = None) -> int:
 def check_config(path: str, *, out: TextIO, err: TextIO, check_env: bool = True) -> int:
     """Print OK and a one-screen summary (exit 0), or every problem in one list (exit 2).
 
-    Warnings (`warning:` lines on stderr) never change the exit code. An unset key variable
-    is a problem unless `check_env` is off: the server would refuse to start with it.
+    Warnings (`warning:` lines on stderr) never change the exit code. A check that reads this
+    machine (a key variable, a credentials file, an extra) is a problem unless `check_env` is
+    off: the server would refuse to start. Off, each check skipped is named.
     """
     config, problems = diagnose_config(path)
-    if config is not None and check_env:
-        problems.extend(missing_api_keys(config))
-        problems.extend(cloud_problems(config))
+    skipped: list[EnvironmentCheck] = []
+    if config is not None:
+        checks = environment_checks(config)
+        if check_env:
+            problems.extend(problem for check in checks for problem in check.run())
+        else:
+            skipped = checks
     if problems or config is None:
-        return _problems(path, problems, err)
+        code = _problems(path, problems, err)
+        _skipped(skipped, err)
+        return code
     for warning in config_warnings(config):
         print(f"warning: {warning}", file=err)
     print(f"OK {path}", file=out)
-    print(summary(config), file=out)
+    print(summary(config, keys_checked=check_env), file=out)
+    _skipped(skipped, out)
     return EXIT_OK
+
+
+def _skipped(checks: Sequence[EnvironmentCheck], file: TextIO) -> None:
+    if checks:
+        print(f"skipped with --no-env ({len(checks)}: they read this machine):", file=file)
+    for check in checks:
+        print(f"  {check.at}: {check.what}", file=file)
 
 
 def _problems(path: str, problems: Sequence[str], err: TextIO) -> int:
     print(f"{path}: {len(problems)} problem(s)", file=err)
-    for problem in problems:
+    for problem in located(path, problems):
         print(f"  {problem}", file=err)
     return EXIT_INVALID
+
+
+def located(path: str, problems: Sequence[str]) -> list[str]:
+    """Each problem naming a key of the file, opened with `FILE:LINE:` where the key (or, for a
+    missing key, its table) is written; the others as they are."""
+    try:
+        lines = key_lines(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return list(problems)
+    shown = []
+    for problem in problems:
+        key = parse_key_path(problem)
+        line = None if key is None else line_of(lines, key)
+        shown.append(problem if line is None else f"{path}:{line}: {problem}")
+    return shown
 
 
 def run_mock(host: str, port: int, reply: str | None) -> int:
@@ -274,15 +308,20 @@ def _endpoint(c: LLMClient) -> str:
     return f"{c.base_url} auth={c.auth}"
 
 
-def summary(config: Config, environ: dict[str, str] | None = None) -> str:
-    """Clients, models, canaries and routes; key variables shown as set or unset, never read out."""
+def summary(
+    config: Config, environ: dict[str, str] | None = None, *, keys_checked: bool = True
+) -> str:
+    """Every table of the config, one header each (named as in the file); key variables
+    shown as set or unset (unless not `keys_checked`), never read out."""
     env = os.environ if environ is None else environ
-    lines = [f"accounts ({len(config.llm_clients)}):"]
+    lines = [f"llm_clients ({len(config.llm_clients)}):"]
     for name, c in config.llm_clients.items():
         if c.kind != "api":
             key = ""
         elif c.api_key_env is None:
             key = " no key"
+        elif not keys_checked:
+            key = f" key ${c.api_key_env}"
         else:
             key = f" key ${c.api_key_env} {'set' if env.get(c.api_key_env) else 'NOT SET'}"
         lines.append(
@@ -295,10 +334,11 @@ def summary(config: Config, environ: dict[str, str] | None = None) -> str:
         lines.append(f"    models: {', '.join(names)}")
         if c.path is not None:
             lines.append(f"    path: {c.path}")
+        lines.append(f"    cooling: {_cooling(c)}")
+        lines.append(f"    streams: {_streams(c, config.server)}")
     lines.append(f"canaries ({len(config.canaries)}):")
     for model, canary in config.canaries.items():
-        shares = ", ".join(f"{v} {p:g}%" for v, p in canary.variants.items())
-        lines.append(f"  {model} -> {shares}")
+        lines.append(f"  {model} -> {_canary(canary)}")
     lines.append(f"routes ({len(config.routes)}):")
     for name, route in config.routes.items():
         deadline = (
@@ -309,12 +349,73 @@ def summary(config: Config, environ: dict[str, str] | None = None) -> str:
             f"  {name}: judge {route.judge}/{route.judge_model} within {deadline}; "
             f"{choices}; fallback {route.fallback}"
         )
-    if config.fallbacks:
-        lines.append(f"fallbacks ({len(config.fallbacks)}):")
-        for model, chain in config.fallbacks.items():
-            lines.append(f"  {model} -> {', '.join(chain.models)} on {', '.join(chain.on)}")
+    lines.append(f"fallbacks ({len(config.fallbacks)}):")
+    for model, chain in config.fallbacks.items():
+        lines.append(f"  {model} -> {', '.join(chain.models)} on {', '.join(chain.on)}")
+    lines.append(f"server: {_server_summary(config.server)}")
     lines.append(f"state: {_state_summary(config.state)}")
     return "\n".join(lines)
+
+
+def _cooling(c: LLMClient) -> str:
+    retry = (
+        f"retried in place after a wait up to {c.retry_wait_max_secs:g}s"
+        if c.retry_wait_max_secs
+        else "no retry in place"
+    )
+    return (
+        f"after {c.failure_threshold} faults for {c.cooldown_secs:g}s up to "
+        f"{c.max_cooldown_secs:g}s; a 429 holds it up to {c.max_throttle_secs:g}s; {retry}"
+    )
+
+
+def _streams(c: LLMClient, server: Server) -> str:
+    """The opt-in stream policies as they apply to this account (hedging, resuming)."""
+    first = c.first_token_secs if c.first_token_secs is not None else c.timeout_secs
+    parts = [f"first token within {first:g}s"]
+    if c.min_tokens_per_sec is not None:
+        parts.append(
+            f"at least {c.min_tokens_per_sec:g} tokens/s over {c.throughput_window_secs:g}s"
+        )
+    if c.hedge_after_secs == "auto":
+        parts.append("hedge after its p95 time to first token")
+    elif c.hedge_after_secs is not None:
+        parts.append(f"hedge after {c.hedge_after_secs:g}s")
+    else:
+        parts.append("no hedge")
+    resume = server.resume_streams if c.resume_streams is None else c.resume_streams
+    origin = "[server]" if c.resume_streams is None else "this account"
+    parts.append(f"resume {'on' if resume else 'off'} ({origin})")
+    if c.weight != 1:
+        parts.append(f"weight {c.weight:g}")
+    if c.envoy_cluster is not None:
+        parts.append(f"envoy cluster {c.envoy_cluster}")
+    return "; ".join(parts)
+
+
+def _canary(canary: Canary) -> str:
+    parts = [", ".join(f"{v} {p:g}%" for v, p in canary.variants.items()) or "no variant"]
+    if canary.guard is not None:
+        g = canary.guard
+        parts.append(
+            f"guard: rolled back above {g.max_fault_rate:.0%} faults over {g.window_secs:g}s "
+            f"(from {g.min_requests} attempts)"
+        )
+    if canary.shadow:
+        parts.append("shadow " + ", ".join(f"{m} {p:g}%" for m, p in canary.shadow.items()))
+    return "; ".join(parts)
+
+
+def _server_summary(server: Server) -> str:
+    headers = "on" if server.expose_headers else "off"
+    generic = ", ".join(server.generic_paths) or "none"
+    return (
+        f"x-switchyard-* headers {headers}; bodies up to {server.max_body_bytes} bytes read "
+        f"within {server.body_read_timeout_secs:g}s; generic paths {generic}; "
+        f"shadow in flight up to {server.shadow_max_inflight}; "
+        f"resume streams {'on' if server.resume_streams else 'off'}; "
+        f"hedges up to {server.hedge_max_ratio:.0%} of a model's requests a minute"
+    )
 
 
 def _state_summary(state: State) -> str:

@@ -52,11 +52,15 @@ def _stop(proc: subprocess.Popen[bytes]) -> int:
 
 
 def readme_commands() -> list[str]:
-    """The shell commands of the README's "Wrap your own app", in order."""
+    """The shell commands of the README's "Wrap your own app", in order: the mock it starts
+    when "Start here" is not running (given in a comment), then the app."""
     text = (ROOT / "README.md").read_text()
     section = text.split("\n## Wrap your own app\n", 1)[1].split("\n## ", 1)[0]
     block = re.findall(r"```sh\n(.*?)```", section, re.S)[0]
-    return [line.strip() for line in block.splitlines() if line.strip()]
+    mock = re.search(r"\.venv/bin/switchyard-mw mock --port \d+ &", block)
+    assert mock is not None, block
+    lines = [line.strip() for line in block.splitlines()]
+    return [mock.group(), *(line for line in lines if line and not line.startswith("#"))]
 
 
 def _as_run(command: str, *, port: int, mock_port: int) -> list[str]:

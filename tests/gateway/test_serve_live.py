@@ -281,7 +281,7 @@ def test_the_readme_commands_as_written(tmp_path: Path, mock_url: str) -> None:
 
     def as_run(command: str) -> list[str]:
         command = command.replace(".venv/bin/", f"{Path(sys.executable).parent}/")
-        return ["bash", "-c", "exec " + command.replace("--port 8000", f"--port {port}")]
+        return ["bash", "-c", "exec " + command.replace("--port 8002", f"--port {port}")]
 
     checked = subprocess.run(
         as_run(check), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
