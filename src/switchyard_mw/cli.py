@@ -238,7 +238,7 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     serve.add_argument("--port", type=int, default=8000, help="default: 8000")
     serve.add_argument(
         "--workers",
-        type=int,
+        type=_at_least_one,
         default=1,
         help="worker processes on one port; they share account health only with [state] "
         'backend = "redis" (default: 1)',
@@ -264,6 +264,13 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=30,
         help="on SIGTERM, how long requests under way (streams too) may finish (default: 30)",
     )
+
+
+def _at_least_one(text: str) -> int:
+    number = int(text)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{number}: must be at least 1")
+    return number
 
 
 def run_serve(args: argparse.Namespace, *, err: TextIO) -> int:

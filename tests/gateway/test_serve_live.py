@@ -247,6 +247,44 @@ def test_two_workers_each_reload_on_one_sighup(tmp_path: Path, mock_url: str) ->
         assert state["shared"].startswith("no")  # memory: each worker cools on its own
 
 
+def test_a_stop_lets_a_stream_under_way_end_whole(tmp_path: Path, mock_url: str) -> None:
+    """SIGTERM while a stream runs: the server stops taking connections, the stream goes on to
+    its last event (within --graceful-secs), then the process ends."""
+    httpx.put(
+        f"{mock_url}/_mock/behaviours/key-a", json={"chunks": 6, "chunk_interval_secs": 0.3}
+    ).raise_for_status()
+    try:
+        with serve(tmp_path, mock_url, "--graceful-secs", "20") as served:
+            body = {
+                "model": "m",
+                "max_tokens": 8,
+                "stream": True,
+                "messages": [{"role": "user", "content": "hi"}],
+            }
+            events = []
+            with httpx.stream(
+                "POST",
+                f"{served.url}/v1/messages",
+                headers={"x-api-key": "client-key"},
+                json=body,
+                timeout=30,
+            ) as answer:
+                assert answer.status_code == 200
+                for line in answer.iter_lines():
+                    if line.startswith("event: ") and not events:
+                        served.proc.send_signal(signal.SIGTERM)  # once the stream started
+                    if line.startswith("event: "):
+                        events.append(line.removeprefix("event: "))
+            assert events[-1] == "message_stop"
+            assert events.count("content_block_delta") == 6
+            served.proc.wait(20)
+        log = served.log.read_text()
+        assert "Shutting down" in log
+        assert "Cancel" not in log  # uvicorn says so when it cuts a request at the timeout
+    finally:
+        httpx.delete(f"{mock_url}/_mock/behaviours/key-a").raise_for_status()
+
+
 def test_an_invalid_config_is_exit_2_and_serves_nothing(tmp_path: Path) -> None:
     config = tmp_path / "bad.toml"
     config.write_text('[llm_clients.a]\nbase_url = "http://x"\nmodels = ["m"]\ncooldown_secs = 0\n')
