@@ -58,12 +58,12 @@ class RequestContext:
         "view",
     )
 
-    # Not keyword-only: the stack builds one per request, positionally (a call with keywords
-    # builds a dict of them first).
     request_id: str
     """The id the request's log records carry, made by its first record: unset until then
     (most requests make none), so that a request pays nothing for it."""
 
+    # Not keyword-only: the stack builds one per request, positionally (a call with keywords
+    # builds a dict of them first).
     def __init__(
         self,
         view: RequestView | None = None,
