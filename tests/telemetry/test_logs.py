@@ -226,3 +226,18 @@ def test_limit_refused_record(records: list[logging.LogRecord]) -> None:
     assert record.getMessage() == (
         "limit refused a request tenant=team-a limit=tokens/minute model=m retry_after_secs=12"
     )
+
+
+@pytest.mark.usefixtures("restored_logging")
+def test_the_level_applies_to_uvicorns_access_lines_as_its_own_flag_does() -> None:
+    stream = io.StringIO()
+    _configure(logs.logging_config("text", level="WARNING"), stream)
+    logging.getLogger("uvicorn.access").info("%s", "a request")
+    logs.account_recovered(account="a", model=None)  # INFO: left out too
+    logs.fallback(from_model="m", to_model="n", reason="unavailable")
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 1
+    assert lines[0].endswith(
+        " WARNING switchyard_mw.routing fallback to another model"
+        " from_model=m to_model=n reason=unavailable"
+    )

@@ -357,8 +357,8 @@ def logging_config(
     apart: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """A `logging.config.dictConfig` for the gateway: switchyard's records and uvicorn's (its
-    server, error and access lines) in one format on stderr, at `level` (uvicorn's access
-    lines at INFO, as uvicorn's own config has them); any other library's at WARNING.
+    server, error and access lines) in one format on stderr, at `level` (as uvicorn's own
+    `--log-level` does, WARNING leaves out its access lines); any other library's at WARNING.
 
     `apart` maps a thread's name to a file: that thread's records go there, never to stderr.
     """
@@ -394,7 +394,7 @@ def logging_config(
             ROOT: own,
             "uvicorn": own,
             "uvicorn.error": {"level": level},
-            "uvicorn.access": {"handlers": every, "level": "INFO", "propagate": False},
+            "uvicorn.access": {"handlers": every, "level": level, "propagate": False},
         },
         "root": {"handlers": every, "level": "WARNING"},
     }
