@@ -315,6 +315,12 @@ def run_serve(args: argparse.Namespace, *, err: TextIO) -> int:
     """`serve`: the gateway needs the `gateway` extra (aiohttp, uvicorn): said, exit 1."""
     from .errors import MissingExtraError
 
+    # The checks of `check-config` (each problem at its FILE:LINE), before anything loads.
+    config, problems = diagnose_config(args.config)
+    if config is not None:
+        problems.extend(p for check in environment_checks(config) for p in check.run())
+    if problems or config is None:
+        return _problems(args.config, problems, err)
     try:
         from .gateway.serve import serve
     except MissingExtraError as exc:

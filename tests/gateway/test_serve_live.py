@@ -287,7 +287,10 @@ def test_a_stop_lets_a_stream_under_way_end_whole(tmp_path: Path, mock_url: str)
 
 def test_an_invalid_config_is_exit_2_and_serves_nothing(tmp_path: Path) -> None:
     config = tmp_path / "bad.toml"
-    config.write_text('[llm_clients.a]\nbase_url = "http://x"\nmodels = ["m"]\ncooldown_secs = 0\n')
+    config.write_text(
+        '[llm_clients.a]\nbase_url = "http://x"\nmodels = ["m"]\ncooldown_secs = 0\n'
+        'api_key_env = "SERVE_UNSET_KEY"\n'
+    )
     done = subprocess.run(
         [sys.executable, "-m", "switchyard_mw.cli", "serve", str(config), "--port", "1"],
         cwd=ROOT,
@@ -296,7 +299,12 @@ def test_an_invalid_config_is_exit_2_and_serves_nothing(tmp_path: Path) -> None:
         timeout=60,
     )
     assert done.returncode == 2
-    assert "cooldown_secs" in done.stderr
+    # As check-config says them: each problem at its line, the unset key variable too.
+    assert f"{config}:4: llm_clients.a.cooldown_secs: must be > 0" in done.stderr
+    assert "llm_clients.a.api_key_env: environment variable SERVE_UNSET_KEY is not set" in (
+        done.stderr
+    )
+    assert "Uvicorn running" not in done.stderr
 
 
 def readme_serve_commands() -> list[str]:
