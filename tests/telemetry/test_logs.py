@@ -241,3 +241,13 @@ def test_the_level_applies_to_uvicorns_access_lines_as_its_own_flag_does() -> No
         " WARNING switchyard_mw.routing fallback to another model"
         " from_model=m to_model=n reason=unavailable"
     )
+
+
+@pytest.mark.usefixtures("otel_spans")
+def test_a_record_under_a_span_carries_its_trace_id(records: list[logging.LogRecord]) -> None:
+    from opentelemetry import trace
+
+    with trace.get_tracer("test").start_as_current_span("request") as span:
+        logs.fallback(from_model="m", to_model="n", reason="unavailable")
+    (record,) = records
+    assert record.__dict__["trace_id"] == format(span.get_span_context().trace_id, "032x")

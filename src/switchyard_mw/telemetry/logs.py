@@ -28,7 +28,6 @@ from opentelemetry import trace
 from ..context import current_context
 
 LogFormat = Literal["text", "json"]
-FORMATS: tuple[LogFormat, ...] = ("text", "json")
 
 ROOT = "switchyard_mw"
 ACCOUNTS = logging.getLogger(f"{ROOT}.accounts")
@@ -60,7 +59,8 @@ class Event:
 def decision(logger: logging.Logger, level: int, name: str, phrase: str, **fields: Value) -> None:
     """Log decision `name` (e.g. `account.cooled`) with its fields, the request's id (when it
     happens in a request) and the trace id (when tracing); fields whose value is None are left
-    out. The fields are the record's attributes too (`extra`), so any handler reads them."""
+    out. The fields are the record's attributes too (`extra`), so any handler reads them: none
+    may be named as a `LogRecord` attribute (`name`, `msg`, `args`, `module`...)."""
     _decide(logger, level, name, phrase, fields)
 
 
@@ -79,7 +79,7 @@ def _decide(
 
 def _request_ids() -> dict[str, Value]:
     """The current request's id (made on its first record, then the same for each), and the
-    trace's id when a span is recording."""
+    trace's id when there is a current span (a tracing SDK is set up)."""
     ids: dict[str, Value] = {}
     ctx = current_context()
     if ctx is not None:
