@@ -77,6 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     mock.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1")
     mock.add_argument("--port", type=int, default=9100, help="default: 9100")
     mock.add_argument("--reply", default=None, help="the reply text of every answer")
+    _add_serve(commands)
     litellm = commands.add_parser(
         "from-litellm",
         help="print a LiteLLM proxy config.yaml as a switchyard config (TOML)",
@@ -85,6 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     litellm.add_argument("file", help="path to LiteLLM's config.yaml")
     args = parser.parse_args(argv)
+    if args.command == "serve":
+        return run_serve(args, err=sys.stderr)
     if args.command == "check-config":
         return check_config(args.file, out=sys.stdout, err=sys.stderr, check_env=not args.no_env)
     if args.command == "mock":
@@ -258,6 +261,85 @@ def run_extproc(
         print(f"{path}: {exc}", file=err)
         return EXIT_INVALID
     return EXIT_OK
+
+
+def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    serve = commands.add_parser(
+        "serve",
+        help="serve the forwarding gateway on uvicorn (keep-alive, graceful stop, SIGHUP reload)",
+        description="Serve the forwarding gateway: /v1/messages, /v1/chat/completions and "
+        "/v1/responses through the policies, /metrics and the operator routes (loopback). "
+        "SIGHUP reloads the config (in every worker); SIGTERM stops it gracefully.",
+    )
+    serve.add_argument("config", help="path to the TOML config")
+    serve.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1 (loopback only)")
+    serve.add_argument("--port", type=int, default=8000, help="default: 8000")
+    serve.add_argument(
+        "--workers",
+        type=_at_least_one,
+        default=1,
+        help="worker processes on one port; they share account health only with [state] "
+        'backend = "redis" (default: 1)',
+    )
+    serve.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default="text",
+        help="text lines, or one JSON object per line (switchyard's records and uvicorn's)",
+    )
+    serve.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default="info",
+        help="default: info (decision records are INFO and above)",
+    )
+    serve.add_argument(
+        "--no-access-log", action="store_true", help="leave out uvicorn's line per request"
+    )
+    serve.add_argument(
+        "--graceful-secs",
+        type=int,
+        default=30,
+        help="on SIGTERM, how long requests under way (streams too) may finish (default: 30)",
+    )
+
+
+def _at_least_one(text: str) -> int:
+    number = int(text)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{number}: must be at least 1")
+    return number
+
+
+def run_serve(args: argparse.Namespace, *, err: TextIO) -> int:
+    """`serve`: the gateway needs the `gateway` extra (aiohttp, uvicorn): said, exit 1."""
+    from .errors import MissingExtraError
+
+    # The checks of `check-config` (each problem at its FILE:LINE), before anything loads.
+    config, problems = diagnose_config(args.config)
+    if config is not None:
+        problems.extend(p for check in environment_checks(config) for p in check.run())
+    if problems or config is None:
+        return _problems(args.config, problems, err)
+    try:
+        from .gateway.serve import serve
+    except MissingExtraError as exc:
+        print(str(exc), file=err)
+        return 1
+    except ImportError as exc:  # uvicorn
+        print(str(MissingExtraError("switchyard-mw serve", "gateway", exc)), file=err)
+        return 1
+    return serve(
+        args.config,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        log_format=args.log_format,
+        log_level=args.log_level,
+        access_log=not args.no_access_log,
+        graceful_secs=args.graceful_secs,
+        err=err,
+    )
 
 
 def _endpoint(c: LLMClient) -> str:

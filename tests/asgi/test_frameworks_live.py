@@ -67,7 +67,7 @@ MESSAGES: Any = [{"role": "user", "content": "Say hello"}]
 REFUSED = "timeout_secs = 10\n"
 """The refusing accounts' deadline: a refusal takes a millisecond, and should a connection hang
 instead, the case fails with a 504 well inside pytest's timeout rather than by it."""
-FAILED_ATTEMPT = "failed ("  # the cooling policy's one warning line per failed attempt
+FAILED_ATTEMPT = "attempt failed"  # the one record per failed attempt (switchyard_mw.accounts)
 
 
 @pytest.fixture(scope="module")

@@ -42,6 +42,12 @@ RUN_BY = {
         ("tests/examples/test_example_wrap.py", "readme_commands()"),
         ("tests/examples/test_readme_sequence.py", "readme_servers()"),  # beside the others
     ],
+    ".venv/bin/switchyard-mw check-config my.toml": [
+        ("tests/gateway/test_serve_live.py", "readme_serve_commands()"),  # as written, in bash
+    ],
+    ".venv/bin/switchyard-mw serve my.toml --port 8002 --workers 2 --log-format json": [
+        ("tests/gateway/test_serve_live.py", "readme_serve_commands()"),
+    ],
     "SWITCHYARD_MOCK_PORT=9101 .venv/bin/python examples/envoy/run.py": [
         ("tests/examples/test_example_extra.py", '"examples/envoy/run.py"'),
         ("tests/examples/test_readme_sequence.py", "readme_servers()"),  # beside the others
