@@ -1,7 +1,9 @@
 """The Lua scripts that reserve and settle tenants' limits in Redis, atomically, on its clock.
 
-One hash per limit, ``{w, n}``: the start of the window it counts (ms, Redis server time) and
-what that window holds (reserved and used). A hash whose ``w`` is not the current window's
+One hash per limit: ``w`` the start of the window it counts (ms, Redis server time), ``n`` what
+that window holds (reserved and used), ``c`` when this window's hash was made (Redis ``TIME``,
+``seconds.microseconds``: tells a hash Redis lost and made again from the one a replica read),
+``f`` the largest floor merged into it (below). A hash whose ``w`` is not the current window's
 start counts as empty, and is replaced the next time the limit is touched, as
 `core.limits.Ledger` replaces its counters; each write sets the key to expire when its window
 ends (``PEXPIREAT``), so an idle limit leaves nothing behind. Windows are computed here from
@@ -16,13 +18,23 @@ and a reply never passes through Redis's integer conversion of Lua numbers.
 Every limit is checked before any is written (all or nothing). Reply: ``refused``, the
 (1-based) index of the first key that does not fit, ``1`` if the ask alone exceeds the limit
 (else ``0``), what is left of it, ms until its window ends; or ``granted`` then, per key, the
-window start (ms), what is left after the reservation, ms until the window ends.
+window start (ms), what is left after the reservation, ms until the window ends, ``c``.
 
 ``SETTLE`` -- KEYS: one per limit. ARGV: per key ``per``, the window start (ms) the
 reservation was made in, the amount reserved, the amount to charge (0: a release). Where the
 window is still the one reserved in, the reservation is replaced by the charge; where it has
 rolled over, the charge goes to the current window (the usage became known there). Reply: per
-key what its window holds now and ms until it ends.
+key what its window holds now, its start (ms), ms until it ends, ``c``.
+
+``MERGE`` -- after an outage, what one replica knows goes up. KEYS: one per limit. ARGV: per
+key ``per``, the ``c`` of the hash it last read (``-``: none), that window's start (ms) and
+what it held then (the floor), the start of the window its local share counted in and what the
+share reserved on its own during the outage, not yet added. Where the hash is not the one read
+(Redis restarted without its data) the floor comes back: ``n`` grows by what the floor exceeds
+``f`` by, and ``f`` becomes the floor, so that replicas merging one after the other restore
+the largest floor once, not one on top of the other; the local use is added in any case. A
+start that is not the current window's drops its value (that window is over). Reply: as
+``SETTLE``'s.
 
 A key listed twice in one call (two configured limits counting the same thing with different
 amounts) is one counter: counted once.
@@ -77,19 +89,23 @@ end
 local function num(value) return string.format('%.17g', value) end
 local function int(value) return string.format('%d', value) end
 
-local function held(key, start)
-  local v = redis.call('HMGET', key, 'w', 'n')
-  if tonumber(v[1]) == start then return tonumber(v[2]) or 0 end
-  return 0
-end
-
-local function put(key, start, finish, value)
-  redis.call('HSET', key, 'w', int(start), 'n', num(value))
-  redis.call('PEXPIREAT', key, int(finish))
-end
-
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local stamp = t[1] .. '.' .. t[2]
+
+local function load(key, start)
+  -- What the window starting at `start` holds, when its hash was made, the floor it took in.
+  local v = redis.call('HMGET', key, 'w', 'n', 'c', 'f')
+  if tonumber(v[1]) == start and v[3] then
+    return tonumber(v[2]) or 0, v[3], tonumber(v[4]) or 0
+  end
+  return 0, stamp, 0
+end
+
+local function put(key, start, finish, value, born, floor)
+  redis.call('HSET', key, 'w', int(start), 'n', num(value), 'c', born, 'f', num(floor))
+  redis.call('PEXPIREAT', key, int(finish))
+end
 """
 
 WINDOW_TEXT = (
@@ -104,12 +120,12 @@ return {int(start), int(finish)}
 RESERVE = Script(
     _COMMON
     + """
-local starts, ends, before, seen = {}, {}, {}, {}
+local starts, ends, before, borns, floors, seen = {}, {}, {}, {}, {}, {}
 for i = 1, #KEYS do
   local per, amount, ask = ARGV[3 * i - 2], tonumber(ARGV[3 * i - 1]), tonumber(ARGV[3 * i])
   local start, finish = window(per, now)
   starts[i], ends[i] = start, finish
-  before[i] = held(KEYS[i], start)
+  before[i], borns[i], floors[i] = load(KEYS[i], start)
   if ask > amount or before[i] + ask > amount then
     local never = ask > amount and '1' or '0'
     return {'refused', int(i), never, num(math.max(0, amount - before[i])), int(finish - now)}
@@ -121,11 +137,12 @@ for i = 1, #KEYS do
   local after = before[i] + ask
   if not seen[KEYS[i]] then
     seen[KEYS[i]] = true
-    put(KEYS[i], starts[i], ends[i], after)
+    put(KEYS[i], starts[i], ends[i], after, borns[i], floors[i])
   end
   table.insert(reply, int(starts[i]))
   table.insert(reply, num(math.max(0, amount - after)))
   table.insert(reply, int(ends[i] - now))
+  table.insert(reply, borns[i])
 end
 return reply
 """
@@ -139,15 +156,46 @@ for i = 1, #KEYS do
   local per, reserved_in = ARGV[4 * i - 3], tonumber(ARGV[4 * i - 2])
   local amount, charge = tonumber(ARGV[4 * i - 1]), tonumber(ARGV[4 * i])
   local start, finish = window(per, now)
-  local value = held(KEYS[i], start)
+  local value, born, floor = load(KEYS[i], start)
   if not seen[KEYS[i]] then
     seen[KEYS[i]] = true
     if reserved_in == start then value = value - amount end
     value = math.max(0, value + charge)
-    put(KEYS[i], start, finish, value)
+    put(KEYS[i], start, finish, value, born, floor)
   end
   table.insert(reply, num(value))
+  table.insert(reply, int(start))
   table.insert(reply, int(finish - now))
+  table.insert(reply, born)
+end
+return reply
+"""
+)
+
+MERGE = Script(
+    _COMMON
+    + """
+local reply, seen = {}, {}
+for i = 1, #KEYS do
+  local per, born_read = ARGV[6 * i - 5], ARGV[6 * i - 4]
+  local floor_in, floor_read = tonumber(ARGV[6 * i - 3]), tonumber(ARGV[6 * i - 2])
+  local add_in, add = tonumber(ARGV[6 * i - 1]), tonumber(ARGV[6 * i])
+  local start, finish = window(per, now)
+  local value, born, floor = load(KEYS[i], start)
+  if not seen[KEYS[i]] then
+    seen[KEYS[i]] = true
+    -- Another hash than the one read: Redis lost that one; what it held comes back, once.
+    if floor_in == start and born_read ~= born and floor_read > floor then
+      value = value + floor_read - floor
+      floor = floor_read
+    end
+    if add_in == start then value = value + add end
+    put(KEYS[i], start, finish, value, born, floor)
+  end
+  table.insert(reply, num(value))
+  table.insert(reply, int(start))
+  table.insert(reply, int(finish - now))
+  table.insert(reply, born)
 end
 return reply
 """

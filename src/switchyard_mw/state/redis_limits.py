@@ -15,9 +15,12 @@ what the refused request will not spend, which refuses no more than it should).
 
 Degraded mode: a call that fails or takes longer than ``timeout_secs`` starts an outage,
 logged and counted once (``switchyard.state.degraded``). Until a background ping finds Redis
-again, every reserve goes to a :class:`LocalLimits` of this process whose amounts are each
-limit's share (``amount / replicas_hint``), without a round trip; afterwards new reserves go
-to Redis again. A reservation settles where it was made: one made locally, locally. A settle
+again, every reserve goes to this process's share of each limit (``amount / replicas_hint``,
+:mod:`._limit_shares`), without a round trip; its first use in a window starts from its share
+of what Redis last said the window held. When Redis answers again, this replica merges (one
+script per slot) what it last read there (a floor: Redis may have restarted empty) and what its
+share reserved during the outage; then new reserves go to Redis again. A reservation settles
+where it was made: one made locally, locally. A settle
 of a Redis reservation that fails, or comes during an outage, is dropped: whether it ran is
 unknown (a time-out may come after the server ran it), so running it again might give back
 twice; dropped, the worst case reserved stays counted until its window ends, which errs on the
@@ -46,9 +49,9 @@ from ..core.limits import (
     WallClock,
 )
 from ..telemetry import names as tm
-from ._limits_lua import RESERVE, SETTLE
+from ._limit_shares import Shares
+from ._limits_lua import MERGE, RESERVE, SETTLE
 from ._redis_io import ERRORS, Call, Client, Mode, Target, close_quietly, make_client, run_by_key
-from .limits import LocalLimits
 
 _log = logging.getLogger(__name__)
 
@@ -68,6 +71,22 @@ class _Local:
 
     reservation: Reservation
 
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """What Redis last said of a limit's window."""
+
+    value: float
+    """What the window held."""
+    start_ms: int
+    """The window's start (Redis time)."""
+    ends: float
+    """When it ends (this host's monotonic clock)."""
+    born: str
+    """When its hash was made (the scripts' ``c``)."""
+
+
+_NOTHING_READ = _Read(0.0, -1, 0.0, "-")
 
 _SHARED = "shared"
 """A reservation Redis holds (its windows and amounts are in the outward reservation)."""
@@ -99,16 +118,14 @@ class RedisLimits:
         self._timeout = timeout_secs
         self._connect_timeout = max(1.0, 10 * timeout_secs)
         self._reconnect_max = reconnect_max_secs
-        self._hint = replicas_hint
-        self._local = LocalLimits(clock=clock)
+        self._shares = Shares(replicas_hint=replicas_hint, clock=clock)
         self._commands: Client | None = None
         self._healthy = True  # until a call says otherwise: the first request tries Redis
         self._closing = False
         self._tickets = itertools.count(1)
         self._open: dict[int, _Local | str] = {}
-        self._seen: dict[LimitKey, tuple[float, float]] = {}
-        """Per limit: what Redis last said its window holds, and when (monotonic) that
-        window ends, for `used`."""
+        self._seen: dict[LimitKey, _Read] = {}
+        """Per limit: what Redis last said of its window."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._reconnect: asyncio.Task[None] | None = None
         self.dropped_settles = 0
@@ -140,9 +157,8 @@ class RedisLimits:
         """What the limit's window holds as Redis last said it; during an outage, what this
         replica's share holds."""
         if not self._healthy:
-            return self._local.used(self._share(limit))
-        value, ends = self._seen.get(limit, (0.0, 0.0))
-        return value if time.monotonic() < ends else 0.0
+            return self._shares.used(limit)
+        return self._last_read(limit).value
 
     async def aclose(self) -> None:
         """Stop reconnecting and close the connections (the server's shutdown)."""
@@ -171,10 +187,11 @@ class RedisLimits:
                 refusals.append((group[index], _refusal(picked[index], reply)))
                 continue
             for j, limit in enumerate(picked):
-                start_ms, remaining, reset_ms = reply[1 + 3 * j : 4 + 3 * j]
+                start_ms, remaining, reset_ms, born = reply[1 + 4 * j : 5 + 4 * j]
                 held[limit] = int(start_ms) / 1000
                 statuses[limit] = Status(limit.amount, float(remaining), int(reset_ms) / 1000)
-                self._note(limit, limit.amount - float(remaining), int(reset_ms) / 1000)
+                used = limit.amount - float(remaining)
+                self._note(limit, used, int(start_ms), int(reset_ms), born)
         if refusals:
             if held:  # a Cluster's other slot granted its half: give it back
                 self._spawn(self._run_settle(_reservation(held, asks, 0), None))
@@ -200,9 +217,14 @@ class RedisLimits:
             calls.append((tuple(limit_key(self._prefix, limit) for limit in picked), args))
         async with asyncio.timeout(self._timeout):
             replies = await run_by_key(self._client(), SETTLE, calls)
+        self._note_all(limits, replies)
+
+    def _note_all(self, limits: Sequence[LimitKey], replies: Sequence[Any]) -> None:
+        """Take note of SETTLE's or MERGE's replies."""
         for group, reply in zip(self._groups(limits), replies, strict=True):
             for j, i in enumerate(group):
-                self._note(limits[i], float(reply[2 * j]), int(reply[2 * j + 1]) / 1000)
+                value, start_ms, reset_ms, born = reply[4 * j : 4 * j + 4]
+                self._note(limits[i], float(value), int(start_ms), int(reset_ms), born)
 
     def _groups(self, limits: Sequence[LimitKey]) -> list[list[int]]:
         """Indexes of `limits` by the script call that runs them: one call, except on a
@@ -227,18 +249,20 @@ class RedisLimits:
             )
         return self._commands
 
-    def _note(self, limit: LimitKey, value: float, reset_secs: float) -> None:
-        self._seen[limit] = (value, time.monotonic() + reset_secs)
+    def _note(self, limit: LimitKey, value: float, start_ms: int, reset_ms: int, born: str) -> None:
+        self._seen[limit] = _Read(value, start_ms, time.monotonic() + reset_ms / 1000, born)
+
+    def _last_read(self, limit: LimitKey) -> _Read:
+        """What Redis last said of the limit's window, if that window is not over."""
+        read = self._seen.get(limit)
+        return read if read is not None and time.monotonic() < read.ends else _NOTHING_READ
 
     # --- settling --------------------------------------------------------------------------
 
     async def _undo(self, reservation: Reservation, used: Mapping[Measure, float] | None) -> None:
         where = self._open.pop(reservation.ticket, None)
         if isinstance(where, _Local):
-            if used is None:
-                await self._local.release(where.reservation)
-            else:
-                await self._local.settle(where.reservation, used)
+            await self._shares.settle(where.reservation, used)
             return
         if where is None:
             return  # settled or released already, or never granted here
@@ -253,21 +277,39 @@ class RedisLimits:
 
     # --- this replica's share --------------------------------------------------------------
 
-    def _share(self, limit: LimitKey) -> LimitKey:
-        return dataclasses.replace(limit, amount=limit.amount / self._hint)
-
     async def _reserve_local(self, asks: Mapping[LimitKey, float]) -> Granted | Refused:
-        shares = {self._share(limit): limit for limit in asks}
-        outcome = await self._local.reserve({share: asks[limit] for share, limit in shares.items()})
-        if isinstance(outcome, Refused):
-            return dataclasses.replace(outcome, limit=shares[outcome.limit])
-        held = tuple(
-            (shares[share], start, amount) for share, start, amount in outcome.reservation.held
-        )
+        last_read = {limit: self._last_read(limit).value for limit in asks}
+        outcome, local = await self._shares.reserve(asks, last_read)
+        if isinstance(outcome, Refused) or local is None:
+            return outcome
         ticket = next(self._tickets)
-        self._open[ticket] = _Local(outcome.reservation)
-        statuses = {shares[share]: status for share, status in outcome.statuses.items()}
-        return Granted(Reservation(held, ticket), statuses)
+        self._open[ticket] = _Local(local)
+        return dataclasses.replace(
+            outcome, reservation=dataclasses.replace(outcome.reservation, ticket=ticket)
+        )
+
+    async def _merge(self) -> None:
+        """Up to Redis: the most this replica last read there, and what its shares reserved
+        on their own since (one script per slot)."""
+        limits = self._shares.known()
+        if not limits:
+            return
+        pushes: dict[LimitKey, tuple[float, float]] = {}
+        calls = []
+        for group in self._groups(limits):
+            picked = [limits[i] for i in group]
+            args: list[str | int] = []
+            for limit in picked:
+                read = self._last_read(limit)
+                start, add = pushes[limit] = self._shares.unshared(limit)
+                args += [limit.per, read.born, read.start_ms, repr(read.value)]
+                args += [round(start * 1000), repr(add)]
+            calls.append((tuple(limit_key(self._prefix, limit) for limit in picked), args))
+        async with asyncio.timeout(self._connect_timeout):
+            replies = await run_by_key(self._client(), MERGE, calls)
+        for limit, (start, add) in pushes.items():
+            self._shares.pushed(limit, start, add)
+        self._note_all(limits, replies)
 
     # --- outages ---------------------------------------------------------------------------
 
@@ -283,7 +325,7 @@ class RedisLimits:
                 "on its own until it is back",
                 self._where,
                 type(exc).__name__,
-                self._hint,
+                self._shares.hint,
             )
         if self._reconnect is None or self._reconnect.done():
             self._reconnect = asyncio.create_task(self._reconnect_loop())
@@ -298,6 +340,7 @@ class RedisLimits:
                     # Loaded again: a restarted server has lost its script cache.
                     await self._client().script_load(RESERVE.text)
                     await self._client().script_load(SETTLE.text)
+                    await self._merge()
                 self._healthy = True
                 _log.warning("limits store %s is back: limits are shared again", self._where)
                 return
