@@ -257,8 +257,9 @@ class State(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     probe_lease_secs: PositiveSecs = 60.0
     """How long a claimed probe slot stays claimed if its holder never reports the outcome."""
     replicas_hint: PositiveInt = 1
-    """How many replicas share the limits: while the store is unreachable each one enforces
-    this share of every limit by itself (see [Tenants](policies/tenants.md))."""
+    """How many replicas share the tenants' limits: while the store is unreachable each one
+    enforces this share of every limit by itself (see
+    [Operations](operations.md#sharing-account-health-across-replicas-redis))."""
 
 
 class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
