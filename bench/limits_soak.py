@@ -20,7 +20,13 @@ starts from its share of what it last read, and can be at most the limit); for e
 that loses Redis's data, what the replica that read last had not read (`limit - the largest
 last read`: the replicas merge what they read back up).
 
-Targets: charged - limit <= that bound; no reserve or settle raised; no reserve waited longer
+First, a burst: both workers unpaced, 32 requests in flight each, on a limit of 20,000 tokens,
+every request writing its whole `max_tokens` with an input estimate short by up to 30 tokens:
+what passes the limit is at most the shortfall of the requests in flight when it fills
+(64 x 30), and of all admitted (whichever is smaller).
+
+Targets: burst overspend <= its bound, nothing of it granted locally; charged - limit <= the
+soak's bound; no reserve or settle raised; no reserve waited longer
 than `timeout_ms` + 200 ms (a loaded machine's event loop); each worker saw an outage and the
 recovery (its requests went local, then to Redis again). Exit 0 when every target is met.
 Before the soak, one client's reserve latency on loopback against the in-process store.
@@ -47,6 +53,10 @@ from switchyard_mw.core.limits import Granted, LimitKey, Measure
 from switchyard_mw.state.limits import LocalLimits
 from switchyard_mw.state.redis_limits import RedisLimits, limit_key
 
+BURST = LimitKey(scope="burst", measure=Measure.TOKENS, per="day", amount=20_000)
+BURST_SECS = 3.0
+UNDER = 30
+"""The most a burst request's input estimate falls short by."""
 RATE = 50.0
 """Requests a second per worker."""
 SPENT_AT = 0.6
@@ -137,6 +147,34 @@ async def worker(
     return tally
 
 
+async def burst(url: str, concurrency: int, seed: int) -> dict[str, Any]:
+    """Unpaced: `concurrency` requests in flight until BURST_SECS are over, on BURST; each
+    writes its whole `max_tokens` (the worst case is what it uses) and its input estimate is
+    short by up to UNDER tokens (or over by 10)."""
+    store = RedisLimits(url, key_prefix=PREFIX, timeout_secs=1.0, replicas_hint=REPLICAS)
+    rng = random.Random(seed)
+    tally = {"granted": 0, "charged": 0, "error": 0, "local": 0}
+    end = time.monotonic() + BURST_SECS
+
+    async def one() -> None:
+        while time.monotonic() < end:
+            outcome = await store.reserve({BURST: ESTIMATE + MAX_TOKENS})
+            if not isinstance(outcome, Granted):
+                await asyncio.sleep(0.001)
+                continue
+            tally["granted"] += 1
+            tally["local"] += not store.healthy
+            await asyncio.sleep(rng.uniform(0.001, 0.01))
+            used = ESTIMATE + rng.randint(-10, UNDER) + MAX_TOKENS
+            tally["charged"] += used
+            tally["error"] += max(0, used - (ESTIMATE + MAX_TOKENS))
+            await store.settle(outcome.reservation, {Measure.TOKENS: used})
+
+    await asyncio.gather(*(one() for _ in range(concurrency)))
+    await store.aclose()
+    return tally
+
+
 # --- the parent: redis, the restarts, the verdict ------------------------------------------
 
 
@@ -177,24 +215,27 @@ class Redis:
 
 
 async def reserve_latency(url: str, rounds: int) -> dict[str, float]:
-    """One client, one request at a time: a reserve's median and p99 (µs), Redis and local."""
+    """One client, one request at a time: a reserve's and a settle's median and p99 (µs),
+    Redis and local."""
     out: dict[str, float] = {}
     key = LimitKey(scope="latency", measure=Measure.TOKENS, per="day", amount=1e12)
     redis_store = RedisLimits(url, key_prefix="lat", timeout_secs=1.0)
     stores: dict[str, RedisLimits | LocalLimits] = {"redis": redis_store, "local": LocalLimits()}
     for name, store in stores.items():
-        times = []
+        reserves, settles = [], []
         for i in range(rounds + 50):
             began = time.perf_counter()
             granted = await store.reserve({key: 1})
-            elapsed = time.perf_counter() - began
+            reserved = time.perf_counter()
             assert isinstance(granted, Granted)
             await store.settle(granted.reservation, {Measure.TOKENS: 1})
             if i >= 50:  # after warm-up: connections open, scripts loaded
-                times.append(elapsed * 1e6)
-        times.sort()
-        out[f"{name}_p50_us"] = round(statistics.median(times), 1)
-        out[f"{name}_p99_us"] = round(times[int(len(times) * 0.99) - 1], 1)
+                reserves.append((reserved - began) * 1e6)
+                settles.append((time.perf_counter() - reserved) * 1e6)
+        for step, times in (("reserve", reserves), ("settle", settles)):
+            times.sort()
+            out[f"{name}_{step}_p50_us"] = round(statistics.median(times), 1)
+            out[f"{name}_{step}_p99_us"] = round(times[int(len(times) * 0.99) - 1], 1)
     await redis_store.aclose()
     return out
 
@@ -206,6 +247,14 @@ def run(seconds: float, restarts: int, concurrency: int) -> int:
         server.start()
         try:
             latency = asyncio.run(reserve_latency(server.url, 300 if seconds < 60 else 2000))
+            bursts = [
+                subprocess.Popen(
+                    [sys.executable, __file__, "--burst", server.url, str(concurrency), str(seed)],
+                    stdout=subprocess.PIPE,
+                )
+                for seed in range(REPLICAS)
+            ]
+            burst_outs = [json.loads(b.communicate(timeout=BURST_SECS + 60)[0]) for b in bursts]
             workers = [
                 subprocess.Popen(
                     [
@@ -234,7 +283,7 @@ def run(seconds: float, restarts: int, concurrency: int) -> int:
             outs = [json.loads(w.communicate(timeout=seconds + 60)[0]) for w in workers]
         finally:
             server.stop()
-    return verdict(limit, outs, lost, latency)
+    return verdict(limit, outs, lost, latency, burst_outs, REPLICAS * concurrency)
 
 
 def bound(limit: LimitKey, outs: list[dict[str, Any]], lost: list[tuple[float, float]]) -> float:
@@ -266,6 +315,8 @@ def verdict(
     outs: list[dict[str, Any]],
     lost: list[tuple[float, float]],
     latency: dict[str, float],
+    burst_outs: list[dict[str, Any]],
+    in_flight: int,
 ) -> int:
     keys = [key for key, value in outs[0].items() if isinstance(value, int | float)]
     total = {key: sum(out[key] for out in outs) for key in keys}
@@ -273,7 +324,24 @@ def verdict(
     allowed = bound(limit, outs, lost)
     recovered = all("local" in out["phases"] and out["phases"][-1] == "shared" for out in outs)
     reads = [f"{read:.0f}" for out in outs for _, read in out["outages"]]
+    burst_charged = sum(out["charged"] for out in burst_outs)
+    burst_over = max(0, burst_charged - BURST.amount)
+    # Only requests in flight when the limit fills can pass it, each by its shortfall.
+    burst_bound = min(sum(out["error"] for out in burst_outs), in_flight * UNDER)
+    burst_local = sum(out["local"] for out in burst_outs)
     rows = [
+        (
+            f"burst: {REPLICAS} processes, {BURST_SECS:.0f} s unpaced, limit",
+            f"{BURST.amount:.0f}",
+            "",
+        ),
+        (
+            "burst: charged / granted",
+            f"{burst_charged} / {sum(o['granted'] for o in burst_outs)}",
+            "",
+        ),
+        ("burst: overspend (bound: in flight x shortfall)", f"{burst_over}", f"<= {burst_bound}"),
+        ("burst: granted locally", f"{burst_local}", "0"),
         ("limit (tokens/day)", f"{limit.amount:.0f}", ""),
         ("charged (tokens)", f"{total['charged']}", ""),
         ("overspend", f"{overspend}", f"<= {allowed:.0f}"),
@@ -287,13 +355,15 @@ def verdict(
         (f"reserves over {(TIMEOUT_SECS + MARGIN_SECS) * 1000:.0f} ms", f"{total['slow']}", "0"),
         ("longest reserve (ms)", f"{max(out['max_wait_ms'] for out in outs)}", ""),
         ("outage seen and recovered", "yes" if recovered else "no", "yes"),
-        ("reserve on loopback, Redis p50/p99 µs", _pair(latency, "redis"), ""),
-        ("reserve in process, p50/p99 µs", _pair(latency, "local"), ""),
+        ("reserve on loopback, Redis p50/p99 µs", _pair(latency, "redis_reserve"), ""),
+        ("settle on loopback, Redis p50/p99 µs", _pair(latency, "redis_settle"), ""),
+        ("reserve in process, p50/p99 µs", _pair(latency, "local_reserve"), ""),
     ]
     print("| figure | measured | target |\n|---|---|---|")
     for name, value, target in rows:
         print(f"| {name} | {value} | {target} |")
     ok = overspend <= allowed and total["raised"] == 0 and total["slow"] == 0 and recovered
+    ok = ok and burst_over <= burst_bound and burst_local == 0
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 
@@ -308,7 +378,12 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=120.0)
     parser.add_argument("--concurrency", type=int, default=32, help="per worker")
     parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument("--burst", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.burst:
+        url, concurrency, seed = args.burst
+        print(json.dumps(asyncio.run(burst(url, int(concurrency), int(seed)))))
+        return 0
     if args.worker:
         url, seconds, concurrency, seed, amount = args.worker
         limit = limit_of(float(amount))

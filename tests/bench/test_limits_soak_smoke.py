@@ -29,6 +29,9 @@ def test_limits_soak_smoke_meets_its_targets() -> None:
     measured = re.search(r"\| overspend \| (\d+) \| <= (\d+) \|", out)
     assert measured is not None, out
     assert int(measured[1]) <= int(measured[2])
+    burst = re.search(r"\| burst: overspend \([^)]*\) \| (\d+) \| <= (\d+) \|", out)
+    assert burst is not None, out
+    assert int(burst[1]) <= int(burst[2]) <= 64 * 30
     # The restarts came while the limit was being spent: some requests were granted locally.
     local = re.search(r"\| granted locally \(outage\) \| (\d+) \|", out)
     assert local is not None
