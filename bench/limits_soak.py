@@ -27,7 +27,7 @@ what passes the limit is at most the shortfall of the requests in flight when it
 
 Targets: burst overspend <= its bound, nothing of it granted locally; charged - limit <= the
 soak's bound; no reserve or settle raised; no reserve waited longer
-than `timeout_ms` + 200 ms (a loaded machine's event loop); each worker saw an outage and the
+than `timeout_ms` + 500 ms (a loaded machine's event loop); each worker saw an outage and the
 recovery (its requests went local, then to Redis again). Exit 0 when every target is met.
 Before the soak, one client's reserve latency on loopback against the in-process store.
 """
@@ -63,7 +63,7 @@ SPENT_AT = 0.6
 """The fraction of the run's demand the limit allows."""
 ESTIMATE, MAX_TOKENS, ERROR = 100, 100, 10
 TIMEOUT_SECS = 0.25
-MARGIN_SECS = 0.2
+MARGIN_SECS = 0.5
 REPLICAS = 2
 PREFIX = "soak"
 
@@ -151,7 +151,8 @@ async def burst(url: str, concurrency: int, seed: int) -> dict[str, Any]:
     """Unpaced: `concurrency` requests in flight until BURST_SECS are over, on BURST; each
     writes its whole `max_tokens` (the worst case is what it uses) and its input estimate is
     short by up to UNDER tokens (or over by 10)."""
-    store = RedisLimits(url, key_prefix=PREFIX, timeout_secs=1.0, replicas_hint=REPLICAS)
+    # A long timeout: what is measured here is Redis under concurrency, not an outage.
+    store = RedisLimits(url, key_prefix=PREFIX, timeout_secs=5.0, replicas_hint=REPLICAS)
     rng = random.Random(seed)
     tally = {"granted": 0, "charged": 0, "error": 0, "local": 0}
     end = time.monotonic() + BURST_SECS

@@ -325,6 +325,8 @@ async def test_two_replicas_merging_after_a_restart_add_their_outages_on_the_lar
     assert isinstance(await one.reserve({DAY: 0}), Granted)
     redis_server.kill()
     assert isinstance(await one.reserve({DAY: 1}), Granted)
+    # Its share is raised to half of what it read last (80 of its own so far, now 125).
+    assert one.used(DAY) == 250 / 2 + 1
     redis_server.start()
     await until(lambda: one.healthy, within=5.0)
     assert float(await raw.hget(limit_key("t", DAY), "n") or 0) == 250 + 1

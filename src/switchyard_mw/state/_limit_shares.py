@@ -1,10 +1,10 @@
 """One replica's share of every limit, enforced in process while the shared store is down.
 
-A limit's share is ``amount / replicas_hint``. The first time a share is used in a window it
-starts from this replica's share of what the store last said the window held (the seed): the
+A limit's share is ``amount / replicas_hint``. The first time a share is used in an outage it
+is raised to this replica's share of what the store last said the window held (the seed): the
 replicas together then spend what was left of the limit, not a whole limit on top of it. What
-the share reserved beyond its seed is what the store has not counted; after the outage it goes
-up (`unshared`, then `pushed`), once.
+the share reserved beyond its seeds is what the store has not counted; after the outage it
+goes up (`unshared`, then `pushed`), once.
 
 Local windows are on this host's clock; the store's on Redis's. Near a window's boundary the
 two may name different windows when the clocks disagree: a seed or a push for a window that
@@ -25,8 +25,8 @@ class Shares:
         self._hint = replicas_hint
         self._clock = clock
         self._local = LocalLimits(clock=clock)
-        self._seeds: dict[LimitKey, tuple[float, float]] = {}
-        """Per limit: the local window it was seeded in, and with how much."""
+        self._seeds: dict[LimitKey, tuple[float, float, int]] = {}
+        """Per limit: the local window it was seeded in, with how much, and in which outage."""
         self._pushed: dict[LimitKey, tuple[float, float]] = {}
         """Per limit: the local window, and how much of its use went up to the store."""
 
@@ -38,14 +38,15 @@ class Shares:
         return dataclasses.replace(limit, amount=limit.amount / self._hint)
 
     async def reserve(
-        self, asks: Mapping[LimitKey, float], last_read: Mapping[LimitKey, float]
+        self, asks: Mapping[LimitKey, float], last_read: Mapping[LimitKey, float], outage: int
     ) -> tuple[Granted | Refused, Reservation | None]:
         """Reserve on the shares; `last_read`: what the store last said each window holds (a
-        limit absent: nothing known). The outward answer (in the configured limits), and the
-        local reservation behind a grant."""
+        limit absent: nothing known); `outage`: which outage this is (a new one seeds anew).
+        The outward answer (in the configured limits), and the local reservation behind a
+        grant."""
         shares = {self.share(limit): limit for limit in asks}
         for share, limit in shares.items():
-            self._seed(limit, share, last_read.get(limit, 0.0))
+            self._seed(limit, share, last_read.get(limit, 0.0), outage)
         outcome = await self._local.reserve({share: asks[limit] for share, limit in shares.items()})
         if isinstance(outcome, Refused):
             return dataclasses.replace(outcome, limit=shares[outcome.limit]), None
@@ -71,22 +72,27 @@ class Shares:
         """(this window's start, what the share holds beyond its seed and what went up)."""
         start = window(limit.per, self._clock())[0]
         counted = self._local.used(self.share(limit))
-        seed = _in(self._seeds.get(limit), start)
+        seeded = self._seeds.get(limit)
+        seed = seeded[1] if seeded is not None and seeded[0] == start else 0.0
         pushed = _in(self._pushed.get(limit), start)
         return start, max(0.0, counted - seed - pushed)
 
     def pushed(self, limit: LimitKey, start: float, amount: float) -> None:
         self._pushed[limit] = (start, _in(self._pushed.get(limit), start) + amount)
 
-    def _seed(self, limit: LimitKey, share: LimitKey, read: float) -> None:
+    def _seed(self, limit: LimitKey, share: LimitKey, read: float, outage: int) -> None:
         start = window(limit.per, self._clock())[0]
-        if (seeded := self._seeds.get(limit)) is not None and seeded[0] == start:
+        seeded = self._seeds.get(limit)
+        if seeded is not None and seeded[0] == start and seeded[2] == outage:
             return
-        amount = min(share.amount, read / self._hint)
-        self._seeds[limit] = (start, amount)
-        if amount > 0:
+        before = seeded[1] if seeded is not None and seeded[0] == start else 0.0
+        # Up to this replica's share of what it read last: in an earlier outage of this
+        # window the share counted what it read then, and its own use since went up.
+        top = min(share.amount, read / self._hint) - self._local.used(share)
+        if top > 0:
             # Held until the window ends, never settled: the others' use, not ours.
-            self._local.ledger.reserve({share: amount})
+            self._local.ledger.reserve({share: top})
+        self._seeds[limit] = (start, before + max(0.0, top), outage)
 
 
 def _in(entry: tuple[float, float] | None, start: float) -> float:

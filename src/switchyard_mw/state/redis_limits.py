@@ -2,9 +2,9 @@
 
 Keys (``P`` = ``key_prefix``; docs/operations.md, "Sharing account health"): one hash per
 limit, ``P:limit:{tenant:NAME}:MEASURE:PER`` (``:model:M`` appended for a limit of one model),
-``P:limit:{deployment}:...`` for `[[limits]]`; fields ``w`` (its window's start, ms, Redis
-time) and ``n`` (what that window holds); it expires when its window ends. The braces are a
-Cluster hash tag: one tenant's limits live in one slot.
+``P:limit:{deployment}:...`` for `[[limits]]`, its fields as :mod:`._limits_lua` says; it
+expires when its window ends. The braces are a Cluster hash tag: one tenant's limits live in
+one slot.
 
 Round trips: a reserve is one script (:mod:`._limits_lua`) over every key the request touches,
 a settle or release one more. On a Cluster, a request that touches a tenant's limits and the
@@ -14,12 +14,15 @@ reservation is all or nothing across the two, not atomic: for a moment the grant
 what the refused request will not spend, which refuses no more than it should).
 
 Degraded mode: a call that fails or takes longer than ``timeout_secs`` starts an outage,
-logged and counted once (``switchyard.state.degraded``). Until a background ping finds Redis
+logged and counted once (``switchyard.state.degraded``); a reserve that timed out may still
+run on the server, and then holds its ask until the window ends (on the side of the limit).
+Until a background ping finds Redis
 again, every reserve goes to this process's share of each limit (``amount / replicas_hint``,
 :mod:`._limit_shares`), without a round trip; its first use in a window starts from its share
 of what Redis last said the window held. When Redis answers again, this replica merges (one
 script per slot) what it last read there (a floor: Redis may have restarted empty) and what its
-share reserved during the outage; then new reserves go to Redis again. A reservation settles
+share reserved during the outage; then new reserves go to Redis again, and what the share
+reserved while the merge was under way follows in a second merge. A reservation settles
 where it was made: one made locally, locally. A settle
 of a Redis reservation that fails, or comes during an outage, is dropped: whether it ran is
 unknown (a time-out may come after the server ran it), so running it again might give back
@@ -66,8 +69,8 @@ def limit_key(prefix: str, limit: LimitKey) -> str:
 
 @dataclass(frozen=True, slots=True)
 class _Local:
-    """A reservation the local share holds: the local store's own, and how its limits map
-    back to the configured ones."""
+    """Where a reservation made during an outage is held: this replica's shares, under the
+    shares' own reservation."""
 
     reservation: Reservation
 
@@ -128,6 +131,7 @@ class RedisLimits:
         """Per limit: what Redis last said of its window."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._reconnect: asyncio.Task[None] | None = None
+        self._outages = 0
         self.dropped_settles = 0
         """Settles of Redis reservations given up (failed, or during an outage)."""
 
@@ -279,7 +283,7 @@ class RedisLimits:
 
     async def _reserve_local(self, asks: Mapping[LimitKey, float]) -> Granted | Refused:
         last_read = {limit: self._last_read(limit).value for limit in asks}
-        outcome, local = await self._shares.reserve(asks, last_read)
+        outcome, local = await self._shares.reserve(asks, last_read, self._outages)
         if isinstance(outcome, Refused) or local is None:
             return outcome
         ticket = next(self._tickets)
@@ -291,7 +295,7 @@ class RedisLimits:
     async def _merge(self) -> None:
         """Up to Redis: the most this replica last read there, and what its shares reserved
         on their own since (one script per slot)."""
-        limits = self._shares.known()
+        limits = list(dict.fromkeys([*self._shares.known(), *self._open_reads()]))
         if not limits:
             return
         pushes: dict[LimitKey, tuple[float, float]] = {}
@@ -311,6 +315,11 @@ class RedisLimits:
             self._shares.pushed(limit, start, add)
         self._note_all(limits, replies)
 
+    def _open_reads(self) -> list[LimitKey]:
+        """The limits whose window, as Redis last said, is not over."""
+        now = time.monotonic()
+        return [limit for limit, read in self._seen.items() if now < read.ends]
+
     # --- outages ---------------------------------------------------------------------------
 
     def _lost(self, exc: BaseException) -> None:
@@ -319,6 +328,7 @@ class RedisLimits:
         if self._healthy:
             # Once per outage, not per request: a flapping store must not flood the logs.
             self._healthy = False
+            self._outages += 1
             tm.state_degraded.add(1)
             _log.warning(
                 "limits store %s unreachable (%s): each replica enforces 1/%d of every limit "
@@ -343,6 +353,9 @@ class RedisLimits:
                     await self._merge()
                 self._healthy = True
                 _log.warning("limits store %s is back: limits are shared again", self._where)
+                # The floors are in (a second pass skips them: the hashes are those read);
+                # what the shares reserved during the merge goes up now.
+                self._spawn(self._merge())
                 return
 
     def _spawn(self, work: Any) -> None:
