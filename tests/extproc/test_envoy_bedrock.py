@@ -10,7 +10,6 @@ stream into SSE and maps Bedrock's errors as the forwarding app does.
 
 from __future__ import annotations
 
-import copy
 import os
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -19,14 +18,14 @@ from typing import Any
 import anthropic
 import pytest
 import pytest_asyncio
-import yaml
 
+from extproc_helpers import with_cloud_cluster
 from servers import ROOT, free_port, serve_in_thread
 from switchyard_mw.accounts import build_accounts
 from switchyard_mw.config import parse_config
 from switchyard_mw.extproc import ExtProcServer, Policies, Transport, start_server
 from switchyard_mw.testing import Behaviour, MockProvider
-from switchyard_mw.testing.envoy import envoy_binary, run_envoy, with_ports
+from switchyard_mw.testing.envoy import envoy_binary, run_envoy
 
 pytest.importorskip("botocore")
 try:
@@ -49,28 +48,6 @@ REQUEST: dict[str, Any] = {
     "max_tokens": 50,
     "messages": [{"role": "user", "content": "hi"}],
 }
-CLOUD_FILTER: dict[str, Any] = {
-    "name": "switchyard.upstream.cloud",
-    "typed_config": {
-        "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
-        "grpc_service": {
-            "envoy_grpc": {"cluster_name": "switchyard"},
-            "initial_metadata": [{"key": "x-switchyard-filter", "value": "cloud"}],
-        },
-        "failure_mode_allow": False,
-        "message_timeout": "12s",
-        "allow_mode_override": True,
-        "mutation_rules": {"allow_all_routing": True, "allow_envoy": True},
-        "processing_mode": {
-            "request_header_mode": "SEND",
-            "request_body_mode": "BUFFERED",
-            "response_header_mode": "SEND",
-            "response_body_mode": "NONE",
-            "request_trailer_mode": "SKIP",
-            "response_trailer_mode": "SKIP",
-        },
-    },
-}
 
 
 def config_text(mock_url: str) -> str:
@@ -92,21 +69,6 @@ priority = 1
 failure_threshold = 100
 envoy_cluster = "bedrock"
 """
-
-
-def envoy_config(ports: dict[str, int]) -> str:
-    """The example's config and a `bedrock` cluster: the example cluster's upstream filters,
-    the cloud filter nearest the codec, the same endpoint (the mock serves both faces)."""
-    config = yaml.safe_load(with_ports(ENVOY_YAML, ports))
-    clusters = config["static_resources"]["clusters"]
-    [example] = [c for c in clusters if c["name"] == "mock"]
-    cloud = copy.deepcopy(example)
-    cloud["name"] = cloud["load_assignment"]["cluster_name"] = "bedrock"
-    options = cloud["typed_extension_protocol_options"]
-    filters = options["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]["http_filters"]
-    filters.insert(len(filters) - 1, CLOUD_FILTER)  # before upstream_codec
-    clusters.append(cloud)
-    return yaml.safe_dump(config)
 
 
 @dataclass
@@ -169,7 +131,7 @@ async def rig(
         "otel": free_port(),
     }
     try:
-        with run_envoy(envoy_config(ports), listen_port=listener):
+        with run_envoy(with_cloud_cluster(ENVOY_YAML, ports, "bedrock"), listen_port=listener):
             yield Rig(mock, processor, f"http://127.0.0.1:{listener}")
     finally:
         await processor.stop(grace_secs=1)

@@ -31,6 +31,7 @@ from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from ..accounts import Account
 from ..clouds.anthropic_body import anthropic_error
 from ..clouds.base import StreamTranslator
+from ..clouds.bedrock import anthropic_error_of
 from ..errors import CloudCredentialError, RemoteProtocolError, WireError
 from ..wire import Wire
 from . import _messages as msg
@@ -71,6 +72,8 @@ class CloudStream:
         self.response: list[tuple[bytes, bytes]] = []
         """The error answer's headers, names lowercased (a cloud may name its error there)."""
         self.translator: StreamTranslator | None = None
+        self.replacement: tuple[int, bytes] | None = None
+        """The error answer decided before the attempt went out (no credential)."""
         self.seen: set[str] = set()
 
     async def on(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
@@ -103,14 +106,10 @@ class CloudStream:
         betas = [] if beta is None else [("anthropic-beta", beta.decode("latin-1"))]
         try:
             outbound = await account.outbound(path, body, betas)
-        except WireError as exc:
+        except WireError as exc:  # the request's own fault: no account could take it
             return _refuse(flight, exc.status, exc.error_type, exc.message)
         except CloudCredentialError as exc:
-            # As the forwarding app answers it: refused credentials are the account's fault
-            # for every model (401); a token endpoint that did not answer, a 502.
-            if exc.refused:
-                return _refuse(flight, 401, "authentication_error", str(exc))
-            return _refuse(flight, 502, "api_error", str(exc))
+            return self._without_credential(account, path, exc)
         url = urlsplit(outbound.url)
         target = url.path + (f"?{url.query}" if url.query else "")
         sets = [(":path", target.encode()), (":authority", url.netloc.encode())]
@@ -118,13 +117,29 @@ class CloudStream:
         sets += [(k.lower(), v.encode("latin-1")) for k, v in outbound.headers if k != "host"]
         return msg.request_body(msg.mutation(sets, _CALLER_CREDENTIALS), outbound.body)
 
+    def _without_credential(
+        self, account: Account, path: str, exc: CloudCredentialError
+    ) -> ep.ProcessingResponse:
+        """No credential: the attempt goes out empty (no prompt, no credential) and its
+        answer, whatever the cloud says, is replaced by the forwarding app's: refused
+        credentials a 401 (the account's fault for every model), a token endpoint that did
+        not answer a 502. A local reply here would not do: Envoy sends an upstream filter's
+        local reply straight to the client (measured), with no retry on the next account."""
+        assert account.cloud is not None
+        status, error_type = (401, "authentication_error") if exc.refused else (502, "api_error")
+        self.replacement = status, anthropic_error_of(error_type, str(exc))
+        url = urlsplit(account.cloud.cloud.envelope(path, b"{}", model="-").url)
+        sets = [(":path", url.path.encode()), (":authority", url.netloc.encode())]
+        sets.append(("content-length", b"2"))
+        return msg.request_body(msg.mutation(sets, [*_CALLER_CREDENTIALS, "authorization"]), b"{}")
+
     def on_response_headers(self, http: ep.HttpHeaders) -> ep.ProcessingResponse:
         account = self.account
         if account is None:
             return msg.UNCHANGED_RESPONSE_HEADERS
         headers = msg.headers_of(http, _READ_RESPONSE)
         self.status = int(headers.get(":status", b"0") or 0)
-        if self.status >= 300:
+        if self.status >= 300 or self.replacement is not None:
             if http.end_of_stream:  # no body to read: mapped by its status and headers
                 return self._mapped_headers(b"")
             self.answer = Answer.MAP_ERROR
@@ -167,7 +182,9 @@ class CloudStream:
     def _mapped_body(self, body: bytes) -> ep.ProcessingResponse:
         """The buffered error answer replaced; its held headers get the status and length."""
         assert self.account is not None
-        status, data = self.account.error_answer(self.status, body, self.response)
+        status, data = self.replacement or self.account.error_answer(
+            self.status, body, self.response
+        )
         answer = ep.ProcessingResponse()
         common = answer.response_body.response
         common.body_mutation.body = data
@@ -176,7 +193,7 @@ class CloudStream:
 
     def _mapped_headers(self, body: bytes) -> ep.ProcessingResponse:
         assert self.account is not None
-        status, _ = self.account.error_answer(self.status, body, self.response)
+        status, _ = self.replacement or self.account.error_answer(self.status, body, self.response)
         return msg.response_headers(msg.mutation([(":status", str(status).encode())]))
 
 
@@ -191,6 +208,8 @@ def _error_headers(status: int, data: bytes) -> ep.HeaderMutation:
 
 
 def _refuse(flight: Flight, status: int, error_type: str, message: str) -> ep.ProcessingResponse:
+    """A request no account of the cloud can take (another path, a body that is not JSON):
+    answered to the client at once, as the forwarding app answers it."""
     view = flight.ctx.view
     wire = view.wire if view is not None else Wire.ANTHROPIC
     return msg.immediate(wire, status, error_type, message)
