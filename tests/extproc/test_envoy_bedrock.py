@@ -222,3 +222,27 @@ async def test_the_last_bedrock_refusal_reaches_the_sdk_in_the_api_shape(
     assert body["error"]["type"] == "rate_limit_error"
     assert "ThrottlingException" in body["error"]["message"]
     assert len(rig.mock.requests) == 2
+
+
+async def test_a_bedrock_exception_mid_stream_ends_the_sdks_stream_with_the_error_event(
+    rig: Rig, client: Any
+) -> None:
+    """The event stream's `exception` message becomes Anthropic's `error` event (the first
+    delta 0.3 s before it, so it reached the client first)."""
+    fault = Behaviour(
+        fail="error_mid_stream",
+        stall_after_chunks=1,
+        body_stall_secs=0.3,
+        bedrock_exception="InternalServerException",
+    )
+    rig.mock.set_behaviour(MOCK_AWS_ACCESS_KEY_ID, fault)
+    text: list[str] = []
+    with pytest.raises(anthropic.APIStatusError) as raised:
+        async with client.messages.stream(**REQUEST) as events:
+            async for chunk in events.text_stream:
+                text.append(chunk)
+    assert text  # the first delta reached the client before the failure
+    body = raised.value.body
+    assert isinstance(body, dict)
+    assert body["error"]["type"] == "api_error"
+    assert body["error"]["message"].startswith("Bedrock: internalServerException: ")
