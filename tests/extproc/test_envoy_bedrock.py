@@ -237,10 +237,14 @@ async def test_a_bedrock_exception_mid_stream_ends_the_sdks_stream_with_the_erro
     )
     rig.mock.set_behaviour(MOCK_AWS_ACCESS_KEY_ID, fault)
     text: list[str] = []
-    with pytest.raises(anthropic.APIStatusError) as raised:
+
+    async def read() -> None:
         async with client.messages.stream(**REQUEST) as events:
             async for chunk in events.text_stream:
                 text.append(chunk)
+
+    with pytest.raises(anthropic.APIStatusError) as raised:
+        await read()
     assert text  # the first delta reached the client before the failure
     body = raised.value.body
     assert isinstance(body, dict)
