@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anthropic
+import httpx
 import pytest
 import pytest_asyncio
 
@@ -250,3 +251,18 @@ async def test_a_bedrock_exception_mid_stream_ends_the_sdks_stream_with_the_erro
     assert isinstance(body, dict)
     assert body["error"]["type"] == "api_error"
     assert body["error"]["message"].startswith("Bedrock: internalServerException: ")
+
+
+async def test_another_wire_on_a_bedrock_account_is_refused_in_that_wire(rig: Rig) -> None:
+    """Bedrock serves Claude on the Messages API only: an OpenAI Chat request routed to a
+    Bedrock account is answered 404 in OpenAI's error shape, as the forwarding app answers
+    it, and never reaches Bedrock."""
+    rig.mock.reset()
+    async with httpx.AsyncClient(base_url=rig.envoy_url, timeout=10) as http:
+        answer = await http.post(
+            "/v1/chat/completions",
+            json={"model": "claude-opus-5", "messages": [{"role": "user", "content": "hi"}]},
+        )
+    assert answer.status_code == 404
+    assert "Anthropic Messages API" in answer.json()["error"]["message"]
+    assert rig.mock.requests == []
