@@ -67,6 +67,7 @@ class PolicyMiddleware(ABC):
             ctx, ex = read
         state = scope.setdefault("state", {})
         state["switchyard"] = ctx
+        ctx.headers = scope["headers"]  # only a record reads them (the client's x-request-id)
         # Without an SDK, no span work at all: nothing to look up, start, activate or end.
         span, own_span, annotate = _telemetry(scope, ctx) if tm.tracing() else _NO_SPANS
         if ex is not None:

@@ -54,9 +54,10 @@ from ..engine.machine import (
 from ..model_names import with_query
 from ..telemetry import names as tm
 from ..telemetry import request_metrics
+from ..telemetry.logs import request_id_from
 from ..wire import Wire, WireError, model_not_served, read_request, too_large
 from . import _messages as msg
-from .flights import Flight, Flights, Opening, out_of_order
+from .flights import Flight, Flights, Opening, join, out_of_order
 from .policy import CLUSTER_HEADER, Policies
 
 CONTENT, HELD, EXPIRED = Opening.CONTENT, Opening.HELD, Opening.EXPIRED
@@ -209,7 +210,9 @@ class RouterStream:
             return self.refuse(exc)
         ctx = RequestContext(view=view, body=body, now=self.started_at)
         ctx.budget_at = self.p.budget_at(self.headers, self.started_at)
+        ctx.request_id = request_id_from(self.headers.get(REQUEST_ID_HEADER))
         self.flight = flight = Flight(ctx=ctx, span=self.span, policies=self.p)
+        join(flight)
         flight.path = self.headers.get(":path", b"")
         if self.span is None:
             await self.p.decide_model(ctx, self.gone)

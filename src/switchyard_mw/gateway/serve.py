@@ -17,7 +17,6 @@ recommends running it.
 from __future__ import annotations
 
 import logging
-import logging.config
 import os
 import signal
 import sys
@@ -65,8 +64,7 @@ def serve(
         return _problems(path, exc.problems, err)
     if missing := missing_api_keys(config):
         return _problems(path, missing, err)
-    log_config = logs.logging_config(log_format, level=log_level.upper())
-    logging.config.dictConfig(log_config)
+    log_config = logs.configure(log_format, level=log_level)
     # Each worker builds the app from this variable (uvicorn's factory takes no argument).
     os.environ[CONFIG_ENV] = str(Path(path).resolve())
     server_config = uvicorn.Config(
