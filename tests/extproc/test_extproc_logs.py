@@ -95,9 +95,9 @@ class OwnContext:
 
 
 @pytest.fixture
-async def servicer() -> AsyncIterator[ExtProcServicer]:
+def servicer() -> ExtProcServicer:
     config = parse_config(CONFIG)
-    yield ExtProcServicer(Policies(config, build_accounts(config, ENV)))
+    return ExtProcServicer(Policies(config, build_accounts(config, ENV)))
 
 
 async def test_a_router_level_record_carries_envoys_request_id(

@@ -76,7 +76,8 @@ def mock_url() -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def serve(tmp_path: Path, mock_url: str, *args: str) -> Iterator[Served]:
+def serve(tmp_path: Path, mock_url: str, *args: str, wait: bool = True) -> Iterator[Served]:
+    """`switchyard-mw serve` on a free port; with `wait`, yielded once it listens."""
     config = tmp_path / "switchyard.toml"
     config.write_text(config_text(mock_url))
     port = free_port()
@@ -103,7 +104,8 @@ def serve(tmp_path: Path, mock_url: str, *args: str) -> Iterator[Served]:
     served = Served(proc, f"http://127.0.0.1:{port}", log, config)
     try:
         try:
-            wait_for_port(port, timeout=30)
+            if wait:
+                wait_for_port(port, timeout=30)
         except TimeoutError:
             proc.kill()
             raise RuntimeError(log.read_text()) from None
@@ -202,6 +204,41 @@ def test_json_lines_banner_cooling_recovery_and_reload(tmp_path: Path, mock_url:
     messages = [r["message"] for r in served.records()]
     assert "Shutting down" in messages
     assert "Finished server process" in " ".join(messages)
+
+
+def _catches(pid: int, sig: signal.Signals) -> bool:
+    """Whether process `pid` has a handler for `sig` (Linux: /proc/PID/status, SigCgt)."""
+    with contextlib.suppress(FileNotFoundError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
+def test_a_sighup_while_it_loads_does_not_end_it(tmp_path: Path, mock_url: str) -> None:
+    """SIGHUPs from the moment the process handles one (long before the app has loaded) until
+    it serves: it serves, and reloads once when the app takes the signal over."""
+    with serve(tmp_path, mock_url, "--log-format", "json", wait=False) as served:
+        pid, port = served.proc.pid, int(served.url.rpartition(":")[2])
+        end = time.monotonic() + 30
+        while not _catches(pid, signal.SIGHUP) and time.monotonic() < end:
+            assert served.proc.poll() is None, served.log.read_text()
+            time.sleep(0.005)
+        served.proc.send_signal(signal.SIGHUP)
+        assert "serve.start" not in served.log.read_text()  # before the app, even the banner
+        sent = 1
+        while served.proc.poll() is None and time.monotonic() < end:
+            with contextlib.suppress(TimeoutError):
+                wait_for_port(port, timeout=0.1)
+                break
+            served.proc.send_signal(signal.SIGHUP)
+            sent += 1
+        assert served.proc.poll() is None, served.log.read_text()
+        assert sent > 1  # some came while it loaded
+        assert _ask(served.url).status_code == 200
+        served.wait_for(lambda: _events(served, "config.reload"), "the reload once it serves")
+        assert all(r["result"] == "ok" for r in _events(served, "config.reload"))
 
 
 def test_text_banner(tmp_path: Path, mock_url: str) -> None:

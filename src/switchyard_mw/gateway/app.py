@@ -21,6 +21,7 @@ from ..asgi.admin import CanariesStatusApp, HealthApp, OperatorOnly, ReloadApp
 from ..asgi.cooling import cooling_status_app
 from ..asgi.stack import SwitchyardStack, switchyard_stack
 from ..config import Config, load_config
+from ..engine.early_signal import hold_early
 from ..engine.outbound import make_http_client
 from ..telemetry import otel, prometheus
 from .forwarder import WIRE_ROUTES, Forwarder
@@ -90,5 +91,6 @@ def allowed_from_env() -> list[str]:
 def gateway_from_env() -> SwitchyardStack:
     """The gateway on the config file `SWITCHYARD_CONFIG` names (a uvicorn factory: each
     worker of `switchyard-mw serve --workers N` builds its own)."""
+    hold_early()  # a SIGHUP passed on while this worker starts must not end it
     path = os.environ[CONFIG_ENV]
     return gateway_app(load_config(path), reload_from=path, allow=allowed_from_env())
