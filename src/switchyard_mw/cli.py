@@ -90,10 +90,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     litellm.add_argument("file", help="path to LiteLLM's config.yaml")
     args = parser.parse_args(argv)
-    if args.command == "serve":
+    if args.command in ("serve", "extproc"):
         from .engine.early_signal import hold_early
 
-        hold_early()  # a SIGHUP while the gateway loads must not end it
+        hold_early()  # a SIGHUP while the server loads must not end it
+    if args.command == "serve":
         return run_serve(args, err=sys.stderr)
     if args.command == "check-config":
         return check_config(args.file, out=sys.stdout, err=sys.stderr, check_env=not args.no_env)

@@ -5,6 +5,7 @@ writes every line as one JSON object, the records of its workers too."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import json
 import logging
@@ -221,6 +222,55 @@ def test_the_command_logs_json_lines(tmp_path: Path, transport: str, workers: st
         rest = proc.stderr.read()
         for line in rest.splitlines():  # whatever came after, JSON too
             json.loads(line)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _catches(pid: int, sig: signal.Signals) -> bool:
+    """Whether process `pid` has a handler for `sig` (Linux: /proc/PID/status, SigCgt)."""
+    with contextlib.suppress(FileNotFoundError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    return False
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_sighup_while_it_starts_does_not_end_it(tmp_path: Path, workers: str) -> None:
+    """SIGHUPs from the moment the command handles one until it listens: it listens, and
+    (one process) reads its config again once it serves."""
+    config, log = tmp_path / "sy.toml", tmp_path / "extproc.log"
+    config.write_text(CONFIG)
+    argv = ["--config", str(config), "--listen", "127.0.0.1:0", "--workers", workers]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "switchyard_mw.cli", "extproc", *argv],
+            env={**os.environ, **ENV},
+            stderr=out,
+        )
+    try:
+        end = time.monotonic() + 60
+        while not _catches(proc.pid, signal.SIGHUP) and time.monotonic() < end:
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.005)
+        sent = 0
+        while "listening on" not in log.read_text() and time.monotonic() < end:
+            assert proc.poll() is None, log.read_text()
+            proc.send_signal(signal.SIGHUP)
+            sent += 1
+            time.sleep(0.05)
+        assert sent > 1, log.read_text()  # some came while it started
+        assert proc.poll() is None, log.read_text()
+        if workers == "1":
+            while "config reloaded" not in log.read_text() and time.monotonic() < end:
+                time.sleep(0.05)
+            assert "config reloaded result=ok" in log.read_text()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0, log.read_text()
     finally:
         if proc.poll() is None:
             proc.kill()

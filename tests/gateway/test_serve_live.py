@@ -216,29 +216,40 @@ def _catches(pid: int, sig: signal.Signals) -> bool:
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
-def test_a_sighup_while_it_loads_does_not_end_it(tmp_path: Path, mock_url: str) -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_sighup_while_it_loads_does_not_end_it(
+    tmp_path: Path, mock_url: str, workers: int
+) -> None:
     """SIGHUPs from the moment the process handles one (long before the app has loaded) until
-    it serves: it serves, and reloads once when the app takes the signal over."""
-    with serve(tmp_path, mock_url, "--log-format", "json", wait=False) as served:
-        pid, port = served.proc.pid, int(served.url.rpartition(":")[2])
-        end = time.monotonic() + 30
+    every worker serves: none ends (no worker is replaced), and each reads its config again
+    once it serves."""
+    args = ("--log-format", "json", "--workers", str(workers))
+    with serve(tmp_path, mock_url, *args, wait=False) as served:
+        pid = served.proc.pid
+        end = time.monotonic() + 60
         while not _catches(pid, signal.SIGHUP) and time.monotonic() < end:
             assert served.proc.poll() is None, served.log.read_text()
             time.sleep(0.005)
         served.proc.send_signal(signal.SIGHUP)
         assert "serve.start" not in served.log.read_text()  # before the app, even the banner
         sent = 1
-        while served.proc.poll() is None and time.monotonic() < end:
-            with contextlib.suppress(TimeoutError):
-                wait_for_port(port, timeout=0.1)
-                break
+
+        def started() -> int:
+            return served.log.read_text().count("Application startup complete")
+
+        while served.proc.poll() is None and started() < workers and time.monotonic() < end:
             served.proc.send_signal(signal.SIGHUP)
             sent += 1
+            time.sleep(0.05)
         assert served.proc.poll() is None, served.log.read_text()
         assert sent > 1  # some came while it loaded
         assert _ask(served.url).status_code == 200
-        served.wait_for(lambda: _events(served, "config.reload"), "the reload once it serves")
+        served.wait_for(
+            lambda: len(_events(served, "config.reload")) >= workers, "a reload in each worker"
+        )
         assert all(r["result"] == "ok" for r in _events(served, "config.reload"))
+        assert started() == workers
+        assert "died" not in served.log.read_text()  # uvicorn's word for a worker it replaced
 
 
 def test_text_banner(tmp_path: Path, mock_url: str) -> None:

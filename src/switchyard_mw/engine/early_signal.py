@@ -6,12 +6,19 @@ process started: a SIGHUP sent meanwhile (a deploy that reloads every replica at
 supervisor passing one on) would end the server. `hold_early` notes it instead; whoever takes
 the signal over asks `taken()` whether one came, and reloads once if so. This module imports
 nothing slow, so that the hold is in place before what is.
+
+A worker process is exposed longer: spawned, it starts as a new interpreter, and a SIGHUP its
+parent passes on would end it before its own code runs. Its parent starts it inside
+`blocked_for_children()`: a signal mask survives the fork and the exec, so the signal waits in
+the child until its `hold_early` takes it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
+from collections.abc import Iterator
 from types import FrameType
 
 RELOAD_SIGNAL: signal.Signals | None = getattr(signal, "SIGHUP", None)
@@ -27,6 +34,22 @@ def hold_early() -> None:
     and its config's loading. Only the main thread may set a handler: elsewhere, nothing."""
     if RELOAD_SIGNAL is not None and threading.current_thread() is threading.main_thread():
         signal.signal(RELOAD_SIGNAL, _note)
+        # Started blocked (`blocked_for_children`): one sent meanwhile is taken now.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {RELOAD_SIGNAL})
+
+
+@contextlib.contextmanager
+def blocked_for_children() -> Iterator[None]:
+    """Processes started inside start with `RELOAD_SIGNAL` blocked, until their `hold_early`;
+    here the signal waits until the block ends (it is not lost)."""
+    if RELOAD_SIGNAL is None:
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {RELOAD_SIGNAL})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _note(_signum: int, _frame: FrameType | None) -> None:

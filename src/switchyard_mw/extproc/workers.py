@@ -37,6 +37,7 @@ from typing import Any, TextIO
 
 from ..accounts import build_accounts
 from ..config import Config
+from ..engine.early_signal import blocked_for_children, hold_early
 from ..engine.reload import RELOAD_SIGNAL, Loader
 from ..errors import ListenError, StartupError
 from .server import DEFAULT_TRANSPORT, GRACE_SECS, ExtProcServer, Transport, parse_listen, serve
@@ -133,7 +134,8 @@ def serve_workers(
                 address = f"{host}:{port}"
                 args = (config, address, grace_secs, transport, sender, loader, log_config)
                 procs.append(spawn.Process(target=_worker, args=args, name=f"extproc-{i}"))
-                procs[-1].start()
+                with blocked_for_children():  # a SIGHUP waits until the worker takes it
+                    procs[-1].start()
                 sender.close()  # the child holds its end
             problem = _await_listening([receiver for receiver, _ in pipes], procs, stop)
         if problem is not None:
@@ -228,9 +230,10 @@ def _worker(
     log_config: dict[str, Any] | None = None,
 ) -> None:
     """One worker: serve until SIGTERM, telling the parent once it listens (or why not)."""
-    if loader is not None and RELOAD_SIGNAL is not None:
-        # Until `serve` handles it: a reload asked for while starting must not kill the worker.
-        signal.signal(RELOAD_SIGNAL, signal.SIG_IGN)
+    if loader is not None:
+        # Until `serve` handles it: a reload asked for while starting must not kill the worker
+        # (it reloads once it serves).
+        hold_early()
     if log_config is not None:
         logging.config.dictConfig(log_config)
 

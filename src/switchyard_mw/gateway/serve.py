@@ -29,6 +29,7 @@ from uvicorn.supervisors.multiprocess import Multiprocess
 
 from ..clouds.kinds import base_url_of
 from ..config import Config, State, load_config, missing_api_keys
+from ..engine.early_signal import blocked_for_children
 from ..errors import ConfigError
 from ..telemetry import logs
 from .app import CONFIG_ENV, OPERATOR_ROUTES, allowed_from_env
@@ -154,6 +155,16 @@ def _without_credentials(url: str) -> str:
 class ReloadingWorkers(Multiprocess):
     """uvicorn's workers, but a SIGHUP reloads each worker's config in place (the stack's own
     SIGHUP handler in each) instead of replacing the workers: streams go on, health is kept."""
+
+    def init_processes(self) -> None:
+        # A SIGHUP passed on to a worker still starting waits until it takes it (its factory's
+        # `hold_early`), rather than ending it; a replaced worker too.
+        with blocked_for_children():
+            super().init_processes()
+
+    def keep_subprocess_alive(self) -> None:
+        with blocked_for_children():
+            super().keep_subprocess_alive()
 
     def handle_hup(self) -> None:
         for process in self.processes:
