@@ -120,10 +120,13 @@ def serve(tmp_path: Path, mock_url: str, *args: str, wait: bool = True) -> Itera
             proc.wait()
 
 
-def _ask(url: str) -> httpx.Response:
+def _ask(url: str, request_id: str | None = None) -> httpx.Response:
+    headers = {"x-api-key": "client-key"}
+    if request_id is not None:
+        headers["x-request-id"] = request_id
     return httpx.post(
         f"{url}/v1/messages",
-        headers={"x-api-key": "client-key"},
+        headers=headers,
         json={"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
         timeout=10,
     )
@@ -157,7 +160,8 @@ def test_json_lines_banner_cooling_recovery_and_reload(tmp_path: Path, mock_url:
         # Account a's key fails: one fault cools it (threshold 1), b answers the same request.
         httpx.put(f"{mock_url}/_mock/behaviours/key-a", json={"status": 503}).raise_for_status()
         try:
-            answer = _ask(served.url)
+            # The client names its request: the records name it so.
+            answer = _ask(served.url, request_id="client-req-01")
             assert answer.status_code == 200
             assert answer.headers["x-switchyard-account"] == "b"
             served.wait_for(lambda: _events(served, "account.cooled"), "the cooling")
@@ -170,7 +174,7 @@ def test_json_lines_banner_cooling_recovery_and_reload(tmp_path: Path, mock_url:
         assert cooled["cause"] == "outage"
         assert cooled["status"] == "503"
         assert cooled["period_secs"] == COOLDOWN_SECS
-        assert len(cooled["request_id"]) == 16
+        assert cooled["request_id"] == "client-req-01"
 
         # The cooling over, the next request is a's probe: it succeeds, a is back.
         time.sleep(COOLDOWN_SECS + 0.2)
@@ -179,7 +183,7 @@ def test_json_lines_banner_cooling_recovery_and_reload(tmp_path: Path, mock_url:
         served.wait_for(lambda: _events(served, "account.recovered"), "the recovery")
         (back,) = _events(served, "account.recovered")
         assert (back["level"], back["account"], back["probe"]) == ("INFO", "a", "succeeded")
-        assert back["request_id"] != cooled["request_id"]
+        assert len(back["request_id"]) == 16  # no x-request-id: one made for it
 
         # uvicorn's access lines are JSON too, with their parts as fields.
         access = [r for r in served.records() if r["logger"] == "uvicorn.access"]
