@@ -333,6 +333,9 @@ for name, answer in REFUSES_THE_KEY.items():
         [answer], [("a", "m")], credential_503, before=ONLY_A
     )
     TABLE[f"{name} on a, b serves m: b"] = Row([answer, OK], [("a", "m"), ("b", "m")], served)
+    TABLE[f"{name} on a alone, waits allowed: no wait, the credential 503 at once"] = Row(
+        [answer], [("a", "m")], credential_503, wait=3, before=ONLY_A
+    )
 
 
 @pytest.mark.parametrize("row", TABLE.values(), ids=TABLE.keys())

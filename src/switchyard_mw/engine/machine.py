@@ -858,6 +858,8 @@ class AttemptMachine:
         account = ctx.account
         if self._waited or self._failure is not None or account is None or not self.tried:
             return None
+        if self._last_refused:
+            return None  # a refused key or billing does not heal by waiting (its 429 neither)
         secs = in_place.wait_secs(
             self._status,
             self._retry_headers,
