@@ -144,11 +144,14 @@ async def test_failing_again_after_the_wait_then_the_chain_on_the_same_account(
     gateway: str, mock: MockProvider
 ) -> None:
     mock.set_behaviour("key-again", Behaviour(status=500, status_models=["again"]))
-    async with anthropic.AsyncAnthropic(base_url=gateway, api_key="x") as client:
-        async with client.messages.with_streaming_response.create(
+    client = anthropic.AsyncAnthropic(base_url=gateway, api_key="x")
+    async with (
+        client,
+        client.messages.with_streaming_response.create(
             model="again", max_tokens=8, messages=MESSAGES, stream=True
-        ) as raw:
-            body = await raw.text()
+        ) as raw,
+    ):
+        body = await raw.text()
     assert "message_stop" in body
     assert raw.headers["x-switchyard-model"] == "again-mini"
     assert raw.headers["x-switchyard-route"] == "fallback:unavailable"
@@ -191,11 +194,13 @@ async def test_a_billing_refusal_is_the_credential_503_never_a_hold_or_the_clien
         response = claude_error.value.response
     else:
         async with openai.AsyncOpenAI(base_url=f"{gateway}/v1", api_key="x") as gpt:
+            call = (
+                gpt.chat.completions.create(model=account, messages=MESSAGES)
+                if wire == "chat"
+                else gpt.responses.create(model=account, input="Say hello")
+            )
             with pytest.raises(openai.InternalServerError) as gpt_error:
-                if wire == "chat":
-                    await gpt.chat.completions.create(model=account, messages=MESSAGES)
-                else:
-                    await gpt.responses.create(model=account, input="Say hello")
+                await call
         response = gpt_error.value.response
     assert response.status_code == 503
     assert REFUSED in response.json()["error"]["message"]
