@@ -211,6 +211,21 @@ def b_and_v_refused(env: Env) -> None:
     env.cool("v", cause=Cause.CREDENTIALS)
 
 
+def a_and_b_down(env: Env) -> None:
+    env.cool("a")
+    env.cool("b")
+
+
+def b_and_v_down(env: Env) -> None:
+    env.cool("b")
+    env.cool("v")
+
+
+def v_down_and_a_held_for_m_mini(env: Env) -> None:
+    env.cool("v")
+    env.engine.pool.hold("a", "m-mini", 30.0)
+
+
 ONLY_A = b_and_v_refused
 """Of `m`'s accounts only `a` can serve (it also serves the chain's `m-mini`): b's and v's
 keys were refused by earlier requests (they cool for it; waiting does not heal them)."""
@@ -287,7 +302,7 @@ TABLE: dict[str, Row] = {
         [("v", "m-var"), ("v", "m")],
         served,
         model="m-var",
-        before=lambda env: (env.cool("a"), env.cool("b")),
+        before=a_and_b_down,
     ),
     "v refuses its key for m-var: the base m never on v": Row(
         [status(401), OK],
@@ -311,13 +326,13 @@ TABLE: dict[str, Row] = {
             and "the credentials of some were refused" in action.error.message
             and b"retry-after" in dict(action.headers)
         ),
-        before=lambda env: (env.cool("b"), env.cool("v")),
+        before=b_and_v_down,
     ),
     "a fails m with a 503, then b refuses its key: a's 503 (an answer that is no key's)": Row(
         [status(503), status(401)],
         [("a", "m"), ("b", "m")],
         delivered,
-        before=lambda env: (env.cool("v"), env.engine.pool.hold("a", "m-mini", 30.0)),
+        before=v_down_and_a_held_for_m_mini,
     ),
 }
 for name, answer in FAILS_THE_PAIR.items():
