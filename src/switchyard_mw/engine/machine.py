@@ -1131,7 +1131,14 @@ class AttemptMachine:
             ctx.resolved_model = model  # the canary's base or a fallback; the body follows it
         again = bool(tried) and tried[-1] == lease.account  # in place: no failover
         tried.append(lease.account)
-        self._failed.setdefault(model, set()).add(lease.account)
+        # Out for this model in the rest of the request, as its failure would be kept (a
+        # success ends the request): recorded now, so that a peek while it is in flight
+        # (`_another_free`) already leaves it out.
+        failed = self._failed.get(model)
+        if failed is None:
+            self._failed[model] = {lease.account}
+        else:
+            failed.add(lease.account)
         if len(tried) > 1 and not again:
             tm.failovers.add(1, {tm.RESPONSE_MODEL: model})
         client = engine.start_attempt(ctx, lease)
