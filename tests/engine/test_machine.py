@@ -973,6 +973,18 @@ def key_refused_forwarded(env: Env, m: AttemptMachine) -> None:
     assert m.ended(How.RETURNED) is DONE
 
 
+def key_refused_then_served(env: Env, m: AttemptMachine) -> None:
+    """a refuses its key, b answers (Envoy: the final answer reaches the router-level stream,
+    which asks whether to replace it)."""
+    begun(env, m)
+    assert m.started(401) is HOLD_FOR_FAILOVER
+    assert m.ended(How.RETURNED) is NEXT
+    assert is_send("b")(m.next())
+    m.retries_over()
+    assert m.started(200) is FORWARD
+    assert m.ended(How.RETURNED) is DONE
+
+
 def no_retry_invited(env: Env, m: AttemptMachine, action: object) -> None:
     assert isinstance(action, Refuse)
     assert dict(action.headers) == {b"x-should-retry": b"false"}
@@ -1073,6 +1085,9 @@ TABLE.update(
         ),
         "done, the final answer a success: nothing replaces it": Row(
             done, State.DONE, ask("replacement"), is_(None), State.DONE
+        ),
+        "done, a 401 then another account's success: nothing replaces it": Row(
+            key_refused_then_served, State.DONE, ask("replacement"), is_(None), State.DONE
         ),
         "a stream that broke after its content: its continuation on another account": Row(
             lambda env, m: (forwarding(env, m), m.ended(How.RAISED, Failure.TRANSPORT_ERROR)),

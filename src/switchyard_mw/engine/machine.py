@@ -1146,7 +1146,7 @@ class AttemptMachine:
         self._lease, self._status, self._retry_headers = lease, None, None
         self._sent_at = self._clock()
         self._failure = self._released = None
-        self._billing = False
+        self._billing = self._last_refused = False
         self.state = _SENT
         if not self._traced:
             return Send(lease, model, None)
