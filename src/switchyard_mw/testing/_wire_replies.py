@@ -145,9 +145,9 @@ def billing_body(path: str) -> tuple[int, bytes]:
     (`path`: the wire's, as ENDPOINTS): Anthropic's 400 `invalid_request_error` "Your credit
     balance is too low", OpenAI's 429 `insufficient_quota` (Chat and Responses)."""
     if path == "/v1/messages":
-        error = {"type": "invalid_request_error", "message": BILLING_ANTHROPIC}
-        return 400, encode({"type": "error", "error": error})
-    error = {
+        refusal = {"type": "invalid_request_error", "message": BILLING_ANTHROPIC}
+        return 400, encode({"type": "error", "error": refusal})
+    error: dict[str, str | None] = {
         "message": BILLING_OPENAI,
         "type": "insufficient_quota",
         "param": None,
