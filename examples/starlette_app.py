@@ -1,11 +1,15 @@
 """An LLM gateway in front of Anthropic/OpenAI-style providers, wrapped by switchyard_stack().
 
     python examples/starlette_app.py            # serves 127.0.0.1:8000, mock provider on :9100
+    switchyard-mw serve my.toml --workers 4     # your own config: the same app, no mock
+        # (`serve` sets keep-alive, graceful stop and SIGHUP reload as docs/operations.md says;
+        # with `[state] backend = "redis"` in my.toml the workers share account cooling)
     SWITCHYARD_CONFIG=my.toml uvicorn examples.starlette_app:app --timeout-keep-alive 75
-    SWITCHYARD_CONFIG=my.toml uvicorn examples.starlette_app:app --timeout-keep-alive 75 --workers 4
-        # keep-alive above the clients' idle expiry (docs/operations.md, "Keep-alive")
-        # with `[state] backend = "redis"` in my.toml (the redis extra: pip install '.[redis]'), the
-        # workers share account cooling; /switchyard/accounts shows it from whichever answers
+        # the same app under your own uvicorn command line
+
+The app itself is `switchyard_mw.gateway.app.gateway_app` (what `switchyard-mw serve` runs);
+this file adds the mock provider, in process, whose log goes to its own file
+(SWITCHYARD_MOCK_LOG, default mock-provider.log in the temp folder), never to the gateway's.
 
 Environment:
     SWITCHYARD_CONFIG      the config file (default: examples/switchyard.toml, on the mock)
@@ -15,6 +19,7 @@ Environment:
     SWITCHYARD_OPERATOR_ALLOW  client addresses (comma-separated) that may call the operator
                            routes besides loopback: /metrics, /switchyard/* (default: none)
     HOST, PORT, LOG_LEVEL  where `python examples/starlette_app.py` serves (127.0.0.1, 8000)
+    LOG_FORMAT             text (default) or json: one JSON object per line
     OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME, ...   the standard OpenTelemetry variables:
                            with an endpoint, traces and metrics also go out over OTLP
                            (`switchyard_mw.telemetry.otel.configure`); metrics are always on
@@ -27,33 +32,31 @@ from loopback, which reloads the worker that takes the request.
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import os
+import tempfile
 import threading
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route, request_response
-
-from switchyard_mw.asgi.admin import CanariesStatusApp, HealthApp, OperatorOnly, ReloadApp
-from switchyard_mw.asgi.cooling import cooling_status_app
-from switchyard_mw.asgi.stack import switchyard_stack
 from switchyard_mw.config import Config, load_config, parse_config
-from switchyard_mw.engine.outbound import make_http_client
-from switchyard_mw.gateway import WIRE_ROUTES, Forwarder
-from switchyard_mw.telemetry import otel, prometheus
+from switchyard_mw.gateway.app import allowed_from_env, gateway_app
 
 DEFAULT_CONFIG = Path(__file__).with_name("switchyard.toml")
 CONFIG = os.environ.get("SWITCHYARD_CONFIG", str(DEFAULT_CONFIG))
 USING_DEFAULT = str(DEFAULT_CONFIG) == CONFIG
 START_MOCK = os.environ.get("SWITCHYARD_START_MOCK", "1" if USING_DEFAULT else "0")
+MOCK_THREAD = "mock-provider"
+MOCK_LOG = os.environ.get(
+    "SWITCHYARD_MOCK_LOG", str(Path(tempfile.gettempdir()) / "mock-provider.log")
+)
 
 
 def _start_mock_provider() -> None:
-    """The bundled mock, on its own thread and event loop, so the example runs offline."""
+    """The bundled mock, on its own thread and event loop, so the example runs offline.
+
+    Its server leaves the logging config alone (`log_config=None`): its records (a fault it
+    was told to play ends in a traceback) are told apart by its thread's name and go to
+    MOCK_LOG (see the end of this file)."""
     import uvicorn
 
     from switchyard_mw.testing import Behaviour, MockProvider
@@ -62,8 +65,24 @@ def _start_mock_provider() -> None:
     mock = MockProvider()
     # The judge of the `auto` route is the mock too: have it answer with one of the labels.
     mock.set_behaviour(os.environ["MOCK_JUDGE_KEY"], Behaviour(reply="complex"))
-    server = uvicorn.Server(uvicorn.Config(mock, host="127.0.0.1", port=port, log_level="warning"))
-    threading.Thread(target=server.run, name="mock-provider", daemon=True).start()
+    config = uvicorn.Config(mock, host="127.0.0.1", port=port, log_config=None)
+    server = uvicorn.Server(config)
+    threading.Thread(target=server.run, name=MOCK_THREAD, daemon=True).start()
+
+
+class _MockApart(logging.Filter):
+    """Passes every record but the mock thread's, which it writes to MOCK_LOG instead."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.file = logging.FileHandler(MOCK_LOG)
+        self.file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.threadName != MOCK_THREAD:
+            return True
+        self.file.handle(record)
+        return False
 
 
 def _config() -> Config:
@@ -81,53 +100,35 @@ if START_MOCK == "1":
     os.environ.setdefault("MOCK_KEY_A", "mock-key-a")
     os.environ.setdefault("MOCK_KEY_B", "mock-key-b")
     os.environ.setdefault("MOCK_JUDGE_KEY", "mock-judge-key")
+    if __name__ != "__main__":
+        # Under a uvicorn command line of your own, its logging config is in force: the mock's
+        # records are taken off its loggers here, to MOCK_LOG (the `__main__` block below does
+        # the same through its config).
+        apart = _MockApart()
+        for name in ("", "uvicorn.error", "uvicorn.access"):  # where the mock's server logs
+            logging.getLogger(name).addFilter(apart)
     _start_mock_provider()
 
-otel.configure(service_name="switchyard-gateway")
-http_client = make_http_client()
-forwarder = Forwarder(http_client)
-
-
-async def metrics(_: Request) -> Response:
-    status, body, content_type = prometheus.render()
-    return Response(body, status_code=status, media_type=content_type)
-
-
-@contextlib.asynccontextmanager
-async def lifespan(_: Starlette) -> AsyncIterator[None]:
-    yield
-    await http_client.aclose()
-    await app.aclose()
-
-
-gateway = Starlette(
-    routes=[*(Route(path, forwarder, methods=["POST"]) for path in WIRE_ROUTES)],
-    lifespan=lifespan,
-)
-app = switchyard_stack(gateway, config=_config(), reload_from=_config)
-# Operator routes: loopback only unless SWITCHYARD_OPERATOR_ALLOW names more (SECURITY.md).
-# Each view asks the stack for what is in force now, so it follows reloads.
-allow = [a.strip() for a in os.environ.get("SWITCHYARD_OPERATOR_ALLOW", "").split(",") if a.strip()]
-operator_routes = {
-    "/metrics": (request_response(metrics), ["GET"]),
-    "/switchyard/accounts": (cooling_status_app(lambda: app.pool), ["GET", "HEAD"]),
-    "/switchyard/health": (HealthApp(config=lambda: app.config), ["GET"]),
-    "/switchyard/canaries": (CanariesStatusApp(lambda: app.variant.canaries), ["GET"]),
-    "/switchyard/reload": (ReloadApp(app.reload), ["POST"]),
-}
-for path, (view, methods) in operator_routes.items():
-    gateway.add_route(path, OperatorOnly(view, allow=allow), methods=methods)
+# Operator routes (/metrics, /switchyard/*): loopback only unless SWITCHYARD_OPERATOR_ALLOW
+# names more (SECURITY.md).
+app = gateway_app(_config(), reload_from=_config, allow=allowed_from_env())
 
 if __name__ == "__main__":
     import uvicorn
 
+    from switchyard_mw.gateway.serve import KEEP_ALIVE_SECS
+    from switchyard_mw.telemetry.logs import logging_config
+
+    log_format = "json" if os.environ.get("LOG_FORMAT") == "json" else "text"
+    level = os.environ.get("LOG_LEVEL", "info").upper()
     uvicorn.run(
         app,
         # Longer than clients keep an idle connection (httpx, under the OpenAI and Anthropic
         # SDKs: 5 s, uvicorn's own default): else a request sent as uvicorn closes an idle
         # connection is reset. docs/operations.md, "Keep-alive".
-        timeout_keep_alive=75,
+        timeout_keep_alive=KEEP_ALIVE_SECS,
         host=os.environ.get("HOST", "127.0.0.1"),
         port=int(os.environ.get("PORT", "8000")),
-        log_level=os.environ.get("LOG_LEVEL", "info"),
+        # The gateway's records and uvicorn's in one format; the mock's to its own file.
+        log_config=logging_config(log_format, level=level, apart={MOCK_THREAD: MOCK_LOG}),
     )

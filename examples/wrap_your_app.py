@@ -5,11 +5,12 @@
         uvicorn examples.wrap_your_app:app --port 8001
 
 What is yours: `forward()`, an endpoint that calls the upstream and relays its answer, a
-stream included, and the app around it. What switchyard adds, from one call
+stream included (`relay_stream`), and the app around it. What switchyard adds, from one call
 (`switchyard_stack`): before `forward()` runs, the request's model is decided (judge route,
 canary) and written into the body, an account is chosen (`ctx.account`) and the attempt's
 deadline is set (`timeout_for(ctx)`); an account that refuses or fails is failed over and
-cooled, a deadline that runs out is answered 504 (or ends the stream with an error event).
+cooled, a deadline that runs out is answered 504 (or ends the stream with an error event), and
+an upstream that breaks mid-stream ends the client's stream with the wire's error event.
 FastAPI works the same: `app = switchyard_stack(FastAPI(...), config=...)`.
 
 Environment: SWITCHYARD_CONFIG (default: examples/switchyard.toml, whose accounts point at
@@ -23,13 +24,18 @@ import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from switchyard_mw import current_context, make_http_client, switchyard_stack, timeout_for
+from switchyard_mw import (
+    current_context,
+    make_http_client,
+    relay_stream,
+    switchyard_stack,
+    timeout_for,
+)
 from switchyard_mw.asgi.admin import OperatorOnly, cooling_status_app
 from switchyard_mw.telemetry import otel
 from switchyard_mw.telemetry.prometheus import metrics_app
@@ -60,8 +66,11 @@ async def forward(request: Request) -> Response:
     answer = await http.send(upstream, stream=True)
     content_type = answer.headers.get("content-type", "application/json")
     if content_type.startswith("text/event-stream"):
+        # Whole events as they come; an upstream that breaks mid-stream ends the client's
+        # stream with the wire's error event (the client already has its 200), never a cut
+        # connection. The answer is closed however the stream ends.
         return StreamingResponse(
-            relay(answer), status_code=answer.status_code, media_type=content_type
+            relay_stream(answer), status_code=answer.status_code, media_type=content_type
         )
     try:
         body = await answer.aread()
@@ -70,14 +79,6 @@ async def forward(request: Request) -> Response:
     # The upstream's status, as it answered: switchyard reads it to tell a fault (401, 5xx)
     # from a success. An app that answers with another status calls ctx.report_upstream().
     return Response(body, status_code=answer.status_code, media_type=content_type)
-
-
-async def relay(answer: httpx.Response) -> AsyncIterator[bytes]:
-    try:
-        async for chunk in answer.aiter_bytes():
-            yield chunk
-    finally:
-        await answer.aclose()  # also when the client left mid-stream
 
 
 async def hello(_: Request) -> Response:

@@ -1,7 +1,8 @@
 """Small user gateways on Starlette, FastAPI, Litestar and Django, as a team would write them.
 
 Each forwards `/v1/messages` and `/v1/chat/completions` with `make_http_client()`,
-`current_context()` and `timeout_for(ctx)` (README, "Wrap your own app"): to the account
+`current_context()`, `timeout_for(ctx)` and, for a stream, `relay_stream(answer)` in the
+framework's own streaming response (README, "Wrap your own app"): to the account
 switchyard chose, or, when no cooling policy chose one (a middleware used alone), to the app's
 own default upstream. Each also has what a real app has beside its LLM routes: a lifespan, a
 websocket echo at `/ws`, `GET /hello` and `POST /echo`.
@@ -37,6 +38,7 @@ from switchyard_mw import (
     VariantMiddleware,
     current_context,
     make_http_client,
+    relay_stream,
     switchyard_stack,
     timeout_for,
 )
@@ -83,14 +85,6 @@ def streams(response: httpx.Response) -> bool:
     return response.headers.get("content-type", "").startswith("text/event-stream")
 
 
-async def relay(response: httpx.Response) -> AsyncIterator[bytes]:
-    try:
-        async for chunk in response.aiter_raw():
-            yield chunk
-    finally:
-        await response.aclose()
-
-
 async def read_whole(response: httpx.Response) -> bytes:
     try:
         return await response.aread()
@@ -119,7 +113,9 @@ def starlette_app(upstream: Upstream, events: list[str]) -> Any:
         response = await upstream.call(request.url.path, await request.body())
         if streams(response):
             return StreamingResponse(
-                relay(response), status_code=response.status_code, media_type=media_type(response)
+                relay_stream(response),
+                status_code=response.status_code,
+                media_type=media_type(response),
             )
         data = await read_whole(response)
         return Response(data, status_code=response.status_code, media_type=media_type(response))
@@ -153,7 +149,9 @@ def fastapi_app(upstream: Upstream, events: list[str]) -> Any:
         response = await upstream.call(request.url.path, await request.body())
         if streams(response):
             return StreamingResponse(
-                relay(response), status_code=response.status_code, media_type=media_type(response)
+                relay_stream(response),
+                status_code=response.status_code,
+                media_type=media_type(response),
             )
         data = await read_whole(response)
         return Response(data, status_code=response.status_code, media_type=media_type(response))
@@ -198,7 +196,9 @@ def litestar_app(upstream: Upstream, events: list[str], middleware: list[Any]) -
         response = await upstream.call(request.url.path, await request.body())
         if streams(response):
             return Stream(
-                relay(response), status_code=response.status_code, media_type=media_type(response)
+                relay_stream(response),
+                status_code=response.status_code,
+                media_type=media_type(response),
             )
         data = await read_whole(response)
         return litestar.Response(
@@ -261,7 +261,7 @@ async def _django_llm(request: Any) -> Any:
     response = await _django_upstream[-1].call(request.path, request.body)
     if streams(response):
         return StreamingHttpResponse(
-            relay(response), status=response.status_code, content_type=media_type(response)
+            relay_stream(response), status=response.status_code, content_type=media_type(response)
         )
     data = await read_whole(response)
     return HttpResponse(data, status=response.status_code, content_type=media_type(response))

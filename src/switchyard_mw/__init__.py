@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from .config import Config, load_config
     from .context import RequestContext, context_of, current_context
     from .engine.outbound import make_http_client, timeout_for
+    from .engine.relay import relay_stream
     from .errors import ConfigError, MissingExtraError, StartupError, SwitchyardError
 
     __version__: str
@@ -41,6 +42,7 @@ _HOMES = {
     "current_context": "context",
     "load_config": "config",
     "make_http_client": "engine.outbound",
+    "relay_stream": "engine.relay",
     "switchyard_stack": "asgi.stack",
     "timeout_for": "engine.outbound",
 }
@@ -62,6 +64,7 @@ __all__ = [
     "current_context",
     "load_config",
     "make_http_client",
+    "relay_stream",
     "switchyard_stack",
     "timeout_for",
 ]

@@ -360,6 +360,11 @@ def validate(raw: Mapping[str, Any]) -> tuple[Config, list[str]]:
     # unknown, and "no client serves X" would mislead.
     declared = raw.get("llm_clients")
     declared_clients = set(declared) if isinstance(declared, dict) else set()
+    if declared is None or declared == {}:
+        problems.append(
+            "llm_clients: no accounts (at least one [llm_clients.NAME] table; without one "
+            "every request is refused)"
+        )
     clients_complete = declared_clients <= set(config.llm_clients)
     problems.extend(
         _cross_check(
@@ -501,8 +506,12 @@ def _describe(exc: msgspec.ValidationError, where: str) -> str:
     return f"{path}: {what[0].lower()}{what[1:]}"
 
 
-def _quote(name: str) -> str:
+def quote_key(name: str) -> str:
+    """A name as a part of a problem's key path: bare, or in double quotes."""
     return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else f'"{name}"'
+
+
+_quote = quote_key
 
 
 def _cross_check(
@@ -784,22 +793,28 @@ def read_api_keys(
     The message names the variable, never a value.
     """
     env = os.environ if environ is None else environ
-    keys: dict[str, str | None] = {}
-    missing: list[str] = []
-    for name, client in config.llm_clients.items():
-        if client.api_key_env is None:
-            keys[name] = None
-            continue
-        value = env.get(client.api_key_env)
-        if not value:
-            missing.append(
-                f"llm_clients.{_quote(name)}.api_key_env: environment variable "
-                f"{client.api_key_env} is not set"
-            )
-        keys[name] = value
+    keys = {
+        name: env.get(c.api_key_env) if c.api_key_env else None
+        for name, c in config.llm_clients.items()
+    }
+    missing = [
+        problem
+        for name, client in config.llm_clients.items()
+        if (problem := missing_api_key(name, client, env)) is not None
+    ]
     if missing:
         raise StartupError("; ".join(missing))
     return keys
+
+
+def missing_api_key(name: str, client: LLMClient, environ: Mapping[str, str]) -> str | None:
+    """`llm_clients.NAME.api_key_env: ...` when the client's key variable is unset or empty."""
+    if client.api_key_env is None or environ.get(client.api_key_env):
+        return None
+    return (
+        f"llm_clients.{_quote(name)}.api_key_env: environment variable "
+        f"{client.api_key_env} is not set"
+    )
 
 
 def missing_api_keys(config: Config, environ: Mapping[str, str] | None = None) -> list[str]:

@@ -46,6 +46,7 @@ class RequestContext:
         "input_tokens",
         "key_kind",
         "output_tokens",
+        "request_id",
         "resolved_model",
         "response_status",
         "route",
@@ -56,6 +57,10 @@ class RequestContext:
         "variant",
         "view",
     )
+
+    request_id: str
+    """The id the request's log records carry, made by its first record: unset until then
+    (most requests make none), so that a request pays nothing for it."""
 
     # Not keyword-only: the stack builds one per request, positionally (a call with keywords
     # builds a dict of them first).

@@ -654,6 +654,7 @@ async def test_status_app_shows_state_and_no_secret(clock: FakeClock) -> None:
                 "current_cooldown_secs": 30.0,
                 "cause": "outage",
                 "probe_in_flight": False,
+                "probe_due": False,
                 "held_for_secs": {},
                 "models": {},
             },
@@ -665,6 +666,7 @@ async def test_status_app_shows_state_and_no_secret(clock: FakeClock) -> None:
                 "current_cooldown_secs": 30.0,
                 "cause": None,
                 "probe_in_flight": False,
+                "probe_due": False,
                 "held_for_secs": {"m": 28.0},
                 "models": {},
             },
@@ -672,6 +674,36 @@ async def test_status_app_shows_state_and_no_secret(clock: FakeClock) -> None:
     }
     assert b"sk-secret" not in response.content
     assert refused.status_code == 405
+
+
+async def test_status_app_shows_half_open_once_the_period_ran_out_with_no_request(
+    clock: FakeClock,
+) -> None:
+    accounts = {"a": account("a"), "dual": account("dual", models=("m", "n"))}
+    pool = pool_from_accounts(accounts, clock=clock)
+    cool(pool, "a")
+    cool(pool, "dual")  # a 5xx of an account serving two models: its pair for "m" cools
+    app = cooling_status_app(pool, clock=clock)
+
+    def fields(entry: dict[str, Any]) -> tuple[object, ...]:
+        keys = ("state", "cooled_for_secs", "probe_in_flight", "probe_due")
+        return tuple(entry[k] for k in keys)
+
+    async def page() -> tuple[tuple[object, ...], tuple[object, ...]]:
+        async with http(app) as client:
+            a, dual = (await client.get("/")).json()["accounts"]
+        return fields(a), fields(dual["models"]["m"])
+
+    clock.now += 29.999
+    assert await page() == (("cooled", 0.001, False, False),) * 2
+    clock.now += 0.001  # the period's end: no request came, the probe is due
+    assert await page() == (("half_open", None, False, True),) * 2
+    clock.now += 600.0
+    assert await page() == (("half_open", None, False, True),) * 2
+    lease = pool.acquire("m", allowed=["a"])
+    assert lease is not None
+    assert lease.probe
+    assert (await page())[0] == ("half_open", None, True, False)
 
 
 def _scope() -> Scope:

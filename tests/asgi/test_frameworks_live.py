@@ -16,6 +16,7 @@ Each case has its own model, so the accounts of one case never answer another's:
 | m-alone-down | alone-down (a closed port)                     |
 | m-slow    | slow (the mock waits 3 s; timeout_secs 1)         |
 | m-stream  | streamer (1.5 s between chunks; timeout_secs 1, stream_idle_secs 4) |
+| m-cut     | cutter (the mock resets the connection after the first text delta) |
 
 On a deadline the app's own upstream call must end too, not only the client's answer: the
 mock counts the requests it is still answering (`in_flight`), and a call the app dropped ends
@@ -43,6 +44,7 @@ import pytest
 import uvicorn
 
 import framework_apps
+from node_clients import AiSdk, Call
 from servers import ROOT, free_port, refusing_port, serve_in_thread, wait_for_port
 from switchyard_mw.testing import Behaviour, MockProvider
 
@@ -56,6 +58,7 @@ KEYS = {
     "KEY_REJECTING": "rejecting-key",
     "KEY_SLOW": "slow-key",
     "KEY_STREAM": "stream-key",
+    "KEY_CUT": "cut-key",
     "KEY_JUDGE": "judge-key",
     "KEY_CLOSED": "closed-key",
 }
@@ -64,7 +67,7 @@ MESSAGES: Any = [{"role": "user", "content": "Say hello"}]
 REFUSED = "timeout_secs = 10\n"
 """The refusing accounts' deadline: a refusal takes a millisecond, and should a connection hang
 instead, the case fails with a 504 well inside pytest's timeout rather than by it."""
-FAILED_ATTEMPT = "failed ("  # the cooling policy's one warning line per failed attempt
+FAILED_ATTEMPT = "attempt failed"  # the one record per failed attempt (switchyard_mw.accounts)
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +96,7 @@ def _config(mock_url: str, closed: list[str]) -> str:
             "timeout_secs = 1\nstream_idle_secs = 4\n",
         ),
         ("judge", mock_url, "KEY_JUDGE", ["m-judge"], 0, ""),
+        ("cutter", mock_url, "KEY_CUT", ["m-cut"], 0, ""),
     ]
     text = ""
     for name, url, key, models, priority, extra in accounts:
@@ -138,6 +142,9 @@ def _script(provider: MockProvider) -> None:
         KEYS["KEY_STREAM"], Behaviour(chunks=STREAM_CHUNKS, chunk_interval_secs=1.5)
     )
     provider.set_behaviour(KEYS["KEY_JUDGE"], Behaviour(reply="complex"))
+    provider.set_behaviour(
+        KEYS["KEY_CUT"], Behaviour(chunks=3, stall_after_chunks=1, fail="reset_mid_stream")
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -479,6 +486,71 @@ def test_stream_with_gaps_under_the_idle_limit_completes(target: Target) -> None
         final = stream.get_final_message()
     assert text == "Hello from the mock provider."
     assert final.stop_reason == "end_turn"
+
+
+@pytest.fixture(scope="module")
+def ai_sdk(tmp_path_factory: pytest.TempPathFactory) -> AiSdk:
+    """The Vercel AI SDK under Node, installed once for the module."""
+    return AiSdk(tmp_path_factory.mktemp("ai-sdk"))
+
+
+BROKEN = "upstream stream failed: "
+"""How the error event of a stream the upstream broke begins its message (then the
+transport error's name)."""
+
+
+def _read_text(events: Any, into: list[str], text_of: Any) -> None:
+    """Append the text of each event of a stream, keeping what arrived before it raises."""
+    for event in events:
+        into.append(text_of(event))
+
+
+def _broken_anthropic_stream(target: Target) -> tuple[str, dict[str, Any]]:
+    text: list[str] = []
+    with (
+        _anthropic(target).messages.stream(
+            model="m-cut", max_tokens=32, messages=MESSAGES
+        ) as stream,
+        pytest.raises(anthropic.APIStatusError) as error,
+    ):
+        _read_text(stream.text_stream, text, str)
+    assert error.value.status_code == 200  # the stream had started: its status stands
+    body: Any = error.value.body
+    return "".join(text), body["error"]
+
+
+def _broken_chat_stream(target: Target) -> tuple[str, openai.APIError]:
+    text: list[str] = []
+    chunks = _openai(target).chat.completions.create(model="m-cut", messages=MESSAGES, stream=True)
+    with pytest.raises(openai.APIError) as error:
+        _read_text(chunks, text, lambda c: c.choices[0].delta.content or "" if c.choices else "")
+    return "".join(text), error.value
+
+
+@pytest.mark.timeout(300)  # the first target also installs the AI SDK's packages
+def test_a_stream_the_upstream_breaks_ends_with_the_wires_error_event(
+    target: Target, ai_sdk: AiSdk
+) -> None:
+    """The mock resets the connection after the first text delta: the app's relay
+    (`relay_stream`; the example's forwarder) ends the client's stream with the wire's error
+    event, which each client reports as the gateway's error after the text it had, and the
+    server logs no traceback."""
+    mark = target.log_mark()
+    text, claude_error = _broken_anthropic_stream(target)
+    assert text == "Hello fro"
+    assert claude_error["type"] == "upstream_error"
+    assert claude_error["message"].startswith(BROKEN)
+    text, chat_error = _broken_chat_stream(target)
+    assert text == "Hello fro"
+    assert (chat_error.type, chat_error.code) == ("upstream_error", "upstream_error")
+    assert chat_error.message.startswith(BROKEN)
+    calls = [Call("anthropic", "m-cut", True), Call("chat", "m-cut", True)]
+    for outcome in ai_sdk.calls(target.url, calls):
+        assert outcome["text"] == "Hello fro", outcome
+        [error] = outcome["errors"]  # one error part, the gateway's: no "terminated"
+        assert error["type"] == "upstream_error", outcome
+        assert error["message"].startswith(BROKEN), outcome
+    assert "Traceback" not in target.log()[mark:]
 
 
 # --- the rows of the framework apps (the example has no websocket of its own) --------------

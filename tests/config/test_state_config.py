@@ -76,7 +76,9 @@ def test_check_config_names_the_backend_without_credentials(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "s.toml"
-    path.write_text('[state]\nbackend = "redis"\nurl = "redis://:hunter2@10.0.0.5:6380/2"\n')
+    path.write_text(
+        CLIENT + '[state]\nbackend = "redis"\nurl = "redis://:hunter2@10.0.0.5:6380/2"\n'
+    )
     assert main(["check-config", str(path)]) == 0
     out = capsys.readouterr().out
     assert "state: redis at redis://10.0.0.5:6380, key prefix 'switchyard'" in out
@@ -104,7 +106,7 @@ def test_check_config_names_the_mode(
     table: str, expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "s.toml"
-    path.write_text(f'[state]\nbackend = "redis"\n{table}\n')
+    path.write_text(CLIENT + f'[state]\nbackend = "redis"\n{table}\n')
     assert main(["check-config", str(path)]) == 0
     out = capsys.readouterr().out
     assert expected in out

@@ -560,6 +560,11 @@ class PoolMachine(RuleBasedStateMachine):
             now = self.pool.status_of(s.name)
             assert s.cooldown_secs <= now.current_cooldown_secs <= s.max_cooldown_secs
             assert (now.cooled_until is not None) == (now.state is BreakerState.COOLED)
+            # Cooled only while the period runs; half-open from its end, the probe due until
+            # one is out.
+            assert now.cooled_until is None or now.cooled_until > self.clock.now
+            half_open = now.state is BreakerState.HALF_OPEN
+            assert now.probe_due == (half_open and not now.probe_in_flight)
             if now.cooled_until is not None:
                 assert now.cooled_until >= self.until.get(s.name, now.cooled_until)
                 self.until[s.name] = now.cooled_until

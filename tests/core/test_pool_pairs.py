@@ -211,7 +211,9 @@ def test_the_store_hears_of_each_pairs_changes_with_its_model() -> None:
         ("dual", None, Change.FAULT),
         ("dual", None, Change.PROBE_SUCCESS),
     ]
-    assert state(pool, "m1") is COOLED  # m1's pair cools on
+    # m1's pair stays out: its period ran out too, so its own probe is due (half-open).
+    assert state(pool, "m1") is HALF_OPEN
+    assert pool.status_of("dual", model="m1").probe_due
     # The shared state of another replica lands on the pair named.
     pool.merge("dual", Shared(1, 10.0, 30.0), model="m2")
     assert state(pool, "m2") is COOLED

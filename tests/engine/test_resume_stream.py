@@ -153,7 +153,7 @@ def test_the_account_s_own_setting_wins_over_the_server_s() -> None:
     assert not enabled(LLMClient(models=["m"]), off)
     assert enabled(LLMClient(models=["m"], resume_streams=True), off)
     assert not enabled(LLMClient(models=["m"], resume_streams=False), on)
-    assert parse_config("").server.resume_streams is False  # off by default
+    assert Server().resume_streams is False  # off by default
 
 
 def test_the_splice_reader_ends_only_on_the_continuation_s_last_event() -> None:

@@ -10,6 +10,7 @@ and Ctrl-C stops it cleanly.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -18,18 +19,28 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import anthropic
 import httpx
 import openai
 import pytest
+from openai.types.responses import ResponseErrorEvent, ResponseTextDeltaEvent
 
+from node_clients import AiSdk, Call
 from servers import ROOT, free_port, wait_for_port
 
 pytestmark = pytest.mark.integration
 
 KEYS = {"MOCK_KEY_A": "key-a", "MOCK_KEY_B": "key-b", "MOCK_JUDGE_KEY": "key-j"}
-HELLO = [{"role": "user", "content": "Hello"}]
+HELLO: Any = [{"role": "user", "content": "Hello"}]
+WIRES = ("anthropic", "chat", "responses")
+
+
+@pytest.fixture(scope="module")
+def ai_sdk(tmp_path_factory: pytest.TempPathFactory) -> AiSdk:
+    """The Vercel AI SDK under Node (installed before the app starts)."""
+    return AiSdk(tmp_path_factory.mktemp("ai-sdk"))
 
 
 @dataclass
@@ -52,11 +63,15 @@ def _stop(proc: subprocess.Popen[bytes]) -> int:
 
 
 def readme_commands() -> list[str]:
-    """The shell commands of the README's "Wrap your own app", in order."""
+    """The shell commands of the README's "Wrap your own app", in order: the mock it starts
+    when "Start here" is not running (given in a comment), then the app."""
     text = (ROOT / "README.md").read_text()
     section = text.split("\n## Wrap your own app\n", 1)[1].split("\n## ", 1)[0]
     block = re.findall(r"```sh\n(.*?)```", section, re.S)[0]
-    return [line.strip() for line in block.splitlines() if line.strip()]
+    mock = re.search(r"\.venv/bin/switchyard-mw mock --port \d+ &", block)
+    assert mock is not None, block
+    lines = [line.strip() for line in block.splitlines()]
+    return [mock.group(), *(line for line in lines if line and not line.startswith("#"))]
 
 
 def _as_run(command: str, *, port: int, mock_port: int) -> list[str]:
@@ -74,7 +89,20 @@ def _as_run(command: str, *, port: int, mock_port: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    tmp = tmp_path_factory.mktemp("wrap")
+    with started(tmp_path_factory.mktemp("wrap")) as app:
+        yield app
+
+
+@pytest.fixture
+def fresh(tmp_path: Path) -> Iterator[Running]:
+    """Another run of the README's commands: no account health carried over."""
+    with started(tmp_path) as app:
+        yield app
+
+
+@contextlib.contextmanager
+def started(tmp: Path) -> Iterator[Running]:
+    """The mock and the app started as the README's commands say, in `tmp`."""
     port, mock_port = free_port(), free_port()
     # The example's config with its accounts moved to the mock's free port.
     config = tmp / "switchyard.toml"
@@ -119,6 +147,54 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
 def _behave(running: Running, key: str, behaviour: dict[str, object]) -> None:
     r = httpx.put(f"{running.mock_url}/_mock/behaviours/{key}", json=behaviour, timeout=5)
     assert r.status_code == 200, r.text
+
+
+def _read(events: Any, into: list[Any]) -> None:
+    """Append what a stream yields, keeping what arrived before it raises."""
+    for event in events:
+        into.append(event)
+
+
+class Read(NamedTuple):
+    """What a client read of a stream: its text, and the type (Responses: code) and message
+    of the error it reported (None: the stream ended whole)."""
+
+    text: str
+    kind: str | None = None
+    message: str | None = None
+
+
+def _messages_stream(claude: anthropic.Anthropic) -> Read:
+    events: list[Any] = []
+    stream = claude.messages.create(
+        model="claude-haiku-5", max_tokens=100, messages=HELLO, stream=True
+    )
+    try:
+        _read(stream, events)
+    except anthropic.APIStatusError as exc:
+        error: Any = exc.body
+        kind, message = error["error"]["type"], error["error"]["message"]
+    else:
+        kind = message = None
+    text = "".join(e.delta.text for e in events if e.type == "content_block_delta")
+    return Read(text, kind, message)
+
+
+def _chat_stream(gpt: openai.OpenAI) -> Read:
+    chunks: list[Any] = []
+    with pytest.raises(openai.APIError) as error:
+        _read(gpt.chat.completions.create(model="gpt-5", messages=HELLO, stream=True), chunks)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    return Read(text, str(error.value.code), error.value.message)
+
+
+def _responses_stream(gpt: openai.OpenAI) -> Read:
+    # The SDK yields the error event as a typed event, the stream's last.
+    events = list(gpt.responses.create(model="gpt-5", input="Hello", stream=True))
+    last = events[-1]
+    assert isinstance(last, ResponseErrorEvent), last
+    text = "".join(e.delta for e in events if isinstance(e, ResponseTextDeltaEvent))
+    return Read(text, str(last.code), last.message)
 
 
 def test_the_wrapped_app_answers_streams_fails_over_and_stops(running: Running) -> None:
@@ -177,3 +253,51 @@ def test_the_wrapped_app_answers_streams_fails_over_and_stops(running: Running) 
 
     assert _stop(running.app) == 0
     assert "Traceback" not in running.log.read_text(), running.log.read_text()
+
+
+BREAK = {"chunks": 3, "stall_after_chunks": 1, "fail": "reset_mid_stream"}
+"""Key A's stream: reset by the provider after its first text delta ("Hello fro")."""
+CUT = Read("Hello fro", "upstream_error")
+"""What a client reads of a stream nothing continues: the first delta, then the error event."""
+
+
+def test_a_stream_the_provider_breaks_ends_with_its_error_event_or_is_resumed(
+    fresh: Running, ai_sdk: AiSdk
+) -> None:
+    """Key A resets each stream after its first delta. The app relays with `relay_stream`, so
+    the client's stream ends with the wire's error event, which the SDKs report; with the
+    shipped config's `resume_streams`, a Messages stream is instead continued on key B (the
+    prefill continued, not repeated) and reads whole. No traceback is logged."""
+    claude = anthropic.Anthropic(base_url=fresh.url, api_key="anything", max_retries=0)
+    gpt = openai.OpenAI(base_url=f"{fresh.url}/v1", api_key="anything", max_retries=0)
+    reads = {"anthropic": _messages_stream, "chat": _chat_stream, "responses": _responses_stream}
+    for wire, read in reads.items():
+        _behave(fresh, KEYS["MOCK_KEY_A"], {**BREAK, "times": 1})
+        seen = read(claude if wire == "anthropic" else gpt)  # type: ignore[operator]
+        if wire == "anthropic":  # resumed on key B (Chat's accounts take no prefill)
+            assert seen == Read("Hello from the mock provider."), seen
+        else:
+            assert seen._replace(message=None) == CUT, (wire, seen)
+            assert str(seen.message).startswith("upstream stream failed: "), seen
+        # A whole answer of the model from key A between two breaks: the faults of the pair
+        # (account, model) never add up to a cooling.
+        if wire == "anthropic":
+            claude.messages.create(model="claude-haiku-5", max_tokens=100, messages=HELLO)
+        else:
+            gpt.chat.completions.create(model="gpt-5", messages=HELLO)
+
+    _behave(fresh, KEYS["MOCK_KEY_A"], {**BREAK, "times": len(WIRES)})
+    calls = [Call(w, "claude-haiku-5" if w == "anthropic" else "gpt-5", True) for w in WIRES]
+    for call, outcome in zip(calls, ai_sdk.calls(fresh.url, calls), strict=True):
+        if call.wire == "anthropic":
+            assert (outcome["text"], outcome["errors"]) == ("Hello from the mock provider.", [])
+            continue
+        assert outcome["text"] == CUT.text, outcome
+        [error] = outcome["errors"]  # the gateway's error event, not a cut connection
+        # Responses: the SDK's own stream error, with the event's code and the event as data.
+        kind = error["code"] if call.wire == "responses" else error["type"]
+        assert kind == CUT.kind, outcome
+        assert error["message"].startswith("upstream stream failed: "), outcome
+
+    assert _stop(fresh.app) == 0
+    assert "Traceback" not in fresh.log.read_text(), fresh.log.read_text()

@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from servers import example_gateway, serve_in_thread
-from switchyard_mw.testing import Behaviour, MockProvider
+from switchyard_mw.testing import DEFAULT_REPLY, Behaviour, MockProvider
 from switchyard_mw.testing._tool_calls import split_text
 
 pytestmark = pytest.mark.integration
@@ -313,3 +313,38 @@ async def test_a_stalled_chat_stream_is_continued_after_its_idle_bound(
         stream = await client.chat.completions.create(model="gpt-x", messages=QUESTION, stream=True)
         await drain(stream, parts)
     assert "".join(parts) == PARTIAL + CONTINUED
+
+
+@pytest.mark.parametrize(
+    ("chunks", "cut_after"),
+    [(3, 1), (21, 8)],  # cut at "Hello fro"; at "Hello from " (the prefill drops the space)
+)
+async def test_a_resumed_stream_reads_the_answer_once(
+    gateway: str, provider: MockProvider, chunks: int, cut_after: int
+) -> None:
+    """Both accounts answer alike, as two keys of one provider do: the continuation goes on
+    from the prefill instead of starting over, so the client reads the answer once."""
+    provider.set_behaviour(
+        "key-a", Behaviour(chunks=chunks, stall_after_chunks=cut_after, fail="reset_mid_stream")
+    )
+    text: list[str] = []
+    async with claude(gateway) as client:
+        final = await story(client, text)
+    assert "".join(text) == DEFAULT_REPLY
+    assert [b.text for b in final.content if b.type == "text"] == [DEFAULT_REPLY]
+    assert final.stop_reason == "end_turn"
+    partial = "".join(split_text(DEFAULT_REPLY, chunks)[:cut_after])
+    assert prefill_of(provider)["content"] == [{"type": "text", "text": partial.rstrip()}]
+
+    provider.reset()
+    provider.set_behaviour(
+        "key-a", Behaviour(chunks=chunks, stall_after_chunks=cut_after, fail="reset_mid_stream")
+    )
+    parts: list[str] = []
+    async with openai.AsyncOpenAI(
+        base_url=gateway + "/v1", api_key="caller", max_retries=0
+    ) as chat:
+        await drain(
+            await chat.chat.completions.create(model="gpt-x", messages=QUESTION, stream=True), parts
+        )
+    assert "".join(parts) == DEFAULT_REPLY

@@ -262,6 +262,74 @@ async def test_chunks_split_the_reply(mock: MockProvider, local: Target) -> None
     assert texts == ["h", "i"]
 
 
+# --- a prefill: the answer continues the assistant's own last turn -----------------------
+
+PREFILLS = [
+    ("Hello fro", "m the mock provider."),  # how a resumed stream sends its partial answer
+    ("Hello from", " the mock provider."),  # trailing whitespace dropped, as the API wants
+    ("Sure:", DEFAULT_REPLY),  # a prefill the reply does not begin with: the whole reply
+    (DEFAULT_REPLY, ""),  # the whole reply already said
+]
+
+
+@pytest.mark.parametrize(("prefill", "rest"), PREFILLS)
+async def test_a_messages_prefill_is_continued_not_repeated(
+    target: Target, prefill: str, rest: str
+) -> None:
+    turns: Any = [*MESSAGES, {"role": "assistant", "content": prefill}]
+    async with target.anthropic() as client:
+        message = await client.messages.create(model="m", max_tokens=64, messages=turns)
+        stream = await client.messages.create(model="m", max_tokens=64, messages=turns, stream=True)
+        events = [event async for event in stream]
+    assert message.content[0].text == rest  # type: ignore[union-attr]
+    deltas = [e.delta.text for e in events if e.type == "content_block_delta"]  # type: ignore[union-attr]
+    assert "".join(deltas) == rest
+    # Billed for what it said: the continuation alone (4 bytes a token).
+    assert message.usage.output_tokens == max(1, len(rest.encode()) // 4)
+
+
+async def test_a_prefill_in_text_blocks_is_continued(local: Target) -> None:
+    blocks = [{"type": "text", "text": "Hello "}, {"type": "text", "text": "fro"}]
+    turns: Any = [*MESSAGES, {"role": "assistant", "content": blocks}]
+    async with local.anthropic() as client:
+        message = await client.messages.create(model="m", max_tokens=64, messages=turns)
+    assert message.content[0].text == "m the mock provider."  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("prefill", "rest"), PREFILLS[:2])
+async def test_a_chat_prefill_is_continued_not_repeated(
+    target: Target, prefill: str, rest: str
+) -> None:
+    turns: Any = [*MESSAGES, {"role": "assistant", "content": prefill}]
+    async with target.openai() as client:
+        completion = await client.chat.completions.create(model="m", messages=turns)
+        stream = await client.chat.completions.create(model="m", messages=turns, stream=True)
+        chunks = [chunk async for chunk in stream]
+    assert completion.choices[0].message.content == rest
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == rest
+
+
+async def test_a_responses_prefill_is_continued(local: Target) -> None:
+    items: Any = [
+        {"role": "user", "content": "Say hello"},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "Hello fro"}]},
+    ]
+    async with local.openai() as client:
+        response = await client.responses.create(model="m", input=items)
+    assert response.output_text == "m the mock provider."
+
+
+async def test_a_conversation_that_ends_with_the_user_is_answered_whole(local: Target) -> None:
+    turns: Any = [
+        {"role": "user", "content": "Say hello"},
+        {"role": "assistant", "content": "Hello fro"},
+        {"role": "user", "content": "Again"},
+    ]
+    async with local.anthropic() as client:
+        message = await client.messages.create(model="m", max_tokens=64, messages=turns)
+    assert message.content[0].text == DEFAULT_REPLY  # type: ignore[union-attr]
+
+
 # --- errors -------------------------------------------------------------------------------
 
 ERRORS = [
@@ -515,15 +583,34 @@ async def test_reset_mid_stream_breaks_the_sdk_stream(mock: MockProvider, tcp: T
         stream = await client.messages.create(
             model="m", max_tokens=8, messages=MESSAGES, stream=True
         )
-        with pytest.raises(httpx2.RemoteProtocolError):
+        with pytest.raises(BROKEN_STREAM) as broken:
             await collect(stream, events)
+    assert hung_up(broken.value)
     texts = [e.delta.text for e in events if e.type == "content_block_delta"]
     assert tuple(texts) == PARTS[:2]
 
     async with tcp.openai() as o_client:
         o_stream = await o_client.responses.create(model="m", input="hi", stream=True)
-        with pytest.raises(openai.APIConnectionError):
+        with pytest.raises(BROKEN_STREAM) as o_broken:
             await collect(o_stream, [])
+    assert hung_up(o_broken.value)
+
+
+BROKEN_STREAM = (anthropic.APIConnectionError, openai.APIConnectionError, httpx2.TransportError)
+"""What an SDK raises when a stream it reads breaks off: its `APIConnectionError` (anthropic
+from 2.17.0, openai's later 3.x), or, in the releases before, the transport's own error as it
+came (anthropic 2.16.0, with which this module passes too). What the SDKs document is only
+that a failure to reach the API is a connection error: the hang-up underneath is the check."""
+
+
+def hung_up(error: BaseException) -> bool:
+    """Whether the peer's hang-up mid-body is what `error` is, or what it wraps."""
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, httpx2.RemoteProtocolError):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 async def test_reset_mid_stream_without_streaming(mock: MockProvider, tcp: Target) -> None:

@@ -37,15 +37,20 @@ RUN_BY = {
         (".ci/run", "pip install -q -e '.[dev]'"),
         (".ci/run", ".venv/bin/pytest"),
     ],
-    ".venv/bin/switchyard-mw mock --port 9100 &": [
-        ("tests/examples/test_example_wrap.py", "readme_commands()"),  # as written, in bash
-    ],
     "MOCK_KEY_A=key-a MOCK_KEY_B=key-b MOCK_JUDGE_KEY=key-j "
     ".venv/bin/uvicorn examples.wrap_your_app:app --port 8001": [
         ("tests/examples/test_example_wrap.py", "readme_commands()"),
+        ("tests/examples/test_readme_sequence.py", "readme_servers()"),  # beside the others
     ],
-    ".venv/bin/python examples/envoy/run.py": [
+    ".venv/bin/switchyard-mw check-config my.toml": [
+        ("tests/gateway/test_serve_live.py", "readme_serve_commands()"),  # as written, in bash
+    ],
+    ".venv/bin/switchyard-mw serve my.toml --port 8002 --workers 2 --log-format json": [
+        ("tests/gateway/test_serve_live.py", "readme_serve_commands()"),
+    ],
+    "SWITCHYARD_MOCK_PORT=9101 .venv/bin/python examples/envoy/run.py": [
         ("tests/examples/test_example_extra.py", '"examples/envoy/run.py"'),
+        ("tests/examples/test_readme_sequence.py", "readme_servers()"),  # beside the others
     ],
     ".venv/bin/pip install build && .venv/bin/python -m build": [
         (".ci/check_wheel.sh", "pip install build"),

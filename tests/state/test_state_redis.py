@@ -200,8 +200,8 @@ async def test_a_failed_probe_recools_everywhere_with_the_period_the_outage_age_
     assert await acquire_shared(a, "m") is None  # b holds the probe: a neither probes nor serves
     assert a.retry_after_secs("m") == 1.0
     b.record(probe, Outcome.FAULT, cause)
-    # The new cooling, not the first fault's: that one has run out but stays COOLED until a
-    # probe, and for a young outage its period is the same, so only its end tells them apart.
+    # The new cooling, not the first fault's: that one has run out (half-open), and for a
+    # young outage its period is the same, so only its end tells them apart.
     await until(
         lambda: cooled(a) and cooled_for(a) > 0 and a.status_of("x").current_cooldown_secs == period
     )
@@ -408,3 +408,39 @@ async def test_a_server_that_lost_the_script_gets_it_again_without_an_outage(
         await client.aclose()
     assert store.healthy
     assert otel_metrics.value(tm.STATE_DEGRADED) == degraded
+
+
+async def test_every_replica_reads_half_open_once_the_cooling_ran_out(
+    replica: MakeReplica,
+) -> None:
+    """No request after the cooling: every replica reads it half-open with the probe due; the
+    probe one replica sends is in flight for the others; a replica that connects later learns
+    the same from Redis."""
+    accounts = (spec("x", failure_threshold=1, cooldown_secs=0.3),)
+    a, _ = await replica(*accounts)
+    b, _ = await replica(*accounts)
+    await fault(a)
+    await until(lambda: cooled(b))
+    assert not b.status_of("x").probe_due
+    await asyncio.sleep(0.35)  # over on both
+    for pool in (a, b):
+        status = pool.status_of("x")
+        assert (status.state, status.cooled_until, status.probe_due) == (
+            BreakerState.HALF_OPEN,
+            None,
+            True,
+        )
+    c, _ = await replica(*accounts)  # connected after the end: its resync says so
+    await until(lambda: c.status_of("x").probe_due)
+    assert c.status_of("x").state is BreakerState.HALF_OPEN
+    probe = await acquire_shared(b, "m")
+    assert probe is not None
+    assert probe.probe
+    for pool in (a, c):
+        await until(lambda p=pool: p.status_of("x").probe_in_flight)  # type: ignore[misc]
+        assert pool.status_of("x").state is BreakerState.HALF_OPEN
+        assert not pool.status_of("x").probe_due
+    b.record(probe, Outcome.FAULT)
+    for pool in (a, c):
+        await until(lambda p=pool: cooled(p))  # type: ignore[misc]
+        assert not pool.status_of("x").probe_due

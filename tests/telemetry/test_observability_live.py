@@ -3,9 +3,10 @@
 Prometheus (Debian's `prometheus`, which brings `promtool`) runs on a free loopback port and
 scrapes the example gateway every second while a scripted mix of traffic runs through it with
 the official SDKs: successes and streams, a canary whose variant fails, a refused account that
-cools, a throttled account, a slow upstream, a stalled judge. Then every PromQL expression in
-the dashboard, the rules and docs/telemetry.md must return at least one series, and the alerts
-that traffic should fire must be pending or firing.
+cools, a throttled account, a slow upstream, a stalled judge, an account whose short cooling
+runs out with no request since. Then every PromQL expression in the dashboard, the rules and
+docs/telemetry.md must return at least one series, and the alerts that traffic should fire must
+be pending or firing.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ pytestmark = [
 ]
 
 HERE = ROOT / "examples" / "observability"
-KEYS = {f"KEY_{n.upper()}": f"key-{n}" for n in ("good", "canary", "dead", "slow", "hold", "judge")}
+NAMES = ("good", "canary", "dead", "slow", "hold", "judge", "healed")
+KEYS = {f"KEY_{n.upper()}": f"key-{n}" for n in NAMES}
 ALERTS = {
     "SwitchyardAccountCooledTooLong",
     "SwitchyardJudgeFailOpenRateHigh",
@@ -62,6 +64,7 @@ def gateway_config(mock: str) -> str:
         + account("slow", '["slow-model"]', "timeout_secs = 0.2\nfailure_threshold = 100000")
         + account("hold", '["claude-haiku-5"]')
         + account("judge", '["gpt-judge"]')
+        + account("healed", '["healed-model"]', "failure_threshold = 1\ncooldown_secs = 3")
         + '[canaries."claude-opus-5"]\nvariants = { "claude-opus-5-5" = 50.0 }\n'
         + "[routes.auto]\n"
         + 'classifier = "llm"\njudge = "judge"\njudge_model = "gpt-judge"\n'
@@ -129,6 +132,10 @@ async def traffic_round(gateway: str, index: int) -> None:
             )
         )
     calls.append(quiet(gpt.chat.completions.create(model="gpt-5", messages=TURN)))
+    if index == 1:  # once, when Prometheus scrapes already: it cools for 3 s, then nobody asks
+        calls.append(
+            quiet(claude.messages.create(model="healed-model", max_tokens=16, messages=TURN))
+        )
     calls += [
         quiet(claude.messages.create(model="slow-model", max_tokens=16, messages=TURN))
         for _ in range(many)
@@ -201,6 +208,7 @@ def test_dashboard_rules_and_docs_queries_all_return_series(
     mock.set_behaviour("key-slow", Behaviour(headers_delay_secs=1.0))
     mock.set_behaviour("key-hold", Behaviour(status=429, headers={"retry-after": "2"}))
     mock.set_behaviour("key-judge", Behaviour(headers_delay_secs=1.0))
+    mock.set_behaviour("key-healed", Behaviour(status=500))
     url: str = mock.url  # type: ignore[attr-defined]
     with (
         example_gateway(gateway_config(url), tmp_path, KEYS) as gateway,
@@ -226,6 +234,13 @@ def test_dashboard_rules_and_docs_queries_all_return_series(
             time.sleep(1)
         assert set(states) >= ALERTS, states
         assert {states[a] for a in ALERTS} <= {"pending", "firing"}
+        # The account whose cooling ran out: scraped cooled (2) while its 3 s ran, half-open
+        # (1) since, with no request (tests/telemetry/test_alert_rules.py: such a series
+        # never fires the alert; before, it read 2 for as long as nobody asked).
+        healed = 'switchyard_account_state{switchyard_account="healed"}'
+        assert [float(s["value"][1]) for s in query(prom, healed)] == [1.0]
+        seen = query(prom, f"max_over_time({healed}[2m])")
+        assert [float(s["value"][1]) for s in seen] == [2.0]
         # The shipped renderer draws the key panels from this Prometheus (docs/dashboard.png
         # is made this way: SWITCHYARD_RENDER_DASHBOARD=docs/dashboard.png).
         out = Path(os.environ.get("SWITCHYARD_RENDER_DASHBOARD") or tmp_path / "dashboard.png")

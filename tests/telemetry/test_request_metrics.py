@@ -249,6 +249,35 @@ def test_pair_states_read_each_model_that_differs() -> None:
     assert "m" not in rm.pair_states(pool, "pa")  # healthy again: as the account
 
 
+def test_a_cooling_that_ran_out_reads_half_open_with_no_request_since() -> None:
+    """Cooled (2) only while the period runs; from its last instant half-open (1), for the
+    account and for a pair alike, though no request came to admit a probe."""
+    from switchyard_mw.core.pool import AccountPool, AccountSpec, Outcome
+
+    now = [100.0]
+    pool = AccountPool(
+        [
+            AccountSpec(name="ho-a", models=frozenset({"m"}), failure_threshold=1),
+            AccountSpec(name="ho-p", models=frozenset({"m", "n"}), failure_threshold=1),
+        ],
+        clock=lambda: now[0],
+    )
+    for name in pool.names:
+        lease = pool.acquire("m", allowed={name})
+        assert lease is not None
+        pool.record(lease, Outcome.FAULT)  # a 5xx: ho-p's pair for "m" cools, not ho-p
+    now[0] += 29.999
+    assert rm.account_state(pool, "ho-a") == rm.COOLED
+    assert rm.pair_states(pool, "ho-p") == {"m": rm.COOLED}
+    now[0] += 0.001  # 30 s, the default period, exactly
+    assert rm.account_state(pool, "ho-a") == rm.HALF_OPEN
+    assert rm.pair_states(pool, "ho-p") == {"m": rm.HALF_OPEN}
+    assert rm.account_state(pool, "ho-p") == rm.CLOSED
+    now[0] += 3600.0
+    assert rm.account_state(pool, "ho-a") == rm.HALF_OPEN
+    assert rm.pair_states(pool, "ho-p") == {"m": rm.HALF_OPEN}
+
+
 def test_account_state_gauge_is_exported(otel_metrics: Metrics) -> None:
     gateway = stack()  # builds a pool: its accounts are reported while it lives
     states = [attrs for name, attrs in otel_metrics.points() if name == tm.ACCOUNT_STATE]

@@ -92,6 +92,8 @@ def _breaker(s: AccountStatus, now: float) -> dict[str, object]:
         # Why it is out of rotation: "credentials" (401/402/403) or "outage".
         "cause": None if s.cause is None else s.cause.value,
         "probe_in_flight": s.probe_in_flight,
+        # Half-open with no probe out: the next attempt on it is the probe.
+        "probe_due": s.probe_due,
     }
 
 

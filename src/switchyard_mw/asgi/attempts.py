@@ -8,7 +8,6 @@ under the deadline the machine gives (`AttemptMachine.deadline`), as the stack d
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 
 from ..context import RequestContext
@@ -31,13 +30,13 @@ from ..engine.machine import (
 )
 from ..engine.machine import Send as SendOn
 from ..engine.stream_bounds import first_token_secs
+from ..telemetry import logs
 from ..telemetry import names as tm
 from ._types import ASGIApp, Message, Scope
 from .exchange import Exchange, send_error
 from .hedge import race_for
 from .resume import resume_broken, tap_for
 
-_log = logging.getLogger("switchyard_mw.asgi.cooling")  # where operators filter it
 # Read on every attempt: Enum member access is slow on Python 3.11.
 _FINISHED, _RETURNED, _RAISED, _GONE = How.FINISHED, How.RETURNED, How.RAISED, How.GONE
 _CANCELLED = Gone.CANCELLED
@@ -182,7 +181,9 @@ async def _attempt(
         after = machine.ended(_RAISED, error=type(exc))
         if after is DONE:
             raise  # the response started, nobody waits, or the app is broken
-        _log.warning("account %s failed (%s)", action.lease.account, type(exc).__name__)
+        logs.attempt_failed(
+            account=action.lease.account, model=ctx.resolved_model, error=type(exc).__name__
+        )
         return after
     if ex.held is not None and not ex.held_whole:
         try:
@@ -197,7 +198,7 @@ async def _attempt(
     if after is not DONE and machine.failure is not None:
         error = ctx.transport_error
         name = "" if error is None else error.__name__
-        _log.warning("account %s failed (%s)", action.lease.account, name)
+        logs.attempt_failed(account=action.lease.account, model=ctx.resolved_model, error=name)
     return after
 
 

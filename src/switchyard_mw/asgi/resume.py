@@ -39,6 +39,7 @@ from ..engine.resume_stream import (
     refusal,
     splice_for,
 )
+from ..telemetry import logs
 from ..telemetry import names as tm
 from ..wire import Wire, stream_error_event
 from ._types import Message, Send
@@ -279,15 +280,16 @@ async def resume_broken(
         result = tap.result()
     ctx.response_status = status  # the client's, whatever the continuation was answered
     tm.resumes.add(1, {tm.RESPONSE_MODEL: model, "reason": reason, "result": result.value})
+    logs.stream_resumed(
+        model=model,
+        reason=reason,
+        result=result.value,
+        broken=broken,
+        resumed_on=action.lease.account if isinstance(action, SendOn) else None,
+        sent_bytes=transcript.sent_bytes,
+    )
     if result is Result.RESUMED:
         _add_usage(ctx, usage)
-        _log.info(
-            "stream on %s broke (%s) after %d bytes: resumed on %s",
-            broken,
-            reason,
-            transcript.sent_bytes,
-            action.lease.account if isinstance(action, SendOn) else "",
-        )
         return
     tap.mode = Mode.PASSING
     if ctx.disconnected:

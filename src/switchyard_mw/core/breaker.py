@@ -56,7 +56,12 @@ class AccountSpec:
 
 
 class BreakerState(enum.Enum):
-    """``COOLED`` lasts until a probe is admitted, even after ``cooled_until`` has passed."""
+    """A breaker's state. As reported (:meth:`Breaker.state_at`): ``COOLED`` only while the
+    cooling period runs; ``HALF_OPEN`` from its end until a probe closes or re-cools it.
+
+    The field :attr:`Breaker.state` moves on events alone: it stays ``COOLED`` after the period
+    has run out until :meth:`Breaker.admit` lets a probe go, and reads the clock nowhere.
+    """
 
     CLOSED = "closed"
     COOLED = "cooled"
@@ -65,10 +70,12 @@ class BreakerState(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class AccountStatus:
-    """Snapshot of one account for operators; ``cooled_until`` is clock time (s), else None.
+    """Snapshot of one account for operators; ``cooled_until`` is clock time (s) while the
+    cooling period runs (``state`` COOLED), else None.
 
     ``probe_in_flight`` counts a probe sent by another replica too (shared state); ``cause``:
-    why it is out of rotation (cooled or half-open), None while closed.
+    why it is out of rotation (cooled or half-open), None while closed. ``probe_due``:
+    half-open with no probe out, so the next attempt on it is the probe.
     """
 
     name: str
@@ -78,6 +85,7 @@ class AccountStatus:
     current_cooldown_secs: float
     probe_in_flight: bool
     cause: Cause | None = None
+    probe_due: bool = False
 
 
 class Admit(enum.Enum):
@@ -92,6 +100,7 @@ class Admit(enum.Enum):
 # about 150 ns more than a global (EnumType defines `__getattr__`, which puts every class
 # attribute lookup on a slow path), and the acquire/record path reads several per request.
 _CLOSED = BreakerState.CLOSED
+_COOLED, _HALF_OPEN = BreakerState.COOLED, BreakerState.HALF_OPEN
 _GRANT = Admit.GRANT
 
 
@@ -146,7 +155,7 @@ class Breaker:
         if (
             self.probe_in_flight
             or now < self.probe_elsewhere_until
-            or (self.state is BreakerState.COOLED and now < self.cooled_until)
+            or self.state_at(now) is _COOLED
         ):
             return Admit.DENY
         self.state = BreakerState.HALF_OPEN
@@ -238,14 +247,27 @@ class Breaker:
             left = 0.0
         return Shared(self.faults, self.period, left, cause=self.cause)
 
+    def state_at(self, now: float) -> BreakerState:
+        """The state at `now` as operators and metrics see it: a cooling whose period has run
+        out is half-open (its probe is due) whether or not a request has come since."""
+        if self.state is _COOLED and now >= self.cooled_until:
+            return _HALF_OPEN  # from this instant `admit` lets the probe go
+        return self.state
+
     def snapshot(self, now: float) -> AccountStatus:
-        cooled = self.state is BreakerState.COOLED
+        # `state_at`'s test, inline: a fault's settle reads snapshots around its record, and
+        # the failover path's calls are counted (tests/asgi/test_call_budget.py).
+        state = self.state
+        if state is _COOLED and now >= self.cooled_until:
+            state = _HALF_OPEN
+        probing = self.probe_in_flight or now < self.probe_elsewhere_until
         return AccountStatus(
             self.name,
-            self.state,
+            state,
             self.faults,
-            self.cooled_until if cooled else None,
+            self.cooled_until if state is _COOLED else None,
             self.period,
-            self.probe_in_flight or now < self.probe_elsewhere_until,
-            None if self.state is _CLOSED else self.cause,
+            probing,
+            None if state is _CLOSED else self.cause,
+            state is _HALF_OPEN and not probing,
         )

@@ -20,6 +20,7 @@ from ..accounts import Account
 from ..core.clock import Clock, monotonic
 from ..core.first_token import FirstTokenTracker
 from ..core.hedge_budget import HedgeBudget, HedgeVerdict
+from ..telemetry import logs
 from ..telemetry import names as tm
 
 _log = logging.getLogger("switchyard_mw.hedging")
@@ -132,7 +133,7 @@ class Hedging:
             return self.try_hedge(model)
         if verdict is _START:
             return True
-        tm.hedges.add(1, {tm.RESPONSE_MODEL: model, "result": "refused"})
+        _refused(model)
         return False
 
     def try_hedge(self, model: str) -> bool:
@@ -140,7 +141,7 @@ class Hedging:
         counted in `switchyard.hedges` as `refused`)."""
         if self._budget(model).try_hedge() is _START:
             return True
-        tm.hedges.add(1, {tm.RESPONSE_MODEL: model, "result": "refused"})
+        _refused(model)
         return False
 
     def counts(self, model: str) -> tuple[int, int]:
@@ -154,3 +155,9 @@ class Hedging:
                 max_ratio=self._ratio, window_secs=WINDOW_SECS, buckets=BUCKETS, clock=self._clock
             )
         return budget
+
+
+def _refused(model: str) -> None:
+    """A hedge the budget refused: counted in `switchyard.hedges` and logged."""
+    tm.hedges.add(1, {tm.RESPONSE_MODEL: model, "result": "refused"})
+    logs.hedge_result(model=model, result="refused")

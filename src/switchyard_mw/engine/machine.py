@@ -63,6 +63,7 @@ from ..core.clock import Clock, monotonic
 from ..core.pool import BILLING, CREDENTIAL_STATUSES, Lease, Outcome
 from ..core.shared import Shared
 from ..errors import MachineError as MachineError  # raised here; kept importable from here
+from ..telemetry import logs
 from ..telemetry import names as tm
 from ..wire import WireError
 from . import answers, attempts, in_place
@@ -799,6 +800,9 @@ class AttemptMachine:
         if span is not None:
             attempts.end_span(span, None)
         tm.hedges.add(1, {tm.RESPONSE_MODEL: model or "", "result": "won" if won else "lost"})
+        logs.hedge_result(
+            model=model or "", result="won" if won else "lost", account=hedge.account.name
+        )
 
     # --- the attempt deadline -----------------------------------------------------------
 
@@ -1179,6 +1183,7 @@ class AttemptMachine:
                 },
             )
             ctx.route = _FALLBACK_ROUTE + reason.value
+            logs.fallback(from_model=ctx.resolved_model or "", to_model=model, reason=reason.value)
         return reason
 
     def _take_lease(self) -> Lease:

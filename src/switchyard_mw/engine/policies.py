@@ -27,7 +27,7 @@ from .fallbacks import Chains
 from .hedging import Hedging
 from .judge import Judge
 from .machine import AttemptMachine
-from .outcomes import hold, settle
+from .outcomes import hold, probed, settle
 from .paths import llm_paths
 from .variants import Canaries
 
@@ -208,6 +208,8 @@ class Engine:
     def succeeded(self, lease: Lease, model: str | None) -> None:
         """`settle` for the usual attempt, a success with no span: nothing to count or show."""
         self.pool.record(lease, _SUCCESS)
+        if lease.probe:
+            probed(self.pool, lease, _SUCCESS, "200")
         if self.canaries is not None and model is not None:
             self.canaries.record(model, fault=False)
 

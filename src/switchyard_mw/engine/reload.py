@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from ..accounts import Account, build_accounts
 from ..config import Config
 from ..errors import ConfigError, StartupError
+from ..telemetry import logs
 from ..telemetry import names as tm
 
 RELOAD_SIGNAL: signal.Signals | None = getattr(signal, "SIGHUP", None)
@@ -69,16 +70,12 @@ def kept_accounts(old: Mapping[str, Account], new: Mapping[str, Account]) -> lis
 
 def accepted(where: str) -> None:
     tm.config_reloads.add(1, {"result": "ok"})
-    _log.warning("config reloaded%s", where)
+    logs.config_reloaded(source=where.strip() or None)
 
 
 def rejected(problems: list[str]) -> list[str]:
     tm.config_reloads.add(1, {"result": "rejected"})
-    _log.error(
-        "config reload rejected, the config in force stays: %d problem(s)\n%s",
-        len(problems),
-        "\n".join(f"  {p}" for p in problems),
-    )
+    logs.config_rejected(problems=problems)
     return problems
 
 

@@ -8,7 +8,6 @@ split, counted, guarded and annotated the same way whoever serves it.
 from __future__ import annotations
 
 import hashlib
-import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -19,9 +18,8 @@ from ..context import RequestContext
 from ..core.clock import Clock, monotonic
 from ..core.guard import GuardRule, Window
 from ..core.variants import BUCKETS, KeyKind, Split
+from ..telemetry import logs
 from ..telemetry import names as tm
-
-_log = logging.getLogger(__name__)
 
 
 def build_splits(canaries: Mapping[str, Canary]) -> dict[str, Split]:
@@ -138,9 +136,7 @@ class Canaries:
         tripped.add(variant)
         ranges = tuple(r for r in split.ranges if r[2] not in tripped)
         self._live[base] = Split(base=split.base, salt=split.salt, ranges=ranges)
-        _log.warning(
-            "canary guard: variant %s of %s tripped; its share is 0 until a reload", variant, base
-        )
+        logs.guard_tripped(model=base, variant=variant, here=announce)
         tm.canary_guard_trips.add(1, {tm.REQUEST_MODEL: base, tm.VARIANT: variant})
         if announce and self.on_trip is not None:
             self.on_trip(base, variant)

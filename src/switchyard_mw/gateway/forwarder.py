@@ -14,9 +14,9 @@ the request's span (`ctx.report_usage`). Without an SDK none of that runs.
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 
-from ..errors import CloudCredentialError, MissingExtraError, TransportError, WireError
+from ..errors import CloudCredentialError, MissingExtraError, WireError
 
 try:
     import aiohttp
@@ -36,10 +36,11 @@ from ..asgi.body import ClientDisconnected, read_body
 from ..clouds import StreamTranslator
 from ..context import RequestContext, current_context
 from ..engine.outbound import map_exceptions, pool_of, seconds_left, timeout_for
-from ..engine.usage import StreamUsage, Tokens, answer_tokens
+from ..engine.relay import relay_events, report_tokens
+from ..engine.usage import answer_tokens
 from ..model_names import with_query
 from ..telemetry import names as tm
-from ..wire import Wire, error_body, model_not_served, sequence_for, stream_error_event
+from ..wire import Wire, error_body, model_not_served
 from . import telemetry as ot
 from .upstream_body import upstream_body
 
@@ -207,7 +208,7 @@ class Forwarder:
         if reply.cloud is not None and reply.status >= 400:
             data = reply.cloud_error(data)
         if reply.status < 300 and "json" in reply.content_type:
-            _report(ctx, answer_tokens(ctx.wire, data))  # request metrics, SDK or not
+            report_tokens(ctx, answer_tokens(ctx.wire, data))  # request metrics, SDK or not
         return data
 
 
@@ -388,7 +389,7 @@ class _Reply:
             response = await http.send(upstream, stream=True)
         return cls(response.status_code, response.headers.raw, httpx_response=response)
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
         with map_exceptions():
             if self._httpx is not None:
                 async for chunk in self._httpx.aiter_raw():
@@ -437,71 +438,29 @@ async def _stream(reply: _Reply, ctx: RequestContext, send: Send) -> None:
         await reply.aclose()
 
 
-async def _relay(reply: _Reply, ctx: RequestContext) -> AsyncIterator[bytes]:
-    """The upstream's stream, passed on one whole event at a time.
+def _relay(reply: _Reply, ctx: RequestContext) -> AsyncIterator[bytes]:
+    """The upstream's stream, passed on one whole event at a time and ended with the wire's
+    error event if the upstream breaks (`relay_events`, which `relay_stream` shares)."""
+    chunks = reply.chunks() if reply.translator is None else _translated(reply, ctx)
+    return relay_events(chunks, ctx, ctx.wire or Wire.OPENAI_CHAT)
 
-    A chunk may end inside an event; that tail waits for the rest, so that if the upstream
-    dies there, the caller's stream ends with a clean error event instead of half a frame
-    glued to it.
-    """
-    pending = b""
-    usage = StreamUsage(ctx.wire)
-    sequence = sequence_for(ctx.wire)  # numbers the error event on a Responses stream
+
+async def _translated(reply: _Reply, ctx: RequestContext) -> AsyncGenerator[bytes, None]:
+    """A cloud's stream as Anthropic SSE: its translator's output, then what it holds at the
+    end (raising if the stream ended mid-frame)."""
     translator = reply.translator
+    assert translator is not None
     failed = False
-    try:
-        async for piece in reply.chunks():
-            chunk = piece if translator is None else translator.feed(piece)
-            failure = None if failed else getattr(translator, "failure", None)
-            if failure is not None:
-                # The cloud's stream carried its own error (Bedrock's exception message):
-                # the client's stream ends with it, the cooling policy counts its status.
-                ctx.report_upstream(failure)
-                failed = True
-            data = pending + chunk if pending else chunk
-            cut = _events_end(data)
-            pending = data[cut:]
-            if cut:
-                events = data if cut == len(data) else data[:cut]
-                usage.feed(events)
-                if sequence is not None:
-                    sequence.feed(events)
-                yield events
-        if translator is not None and (tail := translator.end()):
-            data, pending = pending + tail, b""
-            usage.feed(data)
-            yield data
-    except TransportError as exc:  # from either client (`_Reply` maps them)
-        # The caller already has a 200: end its stream with the wire's error event, and let
-        # the cooling policy count the account's fault all the same.
-        ctx.report_upstream(502)
-        wire = ctx.wire or Wire.OPENAI_CHAT
-        message = f"upstream stream failed: {type(exc).__name__}"
-        yield stream_error_event(wire, "upstream_error", message, sequence)
-        return
-    finally:
-        _report(ctx, usage.end())  # what the stream said of its usage, however it ended
-    if pending:
-        yield pending  # the upstream ended mid-event itself: pass on what it sent
-
-
-def _report(ctx: RequestContext, tokens: Tokens | None) -> None:
-    if tokens is not None:
-        ctx.report_usage(
-            input_tokens=tokens.input,
-            output_tokens=tokens.output,
-            cache_read_tokens=tokens.cache_read,
-            cache_write_tokens=tokens.cache_write,
-        )
-
-
-def _events_end(data: bytes) -> int:
-    """Length of the prefix of `data` that holds only whole SSE events."""
-    end = data.rfind(b"\n\n")
-    if end >= 0:
-        return end + 2
-    end = data.rfind(b"\r\n\r\n")
-    return end + 4 if end >= 0 else 0
+    async for piece in reply.chunks():
+        chunk = translator.feed(piece)
+        failure = None if failed else getattr(translator, "failure", None)
+        if failure is not None:
+            # The cloud's stream carried its own error (Bedrock's exception message):
+            # the client's stream ends with it, the cooling policy counts its status.
+            ctx.report_upstream(failure)
+            failed = True
+        yield chunk
+    yield translator.end()
 
 
 def _unplaced(ctx: RequestContext | None) -> Response:

@@ -67,7 +67,7 @@ def make_client(
         "retry": Retry(NoBackoff(), 0),
     }
     if target.mode == "sentinel":
-        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        sentinel = Sentinel(  # type: ignore[no-untyped-call,unused-ignore]  # typed from redis 8.2
             list(target.sentinels),
             sentinel_kwargs={"socket_timeout": connect_timeout},
             **{**options, **_credentials(target.url)},
@@ -108,7 +108,7 @@ async def close_quietly(pubsub: PubSub | None, client: Client | None, *, within:
     with contextlib.suppress(*ERRORS):
         async with asyncio.timeout(within):
             if pubsub is not None:
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+                await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]  # typed from redis 8.2
             if client is not None:
                 await client.aclose()
                 await _close_sentinels(client)

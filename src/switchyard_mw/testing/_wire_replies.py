@@ -14,6 +14,7 @@ from typing import Any, Literal
 from switchyard_mw.testing import _anthropic_replies as anthropic
 from switchyard_mw.testing import _chat_replies as chat
 from switchyard_mw.testing import _responses_replies as responses
+from switchyard_mw.testing._prefill import anthropic_prefill, chat_prefill, responses_prefill
 from switchyard_mw.testing._replies import ReplyContext, StreamPlan, encode
 from switchyard_mw.testing._tool_calls import (
     Offer,
@@ -38,6 +39,8 @@ class Endpoint:
     """Whether the request asks the model to think (reason) before it answers."""
     caps: tuple[str, ...]
     """The request fields that cap the answer's output tokens, first found wins."""
+    prefill: Callable[[dict[str, Any]], str]
+    """The text of the assistant's own last turn, which the answer continues ("": none)."""
 
 
 ENDPOINTS: dict[str, Endpoint] = {
@@ -49,6 +52,7 @@ ENDPOINTS: dict[str, Endpoint] = {
         anthropic.stream_error,
         anthropic.thinks,
         ("max_tokens",),
+        anthropic_prefill,
     ),
     "/v1/chat/completions": Endpoint(
         "openai",
@@ -58,6 +62,7 @@ ENDPOINTS: dict[str, Endpoint] = {
         chat.stream_error,
         chat.thinks,
         ("max_completion_tokens", "max_tokens"),
+        chat_prefill,
     ),
     "/v1/responses": Endpoint(
         "openai",
@@ -67,6 +72,7 @@ ENDPOINTS: dict[str, Endpoint] = {
         responses.stream_error,
         responses.thinks,
         ("max_output_tokens",),
+        responses_prefill,
     ),
 }
 

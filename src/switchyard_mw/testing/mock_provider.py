@@ -59,6 +59,7 @@ from switchyard_mw.testing._asgi import (
     send_whole,
     unless_disconnected,
 )
+from switchyard_mw.testing._prefill import continued
 from switchyard_mw.testing._prompt_cache import PromptCache
 from switchyard_mw.testing._replies import ReplyContext, StreamPlan
 from switchyard_mw.testing._tool_calls import split_text, tool_calls
@@ -550,6 +551,7 @@ class MockProvider:
         self, endpoint: Endpoint, fields: dict[str, Any], behaviour: Behaviour, size: int
     ) -> ReplyContext:
         text = behaviour.reply if behaviour.reply is not None else self.default_reply
+        text = continued(text, endpoint.prefill(fields))  # after a prefill, only the rest
         calls = tool_calls(
             endpoint.offer(fields),
             vendor=endpoint.errors,

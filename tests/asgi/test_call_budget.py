@@ -1,0 +1,268 @@
+"""The success path's cost, held in a test: the Python-level calls one request makes through
+`switchyard_stack`, counted with `sys.setprofile` ("call" and "c_call" events), per wire, JSON
+and stream, a request served at once and one that fails over once.
+
+The counts are the same on every run of one Python version (no timer fires, no clock is read
+for a branch), so they are compared with budgets recorded in `call_budgets.json` beside this
+file: a change that raises a count fails here; one that lowers it by more than `SLACK` fails
+too, asking for the budget to come down with it. Raise a budget only with a commit message
+saying what the calls buy. A Python version without recorded budgets prints its counts and
+skips (`python tests/asgi/test_call_budget.py` prints them to record).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pytest
+
+from switchyard_mw.asgi._types import Message, Receive, Scope, Send
+from switchyard_mw.asgi.stack import SwitchyardStack, switchyard_stack
+from switchyard_mw.config import parse_config
+from switchyard_mw.context import current_context
+
+BUDGETS = Path(__file__).with_name("call_budgets.json")
+SLACK = 0.02
+"""A count this much under its budget asks for the budget to be lowered."""
+VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
+
+CONFIG = """
+[llm_clients.primary]
+base_url = "http://primary.test"
+api_key_env = "KEY_PRIMARY"
+auth = "x-api-key"
+models = ["claude-opus-5", "gpt-5"]
+
+[llm_clients.secondary]
+base_url = "http://secondary.test"
+api_key_env = "KEY_SECONDARY"
+models = ["claude-opus-5", "gpt-5"]
+priority = 1
+"""
+ENV = {"KEY_PRIMARY": "k1", "KEY_SECONDARY": "k2"}
+
+WIRES: dict[str, tuple[str, dict[str, Any]]] = {
+    "messages": (
+        "/v1/messages",
+        {
+            "model": "claude-opus-5",
+            "max_tokens": 64,
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+    ),
+    "chat": (
+        "/v1/chat/completions",
+        {"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]},
+    ),
+    "responses": ("/v1/responses", {"model": "gpt-5", "input": "hi"}),
+}
+
+ANSWERS: dict[str, tuple[bytes, list[bytes]]] = {
+    # per wire: a JSON answer, and a stream's events, as the providers send them
+    "messages": (
+        b'{"id":"msg_1","type":"message","role":"assistant","model":"claude-opus-5",'
+        b'"content":[{"type":"text","text":"Hello"}],"stop_reason":"end_turn",'
+        b'"usage":{"input_tokens":3,"output_tokens":1}}',
+        [
+            b'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_1",'
+            b'"model":"claude-opus-5","usage":{"input_tokens":3,"output_tokens":0}}}\n\n',
+            b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+            b'"delta":{"type":"text_delta","text":"Hello"}}\n\n',
+            b'event: message_delta\ndata: {"type":"message_delta","delta":'
+            b'{"stop_reason":"end_turn"},"usage":{"output_tokens":1}}\n\n',
+            b'event: message_stop\ndata: {"type":"message_stop"}\n\n',
+        ],
+    ),
+    "chat": (
+        b'{"id":"c1","object":"chat.completion","model":"gpt-5","choices":[{"index":0,'
+        b'"message":{"role":"assistant","content":"Hello"},"finish_reason":"stop"}],'
+        b'"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}',
+        [
+            b'data: {"id":"c1","object":"chat.completion.chunk","model":"gpt-5","choices":'
+            b'[{"index":0,"delta":{"role":"assistant","content":"Hello"}}]}\n\n',
+            b'data: {"id":"c1","object":"chat.completion.chunk","model":"gpt-5","choices":[],'
+            b'"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}\n\n',
+            b"data: [DONE]\n\n",
+        ],
+    ),
+    "responses": (
+        b'{"id":"r1","object":"response","model":"gpt-5","status":"completed","output":'
+        b'[{"type":"message","role":"assistant","content":[{"type":"output_text",'
+        b'"text":"Hello"}]}],"usage":{"input_tokens":3,"output_tokens":1,"total_tokens":4}}',
+        [
+            b'event: response.created\ndata: {"type":"response.created","sequence_number":0,'
+            b'"response":{"id":"r1","model":"gpt-5","status":"in_progress"}}\n\n',
+            b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta",'
+            b'"sequence_number":1,"delta":"Hello"}\n\n',
+            b'event: response.completed\ndata: {"type":"response.completed","sequence_number":2,'
+            b'"response":{"id":"r1","model":"gpt-5","status":"completed","usage":'
+            b'{"input_tokens":3,"output_tokens":1,"total_tokens":4}}}\n\n',
+        ],
+    ),
+}
+
+
+class Upstream:
+    """The app behind the stack: the primary answers 503 when told to fail, else a JSON answer
+    or a three-event stream, the shapes a forwarding app sends."""
+
+    def __init__(self, wire: str, *, fail_primary: bool, stream: bool) -> None:
+        self.answer, self.events = ANSWERS[wire]
+        self.fail_primary = fail_primary
+        self.stream = stream
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ctx = current_context()
+        await receive()
+        account = ctx.account.name if ctx is not None and ctx.account is not None else ""
+        if self.fail_primary and account == "primary":
+            await send({"type": "http.response.start", "status": 503, "headers": []})
+            await send({"type": "http.response.body", "body": b"{}"})
+            return
+        kind = b"text/event-stream" if self.stream else b"application/json"
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-type", kind)]}
+        )
+        if not self.stream:
+            await send({"type": "http.response.body", "body": self.answer})
+            return
+        for event in self.events:
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+
+def scope_for(path: str) -> Scope:
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json"), (b"x-api-key", b"client")],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000),
+    }
+
+
+async def one_request(stack: SwitchyardStack, path: str, body: bytes) -> list[Message]:
+    sent: list[Message] = []
+    messages: Iterator[Message] = iter([{"type": "http.request", "body": body}])
+
+    async def receive() -> Message:
+        return next(messages, {"type": "http.disconnect"})
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    await stack(scope_for(path), receive, send)
+    return sent
+
+
+def count_calls(wire: str, *, stream: bool, failover: bool) -> int:
+    """The calls of one request, after a first one has warmed every lazy part up."""
+    path, payload = WIRES[wire]
+    body = json.dumps({**payload, "stream": stream} if stream else payload).encode()
+    upstream = Upstream(wire, fail_primary=failover, stream=stream)
+
+    async def run() -> int:
+        config = parse_config(CONFIG + "failure_threshold = 1000\n")
+        stack = switchyard_stack(upstream, config=config, environ=ENV, reload_on_signal=False)
+        await one_request(stack, path, body)  # warm-up
+        events = 0
+
+        def profile(frame: FrameType, event: str, arg: object) -> None:
+            nonlocal events
+            if event in ("call", "c_call"):
+                events += 1
+
+        sys.setprofile(profile)
+        try:
+            sent = await one_request(stack, path, body)
+        finally:
+            sys.setprofile(None)
+        assert sent[0]["status"] == 200, sent[0]
+        assert b"Hello" in b"".join(m.get("body", b"") for m in sent[1:])
+        await stack.aclose()
+        return events
+
+    return asyncio.run(run())
+
+
+CASES = [
+    (wire, stream, failover)
+    for wire in WIRES
+    for stream in (False, True)
+    for failover in (False, True)
+]
+
+
+def case_id(wire: str, stream: bool, failover: bool) -> str:
+    return f"{wire}-{'stream' if stream else 'json'}-{'failover' if failover else 'first'}"
+
+
+def recorded() -> dict[str, int]:
+    budgets: dict[str, dict[str, int]] = json.loads(BUDGETS.read_text())
+    return budgets.get(VERSION, {})
+
+
+def counted_apart() -> dict[str, int]:
+    """Every case's count from a fresh interpreter: no test session's OpenTelemetry SDK (the
+    conftest installs one), so what is counted is the stack in an app that configured none,
+    and a dependency's own cost does not move the figures."""
+    done = subprocess.run(
+        [sys.executable, __file__],
+        capture_output=True,
+        check=True,
+        text=True,
+        cwd=Path(__file__).parent,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    counts: dict[str, int] = json.loads(done.stdout)[VERSION]
+    return counts
+
+
+@pytest.fixture(scope="module")
+def counts() -> dict[str, int]:
+    return counted_apart()
+
+
+def test_counts_are_the_same_run_after_run(counts: dict[str, int]) -> None:
+    assert counted_apart() == counts
+
+
+@pytest.mark.parametrize(("wire", "stream", "failover"), CASES, ids=[case_id(*c) for c in CASES])
+def test_a_request_stays_within_its_call_budget(
+    counts: dict[str, int], wire: str, stream: bool, failover: bool
+) -> None:
+    name = case_id(wire, stream, failover)
+    count = counts[name]
+    budgets = recorded()
+    if name not in budgets:
+        pytest.skip(f"no budget recorded for Python {VERSION}: {name} makes {count} calls")
+    budget = budgets[name]
+    assert count <= budget, (
+        f"{name}: {count} calls, over its budget of {budget} by {count - budget}: "
+        "make the path cheaper, or raise the budget in call_budgets.json with a commit "
+        "message saying what the calls buy"
+    )
+    assert count >= budget * (1 - SLACK), (
+        f"{name}: {count} calls, {budget - count} under its budget of {budget}: "
+        "lower the budget in call_budgets.json to hold the gain"
+    )
+
+
+if __name__ == "__main__":  # print the counts, as call_budgets.json records them
+    found = {case_id(*c): count_calls(c[0], stream=c[1], failover=c[2]) for c in CASES}
+    print(json.dumps({VERSION: found}, indent=2))
