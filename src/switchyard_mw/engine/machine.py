@@ -626,9 +626,9 @@ class AttemptMachine:
             return False
         models = self._candidates()
         own = self._own(models)
-        if self._free(models[:own]):
+        if self._another_free(models[:own]):
             return True
-        return self._in_place_secs() is None and self._free(models[own:])
+        return self._in_place_secs() is None and self._another_free(models[own:])
 
     def waits_in_place(self) -> float | None:
         """After `ended` answered `NEXT`: the wait before the next attempt when it is a retry
@@ -638,7 +638,7 @@ class AttemptMachine:
         if self.state is not _BETWEEN:
             return None
         models = self._candidates()
-        if self._free(models[: self._own(models)]):
+        if self._another_free(models[: self._own(models)]):
             return None
         return self._in_place_secs()
 
@@ -888,14 +888,12 @@ class AttemptMachine:
         self.state = _WAITING
         return Wait(self.tried[-1], secs)
 
-    def _another_free(self) -> bool:
-        return self._free(self._candidates())
-
-    def _free(self, models: Iterable[str]) -> bool:
-        """Whether an account can take an attempt for one of `models` now (a peek)."""
+    def _another_free(self, models: Iterable[str] | None = None) -> bool:
+        """Whether an account can take an attempt for one of `models` (default: every
+        candidate) now (a peek)."""
         engine = self.engine
         pool = engine.pool
-        for model in models:
+        for model in self._candidates() if models is None else models:
             reach = self.within if self.within is not None else engine.serving(model)
             excluded = self._excluded(model)
             untried = [n for n in reach if n not in excluded]
@@ -1074,7 +1072,7 @@ class AttemptMachine:
         the request's own model (or the canary's base) at once; then, where the account's
         `retry_wait_max_secs` allows, the same account after its short wait; then the next
         model of the chain. Else no attempt can follow (`_give_up`)."""
-        own = self._own(models)
+        own = self._own(models) if self._chained else len(models)  # no chain: all its own
         if start < own:
             found = self._acquire(models, start, own) or self._wait_in_place()
             if found is not None:
@@ -1094,10 +1092,10 @@ class AttemptMachine:
     def _excluded(self, model: str) -> Collection[str]:
         """The accounts no attempt for `model` may go to now: those that failed it in this
         request, and those whose key or billing was refused (for every model)."""
-        failed = self._failed.get(model)
-        if failed is None:
-            return self._keys_refused
-        return failed | self._keys_refused if self._keys_refused else failed
+        failed, keys = self._failed, self._keys_refused
+        if model not in failed:
+            return keys
+        return failed[model] | keys if keys else failed[model]
 
     def _acquire(
         self, models: tuple[str, ...], start: int, stop: int | None = None
@@ -1138,11 +1136,11 @@ class AttemptMachine:
         # Out for this model in the rest of the request, as its failure would be kept (a
         # success ends the request): recorded now, so that a peek while it is in flight
         # (`_another_free`) already leaves it out.
-        failed = self._failed.get(model)
-        if failed is None:
-            self._failed[model] = {lease.account}
+        failed = self._failed
+        if model in failed:
+            failed[model].add(lease.account)
         else:
-            failed.add(lease.account)
+            failed[model] = {lease.account}
         if len(tried) > 1 and not again:
             tm.failovers.add(1, {tm.RESPONSE_MODEL: model})
         client = engine.start_attempt(ctx, lease)
