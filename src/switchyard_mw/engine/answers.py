@@ -19,6 +19,7 @@ import math
 
 from ..context import RequestContext
 from ..wire import WireError
+from .provider_headers import UPSTREAM_REQUEST_ID
 
 RATE_LIMITED = "rate_limited"
 NO_HEALTHY_ACCOUNT = "no_healthy_account"
@@ -124,7 +125,8 @@ def exposed_headers(ctx: RequestContext) -> tuple[tuple[bytes, bytes], ...]:
     route), so each distinct one is encoded once and shared. The deadline is keyed in whole ms,
     as the header shows it: one cut by a budget differs a little from request to request. The
     cache is bounded (a model name may be anything a client sends, a budget any number): when
-    full, it starts over.
+    full, it starts over. The provider's request id (`x-switchyard-upstream-request-id`,
+    `engine.provider_headers`) is each answer's own and follows the shared ones.
     """
     client = ctx.account
     deadline = ctx.attempt_deadline_secs
@@ -141,6 +143,9 @@ def exposed_headers(ctx: RequestContext) -> tuple[tuple[bytes, bytes], ...]:
         if len(_EXPOSED) >= _EXPOSED_MAX:
             _EXPOSED.clear()
         _EXPOSED[decision] = headers
+    upstream_id = ctx.upstream_request_id
+    if upstream_id is not None:  # unique per answer: never cached
+        return (*headers, (UPSTREAM_REQUEST_ID, upstream_id))
     return headers
 
 

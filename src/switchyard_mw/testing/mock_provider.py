@@ -672,7 +672,7 @@ async def _reply(
     endpoint: Endpoint, ctx: ReplyContext, behaviour: Behaviour, send: Send, *, gzipped: bool
 ) -> None:
     data = endpoint.reply(ctx)
-    extra = [_request_id(endpoint.errors)]
+    extra = [_request_id(endpoint.errors), _organization(endpoint.errors)]
     if gzipped:
         data = gzip.compress(data, mtime=0)
         extra.append((b"content-encoding", b"gzip"))
@@ -698,6 +698,7 @@ async def _stream(endpoint: Endpoint, ctx: ReplyContext, behaviour: Behaviour, s
         (b"content-type", _SSE),
         (b"cache-control", b"no-cache"),
         _request_id(endpoint.errors),
+        _organization(endpoint.errors),
     ]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": plan.prelude, "more_body": True})
@@ -776,6 +777,13 @@ async def _break_off(endpoint: Endpoint, plan: StreamPlan, sent: int, send: Send
     sequence = (plan.prelude + b"".join(plan.deltas[:sent])).count(b"\n\n")
     event = endpoint.stream_error(sequence, "Mock provider overloaded mid-stream.")
     await send({"type": "http.response.body", "body": event})
+
+
+def _organization(style: ErrorStyle) -> tuple[bytes, bytes]:
+    # Both APIs name the organization the key belongs to on their answers.
+    if style == "anthropic":
+        return b"anthropic-organization-id", b"00000000-0000-4000-8000-00000000m0c1"
+    return b"openai-organization", b"mock-org"
 
 
 def _request_id(style: ErrorStyle) -> tuple[bytes, bytes]:
