@@ -76,6 +76,11 @@ async def forward(request: Request) -> Response:
         body = await answer.aread()
     finally:
         await answer.aclose()
+    # An account that knows the model by another name answers in it: the client gets the name
+    # it asked for (relay_stream does the same for a stream). httpx hands the body decoded.
+    namer = ctx.account.answer_namer(content_type) if answer.status_code < 300 else None
+    if namer is not None:
+        body = namer.feed(body) + namer.end()
     # The upstream's status, as it answered: switchyard reads it to tell a fault (401, 5xx)
     # from a success. An app that answers with another status calls ctx.report_upstream().
     return Response(body, status_code=answer.status_code, media_type=content_type)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
+from .answer_names import Namer, namer_for
 from .clouds import CloudAccess, Outbound, StreamTranslator, cloud_access
 from .clouds.kinds import base_url_of
 from .config import Config, LLMClient, read_api_keys
@@ -54,6 +55,28 @@ class Account:
     def provider_model(self) -> str | None:
         """The name the provider knows the bound model by (None when unbound)."""
         return None if self.model is None else self.spec.provider_model(self.model)
+
+    @property
+    def answer_name(self) -> str | None:
+        """The model name this account's answers must carry, where its provider's differs
+        (the bound public name); None: its answers name the model as clients do."""
+        if self.model is None or self.spec.provider_model(self.model) == self.model:
+            return None
+        return self.model
+
+    def answer_namer(self, content_type: bytes | str, encoding: bytes | str = b"") -> Namer | None:
+        """What writes the public name into a successful answer's `model` as it passes
+        (`feed(chunk)` each chunk, `end()` once it ended), given the answer's `content-type` and
+        `content-encoding`; None: nothing to rename (or a compressed body: ask for
+        `identity`)."""
+        public = self.answer_name
+        if public is None:
+            return None
+        if isinstance(content_type, str):
+            content_type = content_type.encode("latin-1")
+        if isinstance(encoding, str):
+            encoding = encoding.encode("latin-1")
+        return namer_for(public, content_type, encoding)
 
     @property
     def kind(self) -> str:

@@ -69,7 +69,8 @@ class LLMClient(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     models: list[str] | dict[str, str]
     """The models it serves: a list of names (`"*"` serves any model), or a table mapping each
     public name clients send to the provider's own (`{ "claude-opus-5" =
-    "vendor.claude-opus-5-v1:0" }`): the body the provider gets carries its own name."""
+    "vendor.claude-opus-5-v1:0" }`): the body the provider gets carries its own name,
+    the answer the client gets the public one."""
     path: str | None = None
     """A path template for a provider that puts the model or a deployment in the path, e.g.
     `"/openai/deployments/{model}/chat/completions?api-version=2025-04-01"`: it replaces the
@@ -212,7 +213,8 @@ class Server(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """How the middlewares treat every request, whatever its policy."""
 
     expose_headers: bool = True
-    """Add the `x-switchyard-*` headers (model, account, attempts, deadline, route)."""
+    """Add the `x-switchyard-*` headers (model, account, attempts, deadline, route, and the
+    provider's request id as `x-switchyard-upstream-request-id`)."""
     max_body_bytes: PositiveInt = 32 * 1024 * 1024
     """A larger request body is refused with 413 `request_too_large`."""
     body_read_timeout_secs: PositiveSecs = 30.0
@@ -254,6 +256,10 @@ class State(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Longest wait for one store call; past it the replica goes on with its local state."""
     probe_lease_secs: PositiveSecs = 60.0
     """How long a claimed probe slot stays claimed if its holder never reports the outcome."""
+    replicas_hint: PositiveInt = 1
+    """How many replicas share the tenants' limits: while the store is unreachable each one
+    enforces this share of every limit by itself (see
+    [Operations](operations.md#sharing-account-health-across-replicas-redis))."""
 
 
 class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

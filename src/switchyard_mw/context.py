@@ -54,6 +54,7 @@ class RequestContext:
         "started_at",
         "stream_idle_secs",
         "transport_error",
+        "upstream_request_id",
         "upstream_status",
         "variant",
         "view",
@@ -104,6 +105,9 @@ class RequestContext:
         self.upstream_status: int | None = None
         """The real upstream status the app reported for the current attempt
         (`report_upstream`); None when it did not."""
+        self.upstream_request_id: bytes | None = None
+        """The provider's request id on the current attempt's answer (`request-id`,
+        `x-request-id`, `x-amzn-requestid`); None when it sent none."""
         self.deadline_phase: str | None = None
         """Set when a deadline expired: `total`, `headers`, `first_token`, `idle`, `slow` or
         `budget`."""

@@ -46,3 +46,14 @@ def test_budgets_of_every_length_keep_the_cache_bounded_and_answers_right() -> N
         headers = dict(answers.exposed_headers(ctx_with(ms / 1000)))
         assert headers[b"x-switchyard-deadline-ms"] == str(ms).encode()
     assert len(answers._EXPOSED) <= answers._EXPOSED_MAX
+
+
+def test_the_providers_request_id_follows_the_shared_headers_and_is_never_cached() -> None:
+    first, second = ctx_with(1.0), ctx_with(1.0)
+    first.upstream_request_id = b"req_1"
+    second.upstream_request_id = b"req_2"
+    one, two = answers.exposed_headers(first), answers.exposed_headers(second)
+    assert one[-1] == (b"x-switchyard-upstream-request-id", b"req_1")
+    assert two[-1] == (b"x-switchyard-upstream-request-id", b"req_2")
+    assert one[:-1] == two[:-1] == answers.exposed_headers(ctx_with(1.0))
+    assert not any("req_" in repr(key) for key in answers._EXPOSED)  # the cache keeps none

@@ -122,10 +122,10 @@ async def ask(gateway: str, *, stream: bool) -> tuple[dict[str, Any], Any]:
 
 
 def comparable(answer: dict[str, Any]) -> dict[str, Any]:
-    """An answer less what differs by nature: its id, the provider's model name, and the
+    """An answer less what differs by nature: its id and the
     input tokens (the mock counts 4 request bytes a token, and the Vertex body is another)."""
     usage = {k: v for k, v in answer["usage"].items() if k != "input_tokens"}
-    return {**{k: v for k, v in answer.items() if k not in ("id", "model")}, "usage": usage}
+    return {**{k: v for k, v in answer.items() if k != "id"}, "usage": usage}
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -140,7 +140,7 @@ async def test_the_sdk_gets_the_same_answer_from_the_api_and_from_vertex(
     assert vertex_headers["x-switchyard-account"] == "gcp"
     assert vertex_headers["x-switchyard-model"] == "claude-opus-5"
     assert comparable(from_vertex) == comparable(from_api)
-    assert from_vertex["model"] == VERTEX_NAME  # what the provider said, as with any account
+    assert from_vertex["model"] == from_api["model"] == "claude-opus-5"  # the public name
     assert from_vertex["usage"]["input_tokens"] > 0
     verb = "streamRawPredict" if stream else "rawPredict"
     vertex_call = provider.requests[-1]
@@ -223,10 +223,7 @@ async def test_a_slow_first_token_fails_over_from_the_api_to_vertex(
 
 @pytest.mark.parametrize(
     ("status", "error", "message"),
-    [
-        (429, anthropic.RateLimitError, "Vertex AI: RESOURCE_EXHAUSTED: "),
-        (403, anthropic.PermissionDeniedError, "Vertex AI: PERMISSION_DENIED: "),
-    ],
+    [(429, anthropic.RateLimitError, "Vertex AI: RESOURCE_EXHAUSTED: ")],
 )
 async def test_vertex_errors_reach_the_sdk_in_the_anthropic_shape(
     gateway: str,
@@ -244,6 +241,24 @@ async def test_vertex_errors_reach_the_sdk_in_the_anthropic_shape(
     assert info.value.status_code == status
     assert info.value.body["type"] == "error"  # type: ignore[index]
     assert info.value.body["error"]["message"].startswith(message)  # type: ignore[index]
+
+
+async def test_a_vertex_refusal_of_its_credentials_is_the_credential_503(
+    gateway: str, mock: tuple[MockProvider, str]
+) -> None:
+    """Google's 403 PERMISSION_DENIED on the only account of the model: the provider refused
+    *its* credentials, never the client's: the 503 that says so, in the Anthropic shape."""
+    provider, _ = mock
+    provider.set_behaviour(EMAIL, Behaviour(status=403, headers={}))
+    client = sdk(gateway)
+    with pytest.raises(anthropic.APIStatusError) as info:
+        await client.messages.create(**{**REQUEST, "model": "claude-vertex-only"})
+    await client.close()
+    assert info.value.status_code == 503
+    assert info.value.response.headers["x-should-retry"] == "false"
+    assert info.value.body["type"] == "error"  # type: ignore[index]
+    assert info.value.body["error"]["type"] == "no_healthy_account"  # type: ignore[index]
+    assert "refused the credentials" in info.value.body["error"]["message"]  # type: ignore[index]
 
 
 async def test_the_openai_wire_is_refused_by_a_vertex_account(gateway: str) -> None:

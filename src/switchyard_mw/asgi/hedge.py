@@ -41,6 +41,7 @@ from ._types import ASGIApp, Message, Receive, Scope, Send
 from .exchange import Exchange
 
 _REPORTED = (
+    "upstream_request_id",
     "upstream_status",
     "transport_error",
     "input_tokens",

