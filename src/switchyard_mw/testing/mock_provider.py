@@ -65,6 +65,7 @@ from switchyard_mw.testing._prompt_cache import PromptCache
 from switchyard_mw.testing._replies import ReplyContext, StreamPlan
 from switchyard_mw.testing._tool_calls import split_text, tool_calls
 from switchyard_mw.testing._vertex import (
+    COUNT_TOKENS_MODEL,
     TOKEN_PATH,
     VertexCall,
     VertexFace,
@@ -361,7 +362,8 @@ class MockProvider:
         elif path == COUNT_TOKENS_PATH and method == "POST":
             self._in_flight += 1
             try:
-                await unless_disconnected(self._count_tokens(scope, body, send), receive)
+                key = _api_key(_headers(scope))
+                await unless_disconnected(self._count_tokens(key, scope, body, send), receive)
             finally:
                 self._in_flight -= 1
         elif endpoint is not None and method == "POST":
@@ -410,6 +412,9 @@ class MockProvider:
         problem = envelope_problem(payload, call)
         if problem is not None:
             await send_google_error(send, 400, problem)
+            return
+        if call.model == COUNT_TOKENS_MODEL:
+            await self._count_tokens(holder, scope, body, send, vertex=True)
             return
         endpoint = ENDPOINTS["/v1/messages"]
         await self._answer(endpoint, scope, body, send, vertex=(holder, call.model))
@@ -495,12 +500,14 @@ class MockProvider:
             gzipped = behaviour.content_encoding == "gzip" and _accepts_gzip(headers)
             await _reply(endpoint, ctx, behaviour, send, gzipped=gzipped)
 
-    async def _count_tokens(self, scope: Scope, body: bytes, send: Send) -> None:
+    async def _count_tokens(
+        self, key: str, scope: Scope, body: bytes, send: Send, *, vertex: bool = False
+    ) -> None:
         """Anthropic's token counting: `{"input_tokens": N}`, N the input tokens a Messages
         call of this body would report (4 bytes a token), or the key's error as
-        `/v1/messages` would answer it (its status, delay and reset apply; its reply not)."""
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        key = _api_key(headers)
+        `/v1/messages` would answer it (its status, delay and reset apply; its reply not).
+        Through Vertex (`count-tokens:rawPredict`) its errors but 529 are in Google's shape."""
+        headers = _headers(scope)
         try:
             payload = _decode(body)
         except (msgspec.DecodeError, RecursionError):
@@ -515,7 +522,10 @@ class MockProvider:
         await _sleep(behaviour.headers_delay_secs)
         if behaviour.fail == "reset_before_headers":
             raise MockProviderFault("fail=reset_before_headers")
-        if behaviour.status != 200:
+        if behaviour.status != 200 and vertex and behaviour.status != 529:
+            message = f"Mock Vertex AI answering {behaviour.status} for this service account."
+            await send_google_error(send, behaviour.status, message, behaviour.headers)
+        elif behaviour.status != 200:
             message = f"Mock provider answering {behaviour.status} for this API key."
             await _send_error(send, "anthropic", behaviour.status, message, behaviour.headers)
         elif model is None or not isinstance(fields.get("messages"), list):
@@ -855,6 +865,10 @@ def _accepts_gzip(headers: dict[str, str]) -> bool:
         if name.strip().lower() in ("gzip", "*"):
             return params.replace(" ", "") not in ("q=0", "q=0.0", "q=0.00", "q=0.000")
     return False
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
 
 
 def _api_key(headers: dict[str, str]) -> str:
