@@ -30,6 +30,7 @@ class OtherEndpoints:
         self._endpoints: Endpoints | None = None
 
     def endpoints(self) -> Endpoints:
+        """The answers of the config in force (built again only when a reload changed it)."""
         config = self._config()
         endpoints = self._endpoints
         if endpoints is None or endpoints.config is not config:
