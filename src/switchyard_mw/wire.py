@@ -42,9 +42,9 @@ COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 
 WIRE_PATHS: dict[str, Wire] = {
     "/v1/messages": Wire.ANTHROPIC,
-    COUNT_TOKENS_PATH: Wire.ANTHROPIC,
     "/v1/chat/completions": Wire.OPENAI_CHAT,
     "/v1/responses": Wire.OPENAI_RESPONSES,
+    COUNT_TOKENS_PATH: Wire.ANTHROPIC,  # last: a router tries the busy paths first
 }
 
 
