@@ -305,8 +305,9 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     serve = commands.add_parser(
         "serve",
         help="serve the forwarding gateway on uvicorn (keep-alive, graceful stop, SIGHUP reload)",
-        description="Serve the forwarding gateway: /v1/messages, /v1/chat/completions and "
-        "/v1/responses through the policies, /metrics and the operator routes (loopback). "
+        description="Serve the forwarding gateway: /v1/messages (and its count_tokens), "
+        "/v1/chat/completions and /v1/responses through the policies, /v1/models from the "
+        "config, /metrics and the operator routes (loopback). "
         "SIGHUP reloads the config (in every worker); SIGTERM stops it gracefully.",
     )
     serve.add_argument("config", help="path to the TOML config")

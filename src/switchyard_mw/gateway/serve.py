@@ -33,6 +33,7 @@ from ..engine.early_signal import blocked_for_children
 from ..errors import ConfigError
 from ..telemetry import logs
 from .app import CONFIG_ENV, OPERATOR_ROUTES, allowed_from_env
+from .endpoints import LOCAL_ROUTES
 from .forwarder import WIRE_ROUTES
 
 KEEP_ALIVE_SECS = 75
@@ -127,6 +128,7 @@ def banner(config: Config, path: str, *, url: str, workers: int) -> None:
         event,
         "routes",
         llm=[f"POST {path}" for path in WIRE_ROUTES],
+        local=LOCAL_ROUTES,
         operator=operator,
         operator_clients=["loopback", *allow],
     )
