@@ -295,15 +295,18 @@ async def test_bedrock_to_api_failover(
             503,
             "overloaded_error",
         ),
-        (Behaviour(status=403), 403, "permission_error"),
+        # A refusal of Bedrock's credentials is never the client's: the api account's 500,
+        # the last answer that is no key's, goes on (with none, the credential 503).
+        (Behaviour(status=403), 500, "api_error"),
     ],
 )
 async def test_bedrocks_last_answer_reaches_the_client_in_the_api_shape(
     fresh_gateway: str, mock: MockProvider, behaviour: Behaviour, status: int, error_type: str
 ) -> None:
     """With no account left, the client gets Bedrock's answer as the API would give it (a
-    throttle that no one can absorb stays a 429; a fault is a 5xx; a refusal a 403), or the
-    gateway's own 503 when it already knows nothing can serve."""
+    throttle that no one can absorb stays a 429; a fault is a 5xx; a refusal of its
+    credentials is never passed on), or the gateway's own 503 when it already knows nothing
+    can serve."""
     mock.set_behaviour("key-api", Behaviour(status=500))
     mock.set_behaviour(MOCK_AWS_ACCESS_KEY_ID, behaviour)
     client = anthropic.AsyncAnthropic(base_url=fresh_gateway, api_key="caller", max_retries=0)
@@ -446,3 +449,21 @@ async def test_a_bedrock_stream_that_fails_before_its_first_token_fails_over(
     assert final["content"][0]["text"] == "Hello from the mock provider."
     assert headers["x-switchyard-account"] == "api-second"
     assert [r.key for r in mock.requests] == [SECOND_KEY_ID, "key-api-second"]
+
+
+async def test_count_tokens_on_a_bedrock_account_is_the_wires_404(
+    gateway: str, mock: MockProvider
+) -> None:
+    # The gateway maps no token count onto Bedrock (the Anthropic SDK's own Bedrock client
+    # refuses count_tokens too): the account kind answers 404 in the wire's shape, without
+    # calling AWS.
+    client = anthropic.AsyncAnthropic(base_url=gateway, api_key="caller", max_retries=0)
+    messages: Any = [{"role": "user", "content": "hi"}]
+    try:
+        with pytest.raises(anthropic.NotFoundError) as info:
+            await client.messages.count_tokens(model="claude-sonnet-5", messages=messages)
+    finally:
+        await client.close()
+    assert info.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+    assert "bedrock account" in info.value.message
+    assert mock.requests == []

@@ -223,10 +223,7 @@ async def test_a_slow_first_token_fails_over_from_the_api_to_vertex(
 
 @pytest.mark.parametrize(
     ("status", "error", "message"),
-    [
-        (429, anthropic.RateLimitError, "Vertex AI: RESOURCE_EXHAUSTED: "),
-        (403, anthropic.PermissionDeniedError, "Vertex AI: PERMISSION_DENIED: "),
-    ],
+    [(429, anthropic.RateLimitError, "Vertex AI: RESOURCE_EXHAUSTED: ")],
 )
 async def test_vertex_errors_reach_the_sdk_in_the_anthropic_shape(
     gateway: str,
@@ -244,6 +241,24 @@ async def test_vertex_errors_reach_the_sdk_in_the_anthropic_shape(
     assert info.value.status_code == status
     assert info.value.body["type"] == "error"  # type: ignore[index]
     assert info.value.body["error"]["message"].startswith(message)  # type: ignore[index]
+
+
+async def test_a_vertex_refusal_of_its_credentials_is_the_credential_503(
+    gateway: str, mock: tuple[MockProvider, str]
+) -> None:
+    """Google's 403 PERMISSION_DENIED on the only account of the model: the provider refused
+    *its* credentials, never the client's: the 503 that says so, in the Anthropic shape."""
+    provider, _ = mock
+    provider.set_behaviour(EMAIL, Behaviour(status=403, headers={}))
+    client = sdk(gateway)
+    with pytest.raises(anthropic.APIStatusError) as info:
+        await client.messages.create(**{**REQUEST, "model": "claude-vertex-only"})
+    await client.close()
+    assert info.value.status_code == 503
+    assert info.value.response.headers["x-should-retry"] == "false"
+    assert info.value.body["type"] == "error"  # type: ignore[index]
+    assert info.value.body["error"]["type"] == "no_healthy_account"  # type: ignore[index]
+    assert "refused the credentials" in info.value.body["error"]["message"]  # type: ignore[index]
 
 
 async def test_the_openai_wire_is_refused_by_a_vertex_account(gateway: str) -> None:
@@ -295,3 +310,29 @@ async def test_a_vertex_stream_cut_mid_way_ends_with_the_anthropic_error_event(
     await client.close()
     assert received  # the first delta reached the client before the cut
     assert "upstream stream failed" in str(info.value)
+
+
+async def test_count_tokens_fails_over_from_the_api_to_vertex(
+    gateway: str, mock: tuple[MockProvider, str]
+) -> None:
+    provider, _ = mock
+    provider.set_behaviour("key-a", Behaviour(status=503))
+    client = sdk(gateway)
+    try:
+        raw = await client.messages.with_raw_response.count_tokens(
+            model="claude-opus-5", messages=REQUEST["messages"]
+        )
+        counted = await raw.parse()
+    finally:
+        await client.close()
+    assert raw.headers["x-switchyard-account"] == "gcp"
+    assert raw.headers["x-switchyard-attempts"] == "2"
+    seen = [(r.key, r.path) for r in provider.requests]
+    assert seen == [
+        ("key-a", "/v1/messages/count_tokens"),
+        (EMAIL, VERTEX_PATH[: -len(VERTEX_NAME) - 1] + "count-tokens:rawPredict"),
+    ]
+    sent = json.loads(provider.requests[-1].body)
+    # Vertex takes a count with the model in the body (its own name) and the API version.
+    assert (sent["model"], sent["anthropic_version"]) == (VERTEX_NAME, "vertex-2023-10-16")
+    assert counted.input_tokens == max(1, len(provider.requests[-1].body) // 4)
