@@ -20,11 +20,10 @@ the other:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
+from concurrent import futures
 from typing import Any
 
 import anthropic
@@ -151,9 +150,9 @@ class HoldToContent(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     """Holds each try's answer to its response headers until a piece of its body carries
     the first content event, then answers the headers and every held piece in order."""
 
-    async def Process(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+    def Process(self, requests: Iterator[Any], context: Any) -> Iterator[Any]:
         held: list[ep.ProcessingResponse] | None = []  # None: the headers went
-        async for request in requests:
+        for request in requests:
             kind = request.WhichOneof("request")
             if kind == "response_headers":
                 held = [ep.ProcessingResponse(response_headers=ep.HeadersResponse())]
@@ -167,36 +166,21 @@ class HoldToContent(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 continue
             held.append(_piece(body))
             if b"content_block_delta" in body.body or body.end_of_stream:
-                for answer in held:
-                    yield answer
+                yield from held
                 held = None
 
 
 @contextlib.contextmanager
 def _processor_in_thread(port: int) -> Iterator[None]:
-    """The hold processor on its own event loop and thread, for the module's life."""
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-    server: Any = None
-
-    async def serve() -> None:
-        nonlocal server
-        server = grpc.aio.server()
-        ep_grpc.add_ExternalProcessorServicer_to_server(HoldToContent(), server)
-        server.add_insecure_port(f"127.0.0.1:{port}")
-        await server.start()
-        started.set()
-        await server.wait_for_termination()
-
-    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),), daemon=True)
-    thread.start()
-    started.wait(10)
+    """The hold processor on grpcio's own threads, for the module's life."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    ep_grpc.add_ExternalProcessorServicer_to_server(HoldToContent(), server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
     try:
         yield
     finally:
-        asyncio.run_coroutine_threadsafe(server.stop(0), loop).result(10)
-        thread.join(10)
-        loop.close()
+        server.stop(0)
 
 
 @pytest.fixture(scope="module", params=["plain", "held to content"])
