@@ -140,10 +140,10 @@ class CloudStream:
         headers = msg.headers_of(http, _READ_RESPONSE)
         self.status = int(headers.get(":status", b"0") or 0)
         if self.status >= 300 or self.replacement is not None:
+            self.response = [(k.encode(), v) for k, v in headers.items()]
             if http.end_of_stream:  # no body to read: mapped by its status and headers
                 return self._mapped_headers(b"")
             self.answer = Answer.MAP_ERROR
-            self.response = [(k.encode(), v) for k, v in headers.items()]
             return ep.ProcessingResponse(
                 response_headers=ep.HeadersResponse(), mode_override=msg.READ_BUFFERED
             )
