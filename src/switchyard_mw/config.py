@@ -197,9 +197,11 @@ class Route(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """How much of the last user turn the judge sees."""
 
 
-FallbackReason = Literal["unavailable", "context_length"]
+FallbackReason = Literal["unavailable", "context_length", "budget"]
 FALLBACK_REASONS: tuple[FallbackReason, ...] = ("unavailable", "context_length")
-"""Why a request may move to the next model of its chain."""
+"""Why a request moves to the next model of a chain given as a list (both failures)."""
+ALL_FALLBACK_REASONS: tuple[FallbackReason, ...] = (*FALLBACK_REASONS, "budget")
+"""Every reason a chain's `on` may name: `budget` only when asked for."""
 
 
 class Fallback(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -213,8 +215,9 @@ class Fallback(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     model of the chain that has a chain of its own brings it after this one's."""
     on: tuple[FallbackReason, ...] = FALLBACK_REASONS
     """When the chain applies: `"unavailable"` (every account of the model cooled, held by a
-    429, or failed in this request) and `"context_length"` (the provider refused the prompt as
-    too long for the model)."""
+    429, or failed in this request), `"context_length"` (the provider refused the prompt as
+    too long for the model) and, only when named, `"budget"` (the tenant's limit for the model
+    is spent: see [Tenants](policies/tenants.md))."""
 
 
 class Server(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -438,9 +441,10 @@ def _convert_fallbacks(value: Any, problems: list[str]) -> dict[str, Fallback]:
                 problems.append(f"{where}: expected a list of model names")
             continue
         if isinstance(entry, dict) and isinstance(entry.get("on"), list):
-            unknown = [r for r in entry["on"] if r not in FALLBACK_REASONS]
+            unknown = [r for r in entry["on"] if r not in ALL_FALLBACK_REASONS]
             if unknown:
-                known = " or ".join(f'"{r}"' for r in FALLBACK_REASONS)
+                *most, last = (f'"{r}"' for r in ALL_FALLBACK_REASONS)
+                known = f"{', '.join(most)} or {last}"
                 shown = ", ".join(f'"{r}"' for r in unknown)
                 problems.append(f"{where}.on: unknown reason {shown} (expected {known})")
                 continue

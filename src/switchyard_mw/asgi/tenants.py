@@ -1,0 +1,104 @@
+"""Tenants on the ASGI front: `engine.tenancy` decides, this module only translates (request
+headers in, ASGI messages out)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from ..context import TENANT_KEY, RequestContext
+from ..engine.tenancy import Admission, Refusal, Tenancy
+from ..engine.usage import Tokens
+from ._types import Scope
+from .exchange import Exchange, send_error
+
+_pending: set[asyncio.Task[object]] = set()
+"""Settles of requests whose task was cancelled (the client left): run to their end."""
+
+
+def _header(scope: Scope) -> Callable[[str], str | None]:
+    headers = scope.get("headers", ())
+
+    def first(name: str) -> str | None:
+        wanted = name.encode("latin-1")
+        for key, value in headers:
+            if key == wanted:
+                found: bytes = value
+                return found.decode("latin-1")
+        return None
+
+    return first
+
+
+def identified(tenancy: Tenancy, ctx: RequestContext, scope: Scope) -> Refusal | None:
+    """Name the request's tenant on `ctx` and check the model it asked for; the refusal
+    (401, 403) otherwise. No store and no upstream are touched."""
+    view = ctx.view
+    assert view is not None
+    state = scope.get("state") or {}
+    who = tenancy.identify(named=state.get(TENANT_KEY), header=_header(scope))
+    if isinstance(who, Refusal):
+        return who
+    ctx.tenant = who
+    return tenancy.permit(who, view.model)
+
+
+async def admitted(tenancy: Tenancy, ctx: RequestContext) -> Admission | Refusal:
+    """Reserve the request's worst case; on a budget fallback the request moves model."""
+    view = ctx.view
+    assert view is not None
+    assert ctx.tenant is not None
+    model = ctx.resolved_model or view.model
+    outcome = await tenancy.admit(
+        ctx.tenant,
+        model,
+        wire=view.wire,
+        body_bytes=len(ctx.body or b""),
+        max_tokens=view.max_tokens,
+        pinned=ctx.pinned_model,
+    )
+    if isinstance(outcome, Admission):
+        if outcome.route is not None:
+            ctx.resolved_model, ctx.route = outcome.model, outcome.route
+        ctx.limit_headers = outcome.headers(view.wire)
+    return outcome
+
+
+async def refuse(ex: Exchange, ctx: RequestContext, refusal: Refusal) -> None:
+    """The refusal as the wire's error answer."""
+    assert ctx.wire is not None
+    error = refusal.error
+    await send_error(
+        ex.out, ctx.wire, error.status, error.error_type, error.message, refusal.headers
+    )
+
+
+async def settled(
+    tenancy: Tenancy, admission: Admission, ctx: RequestContext, run: Awaitable[None]
+) -> None:
+    """Run the request's attempts, then settle, keep or release its reservation."""
+    try:
+        await run
+    except asyncio.CancelledError:
+        # The client left: the settle still runs, in a task of its own, since this one is
+        # cancelled (a shared store's settle may await).
+        task = asyncio.get_running_loop().create_task(_finish(tenancy, admission, ctx))
+        _pending.add(task)
+        task.add_done_callback(_pending.discard)
+        raise
+    except BaseException:
+        await _finish(tenancy, admission, ctx)
+        raise
+    await _finish(tenancy, admission, ctx)
+
+
+async def _finish(tenancy: Tenancy, admission: Admission, ctx: RequestContext) -> object:
+    usage = None
+    if ctx.input_tokens is not None or ctx.output_tokens is not None:
+        usage = Tokens(
+            ctx.input_tokens, ctx.output_tokens, ctx.cache_read_tokens, ctx.cache_write_tokens
+        )
+    status = ctx.response_status
+    # An answer started: a success reached the client from the app (an upstream's answer).
+    answered = status is not None and status < 400 and ctx.attempts > 0
+    return await tenancy.finish(admission, usage=usage, answered=answered)
