@@ -118,9 +118,7 @@ def test_unknown_and_missing_keys_are_401_and_cost_no_upstream_call(
         gpt(gateway, "sk-wrong").chat.completions.create(model="gpt", messages=HELLO)
     assert openai_error.value.status_code == 401
     assert openai_error.value.type == "authentication_error"
-    missing = httpx.post(
-        gateway + "/v1/chat/completions", json={"model": "gpt", "messages": HELLO}
-    )
+    missing = httpx.post(gateway + "/v1/chat/completions", json={"model": "gpt", "messages": HELLO})
     assert missing.status_code == 401
     assert missing.json()["error"]["type"] == "authentication_error"
     # A flood of wrong keys: no upstream call, no counter written.
@@ -219,7 +217,7 @@ def test_usage_settles_the_reservation_on_every_wire(gateway: str, wire: str, st
             events = list(
                 tokens.responses.create(model="gpt", input="hi", max_output_tokens=64, stream=True)
             )
-            done = [e for e in events if e.type == "response.completed"][0]
+            done = next(e for e in events if e.type == "response.completed")
             response_usage = done.response.usage  # type: ignore[union-attr]
         else:
             response_usage = tokens.responses.create(
@@ -256,9 +254,7 @@ def test_a_spent_model_limit_falls_back_down_a_budget_chain(gateway: str) -> Non
     # request fits while what the ones before used leaves room, then they move to haiku.
     served = []
     for _ in range(6):
-        raw = client.messages.with_raw_response.create(
-            model="opus", max_tokens=550, messages=HELLO
-        )
+        raw = client.messages.with_raw_response.create(model="opus", max_tokens=550, messages=HELLO)
         served.append(raw.headers["x-switchyard-model"])
         if served[-1] != "opus":
             break
@@ -307,9 +303,7 @@ limits = [{{ tokens = {amount}, per = "day" }}]
 
         async def one(client: anthropic.AsyncAnthropic) -> int:
             try:
-                message = await client.messages.create(
-                    model="opus", max_tokens=200, messages=HELLO
-                )
+                message = await client.messages.create(model="opus", max_tokens=200, messages=HELLO)
             except anthropic.RateLimitError:
                 return -1
             return spent_of(message.usage)

@@ -4,7 +4,7 @@ headers in, ASGI messages out)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 
 from ..context import TENANT_KEY, RequestContext
 from ..engine.tenancy import Admission, Refusal, Tenancy
@@ -16,18 +16,17 @@ _pending: set[asyncio.Task[object]] = set()
 """Settles of requests whose task was cancelled (the client left): run to their end."""
 
 
-def _header(scope: Scope) -> Callable[[str], str | None]:
-    headers = scope.get("headers", ())
+_KEY_HEADERS = (b"x-api-key", b"authorization")
 
-    def first(name: str) -> str | None:
-        wanted = name.encode("latin-1")
-        for key, value in headers:
-            if key == wanted:
-                found: bytes = value
-                return found.decode("latin-1")
-        return None
 
-    return first
+def _headers(scope: Scope, tenant_header: bytes | None) -> dict[str, str]:
+    """The request headers identification reads (the first of each), in one pass."""
+    wanted = _KEY_HEADERS if tenant_header is None else (*_KEY_HEADERS, tenant_header)
+    found: dict[str, str] = {}
+    for key, value in scope.get("headers", ()):
+        if key in wanted:
+            found.setdefault(key.decode("latin-1"), value.decode("latin-1"))
+    return found
 
 
 def identified(tenancy: Tenancy, ctx: RequestContext, scope: Scope) -> Refusal | None:
@@ -36,7 +35,9 @@ def identified(tenancy: Tenancy, ctx: RequestContext, scope: Scope) -> Refusal |
     view = ctx.view
     assert view is not None
     state = scope.get("state") or {}
-    who = tenancy.identify(named=state.get(TENANT_KEY), header=_header(scope))
+    header = tenancy.tenant_header
+    sent = _headers(scope, None if header is None else header.encode("latin-1"))
+    who = tenancy.identify(named=state.get(TENANT_KEY), header=sent.get)
     if isinstance(who, Refusal):
         return who
     ctx.tenant = who

@@ -414,46 +414,57 @@ def cost_usd(price: Price | None, tokens: Tokens) -> float | None:
     ) / 1e6
 
 
-def _tightest(statuses: Iterable[tuple[LimitKey, Status]], measure: Measure) -> Status | None:
-    found: Status | None = None
-    for limit, status in statuses:
-        if limit.measure is measure and (
-            found is None
-            or (status.remaining, status.reset_secs) < (found.remaining, found.reset_secs)
-        ):
-            found = status
-    return found
+_NAMES: dict[tuple[bool, Measure], tuple[bytes, bytes, bytes]] = {
+    (anthropic, measure): tuple(  # type: ignore[misc]
+        (
+            f"anthropic-ratelimit-{_MEASURE_NAMES[measure]}-{part}"
+            if anthropic
+            else f"x-ratelimit-{part}-{_MEASURE_NAMES[measure]}"
+        ).encode()
+        for part in ("limit", "remaining", "reset")
+    )
+    for anthropic in (False, True)
+    for measure in (Measure.REQUESTS, Measure.TOKENS)
+}
+"""The header names per wire kind (Anthropic's or OpenAI's) and measure: limit, remaining,
+reset."""
 
 
 def rate_limit_headers(wire: Wire, statuses: Iterable[tuple[LimitKey, Status]]) -> Headers:
     """The providers' own rate-limit headers for the tightest limit of tokens and of requests:
     OpenAI's `x-ratelimit-*` (reset as a duration, "6m0s") or Anthropic's
     `anthropic-ratelimit-*` (reset as an RFC 3339 time) on Messages."""
-    pairs = list(statuses)
+    requests: Status | None = None
+    tokens: Status | None = None
+    for limit, status in statuses:  # the tightest: least remaining, then soonest reset
+        if limit.measure is _REQUESTS:
+            if requests is None or (status.remaining, status.reset_secs) < (
+                requests.remaining,
+                requests.reset_secs,
+            ):
+                requests = status
+        elif limit.measure is _TOKENS and (
+            tokens is None
+            or (status.remaining, status.reset_secs) < (tokens.remaining, tokens.reset_secs)
+        ):
+            tokens = status
+    anthropic = wire.anthropic_style
     out: list[tuple[bytes, bytes]] = []
-    for measure in (Measure.REQUESTS, Measure.TOKENS):
-        status = _tightest(pairs, measure)
-        if status is None:
+    for measure, tightest in ((_REQUESTS, requests), (_TOKENS, tokens)):
+        if tightest is None:
             continue
-        name = _MEASURE_NAMES[measure]
-        limit = str(int(status.limit)).encode()
-        remaining = str(int(status.remaining)).encode()
-        if wire.anthropic_style:
-            reset = _rfc3339(status.reset_secs).encode()
-            prefix = f"anthropic-ratelimit-{name}-"
-            out += [
-                ((prefix + "limit").encode(), limit),
-                ((prefix + "remaining").encode(), remaining),
-                ((prefix + "reset").encode(), reset),
-            ]
-        else:
-            reset = openai_duration(status.reset_secs).encode()
-            out += [
-                (f"x-ratelimit-limit-{name}".encode(), limit),
-                (f"x-ratelimit-remaining-{name}".encode(), remaining),
-                (f"x-ratelimit-reset-{name}".encode(), reset),
-            ]
+        limit_name, remaining_name, reset_name = _NAMES[anthropic, measure]
+        secs = tightest.reset_secs
+        reset = _rfc3339(secs) if anthropic else openai_duration(secs)
+        out += (
+            (limit_name, b"%d" % tightest.limit),
+            (remaining_name, b"%d" % tightest.remaining),
+            (reset_name, reset.encode()),
+        )
     return tuple(out)
+
+
+_REQUESTS, _TOKENS = Measure.REQUESTS, Measure.TOKENS
 
 
 RATE_LIMIT_PREFIXES = (b"x-ratelimit-", b"anthropic-ratelimit-")
@@ -488,4 +499,14 @@ def openai_duration(secs: float) -> str:
 def _rfc3339(secs: float) -> str:
     """The time `secs` from now, to the whole second up (windows end on whole seconds)."""
     at = math.ceil(time.time() + secs)
-    return dt.datetime.fromtimestamp(at, tz=dt.UTC).isoformat().replace("+00:00", "Z")
+    text = _RFC3339.get(at)
+    if text is None:
+        if len(_RFC3339) > 64:
+            _RFC3339.clear()
+        text = dt.datetime.fromtimestamp(at, tz=dt.UTC).isoformat().replace("+00:00", "Z")
+        _RFC3339[at] = text
+    return text
+
+
+_RFC3339: dict[int, str] = {}
+"""The few reset times written recently (most answers name one of the same few window ends)."""
