@@ -63,8 +63,9 @@ class Tenant(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """One tenant: the client keys it sends, the models it may use and its limits."""
 
     keys: list[str] = []
-    """The SHA-256 of each client key it sends, as `"sha256:<hex>"` (`printf %s KEY |
-    sha256sum`); the keys themselves are never written in the file."""
+    """The SHA-256 of each client key it sends, as `"sha256:<hex>"` (the hex digest that
+    `sha256sum` prints for the key without a newline); the keys themselves are never written
+    in the file."""
     keys_env: str | None = None
     """An environment variable holding more of its keys, comma-separated, raw or `sha256:`;
     read and hashed at start-up (and at each reload)."""
