@@ -433,3 +433,16 @@ def test_the_operator_view_shows_used_remaining_and_resets() -> None:
     assert opus["per"] == "minute"
     assert 0 < opus["resets_in_secs"] <= 60  # type: ignore[operator]
     assert shown["team-b"][0]["usd"] == 1.0
+
+
+def test_a_refusal_is_one_decision_record(caplog: pytest.LogCaptureFixture) -> None:
+    tenancy, _ = build()
+    with caplog.at_level("WARNING", logger="switchyard_mw.limits"):
+        for _ in range(4):
+            admit(tenancy, "gpt-5", body=3, max_tokens=1)
+    (record,) = caplog.records
+    assert record.event == "limit.refused"  # type: ignore[attr-defined]
+    assert record.tenant == "team-a"  # type: ignore[attr-defined]
+    assert record.limit == "requests/minute"  # type: ignore[attr-defined]
+    assert record.model == "gpt-5"  # type: ignore[attr-defined]
+    assert record.retry_after_secs == 60  # type: ignore[attr-defined]

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import datetime as dt
 import fnmatch
-import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -48,6 +47,7 @@ from ..core.limits import (
 )
 from ..core.tenant_keys import KeyIndex, client_key
 from ..state.limits import LimitStore
+from ..telemetry import logs
 from ..telemetry import names as tm
 from ..wire import Wire, WireError
 from .fallbacks import Chains, Reason
@@ -75,7 +75,6 @@ BUDGET_ROUTE = "fallback:budget"
 """`x-switchyard-route` of a request a spent limit moved to the next model of its chain."""
 
 Headers = tuple[tuple[bytes, bytes], ...]
-_log = logging.getLogger(__name__)
 _NO_RETRY: Headers = ((b"x-should-retry", b"false"),)
 _MEASURE_NAMES = {Measure.TOKENS: "tokens", Measure.REQUESTS: "requests", Measure.USD: "usd"}
 
@@ -266,11 +265,10 @@ class Tenancy:
                     return outcome
                 if outcome.limit.model is None:
                     break  # a limit of every model: no other model fits either
-        _log.info(
-            "limit refused",
-            extra={"tenant": tenant, "limit": limit_label(first.limit), "model": model},
-        )
-        tm.limit_refusals.add(1, {tm.TENANT: tenant, "limit": limit_label(first.limit)})
+        label = limit_label(first.limit)
+        retry = None if first.never else first.retry_after_secs
+        logs.limit_refused(tenant=tenant, limit=label, model=model, retry_after_secs=retry)
+        tm.limit_refusals.add(1, {tm.TENANT: tenant, "limit": label})
         return _refused(wire, first)
 
     async def _reserve(
