@@ -7,9 +7,8 @@ the real ones. Spans and metrics come from the session's in-memory pipeline (con
 
 from __future__ import annotations
 
-import hashlib
-
 import asyncio
+import hashlib
 import json
 import subprocess
 import sys
