@@ -189,3 +189,19 @@ def test_the_request_metrics_carry_the_tenant_never_the_key() -> None:
     assert {"gen_ai.request.model": "m", tm.TENANT: "team"}.items() <= next(
         p for p in points if p.get(tm.TENANT) == "team"
     ).items()
+
+
+def test_a_reload_keeps_what_was_spent() -> None:
+    stack = stack_for(Upstream())
+    asyncio.run(post(stack, {"x-api-key": KEY}))
+    assert used(stack) == 15
+    before = stack.tenancy
+    assert stack.reload(parse_config(CONFIG.replace("100_000", "100_000 "))) == []
+    assert stack.tenancy is not before  # the new config's decisions ...
+    assert used(stack) == 15  # ... over the same counters
+    without = parse_config(CONFIG.split("[tenants.team]")[0] + "[server]\n")
+    assert stack.reload(without) == []
+    assert stack.tenancy is None
+    answer = asyncio.run(post(stack, {"x-api-key": "anything"}))
+    assert answer.status_code == 200
+    assert "anthropic-ratelimit-tokens-limit" not in answer.headers

@@ -329,12 +329,16 @@ def test_a_usd_limit_reserves_and_settles_dollars() -> None:
     assert isinstance(third, Admission)
 
 
-def test_a_spent_model_limit_moves_down_a_budget_chain() -> None:
+def test_a_spent_model_limit_moves_down_a_budget_chain(caplog: pytest.LogCaptureFixture) -> None:
     tenancy, _ = build()
     assert isinstance(admit(tenancy, "claude-opus-5", body=3, max_tokens=499), Admission)
     moved = admit(tenancy, "claude-opus-5", body=3, max_tokens=100)
     assert isinstance(moved, Admission)
     assert (moved.model, moved.route) == ("claude-haiku-5", BUDGET_ROUTE)
+    fell = [r for r in caplog.records if getattr(r, "event", None) == "fallback"]
+    assert [(r.from_model, r.to_model, r.reason) for r in fell] == [  # type: ignore[attr-defined]
+        ("claude-opus-5", "claude-haiku-5", "budget")
+    ]
     # Reserved against the new model's limits: the deployment's for haiku counts it.
     assert {limit_label(k) for k in moved.statuses} >= {"deployment:tokens/minute/claude-haiku-5"}
     # Signed thinking binds the conversation to its model: the 429 instead.

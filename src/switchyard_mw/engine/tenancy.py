@@ -262,6 +262,11 @@ class Tenancy:
                 outcome = await self._reserve(tenant, other, estimate, cap)
                 if isinstance(outcome, Admission):
                     outcome.route = BUDGET_ROUTE
+                    budget = Reason.BUDGET.value
+                    tm.fallbacks.add(
+                        1, {tm.REQUEST_MODEL: model, tm.RESPONSE_MODEL: other, "reason": budget}
+                    )
+                    logs.fallback(from_model=model, to_model=other, reason=budget)
                     return outcome
                 if outcome.limit.model is None:
                     break  # a limit of every model: no other model fits either
