@@ -8,7 +8,6 @@ from collections.abc import Awaitable
 
 from ..context import TENANT_KEY, RequestContext
 from ..engine.tenancy import Admission, Refusal, Tenancy
-from ..engine.usage import Tokens
 from ._types import Scope
 from .exchange import Exchange, send_error
 
@@ -30,48 +29,23 @@ def _headers(scope: Scope, tenant_header: bytes | None) -> dict[str, str]:
 
 
 def identified(tenancy: Tenancy, ctx: RequestContext, scope: Scope) -> Refusal | None:
-    """Name the request's tenant on `ctx` and check the model it asked for; the refusal
-    (401, 403) otherwise. No store and no upstream are touched."""
-    view = ctx.view
-    assert view is not None
+    """The tenant of the request on `ctx` (its refusal, 401 or 403, otherwise)."""
     state = scope.get("state") or {}
     header = tenancy.tenant_header
     sent = _headers(scope, None if header is None else header.encode("latin-1"))
-    who = tenancy.identify(named=state.get(TENANT_KEY), header=sent.get)
-    if isinstance(who, Refusal):
-        return who
-    ctx.tenant = who
-    return tenancy.permit(who, view.model)
+    return tenancy.check(ctx, named=state.get(TENANT_KEY), header=sent.get)
 
 
 async def admitted(tenancy: Tenancy, ctx: RequestContext) -> Admission | Refusal:
-    """Reserve the request's worst case; on a budget fallback the request moves model."""
-    view = ctx.view
-    assert view is not None
-    assert ctx.tenant is not None
-    model = ctx.resolved_model or view.model
-    outcome = await tenancy.admit(
-        ctx.tenant,
-        model,
-        wire=view.wire,
-        body_bytes=len(ctx.body or b""),
-        max_tokens=view.max_tokens,
-        pinned=ctx.pinned_model,
-    )
-    if isinstance(outcome, Admission):
-        if outcome.route is not None:
-            ctx.resolved_model, ctx.route = outcome.model, outcome.route
-        ctx.limit_headers = outcome.headers(view.wire)
-    return outcome
+    return await tenancy.admit_request(ctx)
 
 
 async def refuse(ex: Exchange, ctx: RequestContext, refusal: Refusal) -> None:
     """The refusal as the wire's error answer."""
     assert ctx.wire is not None
     error = refusal.error
-    await send_error(
-        ex.out, ctx.wire, error.status, error.error_type, error.message, refusal.headers
-    )
+    wire = ctx.wire
+    await send_error(ex.out, wire, error.status, error.error_type, error.message, refusal.headers)
 
 
 async def settled(
@@ -94,12 +68,7 @@ async def settled(
 
 
 async def _finish(tenancy: Tenancy, admission: Admission, ctx: RequestContext) -> object:
-    usage = None
-    if ctx.input_tokens is not None or ctx.output_tokens is not None:
-        usage = Tokens(
-            ctx.input_tokens, ctx.output_tokens, ctx.cache_read_tokens, ctx.cache_write_tokens
-        )
     status = ctx.response_status
     # An answer started: a success reached the client from the app (an upstream's answer).
     answered = status is not None and status < 400 and ctx.attempts > 0
-    return await tenancy.finish(admission, usage=usage, answered=answered)
+    return await tenancy.end_request(admission, ctx, answered=answered)

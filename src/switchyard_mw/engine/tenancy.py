@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from ..config import Config
 from ..config_tenants import Limit, Price, tenant_keys
+from ..context import RequestContext
 from ..core.limits import (
     Granted,
     LimitKey,
@@ -334,6 +335,53 @@ class Tenancy:
             tm.cost.add(usd, {tm.TENANT: tenant, tm.RESPONSE_MODEL: model})
         return used
 
+    # A request's context, as both fronts hold it: the calls they make.
+
+    def check(
+        self, ctx: RequestContext, *, named: str | None, header: Callable[[str], str | None]
+    ) -> Refusal | None:
+        """Name the request's tenant on `ctx` and check the model it asked for: the refusal
+        (401, 403) otherwise. No store and no upstream are touched."""
+        view = ctx.view
+        assert view is not None
+        who = self.identify(named=named, header=header)
+        if isinstance(who, Refusal):
+            return who
+        ctx.tenant = who
+        return self.permit(who, view.model)
+
+    async def admit_request(self, ctx: RequestContext) -> Admission | Refusal:
+        """Reserve the request's worst case for the model it was routed to; a budget fallback
+        moves it (`ctx.resolved_model`, `ctx.route`); `ctx.limit_headers` for its answer."""
+        view = ctx.view
+        assert view is not None
+        assert ctx.tenant is not None
+        outcome = await self.admit(
+            ctx.tenant,
+            ctx.resolved_model or view.model,
+            wire=view.wire,
+            body_bytes=len(ctx.body or b""),
+            max_tokens=view.max_tokens,
+            pinned=ctx.pinned_model,
+        )
+        if isinstance(outcome, Admission):
+            if outcome.route is not None:
+                ctx.resolved_model, ctx.route = outcome.model, outcome.route
+            ctx.limit_headers = outcome.headers(view.wire)
+        return outcome
+
+    async def end_request(
+        self, admission: Admission, ctx: RequestContext, *, answered: bool
+    ) -> dict[Measure, float] | None:
+        """`finish` with the usage the request reported (`ctx.report_usage`); `answered`: a
+        provider's successful answer started reaching the client."""
+        usage = None
+        if ctx.input_tokens is not None or ctx.output_tokens is not None:
+            usage = Tokens(
+                ctx.input_tokens, ctx.output_tokens, ctx.cache_read_tokens, ctx.cache_write_tokens
+            )
+        return await self.finish(admission, usage=usage, answered=answered)
+
     def status(self) -> dict[str, list[dict[str, object]]]:
         """Each tenant's limits (and the deployment's, under `""`) as this process knows them:
         for `GET /switchyard/tenants`."""
@@ -470,6 +518,19 @@ def rate_limit_headers(wire: Wire, statuses: Iterable[tuple[LimitKey, Status]]) 
 _REQUESTS, _TOKENS = Measure.REQUESTS, Measure.TOKENS
 
 
+PROVIDER_RATE_LIMIT_HEADERS = tuple(
+    [
+        f"x-ratelimit-{p}-{m}"
+        for m in ("requests", "tokens")
+        for p in ("limit", "remaining", "reset")
+    ]
+    + [
+        f"anthropic-ratelimit-{m}-{p}"
+        for m in ("requests", "tokens", "input-tokens", "output-tokens")
+        for p in ("limit", "remaining", "reset")
+    ]
+)
+"""The providers' rate-limit headers by name (for a front that removes them by name)."""
 RATE_LIMIT_PREFIXES = (b"x-ratelimit-", b"anthropic-ratelimit-")
 """The upstream account's own rate-limit headers start so: with tenants, the tenant's replace
 them (the account's say nothing the client may act on, and name the account's quota)."""
