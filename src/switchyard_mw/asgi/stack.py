@@ -33,7 +33,7 @@ from .cooling import CoolingMiddleware
 from .deadline import DeadlineMiddleware
 from .exchange import exchange_of
 from .judge import JudgeMiddleware
-from .tenants import admitted, identified, refuse, settled
+from .tenants import identified, refuse, settled
 from .variant import VariantMiddleware
 
 
@@ -206,7 +206,7 @@ class SwitchyardStack(PolicyMiddleware):
         engine.assign_variant(ctx)
         admission: Admission | None = None
         if ctx.tenant is not None and tenancy is not None:
-            outcome = await admitted(tenancy, ctx)
+            outcome = await tenancy.admit_request(ctx)
             if isinstance(outcome, Refusal):
                 assert ex is not None
                 return await refuse(ex, ctx, outcome)

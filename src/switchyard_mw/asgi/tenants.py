@@ -36,10 +36,6 @@ def identified(tenancy: Tenancy, ctx: RequestContext, scope: Scope) -> Refusal |
     return tenancy.check(ctx, named=state.get(TENANT_KEY), header=sent.get)
 
 
-async def admitted(tenancy: Tenancy, ctx: RequestContext) -> Admission | Refusal:
-    return await tenancy.admit_request(ctx)
-
-
 async def refuse(ex: Exchange, ctx: RequestContext, refusal: Refusal) -> None:
     """The refusal as the wire's error answer."""
     assert ctx.wire is not None
