@@ -156,3 +156,32 @@ async def test_a_spent_limit_is_429_with_retry_after(env: Env) -> None:
     await first.close()  # no answer came: the reservation goes back whole
     await asyncio.sleep(0)
     assert env.used() == [0, 0]
+
+
+async def test_a_spent_model_limit_moves_the_request_down_a_budget_chain() -> None:
+    text = CONFIG.replace('models = ["m", "auto"]', 'models = ["m", "auto", "auto-target"]')
+    text = text.replace(
+        'limits = [{ tokens = 1000, per = "day" }, { requests = 3, per = "day" }]',
+        'limits = [{ tokens = 200, per = "day", model = "m" }]',
+    )
+    text += '[fallbacks.m]\nmodels = ["auto-target"]\non = ["budget"]\n'
+    config = parse_config(text)
+    policies = Policies(config, build_accounts(config, {"KEY_A": "acct"}))
+    env = Env(MockProvider(), policies, ExtProcServicer(policies))
+    held, first = await sent(env, KEY, body(max_tokens=150))  # fits m's 200
+    assert common_body(first) == b""  # on its own model: the body goes as it came
+    stream, moved = await sent(env, KEY, body(max_tokens=150))
+    assert b'"model":"auto-target"' in common_body(moved)
+    headers = await stream.send(
+        response_headers(200, {"content-type": "application/json"}, details="via_upstream")
+    )
+    assert sets(headers)["x-switchyard-route"] == b"fallback:budget"  # type: ignore[arg-type]
+    assert sets(headers)["x-switchyard-model"] == b"auto-target"  # type: ignore[arg-type]
+    await stream.close()
+    await held.close()
+
+
+def common_body(answer: object) -> bytes:
+    """The body a routed request goes upstream with (b"" when unchanged)."""
+    value: bytes = answer.request_body.response.body_mutation.body  # type: ignore[attr-defined]
+    return value
