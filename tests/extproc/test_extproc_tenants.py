@@ -185,3 +185,18 @@ def common_body(answer: object) -> bytes:
     """The body a routed request goes upstream with (b"" when unchanged)."""
     value: bytes = answer.request_body.response.body_mutation.body  # type: ignore[attr-defined]
     return value
+
+
+async def test_an_answer_the_processor_makes_itself_carries_the_tenants_headers_too(
+    env: Env,
+) -> None:
+    stream, answer = await sent(env, KEY, body())
+    assert "x-switchyard-cluster" in sets(answer)  # type: ignore[arg-type]
+    # Envoy's own timeout before the answer started: the processor answers the 504.
+    timeout = await stream.send(response_headers(504, details="upstream_response_timeout"))
+    status, headers, _ = immediate(timeout)  # type: ignore[arg-type]
+    assert status == 504
+    assert headers["anthropic-ratelimit-tokens-limit"] == b"1000"
+    await stream.close()
+    await asyncio.sleep(0)
+    assert env.used() == [0, 0]  # no answer started: given back

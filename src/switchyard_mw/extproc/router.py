@@ -445,7 +445,7 @@ class RouterStream:
         if self.flight is not None:
             ctx = self.flight.ctx
             ctx.response_status = error.status
-            if ctx.limit_headers is not None and extra is None:
+            if ctx.limit_headers is not None:  # admitted: the tenant's headers on every answer
                 headers += _text(ctx.limit_headers)
         return msg.immediate(self.wire, error.status, error.error_type, error.message, headers)
 
