@@ -205,3 +205,25 @@ def test_a_reload_keeps_what_was_spent() -> None:
     answer = asyncio.run(post(stack, {"x-api-key": "anything"}))
     assert answer.status_code == 200
     assert "anthropic-ratelimit-tokens-limit" not in answer.headers
+
+
+def test_an_unread_llm_call_still_needs_a_known_key() -> None:
+    upstream = Upstream()
+    stack = stack_for(upstream)
+
+    async def raw(headers: dict[str, str]) -> httpx.Response:
+        transport = httpx.ASGITransport(app=stack)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+            return await client.post(
+                "/v1/messages",
+                content=b"not json",
+                headers={"content-type": "text/plain", **headers},
+            )
+
+    refused = asyncio.run(raw({"x-api-key": "sk-nope"}))
+    assert refused.status_code == 401
+    assert refused.json()["error"]["type"] == "authentication_error"
+    assert upstream.calls == 0
+    let_through = asyncio.run(raw({"x-api-key": KEY}))
+    assert upstream.calls == 1
+    assert let_through.status_code == 200

@@ -33,7 +33,7 @@ from .cooling import CoolingMiddleware
 from .deadline import DeadlineMiddleware
 from .exchange import exchange_of
 from .judge import JudgeMiddleware
-from .tenants import identified, refuse, settled
+from .tenants import identified, refuse, settled, unread_identified
 from .variant import VariantMiddleware
 
 
@@ -194,22 +194,27 @@ class SwitchyardStack(PolicyMiddleware):
         engine, shadows, tenancy = self.engine, self.shadows, self.tenancy
         ex = exchange_of(scope)
         # Who is asking, before anything is spent on the request (the judge included).
-        if (
-            tenancy is not None
-            and ex is not None
-            and ctx.view is not None
-            and (refusal := identified(tenancy, ctx, scope)) is not None
-        ):
-            return await refuse(ex, ctx, refusal)
+        if tenancy is not None:
+            view = ctx.view
+            wire = view.wire if view is not None else self._wire_of(scope)
+            if wire is not None:
+                if view is not None:  # read: its exchange exists
+                    refusal = identified(tenancy, ctx, scope)
+                else:
+                    # An LLM path whose body switchyard does not read (not JSON): no model to
+                    # check or limit to count, but only a known tenant reaches the app.
+                    refusal = unread_identified(tenancy, ctx, scope)
+                if refusal is not None:
+                    return await refuse(send if ex is None else ex.out, wire, refusal)
         if engine.judged(ctx):  # no coroutine for the many requests with no route
             await engine.judge_model(ctx, gone=lambda: ctx.disconnected)
         engine.assign_variant(ctx)
         admission: Admission | None = None
-        if ctx.tenant is not None and tenancy is not None:
+        if ctx.tenant is not None and tenancy is not None and ctx.view is not None:
             outcome = await tenancy.admit_request(ctx)
             if isinstance(outcome, Refusal):
                 assert ex is not None
-                return await refuse(ex, ctx, outcome)
+                return await refuse(ex.out, ctx.view.wire, outcome)
             admission = outcome
         if shadows is not None:
             shadows.mirror(ctx, scope["path"])

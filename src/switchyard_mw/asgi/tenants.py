@@ -8,8 +8,9 @@ from collections.abc import Awaitable
 
 from ..context import TENANT_KEY, RequestContext
 from ..engine.tenancy import Admission, Refusal, Tenancy
-from ._types import Scope
-from .exchange import Exchange, send_error
+from ..wire import Wire
+from ._types import Scope, Send
+from .exchange import send_error
 
 _pending: set[asyncio.Task[object]] = set()
 """Settles of requests whose task was cancelled (the client left): run to their end."""
@@ -36,12 +37,22 @@ def identified(tenancy: Tenancy, ctx: RequestContext, scope: Scope) -> Refusal |
     return tenancy.check(ctx, named=state.get(TENANT_KEY), header=sent.get)
 
 
-async def refuse(ex: Exchange, ctx: RequestContext, refusal: Refusal) -> None:
-    """The refusal as the wire's error answer."""
-    assert ctx.wire is not None
+def unread_identified(tenancy: Tenancy, ctx: RequestContext, scope: Scope) -> Refusal | None:
+    """The tenant of an LLM call whose body is not read, on `ctx`; its 401 otherwise."""
+    state = scope.get("state") or {}
+    header = tenancy.tenant_header
+    sent = _headers(scope, None if header is None else header.encode("latin-1"))
+    who = tenancy.identify(named=state.get(TENANT_KEY), header=sent.get)
+    if isinstance(who, Refusal):
+        return who
+    ctx.tenant = who
+    return None
+
+
+async def refuse(out: Send, wire: Wire, refusal: Refusal) -> None:
+    """The refusal as the wire's error answer (`out`: the exchange's, when there is one)."""
     error = refusal.error
-    wire = ctx.wire
-    await send_error(ex.out, wire, error.status, error.error_type, error.message, refusal.headers)
+    await send_error(out, wire, error.status, error.error_type, error.message, refusal.headers)
 
 
 async def settled(
