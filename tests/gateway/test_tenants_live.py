@@ -8,9 +8,11 @@ concurrent requests against one limit."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -18,6 +20,7 @@ import httpx
 import openai
 import pytest
 
+from redis_server import running_redis
 from servers import example_gateway, serve_in_thread
 from switchyard_mw.testing import Behaviour, MockProvider
 
@@ -326,3 +329,74 @@ limits = [{{ tokens = {amount}, per = "day" }}]
     assert amount - worst < charged <= amount
     assert state["used"] == charged
     print(f"64 concurrent: {admitted} admitted, {charged} of {amount} tokens charged")
+
+
+def test_two_gateways_on_one_redis_share_a_tenants_limits(
+    mock: MockProvider, tmp_path: Path
+) -> None:
+    """64 concurrent requests split across two replicas against one tokens limit in Redis:
+    what both charge together never passes the limit, and each replica's page reads the
+    shared count."""
+    url: str = mock.url  # type: ignore[attr-defined]
+    amount = 3000
+    mock.set_behaviour("acct-shared", Behaviour(reply="word " * 2000, stop_at_max_tokens=True))
+    with contextlib.ExitStack() as stack:
+        redis = stack.enter_context(contextlib.contextmanager(running_redis)(tmp_path))
+        text = f"""
+[llm_clients.claude]
+base_url = "{url}"
+api_key_env = "ACCOUNT_KEY_CLAUDE"
+models = ["opus"]
+[tenants.shared]
+keys = ["{sha("sk-shared")}"]
+limits = [{{ tokens = {amount}, per = "day" }}]
+[tenants.warm]
+keys = ["{sha("sk-warm")}"]
+limits = [{{ requests = 1000, per = "day" }}]
+[state]
+backend = "redis"
+url = "{redis.url}"
+key_prefix = "tenants-live"
+timeout_ms = 2000  # a loaded test machine: no replica is to fall back to its share here
+replicas_hint = 2
+"""
+        replicas = []
+        for name in ("one", "two"):
+            (tmp_path / name).mkdir()
+            env = {"ACCOUNT_KEY_CLAUDE": "acct-shared"}
+            replicas.append(stack.enter_context(example_gateway(text, tmp_path / name, env)))
+
+        async def one(client: anthropic.AsyncAnthropic) -> int:
+            try:
+                message = await client.messages.create(model="opus", max_tokens=200, messages=HELLO)
+            except anthropic.RateLimitError:
+                return -1
+            return spent_of(message.usage)
+
+        async def burst() -> list[int]:
+            clients = [
+                anthropic.AsyncAnthropic(base_url=gw, api_key="sk-shared", max_retries=0)
+                for gw in replicas
+            ]
+            try:
+                return await asyncio.gather(*(one(clients[i % 2]) for i in range(64)))
+            finally:
+                for client in clients:
+                    await client.close()
+
+        results = asyncio.run(burst())
+        pages = [
+            httpx.get(gw + "/switchyard/tenants").json()["tenants"]["shared"][0] for gw in replicas
+        ]
+    mock.clear_behaviour("acct-shared")
+    charged = sum(r for r in results if r >= 0)
+    admitted = sum(1 for r in results if r >= 0)
+    print(f"two replicas, one Redis: {admitted} admitted of 64, {charged} of {amount} tokens")
+    # One limit for both: as many admitted as one replica alone admits (13 above), never
+    # each replica its own 3000; charged never past it.
+    assert 0 < admitted <= amount // (200 + 30)
+    assert amount - 240 < charged <= amount
+    # Each page shows the shared window as its replica last read it (reservations in
+    # flight included), never more than the limit.
+    assert all(0 < page["used"] <= amount for page in pages)
+    print(f"two replicas, one Redis: {admitted} admitted of 64, {charged} of {amount} tokens")

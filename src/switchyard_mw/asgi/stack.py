@@ -22,8 +22,7 @@ from ..engine.policies import Engine
 from ..engine.reload import Loader
 from ..engine.shadow import Shadows
 from ..engine.tenancy import Admission, Refusal, Tenancy
-from ..state import Store, build_store
-from ..state.limits import LimitStore, LocalLimits
+from ..state import LimitStore, Store, build_limits, build_store
 from ..telemetry import names as tm
 from ..telemetry import request_metrics
 from ._base import PolicyMiddleware
@@ -76,7 +75,9 @@ class SwitchyardStack(PolicyMiddleware):
         self._signal = reload_on_signal and loader is not None
         self._retiring: dict[Shadows, asyncio.Task[None]] = {}
         self.store: Store = store if store is not None else build_store(config.state)
-        self.limit_store: LimitStore = limit_store if limit_store is not None else LocalLimits()
+        self.limit_store: LimitStore = (
+            limit_store if limit_store is not None else build_limits(config.state)
+        )
         """Where the tenants' limits are counted; kept across reloads (what was spent stays
         spent)."""
         # The store needs the server's event loop, which the constructor may not have.
@@ -243,6 +244,9 @@ class SwitchyardStack(PolicyMiddleware):
         if self.shadows is not None:
             await self.shadows.aclose()
         await self.store.aclose()
+        closing = getattr(self.limit_store, "aclose", None)  # a Redis one holds connections
+        if closing is not None:
+            await closing()
         await self.judge.aclose()
 
 

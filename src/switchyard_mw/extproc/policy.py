@@ -30,8 +30,7 @@ from ..engine.policies import Engine
 from ..engine.reload import kept_accounts
 from ..engine.tenancy import Tenancy
 from ..engine.variants import Canaries
-from ..state import Store, build_store
-from ..state.limits import LimitStore, LocalLimits
+from ..state import LimitStore, Store, build_limits, build_store
 from ..telemetry import request_metrics
 from ..wire import Wire
 from . import _messages as msg
@@ -122,7 +121,9 @@ class Policies:
         asked for `accept-encoding: identity`."""
         self.options = msg.Options()
         """Header options that repeat across requests (deadlines, exposed decisions)."""
-        self.limit_store: LimitStore = limit_store if limit_store is not None else LocalLimits()
+        self.limit_store: LimitStore = (
+            limit_store if limit_store is not None else build_limits(config.state)
+        )
         self.tenancy = Tenancy.build(config, store=self.limit_store)
         """Who may spend the keys (None: no `[tenants]`); the same decisions as the ASGI
         stack's, the client key read from the request headers Envoy sends."""
@@ -164,6 +165,9 @@ class Policies:
 
     async def aclose(self) -> None:
         await self.store.aclose()
+        closing = getattr(self.limit_store, "aclose", None)  # a Redis one holds connections
+        if closing is not None:
+            await closing()
         await self.judge.aclose()
 
     def wire_of(self, method: bytes, path: bytes, content_type: bytes | None) -> Wire | None:
