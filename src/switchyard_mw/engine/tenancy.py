@@ -143,6 +143,7 @@ class Tenancy:
         self.tenant_header = tenant_header
         self.chains = chains
         self._applies: dict[tuple[str, str], tuple[LimitKey, ...]] = {}
+        self._allowed: dict[tuple[str, str], bool] = {}
 
     @classmethod
     def build(
@@ -203,8 +204,14 @@ class Tenancy:
         return Refusal(WireError(403, PERMISSION_ERROR, text), ())
 
     def allows(self, tenant: str, model: str) -> bool:
-        patterns = self.rules[tenant].patterns
-        return any(fnmatch.fnmatchcase(model, p) for p in patterns)
+        key = (tenant, model)
+        found = self._allowed.get(key)
+        if found is None:
+            patterns = self.rules[tenant].patterns
+            found = any(fnmatch.fnmatchcase(model, p) for p in patterns)
+            if len(self._allowed) < 4096:  # bounded: a model name may be anything sent
+                self._allowed[key] = found
+        return found
 
     # Admission: reserve the worst case, all or nothing.
 
@@ -247,16 +254,23 @@ class Tenancy:
         wire: Wire,
         body_bytes: int,
         max_tokens: int | None,
-        pinned: bool = False,
+        pinned: bool | Callable[[], bool] = False,
     ) -> Admission | Refusal:
         """Reserve the request's worst case on every limit that applies; a spent limit of the
-        model moves it down a `budget` chain (unless `pinned`: signed thinking binds it)."""
+        model moves it down a `budget` chain (unless `pinned`: signed thinking binds it; a
+        function is asked only then)."""
         estimate = estimate_input_tokens(body_bytes)
         first = await self._reserve(tenant, model, estimate, self.output_cap(model, max_tokens))
         if isinstance(first, Admission):
             return first
-        if not pinned and first.limit.model is not None and self.chains is not None:
-            for other in self.chains.after(model, Reason.BUDGET):
+        chains = self.chains
+        if (
+            first.limit.model is not None
+            and chains is not None
+            and chains.has(model, Reason.BUDGET)
+            and not (pinned() if callable(pinned) else pinned)
+        ):
+            for other in chains.after(model, Reason.BUDGET):
                 if not self.allows(tenant, other):
                     continue
                 cap = self.output_cap(other, max_tokens)
@@ -362,7 +376,7 @@ class Tenancy:
             wire=view.wire,
             body_bytes=len(ctx.body or b""),
             max_tokens=view.max_tokens,
-            pinned=ctx.pinned_model,
+            pinned=lambda: ctx.pinned_model,
         )
         if isinstance(outcome, Admission):
             if outcome.route is not None:
