@@ -1,12 +1,14 @@
 """Tenants at request time: who is asking, may they use the model, and does the request fit
 their limits. One decision, one place: both fronts ask this module and only translate.
 
-    tenancy = Tenancy.build(config, store=LocalLimits())
-    who = tenancy.identify(named=ctx.tenant, header=lambda name: ...)   # str | Refusal
-    refusal = tenancy.permit(who, model)                                # None | Refusal
-    admitted = await tenancy.admit(who, model, body_bytes=..., max_tokens=..., pinned=...)
-        # Admission (reserved; headers for the answer) | Refusal (429, headers too)
-    await tenancy.finish(admitted, usage=tokens_or_none, answered=bool)  # settle / keep / release
+    tenancy = Tenancy.build(config, store=build_limits(config.state))   # None: no [tenants]
+    refusal = tenancy.check(ctx, named=..., header=read_header)   # None | Refusal (401, 403)
+    ...the judge and the canary split place the request...
+    admitted = await tenancy.admit_request(ctx)   # Admission | Refusal (429 and its headers)
+    ...the attempts; every answer carries ctx.limit_headers...
+    await tenancy.end_request(admitted, ctx, answered=...)   # settle, keep or release
+
+(`identify`, `permit`, `admit` and `finish` are the same steps without a request context.)
 
 Identification, in this order: a tenant the app's own authentication named (`ctx.tenant`);
 the trusted `[server] tenant_header`; the client key (`x-api-key`, `Authorization: Bearer`),
@@ -55,13 +57,17 @@ from .fallbacks import Chains, Reason
 from .usage import Tokens
 
 __all__ = [
+    "BUDGET_ROUTE",
     "DEFAULT_OUTPUT_TOKENS",
+    "PROVIDER_RATE_LIMIT_HEADERS",
     "Admission",
     "Refusal",
     "Tenancy",
     "cost_usd",
+    "limit_label",
     "openai_duration",
     "rate_limit_headers",
+    "with_limits",
 ]
 
 DEFAULT_OUTPUT_TOKENS = 4096
@@ -107,6 +113,7 @@ class Admission:
     route: str | None = None
     """`fallback:budget` when a spent limit moved it to another model."""
     finished: bool = False
+    """Settled, kept or released already: a second `finish` changes nothing."""
 
     def headers(self, wire: Wire) -> Headers:
         """The tenant's rate-limit headers for an answer on `wire`."""
