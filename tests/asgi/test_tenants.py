@@ -227,3 +227,23 @@ def test_an_unread_llm_call_still_needs_a_known_key() -> None:
     let_through = asyncio.run(raw({"x-api-key": KEY}))
     assert upstream.calls == 1
     assert let_through.status_code == 200
+
+
+def test_a_token_count_is_identified_but_reserves_nothing() -> None:
+    upstream = Upstream(usage=False)
+    stack = stack_for(upstream)
+
+    async def count(key: str) -> httpx.Response:
+        transport = httpx.ASGITransport(app=stack)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            return await client.post(
+                "/v1/messages/count_tokens", json=body, headers={"x-api-key": key}
+            )
+
+    assert asyncio.run(count("sk-nope")).status_code == 401
+    assert upstream.calls == 0
+    counted = asyncio.run(count(KEY))
+    assert counted.status_code == 200
+    assert upstream.calls == 1
+    assert used(stack) == 0  # free at the provider: nothing held, nothing kept

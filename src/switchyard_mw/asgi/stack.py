@@ -18,10 +18,11 @@ from ..engine import reload
 from ..engine.fallbacks import Chains
 from ..engine.hedging import BUCKETS, WINDOW_SECS, Hedging, SharedBudgets
 from ..engine.machine import AttemptMachine
+from ..engine.paths import llm_wire
 from ..engine.policies import Engine
 from ..engine.reload import Loader
 from ..engine.shadow import Shadows
-from ..engine.tenancy import Admission, Refusal, Tenancy
+from ..engine.tenancy import Admission, Refusal, Tenancy, billed
 from ..state import LimitStore, Store, build_limits, build_store
 from ..telemetry import names as tm
 from ..telemetry import request_metrics
@@ -197,7 +198,11 @@ class SwitchyardStack(PolicyMiddleware):
         # Who is asking, before anything is spent on the request (the judge included).
         if tenancy is not None:
             view = ctx.view
-            wire = view.wire if view is not None else self._wire_of(scope)
+            wire = (
+                view.wire
+                if view is not None
+                else llm_wire(self._paths, scope.get("method", ""), self._path_of(scope))
+            )
             if wire is not None:
                 if view is not None:  # read: its exchange exists
                     refusal = identified(tenancy, ctx, scope)
@@ -211,7 +216,12 @@ class SwitchyardStack(PolicyMiddleware):
             await engine.judge_model(ctx, gone=lambda: ctx.disconnected)
         engine.assign_variant(ctx)
         admission: Admission | None = None
-        if ctx.tenant is not None and tenancy is not None and ctx.view is not None:
+        if (
+            ctx.tenant is not None
+            and tenancy is not None
+            and ctx.view is not None
+            and billed(scope["path"])
+        ):
             outcome = await tenancy.admit_request(ctx)
             if isinstance(outcome, Refusal):
                 assert ex is not None

@@ -52,7 +52,7 @@ from ..core.tenant_keys import KeyIndex, client_key
 from ..state.limits import LimitStore
 from ..telemetry import logs
 from ..telemetry import names as tm
-from ..wire import Wire, WireError
+from ..wire import COUNT_TOKENS_PATH, Wire, WireError
 from .fallbacks import Chains, Reason
 from .usage import Tokens
 
@@ -63,6 +63,7 @@ __all__ = [
     "Admission",
     "Refusal",
     "Tenancy",
+    "billed",
     "cost_usd",
     "limit_label",
     "openai_duration",
@@ -428,6 +429,13 @@ class Tenancy:
             if name or rows:
                 shown[name] = rows
         return shown
+
+
+def billed(path: str) -> bool:
+    """Whether a call on `path` is one the providers bill: not a token count
+    (`/v1/messages/count_tokens`, free and limited apart), which is identified and permitted
+    like any call but reserves nothing."""
+    return not path.endswith(COUNT_TOKENS_PATH)
 
 
 def limit_label(limit: LimitKey) -> str:

@@ -54,7 +54,7 @@ from ..engine.machine import (
     State,
 )
 from ..engine.provider_headers import REQUEST_ID_NAMES, UPSTREAM_REQUEST_ID, request_id, withheld
-from ..engine.tenancy import PROVIDER_RATE_LIMIT_HEADERS, Admission, Refusal
+from ..engine.tenancy import PROVIDER_RATE_LIMIT_HEADERS, Admission, Refusal, billed
 from ..model_names import with_query
 from ..telemetry import names as tm
 from ..telemetry import request_metrics
@@ -256,7 +256,7 @@ class RouterStream:
                 await self.p.decide_model(ctx, self.gone)
         if self.closed:
             return msg.request_body()  # the stream ended meanwhile: nothing to place
-        if tenancy is not None:
+        if tenancy is not None and billed(self.route):
             admitted = await tenancy.admit_request(ctx)
             if isinstance(admitted, Refusal):
                 return self.refuse(admitted.error, _text(admitted.headers))
