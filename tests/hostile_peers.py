@@ -418,7 +418,7 @@ async def _child(spec: dict[str, Any], status: BinaryIO) -> None:
     config = parse_config(CONFIG)
     policies = Policies(config, build_accounts(config, {"KEY_A": "ka"}))
     limits = None
-    if spec["transport"] == "h2":
+    if spec["transport"] != "grpcio":
         size = spec["max_message_bytes"] or DEFAULT_MESSAGE_BYTES
         limits = H2Limits.for_message_size(size, **spec["limits"])
     server = await start_server(

@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     extproc.add_argument(
         "--transport",
-        choices=["h2", "grpcio"],
+        choices=["h2", "frames", "grpcio"],
         default="h2",
         help="h2 (the default: a plain asyncio HTTP/2 server, no TLS, no compression) or "
         "grpcio (grpc.aio), the same service at two to three times the CPU per request",

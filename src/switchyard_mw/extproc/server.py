@@ -36,8 +36,8 @@ GRACE_SECS = 30.0
 SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
 _MESSAGE_SLACK = 1 << 20
 """Room for headers and framing around the largest body a message may carry."""
-Transport = Literal["grpcio", "h2"]
-TRANSPORTS: tuple[Transport, ...] = ("grpcio", "h2")
+Transport = Literal["grpcio", "h2", "frames"]
+TRANSPORTS: tuple[Transport, ...] = ("grpcio", "h2", "frames")
 DEFAULT_TRANSPORT: Transport = "h2"
 
 
@@ -166,9 +166,10 @@ async def start_server(
     # Envoy sends a buffered body in one message and takes a rewritten one back the same way.
     limit = policies.server.max_body_bytes + _MESSAGE_SLACK
     servicer = ExtProcServicer(policies)
-    if transport == "h2":
+    if transport != "grpcio":
         bounds = h2_limits if h2_limits is not None else H2Limits.for_message_size(limit)
-        h2 = H2Server(servicer.open, servicer.end, services=("", SERVICE_NAME), limits=bounds)
+        services = ("", SERVICE_NAME)
+        h2 = H2Server(servicer.open, servicer.end, services=services, limits=bounds, engine=transport)
         await policies.start()
         try:
             await h2.listen(address, reuse_port=reuse_port)
