@@ -1,10 +1,10 @@
-"""The ext_proc processor's instructions per 1 KB request under real Envoy (`instructions.py
---mode processor`).
+"""The ext_proc processor's instructions per 1 KB request under real Envoy (`instructions.py --mode
+processor`).
 
 The processor (`switchyard-mw extproc --transport T`, the example config) runs under callgrind
 behind Envoy (`examples/envoy/envoy.yaml` as shipped, ports swapped, tracer dropped) in front of
-the bundled mock provider; h2load sends exactly N requests of 1 KB (or `--sizes`) through
-Envoy (2 connections). The figure is (instructions of a run with N - those of the same run with none)
+the bundled mock provider; h2load sends exactly N requests of 1 KB (or `--sizes`) through Envoy
+(2 connections). The figure is (instructions of a run with N - those of the same run with none)
 / N, over the processor process alone: Envoy, the mock and h2load are not counted. Both runs
 take the same warm-up, so start-up, imports and warm-up cancel out.
 """
@@ -86,7 +86,10 @@ def count(transport: str, n: int, workdir: Path, size: int = 1024) -> int:
         config = processor_config(run, mock)
         cmd = [PYTHON, "-m", "switchyard_mw.cli", "extproc", "--config", str(config)]
         cmd += ["--listen", f"127.0.0.1:{proc_port}", "--transport", transport]
-        valgrind = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *cmd]
+        # BENCH_CALLGRIND_DIR keeps each run's profile (callgrind_annotate reads it) there.
+        keep = os.environ.get("BENCH_CALLGRIND_DIR")
+        profile = f"{keep}/callgrind.{transport}-{size}-{n}" if keep else "/dev/null"
+        valgrind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={profile}", *cmd]
         env = {"MOCK_KEY_A": "a", "MOCK_KEY_B": "b", "MOCK_JUDGE_KEY": "judge"}
         log = run / "processor.log"
         with log.open("wb") as out:

@@ -21,8 +21,8 @@ over 8 keep-alive connections by a client outside valgrind; every answer must be
 Counts are of instructions, not time: a cache miss or a system call costs far more time than
 its instructions say, so the served bare app's share of time is larger than its share here.
 processor: the ext_proc processor (`switchyard-mw extproc`, each transport of `--transports`)
-behind a real Envoy, requests of each `--sizes` sent by h2load; only the processor runs under valgrind
-(`bench/_processor.py`). Not part of `both`.
+behind a real Envoy, requests of each `--sizes` sent by h2load; only the processor runs under
+valgrind (`bench/_processor.py`). Not part of `both`.
 At each body size (`--sizes`) the requests carry a conversation of that size, and fewer of
 them are sent as the size grows (the bytes of 1,500 1 KB requests, at least 30 requests).
 """
@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     report, texts = _count_all(args, sizes, out)
-    if len(sizes) > 1:
+    if len(sizes) > 1 and args.mode != "processor":
         texts.append("**by body size**\n\n" + scaling(report, sizes))
     text = "\n\n".join(texts)
     print(text)

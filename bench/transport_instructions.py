@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import (  # noqa: E402
+from _harness import (
     ANTHROPIC_PATH,
     BENCH,
     PYTHON,
@@ -46,17 +46,20 @@ from _harness import (  # noqa: E402
     free_port,
     pick_sizes,
     start_envoy,
-    wait_for_port,
 )
 
 RECORDINGS = BENCH / "out" / "envoy-bytes"
 TRANSPORTS = ("h2", "frames")
 _WARMUP = 20
 _COLLECTED = re.compile(rb"Collected : (\d+)")
-_HEADERS = ("content-type: application/json", "x-api-key: anything", "anthropic-version: 2023-06-01")
+_HEADERS = (
+    "content-type: application/json",
+    "x-api-key: anything",
+    "anthropic-version: 2023-06-01",
+)
 
 
-# --- recording -------------------------------------------------------------------------------------
+# --- recording ---------------------------------------------------------------------------------
 
 
 def _proxy(listen: socket.socket, target: int, reads: list[bytes], stop: threading.Event) -> None:
@@ -172,7 +175,7 @@ def reads_for(reads: Sequence[bytes], streams: int) -> list[bytes]:
     return list(reads)
 
 
-# --- counting ---------------------------------------------------------------------------------------
+# --- counting ----------------------------------------------------------------------------------
 
 
 class _Socket(asyncio.Transport):
@@ -231,7 +234,8 @@ def child(transport: str, path: Path, streams: int) -> None:
                 await asyncio.sleep(0)  # the message's task answers
                 await asyncio.sleep(0)  # and its answer is flushed
         # Every stream was answered and ended (Envoy reset each once answered).
-        assert not connection.streams and not connection.closed, connection.streams
+        assert not connection.streams, connection.streams
+        assert not connection.closed
         print(f"written {sock.written}", file=sys.stderr)
 
     asyncio.run(main())

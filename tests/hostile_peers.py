@@ -90,7 +90,7 @@ class Served:
         self,
         tmp: Path,
         *,
-        transport: str = "h2",
+        transport: str = "frames",
         limits: dict[str, Any] | None = None,
         max_message_bytes: int | None = None,
         nofile: int | None = None,

@@ -1,5 +1,6 @@
-"""The `h2` and `frames` transports' receive path: gRPC messages cut anywhere by DATA frames arrive whole and
-in order, and what a large body costs per byte received stays the transport's own work.
+"""The `h2` and `frames` transports' receive path: gRPC messages cut anywhere by DATA frames
+arrive whole and in order, and what a large body costs per byte received stays the transport's
+own work.
 
 Each test serves `H2Server` in process on a loopback port and drives it with `Peer`, which
 sends DATA frames exactly where a test cuts them.

@@ -846,9 +846,7 @@ async def test_one_stream_holds_no_more_than_its_bound(
     does not take (Echo, zero window): over 3 MB the stream fails, RESOURCE_EXHAUSTED."""
     ended: list[object] = []
     limits = H2Limits.for_message_size(MB, stream_buffer_bytes=3 * MB, **SMALL)
-    server = H2Server(
-        lambda _: handler(), ended.append, services=(), limits=limits, engine=engine
-    )
+    server = H2Server(lambda _: handler(), ended.append, services=(), limits=limits, engine=engine)
     await server.listen(f"{HOST}:0")
     try:
         assert server.port is not None

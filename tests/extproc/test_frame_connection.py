@@ -111,7 +111,8 @@ def test_the_server_preface_advertises_the_limits_and_opens_the_connection_windo
         SettingsFrame.MAX_HEADER_LIST_SIZE: 64 << 10,
     }
     assert isinstance(window, WindowUpdateFrame)
-    assert window.stream_id == 0 and window.window_increment == CONNECTION_WINDOW - 65535
+    assert window.stream_id == 0
+    assert window.window_increment == CONNECTION_WINDOW - 65535
 
 
 def test_a_grpc_call_from_h2_is_read_and_answered_in_a_form_h2_reads() -> None:
@@ -121,11 +122,14 @@ def test_a_grpc_call_from_h2_is_read_and_answered_in_a_form_h2_reads() -> None:
     events = srv.receive_data(cli.data_to_send())
     request, data, ended = events
     assert isinstance(request, h2.events.RequestReceived)
-    assert request.stream_id == 1 and list(request.headers or ()) == REQUEST
+    assert request.stream_id == 1
+    assert list(request.headers or ()) == REQUEST
     assert request.stream_ended is None
     assert isinstance(data, h2.events.DataReceived)
-    assert data.data == b"\x00\x00\x00\x00\x03abc" and data.flow_controlled_length == 8
-    assert isinstance(ended, h2.events.StreamEnded) and ended.stream_id == 1
+    assert data.data == b"\x00\x00\x00\x00\x03abc"
+    assert data.flow_controlled_length == 8
+    assert isinstance(ended, h2.events.StreamEnded)
+    assert ended.stream_id == 1
 
     srv.send_headers(1, [(b":status", b"200"), (b"content-type", b"application/grpc")])
     srv.send_data(1, memoryview(b"\x00\x00\x00\x00\x02ok"))
@@ -151,7 +155,8 @@ def test_the_same_block_on_each_new_stream_is_decoded_once_and_read_alike() -> N
     for sid in (1, 3, 5, 7):
         cli.send_headers(sid, REQUEST, end_stream=True)
         (event,) = srv.receive_data(cli.data_to_send())
-        assert isinstance(event, h2.events.RequestReceived) and event.stream_ended is not None
+        assert isinstance(event, h2.events.RequestReceived)
+        assert event.stream_ended is not None
         seen.append(event.headers)
     assert all(list(h or ()) == REQUEST for h in seen)
     assert seen[2] is seen[3]  # the warm block: the last decoding, re-used
@@ -213,12 +218,15 @@ def test_a_ping_is_answered_and_settings_are_acknowledged() -> None:
     events = srv.receive_data(raw(ping) + raw(settings))
     assert [type(e) for e in events] == [h2.events.RemoteSettingsChanged]
     pong, ack = frames(srv.data_to_send())
-    assert isinstance(pong, PingFrame) and "ACK" in pong.flags and pong.opaque_data == b"12345678"
-    assert isinstance(ack, SettingsFrame) and "ACK" in ack.flags
+    assert isinstance(pong, PingFrame)
+    assert "ACK" in pong.flags
+    assert pong.opaque_data == b"12345678"
+    assert isinstance(ack, SettingsFrame)
+    assert "ACK" in ack.flags
     assert srv.max_outbound_frame_size == 1 << 20
 
 
-# -- flow control -----------------------------------------------------------------------------------
+# -- flow control ---------------------------------------------------------------------------------
 
 
 def test_sending_keeps_to_the_peers_windows_and_follows_their_changes() -> None:
@@ -237,7 +245,8 @@ def test_sending_keeps_to_the_peers_windows_and_follows_their_changes() -> None:
     grow = WindowUpdateFrame(1)
     grow.window_increment = 20_000
     (event,) = srv.receive_data(raw(grow))
-    assert isinstance(event, h2.events.WindowUpdated) and event.delta == 20_000
+    assert isinstance(event, h2.events.WindowUpdated)
+    assert event.delta == 20_000
     assert srv.local_flow_control_window(1) == 1000 - 16384 + 20_000
     srv.reset_stream(1, E.CANCEL)
     with pytest.raises(h2.exceptions.StreamClosedError):
@@ -275,7 +284,8 @@ def test_data_over_a_streams_window_resets_that_stream_alone() -> None:
         events += srv.receive_data(chunk)
     assert all(isinstance(e, h2.events.DataReceived) for e in events)
     (reset,) = srv.receive_data(chunk)
-    assert isinstance(reset, h2.events.StreamReset) and reset.error_code == E.FLOW_CONTROL_ERROR
+    assert isinstance(reset, h2.events.StreamReset)
+    assert reset.error_code == E.FLOW_CONTROL_ERROR
     (rst,) = [f for f in frames(srv.data_to_send()) if isinstance(f, RstStreamFrame)]
     assert rst.error_code == E.FLOW_CONTROL_ERROR
 
@@ -293,7 +303,7 @@ def test_data_after_the_stream_closed_is_dropped_and_given_back() -> None:
     assert any(isinstance(f, WindowUpdateFrame) for f in frames(srv.data_to_send()))
 
 
-# -- connection errors --------------------------------------------------------------------------------
+# -- connection errors ----------------------------------------------------------------------------
 
 
 def continuation_flood() -> bytes:
@@ -403,6 +413,21 @@ def test_frames_cut_anywhere_by_reads_give_the_same_events(cut: int) -> None:
     for at in range(0, len(sent), cut):
         events += srv.receive_data(sent[at : at + cut])
     kinds = [type(e) for e in events]
-    assert kinds[0] is h2.events.RequestReceived and kinds[-1] is h2.events.StreamEnded
+    assert kinds[0] is h2.events.RequestReceived
+    assert kinds[-1] is h2.events.StreamEnded
     received = b"".join(e.data for e in events if isinstance(e, h2.events.DataReceived))
     assert received == body
+
+
+def test_padding_is_dropped_and_padding_longer_than_its_frame_ends_the_connection() -> None:
+    srv, cli = greeted()
+    cli.send_headers(1, REQUEST)
+    cli.send_data(1, b"abc", pad_length=10)
+    events = srv.receive_data(cli.data_to_send())
+    (data,) = [e for e in events if isinstance(e, h2.events.DataReceived)]
+    assert data.data == b"abc"
+    assert data.flow_controlled_length == 3 + 10 + 1  # padding counts against the window
+    bad = struct.pack(">BHBBL", 0, 2, 0, 0x8, 1) + b"\x05x"  # 5 bytes of padding in 2
+    with pytest.raises(h2.exceptions.ProtocolError):
+        srv.receive_data(bad)
+    assert goaway_code(srv) == E.PROTOCOL_ERROR

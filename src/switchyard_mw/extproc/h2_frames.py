@@ -55,14 +55,6 @@ _SETTING = struct.Struct(">HL")
 _E = h2.errors.ErrorCodes
 
 
-class ConnectionError_(h2.exceptions.ProtocolError):  # noqa: N801
-    """A connection error (RFC 9113 5.4.1): GOAWAY with `code` is queued, the connection ends."""
-
-    def __init__(self, code: h2.errors.ErrorCodes, detail: str) -> None:
-        super().__init__(detail)
-        self.error_code = code
-
-
 class _Stream:
     """What the connection keeps of an open stream: its send window and whether the peer has
     ended its side. Gone once ours is ended or either side resets it."""
@@ -91,7 +83,7 @@ class _CountingTable(hpack.table.HeaderTable):
         self.version += 1
         super().add(name, value)
 
-    @property  # type: ignore[override]
+    @property
     def maxsize(self) -> int:
         return self._maxsize
 
@@ -181,14 +173,6 @@ def _encoded(headers: list[tuple[bytes, bytes]]) -> bytes:
 def _frame(kind: int, flags: int, sid: int, payload: bytes | bytearray | memoryview = b"") -> bytes:
     n = len(payload)
     return _HEAD.pack(n >> 16, n & 0xFFFF, kind, flags, sid) + payload
-
-
-def _unpadded(payload: bytes, flags: int) -> bytes:
-    if not flags & PADDED:
-        return payload
-    if not payload or payload[0] >= len(payload):
-        raise ConnectionError_(_E.PROTOCOL_ERROR, "padding longer than its frame")
-    return payload[1 : len(payload) - payload[0]]
 
 
 class FrameConnection:
@@ -377,7 +361,7 @@ class FrameConnection:
             self._credit(length)
             self._reset(sid, _E.FLOW_CONTROL_ERROR, events)
             return
-        data = _unpadded(payload, flags)
+        data = self._unpadded(payload, flags)
         events.append(
             h2.events.DataReceived(stream_id=sid, data=data, flow_controlled_length=length)
         )
@@ -390,7 +374,7 @@ class FrameConnection:
     ) -> None:
         if sid == 0 or not sid & 1:
             self._fail(_E.PROTOCOL_ERROR, "HEADERS on a stream a client cannot open")
-        fragment = _unpadded(payload, flags)
+        fragment = self._unpadded(payload, flags)
         if flags & PRIORITY_FLAG:
             if len(fragment) < 5:
                 self._fail(_E.PROTOCOL_ERROR, "a truncated priority")
@@ -436,13 +420,13 @@ class FrameConnection:
             return
         if sid > self.highest:
             self.highest = sid
-            self.streams[sid] = stream = _Stream(self._peer_window, self._stream_window)
+            opened = self.streams[sid] = _Stream(self._peer_window, self._stream_window)
             ended = None
             if end_stream:
-                stream.remote_done = True
+                opened.remote_done = True
                 ended = h2.events.StreamEnded(stream_id=sid)
             events.append(
-                h2.events.RequestReceived(stream_id=sid, headers=headers, stream_ended=ended)  # type: ignore[arg-type]
+                h2.events.RequestReceived(stream_id=sid, headers=headers, stream_ended=ended)
             )
             return
         stream = self.streams.get(sid)
@@ -535,14 +519,21 @@ class FrameConnection:
             self._fail(_E.FRAME_SIZE_ERROR, "GOAWAY too short")
         event = h2.events.ConnectionTerminated()
         event.last_stream_id = _U32.unpack_from(payload, 0)[0] & _MAX_WINDOW
-        event.error_code = _U32.unpack_from(payload, 4)[0]  # type: ignore[assignment]
+        event.error_code = _U32.unpack_from(payload, 4)[0]
         event.additional_data = payload[8:]
         events.append(event)
+
+    def _unpadded(self, payload: bytes, flags: int) -> bytes:
+        if not flags & PADDED:
+            return payload
+        if not payload or payload[0] >= len(payload):
+            self._fail(_E.PROTOCOL_ERROR, "padding longer than its frame")
+        return payload[1 : len(payload) - payload[0]]
 
     def _fail(self, code: h2.errors.ErrorCodes, detail: str) -> None:
         """A connection error: GOAWAY with `code`, then `ProtocolError` for the caller."""
         self._out.append(_frame(GOAWAY, 0, 0, _U32.pack(self.highest) + _U32.pack(code)))
-        raise ConnectionError_(code, detail)
+        raise h2.exceptions.ProtocolError(f"{code.name}: {detail}")
 
     def _reset(self, sid: int, code: h2.errors.ErrorCodes, events: list[h2.events.Event]) -> None:
         """A stream error: RST_STREAM, and the stream's end told to the connection."""
@@ -597,9 +588,7 @@ class FrameConnection:
         if end_stream:
             del self.streams[sid]
 
-    def send_data(
-        self, sid: int, data: bytes | memoryview, end_stream: bool = False
-    ) -> None:
+    def send_data(self, sid: int, data: bytes | memoryview, end_stream: bool = False) -> None:
         stream = self.streams.get(sid)
         if stream is None:
             raise h2.exceptions.StreamClosedError(sid)
@@ -608,7 +597,9 @@ class FrameConnection:
             raise h2.exceptions.FlowControlError(f"{size} bytes over the window or frame size")
         stream.window -= size
         self._send_window -= size
-        self._out.append(_HEAD.pack(size >> 16, size & 0xFFFF, DATA, END_STREAM if end_stream else 0, sid))
+        self._out.append(
+            _HEAD.pack(size >> 16, size & 0xFFFF, DATA, END_STREAM if end_stream else 0, sid)
+        )
         self._out.append(data)
         if end_stream:
             del self.streams[sid]
