@@ -1,10 +1,12 @@
-"""`switchyard-mw extproc` (the default transport, `h2`): ext_proc over HTTP/2 on the `h2` library.
+"""`switchyard-mw extproc` (transports `frames`, the default, and `h2`): ext_proc over HTTP/2.
 
 grpc.aio spends most of a processor's CPU on its own machinery: about 0.44 ms per request for a
 processor that does almost nothing, against 0.13-0.15 ms for the same work over a plain asyncio
 HTTP/2 connection (docs/performance.md, "Envoy processor transport"). This module is that
-connection: gRPC's framing (a 5-byte prefix per message, `grpc-status` in the trailers) over
-`h2`'s state machine, serving the two methods Envoy calls, `ExternalProcessor/Process` and
+connection: gRPC's framing (a 5-byte prefix per message, `grpc-status` in the trailers) over an
+HTTP/2 state machine (`Engine`: `h2_frames.FrameConnection`, frames read and written for what
+an ext_proc peer sends, or the `h2` library's general one, with the same calls and events),
+serving the two methods Envoy calls, `ExternalProcessor/Process` and
 `Health/Check` (with `Health/Watch`, for probes that watch). Each message of a stream is
 handled in turn in its own task (the handler may await a judge or a shared store), with the
 stream's own contextvars.
