@@ -67,8 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     extproc.add_argument(
         "--transport",
-        choices=["h2", "grpcio"],
-        default="h2",
+        choices=["frames", "h2", "grpcio"],
+        default="frames",
         help="h2 (the default: a plain asyncio HTTP/2 server, no TLS, no compression) or "
         "grpcio (grpc.aio), the same service at two to three times the CPU per request",
     )
@@ -226,7 +226,7 @@ def run_extproc(
     *,
     err: TextIO,
     workers: int = 1,
-    transport: Transport = "h2",
+    transport: Transport = "frames",
     log_format: LogFormat = "text",
     log_level: str = "info",
 ) -> int:
