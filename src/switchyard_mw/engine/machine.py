@@ -360,7 +360,8 @@ class AttemptMachine:
         self._hedge: _Hedge | None = None  # a second attempt racing the one in flight
         self._failed: dict[str, set[str]] = {}
         """What failed in this request, as faults are kept: per model, the accounts tried for
-        it (none is tried for that model again; its other models stay open)."""
+        it (none is tried for that model again; its other models stay open). A token count
+        starts with the accounts that cannot count (`_skip_uncounting`)."""
         self._keys_refused: set[str] = set()
         """Accounts whose key or billing was refused in this request: none is tried again, for
         any model (the key is the account's, whatever the model)."""
@@ -392,7 +393,9 @@ class AttemptMachine:
             self.state = _DONE
             return PASS_THROUGH
         pool = engine.pool
-        if pool.store is None:
+        if ctx.view.counts:
+            self._skip_uncounting(model)
+        elif pool.store is None:
             # The usual first attempt, with nothing shared to ask (and no key to work out
             # where no priority serving the model has several accounts).
             key = self._conversation_key() if pool.keyed(model) else None
@@ -403,6 +406,16 @@ class AttemptMachine:
             self.state = _DONE
             return PASS_THROUGH  # no account it can reach serves the model
         return self._onward(self._candidates(), 0)
+
+    def _skip_uncounting(self, model: str) -> None:
+        """A token count goes only to an account that can count: those that cannot (Bedrock)
+        are out for every model it may go to, as if they had failed it, unless none serving
+        its model can count (then its account answers the wire's 404). Worked out once, at
+        the first attempt; ordinary requests never come here."""
+        uncounting = self.engine.cannot_count(model)
+        if uncounting:
+            for candidate in self._candidates():
+                self._failed[candidate] = set(uncounting)
 
     def probe_claimed(self, shared: Shared | None) -> Start:
         """The store's answer to `ClaimProbe`: None, the probe is ours; else why not."""

@@ -67,6 +67,7 @@ class Engine:
         """Hedged first tokens (None: no account hedges, or the front does not race)."""
         self.paths: dict[str, Wire] = llm_paths(server)
         """The wire of each LLM path; any other path passes through unread."""
+        self._uncounting = frozenset(n for n, a in self.accounts.items() if not a.counts_tokens)
         # Read when an attempt's span starts: parsed once here, not per request.
         self._providers = {n: tm.provider_name(c.base_url) for n, c in self.accounts.items()}
 
@@ -99,6 +100,15 @@ class Engine:
         names = self.pool.accounts_for(model)
         routable = self.routable
         return names if routable is None else [n for n in names if n in routable]
+
+    def cannot_count(self, model: str) -> frozenset[str]:
+        """The accounts a token count for `model` skips: those of a kind that cannot count
+        (Bedrock), when an account serving `model` that the front can send to can; none when
+        none can, so that the count's account answers the wire's 404 itself."""
+        uncounting = self._uncounting
+        if not uncounting or all(n in uncounting for n in self.serving(model)):
+            return frozenset()
+        return uncounting
 
     def places(self, ctx: RequestContext) -> bool:
         """Whether the request is switchyard's to place: an account serves its model, or the
