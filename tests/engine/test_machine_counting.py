@@ -19,12 +19,14 @@ import pytest
 from switchyard_mw.accounts import build_accounts, pool_from_accounts
 from switchyard_mw.config import parse_config
 from switchyard_mw.context import RequestContext
+from switchyard_mw.core.pool import Outcome
 from switchyard_mw.engine.machine import (
     FORWARD,
     HOLD_FOR_FAILOVER,
     NEXT,
     AttemptMachine,
     How,
+    Refuse,
     Send,
     State,
 )
@@ -46,6 +48,7 @@ api_key_env = "K"
 models = ["m", "two"]
 priority = 1
 failure_threshold = 1
+cooldown_secs = 30
 
 [llm_clients.api-2]
 base_url = "https://api.anthropic.com"
@@ -153,3 +156,19 @@ def test_bedrock_s_own_404_is_in_the_wires_shape_without_a_call() -> None:
     with pytest.raises(WireError) as info:
         asyncio.run(account.outbound(COUNT_TOKENS_PATH, m.ctx.body_for_app()))
     assert (info.value.status, info.value.error_type) == (404, "not_found_error")
+
+
+def test_a_count_whose_counting_accounts_cool_waits_for_them_not_for_bedrock() -> None:
+    # The API account of `m` cools for 30 s; its Bedrock account is healthy but cannot count,
+    # so the 503's retry-after is the API's 30 s, not the 1 s a healthy account would say.
+    m = machine("m", COUNT_TOKENS_PATH)
+    pool = m.engine.pool
+    lease = pool.acquire("m", allowed={"api"})
+    assert lease is not None
+    pool.record(lease, Outcome.FAULT)
+    action = m.begin()
+    assert isinstance(action, Refuse)
+    assert (action.error.status, action.error.error_type) == (503, "no_healthy_account")
+    assert action.headers == ((b"retry-after", b"30"),)
+    assert m.tried == []
+    assert m.state is State.DONE

@@ -302,6 +302,7 @@ class AttemptMachine:
         "_span",
         "_status",
         "_traced",
+        "_uncounting",
         "_waited",
         "checks_errors",
         "ctx",
@@ -367,6 +368,7 @@ class AttemptMachine:
         any model (the key is the account's, whatever the model)."""
         self._last_refused = False  # the last attempt settled was such a refusal
         self._billing = False  # the answer read (`read`) is a billing refusal
+        self._uncounting: Collection[str] = ()  # a token count's skipped accounts
 
     def __repr__(self) -> str:
         return f"<AttemptMachine {self.state.name} tried={self.tried}>"
@@ -412,7 +414,7 @@ class AttemptMachine:
         are out for every model it may go to, as if they had failed it, unless none serving
         its model can count (then its account answers the wire's 404). Worked out once, at
         the first attempt; ordinary requests never come here."""
-        uncounting = self.engine.cannot_count(model)
+        uncounting = self._uncounting = self.engine.cannot_count(model)
         if uncounting:
             for candidate in self._candidates():
                 self._failed[candidate] = set(uncounting)
@@ -1071,7 +1073,7 @@ class AttemptMachine:
         refused = self._keys_refused
         if self.tried and not refused:
             return Refuse(answers.unreachable())
-        error, headers = self.engine.nothing_serves(self.ctx, refused)
+        error, headers = self.engine.nothing_serves(self.ctx, refused, self._uncounting)
         return Refuse(error, headers)
 
     def _done(self) -> _Signal:

@@ -136,16 +136,18 @@ class Engine:
         )
 
     def nothing_serves(
-        self, ctx: RequestContext, refused: Collection[str] = ()
+        self, ctx: RequestContext, refused: Collection[str] = (), skipped: Collection[str] = ()
     ) -> tuple[WireError, answers.Headers]:
         """The answer when no account can take the request: 429 or 503, with `retry-after`
         for the soonest account that waiting heals. Accounts cooling for refused credentials
         count only when no other is left (then 503 says so, without a long `retry-after`), and
-        so do the accounts that refused their key or billing in this request (`refused`)."""
+        so do the accounts that refused their key or billing in this request (`refused`).
+        `skipped`: accounts that could never take it (a token count's `cannot_count`), whose
+        health says nothing of when it can be served."""
         allowed = self.routable
-        if refused:
+        if refused or skipped:
             names = self.pool.names if allowed is None else allowed
-            allowed = frozenset(n for n in names if n not in refused)
+            allowed = frozenset(n for n in names if n not in refused and n not in skipped)
         found = [
             self.pool.recovery(model, allowed=allowed)
             for model in (ctx.resolved_model, self.fallback(ctx))
