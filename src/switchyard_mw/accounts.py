@@ -84,6 +84,12 @@ class Account:
         return self.spec.kind
 
     @property
+    def counts_tokens(self) -> bool:
+        """Whether the account takes a token count (`/v1/messages/count_tokens`): the API's
+        and Vertex AI's do, Bedrock's does not."""
+        return self.cloud is None or self.cloud.cloud.counts_tokens
+
+    @property
     def base_url(self) -> str:
         """The configured `base_url` without a trailing slash (the request path follows); a
         cloud account's default from its region when unset."""

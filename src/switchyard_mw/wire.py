@@ -74,6 +74,7 @@ class RequestView:
         "_messages",
         "_thinking",
         "_turn",
+        "counts",
         "keyless_continuation",
         "max_tokens",
         "model",
@@ -102,6 +103,8 @@ class RequestView:
         self.stream = stream
         self.user_key = user_key
         self.keyless_continuation = keyless_continuation
+        self.counts = False
+        """A token count (`COUNT_TOKENS_PATH`): only an account that can count may take it."""
         self._turn = first_turn
         self._messages = messages
         self._body = body  # the bytes `messages` was read from (a reference, not a copy)
@@ -228,7 +231,8 @@ def read_request(wire: Wire, body: bytes, path: str = "") -> RequestView:
     """Decode `body` for `wire`; raise `WireError` (400) when it is not what the wire allows.
 
     A call on `COUNT_TOKENS_PATH` writes no output: its view's output cap is 0, so that the
-    deadline rule never grows its deadline (not even by an account's `default_max_tokens`).
+    deadline rule never grows its deadline (not even by an account's `default_max_tokens`),
+    and it `counts` (the attempt machine sends it only to an account that can count).
     """
     try:
         try:
@@ -244,6 +248,7 @@ def read_request(wire: Wire, body: bytes, path: str = "") -> RequestView:
     check_model(view.model)
     if path == COUNT_TOKENS_PATH:
         view.max_tokens = 0
+        view.counts = True
     return view
 
 

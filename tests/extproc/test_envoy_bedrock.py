@@ -42,6 +42,7 @@ from switchyard_mw.testing._bedrock_face import (
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 ENVOY_YAML = (ROOT / "examples" / "envoy" / "envoy.yaml").read_text()
 OPUS_ID = "us.anthropic.claude-opus-5-v1:0"
+SONNET_ID = "anthropic.claude-sonnet-5-v1:0"
 SECOND_KEY_ID = "AKIAMOCKBEDROCK00002"
 SECOND_SECRET = "second/mock/secret"
 REQUEST: dict[str, Any] = {
@@ -52,14 +53,24 @@ REQUEST: dict[str, Any] = {
 
 
 def config_text(mock_url: str) -> str:
+    """`claude-opus-5`: two Bedrock accounts; `claude-sonnet-5`: Bedrock first, then the API
+    (on the example's `mock` cluster)."""
     return f"""
 [llm_clients.aws]
 kind = "bedrock"
 base_url = "{mock_url}"
 bedrock = {{ region = "us-east-1" }}
-models = {{ "claude-opus-5" = "{OPUS_ID}" }}
+models = {{ "claude-opus-5" = "{OPUS_ID}", "claude-sonnet-5" = "{SONNET_ID}" }}
 failure_threshold = 100
 envoy_cluster = "bedrock"
+
+[llm_clients.api]
+base_url = "{mock_url}"
+api_key_env = "KEY_API"
+auth = "x-api-key"
+models = ["claude-sonnet-5"]
+priority = 1
+envoy_cluster = "mock"
 
 [llm_clients.aws-second]
 kind = "bedrock"
@@ -88,6 +99,7 @@ def aws_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         f"[second]\naws_access_key_id = {SECOND_KEY_ID}\naws_secret_access_key = {SECOND_SECRET}\n"
     )
     env = {
+        "KEY_API": "key-api",
         "AWS_ACCESS_KEY_ID": MOCK_AWS_ACCESS_KEY_ID,
         "AWS_SECRET_ACCESS_KEY": MOCK_AWS_SECRET_ACCESS_KEY,
         "AWS_SHARED_CREDENTIALS_FILE": str(tmp / "credentials"),
@@ -265,4 +277,27 @@ async def test_another_wire_on_a_bedrock_account_is_refused_in_that_wire(rig: Ri
         )
     assert answer.status_code == 404
     assert "Anthropic Messages API" in answer.json()["error"]["message"]
+    assert rig.mock.requests == []
+
+
+async def test_a_count_skips_bedrock_for_the_api_account_that_counts(rig: Rig, client: Any) -> None:
+    """Bedrock has no token count: `claude-sonnet-5`'s first account is Bedrock's, so the
+    processor routes the count to its API account's cluster, never to AWS."""
+    messages: Any = [{"role": "user", "content": "hi"}]
+    raw = await client.messages.with_raw_response.count_tokens(
+        model="claude-sonnet-5", messages=messages
+    )
+    counted = await raw.parse()
+    (record,) = rig.mock.requests
+    assert (record.path, record.key) == ("/v1/messages/count_tokens", "key-api")
+    assert counted.input_tokens == max(1, len(record.body) // 4)  # the mock's count
+    assert raw.headers["x-switchyard-account"] == "api"
+
+
+async def test_a_count_only_bedrock_serves_is_the_wires_404(rig: Rig, client: Any) -> None:
+    messages: Any = [{"role": "user", "content": "hi"}]
+    with pytest.raises(anthropic.NotFoundError) as info:
+        await client.messages.count_tokens(model="claude-opus-5", messages=messages)
+    assert info.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+    assert "bedrock account" in info.value.message
     assert rig.mock.requests == []

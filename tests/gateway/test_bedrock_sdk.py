@@ -30,6 +30,7 @@ pytest.importorskip("botocore")
 
 OPUS_ID = "us.anthropic.claude-opus-5-v1:0"
 SONNET_ID = "anthropic.claude-sonnet-5-v1:0"
+HAIKU_ID = "anthropic.claude-haiku-5-v1:0"
 SECOND_KEY_ID = "AKIAMOCKBEDROCK00002"
 SECOND_SECRET = "second/mock/secret"
 TOOLS = [
@@ -47,7 +48,8 @@ TOOLS = [
 
 def config(mock_url: str, *, with_bedrock: bool = True) -> str:
     """`claude-opus-5`: the API first, Bedrock second; `claude-sonnet-5`: the other way round
-    (a second Bedrock account, on its own profile's key, so each has its own behaviour)."""
+    (a second Bedrock account, on its own profile's key, so each has its own behaviour);
+    `claude-haiku-5`: that second Bedrock account alone."""
     text = f"""
 [llm_clients.api]
 base_url = "{mock_url}"
@@ -77,7 +79,7 @@ priority = 1
 kind = "bedrock"
 base_url = "{mock_url}"
 bedrock = {{ region = "us-west-2", profile = "second" }}
-models = {{ "claude-sonnet-5" = "{SONNET_ID}" }}
+models = {{ "claude-sonnet-5" = "{SONNET_ID}", "claude-haiku-5" = "{HAIKU_ID}" }}
 failure_threshold = 100
 timeout_secs = 1.0
 """
@@ -451,17 +453,56 @@ async def test_a_bedrock_stream_that_fails_before_its_first_token_fails_over(
     assert [r.key for r in mock.requests] == [SECOND_KEY_ID, "key-api-second"]
 
 
-async def test_count_tokens_on_a_bedrock_account_is_the_wires_404(
+async def test_count_tokens_skips_a_bedrock_account_for_one_that_counts(
     gateway: str, mock: MockProvider
 ) -> None:
-    # The gateway maps no token count onto Bedrock (the Anthropic SDK's own Bedrock client
-    # refuses count_tokens too): the account kind answers 404 in the wire's shape, without
-    # calling AWS.
+    # Bedrock has no token count (the Anthropic SDK's own Bedrock client refuses count_tokens
+    # too): `claude-sonnet-5`'s first account is Bedrock's, so the count goes to its API
+    # account instead, never to AWS.
+    client = anthropic.AsyncAnthropic(base_url=gateway, api_key="caller", max_retries=0)
+    messages: Any = [{"role": "user", "content": "hi"}]
+    try:
+        raw = await client.messages.with_raw_response.count_tokens(
+            model="claude-sonnet-5", messages=messages
+        )
+        counted = await raw.parse()
+    finally:
+        await client.close()
+    (record,) = mock.requests
+    assert (record.path, record.key) == ("/v1/messages/count_tokens", "key-api-second")
+    assert counted.input_tokens == max(1, len(record.body) // 4)  # the mock's count
+    assert raw.headers["x-switchyard-account"] == "api-second"
+    assert raw.headers["x-switchyard-attempts"] == "1"
+
+
+async def test_count_tokens_fails_over_between_api_accounts_never_to_bedrock(
+    gateway: str, mock: MockProvider
+) -> None:
+    # `claude-opus-5`: the API first, Bedrock second. The API's 503 is the count's answer:
+    # Bedrock cannot count, so it is no account to fail over to.
+    mock.set_behaviour("key-api", Behaviour(status=503))
+    client = anthropic.AsyncAnthropic(base_url=gateway, api_key="caller", max_retries=0)
+    messages: Any = [{"role": "user", "content": "hi"}]
+    try:
+        with pytest.raises(anthropic.InternalServerError) as info:
+            await client.messages.count_tokens(model="claude-opus-5", messages=messages)
+    finally:
+        await client.close()
+    assert info.value.status_code == 503
+    assert info.value.response.headers["x-switchyard-account"] == "api"
+    assert [r.key for r in mock.requests] == ["key-api"]
+
+
+async def test_count_tokens_only_bedrock_serves_is_the_wires_404(
+    gateway: str, mock: MockProvider
+) -> None:
+    # No account of `claude-haiku-5` can count: the Bedrock account answers 404 in the wire's
+    # shape, without calling AWS.
     client = anthropic.AsyncAnthropic(base_url=gateway, api_key="caller", max_retries=0)
     messages: Any = [{"role": "user", "content": "hi"}]
     try:
         with pytest.raises(anthropic.NotFoundError) as info:
-            await client.messages.count_tokens(model="claude-sonnet-5", messages=messages)
+            await client.messages.count_tokens(model="claude-haiku-5", messages=messages)
     finally:
         await client.close()
     assert info.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]

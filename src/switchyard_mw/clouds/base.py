@@ -68,6 +68,12 @@ class Cloud(Protocol):
         """Scheme and host the account is called on (derived from the region unless set)."""
         ...
 
+    @property
+    def counts_tokens(self) -> bool:
+        """Whether the kind takes a token count (`/v1/messages/count_tokens`): a count is
+        never sent to an account of a kind that cannot (`Account.counts_tokens`)."""
+        ...
+
     def envelope(
         self,
         path: str,

@@ -39,6 +39,8 @@ class BedrockCloud:
     region: str
     base_url: str
     kind: str = field(default="bedrock", init=False)
+    # Bedrock has no token count (the Anthropic SDK's Bedrock client refuses it too).
+    counts_tokens: bool = field(default=False, init=False)
 
     def envelope(
         self,

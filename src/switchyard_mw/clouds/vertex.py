@@ -49,6 +49,7 @@ class VertexCloud:
     settings: VertexSettings
     base_url: str
     kind: str = field(default="vertex", init=False)
+    counts_tokens: bool = field(default=True, init=False)  # count-tokens:rawPredict
 
     def envelope(
         self,

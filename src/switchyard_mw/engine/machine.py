@@ -302,6 +302,7 @@ class AttemptMachine:
         "_span",
         "_status",
         "_traced",
+        "_uncounting",
         "_waited",
         "checks_errors",
         "ctx",
@@ -360,12 +361,14 @@ class AttemptMachine:
         self._hedge: _Hedge | None = None  # a second attempt racing the one in flight
         self._failed: dict[str, set[str]] = {}
         """What failed in this request, as faults are kept: per model, the accounts tried for
-        it (none is tried for that model again; its other models stay open)."""
+        it (none is tried for that model again; its other models stay open). A token count
+        starts with the accounts that cannot count (`_skip_uncounting`)."""
         self._keys_refused: set[str] = set()
         """Accounts whose key or billing was refused in this request: none is tried again, for
         any model (the key is the account's, whatever the model)."""
         self._last_refused = False  # the last attempt settled was such a refusal
         self._billing = False  # the answer read (`read`) is a billing refusal
+        self._uncounting: Collection[str] = ()  # a token count's skipped accounts
 
     def __repr__(self) -> str:
         return f"<AttemptMachine {self.state.name} tried={self.tried}>"
@@ -392,7 +395,9 @@ class AttemptMachine:
             self.state = _DONE
             return PASS_THROUGH
         pool = engine.pool
-        if pool.store is None:
+        if ctx.view.counts:
+            self._skip_uncounting(model)
+        elif pool.store is None:
             # The usual first attempt, with nothing shared to ask (and no key to work out
             # where no priority serving the model has several accounts).
             key = self._conversation_key() if pool.keyed(model) else None
@@ -403,6 +408,16 @@ class AttemptMachine:
             self.state = _DONE
             return PASS_THROUGH  # no account it can reach serves the model
         return self._onward(self._candidates(), 0)
+
+    def _skip_uncounting(self, model: str) -> None:
+        """A token count goes only to an account that can count: those that cannot (Bedrock)
+        are out for every model it may go to, as if they had failed it, unless none serving
+        its model can count (then its account answers the wire's 404). Worked out once, at
+        the first attempt; ordinary requests never come here."""
+        uncounting = self._uncounting = self.engine.cannot_count(model)
+        if uncounting:
+            for candidate in self._candidates():
+                self._failed[candidate] = set(uncounting)
 
     def probe_claimed(self, shared: Shared | None) -> Start:
         """The store's answer to `ClaimProbe`: None, the probe is ours; else why not."""
@@ -1058,7 +1073,7 @@ class AttemptMachine:
         refused = self._keys_refused
         if self.tried and not refused:
             return Refuse(answers.unreachable())
-        error, headers = self.engine.nothing_serves(self.ctx, refused)
+        error, headers = self.engine.nothing_serves(self.ctx, refused, self._uncounting)
         return Refuse(error, headers)
 
     def _done(self) -> _Signal:

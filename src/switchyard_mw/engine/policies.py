@@ -67,6 +67,7 @@ class Engine:
         """Hedged first tokens (None: no account hedges, or the front does not race)."""
         self.paths: dict[str, Wire] = llm_paths(server)
         """The wire of each LLM path; any other path passes through unread."""
+        self._uncounting = frozenset(n for n, a in self.accounts.items() if not a.counts_tokens)
         # Read when an attempt's span starts: parsed once here, not per request.
         self._providers = {n: tm.provider_name(c.base_url) for n, c in self.accounts.items()}
 
@@ -100,6 +101,15 @@ class Engine:
         routable = self.routable
         return names if routable is None else [n for n in names if n in routable]
 
+    def cannot_count(self, model: str) -> frozenset[str]:
+        """The accounts a token count for `model` skips: those of a kind that cannot count
+        (Bedrock), when an account serving `model` that the front can send to can; none when
+        none can, so that the count's account answers the wire's 404 itself."""
+        uncounting = self._uncounting
+        if not uncounting or all(n in uncounting for n in self.serving(model)):
+            return frozenset()
+        return uncounting
+
     def places(self, ctx: RequestContext) -> bool:
         """Whether the request is switchyard's to place: an account serves its model, or the
         canary's base model that may take over."""
@@ -126,16 +136,18 @@ class Engine:
         )
 
     def nothing_serves(
-        self, ctx: RequestContext, refused: Collection[str] = ()
+        self, ctx: RequestContext, refused: Collection[str] = (), skipped: Collection[str] = ()
     ) -> tuple[WireError, answers.Headers]:
         """The answer when no account can take the request: 429 or 503, with `retry-after`
         for the soonest account that waiting heals. Accounts cooling for refused credentials
         count only when no other is left (then 503 says so, without a long `retry-after`), and
-        so do the accounts that refused their key or billing in this request (`refused`)."""
+        so do the accounts that refused their key or billing in this request (`refused`).
+        `skipped`: accounts that could never take it (a token count's `cannot_count`), whose
+        health says nothing of when it can be served."""
         allowed = self.routable
-        if refused:
+        if refused or skipped:
             names = self.pool.names if allowed is None else allowed
-            allowed = frozenset(n for n in names if n not in refused)
+            allowed = frozenset(n for n in names if n not in refused and n not in skipped)
         found = [
             self.pool.recovery(model, allowed=allowed)
             for model in (ctx.resolved_model, self.fallback(ctx))
