@@ -233,6 +233,11 @@ class Server(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """At most this share of a model's requests over a sliding minute may start a hedge
     (`hedge_after_secs`), across replicas when `[state]` shares it (see [Hedged first
     tokens](policies/hedging.md))."""
+    envoy_failover: dict[str, Annotated[list[str], Meta(min_length=2)]] = {}
+    """ext_proc mode: Envoy aggregate clusters, each with the provider clusters it tries in
+    order (`envoy.retry_priorities.previous_priorities`): a request whose account is on the
+    first of them is routed to the aggregate, so its retries move across providers (see
+    [Envoy](envoy.md#failover-across-providers))."""
 
 
 class State(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -539,6 +544,7 @@ def _cross_check(
     problems.extend(_check_routes(config, unserved, declared_clients))
     problems.extend(_check_fallbacks(config.fallbacks, unserved))
     problems.extend(_check_state(config.state))
+    problems.extend(_check_failover(config.server.envoy_failover))
     if config.state.mode == "cluster":
         problems.extend(_check_hash_tags(config))
     return problems
@@ -728,6 +734,25 @@ def _check_fallbacks(chains: dict[str, Fallback], unserved: Callable[[str], bool
     for cycle in cycles({model: chain.models for model, chain in chains.items()}):
         shown = " -> ".join(f'"{m}"' for m in cycle)
         problems.append(f"fallbacks.{_quote(cycle[0])}: a cycle through the chains: {shown}")
+    return problems
+
+
+def _check_failover(aggregates: dict[str, list[str]]) -> list[str]:
+    """Each aggregate tries a cluster once per round, and each cluster heads one aggregate:
+    the processor routes a request by its first account's cluster."""
+    problems: list[str] = []
+    headed: dict[str, str] = {}
+    for name, clusters in aggregates.items():
+        at = f"server.envoy_failover.{_quote(name)}"
+        if len(set(clusters)) != len(clusters):
+            problems.append(f"{at}: names a cluster twice")
+        first = clusters[0]
+        if first in headed:
+            problems.append(
+                f'{at}: "{first}" heads "{headed[first]}" already; a request on it could be '
+                "routed to either"
+            )
+        headed.setdefault(first, name)
     return problems
 
 

@@ -32,6 +32,7 @@ from ..state import Store, build_store
 from ..telemetry import request_metrics
 from ..wire import Wire
 from . import _messages as msg
+from .failover import Aggregates
 from .flights import Flight
 
 _log = logging.getLogger(__name__)
@@ -100,8 +101,14 @@ class Policies:
             name: [msg.option(k, v.encode()) for k, v in self.accounts[name].auth_headers()]
             for name in self.routable
         }
+        # A request on the first cluster of an aggregate is routed to the aggregate, whose
+        # retries move across providers (`failover`).
+        self.aggregates = Aggregates(self.server.envoy_failover)
         self.route_options = {
-            name: [msg.option(CLUSTER_HEADER, self.cluster_of(name).encode()), *options]
+            name: [
+                msg.option(CLUSTER_HEADER, self.aggregates.route(self.cluster_of(name)).encode()),
+                *options,
+            ]
             for name, options in self.auth_options.items()
         }
         # A fallback chain moves a retry to another model: its body is then ours to set too.
@@ -176,6 +183,10 @@ class Policies:
         """The accounts a retry may change to once `account` took the request: those on its
         cluster (Envoy retries on the cluster it routed to)."""
         return self.on_cluster.get(self.cluster_of(account), frozenset())
+
+    def on(self, cluster: str) -> frozenset[str]:
+        """The accounts an attempt sent to `cluster` may go with."""
+        return self.on_cluster.get(cluster, frozenset())
 
     @staticmethod
     def deadline_headers(machine: AttemptMachine) -> list[tuple[str, bytes]]:

@@ -237,7 +237,9 @@ class RouterStream:
             return msg.request_body()  # the stream ended while a probe was claimed
         lease = action.lease
         machine.within = self.p.within(lease.account)
-        flight.cluster = self.p.cluster_of(lease.account)
+        flight.cluster = cluster = self.p.cluster_of(lease.account)
+        flight.order = self.p.aggregates.order(cluster)
+        flight.sent_to.append(cluster)
         request_id = self.headers.get(REQUEST_ID_HEADER)
         if request_id:  # upstream-level streams find the flight by it
             self.flights.open(flight, request_id.decode("latin-1"))

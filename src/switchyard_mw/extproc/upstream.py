@@ -30,6 +30,7 @@ from ..engine.answers import deadline_exceeded
 from ..engine.claims import claimed
 from ..engine.machine import NEXT, ClaimProbe, Failure, How, Phase, Refuse, Send, State, Wait
 from . import _messages as msg
+from .failover import HOST_METADATA_ATTRIBUTE, host_cluster, next_cluster
 from .flights import Flight, Flights, Opening, out_of_order
 from .policy import Policies
 from .router import (
@@ -111,10 +112,16 @@ class UpstreamStream:
             return msg.empty_for(request)
         self.seen.add(kind)
         if kind == "request_headers":
-            return await self.on_request_headers(msg.headers_of(request.request_headers, _READ))
+            cluster = host_cluster(msg.attribute(request, HOST_METADATA_ATTRIBUTE))
+            headers = msg.headers_of(request.request_headers, _READ)
+            return await self.on_request_headers(headers, cluster)
         return self.on_response_headers(request)
 
-    async def on_request_headers(self, headers: msg.Headers) -> ep.ProcessingResponse:
+    async def on_request_headers(
+        self, headers: msg.Headers, cluster: str | None = None
+    ) -> ep.ProcessingResponse:
+        """An attempt's request headers; `cluster`: the one its endpoint names (None: not
+        known, the flight's order predicts it)."""
         flight = self.flights.find(headers.get(REQUEST_ID_HEADER))
         if flight is None:
             return msg.UNCHANGED_REQUEST_HEADERS
@@ -142,6 +149,12 @@ class UpstreamStream:
         phase = Phase.FIRST_TOKEN if held else None
         if machine.retried(Failure.CONNECT_ERROR, phase) is not NEXT:
             return msg.UNCHANGED_REQUEST_HEADERS  # the request ended
+        if flight.order:
+            # Envoy chose the retry's cluster (an aggregate's next): an account on it.
+            if cluster is None:
+                cluster = next_cluster(flight.order, len(flight.sent_to))
+            flight.sent_to.append(cluster)
+            flight.aim(cluster)
         action = machine.next()
         if isinstance(action, Wait):
             action = machine.waited()  # a retry in place: Envoy's back-off did the waiting
@@ -183,6 +196,7 @@ class UpstreamStream:
             return msg.UNCHANGED_RESPONSE_HEADERS
         self.p = flight.policies or self.p  # the request's own, across a reload
         headers = msg.headers_of(request.response_headers, _STATUS)
+        flight.aim()  # a retry goes to the next cluster of the request's: its accounts only
         machine.started(int(headers.get(":status", b"0") or 0), headers.items())
         if machine.state is State.READING:
             # A 400 the request's fallback chain may answer: whether it is a context-length
