@@ -2,6 +2,19 @@
 
 from __future__ import annotations
 
+import msgspec
+
+from extproc_helpers import (
+    Stream,
+    request_body,
+    request_headers,
+    response_headers,
+    sets,
+    upstream_headers,
+)
+from switchyard_mw.accounts import build_accounts
+from switchyard_mw.config import parse_config
+from switchyard_mw.extproc import ExtProcServicer, Policies
 from switchyard_mw.extproc.failover import Aggregates, host_cluster, next_cluster
 
 AGGREGATES = Aggregates(
@@ -46,3 +59,77 @@ def test_metadata_naming_no_cluster_is_none() -> None:
     )
     assert host_cluster(number) is None
     assert host_cluster("filter_metadata {") is None
+
+
+# --- the processor, driven message by message as Envoy drives it ------------------------------
+
+CONFIG = """
+[llm_clients.a1]
+base_url = "https://one.example"
+api_key_env = "KEY_A1"
+models = ["m"]
+envoy_cluster = "prov"
+
+[llm_clients.a2]
+base_url = "https://one.example"
+api_key_env = "KEY_A2"
+models = ["m"]
+priority = 1
+envoy_cluster = "prov"
+
+[llm_clients.b]
+base_url = "https://other.example"
+api_key_env = "KEY_B"
+auth = "x-api-key"
+models = ["m"]
+priority = 2
+envoy_cluster = "other"
+
+[server.envoy_failover]
+"prov-then-other" = ["prov", "other"]
+"""
+KEYS = {"KEY_A1": "ka1", "KEY_A2": "ka2", "KEY_B": "kb"}
+RID = "rid-failover"
+UPSTREAM = [("x-switchyard-filter", "upstream")]
+BODY = msgspec.json.encode({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+
+
+async def _refused_then_retried(cluster: str | None) -> dict[str, bytes]:
+    """a1 answers 500; the retry's request headers, its endpoint naming `cluster`: what the
+    processor sets on them."""
+    config = parse_config(CONFIG)
+    servicer = ExtProcServicer(Policies(config, build_accounts(config, KEYS)))
+    router = Stream(servicer)
+    await router.send(request_headers(extra={"x-request-id": RID}))
+    routed = sets(await router.send(request_body(BODY)))
+    assert routed["x-switchyard-cluster"] == b"prov-then-other"
+    assert routed["authorization"] == b"Bearer ka1"
+    refused = Stream(servicer, UPSTREAM)
+    answer = await refused.send(response_headers(500, request_id=RID))
+    assert sets(answer)["x-switchyard-retry"] == b"1"
+    await refused.close()
+    retry = Stream(servicer, UPSTREAM)
+    retried = sets(
+        await retry.send(upstream_headers({"x-request-id": RID}, attempt=2, cluster=cluster))
+    )
+    await retry.close()
+    await router.close()
+    return retried
+
+
+async def test_the_retry_goes_with_the_other_provider_s_account() -> None:
+    retried = await _refused_then_retried("other")
+    assert retried["x-api-key"] == b"kb"
+
+
+async def test_without_the_endpoint_s_word_envoy_s_order_says_the_cluster() -> None:
+    retried = await _refused_then_retried(None)
+    assert retried["x-api-key"] == b"kb"
+
+
+async def test_the_endpoint_s_cluster_wins_over_the_order() -> None:
+    """Envoy sent the retry back to prov (say, other's hosts were unhealthy): the account
+    is one of prov's, never the other provider's key to prov's host."""
+    retried = await _refused_then_retried("prov")
+    assert retried["authorization"] == b"Bearer ka2"
+    assert "x-api-key" not in retried

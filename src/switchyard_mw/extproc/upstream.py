@@ -97,6 +97,9 @@ class UpstreamStream:
         """The phases this stream has taken part in: one attempt, each phase once."""
         self.reading = False
         """The response body was asked for, to read a 400 (`on_response_body`)."""
+        self.cluster: str | None = None
+        """The cluster Envoy sent the attempt to, as its endpoint's metadata names it (None:
+        it names none; the flight's order then says where an aggregate sends a retry)."""
 
     async def on(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
         kind = request.WhichOneof("request")
@@ -112,16 +115,11 @@ class UpstreamStream:
             return msg.empty_for(request)
         self.seen.add(kind)
         if kind == "request_headers":
-            cluster = host_cluster(msg.attribute(request, HOST_METADATA_ATTRIBUTE))
-            headers = msg.headers_of(request.request_headers, _READ)
-            return await self.on_request_headers(headers, cluster)
+            self.cluster = host_cluster(msg.attribute(request, HOST_METADATA_ATTRIBUTE))
+            return await self.on_request_headers(msg.headers_of(request.request_headers, _READ))
         return self.on_response_headers(request)
 
-    async def on_request_headers(
-        self, headers: msg.Headers, cluster: str | None = None
-    ) -> ep.ProcessingResponse:
-        """An attempt's request headers; `cluster`: the one its endpoint names (None: not
-        known, the flight's order predicts it)."""
+    async def on_request_headers(self, headers: msg.Headers) -> ep.ProcessingResponse:
         flight = self.flights.find(headers.get(REQUEST_ID_HEADER))
         if flight is None:
             return msg.UNCHANGED_REQUEST_HEADERS
@@ -151,8 +149,7 @@ class UpstreamStream:
             return msg.UNCHANGED_REQUEST_HEADERS  # the request ended
         if flight.order:
             # Envoy chose the retry's cluster (an aggregate's next): an account on it.
-            if cluster is None:
-                cluster = next_cluster(flight.order, len(flight.sent_to))
+            cluster = self.cluster or next_cluster(flight.order, len(flight.sent_to))
             flight.sent_to.append(cluster)
             flight.aim(cluster)
         action = machine.next()
