@@ -190,18 +190,32 @@ async def test_request_errors_reach_the_client_without_failover(
     assert pool.status_of("a").state is BreakerState.CLOSED
 
 
-@pytest.mark.parametrize(("status", "retry_after"), [(429, "7"), (401, None)])
-async def test_the_only_accounts_answer_reaches_the_client(
-    status: int, retry_after: str | None, clock: FakeClock
-) -> None:
-    extra = {"retry-after": retry_after} if retry_after else {}
-    upstream = Upstream({"a": (status, extra)})
+async def test_the_only_accounts_429_reaches_the_client(clock: FakeClock) -> None:
+    upstream = Upstream({"a": (429, {"retry-after": "7"})})
     app, _ = stack(upstream, account("a"), clock=clock)
     async with http(app) as client:
         response = await client.post(MESSAGES, json=BODY)
-    assert response.status_code == status
-    assert response.headers.get("retry-after") == retry_after
+    assert response.status_code == 429
+    assert response.headers.get("retry-after") == "7"
     assert response.json() == {"account": "a"}
+
+
+@pytest.mark.parametrize("status", [401, 402, 403])
+async def test_the_only_accounts_key_refusal_never_reaches_the_client(
+    status: int, clock: FakeClock
+) -> None:
+    """A provider refusing its own key is not the client's 401: the first request already
+    gets the 503 that says the credentials were refused, and invites no retry."""
+    upstream = Upstream({"a": status})
+    app, _ = stack(upstream, account("a"), clock=clock)
+    async with http(app) as client:
+        response = await client.post(MESSAGES, json=BODY)
+    assert response.status_code == 503
+    assert response.json()["error"]["type"] == "no_healthy_account"
+    assert "refused the credentials" in response.json()["error"]["message"]
+    assert response.headers["x-should-retry"] == "false"
+    assert "retry-after" not in response.headers
+    assert response.headers["x-switchyard-attempts"] == "1"
 
 
 async def test_last_held_answer_wins_when_every_account_fails(clock: FakeClock) -> None:

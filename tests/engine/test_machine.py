@@ -23,7 +23,7 @@ from switchyard_mw.config import Fallback, parse_config
 from switchyard_mw.context import RequestContext
 from switchyard_mw.core.breaker import BreakerState
 from switchyard_mw.core.pool import Outcome
-from switchyard_mw.core.shared import Shared
+from switchyard_mw.core.shared import Cause, Shared
 from switchyard_mw.engine import machine as machine_module
 from switchyard_mw.engine.claims import claimed
 from switchyard_mw.engine.fallbacks import Chains
@@ -470,6 +470,20 @@ def ask(name: str, *args: object, **kw: object) -> Step:
     return lambda env, m: getattr(m, name)(*args, **kw)
 
 
+def answers(status: int, headers: list[tuple[bytes, bytes]], body: bytes = b"{}") -> Step:
+    """The attempt in flight answers `status` (its body read where the machine asks): the
+    machine's next action once that attempt ended (`next()`'s after `NEXT`)."""
+
+    def step(env: Env, m: AttemptMachine) -> object:
+        m.started(status, headers)
+        if m.state is State.READING:
+            m.read(body)
+        action = m.ended(How.RETURNED, held=HELD)
+        return m.next() if action is NEXT else action
+
+    return step
+
+
 TABLE: dict[str, Row] = {
     # READY
     "begin: the first account": Row(nothing, State.READY, ask("begin"), is_send("a"), State.SENT),
@@ -516,18 +530,24 @@ TABLE: dict[str, Row] = {
     "started 200: forward": Row(
         begun, State.SENT, ask("started", 200), is_(FORWARD), State.FORWARDING
     ),
-    "started 400: a client error, forward": Row(
-        begun, State.SENT, ask("started", 400), is_(FORWARD), State.FORWARDING
+    "started 400: held to be read (a billing refusal arrives as a 400)": Row(
+        begun, State.SENT, ask("started", 400), is_(HOLD_FOR_FAILOVER), State.READING
+    ),
+    "a 400 read, the client's own error: delivered, no other attempt": Row(
+        begun, State.SENT, answers(400, [], OTHER_400), delivers(HELD), State.DONE, a_untouched
     ),
     "started 500, b free: hold for failover": Row(
         begun, State.SENT, ask("started", 500), is_(HOLD_FOR_FAILOVER), State.HOLDING
     ),
-    "started 429, b free: hold for failover": Row(
+    "started 429: held to be read (a billing refusal arrives as a 429)": Row(
         begun,
         State.SENT,
         ask("started", 429, [(b"retry-after", b"7")]),
         is_(HOLD_FOR_FAILOVER),
-        State.HOLDING,
+        State.READING,
+    ),
+    "a 429 read, a throttle, b free: b": Row(
+        begun, State.SENT, answers(429, [(b"retry-after", b"7")]), is_send("b"), State.SENT
     ),
     "started 500, nobody else: forward": Row(
         only_a, State.SENT, ask("started", 500), is_(FORWARD), State.FORWARDING
@@ -769,62 +789,52 @@ TABLE: dict[str, Row] = {
     "closed after the answer: done": Row(done, State.DONE, ask("closed"), is_(None), State.DONE),
     # Retry in place (`retry_wait_max_secs`): only when no other account can take it.
     "in place: a 429 another account can take fails over as before": Row(
-        begun,
-        State.SENT,
-        ask("started", 429, RETRY_AFTER_2),
-        is_(HOLD_FOR_FAILOVER),
-        State.HOLDING,
-        config=WAIT_CONFIG,
+        begun, State.SENT, answers(429, RETRY_AFTER_2), is_send("b"), State.SENT, config=WAIT_CONFIG
     ),
-    "in place: a 429 saying 2 s, nobody else: held to retry": Row(
+    "in place: a 429 saying 2 s, nobody else: wait to retry": Row(
         only_a,
         State.SENT,
-        ask("started", 429, RETRY_AFTER_2),
-        is_(HOLD_FOR_FAILOVER),
-        State.HOLDING,
+        answers(429, RETRY_AFTER_2),
+        is_wait("a", 2.0),
+        State.WAITING,
         config=WAIT_CONFIG,
     ),
-    "in place: a 429 saying 5 s (the max): held to retry": Row(
+    "in place: a 429 saying 5 s (the max): wait to retry": Row(
         only_a,
         State.SENT,
-        ask("started", 429, [(b"retry-after-ms", b"5000")]),
-        is_(HOLD_FOR_FAILOVER),
-        State.HOLDING,
+        answers(429, [(b"retry-after-ms", b"5000")]),
+        is_wait("a", 5.0),
+        State.WAITING,
         config=WAIT_CONFIG,
     ),
-    "in place: a 429 saying 5.001 s, past the max: forwarded": Row(
+    "in place: a 429 saying 5.001 s, past the max: delivered": Row(
         only_a,
         State.SENT,
-        ask("started", 429, [(b"retry-after-ms", b"5001")]),
-        is_(FORWARD),
-        State.FORWARDING,
+        answers(429, [(b"retry-after-ms", b"5001")]),
+        delivers(HELD),
+        State.DONE,
         config=WAIT_CONFIG,
     ),
-    "in place: a 429 saying no time: forwarded": Row(
-        only_a,
-        State.SENT,
-        ask("started", 429, []),
-        is_(FORWARD),
-        State.FORWARDING,
-        config=WAIT_CONFIG,
+    "in place: a 429 saying no time: delivered": Row(
+        only_a, State.SENT, answers(429, []), delivers(HELD), State.DONE, config=WAIT_CONFIG
     ),
-    "in place: off by default (retry_wait_max_secs = 0): forwarded": Row(
-        only_a, State.SENT, ask("started", 429, RETRY_AFTER_2), is_(FORWARD), State.FORWARDING
+    "in place: off by default (retry_wait_max_secs = 0): delivered": Row(
+        only_a, State.SENT, answers(429, RETRY_AFTER_2), delivers(HELD), State.DONE
     ),
-    "in place: a wait ending at the budget's end: forwarded": Row(
+    "in place: a wait ending at the budget's end: delivered": Row(
         with_budget(2.0, only_a),
         State.SENT,
-        ask("started", 429, RETRY_AFTER_2),
-        is_(FORWARD),
-        State.FORWARDING,
+        answers(429, RETRY_AFTER_2),
+        delivers(HELD),
+        State.DONE,
         config=WAIT_CONFIG,
     ),
-    "in place: a wait ending just inside the budget: held": Row(
+    "in place: a wait ending just inside the budget: wait": Row(
         with_budget(2.001, only_a),
         State.SENT,
-        ask("started", 429, RETRY_AFTER_2),
-        is_(HOLD_FOR_FAILOVER),
-        State.HOLDING,
+        answers(429, RETRY_AFTER_2),
+        is_wait("a", 2.0),
+        State.WAITING,
         config=WAIT_CONFIG,
     ),
     "in place: a 5xx, nobody else, the app answers errors: held to retry, not checked": Row(
@@ -835,12 +845,12 @@ TABLE: dict[str, Row] = {
         State.HOLDING,
         config=WAIT_CONFIG,
     ),
-    "in place: a 401, nobody else: forwarded (a key does not heal by waiting)": Row(
+    "in place: a 401, b down: never retried (no wait heals a key), never the 401: 503": Row(
         only_a,
         State.SENT,
-        ask("started", 401),
-        is_(FORWARD),
-        State.FORWARDING,
+        answers(401, []),
+        is_refuse(503, "no_healthy_account"),
+        State.DONE,
         config=WAIT_CONFIG,
     ),
     "in place: next after a 429, nobody else: wait its retry time": Row(
@@ -920,12 +930,12 @@ TABLE: dict[str, Row] = {
     "in place: closed while waiting: done": Row(
         waiting, State.WAITING, ask("closed"), is_(None), State.DONE, config=WAIT_CONFIG
     ),
-    "in place: the retry answers 429 again: forwarded (once a request)": Row(
+    "in place: the retry answers 429 again: delivered (once a request)": Row(
         retried_in_place,
         State.SENT,
-        ask("started", 429, RETRY_AFTER_2),
-        is_(FORWARD),
-        State.FORWARDING,
+        answers(429, RETRY_AFTER_2),
+        delivers(HELD),
+        State.DONE,
         config=WAIT_CONFIG,
     ),
     "in place: a stream that started and broke: never retried": Row(
@@ -937,6 +947,48 @@ TABLE: dict[str, Row] = {
         config=WAIT_CONFIG,
     ),
 }
+
+
+def b_refused(env: Env) -> None:
+    """b's key was refused by earlier requests: it cools for that (no wait heals it)."""
+    lease = env.engine.pool.acquire("m", allowed={"b"})
+    assert lease is not None
+    env.engine.pool.record(lease, Outcome.FAULT, Cause.CREDENTIALS)
+
+
+def key_refused_between(env: Env, m: AttemptMachine) -> None:
+    """Only a serves, and refuses its key: held, ended, no retry follows."""
+    b_refused(env)
+    begun(env, m)
+    assert m.started(401) is HOLD_FOR_FAILOVER  # never the client's: held to be replaced
+    assert m.ended(How.RETURNED) is NEXT
+
+
+def key_refused_forwarded(env: Env, m: AttemptMachine) -> None:
+    """Envoy's router-level stream at the final answer: no retry can follow, a 401 came."""
+    b_refused(env)
+    begun(env, m)
+    m.retries_over()
+    assert m.started(401) is FORWARD
+    assert m.ended(How.RETURNED) is DONE
+
+
+def key_refused_then_served(env: Env, m: AttemptMachine) -> None:
+    """a refuses its key, b answers (Envoy: the final answer reaches the router-level stream,
+    which asks whether to replace it)."""
+    begun(env, m)
+    assert m.started(401) is HOLD_FOR_FAILOVER
+    assert m.ended(How.RETURNED) is NEXT
+    assert is_send("b")(m.next())
+    m.retries_over()
+    assert m.started(200) is FORWARD
+    assert m.ended(How.RETURNED) is DONE
+
+
+def no_retry_invited(env: Env, m: AttemptMachine, action: object) -> None:
+    assert isinstance(action, Refuse)
+    assert dict(action.headers) == {b"x-should-retry": b"false"}
+    assert "refused the credentials of every account" in action.error.message
 
 
 def phase_set(phase: Phase) -> Check:
@@ -1012,6 +1064,31 @@ TABLE.update(
             phase_set(Phase.TOTAL),
         ),
         "between, closed: done": Row(between, State.BETWEEN, ask("closed"), is_(None), State.DONE),
+        "between, no retry after a 5xx: nothing replaces the upstream answer": Row(
+            between, State.BETWEEN, ask("replacement"), is_(None), State.BETWEEN
+        ),
+        "between, no retry after a 401 (Envoy): the credential 503 replaces it": Row(
+            key_refused_between,
+            State.BETWEEN,
+            ask("replacement"),
+            is_refuse(503, "no_healthy_account"),
+            State.DONE,
+            no_retry_invited,
+        ),
+        "done, the final answer a 401 (Envoy's last try): the credential 503 replaces it": Row(
+            key_refused_forwarded,
+            State.DONE,
+            ask("replacement"),
+            is_refuse(503, "no_healthy_account"),
+            State.DONE,
+            no_retry_invited,
+        ),
+        "done, the final answer a success: nothing replaces it": Row(
+            done, State.DONE, ask("replacement"), is_(None), State.DONE
+        ),
+        "done, a 401 then another account's success: nothing replaces it": Row(
+            key_refused_then_served, State.DONE, ask("replacement"), is_(None), State.DONE
+        ),
         "a stream that broke after its content: its continuation on another account": Row(
             lambda env, m: (forwarding(env, m), m.ended(How.RAISED, Failure.TRANSPORT_ERROR)),
             State.DONE,

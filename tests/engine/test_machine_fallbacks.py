@@ -187,9 +187,9 @@ def too_long_for_m_then_m_big(env: Env, m: AttemptMachine) -> list[object]:
     first = m.begin()
     refused(m)
     second = m.next()
-    # m-big's chain is for `unavailable` only: the refusal of m-big goes to the client
-    assert m.started(400) is FORWARD
-    return [first, second]
+    # m-big's chain is for `unavailable` only: the refusal of m-big goes to the client (read
+    # first: a 400 may be a billing refusal)
+    return [first, second, refused(m)]
 
 
 def too_long_and_m_big_cooled(env: Env, m: AttemptMachine) -> list[object]:
@@ -206,8 +206,7 @@ def signed_thinking_stays(env: Env, m: AttemptMachine) -> list[object]:
 
 def signed_thinking_too_long(env: Env, m: AttemptMachine) -> list[object]:
     first = m.begin()
-    assert m.started(400) is FORWARD  # not read: nothing could follow it
-    return [first]
+    return [first, refused(m)]  # read (a billing refusal?), but no other model may follow
 
 
 class _Store:
@@ -283,7 +282,7 @@ TABLE: dict[str, Row] = {
         too_long_for_m_then_m_big,
         [("a", "m"), ("v", "m-big")],
         "fallback:context_length",
-        sends,
+        delivers_the_400,
     ),
     "a context-length refusal, m-big cooled: the 400 as it came": Row(
         too_long_and_m_big_cooled, [("a", "m")], None, delivers_the_400
@@ -291,8 +290,8 @@ TABLE: dict[str, Row] = {
     "signed thinking never changes model: 503": Row(
         signed_thinking_stays, [], None, refuses(503), SIGNED, Wire.ANTHROPIC
     ),
-    "signed thinking, a 400: forwarded, never read": Row(
-        signed_thinking_too_long, [("a", "m")], None, sends, SIGNED, Wire.ANTHROPIC
+    "signed thinking, a context-length 400: delivered as it came": Row(
+        signed_thinking_too_long, [("a", "m")], None, delivers_the_400, SIGNED, Wire.ANTHROPIC
     ),
 }
 
@@ -339,12 +338,14 @@ def test_a_400_that_is_no_context_length_refusal_goes_on_without_another_attempt
     assert m.tried == ["a"]
 
 
-def test_without_a_chain_a_400_is_forwarded_at_once() -> None:
+def test_without_a_chain_a_context_refusal_is_delivered_after_one_attempt() -> None:
     env = Env()
     env.engine.chains = None
     m = env.machine()
     m.begin()
-    assert m.started(400) is FORWARD  # nothing to read it for: no retry, on any account
+    # Read all the same (a 400 may be a billing refusal), but no retry, on any account.
+    assert delivers_the_400(refused(m))
+    assert m.tried == ["a"]
 
 
 def test_behind_a_cluster_the_chain_needs_a_front_that_rewrites_retries() -> None:

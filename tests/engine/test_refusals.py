@@ -181,3 +181,35 @@ def test_the_cause_is_that_of_the_fault_that_cooled_it() -> None:
     fail(e, "b", "401")
     error, headers = answer(e)
     assert (error.message, headers) == (REFUSED_TEXT, {b"x-should-retry": b"false"})
+
+
+# --- refused in this request, before any account cools --------------------------------------
+
+
+def test_keys_refused_in_this_request_are_the_credential_503_before_any_cooling() -> None:
+    """Every account refused its key in the request (a failure_threshold of 3 cools none of
+    them yet): the 503 that says so, inviting no retry, not the provider's 401."""
+    config = parse_config(CONFIG.replace("failure_threshold = 1", "failure_threshold = 3"))
+    accounts = build_accounts(config, {"KEY_A": "ka", "KEY_B": "kb"})
+    e = Engine(server=config.server, accounts=accounts, pool=pool_from_accounts(accounts))
+    error, headers = e.nothing_serves(request(), refused={"a", "b"})
+    assert (error.status, error.error_type, error.message) == (
+        503,
+        answers.NO_HEALTHY_ACCOUNT,
+        REFUSED_TEXT,
+    )
+    assert dict(headers) == {b"x-should-retry": b"false"}
+    # One refused in the request, the other closed: the other heals now, it decides.
+    error, headers = e.nothing_serves(request(), refused={"a"})
+    assert error.message.endswith("; the credentials of some were refused")
+    assert dict(headers) == {b"retry-after": b"1"}
+
+
+def test_a_key_refused_in_the_request_and_one_cooling_for_its_key_probe_due_soon() -> None:
+    clock = Clock()
+    e = engine(clock)
+    fail(e, "a", "401")
+    clock.now += 27.0  # a's probe is due in 3 s
+    error, headers = e.nothing_serves(request(), refused={"b"})
+    assert error.message == REFUSED_TEXT
+    assert dict(headers) == {b"retry-after": b"3"}  # the probe that may find a fixed key

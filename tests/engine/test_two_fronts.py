@@ -49,6 +49,7 @@ from switchyard_mw.core.pool import AccountPool, Cause, Outcome, classify_status
 from switchyard_mw.extproc import ExtProcServicer, Policies
 from switchyard_mw.telemetry import names as tm
 from switchyard_mw.testing import Behaviour, MockProvider
+from switchyard_mw.testing._wire_replies import billing_body
 
 TWO = """
 [llm_clients.a]
@@ -142,6 +143,8 @@ TOO_LONG_BODY = msgspec.json.encode(
 )
 FALLBACK_ACROSS = _elsewhere(FALLBACK, "c")
 """a on prov serves m; c on the other provider's cluster serves m-small, m's fallback."""
+BILLING = Behaviour(refuse="billing")
+"""Anthropic's 400 "Your credit balance is too low": a refusal of the account's billing."""
 ENV = {"KEY_A": "ka", "KEY_B": "kb", "KEY_C": "kc"}
 ACCOUNT_OF_KEY = {"ka": "a", "kb": "b", "kc": "c"}
 IN_PLACE = ONE.replace(
@@ -216,6 +219,15 @@ SCENARIOS = {
     ),
     "a key refused on another model moves this one too": Scenario(
         DUAL, {"kb": Behaviour()}, before="other model refused"
+    ),
+    "a billing refusal (a 400): the next account, never the client's 400": Scenario(
+        TWO, {"ka": BILLING, "kb": Behaviour()}
+    ),
+    "a lone account's billing refusal: the credential 503 at once": Scenario(
+        ONE, {"ka": BILLING}, own_answer=True
+    ),
+    "every key refused in the request: the credential 503 at once, not the last 403": Scenario(
+        TWO, {"ka": Behaviour(status=401), "kb": Behaviour(status=403)}, own_answer=True
     ),
     "a lone account's 429 retried in place": Scenario(
         IN_PLACE, {"ka": Behaviour(status=429, times=1)}
@@ -465,7 +477,7 @@ async def _play_attempts(
         extra = {"retry-after": "1"} if status == 429 else {}
         reply = await upstream.send(response_headers(status, extra, request_id=RID))
         if reply.HasField("mode_override"):  # a 400 to read: its body, in one piece
-            body = TOO_LONG_BODY if answer is TOO_LONG else b'{"type":"error"}'
+            body = _body_of(answer)
             reply = await upstream.send(response_body(body, end=True))
         await upstream.close()
         if sets(reply).get("x-switchyard-retry") != b"1":
@@ -485,7 +497,18 @@ def _status(answer: Upstream) -> int:
     """The status an upstream answers with (0: none, it is unreachable)."""
     if not isinstance(answer, Behaviour):
         return 0
+    if answer.refuse == "billing":
+        return billing_body("/v1/messages")[0]
     return 400 if answer.refuse == "context_length" else answer.status
+
+
+def _body_of(answer: Upstream) -> bytes:
+    """The error body of an answer the processor asks to read (the mock's, for a refusal)."""
+    if answer is TOO_LONG:
+        return TOO_LONG_BODY
+    if isinstance(answer, Behaviour) and answer.refuse == "billing":
+        return billing_body("/v1/messages")[1]
+    return b'{"type":"error"}'
 
 
 async def through_extproc(scenario: Scenario, spans: InMemorySpanExporter) -> Decisions:

@@ -33,7 +33,7 @@ except FileNotFoundError:  # pragma: no cover - the dev extra installs envoy-ser
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 ENVOY_YAML = (ROOT / "examples" / "envoy" / "envoy.yaml").read_text()
-KEYS = {f"KEY_{n}": f"key-{n.lower()}" for n in "ABCDEF"}
+KEYS = {f"KEY_{n}": f"key-{n.lower()}" for n in "ABCDEFGH"}
 OUT = Behaviour(status=503)
 TOO_LONG = Behaviour(refuse="context_length")
 
@@ -53,8 +53,12 @@ def config_text(mock_url: str) -> str:
         + account("short", "D", ["gpt-4k", "claude-haiku-5", "gpt-solo"])
         + account("short2", "F", ["gpt-4k", "claude-haiku-5", "gpt-solo"], 1)
         + account("long", "E", ["gpt-128k", "claude-opus-5-1m"])
+        + account("shared", "G", ["gpt-shared", "gpt-shared-mini"])
+        + account("broke", "H", ["gpt-broke", "gpt-broke-mini", "claude-broke"])
         + """
 [fallbacks]
+"gpt-shared" = ["gpt-shared-mini"]
+"gpt-broke" = ["gpt-broke-mini"]
 "gpt-x" = ["gpt-x-mini"]
 "claude-opus-5" = { models = ["claude-sonnet-5"], on = ["unavailable", "context_length"] }
 "gpt-4k" = { models = ["gpt-128k"], on = ["context_length"] }
@@ -210,3 +214,47 @@ async def test_anthropic_context_length_when_the_larger_model_refuses_too(
     assert "prompt is too long" in info.value.message
     assert info.value.response.headers["x-switchyard-model"] == "claude-opus-5-1m"
     assert seen(rig.mock) == [("key-d", "claude-haiku-5"), ("key-e", "claude-opus-5-1m")]
+
+
+# --- one account serving a model and its chain's model ------------------------------------------
+
+
+@STREAMS
+async def test_a_pair_that_fails_moves_to_the_chain_on_the_same_account(
+    rig: Rig, gateway: str, stream: bool
+) -> None:
+    """What failed is the (account, model) pair: the very first request gets the chain's model
+    from the same account, through Envoy's retry with the body rewritten."""
+    rig.mock.set_behaviour("key-g", Behaviour(status=529, status_models=["gpt-shared"]))
+    text, headers = await openai_call(gateway, "gpt-shared", stream, responses=False)
+    assert text
+    assert headers["x-switchyard-model"] == "gpt-shared-mini"
+    assert headers["x-switchyard-route"] == "fallback:unavailable"
+    assert headers["x-switchyard-account"] == "shared"
+    assert seen(rig.mock) == [("key-g", "gpt-shared"), ("key-g", "gpt-shared-mini")]
+    assert lengths_match(rig.mock)
+
+
+@pytest.mark.parametrize(
+    "model", ["gpt-broke", "claude-broke"], ids=["openai 429", "anthropic 400"]
+)
+async def test_a_billing_refusal_is_the_credential_503_never_the_chain_on_it(
+    rig: Rig, gateway: str, model: str
+) -> None:
+    """OpenAI's 429 insufficient_quota, Anthropic's 400 "credit balance is too low": the
+    processor reads the refusal's body, the account is out for every model, and the client
+    gets the 503 that says its credentials were refused, not the provider's 429 or 400."""
+    rig.mock.set_behaviour("key-h", Behaviour(refuse="billing"))
+    if model == "gpt-broke":
+        with pytest.raises(openai.InternalServerError) as gpt_error:
+            await openai_call(gateway, model, False, responses=False)
+        response = gpt_error.value.response
+    else:
+        with pytest.raises(anthropic.InternalServerError) as claude_error:
+            await anthropic_call(gateway, model, False)
+        response = claude_error.value.response
+    assert response.status_code == 503
+    body = response.json()
+    assert "the upstream refused the credentials of every account" in body["error"]["message"]
+    assert response.headers["x-should-retry"] == "false"
+    assert seen(rig.mock) == [("key-h", model)]  # never the chain's model on it

@@ -22,6 +22,7 @@ from extproc_helpers import (
     removes,
     request_body,
     request_headers,
+    response_body,
     response_headers,
     sets,
     upstream_headers,
@@ -269,20 +270,35 @@ async def test_no_healthy_account_is_a_503_with_retry_after(env: Env) -> None:
 
 
 async def test_the_final_status_is_the_attempts_outcome(env: Env, otel_metrics: Any) -> None:
-    before = otel_metrics.value(tm.ACCOUNT_FAULTS, **{tm.ACCOUNT: "a"}, status="401")
-    cooled = otel_metrics.value(tm.ACCOUNT_COOLED, **{tm.ACCOUNT: "a"})
     stream, _ = await routed(env, anthropic())
-    answer = await stream.send(response_headers(401, details="via_upstream"))
+    answer = await stream.send(response_headers(503, details="via_upstream"))
     await stream.close()
-    assert otel_metrics.value(tm.ACCOUNT_FAULTS, **{tm.ACCOUNT: "a"}, status="401") == before + 1
-    assert otel_metrics.value(tm.ACCOUNT_COOLED, **{tm.ACCOUNT: "a"}) == cooled + 1
-    assert env.policies.pool.status_of("a").state is BreakerState.COOLED
+    assert env.policies.pool.status_of("a", model="m-var").state is BreakerState.COOLED
     exposed = sets(answer)
     assert exposed["x-switchyard-model"] == b"m-var"
     assert exposed["x-switchyard-account"] == b"a"
     assert exposed["x-switchyard-attempts"] == b"1"
     assert exposed["x-switchyard-deadline-ms"] == b"360000"
     assert "x-switchyard-retry" in removes(answer)
+
+
+async def test_a_final_key_refusal_is_never_the_clients_401(env: Env, otel_metrics: Any) -> None:
+    """The final answer (no retry follows) refused the account's key: recorded as such, and
+    the client gets the 503 that says the credentials were refused, not the provider's 401."""
+    before = otel_metrics.value(tm.ACCOUNT_FAULTS, **{tm.ACCOUNT: "c"}, status="401")
+    stream, _ = await routed(env, anthropic("solo"))  # c alone serves it
+    answer = await stream.send(response_headers(401, details="via_upstream"))
+    await stream.close()
+    assert otel_metrics.value(tm.ACCOUNT_FAULTS, **{tm.ACCOUNT: "c"}, status="401") == before + 1
+    assert env.policies.pool.status_of("c").consecutive_faults == 1
+    status, headers, body = immediate(answer)
+    assert status == 503
+    assert body["error"]["type"] == "no_healthy_account"
+    assert "refused the credentials" in body["error"]["message"]
+    assert headers["x-should-retry"] == b"false"
+    assert "retry-after" not in headers
+    assert headers["x-switchyard-account"] == b"c"
+    assert headers["x-switchyard-attempts"] == b"1"
 
 
 async def test_envoys_timeout_becomes_a_504_deadline_exceeded(env: Env, otel_metrics: Any) -> None:
@@ -363,6 +379,9 @@ async def test_a_429_may_fail_over_but_never_cools(env: Env) -> None:
     router, _ = await routed(env, anthropic())
     upstream = env.stream(UPSTREAM)
     answer = await upstream.send(response_headers(429, request_id="rid-1"))
+    assert answer.HasField("mode_override")  # its body says whether it is a billing refusal
+    throttled = b'{"type":"error","error":{"type":"rate_limit_error","message":"slow down"}}'
+    answer = await upstream.send(response_body(throttled, end=True))
     assert sets(answer) == {"x-switchyard-retry": b"1"}
     await upstream.close()
     await router.close()

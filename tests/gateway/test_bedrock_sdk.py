@@ -295,15 +295,18 @@ async def test_bedrock_to_api_failover(
             503,
             "overloaded_error",
         ),
-        (Behaviour(status=403), 403, "permission_error"),
+        # A refusal of Bedrock's credentials is never the client's: the api account's 500,
+        # the last answer that is no key's, goes on (with none, the credential 503).
+        (Behaviour(status=403), 500, "api_error"),
     ],
 )
 async def test_bedrocks_last_answer_reaches_the_client_in_the_api_shape(
     fresh_gateway: str, mock: MockProvider, behaviour: Behaviour, status: int, error_type: str
 ) -> None:
     """With no account left, the client gets Bedrock's answer as the API would give it (a
-    throttle that no one can absorb stays a 429; a fault is a 5xx; a refusal a 403), or the
-    gateway's own 503 when it already knows nothing can serve."""
+    throttle that no one can absorb stays a 429; a fault is a 5xx; a refusal of its
+    credentials is never passed on), or the gateway's own 503 when it already knows nothing
+    can serve."""
     mock.set_behaviour("key-api", Behaviour(status=500))
     mock.set_behaviour(MOCK_AWS_ACCESS_KEY_ID, behaviour)
     client = anthropic.AsyncAnthropic(base_url=fresh_gateway, api_key="caller", max_retries=0)

@@ -223,10 +223,7 @@ async def test_a_slow_first_token_fails_over_from_the_api_to_vertex(
 
 @pytest.mark.parametrize(
     ("status", "error", "message"),
-    [
-        (429, anthropic.RateLimitError, "Vertex AI: RESOURCE_EXHAUSTED: "),
-        (403, anthropic.PermissionDeniedError, "Vertex AI: PERMISSION_DENIED: "),
-    ],
+    [(429, anthropic.RateLimitError, "Vertex AI: RESOURCE_EXHAUSTED: ")],
 )
 async def test_vertex_errors_reach_the_sdk_in_the_anthropic_shape(
     gateway: str,
@@ -244,6 +241,24 @@ async def test_vertex_errors_reach_the_sdk_in_the_anthropic_shape(
     assert info.value.status_code == status
     assert info.value.body["type"] == "error"  # type: ignore[index]
     assert info.value.body["error"]["message"].startswith(message)  # type: ignore[index]
+
+
+async def test_a_vertex_refusal_of_its_credentials_is_the_credential_503(
+    gateway: str, mock: tuple[MockProvider, str]
+) -> None:
+    """Google's 403 PERMISSION_DENIED on the only account of the model: the provider refused
+    *its* credentials, never the client's: the 503 that says so, in the Anthropic shape."""
+    provider, _ = mock
+    provider.set_behaviour(EMAIL, Behaviour(status=403, headers={}))
+    client = sdk(gateway)
+    with pytest.raises(anthropic.APIStatusError) as info:
+        await client.messages.create(**{**REQUEST, "model": "claude-vertex-only"})
+    await client.close()
+    assert info.value.status_code == 503
+    assert info.value.response.headers["x-should-retry"] == "false"
+    assert info.value.body["type"] == "error"  # type: ignore[index]
+    assert info.value.body["error"]["type"] == "no_healthy_account"  # type: ignore[index]
+    assert "refused the credentials" in info.value.body["error"]["message"]  # type: ignore[index]
 
 
 async def test_the_openai_wire_is_refused_by_a_vertex_account(gateway: str) -> None:

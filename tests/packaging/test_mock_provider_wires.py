@@ -922,6 +922,34 @@ async def test_context_length_refusal_is_each_sdk_s_bad_request(
     assert len(mock.requests) == 3
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_billing_refusal_is_each_api_s_own(mock: MockProvider, stream: bool) -> None:
+    """An account without credit or quota: Anthropic's 400 "credit balance is too low",
+    OpenAI's 429 `insufficient_quota` (Chat and Responses), as the SDKs raise them."""
+    mock.set_behaviour("k", Behaviour(refuse="billing"))
+    with pytest.raises(anthropic.BadRequestError) as claude_error:
+        await claude(mock).messages.create(
+            model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}], stream=stream
+        )
+    body: Any = claude_error.value.body
+    assert body["error"]["type"] == "invalid_request_error"
+    assert body["error"]["message"].startswith("Your credit balance is too low")
+    client = gpt(mock)
+    with pytest.raises(openai.RateLimitError) as chat_error:
+        await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], stream=stream
+        )
+    assert (chat_error.value.code, chat_error.value.type) == (
+        "insufficient_quota",
+        "insufficient_quota",
+    )
+    assert chat_error.value.response.headers["retry-after"] == "1"
+    with pytest.raises(openai.RateLimitError) as responses_error:
+        await client.responses.create(model="m", input="hi", stream=stream)
+    assert responses_error.value.code == "insufficient_quota"
+    assert len(mock.requests) == 3
+
+
 async def test_context_length_refusal_is_opt_in(mock: MockProvider) -> None:
     assert Behaviour().refuse == "none"
     reply = await gpt(mock).chat.completions.create(

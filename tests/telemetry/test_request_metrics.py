@@ -92,12 +92,13 @@ async def test_a_200_is_counted_with_its_models_variant_and_account(
 
 
 async def test_a_failed_request_carries_its_error_type(otel_metrics: Metrics) -> None:
-    want = labels(requested="rm-other", routed="rm-other", variant="rm-other", error="401")
+    # (A 500: a provider's 401 is never the client's answer, switchyard's 503 replaces it.)
+    want = labels(requested="rm-other", routed="rm-other", variant="rm-other", error="500")
     before = otel_metrics.value(tm.OPERATION_DURATION, **want)
     response = await post(
-        {"model": "rm-other", "max_tokens": 5, "messages": TURN}, **{"x-test-status": "401"}
+        {"model": "rm-other", "max_tokens": 5, "messages": TURN}, **{"x-test-status": "500"}
     )
-    assert response.status_code == 401
+    assert response.status_code == 500
     assert otel_metrics.value(tm.OPERATION_DURATION, **want) == before + 1
 
 

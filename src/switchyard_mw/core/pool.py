@@ -78,7 +78,10 @@ def classify_status(status: int) -> Outcome:
     return _SUCCESS
 
 
-CREDENTIAL_STATUSES = frozenset({"401", "402", "403"})
+BILLING = "billing"
+"""The status metrics show for a billing refusal that arrived as something else (OpenAI's 429
+`insufficient_quota`, Anthropic's 400 "credit balance is too low"): read from its body."""
+CREDENTIAL_STATUSES = frozenset({"401", "402", "403", BILLING})
 """Fault statuses (as metrics show them) that are credential or billing refusals."""
 
 

@@ -68,6 +68,7 @@ def nothing_serves(
     throttled: bool,
     heals_in_secs: float | None,
     refused_in_secs: float | None = None,
+    refused_now: bool = False,
 ) -> tuple[WireError, Headers]:
     """The answer when no account can take the request now.
 
@@ -77,27 +78,31 @@ def nothing_serves(
     the request waits on a throttle hold, else 503, `retry-after` = `heals_in_secs` in whole
     seconds, at least 1. When every account cools for refused credentials: 503 saying so, with
     `retry-after` only if the next probe is due within `REFUSED_RETRY_AFTER_MAX_SECS`, else
-    `x-should-retry: false` and no `retry-after`.
+    `x-should-retry: false` and no `retry-after`. `refused_now`: some account refused its key
+    or billing in this request (an account that is not cooling yet: its refusal invites no
+    wait either).
     """
-    if heals_in_secs is None and refused_in_secs is not None:
+    if heals_in_secs is None and (refused_in_secs is not None or refused_now):
         return _refused(model, refused_in_secs)
     retry_after = _retry_after(1.0 if heals_in_secs is None else heals_in_secs)
     if throttled:
         text = f"every upstream account for model {model!r} is rate limited"
         return WireError(429, RATE_LIMITED, text), retry_after
     text = f"no healthy upstream account for model {model!r}"
-    if refused_in_secs is not None:
+    if refused_in_secs is not None or refused_now:
         text += "; the credentials of some were refused"
     return WireError(503, NO_HEALTHY_ACCOUNT, text), retry_after
 
 
-def _refused(model: str | None, wait_secs: float) -> tuple[WireError, Headers]:
+def _refused(model: str | None, wait_secs: float | None) -> tuple[WireError, Headers]:
     text = (
         f"no healthy upstream account for model {model!r}: the upstream refused the credentials "
         "of every account (401, 402 or 403); retrying will not help until their keys or billing "
         "are fixed"
     )
     error = WireError(503, NO_HEALTHY_ACCOUNT, text)
+    if wait_secs is None:  # refused in this request, none cooling: no probe to wait for
+        return error, _NO_RETRY
     secs = _whole_secs(wait_secs)
     if secs <= REFUSED_RETRY_AFTER_MAX_SECS:
         return error, ((b"retry-after", str(secs).encode()),)

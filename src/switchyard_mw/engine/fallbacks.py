@@ -7,21 +7,20 @@ The attempt machine asks `after(model, reason)` for the models to try next, in o
 model of a chain that has a chain of its own (for the same reason) brings it after, breadth
 first (`core.chains.expand`). `check-config` refuses cycles, so the order is finite.
 
-Whether a context-length refusal is one is read from the answer's body (`context_refusal`):
-Anthropic's 400 `invalid_request_error` whose message says the prompt is too long, OpenAI's
-400 with code `context_length_exceeded` (Chat and Responses alike).
+Whether a context-length refusal is one is read from the answer's body (`context_refusal`,
+in `engine.error_bodies`): Anthropic's 400 `invalid_request_error` whose message says the
+prompt is too long, OpenAI's 400 with code `context_length_exceeded` (Chat and Responses
+alike).
 """
 
 from __future__ import annotations
 
 import enum
-import zlib
 from collections.abc import Mapping
-
-import msgspec
 
 from ..config import Fallback
 from ..core.chains import expand
+from . import error_bodies
 
 __all__ = ["Chains", "Reason", "context_refusal"]
 
@@ -65,44 +64,5 @@ class Chains:
         return found
 
 
-_CONTEXT_STATUS = 400
-_MAX_BODY = 64 * 1024
-"""An error answer larger than this is no context-length refusal worth reading."""
-_GZIP = 16 + zlib.MAX_WBITS
-_TOO_LONG = ("prompt is too long", "exceed context limit")
-"""What Anthropic's refusals of an over-long prompt say (the prompt alone, or the prompt and
-`max_tokens` together past the model's context window)."""
-
-
-class _Error(msgspec.Struct):
-    type: str | None = None
-    code: str | int | None = None
-    message: str | None = None
-
-
-class _Answer(msgspec.Struct):
-    error: _Error | None = None
-
-
-_decode = msgspec.json.Decoder(_Answer).decode
-
-
-def context_refusal(status: int, body: bytes) -> bool:
-    """Whether an answer is a provider's context-length refusal (either wire's shape)."""
-    if status != _CONTEXT_STATUS or not body or len(body) > _MAX_BODY:
-        return False
-    if body[:2] == b"\x1f\x8b":  # a gzip-encoded error answer, read no further than the bound
-        try:
-            body = zlib.decompressobj(_GZIP).decompress(body, _MAX_BODY)
-        except zlib.error:
-            return False
-    try:
-        error = _decode(body).error
-    except msgspec.DecodeError:
-        return False
-    if error is None:
-        return False
-    if error.code == "context_length_exceeded":
-        return True  # OpenAI, Chat and Responses
-    message = (error.message or "").lower()
-    return error.type == "invalid_request_error" and any(s in message for s in _TOO_LONG)
+# Read from the refusal's body: `engine.error_bodies` (kept importable from here).
+context_refusal = error_bodies.context_refusal

@@ -7,8 +7,10 @@ Opt-in per account (`retry_wait_max_secs`, 0 = off). Two answers qualify:
   retried in place (nothing says waiting would help);
 - a 5xx (an account fault other than a deadline): its own retry time if it gives one (at most
   `retry_wait_max_secs`), else `FAULT_WAIT_SECS`.
-The attempt machine asks this once the failover found no other account, at most once a
-request, and only while the wait ends inside the caller's budget.
+The attempt machine asks this once no other account of the model can take the request, before
+any model of a fallback chain (a short wait on the model the client asked for beats another
+model), at most once a request, never after a refused key or billing, and only while the wait
+ends inside the caller's budget.
 """
 
 from __future__ import annotations

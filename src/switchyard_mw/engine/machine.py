@@ -19,6 +19,14 @@ model when no variant account can serve), the tried list, the answer held back, 
 far, the attempt deadline, the attempt's spans, the one retry rule (`_worth_retrying`) and the
 one outcome classification (`attempts.verdict`, at the attempt's end).
 
+What failed in the request is kept as faults are: a refusal of the key or its billing (401,
+402, 403, and the billing refusals a 429 or a 400 body carries) shuts the account out for every
+model; any other failure only that (account, model), so a fallback model or a canary's base on
+the same account is tried there (`_excluded`). The order of moves (`_onward`): another account
+of the same model at once; then, where `retry_wait_max_secs` allows, the same account after
+its short wait; then the next model of the chain. A refusal of the key is never passed on:
+when nothing else can serve, switchyard's own 503 says the credentials were refused.
+
 Its states, and the events each takes (any other event there raises `MachineError`):
 
     READY       begin
@@ -26,15 +34,16 @@ Its states, and the events each takes (any other event there raises `MachineErro
     SENT        started, ended, expired, retried, closed
     HOLDING     cannot_hold, ended, expired, retried, closed   (held: it may be failed over)
     CHECKING    cannot_hold, ended, expired, retried, closed   (a 5xx held until it ends)
-    READING     read, cannot_hold, ended, expired, retried, closed  (a 400 held to be read)
+    READING     read, cannot_hold, ended, expired, retried, closed  (a 400 or 429 held to be read)
     FORWARDING  first_content, ended, expired, retried, closed
-    BETWEEN     next, expired, retried, closed                 (another attempt may follow)
+    BETWEEN     next, replacement, expired, retried, closed    (another attempt may follow)
     WAITING     waited, expired, closed                        (a retry in place waits)
-    DONE        expired, retried (ext_proc: Envoy retries on its own), broke, closed
+    DONE        expired, retried (ext_proc: Envoy retries on its own), broke, replacement, closed
 
 A fallback chain (`engine.fallbacks`) is more candidate models in `_candidates` (`Send.model`
 names the model each attempt goes to; `ctx.body_for_app()` rewrites the body to it), and a
-400 held in READING until its body says whether it is a context-length refusal. What comes
+400 or 429 is held in READING until its body says whether it is a billing refusal or a
+context-length refusal (`engine.error_bodies`). What comes
 next fits this shape too: a hedge is a second `_Attempt` in flight, and `first_content` is
 where the one that answered first wins; retry in place is `next()` offering the same account
 again.
@@ -51,7 +60,7 @@ from opentelemetry import trace
 from ..context import RequestContext
 from ..core.affinity import key_hash
 from ..core.clock import Clock, monotonic
-from ..core.pool import Lease, Outcome
+from ..core.pool import BILLING, CREDENTIAL_STATUSES, Lease, Outcome
 from ..core.shared import Shared
 from ..errors import MachineError as MachineError  # raised here; kept importable from here
 from ..telemetry import logs
@@ -59,7 +68,8 @@ from ..telemetry import names as tm
 from ..wire import WireError
 from . import answers, attempts, in_place
 from .attempts import OUT_OF_TIME, Failure, Gone, Phase
-from .fallbacks import Reason, context_refusal
+from .error_bodies import billing_refusal, context_refusal
+from .fallbacks import Reason
 from .outcomes import throttle_headers
 
 if TYPE_CHECKING:
@@ -97,8 +107,9 @@ class State(enum.Enum):
     """A 5xx answer held until its attempt ends: the app's framework may have made it of a
     transport error, which is no upstream answer to pass on."""
     READING = "reading"
-    """A 400 answer held until its body is read (`read`): a context-length refusal moves the
-    request to the next model of its chain (`engine.fallbacks`), any other 400 goes on."""
+    """A 400 or 429 answer held until its body is read (`read`): a billing refusal is its
+    account's key fault; a context-length refusal moves the request to the next model of its
+    chain (`engine.fallbacks`); a 429 is a throttle as ever; any other 400 goes on."""
     FORWARDING = "forwarding"
     """The attempt's answer goes to the client: nothing can follow it."""
     BETWEEN = "between"
@@ -241,6 +252,10 @@ _READY, _CLAIMING, _SENT = State.READY, State.CLAIMING, State.SENT
 _HOLDING, _CHECKING, _FORWARDING = State.HOLDING, State.CHECKING, State.FORWARDING
 _BETWEEN, _DONE, _WAITING = State.BETWEEN, State.DONE, State.WAITING
 _READING = State.READING
+_READ_STATUSES = frozenset({400, 429})
+"""Answers held until their body is read (`read`): a billing refusal arrives as either."""
+_KEY_STATUSES = frozenset({401, 402, 403})
+"""Refusals of the account's key or billing: never the client's answer (`_refusal`)."""
 _FINISHED, _RETURNED, _RAISED, _GONE = How.FINISHED, How.RETURNED, How.RAISED, How.GONE
 _SUCCESS, _FAULT = Outcome.SUCCESS, Outcome.FAULT
 _APP_ERROR, _DISCONNECTED = Failure.APP_ERROR, Gone.DISCONNECTED
@@ -262,17 +277,21 @@ class AttemptMachine:
     """
 
     __slots__ = (
+        "_billing",
         "_budget_bound",
         "_chained",
         "_claim",
         "_client_span",
         "_clock",
         "_closed",
+        "_failed",
         "_failure",
         "_hedge",
         "_key",
         "_key_known",
+        "_keys_refused",
         "_last",
+        "_last_refused",
         "_lease",
         "_more",
         "_parent",
@@ -339,6 +358,14 @@ class AttemptMachine:
         self._waited = False  # the request's one retry in place was spent
         self._sent_at: float | None = None  # when the attempt in flight was sent (`_clock`)
         self._hedge: _Hedge | None = None  # a second attempt racing the one in flight
+        self._failed: dict[str, set[str]] = {}
+        """What failed in this request, as faults are kept: per model, the accounts tried for
+        it (none is tried for that model again; its other models stay open)."""
+        self._keys_refused: set[str] = set()
+        """Accounts whose key or billing was refused in this request: none is tried again, for
+        any model (the key is the account's, whatever the model)."""
+        self._last_refused = False  # the last attempt settled was such a refusal
+        self._billing = False  # the answer read (`read`) is a billing refusal
 
     def __repr__(self) -> str:
         return f"<AttemptMachine {self.state.name} tried={self.tried}>"
@@ -375,7 +402,7 @@ class AttemptMachine:
         if not engine.places(ctx):
             self.state = _DONE
             return PASS_THROUGH  # no account it can reach serves the model
-        return self._acquire(self._candidates(), 0) or self._give_up()
+        return self._onward(self._candidates(), 0)
 
     def probe_claimed(self, shared: Shared | None) -> Start:
         """The store's answer to `ClaimProbe`: None, the probe is ours; else why not."""
@@ -392,7 +419,7 @@ class AttemptMachine:
                 return DONE
             return self._send(lease, models[index])
         pool.claim_refused(lease, shared)
-        return self._acquire(models, index) or self._give_up()
+        return self._onward(models, index)
 
     def claim_abandoned(self) -> None:
         """The claim raised or was cancelled: its local probe slot goes back."""
@@ -415,17 +442,22 @@ class AttemptMachine:
             return FORWARD
         if status == 429 or status >= 500:  # a 5xx may say when to retry in place too
             self._retry_headers = throttle_headers(headers)
-        if self._more and (
-            self._worth_retrying(status) or (status >= 429 and self._in_place_secs() is not None)
-        ):
-            self.state = _HOLDING
-            return HOLD_FOR_FAILOVER
+        if self._more:
+            if status in _READ_STATUSES:
+                # A billing refusal in disguise (a 429, a 400) or a context-length refusal: its
+                # body says which, and what comes next.
+                self.state = _READING
+                return HOLD_FOR_FAILOVER
+            if (
+                status in _KEY_STATUSES  # never the client's: replaced if nothing else serves
+                or self._worth_retrying(status)
+                or (status >= 429 and self._in_place_secs() is not None)
+            ):
+                self.state = _HOLDING
+                return HOLD_FOR_FAILOVER
         if status >= 500 and self.checks_errors:
             self.state = _CHECKING
             return HOLD_TO_CHECK
-        if status == 400 and self._more and self._reads_refusal():
-            self.state = _READING
-            return HOLD_FOR_FAILOVER
         self.state = _FORWARDING
         return FORWARD
 
@@ -438,11 +470,15 @@ class AttemptMachine:
         return FORWARD
 
     def read(self, body: bytes) -> None:
-        """The whole body of the 400 held in READING: a context-length refusal moves the next
-        attempt to the model's chain (`ended` then answers `NEXT`)."""
+        """The body of the 400 or 429 held in READING (at most `error_bodies.MAX_BODY` of it
+        is read): a billing refusal is its account's key fault, and the request moves on
+        without it; a context-length refusal moves the next attempt to the model's chain
+        (`ended` then answers `NEXT`)."""
         self._expect(_READING)
-        model = self.ctx.resolved_model
-        if model is not None and context_refusal(self._status or 0, body):
+        status, model = self._status or 0, self.ctx.resolved_model
+        if billing_refusal(status, body):
+            self._billing = True
+        elif model is not None and context_refusal(status, body) and self._reads_refusal():
             self._refused.add(model)
 
     def first_content(self) -> _Signal:
@@ -497,7 +533,7 @@ class AttemptMachine:
         self._expect(_BETWEEN)
         if not self._may_go_on():
             return self._give_up()
-        return self._acquire(self._candidates(), 0) or self._wait_in_place() or self._give_up()
+        return self._onward(self._candidates(), 0)
 
     def waited(self) -> Start:
         """The `Wait` is over: the same account again, its throttle hold for the model aside
@@ -531,7 +567,9 @@ class AttemptMachine:
         broken = self.tried[-1] if self.tried else ""
         self._more = False  # a continuation is never failed over: its failure ends the stream
         key = self._conversation_key()
-        lease = self.engine.pool.acquire(model, exclude=self.tried, allowed=allowed, key=key)
+        lease = self.engine.pool.acquire(
+            model, exclude=self._excluded(model), allowed=allowed, key=key
+        )
         if lease is None:
             return DONE
         if lease.probe and self.engine.pool.store is not None:
@@ -581,18 +619,39 @@ class AttemptMachine:
         return Refuse(answers.deadline_exceeded(phase))
 
     def fails_over(self) -> bool:
-        """After `ended` answered `NEXT`: whether another account can take the next attempt
-        now (a peek: nothing claimed)."""
-        return self.state is _BETWEEN and self._another_free()
+        """After `ended` answered `NEXT`: whether the next attempt can go now, in the order of
+        moves `next()` follows (a peek: nothing claimed): another account of the model, else,
+        when no retry in place is due first, a model of the chain."""
+        if self.state is not _BETWEEN:
+            return False
+        models = self._candidates()
+        own = self._own(models)
+        if self._another_free(models[:own]):
+            return True
+        return self._in_place_secs() is None and self._another_free(models[own:])
 
     def waits_in_place(self) -> float | None:
-        """After `ended` answered `NEXT`: the wait before the next attempt when it can only be
-        a retry in place (no other account can take it now), else None. For a front whose
-        retry is another's to time (Envoy's back-off): `next()` then answers `Wait`, and
-        `waited()` may follow at once."""
-        if self.state is not _BETWEEN or self._another_free():
+        """After `ended` answered `NEXT`: the wait before the next attempt when it is a retry
+        in place (no other account of the model can take it now: a short wait on the model
+        beats a model of the chain), else None. For a front whose retry is another's to time
+        (Envoy's back-off): `next()` then answers `Wait`, and `waited()` may follow at once."""
+        if self.state is not _BETWEEN:
+            return None
+        models = self._candidates()
+        if self._another_free(models[: self._own(models)]):
             return None
         return self._in_place_secs()
+
+    def replacement(self) -> Refuse | None:
+        """The front makes no other attempt and passes the last upstream answer on (Envoy's
+        router-level stream, at the final response): None when that answer may reach the
+        client; else what to answer in its place, because it refused its account's key or
+        billing (a provider's refusal of its own key is never the client's 401)."""
+        if not self._last_refused or self.state in _IN_FLIGHT or self.state is _CLAIMING:
+            return None
+        self._more = False
+        self.state = _DONE
+        return self._refusal()
 
     def _past_deadline(self) -> bool:
         bound, sent_at = self.ctx.attempt_deadline_secs, self._sent_at
@@ -659,7 +718,8 @@ class AttemptMachine:
             return False
         engine = self.engine
         reach = self.within if self.within is not None else engine.serving(model)
-        untried = [n for n in reach if n not in self.tried]
+        excluded = self._excluded(model)
+        untried = [n for n in reach if n not in excluded]
         return (
             bool(untried)
             and self._may_go_on()
@@ -679,7 +739,7 @@ class AttemptMachine:
         pool = engine.pool
         allowed = self.within if self.within is not None else engine.routable
         key = self._conversation_key()
-        lease = pool.acquire(model, exclude=self.tried, allowed=allowed, key=key)
+        lease = pool.acquire(model, exclude=self._excluded(model), allowed=allowed, key=key)
         if lease is None:
             return None
         if lease.probe and pool.store is not None:
@@ -687,6 +747,7 @@ class AttemptMachine:
             engine.settle(lease, None, Gone.UNUSED, model)
             return None
         self.tried.append(lease.account)
+        self._failed.setdefault(model, set()).add(lease.account)
         ctx.attempts += 1
         hedge = self._hedge = _Hedge(lease, engine.accounts[lease.account].for_model(model))
         if not self._traced:
@@ -801,6 +862,8 @@ class AttemptMachine:
         account = ctx.account
         if self._waited or self._failure is not None or account is None or not self.tried:
             return None
+        if self._last_refused:
+            return None  # a refused key or billing does not heal by waiting (its 429 neither)
         secs = in_place.wait_secs(
             self._status,
             self._retry_headers,
@@ -825,12 +888,15 @@ class AttemptMachine:
         self.state = _WAITING
         return Wait(self.tried[-1], secs)
 
-    def _another_free(self) -> bool:
-        engine, tried = self.engine, self.tried
+    def _another_free(self, models: Iterable[str] | None = None) -> bool:
+        """Whether an account can take an attempt for one of `models` (default: every
+        candidate) now (a peek)."""
+        engine = self.engine
         pool = engine.pool
-        for model in self._candidates():
+        for model in self._candidates() if models is None else models:
             reach = self.within if self.within is not None else engine.serving(model)
-            untried = [n for n in reach if n not in tried]
+            excluded = self._excluded(model)
+            untried = [n for n in reach if n not in excluded]
             if untried and pool.retry_after_secs(model, allowed=untried) == 0.0:
                 return True
         return False
@@ -931,16 +997,22 @@ class AttemptMachine:
         if state is _CHECKING:
             self.state = _DONE
             return Deliver(held)  # a 5xx held only to see whether a transport error followed
-        if state is _HOLDING and held is not None:
+        if state is _HOLDING and held is not None and not self._last_refused:
+            # A refusal of the key or billing is never passed on: `_refusal` answers instead.
             self._last = (held, ctx.account, ctx.resolved_model)
         return self._after_failure()
 
     def _read_out(self, held: object) -> End:
-        """A 400 held to be read ended: a context-length refusal is the last answer so far
-        and the chain's models may follow; any other 400 goes to the client as it is."""
+        """A 400 or 429 held to be read ended: a billing refusal is its account's key fault
+        (never passed on); a 429 or a context-length refusal is the last answer so far, and
+        another account or the chain's models may follow; any other 400 goes on as it is."""
         ctx = self.ctx
+        if self._billing:
+            self._billing = False
+            self._settle(_FAULT, BILLING)  # cooled for every model, no throttle hold
+            return self._after_failure()
         self._settle(*self._verdict(False, _DISCONNECTED if ctx.disconnected else None))
-        if ctx.resolved_model not in self._refused:
+        if self._status != 429 and ctx.resolved_model not in self._refused:
             self.state = _DONE
             return DONE if held is None else Deliver(held)
         if held is not None:
@@ -975,14 +1047,18 @@ class AttemptMachine:
         return self._refusal()
 
     def _refusal(self) -> Refuse:
-        """switchyard's own answer when no upstream answer can be passed on."""
+        """switchyard's own answer when no upstream answer can be passed on. A refusal of an
+        account's key or billing is the provider's refusal of *its* key, never the client's:
+        when every account that could serve refused so in this request (or cools for it),
+        the 503 that says so (`x-should-retry: false`)."""
         if self._failure in OUT_OF_TIME:
             # The call's own timeout or the deadline, whichever came first: the app's
             # framework may have answered before the deadline policy could.
             return Refuse(answers.deadline_exceeded(Phase.TOTAL))
-        if self.tried:
+        refused = self._keys_refused
+        if self.tried and not refused:
             return Refuse(answers.unreachable())
-        error, headers = self.engine.nothing_serves(self.ctx)
+        error, headers = self.engine.nothing_serves(self.ctx, refused)
         return Refuse(error, headers)
 
     def _done(self) -> _Signal:
@@ -991,22 +1067,55 @@ class AttemptMachine:
 
     # --- leases and spans ---------------------------------------------------------------
 
-    def _acquire(self, models: tuple[str, ...], start: int) -> Send | ClaimProbe | None:
-        """The next attempt's lease among `models[start:]`, or None when no account can
+    def _onward(self, models: tuple[str, ...], start: int) -> Start:
+        """The next attempt among `models[start:]`, in the order of moves: another account of
+        the request's own model (or the canary's base) at once; then, where the account's
+        `retry_wait_max_secs` allows, the same account after its short wait; then the next
+        model of the chain. Else no attempt can follow (`_give_up`)."""
+        own = self._own(models) if self._chained else len(models)  # no chain: all its own
+        if start < own:
+            found = self._acquire(models, start, own) or self._wait_in_place()
+            if found is not None:
+                return found
+            start = own
+        return self._acquire(models, start) or self._give_up()
+
+    def _own(self, models: tuple[str, ...]) -> int:
+        """How many of `models` (from `_candidates`) come before the chain's: the request's
+        own model and the canary's base (a model of the chain is a fallback when tried)."""
+        chained, model = self._chained, self.ctx.resolved_model
+        for index, candidate in enumerate(models):
+            if candidate != model and candidate in chained:
+                return index
+        return len(models)
+
+    def _excluded(self, model: str) -> Collection[str]:
+        """The accounts no attempt for `model` may go to now: those that failed it in this
+        request, and those whose key or billing was refused (for every model)."""
+        failed, keys = self._failed, self._keys_refused
+        if model not in failed:
+            return keys
+        return failed[model] | keys if keys else failed[model]
+
+    def _acquire(
+        self, models: tuple[str, ...], start: int, stop: int | None = None
+    ) -> Send | ClaimProbe | None:
+        """The next attempt's lease among `models[start:stop]`, or None when no account can
         take it now. A probe waits for the shared store's word when state is shared."""
         engine = self.engine
         pool = engine.pool
         allowed = self.within if self.within is not None else engine.routable
         key = self._conversation_key()
-        for index in range(start, len(models)):
-            lease = pool.acquire(models[index], exclude=self.tried, allowed=allowed, key=key)
+        for index in range(start, len(models) if stop is None else stop):
+            model = models[index]
+            lease = pool.acquire(model, exclude=self._excluded(model), allowed=allowed, key=key)
             if lease is None:
                 continue
             if lease.probe and pool.store is not None:
                 self._claim = (lease, models, index)
                 self.state = _CLAIMING
                 return ClaimProbe(lease.account, lease.unit)
-            return self._send(lease, models[index])
+            return self._send(lease, model)
         return None
 
     def _conversation_key(self) -> int | None:
@@ -1024,6 +1133,14 @@ class AttemptMachine:
             ctx.resolved_model = model  # the canary's base or a fallback; the body follows it
         again = bool(tried) and tried[-1] == lease.account  # in place: no failover
         tried.append(lease.account)
+        # Out for this model in the rest of the request, as its failure would be kept (a
+        # success ends the request): recorded now, so that a peek while it is in flight
+        # (`_another_free`) already leaves it out.
+        failed = self._failed
+        if model in failed:
+            failed[model].add(lease.account)
+        else:
+            failed[model] = {lease.account}
         if len(tried) > 1 and not again:
             tm.failovers.add(1, {tm.RESPONSE_MODEL: model})
         client = engine.start_attempt(ctx, lease)
@@ -1031,6 +1148,7 @@ class AttemptMachine:
         self._lease, self._status, self._retry_headers = lease, None, None
         self._sent_at = self._clock()
         self._failure = self._released = None
+        self._billing = self._last_refused = False
         self.state = _SENT
         if not self._traced:
             return Send(lease, model, None)
@@ -1082,6 +1200,10 @@ class AttemptMachine:
             span=self._span,
             retry=self._retry_headers,
         )
+        # A refused key or billing shuts the account out of this request, for every model.
+        refused = self._last_refused = outcome is _FAULT and status in CREDENTIAL_STATUSES
+        if refused:
+            self._keys_refused.add(lease.account)
         if outcome is None and status in _NAMING and self._status is None:
             self._released = status
         if not body_follows:

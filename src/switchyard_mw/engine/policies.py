@@ -125,17 +125,24 @@ class Engine:
             self, ctx, traced=traced, parent=parent, checks_errors=checks_errors, clock=clock
         )
 
-    def nothing_serves(self, ctx: RequestContext) -> tuple[WireError, answers.Headers]:
+    def nothing_serves(
+        self, ctx: RequestContext, refused: Collection[str] = ()
+    ) -> tuple[WireError, answers.Headers]:
         """The answer when no account can take the request: 429 or 503, with `retry-after`
         for the soonest account that waiting heals. Accounts cooling for refused credentials
-        count only when no other is left (then 503 says so, without a long `retry-after`)."""
+        count only when no other is left (then 503 says so, without a long `retry-after`), and
+        so do the accounts that refused their key or billing in this request (`refused`)."""
+        allowed = self.routable
+        if refused:
+            names = self.pool.names if allowed is None else allowed
+            allowed = frozenset(n for n in names if n not in refused)
         found = [
-            self.pool.recovery(model, allowed=self.routable)
+            self.pool.recovery(model, allowed=allowed)
             for model in (ctx.resolved_model, self.fallback(ctx))
             if model is not None
         ]
         heals = [r.heals_in_secs for r in found if r is not None and r.heals_in_secs is not None]
-        refused = [
+        cooling = [
             r.refused_in_secs for r in found if r is not None and r.refused_in_secs is not None
         ]
         model = ctx.resolved_model
@@ -144,7 +151,8 @@ class Engine:
             model,
             throttled=throttled,
             heals_in_secs=min(heals, default=None),
-            refused_in_secs=min(refused, default=None),
+            refused_in_secs=min(cooling, default=None),
+            refused_now=bool(refused),
         )
 
     @staticmethod

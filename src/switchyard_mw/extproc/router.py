@@ -314,6 +314,11 @@ class RouterStream:
                     machine.first_content()  # held to it by the first-token filter
                 machine.ended(How.RETURNED, body_follows=bool(reading))
         removed = _provider_headers(request.response_headers, flight.ctx, local)
+        instead = None if machine is None or local else machine.replacement()
+        if instead is not None:
+            # The last attempt refused its account's key or billing: the provider's refusal
+            # of its own key is never the client's (the machine's 503 says so).
+            return self.refuse(instead.error, [(k.decode(), v) for k, v in instead.headers])
         answer = ep.ProcessingResponse()
         options = self.p.options
         exposed = [

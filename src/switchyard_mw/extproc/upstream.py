@@ -65,15 +65,34 @@ ENVOY_JITTER = 1.5
 (measured with Envoy 1.40: 2.1-3.1 s for 2 s, 1.3-1.5 s for 1 s)."""
 
 
-def _retry_after(flight: Flight, secs: float) -> ep.ProcessingResponse:
+def _retry_after(flight: Flight, secs: float, *, body: bool) -> ep.ProcessingResponse:
     """Ask Envoy for a retry in place after `secs`, in the whole seconds it reads, when even
-    its longest jittered wait ends inside the caller's budget; else let the answer through."""
+    its longest jittered wait ends inside the caller's budget; else let the answer through.
+    `body`: answered from the body phase (the headers held while it was read)."""
     whole = max(1, math.ceil(secs))
     budget_at = flight.ctx.budget_at
     if budget_at is not None and time.monotonic() + whole * ENVOY_JITTER >= budget_at:
-        return msg.UNCHANGED_RESPONSE_HEADERS
+        return msg.UNCHANGED_RESPONSE_BODY if body else msg.UNCHANGED_RESPONSE_HEADERS
     retry = [(RETRY_HEADER, b"1"), (RETRY_AFTER_HEADER, str(whole).encode())]
+    if body:
+        change = ep.CommonResponse(header_mutation=msg.mutation(retry))
+        return ep.ProcessingResponse(response_body=ep.BodyResponse(response=change))
     return msg.response_headers(msg.mutation(retry))
+
+
+def _after(flight: Flight, end: object, *, body: bool) -> ep.ProcessingResponse:
+    """What Envoy is told once the machine saw the attempt's end (`end`): a retry when its
+    next move can go now (another account, or the chain's model), a retry after Envoy's
+    back-off when it is a retry in place, else nothing (Envoy would only re-send the request
+    to the key that just refused it). `body`: answered from the body phase."""
+    machine = flight.machine
+    if end is NEXT and machine is not None:
+        if machine.fails_over():
+            return _RETRY_AFTER_BODY if body else _RETRY
+        wait = machine.waits_in_place()
+        if wait is not None:
+            return _retry_after(flight, wait, body=body)
+    return msg.UNCHANGED_RESPONSE_BODY if body else msg.UNCHANGED_RESPONSE_HEADERS
 
 
 def _first_token_late(flight: Flight) -> ep.ProcessingResponse:
@@ -196,30 +215,25 @@ class UpstreamStream:
         flight.aim()  # a retry goes to the next cluster of the request's: its accounts only
         machine.started(int(headers.get(":status", b"0") or 0), headers.items())
         if machine.state is State.READING:
-            # A 400 the request's fallback chain may answer: whether it is a context-length
-            # refusal is in its body. Buffered, Envoy holds the headers until it is read, so
-            # the retry header can still go on them (`on_response_body`).
+            # A 400 or a 429: a billing refusal, a context-length refusal or neither is in its
+            # body. Buffered, Envoy holds the headers until it is read, so the retry header can
+            # still go on them (`on_response_body`).
             self.reading = True
             return _READ_BODY
         # The outcome is recorded at once; a retry on the routed cluster is asked for when the
         # machine would fail over.
-        if machine.ended(How.RETURNED) is NEXT:
-            if machine.fails_over():
-                return _RETRY
-            wait = machine.waits_in_place()
-            if wait is not None:
-                return _retry_after(flight, wait)
-        # No retry: Envoy would only re-send the request to the key that just refused it.
-        return msg.UNCHANGED_RESPONSE_HEADERS
+        return _after(flight, machine.ended(How.RETURNED), body=False)
 
     def on_response_body(self, body: bytes) -> ep.ProcessingResponse:
-        """The body of a 400 asked for at its headers: a context-length refusal is retried
-        on the chain's model (the retry header set on the held headers), else it goes on."""
-        machine = None if self.flight is None else self.flight.machine
-        if not self.reading or machine is None or machine.state is not State.READING:
+        """The body of a 400 or 429 asked for at its headers (the machine reads at most
+        `error_bodies.MAX_BODY` of it): retried as the machine's next move says (the retry
+        header set on the held headers), else it goes on."""
+        flight = self.flight
+        machine = None if flight is None else flight.machine
+        if not self.reading or flight is None or machine is None:
+            return msg.UNCHANGED_RESPONSE_BODY
+        if machine.state is not State.READING:
             return msg.UNCHANGED_RESPONSE_BODY
         self.reading = False
         machine.read(body)
-        if machine.ended(How.RETURNED) is NEXT:
-            return _RETRY_AFTER_BODY
-        return msg.UNCHANGED_RESPONSE_BODY
+        return _after(flight, machine.ended(How.RETURNED), body=True)

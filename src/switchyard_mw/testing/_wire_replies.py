@@ -133,3 +133,30 @@ def context_length_body(path: str, prompt_tokens: int) -> bytes:
         "code": "context_length_exceeded",
     }
     return encode({"error": error})
+
+
+BILLING_ANTHROPIC = (
+    "Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing "
+    "to upgrade or purchase credits."
+)
+BILLING_OPENAI = (
+    "You exceeded your current quota, please check your plan and billing details. For more "
+    "information on this error, read the docs: "
+    "https://platform.openai.com/docs/guides/error-codes/api-errors."
+)
+
+
+def billing_body(path: str) -> tuple[int, bytes]:
+    """The refusal each API answers an account without credit or quota with, as it sends it
+    (`path`: the wire's, as ENDPOINTS): Anthropic's 400 `invalid_request_error` "Your credit
+    balance is too low", OpenAI's 429 `insufficient_quota` (Chat and Responses)."""
+    if path == "/v1/messages":
+        refusal = {"type": "invalid_request_error", "message": BILLING_ANTHROPIC}
+        return 400, encode({"type": "error", "error": refusal})
+    error: dict[str, str | None] = {
+        "message": BILLING_OPENAI,
+        "type": "insufficient_quota",
+        "param": None,
+        "code": "insufficient_quota",
+    }
+    return 429, encode({"error": error})

@@ -75,6 +75,7 @@ from switchyard_mw.testing._wire_replies import (
     ENDPOINTS,
     Endpoint,
     ErrorStyle,
+    billing_body,
     context_length_body,
     error_body,
 )
@@ -171,10 +172,14 @@ class Behaviour(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     content_encoding: Literal["identity", "gzip"] = "identity"
     """"gzip": JSON answers come gzip-compressed to a request whose accept-encoding allows it,
     as the real APIs' CDNs may send them; streams stay uncompressed."""
-    refuse: Literal["none", "context_length"] = "none"
+    refuse: Literal["none", "context_length", "billing"] = "none"
     """"context_length": answer every request with the 400 the API sends for a prompt too
     long for the model, in its own shape (Anthropic's `invalid_request_error` "prompt is too
-    long", OpenAI's `context_length_exceeded` on Chat and Responses), streams included."""
+    long", OpenAI's `context_length_exceeded` on Chat and Responses), streams included.
+    "billing": answer every request as the API answers an account whose credit or quota is
+    spent: Anthropic's 400 `invalid_request_error` "Your credit balance is too low...",
+    OpenAI's 429 `insufficient_quota` (Chat and Responses; with `retry-after: 1`, as the mock's
+    429s say, unless `headers` says otherwise), streams included."""
     headers: dict[str, str] | None = None
     """Headers of an error answer: None sends the usual ones (a 429 says `retry-after: 1`,
     as both real APIs do); a mapping (even empty) sends exactly those, e.g. a 429 with
@@ -459,6 +464,15 @@ class MockProvider:
             wire = next(path for path, e in ENDPOINTS.items() if e is endpoint)
             refusal = context_length_body(wire, 200_000 + len(body) // 4)
             await send_whole(send, 400, JSON_TYPE, refusal, [_request_id(endpoint.errors)])
+        elif behaviour.refuse == "billing":
+            wire = next(path for path, e in ENDPOINTS.items() if e is endpoint)
+            status, refusal = billing_body(wire)
+            extra = [_request_id(endpoint.errors)]
+            if behaviour.headers is not None:
+                extra += [(k.encode(), v.encode()) for k, v in behaviour.headers.items()]
+            elif status == 429:
+                extra.append((b"retry-after", b"1"))
+            await send_whole(send, status, JSON_TYPE, refusal, extra)
         elif behaviour.status != 200 and vertex is not None and behaviour.status != 529:
             # Vertex's own errors come in Google's shape; the model's (529) in Anthropic's.
             message = f"Mock Vertex AI answering {behaviour.status} for this service account."
