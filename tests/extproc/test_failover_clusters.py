@@ -6,8 +6,10 @@ import msgspec
 
 from extproc_helpers import (
     Stream,
+    immediate,
     request_body,
     request_headers,
+    response_body,
     response_headers,
     sets,
     upstream_headers,
@@ -133,3 +135,79 @@ async def test_the_endpoint_s_cluster_wins_over_the_order() -> None:
     retried = await _refused_then_retried("prov")
     assert retried["authorization"] == b"Bearer ka2"
     assert "x-api-key" not in retried
+
+
+async def test_no_retry_in_place_when_the_retry_would_go_to_another_provider() -> None:
+    """a1 alone on its cluster may be retried in place after a 429's short wait, but Envoy
+    would send that retry to the other provider's cluster: not asked for (a1's key would
+    go to the other provider's host), and the 429 is the answer."""
+    text = CONFIG.replace(
+        'priority = 1\nenvoy_cluster = "prov"', 'priority = 1\nenvoy_cluster = "x"'
+    )
+    text = text.replace(
+        'models = ["m"]\nenvoy_cluster = "prov"',
+        'models = ["m"]\nretry_wait_max_secs = 5\nenvoy_cluster = "prov"',
+        1,
+    )
+    config = parse_config(text)
+    policies = Policies(config, build_accounts(config, KEYS))
+    policies.pool.hold("b", "m", 30)  # the other provider cannot serve now
+    servicer = ExtProcServicer(policies)
+    router = Stream(servicer)
+    await router.send(request_headers(extra={"x-request-id": RID}))
+    routed = sets(await router.send(request_body(BODY)))
+    assert routed["x-switchyard-cluster"] == b"prov-then-other"
+    refused = Stream(servicer, UPSTREAM)
+    answer = await refused.send(response_headers(429, {"retry-after": "1"}, request_id=RID))
+    if answer.HasField("mode_override"):  # a 429's body is read (a billing refusal?)
+        answer = await refused.send(response_body(b'{"type":"error"}', end=True))
+    assert "x-switchyard-retry" not in sets(answer)
+    assert "x-switchyard-retry-after" not in sets(answer)
+    await refused.close()
+    await router.close()
+
+
+async def test_a_retry_in_place_on_a_cluster_of_one_provider_is_still_asked_for() -> None:
+    """The same without the aggregate: the retry stays on a1's cluster, and waits."""
+    text = CONFIG.split("[server.envoy_failover]")[0]
+    text = text.replace('priority = 1\nenvoy_cluster = "prov"', 'priority = 1\nenvoy_cluster = "x"')
+    text = text.replace(
+        'models = ["m"]\nenvoy_cluster = "prov"',
+        'models = ["m"]\nretry_wait_max_secs = 5\nenvoy_cluster = "prov"',
+        1,
+    )
+    config = parse_config(text)
+    servicer = ExtProcServicer(Policies(config, build_accounts(config, KEYS)))
+    router = Stream(servicer)
+    await router.send(request_headers(extra={"x-request-id": RID}))
+    await router.send(request_body(BODY))
+    refused = Stream(servicer, UPSTREAM)
+    answer = await refused.send(response_headers(429, {"retry-after": "1"}, request_id=RID))
+    if answer.HasField("mode_override"):
+        answer = await refused.send(response_body(b'{"type":"error"}', end=True))
+    assert sets(answer)["x-switchyard-retry-after"] == b"1"
+    await refused.close()
+    await router.close()
+
+
+async def test_a_retry_on_another_provider_with_no_account_there_carries_no_key() -> None:
+    """The other provider's account was free when the retry was asked for and is held by
+    the time Envoy sends it there: the previous account's key does not go along."""
+    config = parse_config(CONFIG)
+    policies = Policies(config, build_accounts(config, KEYS))
+    servicer = ExtProcServicer(policies)
+    router = Stream(servicer)
+    await router.send(request_headers(extra={"x-request-id": RID}))
+    await router.send(request_body(BODY))
+    refused = Stream(servicer, UPSTREAM)
+    answer = await refused.send(response_headers(500, request_id=RID))
+    assert sets(answer)["x-switchyard-retry"] == b"1"
+    await refused.close()
+    policies.pool.hold("b", "m", 30)  # meanwhile
+    retry = Stream(servicer, UPSTREAM)
+    sent = await retry.send(upstream_headers({"x-request-id": RID}, attempt=2, cluster="other"))
+    await retry.close()
+    await router.close()
+    # The machine's answer when no account is left (the 500 was not held to pass on).
+    status, _, body = immediate(sent)
+    assert (status, body["error"]["type"]) == (502, "upstream_unreachable")

@@ -103,6 +103,20 @@ def _first_token_late(flight: Flight) -> ep.ProcessingResponse:
     return msg.immediate(view.wire, late.status, late.error_type, late.message)
 
 
+def _no_account_there(flight: Flight, action: object) -> ep.ProcessingResponse:
+    """A retry Envoy sent to another provider's cluster, where no account can take it now
+    (one was free when the retry was asked for): the previous account's key is never sent to
+    another provider. The machine's refusal, in the wire's shape, when it made one; else the
+    attempt goes without a credential."""
+    view = flight.ctx.view
+    if isinstance(action, Refuse) and view is not None:
+        error = action.error
+        return msg.immediate(view.wire, error.status, error.error_type, error.message)
+    answer = ep.ProcessingResponse()
+    msg.fill(answer.request_headers.response, [], CREDENTIAL_HEADERS)
+    return answer
+
+
 class UpstreamStream:
     """The state of one upstream-level ext_proc stream (one attempt)."""
 
@@ -166,9 +180,11 @@ class UpstreamStream:
         phase = Phase.FIRST_TOKEN if held else None
         if machine.retried(Failure.CONNECT_ERROR, phase) is not NEXT:
             return msg.UNCHANGED_REQUEST_HEADERS  # the request ended
+        moved = False
         if flight.order:
             # Envoy chose the retry's cluster (an aggregate's next): an account on it.
             cluster = self.cluster or next_cluster(flight.order, len(flight.sent_to))
+            moved = cluster != flight.sent_to[-1]
             flight.sent_to.append(cluster)
             flight.aim(cluster)
         action = machine.next()
@@ -180,6 +196,8 @@ class UpstreamStream:
             # No account left: the wire's 504, as the first-token filter answers it, rather
             # than the same account again (whose first token would be as late).
             return _first_token_late(flight)
+        if not isinstance(action, Send) and moved:
+            return _no_account_there(flight, action)
         if not isinstance(action, Send):
             # Eligible when the retry was asked for, gone since (another request cooled it),
             # or the request ended meanwhile: the attempt goes with the previous credential.
