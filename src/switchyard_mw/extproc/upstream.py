@@ -5,10 +5,11 @@ changes account without leaving Envoy. Attempt 1 goes with the account the route
 chose. When its response is a fault or a 429 and another account on the same cluster can serve
 now, the outcome is recorded at once and the response gets `x-switchyard-retry: 1`, which the
 route's retry policy (`retry_on: retriable-headers`) turns into a retry; the retry's request
-headers swap in that account's credential. The decision to retry is the processor's alone, so
-Envoy never re-sends a request to the key that just refused it: it is the request's attempt
-machine (`engine.machine`, kept by its `Flight`) that answers the refusal and takes the next
-lease, as it does through the ASGI front.
+headers swap in that account's credential. Routed to an aggregate cluster, a retry goes to
+the next provider's cluster (`failover`): "the same cluster" is then the one it goes to. The
+decision to retry is the processor's alone, so Envoy never re-sends a request to the key that
+just refused it: it is the request's attempt machine (`engine.machine`, kept by its `Flight`)
+that answers the refusal and takes the next lease, as it does through the ASGI front.
 
 The example envoy.yaml runs this filter only where it can matter, so that a request answered
 well by its first account costs no upstream-level stream at all: on an attempt's response only
