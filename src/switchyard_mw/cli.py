@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -27,9 +28,11 @@ from .toml_lines import key_lines, line_of, parse_key_path
 
 if TYPE_CHECKING:  # the extproc package imports grpc: only `extproc` itself needs it
     from .extproc import Transport
+    from .telemetry.logs import LogFormat
 
 EXIT_OK = 0
 EXIT_INVALID = 2
+_extproc_log = logging.getLogger("switchyard_mw.extproc")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -68,6 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="h2 (the default: a plain asyncio HTTP/2 server, no TLS, no compression) or "
         "grpcio (grpc.aio), the same service at two to three times the CPU per request",
     )
+    _add_log_flags(extproc)
     mock = commands.add_parser(
         "mock",
         help="serve the bundled mock LLM provider (Anthropic/OpenAI wire formats, offline)",
@@ -86,6 +90,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     litellm.add_argument("file", help="path to LiteLLM's config.yaml")
     args = parser.parse_args(argv)
+    if args.command in ("serve", "extproc"):
+        from .engine.early_signal import hold_early
+
+        hold_early()  # a SIGHUP while the server loads must not end it
     if args.command == "serve":
         return run_serve(args, err=sys.stderr)
     if args.command == "check-config":
@@ -101,6 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             err=sys.stderr,
             workers=args.workers,
             transport=args.transport,
+            log_format=args.log_format,
+            log_level=args.log_level,
         )
     parser.error(f"unknown command {args.command}")  # argparse exits; kept for the type checker
     return EXIT_INVALID
@@ -216,12 +226,15 @@ def run_extproc(
     err: TextIO,
     workers: int = 1,
     transport: Transport = "h2",
+    log_format: LogFormat = "text",
+    log_level: str = "info",
 ) -> int:
     """Serve ext_proc until SIGTERM; a bad config, listen address or key is exit 2."""
     import asyncio
     import functools
 
     from .errors import MissingExtraError, StartupError
+    from .telemetry import logs
 
     try:
         from .extproc import ExtProcServer, parse_listen, serve
@@ -242,15 +255,40 @@ def run_extproc(
         print(f"{path}: {NO_CLUSTER}", file=err)
         return EXIT_INVALID
     loader = functools.partial(load_extproc_config, path)  # SIGHUP reads the file again
+    log_config = logs.configure(log_format, level=log_level)
+
+    def announce(where: str, count: int) -> None:
+        """The line a script waits for; in JSON, a record like every other line."""
+        if log_format == "json":
+            logs.decision(
+                _extproc_log,
+                logging.INFO,
+                "extproc.listening",
+                "listening",
+                listen=where,
+                workers=count,
+            )
+            return
+        many = f" ({count} workers)" if count != 1 else ""
+        print(f"switchyard-mw extproc listening on {where}{many}", file=err, flush=True)
 
     if workers != 1:
         from .extproc.workers import run_workers
 
-        return run_workers(config, listen, workers, err=err, transport=transport, loader=loader)
+        return run_workers(
+            config,
+            listen,
+            workers,
+            err=err,
+            transport=transport,
+            loader=loader,
+            log_config=log_config,
+            announce=announce,
+        )
 
     def ready(server: ExtProcServer) -> None:
         where = listen if server.port is None else f"{listen.rpartition(':')[0]}:{server.port}"
-        print(f"switchyard-mw extproc listening on {where}", file=err, flush=True)
+        announce(where, 1)
 
     try:
         asyncio.run(serve(config, listen, ready=ready, transport=transport, loader=loader))
@@ -267,8 +305,9 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     serve = commands.add_parser(
         "serve",
         help="serve the forwarding gateway on uvicorn (keep-alive, graceful stop, SIGHUP reload)",
-        description="Serve the forwarding gateway: /v1/messages, /v1/chat/completions and "
-        "/v1/responses through the policies, /metrics and the operator routes (loopback). "
+        description="Serve the forwarding gateway: /v1/messages (and its count_tokens), "
+        "/v1/chat/completions and /v1/responses through the policies, /v1/models from the "
+        "config, /metrics and the operator routes (loopback). "
         "SIGHUP reloads the config (in every worker); SIGTERM stops it gracefully.",
     )
     serve.add_argument("config", help="path to the TOML config")
@@ -281,18 +320,7 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="worker processes on one port; they share account health only with [state] "
         'backend = "redis" (default: 1)',
     )
-    serve.add_argument(
-        "--log-format",
-        choices=["text", "json"],
-        default="text",
-        help="text lines, or one JSON object per line (switchyard's records and uvicorn's)",
-    )
-    serve.add_argument(
-        "--log-level",
-        choices=["debug", "info", "warning", "error"],
-        default="info",
-        help="default: info (decision records are INFO and above)",
-    )
+    _add_log_flags(serve)
     serve.add_argument(
         "--no-access-log", action="store_true", help="leave out uvicorn's line per request"
     )
@@ -301,6 +329,22 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=int,
         default=30,
         help="on SIGTERM, how long requests under way (streams too) may finish (default: 30)",
+    )
+
+
+def _add_log_flags(command: argparse.ArgumentParser) -> None:
+    """`--log-format` and `--log-level`, alike on `serve` and `extproc`."""
+    command.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default="text",
+        help="text lines, or one JSON object per line (switchyard's records and the server's)",
+    )
+    command.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default="info",
+        help="default: info (decision records are INFO and above)",
     )
 
 

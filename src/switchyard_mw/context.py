@@ -7,7 +7,7 @@ The first switchyard middleware that sees a request creates it; the others find 
 from __future__ import annotations
 
 import time
-from collections.abc import MutableMapping
+from collections.abc import MutableMapping, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +43,7 @@ class RequestContext:
         "deadline_phase",
         "disconnected",
         "first_token_at",
+        "headers",
         "input_tokens",
         "key_kind",
         "output_tokens",
@@ -60,8 +61,13 @@ class RequestContext:
     )
 
     request_id: str
-    """The id the request's log records carry, made by its first record: unset until then
-    (most requests make none), so that a request pays nothing for it."""
+    """The id the request's log records carry, made by its first record (the client's
+    `x-request-id` when safe, see `headers`; else a new one): unset until then (most requests
+    make none), so that a request pays nothing for it. The ext_proc front sets it at once,
+    from the `x-request-id` Envoy gives every request."""
+    headers: Sequence[tuple[bytes, bytes]]
+    """The request's headers as the ASGI server gave them (set by the ASGI front), read only
+    by a request's first record, for the client's `x-request-id`; unset elsewhere."""
 
     # Not keyword-only: the stack builds one per request, positionally (a call with keywords
     # builds a dict of them first).

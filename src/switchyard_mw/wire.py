@@ -37,10 +37,14 @@ class Wire(enum.Enum):
         return self is Wire.ANTHROPIC
 
 
+COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
+"""Anthropic's token counting: a Messages body, answered `{"input_tokens": N}`, no output."""
+
 WIRE_PATHS: dict[str, Wire] = {
     "/v1/messages": Wire.ANTHROPIC,
     "/v1/chat/completions": Wire.OPENAI_CHAT,
     "/v1/responses": Wire.OPENAI_RESPONSES,
+    COUNT_TOKENS_PATH: Wire.ANTHROPIC,  # last: a router tries the busy paths first
 }
 
 
@@ -220,8 +224,12 @@ MAX_MODEL_BYTES = 256
 """The longest model name accepted (UTF-8 bytes): names are echoed in response headers."""
 
 
-def read_request(wire: Wire, body: bytes) -> RequestView:
-    """Decode `body` for `wire`; raise `WireError` (400) when it is not what the wire allows."""
+def read_request(wire: Wire, body: bytes, path: str = "") -> RequestView:
+    """Decode `body` for `wire`; raise `WireError` (400) when it is not what the wire allows.
+
+    A call on `COUNT_TOKENS_PATH` writes no output: its view's output cap is 0, so that the
+    deadline rule never grows its deadline (not even by an account's `default_max_tokens`).
+    """
     try:
         try:
             view = _read(wire, body)
@@ -234,6 +242,8 @@ def read_request(wire: Wire, body: bytes) -> RequestView:
     except RecursionError:
         raise bad_request("request body nests too deeply") from None
     check_model(view.model)
+    if path == COUNT_TOKENS_PATH:
+        view.max_tokens = 0
     return view
 
 
@@ -628,6 +638,26 @@ def model_not_served(wire: Wire, model: str) -> WireError:
     """The 404 for a model no account serves, in the terms each wire's own provider uses."""
     error_type = "not_found_error" if wire.anthropic_style else "model_not_found"
     return WireError(404, error_type, f"model `{model}` is not served by any account")
+
+
+def answer_wire(path: str, anthropic_version: bool) -> Wire:
+    """The wire an answer to a request that is no LLM call speaks (a models list, a 404): the
+    path's own when it is under a wire's path, else Anthropic's when the request carries
+    `anthropic-version` (every Anthropic SDK sends it), else OpenAI's."""
+    for known, wire in WIRE_PATHS.items():
+        if path == known or path.startswith(known + "/"):
+            return wire
+    return Wire.ANTHROPIC if anthropic_version else Wire.OPENAI_CHAT
+
+
+def unknown_url(wire: Wire, method: str, path: str) -> bytes:
+    """The 404 body for a path the gateway does not serve, as each wire's provider words it
+    (the SDKs raise their `NotFoundError` with it)."""
+    message = f"Invalid URL ({method} {path})"
+    if wire.anthropic_style:
+        return error_body(wire, "not_found_error", message)
+    error = {"message": message, "type": "invalid_request_error", "param": None}
+    return _ENCODER.encode({"error": {**error, "code": "unknown_url"}})
 
 
 def error_body(wire: Wire, error_type: str, message: str) -> bytes:

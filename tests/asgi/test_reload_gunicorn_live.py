@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import os
 import signal
 import subprocess
@@ -61,6 +62,8 @@ def gunicorn(config: Path, log: Path) -> Iterator[tuple[str, subprocess.Popen[by
         f"127.0.0.1:{port}",
         "--graceful-timeout",
         "20",
+        "--keep-alive",  # as docs/operations.md says: gunicorn's 2 s would be uvicorn's
+        "75",
         *_NO_CONTROL_SOCKET,
         "examples.starlette_app:app",
     ]
@@ -243,3 +246,26 @@ async def test_sighup_to_each_worker_and_to_the_master(tmp_path: Path) -> None:
             assert statuses.count(500) + statuses.count(503) == 20
             assert master.poll() is None
             await gw.fresh.aclose()
+
+
+def test_an_idle_connection_outlives_gunicorns_keep_alive_default(tmp_path: Path) -> None:
+    """Run as the docs say (`--keep-alive 75`), a connection idle for longer than gunicorn's
+    2 s default (which uvicorn's worker would take as its own) still carries a request."""
+    config, log = tmp_path / "switchyard.toml", tmp_path / "gunicorn.log"
+    with serve_in_thread(MockProvider()) as mock_url:
+        config.write_text(config_text(mock_url, 0))
+        with gunicorn(config, log) as (url, _):
+            port = int(url.rpartition(":")[2])
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            try:
+                for pause in (0.0, 3.0):
+                    time.sleep(pause)
+                    connection.request("GET", "/switchyard/health")
+                    answer = connection.getresponse()  # RemoteDisconnected had it closed
+                    answer.read()
+                    assert answer.status == 200
+                    if pause == 0.0:
+                        first = connection.sock
+                assert connection.sock is first  # the same connection, not a new one
+            finally:
+                connection.close()

@@ -68,6 +68,22 @@ def test_the_bound_model_stands_in_for_a_body_without_one() -> None:
     assert envelope.url.endswith("/models/claude-x@1:rawPredict")
 
 
+def test_a_token_count_goes_to_count_tokens_with_its_model_in_the_body() -> None:
+    count = json.dumps({"model": "claude-opus-5@20260101", "messages": [], "stream": False})
+    envelope = CLOUD.envelope("/v1/messages/count_tokens", count.encode())
+    assert envelope.url == f"{BASE}/publishers/anthropic/models/count-tokens:rawPredict"
+    assert (envelope.stream, envelope.model) == (False, "claude-opus-5@20260101")
+    assert json.loads(envelope.body) == {
+        "model": "claude-opus-5@20260101",
+        "messages": [],
+        "stream": False,
+        "anthropic_version": VERTEX_VERSION,
+    }
+    # The bound model stands in for a body without one, as for a Messages call.
+    bound = CLOUD.envelope("/v1/messages/count_tokens", b'{"messages": []}', model="claude-x@1")
+    assert json.loads(bound.body)["model"] == "claude-x@1"
+
+
 @pytest.mark.parametrize(
     ("path", "data", "status"),
     [
@@ -76,6 +92,8 @@ def test_the_bound_model_stands_in_for_a_body_without_one() -> None:
         ("/v1/messages", b"not json", 400),
         ("/v1/messages", b"[1, 2]", 400),
         ("/v1/messages", b'{"max_tokens": 1}', 400),
+        ("/v1/messages/count_tokens", b'{"messages": []}', 400),
+        ("/v1/messages/batches", body(), 404),
     ],
 )
 def test_what_vertex_cannot_take_is_a_wire_error(path: str, data: bytes, status: int) -> None:

@@ -38,7 +38,14 @@ SCRIPTS = {
     },
 }
 FRONTS = {"PORT", "ENVOY_PORT", "--port"}  # where a client sends its requests
-DEFAULT_PORTS = {"switchyard-mw mock": 9100, "uvicorn": 8000}
+DEFAULT_PORTS = {"switchyard-mw mock": 9100, "switchyard-mw serve": 8000, "uvicorn": 8000}
+"""The ports a server command takes without `--port` (the command's `--help` says so)."""
+SERVE_KEYS = {
+    "MOCK_KEY_A": "mock-key-a",
+    "MOCK_KEY_B": "mock-key-b",
+    "MOCK_JUDGE_KEY": "mock-judge-key",
+}
+"""`switchyard-mw serve` on the example's config reads the keys the example sets itself."""
 
 
 @dataclass
@@ -72,7 +79,7 @@ def _server(command: str) -> Server | None:
             ports = {var: int(env.get(var, port)) for var, port in defaults.items()}
             return Server(command, env, argv, ports)
     for name, default in DEFAULT_PORTS.items():
-        if name in program and ("mock" in name or "uvicorn" in argv[0]):
+        if name in program and (name.startswith("switchyard-mw") or "uvicorn" in argv[0]):
             flag = re.search(r"--port (\d+)", program)
             return Server(command, env, argv, {"--port": int(flag.group(1)) if flag else default})
     return None
@@ -82,6 +89,7 @@ def test_no_two_readme_servers_take_one_port() -> None:
     servers = readme_servers()
     assert [s for s in servers if "starlette_app.py" in s.command]  # the parse found them
     assert [s for s in servers if "envoy/run.py" in s.command]
+    assert [s for s in servers if "switchyard-mw serve" in s.command]
     taken: dict[int, str] = {}
     for server in servers:
         for port in server.ports.values():
@@ -122,6 +130,9 @@ def running(
                     env[var] = str(move(port))
             if "uvicorn" in argv[0]:
                 env["SWITCHYARD_CONFIG"] = str(config)
+            if "serve" in argv[1:2]:  # the README's own config: the example's, as the reader's
+                argv[2] = str(config)
+                env.update(SERVE_KEYS)
             with (tmp / f"{n}.log").open("wb") as out:
                 proc = subprocess.Popen(
                     argv,
@@ -147,7 +158,7 @@ def running(
 def test_every_readme_server_runs_beside_the_ones_before_it(
     running: list[tuple[subprocess.Popen[bytes], Server, int]],
 ) -> None:
-    assert len(running) == 3, [server.command for _, server, _ in running]
+    assert len(running) == 4, [server.command for _, server, _ in running]
     for proc, server, port in running:
         assert proc.poll() is None, f"{server.command!r} stopped beside the others"
         # The README's first request (a canary splits claude-opus-5 by the first user turn).

@@ -129,12 +129,35 @@ async def test_client_routing_and_envoy_control_headers_are_removed(env: Env) ->
 
 async def test_other_requests_pass_through_but_lose_the_routing_header(env: Env) -> None:
     stream = env.stream()
-    get = request_headers("/v1/models", {":method": "GET", "x-switchyard-cluster": "x"}, end=True)
+    get = request_headers("/healthz", {":method": "GET", "x-switchyard-cluster": "x"}, end=True)
     answer = await stream.send(get)
     assert removes(answer) == ["x-switchyard-cluster"]
     mode = processing_mode_pb2.ProcessingMode
     assert answer.mode_override.request_body_mode == mode.NONE
     assert answer.mode_override.response_header_mode == mode.SKIP
+    await stream.close()
+
+
+async def test_the_models_list_and_other_v1_paths_are_answered_at_the_request_headers(
+    env: Env,
+) -> None:
+    versioned = {":method": "GET", "anthropic-version": "2023-06-01"}
+    cases = [
+        ("/v1/models", {":method": "GET"}, 200, "object"),
+        ("/v1/models?limit=1", versioned, 200, "has_more"),
+        ("/v1/nope", {":method": "GET"}, 404, "error"),
+        ("/v1/nope", versioned, 404, "type"),
+    ]
+    for path, extra, code, key in cases:
+        stream = env.stream()
+        status, headers, body = immediate(await stream.send(request_headers(path, extra, end=True)))
+        assert (status, headers["content-type"]) == (code, b"application/json")
+        assert key in body, body
+        await stream.close()
+    # An LLM call whose body is not JSON still passes through unread.
+    stream = env.stream()
+    plain = request_headers("/v1/messages", {"content-type": "text/plain"})
+    assert removes(await stream.send(plain)) == ["x-switchyard-cluster"]
     await stream.close()
 
 

@@ -106,7 +106,7 @@ async def test_answers_built_once_are_not_changed_by_requests(servicer: ExtProcS
     assert sets(second[2])["x-switchyard-account"] == b"b"
     assert removes(second[2]) == ["x-switchyard-retry", "x-switchyard-retry-after"]
     stream = Stream(servicer)
-    get = await stream.send(request_headers("/v1/models", {":method": "GET"}, end=True))
+    get = await stream.send(request_headers("/healthz", {":method": "GET"}, end=True))
     await stream.close()
     assert removes(get) == ["x-switchyard-cluster"]
     assert {

@@ -449,3 +449,21 @@ async def test_a_bedrock_stream_that_fails_before_its_first_token_fails_over(
     assert final["content"][0]["text"] == "Hello from the mock provider."
     assert headers["x-switchyard-account"] == "api-second"
     assert [r.key for r in mock.requests] == [SECOND_KEY_ID, "key-api-second"]
+
+
+async def test_count_tokens_on_a_bedrock_account_is_the_wires_404(
+    gateway: str, mock: MockProvider
+) -> None:
+    # The gateway maps no token count onto Bedrock (the Anthropic SDK's own Bedrock client
+    # refuses count_tokens too): the account kind answers 404 in the wire's shape, without
+    # calling AWS.
+    client = anthropic.AsyncAnthropic(base_url=gateway, api_key="caller", max_retries=0)
+    messages: Any = [{"role": "user", "content": "hi"}]
+    try:
+        with pytest.raises(anthropic.NotFoundError) as info:
+            await client.messages.count_tokens(model="claude-sonnet-5", messages=messages)
+    finally:
+        await client.close()
+    assert info.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+    assert "bedrock account" in info.value.message
+    assert mock.requests == []

@@ -55,6 +55,8 @@ def test_the_banner_names_config_accounts_routes_and_state(
     assert state == {"event": "serve.start", "message": "state", "backend": "memory"}
     llm = {"POST /v1/messages", "POST /v1/chat/completions", "POST /v1/responses"}
     assert llm <= set(routes["llm"])  # type: ignore[arg-type]
+    assert "POST /v1/messages/count_tokens" in routes["llm"]  # type: ignore[operator]
+    assert routes["local"] == ["GET /v1/models", "GET /v1/models/{id}", "* /v1/... (404)"]
     assert routes["operator_clients"] == ["loopback"]
 
 

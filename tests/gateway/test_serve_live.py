@@ -76,7 +76,8 @@ def mock_url() -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def serve(tmp_path: Path, mock_url: str, *args: str) -> Iterator[Served]:
+def serve(tmp_path: Path, mock_url: str, *args: str, wait: bool = True) -> Iterator[Served]:
+    """`switchyard-mw serve` on a free port; with `wait`, yielded once it listens."""
     config = tmp_path / "switchyard.toml"
     config.write_text(config_text(mock_url))
     port = free_port()
@@ -103,7 +104,8 @@ def serve(tmp_path: Path, mock_url: str, *args: str) -> Iterator[Served]:
     served = Served(proc, f"http://127.0.0.1:{port}", log, config)
     try:
         try:
-            wait_for_port(port, timeout=30)
+            if wait:
+                wait_for_port(port, timeout=30)
         except TimeoutError:
             proc.kill()
             raise RuntimeError(log.read_text()) from None
@@ -118,10 +120,13 @@ def serve(tmp_path: Path, mock_url: str, *args: str) -> Iterator[Served]:
             proc.wait()
 
 
-def _ask(url: str) -> httpx.Response:
+def _ask(url: str, request_id: str | None = None) -> httpx.Response:
+    headers = {"x-api-key": "client-key"}
+    if request_id is not None:
+        headers["x-request-id"] = request_id
     return httpx.post(
         f"{url}/v1/messages",
-        headers={"x-api-key": "client-key"},
+        headers=headers,
         json={"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
         timeout=10,
     )
@@ -155,7 +160,8 @@ def test_json_lines_banner_cooling_recovery_and_reload(tmp_path: Path, mock_url:
         # Account a's key fails: one fault cools it (threshold 1), b answers the same request.
         httpx.put(f"{mock_url}/_mock/behaviours/key-a", json={"status": 503}).raise_for_status()
         try:
-            answer = _ask(served.url)
+            # The client names its request: the records name it so.
+            answer = _ask(served.url, request_id="client-req-01")
             assert answer.status_code == 200
             assert answer.headers["x-switchyard-account"] == "b"
             served.wait_for(lambda: _events(served, "account.cooled"), "the cooling")
@@ -168,7 +174,7 @@ def test_json_lines_banner_cooling_recovery_and_reload(tmp_path: Path, mock_url:
         assert cooled["cause"] == "outage"
         assert cooled["status"] == "503"
         assert cooled["period_secs"] == COOLDOWN_SECS
-        assert len(cooled["request_id"]) == 16
+        assert cooled["request_id"] == "client-req-01"
 
         # The cooling over, the next request is a's probe: it succeeds, a is back.
         time.sleep(COOLDOWN_SECS + 0.2)
@@ -177,7 +183,7 @@ def test_json_lines_banner_cooling_recovery_and_reload(tmp_path: Path, mock_url:
         served.wait_for(lambda: _events(served, "account.recovered"), "the recovery")
         (back,) = _events(served, "account.recovered")
         assert (back["level"], back["account"], back["probe"]) == ("INFO", "a", "succeeded")
-        assert back["request_id"] != cooled["request_id"]
+        assert len(back["request_id"]) == 16  # no x-request-id: one made for it
 
         # uvicorn's access lines are JSON too, with their parts as fields.
         access = [r for r in served.records() if r["logger"] == "uvicorn.access"]
@@ -202,6 +208,52 @@ def test_json_lines_banner_cooling_recovery_and_reload(tmp_path: Path, mock_url:
     messages = [r["message"] for r in served.records()]
     assert "Shutting down" in messages
     assert "Finished server process" in " ".join(messages)
+
+
+def _catches(pid: int, sig: signal.Signals) -> bool:
+    """Whether process `pid` has a handler for `sig` (Linux: /proc/PID/status, SigCgt)."""
+    with contextlib.suppress(FileNotFoundError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_sighup_while_it_loads_does_not_end_it(
+    tmp_path: Path, mock_url: str, workers: int
+) -> None:
+    """SIGHUPs from the moment the process handles one (long before the app has loaded) until
+    every worker serves: none ends (no worker is replaced), and each reads its config again
+    once it serves."""
+    args = ("--log-format", "json", "--workers", str(workers))
+    with serve(tmp_path, mock_url, *args, wait=False) as served:
+        pid = served.proc.pid
+        end = time.monotonic() + 60
+        while not _catches(pid, signal.SIGHUP) and time.monotonic() < end:
+            assert served.proc.poll() is None, served.log.read_text()
+            time.sleep(0.005)
+        served.proc.send_signal(signal.SIGHUP)
+        assert "serve.start" not in served.log.read_text()  # before the app, even the banner
+        sent = 1
+
+        def started() -> int:
+            return served.log.read_text().count("Application startup complete")
+
+        while served.proc.poll() is None and started() < workers and time.monotonic() < end:
+            served.proc.send_signal(signal.SIGHUP)
+            sent += 1
+            time.sleep(0.05)
+        assert served.proc.poll() is None, served.log.read_text()
+        assert sent > 1  # some came while it loaded
+        assert _ask(served.url).status_code == 200
+        served.wait_for(
+            lambda: len(_events(served, "config.reload")) >= workers, "a reload in each worker"
+        )
+        assert all(r["result"] == "ok" for r in _events(served, "config.reload"))
+        assert started() == workers
+        assert "died" not in served.log.read_text()  # uvicorn's word for a worker it replaced
 
 
 def test_text_banner(tmp_path: Path, mock_url: str) -> None:

@@ -310,3 +310,29 @@ async def test_a_vertex_stream_cut_mid_way_ends_with_the_anthropic_error_event(
     await client.close()
     assert received  # the first delta reached the client before the cut
     assert "upstream stream failed" in str(info.value)
+
+
+async def test_count_tokens_fails_over_from_the_api_to_vertex(
+    gateway: str, mock: tuple[MockProvider, str]
+) -> None:
+    provider, _ = mock
+    provider.set_behaviour("key-a", Behaviour(status=503))
+    client = sdk(gateway)
+    try:
+        raw = await client.messages.with_raw_response.count_tokens(
+            model="claude-opus-5", messages=REQUEST["messages"]
+        )
+        counted = await raw.parse()
+    finally:
+        await client.close()
+    assert raw.headers["x-switchyard-account"] == "gcp"
+    assert raw.headers["x-switchyard-attempts"] == "2"
+    seen = [(r.key, r.path) for r in provider.requests]
+    assert seen == [
+        ("key-a", "/v1/messages/count_tokens"),
+        (EMAIL, VERTEX_PATH[: -len(VERTEX_NAME) - 1] + "count-tokens:rawPredict"),
+    ]
+    sent = json.loads(provider.requests[-1].body)
+    # Vertex takes a count with the model in the body (its own name) and the API version.
+    assert (sent["model"], sent["anthropic_version"]) == (VERTEX_NAME, "vertex-2023-10-16")
+    assert counted.input_tokens == max(1, len(provider.requests[-1].body) // 4)

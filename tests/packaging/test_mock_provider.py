@@ -343,6 +343,32 @@ ERRORS = [
 ]
 
 
+async def test_count_tokens_answers_as_anthropic_does(mock: MockProvider, target: Target) -> None:
+    async with target.anthropic(key="k1") as client:
+        counted = await client.messages.count_tokens(model="claude-x", messages=MESSAGES)
+    (record,) = mock.requests
+    assert (record.path, record.key, record.model) == (
+        "/v1/messages/count_tokens",
+        "k1",
+        "claude-x",
+    )
+    # What a Messages call of this body reports as its input: 4 bytes a token.
+    assert counted.input_tokens == max(1, len(record.body) // 4)
+
+
+async def test_count_tokens_follows_the_keys_behaviour(mock: MockProvider, local: Target) -> None:
+    mock.set_behaviour("k1", Behaviour(status=529, times=1))
+    async with local.anthropic(key="k1") as client:
+        with pytest.raises(anthropic.APIStatusError) as info:
+            await client.messages.count_tokens(model="m", messages=MESSAGES)
+        assert info.value.status_code == 529
+        assert info.value.type == "overloaded_error"
+        assert (await client.messages.count_tokens(model="m", messages=MESSAGES)).input_tokens > 0
+        with pytest.raises(anthropic.BadRequestError):  # no messages: the API's 400
+            await client.post("/v1/messages/count_tokens", cast_to=object, body={"model": "m"})
+    assert len(mock.requests) == 3
+
+
 @pytest.mark.parametrize(("status", "anthropic_error", "openai_error", "kind"), ERRORS)
 async def test_status_surfaces_as_typed_sdk_error(
     mock: MockProvider,

@@ -8,6 +8,7 @@ import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import httpx
@@ -81,6 +82,24 @@ async def test_the_sdks_vertex_client_is_answered_by_the_tokens_service_account(
     verb = "streamRawPredict" if stream else "rawPredict"
     assert (record.key, record.model, record.stream) == (EMAIL, "claude-x@1", stream)
     assert record.path == PREDICT.replace("rawPredict", verb)
+
+
+async def test_the_sdks_vertex_client_counts_tokens(
+    mock: tuple[MockProvider, str], tmp_path: Path
+) -> None:
+    provider, url = mock
+    client = vertex_sdk(url, await issued_token(mock, tmp_path))
+    messages: Any = [{"role": "user", "content": "hi"}]
+    counted = await client.messages.count_tokens(model="claude-x@1", messages=messages)
+    provider.set_behaviour(EMAIL, Behaviour(status=429))
+    with pytest.raises(anthropic.RateLimitError) as info:
+        await client.messages.count_tokens(model="claude-x@1", messages=messages)
+    await client.close()
+    assert info.value.body["error"]["status"] == "RESOURCE_EXHAUSTED"  # type: ignore[index]
+    first, _ = provider.requests
+    assert (first.key, first.model) == (EMAIL, "claude-x@1")
+    assert first.path == PREDICT.replace("claude-x@1:", "count-tokens:")
+    assert counted.input_tokens == max(1, len(first.body) // 4)
 
 
 @pytest.mark.parametrize("token", ["", "ya29.never-issued"])

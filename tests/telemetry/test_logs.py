@@ -251,3 +251,56 @@ def test_a_record_under_a_span_carries_its_trace_id(records: list[logging.LogRec
         logs.fallback(from_model="m", to_model="n", reason="unavailable")
     (record,) = records
     assert record.__dict__["trace_id"] == format(span.get_span_context().trace_id, "032x")
+
+
+def _ids_of(headers: list[tuple[bytes, bytes]], records: list[logging.LogRecord]) -> str:
+    ctx = RequestContext()
+    ctx.headers = headers
+    token = current_var.set(ctx)
+    try:
+        logs.throttle_hold(account="a", model="m", hold_secs=1.0)
+        logs.fallback(from_model="m", to_model="n", reason="unavailable")
+    finally:
+        current_var.reset(token)
+    first, second = records[-2:]
+    assert first.__dict__["request_id"] == second.__dict__["request_id"] == ctx.request_id
+    return ctx.request_id
+
+
+def test_the_clients_request_id_is_the_records(records: list[logging.LogRecord]) -> None:
+    """A client's `x-request-id` (read when the first record is made) names the request in
+    the log, so its own logs and the gateway's meet."""
+    headers = [(b"content-type", b"application/json"), (b"x-request-id", b"req_01J-abc.9:x")]
+    assert _ids_of(headers, records) == "req_01J-abc.9:x"
+    longest = b"a" * logs.REQUEST_ID_MAX
+    assert _ids_of([(b"x-request-id", longest)], records) == longest.decode()
+
+
+@pytest.mark.parametrize(
+    "unsafe",
+    [
+        b"a" * (logs.REQUEST_ID_MAX + 1),  # too long
+        b"",
+        b"two words",
+        b'quote"d',
+        b"x\nERROR forged",
+        b"caf\xc3\xa9",
+        b"k=v",
+    ],
+)
+def test_an_unsafe_client_request_id_is_replaced(
+    unsafe: bytes, records: list[logging.LogRecord]
+) -> None:
+    made = _ids_of([(b"x-request-id", unsafe)], records)
+    assert len(made) == 16
+    assert made != unsafe.decode("latin-1")
+
+
+def test_request_id_from() -> None:
+    assert logs.request_id_from(b"0f8fad5b-d9cb-469f-a165-70867728950e") == (
+        "0f8fad5b-d9cb-469f-a165-70867728950e"
+    )
+    assert logs.request_id_from("rid-1") == "rid-1"
+    made = {logs.request_id_from(None), logs.request_id_from(b"bad id")}
+    assert all(len(rid) == 16 for rid in made)
+    assert len(made) == 2

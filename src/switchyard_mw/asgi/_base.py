@@ -56,17 +56,19 @@ class PolicyMiddleware(ABC):
             return await self.handle(ctx, scope, receive, send)
         # The owner's work. Its steps are plain calls where they can be: this runs on every
         # request, and each coroutine layer costs.
-        wire = self._wire_of(scope)
+        path = self._path_of(scope)
+        wire = llm_wire(self._paths, scope.get("method", ""), path)
         ex: Exchange | None = None
         if wire is None:
             ctx = RequestContext()
         else:
-            read = await self._read(scope, receive, send, wire)
+            read = await self._read(scope, receive, send, wire, path)
             if read is None:
                 return  # answered already (or the client left): no app to call
             ctx, ex = read
         state = scope.setdefault("state", {})
         state["switchyard"] = ctx
+        ctx.headers = scope["headers"]  # only a record reads them (the client's x-request-id)
         # Without an SDK, no span work at all: nothing to look up, start, activate or end.
         span, own_span, annotate = _telemetry(scope, ctx) if tm.tracing() else _NO_SPANS
         if ex is not None:
@@ -95,7 +97,7 @@ class PolicyMiddleware(ABC):
             _finish(ctx, token, ex, failure, annotate, own_span)
 
     async def _read(
-        self, scope: Scope, receive: Receive, send: Send, wire: Wire
+        self, scope: Scope, receive: Receive, send: Send, wire: Wire, path: str
     ) -> tuple[RequestContext, Exchange | None] | None:
         """Read an LLM call's body (bounded in size and time) into its context, and start
         its exchange; None when the request was answered here instead. A body that is not
@@ -123,7 +125,7 @@ class PolicyMiddleware(ABC):
                         raise too_large(limit)
                 else:
                     body = await read_body(receive, limit=limit, first=message)
-                ctx = RequestContext(read_request(wire, body), body, started)
+                ctx = RequestContext(read_request(wire, body, path), body, started)
             except BaseException:
                 ex.stop()
                 raise
@@ -150,13 +152,14 @@ class PolicyMiddleware(ABC):
         """A scope that is not an HTTP request (lifespan, websocket): passed to the app."""
         await self.app(scope, receive, send)
 
-    def _wire_of(self, scope: Scope) -> Wire | None:
-        """The wire of an LLM call's method and path; None for anything else."""
+    @staticmethod
+    def _path_of(scope: Scope) -> str:
+        """The request's path under the app's root (the LLM paths are matched against it)."""
         path: str = scope["path"]
         root = scope.get("root_path", "")
         if root and path.startswith(root):
             path = path[len(root) :]
-        return llm_wire(self._paths, scope.get("method", ""), path)
+        return path
 
 
 _TYPE = b"content-type"

@@ -63,6 +63,15 @@ def reenvelope(
     return chosen, stream, _encode(fields)
 
 
+def counting_body(body: bytes, version: str, *, model: str | None) -> tuple[str, bytes]:
+    """(the model, the body) of a token count (`/v1/messages/count_tokens`) for a cloud that
+    takes it with its `model` in the body and `anthropic_version` set (Vertex AI): `model`
+    stands in if the body has none."""
+    name, _, data = reenvelope(body, version, model=model)
+    fields = _decode(data)
+    return name, _encode({"model": name, **fields})
+
+
 def messages_only(path: str, kind: str) -> None:
     """Refuse any path but the Messages API's: the clouds serve Claude on that wire only."""
     if path != MESSAGES_PATH:

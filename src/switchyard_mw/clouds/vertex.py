@@ -1,8 +1,9 @@
-"""Claude on Google Vertex AI: rawPredict and streamRawPredict (sans-IO).
+"""Claude on Google Vertex AI: rawPredict, streamRawPredict and count-tokens (sans-IO).
 
 The request is the Messages body with the model in the path and `anthropic_version` in the
 body; a stream (`"stream": true`) goes to `:streamRawPredict` and comes back as Anthropic SSE
-already. Vertex's own errors (before the model runs) come in Google's shape,
+already. A token count (`/v1/messages/count_tokens`) goes to `count-tokens:rawPredict` with the
+model in the body. Vertex's own errors (before the model runs) come in Google's shape,
 `{"error": {"code": 429, "message": ..., "status": "RESOURCE_EXHAUSTED"}}`, and are answered
 in Anthropic's; the model's own errors pass through as they are.
 """
@@ -17,7 +18,14 @@ from urllib.parse import quote
 import msgspec
 
 from ..config import VertexSettings
-from .anthropic_body import anthropic_error, is_anthropic_error, messages_only, reenvelope
+from ..wire import COUNT_TOKENS_PATH
+from .anthropic_body import (
+    anthropic_error,
+    counting_body,
+    is_anthropic_error,
+    messages_only,
+    reenvelope,
+)
 from .base import Envelope, StreamTranslator
 
 VERTEX_VERSION = "vertex-2023-10-16"
@@ -51,17 +59,30 @@ class VertexCloud:
         headers: Iterable[tuple[str, str]] = (),
     ) -> Envelope:
         """The rawPredict (or streamRawPredict) call for a Messages request (Vertex takes the
-        client's `anthropic-beta` header as the API does: `headers` change nothing here)."""
+        client's `anthropic-beta` header as the API does: `headers` change nothing here).
+
+        A token count goes to `count-tokens:rawPredict` with the model in the body, as the
+        Anthropic SDK's Vertex client sends it; Vertex answers it as the API does."""
+        if path == COUNT_TOKENS_PATH:
+            name, data = counting_body(body, VERTEX_VERSION, model=model)
+            return Envelope(
+                url=self._url("count-tokens:rawPredict"), body=data, stream=False, model=name
+            )
         messages_only(path, self.kind)
         name, stream, data = reenvelope(body, VERTEX_VERSION, model=model)
         verb = "streamRawPredict" if stream else "rawPredict"
+        url = self._url(f"{quote(name, safe=_PCHAR)}:{verb}")
+        return Envelope(url=url, body=data, stream=stream, model=name)
+
+    def _url(self, method: str) -> str:
+        """The URL of `method` (a model's verb, or `count-tokens:rawPredict`) in the account's
+        project and region."""
         project = quote(self.settings.project, safe="")
         region = quote(self.settings.region, safe="")
-        url = (
+        return (
             f"{self.base_url}/v1/projects/{project}/locations/{region}"
-            f"/publishers/anthropic/models/{quote(name, safe=_PCHAR)}:{verb}"
+            f"/publishers/anthropic/models/{method}"
         )
-        return Envelope(url=url, body=data, stream=stream, model=name)
 
     def error_answer(
         self, status: int, body: bytes, headers: Iterable[tuple[bytes, bytes]] = ()

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 from collections.abc import Callable, Mapping
 
 from ..accounts import Account, build_accounts
@@ -25,9 +24,9 @@ from ..config import Config
 from ..errors import ConfigError, StartupError
 from ..telemetry import logs
 from ..telemetry import names as tm
+from . import early_signal
+from .early_signal import RELOAD_SIGNAL as RELOAD_SIGNAL  # its home before early_signal
 
-RELOAD_SIGNAL: signal.Signals | None = getattr(signal, "SIGHUP", None)
-"""The signal that reloads a process's config (none on Windows)."""
 Loader = Callable[[], Config]
 """How a front gets the config again: reads and validates it, `ConfigError` when invalid."""
 
@@ -80,7 +79,8 @@ def rejected(problems: list[str]) -> list[str]:
 
 
 def on_signal(reload: Callable[[], object]) -> bool:
-    """Run `reload()` in the running event loop on each `RELOAD_SIGNAL` from now on.
+    """Run `reload()` in the running event loop on each `RELOAD_SIGNAL` from now on (and
+    once soon, if the signal came while `hold_early` held it).
 
     Installed through the loop, beside whatever handlers the server set for its own signals.
     False when it cannot be (no such signal, or not the main thread: only it gets signals).
@@ -93,6 +93,8 @@ def on_signal(reload: Callable[[], object]) -> bool:
     except (NotImplementedError, RuntimeError, ValueError):
         _log.info("config reload on SIGHUP is off: not the main thread's event loop")
         return False
+    if early_signal.taken():
+        loop.call_soon(reload)
     return True
 
 

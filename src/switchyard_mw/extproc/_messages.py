@@ -165,3 +165,15 @@ def immediate(
             details=f"switchyard_{error_type}",
         )
     )
+
+
+def json_reply(status: int, body: bytes, details: str) -> ep.ProcessingResponse:
+    """A local reply with a JSON `body` switchyard wrote whole (the models list, a 404)."""
+    return ep.ProcessingResponse(
+        immediate_response=ep.ImmediateResponse(
+            status=http_status_pb2.HttpStatus(code=status),
+            headers=mutation([("content-type", b"application/json")]),
+            body=body,
+            details=details,
+        )
+    )

@@ -35,7 +35,7 @@ from ..engine.content_events import ContentWatch, watch_for
 from ..engine.machine import NEXT, Refuse, State
 from ..engine.stream_bounds import first_token_secs
 from . import _messages as msg
-from .flights import Flight, Flights, Opening
+from .flights import Flight, Flights, Opening, join
 from .router import RETRY_HEADER
 from .upstream import REQUEST_ID_ATTRIBUTE
 
@@ -112,6 +112,7 @@ class FirstTokenStream:
             self.hold = Hold.PASSED
             return _PASS
         self.flight, self.watch, self.hold = flight, watch, Hold.HOLDING
+        join(flight)
         flight.opening = Opening.HELD
         loop = asyncio.get_running_loop()
         self.timer = loop.call_later(max(due - time.monotonic(), 0.0), self.expire)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from opentelemetry import trace
 
-from ..context import RequestContext
+from ..context import RequestContext, current_var
 from ..core.clock import Clock, monotonic
 from ..engine.machine import AttemptMachine
 from .failover import next_cluster
@@ -100,6 +100,15 @@ class Flight:
     def tried(self) -> list[str]:
         """The accounts tried so far, in order."""
         return [] if self.machine is None else self.machine.tried
+
+
+def join(flight: Flight | None) -> None:
+    """Make `flight`'s request the current one of the calling ext_proc stream, so the decision
+    records its work makes from now on carry the request's id. Each stream runs in a context
+    of its own (a task per call under grpc.aio, a `Context` per stream under h2) and serves one
+    request, so the context is never reset: it ends with the stream."""
+    if flight is not None:
+        current_var.set(flight.ctx)
 
 
 class Flights:

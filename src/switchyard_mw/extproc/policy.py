@@ -21,6 +21,7 @@ from ..context import RequestContext
 from ..core.clock import Clock, monotonic
 from ..core.pool import AccountPool
 from ..engine.budget import budget_end
+from ..engine.endpoints import Endpoints
 from ..engine.fallbacks import Chains
 from ..engine.judge import Judge
 from ..engine.machine import AttemptMachine
@@ -91,6 +92,8 @@ class Policies:
             chains=Chains(config.fallbacks),
         )
         self.paths: dict[str, Wire] = self.engine.paths
+        self.endpoints = Endpoints(config)
+        """The answers to `/v1/models` and any other `/v1/` path that is no LLM call."""
         # A retry stays on the cluster Envoy routed the request to.
         self.on_cluster: dict[str, frozenset[str]] = {}
         for name in self.routable:

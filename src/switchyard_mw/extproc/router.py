@@ -56,9 +56,10 @@ from ..engine.provider_headers import REQUEST_ID_NAMES, UPSTREAM_REQUEST_ID, req
 from ..model_names import with_query
 from ..telemetry import names as tm
 from ..telemetry import request_metrics
+from ..telemetry.logs import request_id_from
 from ..wire import Wire, WireError, model_not_served, read_request, too_large
 from . import _messages as msg
-from .flights import Flight, Flights, Opening, out_of_order
+from .flights import Flight, Flights, Opening, join, out_of_order
 from .policy import CLUSTER_HEADER, Policies
 
 CONTENT, HELD, EXPIRED = Opening.CONTENT, Opening.HELD, Opening.EXPIRED
@@ -87,8 +88,10 @@ _ENVOY_CONTROL = [
 ]
 """Headers that would let a client lengthen its deadline or steer retries: the deadline and
 failover are policy (an incoming budget header can only shorten, and stays)."""
+VERSION_HEADER = "anthropic-version"
+"""Says an answer to a path of no wire (`/v1/models`, a 404) is Anthropic's (`engine.endpoints`)."""
 _READ = frozenset(
-    [":method", ":path", "content-type", "content-length", REQUEST_ID_HEADER]
+    [":method", ":path", "content-type", "content-length", REQUEST_ID_HEADER, VERSION_HEADER]
     + [name.decode() for name in BUDGET_HEADERS]
 )
 _PHASES = frozenset(["request_headers", "request_body", "response_headers"])
@@ -130,6 +133,8 @@ class RouterStream:
         """The trace context Envoy sent; None when no tracer SDK is installed (no spans)."""
         self.gone = gone
         self.wire: Wire | None = None
+        self.route = ""
+        """The request's path without its query."""
         self.headers: msg.Headers = {}
         self.started_at = time.monotonic()
         self.span: trace.Span | None = None
@@ -184,11 +189,11 @@ class RouterStream:
 
     def on_request_headers(self, http: ep.HttpHeaders) -> ep.ProcessingResponse:
         self.headers = h = msg.headers_of(http, _READ)
-        self.wire = self.p.wire_of(
-            h.get(":method", b""), h.get(":path", b""), h.get("content-type")
-        )
+        method, path = h.get(":method", b""), h.get(":path", b"")
+        self.route = path.split(b"?", 1)[0].decode("latin-1")
+        self.wire = self.p.wire_of(method, path, h.get("content-type"))
         if self.wire is None:
-            return _PASS_THROUGH
+            return self._other(method.decode("latin-1"), path)
         if self.parent is not None:
             self.span = tm.tracer.start_span(
                 tm.SPAN_REQUEST, context=self.parent, kind=trace.SpanKind.SERVER
@@ -204,18 +209,31 @@ class RouterStream:
                 return self.refuse(exc)
         return _READ_BODY
 
+    def _other(self, method: str, path: bytes) -> ep.ProcessingResponse:
+        """A request that is no LLM call: the models list or the wire's 404 under `/v1/`
+        (answered here, as the forwarding app does), anything else passed through."""
+        endpoints = self.p.endpoints
+        if not endpoints.ours(method, self.route):
+            return _PASS_THROUGH
+        query = path.partition(b"?")[2].decode("latin-1")
+        versioned = VERSION_HEADER in self.headers
+        answer = endpoints.answer(method, self.route, query, anthropic_version=versioned)
+        return msg.json_reply(answer.status, answer.body, f"switchyard_{answer.status}")
+
     async def on_request_body(self, body: bytes) -> ep.ProcessingResponse:
         assert self.wire is not None
         limit = self.p.server.max_body_bytes
         if len(body) > limit:
             return self.refuse(too_large(limit))
         try:
-            view = read_request(self.wire, body)
+            view = read_request(self.wire, body, self.route)
         except WireError as exc:
             return self.refuse(exc)
         ctx = RequestContext(view=view, body=body, now=self.started_at)
         ctx.budget_at = self.p.budget_at(self.headers, self.started_at)
+        ctx.request_id = request_id_from(self.headers.get(REQUEST_ID_HEADER))
         self.flight = flight = Flight(ctx=ctx, span=self.span, policies=self.p)
+        join(flight)
         flight.path = self.headers.get(":path", b"")
         if self.span is None:
             await self.p.decide_model(ctx, self.gone)

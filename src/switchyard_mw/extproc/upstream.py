@@ -32,7 +32,7 @@ from ..engine.claims import claimed
 from ..engine.machine import NEXT, ClaimProbe, Failure, How, Phase, Refuse, Send, State, Wait
 from . import _messages as msg
 from .failover import HOST_METADATA_ATTRIBUTE, host_cluster, next_cluster
-from .flights import Flight, Flights, Opening, out_of_order
+from .flights import Flight, Flights, Opening, join, out_of_order
 from .policy import Policies
 from .router import (
     CREDENTIAL_HEADERS,
@@ -158,6 +158,7 @@ class UpstreamStream:
         if flight is None:
             return msg.UNCHANGED_REQUEST_HEADERS
         self.flight = flight
+        join(flight)
         self.p = flight.policies or self.p  # the request's own, across a reload
         flight.upstream_attempts += 1
         attempt = headers.get(ATTEMPT_HEADER, b"")
@@ -226,6 +227,7 @@ class UpstreamStream:
         flight = self.flight
         if flight is None:
             flight = self.flight = self.flights.find(msg.attribute(request, REQUEST_ID_ATTRIBUTE))
+            join(flight)
         machine = None if flight is None else flight.machine
         if flight is None or machine is None or machine.lease is None:
             return msg.UNCHANGED_RESPONSE_HEADERS

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging.config
 import multiprocessing
 import os
 import signal
@@ -32,10 +33,11 @@ from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from types import FrameType
-from typing import TextIO
+from typing import Any, TextIO
 
 from ..accounts import build_accounts
 from ..config import Config
+from ..engine.early_signal import blocked_for_children, hold_early
 from ..engine.reload import RELOAD_SIGNAL, Loader
 from ..errors import ListenError, StartupError
 from .server import DEFAULT_TRANSPORT, GRACE_SECS, ExtProcServer, Transport, parse_listen, serve
@@ -52,9 +54,13 @@ def run_workers(
     err: TextIO,
     transport: Transport = DEFAULT_TRANSPORT,
     loader: Loader | None = None,
+    log_config: dict[str, Any] | None = None,
+    announce: Callable[[str, int], None] | None = None,
 ) -> int:
     """The CLI's `--workers N`: 2 for a bad count, address or missing key (checked once, here,
-    before any worker starts), 1 when the workers cannot listen, else `serve_workers`'s."""
+    before any worker starts), 1 when the workers cannot listen, else `serve_workers`'s.
+    `announce(address, workers)` says they listen (default: a line on `err`); each worker puts
+    `log_config` in force (the parent's `logging.config.dictConfig`)."""
     if workers < 1:
         print(f"--workers {workers}: must be at least 1", file=err)
         return 2
@@ -67,13 +73,22 @@ def run_workers(
 
     def ready(port: int) -> None:
         where = f"{host}:{port}"
+        if announce is not None:
+            announce(where, workers)
+            return
         print(
             f"switchyard-mw extproc listening on {where} ({workers} workers)", file=err, flush=True
         )
 
     try:
         return serve_workers(
-            config, listen, workers, ready=ready, transport=transport, loader=loader
+            config,
+            listen,
+            workers,
+            ready=ready,
+            transport=transport,
+            loader=loader,
+            log_config=log_config,
         )
     except ValueError as exc:
         print(f"--listen {exc}", file=err)
@@ -92,9 +107,11 @@ def serve_workers(
     grace_secs: float = GRACE_SECS,
     transport: Transport = DEFAULT_TRANSPORT,
     loader: Loader | None = None,
+    log_config: dict[str, Any] | None = None,
 ) -> int:
     """Run `workers` processes on `listen` until SIGTERM or SIGINT; the exit status (0 when
-    stopped by a signal and every worker stopped cleanly). `ready` gets the bound port.
+    stopped by a signal and every worker stopped cleanly). `ready` gets the bound port; each
+    worker puts `log_config` in force (spawned, it inherits none).
 
     Raises ValueError for a unix socket address (it cannot be shared this way), `ListenError`
     (an OSError) when the workers cannot listen.
@@ -114,9 +131,11 @@ def serve_workers(
         with _reserved(host, int(port_text)) as port:
             pipes = [spawn.Pipe(duplex=False) for _ in range(workers)]
             for i, (_, sender) in enumerate(pipes):
-                args = (config, f"{host}:{port}", grace_secs, transport, sender, loader)
+                address = f"{host}:{port}"
+                args = (config, address, grace_secs, transport, sender, loader, log_config)
                 procs.append(spawn.Process(target=_worker, args=args, name=f"extproc-{i}"))
-                procs[-1].start()
+                with blocked_for_children():  # a SIGHUP waits until the worker takes it
+                    procs[-1].start()
                 sender.close()  # the child holds its end
             problem = _await_listening([receiver for receiver, _ in pipes], procs, stop)
         if problem is not None:
@@ -208,11 +227,15 @@ def _worker(
     transport: Transport,
     conn: Connection,
     loader: Loader | None = None,
+    log_config: dict[str, Any] | None = None,
 ) -> None:
     """One worker: serve until SIGTERM, telling the parent once it listens (or why not)."""
-    if loader is not None and RELOAD_SIGNAL is not None:
-        # Until `serve` handles it: a reload asked for while starting must not kill the worker.
-        signal.signal(RELOAD_SIGNAL, signal.SIG_IGN)
+    if loader is not None:
+        # Until `serve` handles it: a reload asked for while starting must not kill the worker
+        # (it reloads once it serves).
+        hold_early()
+    if log_config is not None:
+        logging.config.dictConfig(log_config)
 
     def listening(server: ExtProcServer) -> None:
         conn.send(("ready", server.port))

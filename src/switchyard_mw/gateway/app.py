@@ -1,5 +1,7 @@
-"""The whole forwarding gateway as one ASGI app: the three LLM wires forwarded through the
-stack, `/metrics`, and the operator routes (loopback only unless `allow` names more).
+"""The whole forwarding gateway as one ASGI app: the three LLM wires (and Anthropic's token
+counting) forwarded through the stack, the models list and the wire's 404 for any other `/v1/`
+path (`gateway_routes`), `/metrics`, and the operator routes (loopback only unless `allow`
+names more).
 
 `switchyard-mw serve` serves it (`gateway_from_env`, a uvicorn factory); the example
 (`examples/starlette_app.py`) builds the same app beside its in-process mock.
@@ -21,9 +23,11 @@ from ..asgi.admin import CanariesStatusApp, HealthApp, OperatorOnly, ReloadApp
 from ..asgi.cooling import cooling_status_app
 from ..asgi.stack import SwitchyardStack, switchyard_stack
 from ..config import Config, load_config
+from ..engine.early_signal import hold_early
 from ..engine.outbound import make_http_client
 from ..telemetry import otel, prometheus
-from .forwarder import WIRE_ROUTES, Forwarder
+from .endpoints import gateway_routes
+from .forwarder import Forwarder
 
 CONFIG_ENV = "SWITCHYARD_CONFIG"
 """The config file `gateway_from_env` serves (the serve command sets it for its workers)."""
@@ -62,12 +66,11 @@ def gateway_app(
         await http_client.aclose()
         await app.aclose()
 
-    forwarder = Forwarder(http_client)
-    gateway = Starlette(
-        routes=[Route(path, forwarder, methods=["POST"]) for path in WIRE_ROUTES],
-        lifespan=lifespan,
-    )
+    gateway = Starlette(lifespan=lifespan)
     app = switchyard_stack(gateway, config=config, reload_from=reload_from)
+    # The LLM calls (forwarded), then /v1/models from the config in force and the wire's 404
+    # for any other /v1/ path (added once the stack exists: the models list follows it).
+    gateway.router.routes.extend(gateway_routes(Forwarder(http_client), lambda: app.config))
     # Each view asks the stack for what is in force now, so it follows reloads.
     views: dict[str, ASGIApp] = {
         "/metrics": request_response(_metrics),
@@ -90,5 +93,6 @@ def allowed_from_env() -> list[str]:
 def gateway_from_env() -> SwitchyardStack:
     """The gateway on the config file `SWITCHYARD_CONFIG` names (a uvicorn factory: each
     worker of `switchyard-mw serve --workers N` builds its own)."""
+    hold_early()  # a SIGHUP passed on while this worker starts must not end it
     path = os.environ[CONFIG_ENV]
     return gateway_app(load_config(path), reload_from=path, allow=allowed_from_env())

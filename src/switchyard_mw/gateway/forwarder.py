@@ -1,9 +1,10 @@
 """A pass-through LLM gateway app: the example's forwarding half, reusable by a team's own app.
 
-It forwards `/v1/messages`, `/v1/chat/completions` and `/v1/responses` to the account the
-stack chose (`ctx.account`), with the body the stack rewrote, the account's key in place of the
-caller's, and the request's deadline on the outbound call. Streams pass through chunk by chunk;
-an upstream that dies mid-stream ends the stream with the wire's error event.
+It forwards `/v1/messages` (and its `count_tokens`), `/v1/chat/completions` and `/v1/responses`
+to the account the stack chose (`ctx.account`), with the body the stack rewrote, the account's
+key in place of the caller's, and the request's deadline on the outbound call. Streams pass
+through chunk by chunk; an upstream that dies mid-stream ends the stream with the wire's error
+event.
 
 With an OpenTelemetry SDK installed, each outbound call is a CLIENT span under the current
 attempt's span, lasting until the upstream's body is read to its end (a stream included), and
@@ -42,12 +43,13 @@ from ..engine.relay import relay_events, report_tokens
 from ..engine.usage import answer_tokens
 from ..model_names import with_query
 from ..telemetry import names as tm
-from ..wire import Wire, error_body, model_not_served
+from ..wire import WIRE_PATHS, Wire, error_body, model_not_served
 from . import telemetry as ot
 from .upstream_body import upstream_body
 
-WIRE_ROUTES = ("/v1/messages", "/v1/chat/completions", "/v1/responses")
-"""The three wire paths a gateway forwards: mount a `Forwarder` on each (POST)."""
+WIRE_ROUTES = tuple(WIRE_PATHS)
+"""The paths a gateway forwards: mount a `Forwarder` on each (POST). The three wires' and
+Anthropic's token counting (`/v1/messages/count_tokens`), which fails over like any call."""
 
 # Never forwarded: the caller's credentials (the account's replace them), what the transport
 # recomputes, and hop-by-hop headers.

@@ -17,7 +17,6 @@ recommends running it.
 from __future__ import annotations
 
 import logging
-import logging.config
 import os
 import signal
 import sys
@@ -30,9 +29,11 @@ from uvicorn.supervisors.multiprocess import Multiprocess
 
 from ..clouds.kinds import base_url_of
 from ..config import Config, State, load_config, missing_api_keys
+from ..engine.early_signal import blocked_for_children
 from ..errors import ConfigError
 from ..telemetry import logs
 from .app import CONFIG_ENV, OPERATOR_ROUTES, allowed_from_env
+from .endpoints import LOCAL_ROUTES
 from .forwarder import WIRE_ROUTES
 
 KEEP_ALIVE_SECS = 75
@@ -65,8 +66,7 @@ def serve(
         return _problems(path, exc.problems, err)
     if missing := missing_api_keys(config):
         return _problems(path, missing, err)
-    log_config = logs.logging_config(log_format, level=log_level.upper())
-    logging.config.dictConfig(log_config)
+    log_config = logs.configure(log_format, level=log_level)
     # Each worker builds the app from this variable (uvicorn's factory takes no argument).
     os.environ[CONFIG_ENV] = str(Path(path).resolve())
     server_config = uvicorn.Config(
@@ -128,6 +128,7 @@ def banner(config: Config, path: str, *, url: str, workers: int) -> None:
         event,
         "routes",
         llm=[f"POST {path}" for path in WIRE_ROUTES],
+        local=LOCAL_ROUTES,
         operator=operator,
         operator_clients=["loopback", *allow],
     )
@@ -156,6 +157,16 @@ def _without_credentials(url: str) -> str:
 class ReloadingWorkers(Multiprocess):
     """uvicorn's workers, but a SIGHUP reloads each worker's config in place (the stack's own
     SIGHUP handler in each) instead of replacing the workers: streams go on, health is kept."""
+
+    def init_processes(self) -> None:
+        # A SIGHUP passed on to a worker still starting waits until it takes it (its factory's
+        # `hold_early`), rather than ending it; a replaced worker too.
+        with blocked_for_children():
+            super().init_processes()
+
+    def keep_subprocess_alive(self) -> None:
+        with blocked_for_children():
+            super().keep_subprocess_alive()
 
     def handle_hup(self) -> None:
         for process in self.processes:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import logging.config
 import re
 import time
 import uuid
@@ -77,15 +78,42 @@ def _decide(
     logger.log(level, event, extra={"event": name, **ids, **kept}, stacklevel=3)
 
 
+REQUEST_ID_HEADER = b"x-request-id"
+REQUEST_ID_MAX = 128
+"""The longest client request id taken as it is (a UUID is 36 characters)."""
+_SAFE_ID = re.compile(r"[0-9A-Za-z._:-]+")
+"""What a client's request id may hold to be taken: it goes into every line as one word."""
+
+
+def request_id_from(raw: bytes | str | None) -> str:
+    """A request's id for its records: `raw` (a client's or Envoy's `x-request-id`) when it
+    is at most `REQUEST_ID_MAX` safe characters (letters, digits, `.`, `_`, `:`, `-`), else
+    a new one (16 hex digits)."""
+    if isinstance(raw, bytes):
+        raw = raw.decode("latin-1")
+    if raw is not None and len(raw) <= REQUEST_ID_MAX and _SAFE_ID.fullmatch(raw):
+        return raw
+    return uuid.uuid4().hex[:16]
+
+
+def _client_request_id(headers: Sequence[tuple[bytes, bytes]]) -> bytes | None:
+    for name, value in headers:
+        if name == REQUEST_ID_HEADER:  # ASGI servers give header names in lower case
+            return value
+    return None
+
+
 def _request_ids() -> dict[str, Value]:
-    """The current request's id (made on its first record, then the same for each), and the
-    trace's id when there is a current span (a tracing SDK is set up)."""
+    """The current request's id (on its first record: the client's `x-request-id` when it
+    sent a safe one, else a new one; then the same for each), and the trace's id when there
+    is a current span (a tracing SDK is set up)."""
     ids: dict[str, Value] = {}
     ctx = current_context()
     if ctx is not None:
         request_id = getattr(ctx, "request_id", None)  # unset until a record needs it
         if request_id is None:
-            request_id = ctx.request_id = uuid.uuid4().hex[:16]
+            headers = getattr(ctx, "headers", ())
+            request_id = ctx.request_id = request_id_from(_client_request_id(headers))
         ids["request_id"] = request_id
     span = trace.get_current_span().get_span_context()
     if span.is_valid:
@@ -398,3 +426,14 @@ def logging_config(
         },
         "root": {"handlers": every, "level": "WARNING"},
     }
+
+
+def configure(
+    log_format: LogFormat = "text", *, level: str = "INFO", apart: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Put `logging_config(...)` in force in this process and return it (for a server's
+    workers to put in force in theirs): what `serve` and `extproc` do with their
+    `--log-format` and `--log-level`."""
+    config = logging_config(log_format, level=level.upper(), apart=apart)
+    logging.config.dictConfig(config)
+    return config

@@ -6,6 +6,7 @@ signs with the account's key, checks it (the signature against a key the test tr
 rawPredict and streamRawPredict paths take only a token it issued and not yet expired, and
 only the Vertex envelope (no `model` key, `anthropic_version` set, `stream` as the verb says);
 the answer is the Anthropic one, and Vertex's own errors come in Google's shape.
+`.../models/count-tokens:rawPredict` counts tokens (the model in the body, as the API takes it).
 
 Requests are answered by the behaviour of the token's service account (its `client_email`),
 as the other faces answer by API key.
@@ -26,6 +27,9 @@ from urllib.parse import parse_qs
 from switchyard_mw.testing._asgi import JSON_TYPE, Send, send_json, send_whole
 
 TOKEN_PATH = "/token"
+COUNT_TOKENS_MODEL = "count-tokens"
+"""Where a model's name stands in the rawPredict path, the token count's method
+(`.../models/count-tokens:rawPredict`), which takes the model in the body."""
 GOOGLE_TOKEN_AUDIENCE = "https://oauth2.googleapis.com/token"
 """The audience google-auth puts in every assertion, whatever the key file's `token_uri`."""
 VERTEX_VERSION = "vertex-2023-10-16"
@@ -143,10 +147,16 @@ class VertexFace:
 
 
 def envelope_problem(payload: Any, call: VertexCall) -> str | None:
-    """Why a rawPredict body is not the Vertex envelope of a Messages request (None: it is)."""
+    """Why a rawPredict body is not the Vertex envelope of a Messages request or of a token
+    count (None: it is)."""
     if not isinstance(payload, dict):
         return "The request body is not a JSON object."
-    if "model" in payload:
+    if call.model == COUNT_TOKENS_MODEL:
+        if call.stream:
+            return "count-tokens: rawPredict only."
+        if not isinstance(payload.get("model"), str):
+            return "model: required in the body."
+    elif "model" in payload:
         return 'Unknown name "model": the model is named in the URL.'
     version = payload.get("anthropic_version")
     # Anthropic's Vertex page names `vertex-2023-10-16`; the SDK's own Vertex client sends

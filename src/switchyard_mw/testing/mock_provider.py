@@ -4,6 +4,7 @@ Responses APIs, for examples, demos and tests of LLM gateways.
 Endpoints (POST): ``/v1/messages``, ``/v1/chat/completions``, ``/v1/responses``; each
 answers in its own wire format, streams when the body says ``"stream": true``, and
 echoes the requested ``model`` so a test can see where a gateway routed a call.
+``/v1/messages/count_tokens`` answers ``{"input_tokens": N}`` as Anthropic's does.
 
 How each request is answered is chosen by its API key (``x-api-key`` or
 ``Authorization: Bearer``): see :class:`Behaviour`. Behaviours can be set in process
@@ -64,6 +65,7 @@ from switchyard_mw.testing._prompt_cache import PromptCache
 from switchyard_mw.testing._replies import ReplyContext, StreamPlan
 from switchyard_mw.testing._tool_calls import split_text, tool_calls
 from switchyard_mw.testing._vertex import (
+    COUNT_TOKENS_MODEL,
     TOKEN_PATH,
     VertexCall,
     VertexFace,
@@ -79,7 +81,7 @@ from switchyard_mw.testing._wire_replies import (
     context_length_body,
     error_body,
 )
-from switchyard_mw.wire import on_fresh_stack
+from switchyard_mw.wire import COUNT_TOKENS_PATH, on_fresh_stack
 
 MOCK_AWS_ACCESS_KEY_ID = bedrock.MOCK_AWS_ACCESS_KEY_ID
 MOCK_AWS_SECRET_ACCESS_KEY = bedrock.MOCK_AWS_SECRET_ACCESS_KEY
@@ -357,6 +359,13 @@ class MockProvider:
                 self._in_flight -= 1
         elif path == TOKEN_PATH and method == "POST":
             await self.vertex.answer_token(body, send)
+        elif path == COUNT_TOKENS_PATH and method == "POST":
+            self._in_flight += 1
+            try:
+                key = _api_key(_headers(scope))
+                await unless_disconnected(self._count_tokens(key, scope, body, send), receive)
+            finally:
+                self._in_flight -= 1
         elif endpoint is not None and method == "POST":
             self._in_flight += 1
             try:
@@ -403,6 +412,9 @@ class MockProvider:
         problem = envelope_problem(payload, call)
         if problem is not None:
             await send_google_error(send, 400, problem)
+            return
+        if call.model == COUNT_TOKENS_MODEL:
+            await self._count_tokens(holder, scope, body, send, vertex=True)
             return
         endpoint = ENDPOINTS["/v1/messages"]
         await self._answer(endpoint, scope, body, send, vertex=(holder, call.model))
@@ -487,6 +499,40 @@ class MockProvider:
         else:
             gzipped = behaviour.content_encoding == "gzip" and _accepts_gzip(headers)
             await _reply(endpoint, ctx, behaviour, send, gzipped=gzipped)
+
+    async def _count_tokens(
+        self, key: str, scope: Scope, body: bytes, send: Send, *, vertex: bool = False
+    ) -> None:
+        """Anthropic's token counting: `{"input_tokens": N}`, N the input tokens a Messages
+        call of this body would report (4 bytes a token), or the key's error as
+        `/v1/messages` would answer it (its status, delay and reset apply; its reply not).
+        Through Vertex (`count-tokens:rawPredict`) its errors but 529 are in Google's shape."""
+        headers = _headers(scope)
+        try:
+            payload = _decode(body)
+        except (msgspec.DecodeError, RecursionError):
+            payload = None
+        fields: dict[str, Any] = payload if isinstance(payload, dict) else {}
+        model = fields.get("model") if isinstance(fields.get("model"), str) else None
+        behaviour = self._in_effect(key, self._in_force(key, model, self.behaviour_for(key)))
+        record = RecordedRequest(
+            path=scope["path"], key=key, model=model, stream=False, body=body, headers=headers
+        )
+        self._records.append(record)
+        await _sleep(behaviour.headers_delay_secs)
+        if behaviour.fail == "reset_before_headers":
+            raise MockProviderFault("fail=reset_before_headers")
+        if behaviour.status != 200 and vertex and behaviour.status != 529:
+            message = f"Mock Vertex AI answering {behaviour.status} for this service account."
+            await send_google_error(send, behaviour.status, message, behaviour.headers)
+        elif behaviour.status != 200:
+            message = f"Mock provider answering {behaviour.status} for this API key."
+            await _send_error(send, "anthropic", behaviour.status, message, behaviour.headers)
+        elif model is None or not isinstance(fields.get("messages"), list):
+            message = "model and messages: required"
+            await _send_error(send, "anthropic", 400, message)
+        else:
+            await send_json(send, 200, {"input_tokens": max(1, len(body) // 4)})
 
     async def _bedrock_answer(
         self,
@@ -819,6 +865,10 @@ def _accepts_gzip(headers: dict[str, str]) -> bool:
         if name.strip().lower() in ("gzip", "*"):
             return params.replace(" ", "") not in ("q=0", "q=0.0", "q=0.00", "q=0.000")
     return False
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
 
 
 def _api_key(headers: dict[str, str]) -> str:
