@@ -876,4 +876,19 @@ def config_warnings(config: Config) -> list[str]:
                 f"{at}.envoy_cluster: not set, so the ext_proc server never routes to this "
                 "account (other accounts set it)"
             )
+    warnings.extend(_failover_warnings(config))
+    return warnings
+
+
+def _failover_warnings(config: Config) -> list[str]:
+    """An aggregate's cluster no account is on: Envoy's retries there find none to take them."""
+    clusters = {c.envoy_cluster for c in config.llm_clients.values() if c.envoy_cluster}
+    warnings = []
+    for name, members in config.server.envoy_failover.items():
+        for cluster in members:
+            if cluster not in clusters:
+                warnings.append(
+                    f"server.envoy_failover.{_quote(name)}: no account has envoy_cluster = "
+                    f'"{cluster}": a retry Envoy sends there is refused'
+                )
     return warnings

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from switchyard_mw.config import parse_config
+from switchyard_mw.config import config_warnings, parse_config
 from switchyard_mw.errors import ConfigError
 
 ACCOUNTS = """
@@ -46,3 +46,17 @@ def test_a_cluster_named_twice_in_one_aggregate_is_refused() -> None:
 def test_a_cluster_heading_two_aggregates_is_refused() -> None:
     (problem,) = problems('[server.envoy_failover]\n"x" = ["pa", "pb"]\n"y" = ["pa", "pc"]\n')
     assert problem.startswith('server.envoy_failover.y: "pa" heads "x" already')
+
+
+def test_a_cluster_no_account_is_on_is_warned_of() -> None:
+    """A retry Envoy sends there finds no account: the aggregate would only lose retries."""
+    config = parse_config(ACCOUNTS + '[server.envoy_failover]\n"a-z" = ["pa", "pz"]\n')
+    assert config_warnings(config) == [
+        'server.envoy_failover.a-z: no account has envoy_cluster = "pz": a retry Envoy '
+        "sends there is refused"
+    ]
+
+
+def test_aggregates_over_accounts_clusters_are_not_warned_of() -> None:
+    config = parse_config(ACCOUNTS + '[server.envoy_failover]\n"a-b" = ["pa", "pb"]\n')
+    assert config_warnings(config) == []
