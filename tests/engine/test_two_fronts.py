@@ -132,6 +132,16 @@ def _elsewhere(config: str, account: str) -> str:
 
 PROVIDERS = _elsewhere(TWO, "b")
 """a on the provider cluster prov, b on the provider cluster other."""
+ONE_PROVIDER_S_MODEL = _elsewhere(
+    TWO
+    + TWO.split("[llm_clients.b]")[1]
+    .replace('models = ["m"]', 'models = ["n"]')
+    .replace("KEY_B", "KEY_C")
+    .join(["[llm_clients.c]", ""]),
+    "c",
+)
+"""a and b on prov serve m, c on the other provider serves only n: m's request stays on prov,
+whose other key takes its retry."""
 PROVIDERS_RENAMED = _elsewhere(RENAMED, "b")
 """As PROVIDERS, b knowing model m by its own name."""
 TOO_LONG = Behaviour(refuse="context_length")
@@ -250,6 +260,9 @@ SCENARIOS = {
     ),
     "the other provider knows the model by its own name": Scenario(
         PROVIDERS_RENAMED, {"ka": Behaviour(status=500), "kb": Behaviour()}
+    ),
+    "a model one provider serves: its other key takes the retry, not the aggregate": Scenario(
+        ONE_PROVIDER_S_MODEL, {"ka": Behaviour(status=500), "kb": Behaviour()}
     ),
     "m's provider fails: the fallback model on another provider's cluster serves": Scenario(
         FALLBACK_ACROSS, {"ka": Behaviour(status=500), "kc": Behaviour()}
@@ -616,6 +629,8 @@ async def test_both_fronts_decide_alike(
         assert asgi.sent[-1] == ("kc", "m-small")
         assert asgi.headers["x-switchyard-model"] == "m-small"
         assert asgi.headers["x-switchyard-route"] == "fallback:unavailable"
+    if scenario.config is ONE_PROVIDER_S_MODEL:
+        assert asgi.sent == [("ka", "m"), ("kb", "m")]
     if scenario.config in (PROVIDERS, PROVIDERS_RENAMED, FALLBACK_ACROSS):
         # The other provider's account served, in the same request (its model, its name).
         served = {PROVIDERS: ("kb", "m"), PROVIDERS_RENAMED: ("kb", "m-at-b")}

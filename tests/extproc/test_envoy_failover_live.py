@@ -33,7 +33,7 @@ except FileNotFoundError:  # pragma: no cover - the dev extra installs envoy-ser
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 ENVOY_YAML = (ROOT / "examples" / "envoy" / "envoy.yaml").read_text()
-KEYS = {f"KEY_{n}": f"key-{n.lower()}" for n in "ABCD"}
+KEYS = {f"KEY_{n}": f"key-{n.lower()}" for n in "ABCDE"}
 OUT = Behaviour(status=503)
 FAILOVER = """
 [server.envoy_failover]
@@ -51,7 +51,8 @@ def config_text(mock_url: str, *, failover: bool) -> str:
         )
 
     return (
-        account("one", "A", "mock", ["gpt-x", "claude-opus-5"], 0)
+        account("one", "A", "mock", ["gpt-x", "claude-opus-5", "gpt-own"], 0)
+        + account("one-more", "E", "mock", ["gpt-own"], 1)
         + account("other", "B", "mock-other", ["gpt-x", "claude-opus-5"], 1)
         + account("solo", "C", "mock", ["gpt-solo", "claude-solo"], 0)
         + account("small", "D", "mock-other", ["gpt-x-mini", "claude-sonnet-5"], 0)
@@ -210,6 +211,24 @@ async def test_anthropic_a_chain_s_model_on_the_other_provider_is_tried(
     assert headers["x-switchyard-model"] == "claude-sonnet-5"
     assert headers["x-switchyard-account"] == "small"
     assert seen(rig.mock) == [("key-c", "claude-solo"), ("key-d", "claude-sonnet-5")]
+
+
+# --- a model only the first provider serves: its retries stay there ---------------------------
+
+
+@STREAMS
+async def test_a_model_one_provider_serves_fails_over_between_its_keys(
+    rig: Rig, gateway: str, stream: bool
+) -> None:
+    """Routed to the aggregate, the retry would go to the other provider, where nothing
+    serves gpt-own: routed to the provider's own cluster, the retry takes its other key."""
+    rig.mock.set_behaviour("key-a", OUT)
+    before = rig.sent_to()
+    text, headers = await openai_call(gateway, "gpt-own", stream, False)
+    assert text
+    assert headers["x-switchyard-account"] == "one-more"
+    assert seen(rig.mock) == [("key-a", "gpt-own"), ("key-e", "gpt-own")]
+    assert moved(before, rig.sent_to()) == {"mock": 2, "mock-other": 0}
 
 
 # --- without server.envoy_failover, a retry stays on its cluster ------------------------------
