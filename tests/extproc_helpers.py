@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import msgspec
+import yaml
 from google.protobuf import struct_pb2
 
 from switchyard_mw._protos.envoy.config.core.v3 import base_pb2
 from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from switchyard_mw.extproc import ExtProcServicer
+from switchyard_mw.testing.envoy import with_ports
 
 
 class FakeContext:
@@ -154,3 +157,44 @@ def immediate(response: ep.ProcessingResponse) -> tuple[int, dict[str, bytes], A
     reply = response.immediate_response
     headers = {o.header.key: o.header.raw_value for o in reply.headers.set_headers}
     return reply.status.code, headers, msgspec.json.decode(reply.body)
+
+
+CLOUD_FILTER: dict[str, Any] = {
+    "name": "switchyard.upstream.cloud",
+    "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
+        "grpc_service": {
+            "envoy_grpc": {"cluster_name": "switchyard"},
+            "initial_metadata": [{"key": "x-switchyard-filter", "value": "cloud"}],
+        },
+        "failure_mode_allow": False,
+        "message_timeout": "12s",
+        "allow_mode_override": True,
+        "mutation_rules": {"allow_all_routing": True},
+        "processing_mode": {
+            "request_header_mode": "SEND",
+            "request_body_mode": "BUFFERED",
+            "response_header_mode": "SEND",
+            "response_body_mode": "NONE",
+            "request_trailer_mode": "SKIP",
+            "response_trailer_mode": "SKIP",
+        },
+    },
+}
+"""The cloud filter as docs/envoy.md configures it (`x-switchyard-filter: cloud`)."""
+
+
+def with_cloud_cluster(envoy_yaml: str, ports: Mapping[str, int], name: str) -> str:
+    """The example's config (its ports swapped) and a cloud cluster `name`: the example
+    cluster's upstream filters, the cloud filter nearest the codec, the same endpoint (the
+    mock serves every face on one port)."""
+    config = yaml.safe_load(with_ports(envoy_yaml, ports))
+    clusters = config["static_resources"]["clusters"]
+    [example] = [c for c in clusters if c["name"] == "mock"]
+    cloud = copy.deepcopy(example)
+    cloud["name"] = cloud["load_assignment"]["cluster_name"] = name
+    options = cloud["typed_extension_protocol_options"]
+    filters = options["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]["http_filters"]
+    filters.insert(len(filters) - 1, copy.deepcopy(CLOUD_FILTER))  # before upstream_codec
+    clusters.append(cloud)
+    return str(yaml.safe_dump(config))

@@ -588,11 +588,6 @@ def _check_cloud(at: str, client: LLMClient, *, salvaged: bool) -> list[str]:
     for key, unset in (("path", None), ("api_key_env", None), ("auth", "bearer")):
         if getattr(client, key) != unset:
             problems.append(f'{at}.{key}: not used with kind = "{kind}" (the cloud decides it)')
-    if client.envoy_cluster is not None:
-        problems.append(
-            f'{at}.envoy_cluster: a kind = "{kind}" account is reached through the forwarding '
-            "app only (the ext_proc front does not re-envelope or sign; see Envoy)"
-        )
     return problems
 
 

@@ -141,7 +141,7 @@ def test_a_cloud_account_may_set_base_url_to_reach_a_private_endpoint() -> None:
     assert problems(text) == ["llm_clients.v.base_url: must start with http:// or https://"]
 
 
-def test_a_cloud_account_is_neither_routed_by_envoy_nor_a_judge() -> None:
+def test_a_cloud_account_may_be_routed_by_envoy_but_is_no_judge() -> None:
     text = """
     [llm_clients.v]
     kind = "vertex"
@@ -156,8 +156,6 @@ def test_a_cloud_account_is_neither_routed_by_envoy_nor_a_judge() -> None:
     fallback = "m"
     """
     assert problems(text) == [
-        'llm_clients.v.envoy_cluster: a kind = "vertex" account is reached through the '
-        "forwarding app only (the ext_proc front does not re-envelope or sign; see Envoy)",
         'routes.auto.judge: llm_clients.v is a kind = "vertex" account; the judge speaks '
         'OpenAI Chat to a kind = "api" account',
     ]

