@@ -268,8 +268,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def _serve_extproc(config: str) -> None:
     """`switchyard-mw extproc` on a free port answers a gRPC health check, then stops on TERM,
-    on both transports (grpc.aio and h2)."""
-    for transport in ("grpcio", "h2"):
+    on every transport (grpc.aio, h2 and frames, the default)."""
+    for transport in ("grpcio", "h2", "frames"):
         _serve_extproc_on(config, transport)
 
 

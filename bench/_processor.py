@@ -1,10 +1,10 @@
-"""The ext_proc processor's instructions per 1 KB request under real Envoy (`instructions.py
---mode processor`).
+"""The ext_proc processor's instructions per 1 KB request under real Envoy (`instructions.py --mode
+processor`).
 
 The processor (`switchyard-mw extproc --transport T`, the example config) runs under callgrind
 behind Envoy (`examples/envoy/envoy.yaml` as shipped, ports swapped, tracer dropped) in front of
-the bundled mock provider; h2load sends exactly N requests of 1 KB through Envoy (2
-connections). The figure is (instructions of a run with N - those of the same run with none)
+the bundled mock provider; h2load sends exactly N requests of 1 KB (or `--sizes`) through Envoy
+(2 connections). The figure is (instructions of a run with N - those of the same run with none)
 / N, over the processor process alone: Envoy, the mock and h2load are not counted. Both runs
 take the same warm-up, so start-up, imports and warm-up cancel out.
 """
@@ -29,7 +29,7 @@ from _harness import (
     wait_for_port,
 )
 
-TRANSPORTS = ("h2", "grpcio")
+TRANSPORTS = ("h2", "frames", "grpcio")
 _WARMUP = 60
 _COLLECTED = re.compile(rb"Collected : (\d+)")
 _HEADERS = (
@@ -72,11 +72,12 @@ def _warm_up(url: str, body: Path, deadline: float) -> None:
             time.sleep(1)
 
 
-def count(transport: str, n: int, workdir: Path) -> int:
-    """Instructions of one processor process that served `n` requests after the warm-up."""
+def count(transport: str, n: int, workdir: Path, size: int = 1024) -> int:
+    """Instructions of one processor process that served `n` requests of `size` bytes after
+    the warm-up."""
     from switchyard_mw.testing.envoy import with_ports
 
-    run = workdir / f"processor-{transport}-{n}"
+    run = workdir / f"processor-{transport}-{size}-{n}"
     run.mkdir(parents=True, exist_ok=True)
     procs = Processes(run)
     try:
@@ -85,7 +86,10 @@ def count(transport: str, n: int, workdir: Path) -> int:
         config = processor_config(run, mock)
         cmd = [PYTHON, "-m", "switchyard_mw.cli", "extproc", "--config", str(config)]
         cmd += ["--listen", f"127.0.0.1:{proc_port}", "--transport", transport]
-        valgrind = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *cmd]
+        # BENCH_CALLGRIND_DIR keeps each run's profile (callgrind_annotate reads it) there.
+        keep = os.environ.get("BENCH_CALLGRIND_DIR")
+        profile = f"{keep}/callgrind.{transport}-{size}-{n}" if keep else "/dev/null"
+        valgrind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={profile}", *cmd]
         env = {"MOCK_KEY_A": "a", "MOCK_KEY_B": "b", "MOCK_JUDGE_KEY": "judge"}
         log = run / "processor.log"
         with log.open("wb") as out:
@@ -107,7 +111,7 @@ def count(transport: str, n: int, workdir: Path) -> int:
             text = re.sub(r"message_timeout: \d+s", "message_timeout: 60s", text)
             envoy = start_envoy(procs, f"envoy-{transport}", text, port, "0-1")
             body = run / "body.json"
-            body.write_bytes(anthropic_body("claude-opus-5"))
+            body.write_bytes(anthropic_body("claude-opus-5", size))
             url = f"http://127.0.0.1:{port}{ANTHROPIC_PATH}"
             _warm_up(url, body, time.monotonic() + 300)
             if n:

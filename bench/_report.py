@@ -172,7 +172,7 @@ def targets(every: Sequence[Result]) -> list[Target]:
                     times >= 30 and lower,
                 )
             )
-    processors = ((ENVOY_PROC, "h2, the default"), (ENVOY_PROC_GRPCIO, "--transport grpcio"))
+    processors = ((ENVOY_PROC, "the default transport"), (ENVOY_PROC_GRPCIO, "--transport grpcio"))
     for name, label in processors:
         proc16 = _find(results, "4", name, 16)
         if proc16 is not None and proc16.ratio is not None:
@@ -316,7 +316,7 @@ def smallest(results: Sequence[Result]) -> list[Result]:
 SCALING = (
     ("2", STACK, "bare app", "stacked app / bare app (served)"),
     ("3", SHIPPED_GATEWAY, FLOOR, "example gateway / aiohttp pass-through"),
-    ("4", ENVOY_PROC, ENVOY_PLAIN, "Envoy + extproc (h2, the default) / Envoy (req/s)"),
+    ("4", ENVOY_PROC, ENVOY_PLAIN, "Envoy + extproc (the default transport) / Envoy (req/s)"),
     ("4", ENVOY_PROC_GRPCIO, ENVOY_PLAIN, "Envoy + extproc grpcio / Envoy (req/s)"),
 )
 

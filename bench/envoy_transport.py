@@ -59,7 +59,7 @@ from _harness import (
     start_envoy,
 )
 
-TRANSPORTS = ("grpcio", "h2")
+TRANSPORTS = ("grpcio", "h2", "frames")
 HEADERS = ("content-type: application/json", "x-api-key: anything", "anthropic-version: 2023-06-01")
 CLOSED_CONNS = 16
 OPEN_CONNS = 32
@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=20_000, help="per CPU measurement")
     parser.add_argument("--secs", type=int, default=15, help="seconds of each open-loop run")
-    parser.add_argument("--only", default=",".join(TRANSPORTS), help="grpcio,h2")
+    parser.add_argument("--only", default=",".join(TRANSPORTS), help="grpcio,h2,frames")
     parser.add_argument("--out", type=Path, default=BENCH / "out" / "transport")
     args = parser.parse_args(argv)
     if not have("h2load"):

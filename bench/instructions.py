@@ -21,8 +21,8 @@ over 8 keep-alive connections by a client outside valgrind; every answer must be
 Counts are of instructions, not time: a cache miss or a system call costs far more time than
 its instructions say, so the served bare app's share of time is larger than its share here.
 processor: the ext_proc processor (`switchyard-mw extproc`, each transport of `--transports`)
-behind a real Envoy, 1 KB requests sent by h2load; only the processor runs under valgrind
-(`bench/_processor.py`). Not part of `both`.
+behind a real Envoy, requests of each `--sizes` sent by h2load; only the processor runs under
+valgrind (`bench/_processor.py`). Not part of `both`.
 At each body size (`--sizes`) the requests carry a conversation of that size, and fewer of
 them are sent as the size grows (the bytes of 1,500 1 KB requests, at least 30 requests).
 """
@@ -264,13 +264,18 @@ def _counts(
 # --- the ext_proc processor ----------------------------------------------------------------------
 
 
-def processor(transports: Sequence[str], n: int, jobs: int, workdir: Path) -> dict[str, float]:
-    """Instructions per 1 KB request of the processor on each transport, under Envoy."""
+def processor(
+    transports: Sequence[str], n: int, jobs: int, workdir: Path, size: int = 1024
+) -> dict[str, float]:
+    """Instructions per request of `size` bytes of the processor on each transport, under
+    Envoy."""
     import _processor
 
     with _pool(jobs) as pool:
         runs = {
-            (t, k): pool.submit(_processor.count, t, k, workdir) for t in transports for k in (0, n)
+            (t, k): pool.submit(_processor.count, t, k, workdir, size)
+            for t in transports
+            for k in (0, n)
         }
         return {
             f"processor ({t})": (runs[t, n].result() - runs[t, 0].result()) / n for t in transports
@@ -334,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         "--no-peers", action="store_true", help="served: not the floor and gateway (section 3)"
     )
     parser.add_argument(
-        "--transports", default="h2", help="processor: comma-separated, of h2,grpcio"
+        "--transports", default="h2", help="processor: comma-separated, of h2,frames,grpcio"
     )
     parser.add_argument(
         "--start-secs",
@@ -362,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     report, texts = _count_all(args, sizes, out)
-    if len(sizes) > 1:
+    if len(sizes) > 1 and args.mode != "processor":
         texts.append("**by body size**\n\n" + scaling(report, sizes))
     text = "\n\n".join(texts)
     print(text)
@@ -390,9 +395,12 @@ def _count_all(
     texts: list[str] = []
     if args.mode == "processor":
         transports = [t.strip() for t in args.transports.split(",") if t.strip()]
-        counts = processor(transports, args.requests or 600, jobs, out / "logs")
-        _keep(report, "processor", "1KB", counts)
-        texts.append(table("the ext_proc processor under Envoy [anthropic, 1KB]", counts, ""))
+        for size in sizes:
+            n = requests_at(size, args.requests or 600)
+            counts = processor(transports, n, jobs, out / "logs", SIZES[size])
+            _keep(report, "processor", size, counts)
+            title = f"the ext_proc processor under Envoy [anthropic, {size}]"
+            texts.append(table(title, counts, ""))
         return report, texts
     for size in sizes:
         if args.mode in ("both", "inproc") or args.smoke:

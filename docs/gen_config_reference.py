@@ -30,6 +30,9 @@ TABLES: list[tuple[str, type[msgspec.Struct], str]] = [
     ("guard = { ... }", cfg.Guard, "Inside a canary: the automatic rollback."),
     ("[routes.NAME]", cfg.Route, "Requests whose model is NAME: an LLM judge picks the model."),
     ('[fallbacks] "MODEL" = { ... }', cfg.Fallback, "MODEL's fallback chain."),
+    ("[tenants.NAME]", cfg.Tenant, "Who may spend the keys: client keys, models, limits."),
+    ("limits = [{ ... }], [[limits]]", cfg.Limit, "One limit: a tenant's, or the deployment's."),
+    ('[prices."MODEL"]', cfg.Price, "MODEL's price, for `usd` limits and `switchyard.cost`."),
     ("[server]", cfg.Server, "How every request is treated, whatever its policy."),
     ("[state]", cfg.State, "Where account health lives: each process, or Redis."),
 ]

@@ -90,7 +90,7 @@ class Served:
         self,
         tmp: Path,
         *,
-        transport: str = "h2",
+        transport: str = "frames",
         limits: dict[str, Any] | None = None,
         max_message_bytes: int | None = None,
         nofile: int | None = None,
@@ -418,7 +418,7 @@ async def _child(spec: dict[str, Any], status: BinaryIO) -> None:
     config = parse_config(CONFIG)
     policies = Policies(config, build_accounts(config, {"KEY_A": "ka"}))
     limits = None
-    if spec["transport"] == "h2":
+    if spec["transport"] != "grpcio":
         size = spec["max_message_bytes"] or DEFAULT_MESSAGE_BYTES
         limits = H2Limits.for_message_size(size, **spec["limits"])
     server = await start_server(

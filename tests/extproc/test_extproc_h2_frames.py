@@ -1,5 +1,6 @@
-"""The `h2` transport's receive path: gRPC messages cut anywhere by DATA frames arrive whole and
-in order, and what a large body costs per byte received stays the transport's own work.
+"""The `h2` and `frames` transports' receive path: gRPC messages cut anywhere by DATA frames
+arrive whole and in order, and what a large body costs per byte received stays the transport's
+own work.
 
 Each test serves `H2Server` in process on a loopback port and drives it with `Peer`, which
 sends DATA frames exactly where a test cuts them.
@@ -18,7 +19,7 @@ import pytest
 
 from hostile_peers import HOST, Peer, grpc_message, status_of
 from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from switchyard_mw.extproc.h2_transport import H2Server
+from switchyard_mw.extproc.h2_transport import ENGINES, Engine, H2Server
 
 pytestmark = pytest.mark.integration
 
@@ -41,12 +42,15 @@ class Unchanged:
         return UNCHANGED
 
 
-@pytest.fixture
-async def serve() -> AsyncIterator[Callable[[Callable[[], object]], H2Server]]:
+@pytest.fixture(params=ENGINES)
+async def serve(
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[Callable[[Callable[[], object]], H2Server]]:
     servers: list[H2Server] = []
+    engine: Engine = request.param
 
     async def start(handler: Callable[[], object]) -> H2Server:
-        server = H2Server(lambda _: handler(), lambda _: None, services=())  # type: ignore[arg-type,return-value]
+        server = H2Server(lambda _: handler(), lambda _: None, services=(), engine=engine)  # type: ignore[arg-type,return-value]
         await server.listen(f"{HOST}:0")
         servers.append(server)
         return server

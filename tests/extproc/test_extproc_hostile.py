@@ -1,5 +1,6 @@
-"""The `h2` transport against hostile peers: every bound a peer could push holds, and after
-each probe good requests are served in their usual time, memory is back, nothing is left.
+"""The `h2` and `frames` transports against hostile peers: every bound a peer could push holds,
+and after each probe good requests are served in their usual time, memory is back, nothing is
+left. Every test runs on both HTTP/2 engines (the `engine` fixture).
 
 Each test runs the server in a child process (`hostile_peers.Served`) with small limits so
 that the probes stay short; `test_the_defaults_are_sane` checks the real defaults.
@@ -50,7 +51,13 @@ from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_p
 from switchyard_mw.accounts import build_accounts
 from switchyard_mw.config import parse_config
 from switchyard_mw.extproc import Policies, start_server
-from switchyard_mw.extproc.h2_transport import DEFAULT_MESSAGE_BYTES, H2Limits, H2Server
+from switchyard_mw.extproc.h2_transport import (
+    DEFAULT_MESSAGE_BYTES,
+    ENGINES,
+    Engine,
+    H2Limits,
+    H2Server,
+)
 from switchyard_mw.testing import MockProvider
 from switchyard_mw.testing.envoy import run_envoy, with_ports
 
@@ -104,13 +111,20 @@ class Probe:
         return stats
 
 
+@pytest.fixture(params=ENGINES)
+def engine(request: pytest.FixtureRequest) -> Engine:
+    """The HTTP/2 engine under test: `h2`'s state machine or `frames`."""
+    param: Engine = request.param
+    return param
+
+
 @pytest.fixture
-def serve(tmp_path: Path) -> Iterator[Callable[..., Served]]:
+def serve(tmp_path: Path, engine: Engine) -> Iterator[Callable[..., Served]]:
     started: list[Served] = []
 
     def start(**options: Any) -> Served:
         limits = {**SMALL, **options.pop("limits", {})}
-        served = Served(tmp_path, limits=limits, **options)
+        served = Served(tmp_path, transport=engine, limits=limits, **options)
         started.append(served)
         return served
 
@@ -205,7 +219,7 @@ async def test_streams_reset_once_answered_are_not_a_rapid_reset(probe: Probe) -
 
 
 async def test_envoy_under_steady_traffic_is_never_told_to_calm_down(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, engine: Engine
 ) -> None:
     # Envoy resets each ext_proc stream once answered. With a budget of 20 resets (and one a
     # second earned back), 120 requests through one Envoy connection would trip it 5 times
@@ -217,7 +231,7 @@ async def test_envoy_under_steady_traffic_is_never_told_to_calm_down(
         processor = await start_server(
             Policies(config, build_accounts(config, {"KEY_A": "ka"})),
             "127.0.0.1:0",
-            transport="h2",
+            transport=engine,
             h2_limits=limits,
         )
         assert processor.port is not None
@@ -754,10 +768,10 @@ def test_the_defaults_are_sane() -> None:
     assert limits.tick_secs == 1.0
 
 
-async def test_the_server_advertises_its_default_limits() -> None:
+async def test_the_server_advertises_its_default_limits(engine: Engine) -> None:
     config = parse_config(CONFIG)
     policies = Policies(config, build_accounts(config, {"KEY_A": "ka"}))
-    server = await start_server(policies, f"{HOST}:0", transport="h2")
+    server = await start_server(policies, f"{HOST}:0", transport=engine)
     try:
         assert server.port is not None
         limits = server._stop.__self__.limits  # type: ignore[attr-defined]  # H2Server.stop
@@ -826,13 +840,13 @@ class Echo:
     ("handler", "window"), [(Stuck, None), (Echo, 0)], ids=["queued-messages", "unread-answers"]
 )
 async def test_one_stream_holds_no_more_than_its_bound(
-    handler: Callable[[], Stuck | Echo], window: int | None
+    handler: Callable[[], Stuck | Echo], window: int | None, engine: Engine
 ) -> None:
     """Messages queued behind a handler that has not answered (Stuck), or answers a peer
     does not take (Echo, zero window): over 3 MB the stream fails, RESOURCE_EXHAUSTED."""
     ended: list[object] = []
     limits = H2Limits.for_message_size(MB, stream_buffer_bytes=3 * MB, **SMALL)
-    server = H2Server(lambda _: handler(), ended.append, services=(), limits=limits)
+    server = H2Server(lambda _: handler(), ended.append, services=(), limits=limits, engine=engine)
     await server.listen(f"{HOST}:0")
     try:
         assert server.port is not None

@@ -182,12 +182,29 @@ fallback = "m"
 [fallbacks]
 m = ["m2"]
 
+[tenants.team-a]
+keys = ["sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"]
+keys_env = "SY_TEST_TENANT_KEYS"
+models = ["m*"]
+limits = [{ tokens = 2_000_000, per = "day" }, { usd = 50.0, per = "month", model = "m" }]
+
+[[limits]]
+model = "m2"
+requests = 600
+per = "minute"
+
+[prices.m]
+input = 15.0
+output = 75.0
+cache_read = 1.5
+
 [server]
 expose_headers = false
 max_body_bytes = 1048576
 generic_paths = ["/v1/embeddings"]
 resume_streams = true
 hedge_max_ratio = 0.1
+tenant_header = "x-switchyard-tenant"
 
 [state]
 backend = "redis"
@@ -228,9 +245,27 @@ def test_the_summary_shows_hedging_resume_retries_and_the_server_table(tmp_path:
     assert (
         "server: x-switchyard-* headers off; bodies up to 1048576 bytes read within 30s; "
         "generic paths /v1/embeddings; shadow in flight up to 16; resume streams on; "
-        "hedges up to 10% of a model's requests a minute\n"
+        "hedges up to 10% of a model's requests a minute; tenant header x-switchyard-tenant\n"
     ) in out
     assert "state: redis at redis://10.0.0.5:6379, key prefix 'switchyard'" in out
+
+
+def test_the_summary_shows_tenants_limits_and_prices_never_a_key(tmp_path: Path) -> None:
+    env = {"SY_TEST_KEY_A": "k", "SY_TEST_TENANT_KEYS": "sk-raw-tenant-key"}
+    out = check_config(write(tmp_path, EVERY_TABLE), env=env).stdout
+    assert (
+        "tenants (1):\n  team-a: 1 key + $SY_TEST_TENANT_KEYS set; models m*; "
+        "2000000 tokens per day; 50 USD per month for m\n"
+    ) in out
+    assert "limits (1):\n  600 requests per minute for m2\n" in out
+    assert (
+        "prices (1):\n  m: input 15, output 75, cache read 1.5, cache write 15 USD per M tokens\n"
+    ) in out
+    assert "; tenant header x-switchyard-tenant\n" in out
+    assert "sk-raw-tenant-key" not in out
+    assert "9f86d0" not in out
+    unset = check_config(write(tmp_path, EVERY_TABLE), env={"SY_TEST_KEY_A": "k"})
+    assert "$SY_TEST_TENANT_KEYS NOT SET" in unset.stdout + unset.stderr
 
 
 # -- every problem on the line of its key --

@@ -131,7 +131,7 @@ async def test_an_extproc_server_that_cannot_listen_is_a_switchyard_error() -> N
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        for transport in ("h2", "grpcio"):
+        for transport in ("frames", "h2", "grpcio"):
             policies = Policies(config, build_accounts(config, {"KEY_A": "ka"}))
             with pytest.raises(errors.SwitchyardError, match="cannot listen") as info:
                 await start_server(policies, f"127.0.0.1:{port}", transport=transport)

@@ -106,7 +106,9 @@ async def test_a_model_fault_cools_the_pair_on_every_replica_and_not_the_other_m
     assert b.acquire("m2", allowed={"x"}) is not None
 
     late = await replica()  # started after the cooling: it reads the pair's on connect
-    assert state(late, "m1") is BreakerState.COOLED
+    # Half-open once the 0.5 s period ran out while it connected (a loaded machine): either way
+    # not closed, so the pair's cooling reached it.
+    assert state(late, "m1") in (BreakerState.COOLED, BreakerState.HALF_OPEN)
     assert late.acquire("m2", allowed={"x"}) is not None
 
 

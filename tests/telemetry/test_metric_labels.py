@@ -38,6 +38,8 @@ CONCEPTS = {
     "key": "what the canary split was keyed on",
     "header": "the budget header",
     "result": "how a reload ended",
+    tm.TENANT: "the tenant (its configured name)",
+    "limit": "the limit that refused (measure/window[/model])",
 }
 """Each label any family uses, and the concept it names: a concept appears once."""
 FIXED = {"le", "otel_scope_name", "otel_scope_version", "job", "instance", "__name__"}

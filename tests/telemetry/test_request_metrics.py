@@ -137,7 +137,7 @@ def test_bucket_bounds_fit_the_unit() -> None:
 )
 def test_a_value_lands_in_its_upper_inclusive_bucket(value: float, bucket: int) -> None:
     tally = rm.HistogramTally("t", "s", "test", tm.SECONDS_BUCKETS)
-    tally.record(value, ("m", "m", "m", "a", "", "", ""))
+    tally.record(value, ("m", "m", "m", "a", "", "", "", ""))
     metric = tally.metric(0)
     assert metric is not None
     (point,) = metric.data.data_points
@@ -150,7 +150,7 @@ def test_a_value_lands_in_its_upper_inclusive_bucket(value: float, bucket: int) 
 def test_series_past_the_limit_go_to_one_overflow_series() -> None:
     tally = rm.HistogramTally("t", "s", "test", tm.SECONDS_BUCKETS)
     for i in range(rm.MAX_SERIES + 500):
-        tally.record(1.0, (f"model-{i}", "", "", "", "", "", ""))
+        tally.record(1.0, (f"model-{i}", "", "", "", "", "", "", ""))
     metric = tally.metric(0)
     assert metric is not None
     points = list(metric.data.data_points)
@@ -166,7 +166,7 @@ def test_bridge_is_idempotent_and_adds_to_switchyards_scope() -> None:
     reader = rm.bridge(rm.bridge(InMemoryMetricReader()))
     provider = MeterProvider(metric_readers=[reader])
     provider.get_meter(tm.SCOPE).create_counter("c").add(1)
-    rm.duration.record(0.2, ("bridged", "", "", "", "", "", ""))
+    rm.duration.record(0.2, ("bridged", "", "", "", "", "", "", ""))
     data = reader.get_metrics_data()
     assert data is not None
     scopes = [s for rm_ in data.resource_metrics for s in rm_.scope_metrics]
@@ -185,7 +185,7 @@ def test_the_prometheus_text_has_real_histograms() -> None:
     registry = CollectorRegistry()
     reader = rm.bridge(PrometheusMetricReader(registry=registry))
     provider = MeterProvider(metric_readers=[reader])
-    rm.duration.record(0.3, ("prom-model", "prom-model", "prom-model", "a", "", "", ""))
+    rm.duration.record(0.3, ("prom-model", "prom-model", "prom-model", "a", "", "", "", ""))
     text = generate_latest(registry).decode()
     provider.shutdown()
     assert "# TYPE gen_ai_client_operation_duration_seconds histogram" in text
@@ -288,7 +288,7 @@ def test_account_state_gauge_is_exported(otel_metrics: Metrics) -> None:
 
 def test_token_usage_keeps_input_and_output_apart_under_one_key() -> None:
     tally = rm.TokenTally("t", "{token}", "test", tm.TOKEN_BUCKETS)
-    labels = ("m", "m", "m", "a", "", "", "")
+    labels = ("m", "m", "m", "a", "", "", "", "")
     tally.record_usage(300, 40, labels)
     tally.record_usage(None, 2, labels)
     metric = tally.metric(0)
@@ -305,7 +305,7 @@ def test_cache_reads_and_writes_are_token_types_of_their_own_beside_input() -> N
     """`input` keeps every input token (the conventions' meaning); the cached parts are points
     of their own, typed as the conventions' span attributes name them, only where reported."""
     tally = rm.TokenTally("t", "{token}", "test", tm.TOKEN_BUCKETS)
-    labels = ("m", "m", "m", "a", "", "", "")
+    labels = ("m", "m", "m", "a", "", "", "", "")
     tally.record_usage(300, 40, labels, cache_read=200, cache_write=64)
     tally.record_usage(100, 5, labels, cache_read=0, cache_write=None)  # OpenAI: no writes said
     tally.record_usage(7, 1, labels)  # an answer that said nothing of its cache
@@ -321,7 +321,7 @@ def test_cache_reads_and_writes_are_token_types_of_their_own_beside_input() -> N
 
 def test_a_tally_without_cache_fields_exports_only_input_and_output() -> None:
     tally = rm.TokenTally("t", "{token}", "test", tm.TOKEN_BUCKETS)
-    tally.record_usage(10, 2, ("m", "m", "m", "a", "", "", ""))
+    tally.record_usage(10, 2, ("m", "m", "m", "a", "", "", "", ""))
     metric = tally.metric(0)
     assert metric is not None
     kinds = [p.attributes[tm.TOKEN_TYPE] for p in metric.data.data_points]

@@ -8,6 +8,7 @@ the real ones. Spans and metrics come from the session's in-memory pipeline (con
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import subprocess
 import sys
@@ -352,6 +353,53 @@ async def test_no_key_prompt_or_user_id_in_any_span_or_metric(
     assert any(tm.short_hash(USER_ID) in t for t in texts)  # the scan does see attributes
     leaks = [(secret, t) for t in texts for secret in SECRETS if secret in t]
     assert leaks == []
+
+
+TENANTS = f"""
+[tenants.team]
+keys = ["sha256:{hashlib.sha256(CALLER_KEY.encode()).hexdigest()}"]
+limits = [{{ tokens = 1_000_000, per = "day" }}, {{ requests = 2, per = "day" }}]
+[prices."claude-opus-5"]
+input = 15.0
+output = 75.0
+[prices."claude-opus-5-5"]
+input = 15.0
+output = 75.0
+"""
+
+
+async def test_a_tenant_is_named_on_spans_and_metrics_and_its_key_nowhere(
+    otel_spans: InMemorySpanExporter, otel_metrics: Metrics
+) -> None:
+    mock = MockProvider()
+    upstream = httpx.AsyncClient(transport=httpx.ASGITransport(app=mock))
+    forwarder = Forwarder(upstream)
+    app = Starlette(routes=[Route(p, forwarder.forward, methods=["POST"]) for p in WIRE_ROUTES])
+    config = parse_config(CONFIG + TENANTS)
+    stack = switchyard_stack(app, config=config, environ=ENV, judge_http_client=upstream)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=stack), base_url="http://gw.test"
+    ) as client:
+        for _ in range(3):  # the third is refused: 2 requests a day
+            await client.post("/v1/messages", json=MESSAGE, headers={"x-api-key": CALLER_KEY})
+        await client.post("/v1/messages", json=MESSAGE, headers={"x-api-key": "sk-wrong-0005"})
+    await upstream.aclose()
+    (first, _, refused, wrong) = named(otel_spans.get_finished_spans(), tm.SPAN_REQUEST)
+    assert dict(first.attributes or {})[tm.TENANT] == "team"
+    assert dict(refused.attributes or {})[tm.TENANT] == "team"
+    assert tm.TENANT not in dict(wrong.attributes or {})
+    points = list(otel_metrics.points())
+    usage = [a for name, a in points if name == tm.TOKEN_USAGE and a.get(tm.TENANT) == "team"]
+    assert usage
+    costs = [a for name, a in points if name == tm.COST and a.get(tm.TENANT) == "team"]
+    assert {a[tm.RESPONSE_MODEL] for a in costs} <= {"claude-opus-5", "claude-opus-5-5"}
+    assert costs
+    refusals = [a for name, a in points if name == tm.LIMIT_REFUSALS]
+    assert {tm.TENANT: "team", "limit": "requests/day"} in refusals  # (cumulative points)
+    assert all(set(a) == {tm.TENANT, "limit"} for a in refusals)
+    texts = [t for s in otel_spans.get_finished_spans() for t in span_texts(s)]
+    texts += [f"{name} {attributes}" for name, attributes in points]
+    assert [t for t in texts if "sk-caller" in t or "sk-wrong" in t] == []
 
 
 async def test_exception_text_never_reaches_a_span(otel_spans: InMemorySpanExporter) -> None:

@@ -89,6 +89,8 @@ def prometheus_names() -> set[str]:
             names |= {f"{base}{unit}{s}" for s in ("", "_bucket", "_sum", "_count")}
         elif name in gauges:
             names.add(base)
+        elif name == tm.COST:  # a unit that is not a `{count}`: the exporter appends it
+            names.add(f"{base}_USD_total")
         else:
             names.add(f"{base}_total")
     return names

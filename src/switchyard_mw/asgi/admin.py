@@ -14,6 +14,7 @@ import msgspec
 from ..config import Config
 from ..core.clock import Clock, monotonic
 from ..core.pool import AccountPool, AccountStatus
+from ..engine.tenancy import Tenancy
 from ..engine.variants import Canaries
 from ._types import ASGIApp, Receive, Scope, Send
 
@@ -121,6 +122,31 @@ class CanariesStatusApp:
         if scope["type"] != "http":
             return
         body = msgspec.json.encode({"canaries": self.canaries.status()})
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+class TenantsStatusApp:
+    """Answers GET with each tenant's limits as this process counts them: the amount, the
+    window, the model (null: every model), used (reserved and settled), remaining and the
+    seconds until the window resets; the deployment's own `[[limits]]` under `"limits"`.
+    Tenant names only: no key, not even its digest. `tenancy` may be a function returning the
+    one in force (`lambda: stack.tenancy`), to follow reloads; None: no `[tenants]`."""
+
+    def __init__(self, tenancy: Follow[Tenancy | None]) -> None:
+        self._tenancy = tenancy
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        tenancy = _now(self._tenancy)
+        shown = {} if tenancy is None else tenancy.status()
+        deployment = shown.pop("", [])
+        body = msgspec.json.encode({"tenants": shown, "limits": deployment})
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),

@@ -32,6 +32,7 @@ from ..engine.attempts import Phase, first_token
 from ..engine.content_events import ContentWatch
 from ..engine.machine import FORWARD, State
 from ..engine.stream_bounds import ThroughputFloor, floor_for
+from ..engine.tenancy import with_limits
 from ..errors import DeadlineExceededAfterStart
 from ..telemetry import names as tm
 from ..wire import StreamSequence, Wire, error_body, sequence_for, stream_error_event
@@ -743,6 +744,8 @@ class Exchange(Deferred):
         ctx = self.ctx
         assert ctx is not None
         ctx.response_status = start["status"]
+        if ctx.limit_headers is not None:  # a tenant's: the account's own give way
+            start = {**start, "headers": with_limits(start.get("headers", ()), ctx.limit_headers)}
         if self.expose and (extra := exposed_headers(ctx)):
             return {**start, "headers": [*start.get("headers", ()), *extra]}
         return start

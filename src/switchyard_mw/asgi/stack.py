@@ -18,10 +18,12 @@ from ..engine import reload
 from ..engine.fallbacks import Chains
 from ..engine.hedging import BUCKETS, WINDOW_SECS, Hedging, SharedBudgets
 from ..engine.machine import AttemptMachine
+from ..engine.paths import llm_wire
 from ..engine.policies import Engine
 from ..engine.reload import Loader
 from ..engine.shadow import Shadows
-from ..state import Store, build_store
+from ..engine.tenancy import Admission, Refusal, Tenancy, billed
+from ..state import LimitStore, Store, build_limits, build_store
 from ..telemetry import names as tm
 from ..telemetry import request_metrics
 from ._base import PolicyMiddleware
@@ -31,6 +33,7 @@ from .cooling import CoolingMiddleware
 from .deadline import DeadlineMiddleware
 from .exchange import exchange_of
 from .judge import JudgeMiddleware
+from .tenants import identified, refuse, settled, unread_identified
 from .variant import VariantMiddleware
 
 
@@ -59,6 +62,7 @@ class SwitchyardStack(PolicyMiddleware):
         judge_http_client: httpx.AsyncClient | None = None,
         clock: Clock = monotonic,
         store: Store | None = None,
+        limit_store: LimitStore | None = None,
         loader: Loader | None = None,
         environ: Mapping[str, str] | None = None,
         reload_on_signal: bool = True,
@@ -72,6 +76,11 @@ class SwitchyardStack(PolicyMiddleware):
         self._signal = reload_on_signal and loader is not None
         self._retiring: dict[Shadows, asyncio.Task[None]] = {}
         self.store: Store = store if store is not None else build_store(config.state)
+        self.limit_store: LimitStore = (
+            limit_store if limit_store is not None else build_limits(config.state)
+        )
+        """Where the tenants' limits are counted; kept across reloads (what was spent stays
+        spent)."""
         # The store needs the server's event loop, which the constructor may not have.
         self._start = self._startup
         self._build(config, dict(accounts), pool_from_accounts(accounts, clock=clock))
@@ -120,6 +129,9 @@ class SwitchyardStack(PolicyMiddleware):
         self.deadline, self.cooling, self.variant, self.judge = deadline, cooling, variant, judge
         self.shadows = shadows
         """Mirrors a share of canaried models' requests (None: no canary has a shadow)."""
+        self.tenancy = Tenancy.build(config, store=self.limit_store, environ=self.environ)
+        """Who may spend the keys and how much (None: no `[tenants]`, anyone who reaches the
+        gateway spends them)."""
 
     def reload(self, config: Config | None = None) -> list[str]:
         """Put a new config in force: `config`, else the one `loader` reads now.
@@ -181,20 +193,54 @@ class SwitchyardStack(PolicyMiddleware):
 
     async def handle(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
         # The policies in force now: a reload during this request leaves it on these.
-        engine, shadows = self.engine, self.shadows
+        engine, shadows, tenancy = self.engine, self.shadows, self.tenancy
+        ex = exchange_of(scope)
+        # Who is asking, before anything is spent on the request (the judge included).
+        if tenancy is not None:
+            view = ctx.view
+            wire = (
+                view.wire
+                if view is not None
+                else llm_wire(self._paths, scope.get("method", ""), self._path_of(scope))
+            )
+            if wire is not None:
+                if view is not None:  # read: its exchange exists
+                    refusal = identified(tenancy, ctx, scope)
+                else:
+                    # An LLM path whose body switchyard does not read (not JSON): no model to
+                    # check or limit to count, but only a known tenant reaches the app.
+                    refusal = unread_identified(tenancy, ctx, scope)
+                if refusal is not None:
+                    return await refuse(send if ex is None else ex.out, wire, refusal)
         if engine.judged(ctx):  # no coroutine for the many requests with no route
             await engine.judge_model(ctx, gone=lambda: ctx.disconnected)
         engine.assign_variant(ctx)
+        admission: Admission | None = None
+        if (
+            ctx.tenant is not None
+            and tenancy is not None
+            and ctx.view is not None
+            and billed(scope["path"])
+        ):
+            outcome = await tenancy.admit_request(ctx)
+            if isinstance(outcome, Refusal):
+                assert ex is not None
+                return await refuse(ex.out, ctx.view.wire, outcome)
+            admission = outcome
         if shadows is not None:
             shadows.mirror(ctx, scope["path"])
-        ex = exchange_of(scope)
         if ex is None:  # not an LLM call switchyard read
             return await self.app(scope, receive, send)
         if ctx.view is None or ctx.resolved_model is None:
             return await run_timed(ex, self.app, scope, self.deadline)
         # Without an SDK, no span at all: nothing to build, activate or end.
         machine = AttemptMachine(engine, ctx, tm.tracing(), None, True)
-        await run_attempts(ex, machine, self.app, scope, limits=self.deadline)
+        run = run_attempts(ex, machine, self.app, scope, limits=self.deadline)
+        if admission is None:
+            await run
+        else:
+            assert tenancy is not None
+            await settled(tenancy, admission, ctx, run)
 
     async def aclose(self) -> None:
         """Release what the stack holds: its SIGHUP handler, the shadows' HTTP clients, the state
@@ -208,6 +254,9 @@ class SwitchyardStack(PolicyMiddleware):
         if self.shadows is not None:
             await self.shadows.aclose()
         await self.store.aclose()
+        closing = getattr(self.limit_store, "aclose", None)  # a Redis one holds connections
+        if closing is not None:
+            await closing()
         await self.judge.aclose()
 
 

@@ -30,7 +30,7 @@ import enum
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 Per = Literal["second", "minute", "hour", "day", "month"]
@@ -54,6 +54,10 @@ class Measure(enum.Enum):
     REQUESTS = "requests"
     USD = "usd"
 
+    # A member is its only instance: hashed by identity in C, not by Enum's Python-level
+    # `__hash__` (a request's reserve and settle look measures up a dozen times).
+    __hash__ = object.__hash__
+
 
 @dataclass(frozen=True, slots=True)
 class LimitKey:
@@ -66,6 +70,16 @@ class LimitKey:
     per: Per
     amount: float
     model: str | None = None
+    _hash: int = field(init=False, repr=False, compare=False)
+    """Worked out once: a limit is a dict key on every request's reserve and settle (the
+    generated hash would hash the five fields, the enum's in Python, each time)."""
+
+    def __post_init__(self) -> None:
+        fields = (self.scope, self.measure.value, self.per, self.amount, self.model)
+        object.__setattr__(self, "_hash", hash(fields))
+
+    def __hash__(self) -> int:
+        return self._hash
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,23 +154,27 @@ class Ledger:
     def reserve(self, asks: Mapping[LimitKey, float]) -> Granted | Refused:
         """Reserve `asks` (limit -> amount) on every limit at once, or on none."""
         now = self._clock()
+        fits: list[tuple[LimitKey, float, float, float, float]] = []
         for limit, amount in asks.items():
-            if amount > limit.amount or self._used_at(limit, now) + amount > limit.amount:
-                return Refused(
-                    limit,
-                    self._left(limit, now),
-                    never=amount > limit.amount,
-                    status=self._status(limit, now),
-                )
+            start, end = window(limit.per, now)
+            stored = self._windows.get(limit)
+            used = stored[1] if stored is not None and stored[0] == start else 0.0
+            if amount > limit.amount or used + amount > limit.amount:
+                left = max(0.0, limit.amount - used)
+                status = Status(limit.amount, left, end - now)
+                return Refused(limit, end - now, never=amount > limit.amount, status=status)
+            fits.append((limit, amount, start, end, used))
         held = []
-        for limit, amount in asks.items():
-            start = window(limit.per, now)[0]
-            self._windows[limit] = (start, self._used_at(limit, now) + amount)
+        statuses = {}
+        for limit, amount, start, end, used in fits:
+            self._windows[limit] = (start, used + amount)
             held.append((limit, start, amount))
+            left = max(0.0, limit.amount - used - amount)
+            statuses[limit] = Status(limit.amount, left, end - now)
         self._tickets += 1
         reservation = Reservation(tuple(held), self._tickets)
         self._open.add(reservation.ticket)
-        return Granted(reservation, {limit: self._status(limit, now) for limit in asks})
+        return Granted(reservation, statuses)
 
     def settle(self, reservation: Reservation, used: Mapping[Measure, float]) -> None:
         """Replace the reservation by what the request used (a measure it did not report:
@@ -188,10 +206,11 @@ class Ledger:
         self._open.discard(reservation.ticket)
         now = self._clock()
         for limit, start, amount in reservation.held:
-            current = self._used_at(limit, now)
-            same_window = window(limit.per, now)[0] == start
-            kept = current - amount if same_window else current
-            self._windows[limit] = (window(limit.per, now)[0], max(0.0, kept + charge(limit)))
+            current_start = window(limit.per, now)[0]
+            stored = self._windows.get(limit)
+            current = stored[1] if stored is not None and stored[0] == current_start else 0.0
+            kept = current - amount if current_start == start else current
+            self._windows[limit] = (current_start, max(0.0, kept + charge(limit)))
 
     def _used_at(self, limit: LimitKey, now: float) -> float:
         stored = self._windows.get(limit)

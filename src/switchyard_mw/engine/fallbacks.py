@@ -1,8 +1,9 @@
 """Fallback chains at request time: the models a request may move to, and why.
 
-`[fallbacks]` gives each model a chain of others, for one or both reasons: `unavailable`
+`[fallbacks]` gives each model a chain of others, for one or more reasons: `unavailable`
 (nothing of the model can serve: every account cooled, held by a 429, or failed in this
-request) and `context_length` (the provider refused the prompt as too long for the model).
+request), `context_length` (the provider refused the prompt as too long for the model) and
+`budget` (the tenant's limit for the model is spent; only when a chain names it).
 The attempt machine asks `after(model, reason)` for the models to try next, in order; a
 model of a chain that has a chain of its own (for the same reason) brings it after, breadth
 first (`core.chains.expand`). `check-config` refuses cycles, so the order is finite.
@@ -31,6 +32,9 @@ class Reason(enum.Enum):
 
     UNAVAILABLE = "unavailable"
     CONTEXT_LENGTH = "context_length"
+    BUDGET = "budget"
+    """A limit of the model is spent for the request's tenant (`engine.tenancy` moves it, at
+    admission, before any attempt)."""
 
 
 class Chains:

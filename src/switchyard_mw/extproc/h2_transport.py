@@ -1,10 +1,12 @@
-"""`switchyard-mw extproc` (the default transport, `h2`): ext_proc over HTTP/2 on the `h2` library.
+"""`switchyard-mw extproc` (transports `frames`, the default, and `h2`): ext_proc over HTTP/2.
 
 grpc.aio spends most of a processor's CPU on its own machinery: about 0.44 ms per request for a
 processor that does almost nothing, against 0.13-0.15 ms for the same work over a plain asyncio
 HTTP/2 connection (docs/performance.md, "Envoy processor transport"). This module is that
-connection: gRPC's framing (a 5-byte prefix per message, `grpc-status` in the trailers) over
-`h2`'s state machine, serving the two methods Envoy calls, `ExternalProcessor/Process` and
+connection: gRPC's framing (a 5-byte prefix per message, `grpc-status` in the trailers) over an
+HTTP/2 state machine (`Engine`: `h2_frames.FrameConnection`, frames read and written for what
+an ext_proc peer sends, or the `h2` library's general one, with the same calls and events),
+serving the two methods Envoy calls, `ExternalProcessor/Process` and
 `Health/Check` (with `Health/Watch`, for probes that watch). Each message of a stream is
 handled in turn in its own task (the handler may await a judge or a shared store), with the
 stream's own contextvars.
@@ -48,7 +50,7 @@ import stat
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import h2.config
 import h2.connection
@@ -62,6 +64,7 @@ from hyperframe.frame import DataFrame, Frame, GoAwayFrame
 
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from .h2_accounting import Buffers, ProcessBytes, ProcessResets, ResetBudget
+from .h2_frames import FrameConnection
 from .h2_framing import (
     DEADLINE_EXCEEDED,
     INVALID_ARGUMENT,
@@ -206,6 +209,29 @@ class Pushing(Protocol):
     def attach(self, emit: Callable[[ep.ProcessingResponse], None]) -> None: ...
 
 
+Engine = Literal["h2", "frames"]
+"""Whose HTTP/2 the connection speaks: the `h2` library's state machine, or `h2_frames`'
+frames read and written for what an ext_proc peer sends (the same calls and events)."""
+ENGINES: tuple[Engine, ...] = ("h2", "frames")
+
+
+class HTTP2(Protocol):
+    """What `_Connection` asks of an HTTP/2 state machine (`h2`'s `H2Connection` or
+    `FrameConnection`)."""
+
+    def receive_data(self, data: bytes) -> list[h2.events.Event]: ...
+    def send_headers(
+        self, stream_id: int, headers: list[tuple[bytes, bytes]], end_stream: bool = False
+    ) -> None: ...
+    def send_data(self, stream_id: int, data: Any, end_stream: bool = False) -> None: ...
+    def reset_stream(self, stream_id: int, error_code: int = 0) -> None: ...
+    def acknowledge_received_data(self, acknowledged_size: int, stream_id: int) -> None: ...
+    def local_flow_control_window(self, stream_id: int) -> int: ...
+    @property
+    def max_outbound_frame_size(self) -> int: ...
+    def data_to_send(self) -> bytes: ...
+
+
 OpenStream = Callable[[list[tuple[str, bytes]]], Handler]
 """Makes a stream's handler from its metadata (the request headers that are not pseudo-headers)."""
 EndStream = Callable[[Handler], None]
@@ -230,6 +256,29 @@ class _FrameBuffer(h2.frame_buffer.FrameBuffer):
         return frame
 
 
+def _h2_connection() -> h2.connection.H2Connection:
+    connection = h2.connection.H2Connection(config=_CONFIG)
+    connection.incoming_buffer = _FrameBuffer(server=True)
+    return connection
+
+
+def _start_h2(h: h2.connection.H2Connection, limits: H2Limits) -> None:
+    """Our SETTINGS and the connection's window, on `h2`."""
+    settings = {
+        h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: limits.max_streams,
+        h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+        h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: limits.max_header_list_bytes,
+    }
+    h.local_settings = h2.settings.Settings(client=False, initial_values=settings)
+    h.initiate_connection()  # advertises `settings`
+    # h2 answers a stream over its own limit by ending the connection (PROTOCOL_ERROR);
+    # the limit is enforced in `_on_request` instead, refusing that stream alone.
+    settings[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS] = _UNLIMITED_STREAMS
+    h.local_settings = h2.settings.Settings(client=False, initial_values=settings)
+    h.decoder.max_header_list_size = limits.max_header_list_bytes
+    h.increment_flow_control_window(CONNECTION_WINDOW - 65535)
+
+
 _ANSWER = StreamInput.ANSWER
 _REQUEST_END = StreamInput.REQUEST_END
 _FINISH = StreamInput.FINISH
@@ -249,8 +298,7 @@ class _Connection(asyncio.Protocol):
         self.server = server
         limits = self.limits = server.limits
         self.loop = asyncio.get_running_loop()
-        self.h2 = h2.connection.H2Connection(config=_CONFIG)
-        self.h2.incoming_buffer = _FrameBuffer(server=True)
+        self.h2: HTTP2 = FrameConnection() if server.engine == "frames" else _h2_connection()
         self.streams: dict[int, Stream] = {}
         self.transport: asyncio.Transport | None = None
         self.last_stream = 0
@@ -291,19 +339,16 @@ class _Connection(asyncio.Protocol):
         self.server.idle.clear()
         limits = self.limits
         h = self.h2
-        settings = {
-            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: limits.max_streams,
-            h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
-            h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: limits.max_header_list_bytes,
-        }
-        h.local_settings = h2.settings.Settings(client=False, initial_values=settings)
-        h.initiate_connection()  # advertises `settings`
-        # h2 answers a stream over its own limit by ending the connection (PROTOCOL_ERROR);
-        # the limit is enforced in `_on_request` instead, refusing that stream alone.
-        settings[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS] = _UNLIMITED_STREAMS
-        h.local_settings = h2.settings.Settings(client=False, initial_values=settings)
-        h.decoder.max_header_list_size = limits.max_header_list_bytes
-        h.increment_flow_control_window(CONNECTION_WINDOW - 65535)
+        if isinstance(h, FrameConnection):
+            h.initiate(
+                max_streams=limits.max_streams,
+                stream_window=STREAM_WINDOW,
+                connection_window=CONNECTION_WINDOW,
+                max_header_list_bytes=limits.max_header_list_bytes,
+            )
+        else:
+            assert isinstance(h, h2.connection.H2Connection)
+            _start_h2(h, limits)
         transport.write(h.data_to_send())
         self._timer = self.loop.call_later(self.limits.tick_secs, self._check)
         if self.server.draining:
@@ -370,9 +415,12 @@ class _Connection(asyncio.Protocol):
                 return
         # Credited back at once (before the next read): the byte account bounds what a
         # stream, connection and process keep.
+        acknowledge = self.h2.acknowledge_received_data
         for sid, size in received.items():
-            with contextlib.suppress(h2.exceptions.StreamClosedError):
-                self.h2.acknowledge_received_data(size, sid)
+            try:  # noqa: SIM105 (suppress: three calls a stream, where `try` costs none)
+                acknowledge(size, sid)
+            except h2.exceptions.StreamClosedError:
+                pass
         self._write(self.h2.data_to_send())
 
     # incoming -----------------------------------------------------------------------------
@@ -401,8 +449,11 @@ class _Connection(asyncio.Protocol):
             stream.context = contextvars.copy_context()
             try:
                 stream.handler = stream.context.run(self.server.open_stream, call.metadata)
-                if isinstance(stream.handler, Pushing):
-                    stream.handler.attach(lambda answer: self._push(stream, answer))
+                # `Pushing` by its one method: a runtime-checkable Protocol's isinstance walks
+                # the protocol's attributes on every call, a large share of a stream's cost.
+                attach = getattr(stream.handler, "attach", None)
+                if attach is not None:
+                    attach(lambda answer: self._push(stream, answer))
             except Exception as exc:
                 _log.exception("ext_proc stream could not start")
                 self._fail(stream, UNKNOWN, f"{type(exc).__name__}: {exc}")
@@ -819,7 +870,11 @@ class H2Server:
         *,
         services: Iterable[str],
         limits: H2Limits | None = None,
+        engine: Engine = "h2",
     ) -> None:
+        if engine not in ENGINES:
+            raise ValueError(f"engine {engine!r}: expected one of {', '.join(ENGINES)}")
+        self.engine = engine
         self.open_stream = open_stream
         self.end_stream = end_stream
         self.limits = limits if limits is not None else H2Limits()

@@ -29,8 +29,9 @@ from ..engine.machine import AttemptMachine
 from ..engine.paths import json_media, llm_wire
 from ..engine.policies import Engine
 from ..engine.reload import kept_accounts
+from ..engine.tenancy import Tenancy
 from ..engine.variants import Canaries
-from ..state import Store, build_store
+from ..state import LimitStore, Store, build_limits, build_store
 from ..telemetry import request_metrics
 from ..wire import Wire
 from . import _messages as msg
@@ -61,6 +62,7 @@ class Policies:
         judge_http_client: httpx.AsyncClient | None = None,
         clock: Clock = monotonic,
         store: Store | None = None,
+        limit_store: LimitStore | None = None,
     ) -> None:
         self.config = config
         self.server = config.server
@@ -130,6 +132,19 @@ class Policies:
         asked for `accept-encoding: identity`."""
         self.options = msg.Options()
         """Header options that repeat across requests (deadlines, exposed decisions)."""
+        self.limit_store: LimitStore = (
+            limit_store if limit_store is not None else build_limits(config.state)
+        )
+        self.tenancy = Tenancy.build(config, store=self.limit_store)
+        """Who may spend the keys (None: no `[tenants]`); the same decisions as the ASGI
+        stack's, the client key read from the request headers Envoy sends."""
+        self.identity_headers: frozenset[str] = frozenset()
+        """The request headers a tenant is named by, read beside the router's own."""
+        if self.tenancy is not None:
+            header = self.tenancy.tenant_header
+            self.identity_headers = frozenset(
+                ["x-api-key", "authorization", *([header] if header else [])]
+            )
 
     def reloaded(self, config: Config, accounts: Mapping[str, Account]) -> Policies:
         """The policies of a reloaded `config`, continuing these: the same store and judge
@@ -146,6 +161,7 @@ class Policies:
             judge_http_client=None if self.judge.owns_http else self.judge.http,
             clock=clock,
             store=self.store,
+            limit_store=self.limit_store,  # what was spent stays spent
         )
         new.judge.take_over(self.judge)
         request_metrics.unwatch(self.pool)
@@ -160,6 +176,9 @@ class Policies:
 
     async def aclose(self) -> None:
         await self.store.aclose()
+        closing = getattr(self.limit_store, "aclose", None)  # a Redis one holds connections
+        if closing is not None:
+            await closing()
         await self.judge.aclose()
 
     def wire_of(self, method: bytes, path: bytes, content_type: bytes | None) -> Wire | None:

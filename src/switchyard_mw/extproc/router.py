@@ -16,8 +16,9 @@ from sending the others at all.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -53,6 +54,7 @@ from ..engine.machine import (
     State,
 )
 from ..engine.provider_headers import REQUEST_ID_NAMES, UPSTREAM_REQUEST_ID, request_id, withheld
+from ..engine.tenancy import PROVIDER_RATE_LIMIT_HEADERS, Admission, Refusal, billed
 from ..model_names import with_query
 from ..telemetry import names as tm
 from ..telemetry import request_metrics
@@ -151,6 +153,11 @@ class RouterStream:
         """Writes the public model name into the body read, where the account's differs."""
         self.whole = False
         """The body read comes in one message (BUFFERED): a new length is set on it."""
+        self.admission: Admission | None = None
+        """What the request holds of its tenant's limits (None: no `[tenants]`)."""
+        self.answered = False
+        """A provider's successful answer went to the client: its reservation is kept when
+        its usage is not read."""
 
     async def on(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
         kind = request.WhichOneof("request")
@@ -188,7 +195,8 @@ class RouterStream:
         return kind == "request_headers" or "request_headers" in self.seen
 
     def on_request_headers(self, http: ep.HttpHeaders) -> ep.ProcessingResponse:
-        self.headers = h = msg.headers_of(http, _READ)
+        identity = self.p.identity_headers
+        self.headers = h = msg.headers_of(http, _READ | identity if identity else _READ)
         method, path = h.get(":method", b""), h.get(":path", b"")
         self.route = path.split(b"?", 1)[0].decode("latin-1")
         self.wire = self.p.wire_of(method, path, h.get("content-type"))
@@ -235,6 +243,12 @@ class RouterStream:
         self.flight = flight = Flight(ctx=ctx, span=self.span, policies=self.p)
         join(flight)
         flight.path = self.headers.get(":path", b"")
+        tenancy = self.p.tenancy
+        if tenancy is not None:
+            # Who is asking, before anything is spent on the request (the judge included).
+            refusal = tenancy.check(ctx, named=None, header=self._header)
+            if refusal is not None:
+                return self.refuse(refusal.error, _text(refusal.headers))
         if self.span is None:
             await self.p.decide_model(ctx, self.gone)
         else:
@@ -242,6 +256,14 @@ class RouterStream:
                 await self.p.decide_model(ctx, self.gone)
         if self.closed:
             return msg.request_body()  # the stream ended meanwhile: nothing to place
+        if tenancy is not None and billed(self.route):
+            admitted = await tenancy.admit_request(ctx)
+            if isinstance(admitted, Refusal):
+                return self.refuse(admitted.error, _text(admitted.headers))
+            self.admission = admitted
+            if self.closed:  # the stream ended while the store answered
+                self._finish(admitted, ctx)
+                return msg.request_body()
         machine = flight.machine = self.p.machine(flight)
         action = machine.begin()
         if isinstance(action, ClaimProbe):
@@ -311,6 +333,7 @@ class RouterStream:
         if local and status == 504 and (details is None or "timeout" in details):
             return self._deadline(flight)
         reading = None
+        self.answered = not local and status < 400
         if not local and not request.response_headers.end_of_stream:
             reading = self._usage_reader(h, status)
         machine = flight.machine
@@ -343,7 +366,14 @@ class RouterStream:
             options.get(k, v) if k != _UPSTREAM_ID else msg.option(k, v)  # unique: not kept
             for k, v in self._exposed()
         ]
-        msg.fill(answer.response_headers.response, exposed, [RETRY_HEADER, RETRY_AFTER_HEADER])
+        remove = [RETRY_HEADER, RETRY_AFTER_HEADER]
+        limits = flight.ctx.limit_headers
+        if limits is not None:  # the tenant's rate-limit headers in place of the account's
+            ours = _text(limits)
+            exposed += [msg.option(k, v) for k, v in ours]
+            named = {k for k, _ in ours}
+            remove += [n for n in PROVIDER_RATE_LIMIT_HEADERS if n not in named]
+        msg.fill(answer.response_headers.response, exposed, remove)
         if removed:
             msg.fill(answer.response_headers.response, (), removed)
         if reading is not None:
@@ -413,15 +443,33 @@ class RouterStream:
         self, error: WireError, extra: list[tuple[str, bytes]] | None = None
     ) -> ep.ProcessingResponse:
         assert self.wire is not None
-        if self.flight is not None:
-            self.flight.ctx.response_status = error.status
         headers = [*(extra or []), *self._exposed()]
+        if self.flight is not None:
+            ctx = self.flight.ctx
+            ctx.response_status = error.status
+            if ctx.limit_headers is not None:  # admitted: the tenant's headers on every answer
+                headers += _text(ctx.limit_headers)
         return msg.immediate(self.wire, error.status, error.error_type, error.message, headers)
 
     def _exposed(self) -> list[tuple[str, bytes]]:
         if self.flight is None or not self.p.server.expose_headers:
             return []
         return [(k.decode(), v) for k, v in exposed_headers(self.flight.ctx)]
+
+    def _header(self, name: str) -> str | None:
+        value = self.headers.get(name)
+        return None if value is None else value.decode("latin-1")
+
+    def _finish(self, admission: Admission, ctx: RequestContext) -> None:
+        """Settle, keep or release the request's reservation (once), in a task of its own."""
+        self.admission = None
+        tenancy = self.p.tenancy
+        assert tenancy is not None
+        task = asyncio.get_running_loop().create_task(
+            tenancy.end_request(admission, ctx, answered=self.answered)
+        )
+        _settling.add(task)
+        task.add_done_callback(_settling.discard)
 
     def close(self) -> None:
         """Release an attempt nobody answered, report the usage read, end the request's
@@ -441,6 +489,8 @@ class RouterStream:
                 )
             if flight.machine is not None:
                 flight.machine.closed()  # an attempt nobody answered goes back; spans end
+            if self.admission is not None:
+                self._finish(self.admission, ctx)
             self.flights.close(flight)
             # Under Envoy the request ends, for switchyard, at the end of the answer's body
             # when it is read, else at its response headers.
@@ -478,6 +528,14 @@ def _new_body(body: bytes, was: int, *, whole: bool) -> ep.ProcessingResponse:
     if whole and len(body) != was:
         msg.fill(common, [msg.option("content-length", str(len(body)).encode())])
     return answer
+
+
+_settling: set[asyncio.Task[object]] = set()
+"""Settles under way (a stream's end is a plain call; a shared store's settle awaits)."""
+
+
+def _text(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[str, bytes]]:
+    return [(k.decode("latin-1"), v) for k, v in headers]
 
 
 def upstream_path(client: Account, path: bytes) -> bytes:

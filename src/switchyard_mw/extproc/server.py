@@ -1,9 +1,11 @@
 """Build, serve and stop the ext_proc server (`switchyard-mw extproc`).
 
 One server carries the `ExternalProcessor` service and the standard gRPC health service, on
-one of two transports: a plain asyncio HTTP/2 server on `h2` (`h2`, the default, see
-`h2_transport`) or grpc.aio (`grpcio`), which costs two to three times the CPU per request
-(docs/performance.md, "Envoy processor transport"). On SIGTERM (or SIGINT) health turns
+one of three transports: a plain asyncio HTTP/2 server (`h2_transport`) whose HTTP/2 is read
+and written by `h2_frames` (`frames`, the default) or by the `h2` library (`h2`), or grpc.aio
+(`grpcio`). `frames` costs the processor well under half `h2`'s instructions per request,
+`h2` half to two thirds of grpc.aio's CPU (docs/performance.md, "Envoy processor
+transport"). On SIGTERM (or SIGINT) health turns
 NOT_SERVING, new streams are refused and the ones in flight get `grace_secs` to finish: a
 request whose body is being judged or whose upstream call is under way completes instead of
 failing. With a `loader`, SIGHUP reloads the config (`reloading.reload_policies`).
@@ -36,9 +38,9 @@ GRACE_SECS = 30.0
 SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
 _MESSAGE_SLACK = 1 << 20
 """Room for headers and framing around the largest body a message may carry."""
-Transport = Literal["grpcio", "h2"]
-TRANSPORTS: tuple[Transport, ...] = ("grpcio", "h2")
-DEFAULT_TRANSPORT: Transport = "h2"
+Transport = Literal["grpcio", "h2", "frames"]
+TRANSPORTS: tuple[Transport, ...] = ("grpcio", "h2", "frames")
+DEFAULT_TRANSPORT: Transport = "frames"
 
 
 def parse_listen(text: str) -> str:
@@ -166,9 +168,12 @@ async def start_server(
     # Envoy sends a buffered body in one message and takes a rewritten one back the same way.
     limit = policies.server.max_body_bytes + _MESSAGE_SLACK
     servicer = ExtProcServicer(policies)
-    if transport == "h2":
+    if transport != "grpcio":
         bounds = h2_limits if h2_limits is not None else H2Limits.for_message_size(limit)
-        h2 = H2Server(servicer.open, servicer.end, services=("", SERVICE_NAME), limits=bounds)
+        services = ("", SERVICE_NAME)
+        h2 = H2Server(
+            servicer.open, servicer.end, services=services, limits=bounds, engine=transport
+        )
         await policies.start()
         try:
             await h2.listen(address, reuse_port=reuse_port)

@@ -19,7 +19,13 @@ from starlette.responses import Response
 from starlette.routing import Route, request_response
 from starlette.types import ASGIApp
 
-from ..asgi.admin import CanariesStatusApp, HealthApp, OperatorOnly, ReloadApp
+from ..asgi.admin import (
+    CanariesStatusApp,
+    HealthApp,
+    OperatorOnly,
+    ReloadApp,
+    TenantsStatusApp,
+)
 from ..asgi.cooling import cooling_status_app
 from ..asgi.stack import SwitchyardStack, switchyard_stack
 from ..config import Config, load_config
@@ -39,6 +45,7 @@ OPERATOR_ROUTES: dict[str, tuple[str, ...]] = {
     "/switchyard/accounts": ("GET", "HEAD"),
     "/switchyard/health": ("GET",),
     "/switchyard/canaries": ("GET",),
+    "/switchyard/tenants": ("GET",),
     "/switchyard/reload": ("POST",),
 }
 """The operator routes and their methods."""
@@ -77,6 +84,7 @@ def gateway_app(
         "/switchyard/accounts": cooling_status_app(lambda: app.pool),
         "/switchyard/health": HealthApp(config=lambda: app.config),
         "/switchyard/canaries": CanariesStatusApp(lambda: app.variant.canaries),
+        "/switchyard/tenants": TenantsStatusApp(lambda: app.tenancy),
         "/switchyard/reload": ReloadApp(app.reload),
     }
     for path, view in views.items():

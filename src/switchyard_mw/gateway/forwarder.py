@@ -6,10 +6,13 @@ key in place of the caller's, and the request's deadline on the outbound call. S
 through chunk by chunk; an upstream that dies mid-stream ends the stream with the wire's error
 event.
 
+The usage of every successful JSON answer and of every stream it relays (all three wires) is
+reported (`ctx.report_usage`), with or without an OpenTelemetry SDK: the request metrics and
+the tenants' limits (`engine.tenancy`, which settles a reservation with it) count it.
+
 With an OpenTelemetry SDK installed, each outbound call is a CLIENT span under the current
 attempt's span, lasting until the upstream's body is read to its end (a stream included), and
-the provider receives its `traceparent`; a non-streaming JSON answer's `usage` is reported to
-the request's span (`ctx.report_usage`). Without an SDK none of that runs.
+the provider receives its `traceparent`. Without an SDK none of that runs.
 """
 
 from __future__ import annotations

@@ -44,6 +44,8 @@ CONFIG_RELOADS = "switchyard.config.reloads"
 USAGE_UNREAD = "switchyard.usage.unread"
 RESUMES = "switchyard.resumes"
 RESUMED_BYTES = "switchyard.resume.bytes"
+COST = "switchyard.cost"
+LIMIT_REFUSALS = "switchyard.limit.refusals"
 
 # Span names.
 SPAN_REQUEST = "switchyard.request"
@@ -91,6 +93,7 @@ USAGE_CACHE_CREATION_TOKENS = "gen_ai.usage.cache_creation.input_tokens"
 ERROR_TYPE = "error.type"
 VARIANT = "switchyard.variant"
 SHADOW = "switchyard.shadow"
+TENANT = "switchyard.tenant"
 TOKEN_TYPE = "gen_ai.token.type"
 # `gen_ai.token.type` values. The conventions define `input` (every input token, cached ones
 # included) and `output`, and allow other values where neither applies; cache reads and writes
@@ -130,9 +133,36 @@ METRIC_LABELS: dict[str, tuple[str, ...]] = {
     USAGE_UNREAD: (RESPONSE_MODEL, ACCOUNT, "reason"),
     RESUMES: (RESPONSE_MODEL, "reason", "result"),
     RESUMED_BYTES: (RESPONSE_MODEL, "reason"),
-    OPERATION_DURATION: (REQUEST_MODEL, RESPONSE_MODEL, VARIANT, ACCOUNT, ERROR_TYPE, SHADOW),
-    TIME_TO_FIRST_TOKEN: (REQUEST_MODEL, RESPONSE_MODEL, VARIANT, ACCOUNT, ERROR_TYPE, SHADOW),
-    TOKEN_USAGE: (REQUEST_MODEL, RESPONSE_MODEL, VARIANT, ACCOUNT, ERROR_TYPE, SHADOW, TOKEN_TYPE),
+    OPERATION_DURATION: (
+        REQUEST_MODEL,
+        RESPONSE_MODEL,
+        VARIANT,
+        ACCOUNT,
+        ERROR_TYPE,
+        SHADOW,
+        TENANT,
+    ),
+    TIME_TO_FIRST_TOKEN: (
+        REQUEST_MODEL,
+        RESPONSE_MODEL,
+        VARIANT,
+        ACCOUNT,
+        ERROR_TYPE,
+        SHADOW,
+        TENANT,
+    ),
+    TOKEN_USAGE: (
+        REQUEST_MODEL,
+        RESPONSE_MODEL,
+        VARIANT,
+        ACCOUNT,
+        ERROR_TYPE,
+        SHADOW,
+        TOKEN_TYPE,
+        TENANT,
+    ),
+    COST: (TENANT, RESPONSE_MODEL),
+    LIMIT_REFUSALS: (TENANT, "limit"),
     ACCOUNT_STATE: (ACCOUNT, RESPONSE_MODEL),
 }
 """Each metric family's label names (a label may be absent from a point: `error.type` when
@@ -186,6 +216,16 @@ resumes = meter.create_counter(
     unit="{stream}",
     description="Streams that broke after their content started and were to be resumed, by "
     "how they broke and the result (resumed, refused, failed, unavailable)",
+)
+cost = meter.create_counter(
+    COST,
+    unit="USD",
+    description="What tenants' answers cost at [prices], by tenant and routed model",
+)
+limit_refusals = meter.create_counter(
+    LIMIT_REFUSALS,
+    unit="{request}",
+    description="Requests a tenant's or the deployment's limit refused (429), by tenant and limit",
 )
 BYTES_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
 """Bucket bounds of the byte histograms: 256 B to 4 MiB, by powers of four."""

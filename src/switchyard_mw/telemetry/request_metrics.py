@@ -41,14 +41,14 @@ if TYPE_CHECKING:
 MAX_SERIES = 2000
 """Attribute sets one metric keeps; past it, points go to one `otel.metric.overflow` series
 (as the SDK does): a requested model is any string a client sends."""
-_OVERFLOW = ("\x00",) * 7  # no real label holds a NUL: model names with one are refused
+_OVERFLOW = ("\x00",) * 8  # no real label holds a NUL: model names with one are refused
 FOLD_AT = 4096
 """Finished requests held raw (about 200 bytes each) before the request that reaches this
 many folds them all into the histograms: memory stays bounded however long between scrapes."""
 
-Labels = tuple[str, str, str, str, str, str, str]
+Labels = tuple[str, str, str, str, str, str, str, str]
 """requested model, routed model, variant, account, error type ("" = none), token type,
-shadow ("true" for a mirrored request, else "")."""
+shadow ("true" for a mirrored request, else ""), tenant ("" = no tenants configured)."""
 _NAMES = (
     tm.REQUEST_MODEL,
     tm.RESPONSE_MODEL,
@@ -57,6 +57,7 @@ _NAMES = (
     tm.ERROR_TYPE,
     tm.TOKEN_TYPE,
     tm.SHADOW,
+    tm.TENANT,
 )
 
 
@@ -210,15 +211,15 @@ class TokenTally(HistogramTally):
         return self._metric(points)
 
 
-Key = tuple[str, str, str, str, str, str]
+Key = tuple[str, str, str, str, str, str, str]
 """A finished request's label set: requested model, routed model, variant, account, error
-type ("" = none), shadow ("true" for a mirrored request, else "")."""
+type ("" = none), shadow ("true" for a mirrored request, else ""), tenant ("" = none)."""
 Held = list[Any]
 """Finished requests' raw numbers, seven a request: started, ended, first token at (monotonic
 seconds; None: no stream), input, output, cache read and cache write tokens (None: not
 reported)."""
 _STRIDE = 7
-_OVERFLOW_KEY: Key = ("\x00",) * 6
+_OVERFLOW_KEY: Key = ("\x00",) * 7
 
 
 class RequestTally:
@@ -266,6 +267,7 @@ class RequestTally:
             "" if client is None else client.name,
             error or "",
             "",
+            ctx.tenant or "",
         )
         raw = self._raw.get(key)
         if raw is None:
@@ -289,7 +291,7 @@ class RequestTally:
         self, *, requested: str, shadow: str, account: str, secs: float, error: str | None
     ) -> None:
         """Record one mirrored request (`switchyard.shadow = true`): its outcome and latency."""
-        key = (requested, shadow, shadow, account, error or "", "true")
+        key = (requested, shadow, shadow, account, error or "", "true", "")
         raw = self._raw.get(key)
         if raw is None:
             raw = self._new(key)
@@ -324,7 +326,7 @@ class RequestTally:
                 continue
             batch = raw[:count]
             del raw[:count]
-            self._fold_batch(_OVERFLOW if key == _OVERFLOW_KEY else (*key[:5], "", key[5]), batch)
+            self._fold_batch(_OVERFLOW if key == _OVERFLOW_KEY else (*key[:5], "", *key[5:]), batch)
 
     def _fold_batch(self, labels: Labels, batch: Held) -> None:
         starts, ends, firsts, *tokens = (batch[i::_STRIDE] for i in range(_STRIDE))
