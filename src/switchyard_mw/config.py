@@ -244,18 +244,15 @@ class Server(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """At most this share of a model's requests over a sliding minute may start a hedge
     (`hedge_after_secs`), across replicas when `[state]` shares it (see [Hedged first
     tokens](policies/hedging.md))."""
-<<<<<<< HEAD
     envoy_failover: dict[str, Annotated[list[str], Meta(min_length=2)]] = {}
     """ext_proc mode: Envoy aggregate clusters, each with the provider clusters it tries in
     order (`envoy.retry_priorities.previous_priorities`): a request whose account is on the
     first of them is routed to the aggregate, so its retries move across providers (see
     [Envoy](envoy.md#failover-across-providers))."""
-=======
     tenant_header: str | None = None
     """A request header that names the request's tenant, set by a proxy you trust in front of
     the gateway (Envoy's `jwt_authn` or `ext_authz`); a client key is then not needed. Set it
     only where clients cannot send it themselves (see [Tenants](policies/tenants.md))."""
->>>>>>> main
 
 
 class State(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
