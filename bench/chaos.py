@@ -9,7 +9,9 @@ What runs, all on loopback and started by this script: the bundled mock provider
 process), a redis-server (the `[state]` both fronts share), the example gateway
 (`uvicorn examples.starlette_app:app`), the ext_proc server (`switchyard-mw extproc`) and Envoy
 (examples/envoy/envoy.yaml, ports swapped). Three accounts of one model, `a` and `b` first,
-`c` behind them, all on the mock under keys of their own.
+`c` behind them, all on the mock under keys of their own; under Envoy `a` and `b` are on one
+provider cluster and `c` on the other (`mock-other`), with the example's aggregate clusters
+over both, so a retry through Envoy moves across providers.
 
 The schedule (fractions of the run): each account in turn refuses its key (401), fails (503),
 resets connections, stalls mid-stream and starts its first token late; Redis restarts; the
@@ -30,7 +32,9 @@ printed with its figure:
   - the gateway's asyncio tasks and both processes' open file descriptors back to their start
     (the connections a pool keeps to Redis, and Envoy's to the processor: within two of their
     start);
-  - the invalid config refused; no traceback in any log.
+  - the invalid config refused; no traceback in any log;
+  - Envoy's retries through an aggregate served (by Envoy's counters): failovers across
+    providers happened.
 Exit code 0 when every target is met, 1 otherwise. `--report FILE` also writes the tables as
 Markdown.
 """
@@ -76,6 +80,10 @@ CONFIG = """
 [server]
 expose_headers = true
 
+[server.envoy_failover]
+"mock-then-other" = ["mock", "mock-other"]
+"other-then-mock" = ["mock-other", "mock"]
+
 [state]
 backend = "redis"
 url = "redis://127.0.0.1:{redis}"
@@ -117,7 +125,7 @@ stream_idle_secs = 2
 failure_threshold = 2
 cooldown_secs = 1
 max_cooldown_secs = 4
-envoy_cluster = "mock"
+envoy_cluster = "mock-other"
 """
 
 ENV = {"CHAOS_KEY_A": KEYS["a"], "CHAOS_KEY_B": KEYS["b"], "CHAOS_KEY_C": KEYS["c"]}
@@ -576,6 +584,26 @@ IDLE_SECS = 6.0
 connections to the provider close, so that what stays open is what the load left behind."""
 
 
+AGGREGATES = ("mock-then-other", "other-then-mock")
+
+
+def envoy_counters(f: Fleet) -> dict[str, int]:
+    """Envoy's own counters of requests per provider cluster and of retries served through
+    an aggregate (each such retry went to another provider's cluster than the attempt
+    before it)."""
+    url = f"http://127.0.0.1:{f.ports['admin']}/stats"
+    stats = httpx.get(url, params={"filter": "upstream_rq_(total|retry_success)$"}).text
+    found = {}
+    for line in stats.splitlines():
+        name, _, value = line.partition(": ")
+        found[name.removeprefix("cluster.")] = int(value)
+    return {
+        "mock": found.get("mock.upstream_rq_total", 0),
+        "mock-other": found.get("mock-other.upstream_rq_total", 0),
+        "retried across": sum(found.get(f"{a}.upstream_rq_retry_success", 0) for a in AGGREGATES),
+    }
+
+
 def snapshot(f: Fleet) -> Snapshot:
     time.sleep(IDLE_SECS)
     health = gateway_health(f)
@@ -662,6 +690,7 @@ def main() -> int:
         asyncio.run(drive(fronts, calm, 2.0, 3, warm))
         end = snapshot(f)
         settled, account_text = accounts_settled(accounts(f))
+        counters = envoy_counters(f)
         traced = tracebacks(f)
         logs = {name: log.read_text(errors="replace")[-3000:] for name, log in f.logs.items()}
     everything = [s for items in (*seen.values(), *warm.values()) for s in items]
@@ -697,6 +726,18 @@ def main() -> int:
         ["asyncio tasks, gateway", tasks, "back to start", _met(end.tasks <= start.tasks)]
     )
     targets.append(["tracebacks in logs", ", ".join(traced) or "none", "none", _met(not traced)])
+    across = (
+        f"{counters['retried across']} (requests sent to mock {counters['mock']}, "
+        f"to mock-other {counters['mock-other']})"
+    )
+    targets.append(
+        [
+            "Envoy retries served on another provider's cluster",
+            across,
+            "at least 1",
+            _met(counters["retried across"] > 0),
+        ]
+    )
     rows = windows(injected, seen, started, secs)
     text = markdown(rows, targets)
     print(f"chaos soak: {secs:.0f} s at {rate:g} requests/s to each front, then {calm:.0f} s calm")

@@ -75,13 +75,24 @@ def request_headers(
 
 
 def upstream_headers(
-    extra: Mapping[str, str], *, attempt: int | None = None
+    extra: Mapping[str, str], *, attempt: int | None = None, cluster: str | None = None
 ) -> ep.ProcessingRequest:
     """An upstream-level attempt's request headers; `attempt` as Envoy's x-envoy-attempt-count
-    (set when the virtual host has include_request_attempt_count)."""
+    (set when the virtual host has include_request_attempt_count); `cluster` as the attempt's
+    endpoint names it in its metadata (the `xds.upstream_host_metadata` attribute, in the
+    text format Envoy 1.40 sends)."""
     if attempt is not None:
         extra = {**extra, "x-envoy-attempt-count": str(attempt)}
-    return request_headers(extra=extra)
+    request = request_headers(extra=extra)
+    if cluster is not None:
+        metadata = (
+            'filter_metadata { key: "switchyard" value { fields { key: "cluster" '
+            f'value {{ string_value: "{cluster}" }} }} }} }} '
+        )
+        fields = struct_pb2.Struct()
+        fields.update({"xds.upstream_host_metadata": metadata})
+        request.attributes["envoy.filters.http.ext_proc"].CopyFrom(fields)
+    return request
 
 
 def request_body(body: bytes) -> ep.ProcessingRequest:

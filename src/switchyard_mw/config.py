@@ -244,6 +244,11 @@ class Server(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """At most this share of a model's requests over a sliding minute may start a hedge
     (`hedge_after_secs`), across replicas when `[state]` shares it (see [Hedged first
     tokens](policies/hedging.md))."""
+    envoy_failover: dict[str, Annotated[list[str], Meta(min_length=2)]] = {}
+    """ext_proc mode: Envoy aggregate clusters, each with the provider clusters it tries in
+    order (`envoy.retry_priorities.previous_priorities`): a request whose account is on the
+    first of them is routed to the aggregate, so its retries move across providers (see
+    [Envoy](envoy.md#failover-across-providers))."""
     tenant_header: str | None = None
     """A request header that names the request's tenant, set by a proxy you trust in front of
     the gateway (Envoy's `jwt_authn` or `ext_authz`); a client key is then not needed. Set it
@@ -577,6 +582,7 @@ def _cross_check(
     )
     problems.extend(check_tenant_header(config.server.tenant_header))
     problems.extend(_check_state(config.state))
+    problems.extend(_check_failover(config.server.envoy_failover))
     if config.state.mode == "cluster":
         problems.extend(_check_hash_tags(config))
     return problems
@@ -764,6 +770,25 @@ def _check_fallbacks(chains: dict[str, Fallback], unserved: Callable[[str], bool
     return problems
 
 
+def _check_failover(aggregates: dict[str, list[str]]) -> list[str]:
+    """Each aggregate tries a cluster once per round, and each cluster heads one aggregate:
+    the processor routes a request by its first account's cluster."""
+    problems: list[str] = []
+    headed: dict[str, str] = {}
+    for name, clusters in aggregates.items():
+        at = f"server.envoy_failover.{_quote(name)}"
+        if len(set(clusters)) != len(clusters):
+            problems.append(f"{at}: names a cluster twice")
+        first = clusters[0]
+        if first in headed:
+            problems.append(
+                f'{at}: "{first}" heads "{headed[first]}" already; a request on it could be '
+                "routed to either"
+            )
+        headed.setdefault(first, name)
+    return problems
+
+
 def _check_state(state: State) -> list[str]:
     problems: list[str] = []
     if state.backend == "redis" and state.url is None and state.mode != "sentinel":
@@ -887,4 +912,19 @@ def config_warnings(config: Config) -> list[str]:
                 f"{at}.envoy_cluster: not set, so the ext_proc server never routes to this "
                 "account (other accounts set it)"
             )
+    warnings.extend(_failover_warnings(config))
+    return warnings
+
+
+def _failover_warnings(config: Config) -> list[str]:
+    """An aggregate's cluster no account is on: Envoy's retries there find none to take them."""
+    clusters = {c.envoy_cluster for c in config.llm_clients.values() if c.envoy_cluster}
+    warnings = []
+    for name, members in config.server.envoy_failover.items():
+        for cluster in members:
+            if cluster not in clusters:
+                warnings.append(
+                    f"server.envoy_failover.{_quote(name)}: no account has envoy_cluster = "
+                    f'"{cluster}": a retry Envoy sends there is refused'
+                )
     return warnings

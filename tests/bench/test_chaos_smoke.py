@@ -26,6 +26,8 @@ def test_chaos_smoke_meets_its_targets() -> None:
     assert code == 0, out + err
     assert "| defects | 0 | 0 | yes |" in out
     assert "| invalid config reloaded | refused | refused | yes |" in out
+    # Envoy's retries moved across the two provider clusters (its own counters).
+    assert re.search(r"\| Envoy retries served on another provider's cluster \| [1-9]", out)
     # Every kind of injection of the schedule took place during the traffic.
     for injected in (
         "answers 401",

@@ -115,6 +115,35 @@ m = {{ models = ["m-big"], on = ["context_length"] }}
 """
 )
 """a and b serve m; c serves m-big, where a prompt too long for m goes."""
+ACROSS = """
+[server.envoy_failover]
+"prov-then-other" = ["prov", "other"]
+"other-then-prov" = ["other", "prov"]
+"""
+"""Two provider clusters and Envoy's aggregates over them: a retry moves to the other."""
+
+
+def _elsewhere(config: str, account: str) -> str:
+    """`config` with `account` on the other provider's cluster, and the aggregates."""
+    head, tail = config.split(f"[llm_clients.{account}]")
+    moved = tail.replace('envoy_cluster = "prov"', 'envoy_cluster = "other"', 1)
+    return f"{head}[llm_clients.{account}]{moved}{ACROSS}"
+
+
+PROVIDERS = _elsewhere(TWO, "b")
+"""a on the provider cluster prov, b on the provider cluster other."""
+ONE_PROVIDER_S_MODEL = _elsewhere(
+    TWO
+    + TWO.split("[llm_clients.b]")[1]
+    .replace('models = ["m"]', 'models = ["n"]')
+    .replace("KEY_B", "KEY_C")
+    .join(["[llm_clients.c]", ""]),
+    "c",
+)
+"""a and b on prov serve m, c on the other provider serves only n: m's request stays on prov,
+whose other key takes its retry."""
+PROVIDERS_RENAMED = _elsewhere(RENAMED, "b")
+"""As PROVIDERS, b knowing model m by its own name."""
 TOO_LONG = Behaviour(refuse="context_length")
 TOO_LONG_BODY = msgspec.json.encode(
     {
@@ -122,6 +151,8 @@ TOO_LONG_BODY = msgspec.json.encode(
         "error": {"type": "invalid_request_error", "message": "prompt is too long: 9 > 8"},
     }
 )
+FALLBACK_ACROSS = _elsewhere(FALLBACK, "c")
+"""a on prov serves m; c on the other provider's cluster serves m-small, m's fallback."""
 BILLING = Behaviour(refuse="billing")
 """Anthropic's 400 "Your credit balance is too low": a refusal of the account's billing."""
 ENV = {"KEY_A": "ka", "KEY_B": "kb", "KEY_C": "kc"}
@@ -215,6 +246,27 @@ SCENARIOS = {
         IN_PLACE, {"ka": Behaviour(status=500, times=1)}
     ),
     "a lone account's second 429 is passed on": Scenario(IN_PLACE, {"ka": Behaviour(status=429)}),
+    "an outage of one provider: the other provider's cluster serves": Scenario(
+        PROVIDERS, {"ka": Behaviour(status=503), "kb": Behaviour()}
+    ),
+    "a 429 of one provider: the other provider's cluster serves": Scenario(
+        PROVIDERS, {"ka": Behaviour(status=429), "kb": Behaviour()}
+    ),
+    "every provider answers 500": Scenario(
+        PROVIDERS, {"ka": Behaviour(status=500), "kb": Behaviour(status=500)}
+    ),
+    "the first provider throttled: the other provider from the first attempt": Scenario(
+        PROVIDERS, {"kb": Behaviour()}, before="throttled,-"
+    ),
+    "the other provider knows the model by its own name": Scenario(
+        PROVIDERS_RENAMED, {"ka": Behaviour(status=500), "kb": Behaviour()}
+    ),
+    "a model one provider serves: its other key takes the retry, not the aggregate": Scenario(
+        ONE_PROVIDER_S_MODEL, {"ka": Behaviour(status=500), "kb": Behaviour()}
+    ),
+    "m's provider fails: the fallback model on another provider's cluster serves": Scenario(
+        FALLBACK_ACROSS, {"ka": Behaviour(status=500), "kc": Behaviour()}
+    ),
     "a lone account's 500 that cooled it is passed on at once": Scenario(
         ONE.replace("failure_threshold = 1\n", "failure_threshold = 1\nretry_wait_max_secs = 5\n"),
         {"ka": Behaviour(status=500, times=1)},
@@ -403,12 +455,24 @@ def _model_of(answer: Any, replayed: bytes) -> str:
     return str(msgspec.json.decode(body or replayed)["model"])
 
 
+def _envoy_order(config: Config, routed: str) -> tuple[str, ...]:
+    """The clusters Envoy sends a request routed to `routed` to, attempt after attempt: an
+    aggregate's in order (envoy.yaml's retry priority, previous_priorities), else itself."""
+    return tuple(config.server.envoy_failover.get(routed, [routed]))
+
+
 async def _play_attempts(
-    servicer: ExtProcServicer, scenario: Scenario, key: str, sent: list[tuple[str, str]]
+    servicer: ExtProcServicer,
+    scenario: Scenario,
+    key: str,
+    sent: list[tuple[str, str]],
+    order: tuple[str, ...] = (),
 ) -> tuple[Upstream, str]:
     """Each attempt's upstream answer, following the retries the processor asks for; the
     last attempt's answer and key. `sent` has the router's body model for attempt 1; each
-    retry's (Envoy replays that body, which the retry filter may replace) is added."""
+    retry's (Envoy replays that body, which the retry filter may replace) is added. `order`:
+    the clusters of Envoy's attempts in turn, when more than one (the retry's endpoint
+    names its cluster)."""
     attempt = 1
     upstream = Stream(servicer, UPSTREAM_FILTER)  # attempt 1: only its response is filtered
     routed_body = BODY.replace(b'"m"', f'"{sent[0][1]}"'.encode())
@@ -433,7 +497,10 @@ async def _play_attempts(
             return answer, key
         attempt += 1
         upstream = Stream(servicer, UPSTREAM_FILTER)
-        retry = await upstream.send(upstream_headers({"x-request-id": RID}, attempt=attempt))
+        cluster = order[(attempt - 1) % len(order)] if len(order) > 1 else None
+        retry = await upstream.send(
+            upstream_headers({"x-request-id": RID}, attempt=attempt, cluster=cluster)
+        )
         key = _key_of(sets(retry))
         replaced = await upstream.send(request_body(routed_body))
         sent.append((key, _model_of(replaced, routed_body)))
@@ -475,7 +542,8 @@ async def through_extproc(scenario: Scenario, spans: InMemorySpanExporter) -> De
         await router.close()
         return _immediate(routed, spans)
     sent = [(_key_of(sets(routed)), _model_of(routed, BODY))]
-    answer, _ = await _play_attempts(servicer, scenario, sent[0][0], sent)
+    order = _envoy_order(config, sets(routed)["x-switchyard-cluster"].decode())
+    answer, _ = await _play_attempts(servicer, scenario, sent[0][0], sent, order)
     # What reached a provider: an unreachable one got nothing.
     sent = [(key, model) for key, model in sent if scenario.upstream.get(key) != UNREACHABLE]
     if answer == UNREACHABLE:
@@ -561,6 +629,13 @@ async def test_both_fronts_decide_alike(
         assert asgi.sent[-1] == ("kc", "m-small")
         assert asgi.headers["x-switchyard-model"] == "m-small"
         assert asgi.headers["x-switchyard-route"] == "fallback:unavailable"
+    if scenario.config is ONE_PROVIDER_S_MODEL:
+        assert asgi.sent == [("ka", "m"), ("kb", "m")]
+    if scenario.config in (PROVIDERS, PROVIDERS_RENAMED, FALLBACK_ACROSS):
+        # The other provider's account served, in the same request (its model, its name).
+        served = {PROVIDERS: ("kb", "m"), PROVIDERS_RENAMED: ("kb", "m-at-b")}
+        if asgi.status == 200:
+            assert asgi.sent[-1] == served.get(scenario.config, ("kc", "m-small"))
     if scenario.config is CONTEXT:
         assert asgi.sent == [("ka", "m"), ("kc", "m-big")]
         assert asgi.headers["x-switchyard-route"] == "fallback:context_length"

@@ -879,6 +879,8 @@ class AttemptMachine:
             return None
         if self._last_refused:
             return None  # a refused key or billing does not heal by waiting (its 429 neither)
+        if self.within is not None and self.tried[-1] not in self.within:
+            return None  # the next attempt goes elsewhere (behind Envoy: another provider)
         secs = in_place.wait_secs(
             self._status,
             self._retry_headers,

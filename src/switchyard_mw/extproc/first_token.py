@@ -152,6 +152,7 @@ class FirstTokenStream:
         assert flight is not None
         flight.opening = Opening.NOT_HELD
         end = machine.content_late()
+        flight.aim()  # the retry's cluster, which may be another provider's
         if end is NEXT and machine.fails_over():
             self._answer(_RETRY)
             return

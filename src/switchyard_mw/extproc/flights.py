@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from opentelemetry import trace
@@ -26,6 +26,7 @@ from opentelemetry import trace
 from ..context import RequestContext, current_var
 from ..core.clock import Clock, monotonic
 from ..engine.machine import AttemptMachine
+from .failover import next_cluster
 
 if TYPE_CHECKING:
     from .policy import Policies
@@ -63,6 +64,11 @@ class Flight:
     machine: AttemptMachine | None = None
     """The request's attempts, once its body was read."""
     cluster: str | None = None
+    order: tuple[str, ...] = ()
+    """The clusters its attempts go to, in Envoy's order: more than one when it was routed to
+    an aggregate cluster (`failover`)."""
+    sent_to: list[str] = field(default_factory=list)
+    """The cluster of each attempt so far."""
     upstream_attempts: int = 0
     """Attempts whose request headers an upstream-level filter has seen."""
     request_id: str | None = None
@@ -78,6 +84,17 @@ class Flight:
     Envoy fires while they are HELD is the first token's, and CONTENT is told the machine
     by the router-level stream when the headers reach it."""
     """The client's `:path`: a retry to an account without a path template goes back to it."""
+
+    def aim(self, cluster: str | None = None) -> None:
+        """Bind the request's next attempt to the accounts of `cluster`, the one Envoy sends
+        it to (by default: the next of `order`). Envoy picks the cluster; the machine picks
+        an account on it."""
+        machine, policies = self.machine, self.policies
+        if machine is None or policies is None or not self.order:
+            return
+        if cluster is None:
+            cluster = next_cluster(self.order, len(self.sent_to))
+        machine.within = policies.on(cluster)
 
     @property
     def tried(self) -> list[str]:

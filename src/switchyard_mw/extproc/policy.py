@@ -15,6 +15,7 @@ from collections.abc import Callable, Collection, Mapping
 
 import httpx
 
+from .._protos.envoy.config.core.v3 import base_pb2
 from ..accounts import Account, pool_from_accounts
 from ..config import Config
 from ..context import RequestContext
@@ -22,7 +23,7 @@ from ..core.clock import Clock, monotonic
 from ..core.pool import AccountPool
 from ..engine.budget import budget_end
 from ..engine.endpoints import Endpoints
-from ..engine.fallbacks import Chains
+from ..engine.fallbacks import Chains, Reason
 from ..engine.judge import Judge
 from ..engine.machine import AttemptMachine
 from ..engine.paths import json_media, llm_wire
@@ -34,6 +35,7 @@ from ..state import LimitStore, Store, build_limits, build_store
 from ..telemetry import request_metrics
 from ..wire import Wire
 from . import _messages as msg
+from .failover import Aggregates
 from .flights import Flight
 
 _log = logging.getLogger(__name__)
@@ -109,6 +111,15 @@ class Policies:
             name: [msg.option(CLUSTER_HEADER, self.cluster_of(name).encode()), *options]
             for name, options in self.auth_options.items()
         }
+        # A request on the first cluster of an aggregate may be routed to the aggregate, whose
+        # retries move across providers (`failover`, `order`).
+        self.aggregates = Aggregates(self.server.envoy_failover)
+        self.across_options = {
+            name: [msg.option(CLUSTER_HEADER, self.aggregates.route(cluster).encode()), *options]
+            for name, options in self.auth_options.items()
+            if self.aggregates.route(cluster := self.cluster_of(name)) != cluster
+        }
+        self._orders: dict[tuple[str, str], tuple[str, ...]] = {}
         # A fallback chain moves a retry to another model: its body is then ours to set too.
         renames = any(a.renames for a in self.accounts.values())
         self.renaming = renames or bool(self.engine.chains)
@@ -198,6 +209,39 @@ class Policies:
         """The accounts a retry may change to once `account` took the request: those on its
         cluster (Envoy retries on the cluster it routed to)."""
         return self.on_cluster.get(self.cluster_of(account), frozenset())
+
+    def order(self, account: str, model: str) -> tuple[str, ...]:
+        """The clusters a request for `model` that starts on `account` goes to, attempt after
+        attempt: the aggregate its cluster heads when another provider in it serves the model
+        or a model of its fallback chains; else its cluster alone, whose other keys then take
+        its retries (through the aggregate they would go to a provider with none to serve)."""
+        cluster = self.cluster_of(account)
+        key = (cluster, model)  # bounded: a lease's model is a configured one
+        found = self._orders.get(key)
+        if found is None:
+            order = self.aggregates.order(cluster)
+            others = frozenset(order[1:])
+            chains = self.engine.chains
+            models = [model]
+            if chains is not None:
+                models += [*chains.after(model, Reason.UNAVAILABLE)]
+                models += [*chains.after(model, Reason.CONTEXT_LENGTH)]
+            served = any(
+                a in self.routable and self.cluster_of(a) in others
+                for m in models
+                for a in self.pool.accounts_for(m)
+            )
+            found = self._orders[key] = order if served else (cluster,)
+        return found
+
+    def routing(self, account: str, order: tuple[str, ...]) -> list[base_pb2.HeaderValueOption]:
+        """What a request routed to `account` sets: its key, and its cluster or, when its
+        `order` crosses providers, the aggregate's."""
+        return self.across_options[account] if len(order) > 1 else self.route_options[account]
+
+    def on(self, cluster: str) -> frozenset[str]:
+        """The accounts an attempt sent to `cluster` may go with."""
+        return self.on_cluster.get(cluster, frozenset())
 
     @staticmethod
     def deadline_headers(machine: AttemptMachine) -> list[tuple[str, bytes]]:

@@ -277,12 +277,14 @@ class RouterStream:
             return msg.request_body()  # the stream ended while a probe was claimed
         lease = action.lease
         machine.within = self.p.within(lease.account)
-        flight.cluster = self.p.cluster_of(lease.account)
+        flight.cluster = cluster = self.p.cluster_of(lease.account)
+        flight.order = order = self.p.order(lease.account, action.model)
+        flight.sent_to.append(cluster)
         request_id = self.headers.get(REQUEST_ID_HEADER)
         if request_id:  # upstream-level streams find the flight by it
             self.flights.open(flight, request_id.decode("latin-1"))
         options = self.p.options
-        sets = [*self.p.route_options[lease.account]]
+        sets = [*self.p.routing(lease.account, order)]
         sets += [options.get(k, v) for k, v in self.p.deadline_headers(machine)]
         client = ctx.account
         if client is not None and client.spec.path is not None:

@@ -5,10 +5,11 @@ changes account without leaving Envoy. Attempt 1 goes with the account the route
 chose. When its response is a fault or a 429 and another account on the same cluster can serve
 now, the outcome is recorded at once and the response gets `x-switchyard-retry: 1`, which the
 route's retry policy (`retry_on: retriable-headers`) turns into a retry; the retry's request
-headers swap in that account's credential. The decision to retry is the processor's alone, so
-Envoy never re-sends a request to the key that just refused it: it is the request's attempt
-machine (`engine.machine`, kept by its `Flight`) that answers the refusal and takes the next
-lease, as it does through the ASGI front.
+headers swap in that account's credential. Routed to an aggregate cluster, a retry goes to
+the next provider's cluster (`failover`): "the same cluster" is then the one it goes to. The
+decision to retry is the processor's alone, so Envoy never re-sends a request to the key that
+just refused it: it is the request's attempt machine (`engine.machine`, kept by its `Flight`)
+that answers the refusal and takes the next lease, as it does through the ASGI front.
 
 The example envoy.yaml runs this filter only where it can matter, so that a request answered
 well by its first account costs no upstream-level stream at all: on an attempt's response only
@@ -30,6 +31,7 @@ from ..engine.answers import deadline_exceeded
 from ..engine.claims import claimed
 from ..engine.machine import NEXT, ClaimProbe, Failure, How, Phase, Refuse, Send, State, Wait
 from . import _messages as msg
+from .failover import HOST_METADATA_ATTRIBUTE, host_cluster, next_cluster
 from .flights import Flight, Flights, Opening, join, out_of_order
 from .policy import Policies
 from .router import (
@@ -102,6 +104,20 @@ def _first_token_late(flight: Flight) -> ep.ProcessingResponse:
     return msg.immediate(view.wire, late.status, late.error_type, late.message)
 
 
+def _no_account_there(flight: Flight, action: object) -> ep.ProcessingResponse:
+    """A retry Envoy sent to another provider's cluster, where no account can take it now
+    (one was free when the retry was asked for): the previous account's key is never sent to
+    another provider. The machine's refusal, in the wire's shape, when it made one; else the
+    attempt goes without a credential."""
+    view = flight.ctx.view
+    if isinstance(action, Refuse) and view is not None:
+        error = action.error
+        return msg.immediate(view.wire, error.status, error.error_type, error.message)
+    answer = ep.ProcessingResponse()
+    msg.fill(answer.request_headers.response, [], CREDENTIAL_HEADERS)
+    return answer
+
+
 class UpstreamStream:
     """The state of one upstream-level ext_proc stream (one attempt)."""
 
@@ -115,6 +131,9 @@ class UpstreamStream:
         """The phases this stream has taken part in: one attempt, each phase once."""
         self.reading = False
         """The response body was asked for, to read a 400 (`on_response_body`)."""
+        self.cluster: str | None = None
+        """The cluster Envoy sent the attempt to, as its endpoint's metadata names it (None:
+        it names none; the flight's order then says where an aggregate sends a retry)."""
 
     async def on(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
         kind = request.WhichOneof("request")
@@ -130,6 +149,7 @@ class UpstreamStream:
             return msg.empty_for(request)
         self.seen.add(kind)
         if kind == "request_headers":
+            self.cluster = host_cluster(msg.attribute(request, HOST_METADATA_ATTRIBUTE))
             return await self.on_request_headers(msg.headers_of(request.request_headers, _READ))
         return self.on_response_headers(request)
 
@@ -162,6 +182,13 @@ class UpstreamStream:
         phase = Phase.FIRST_TOKEN if held else None
         if machine.retried(Failure.CONNECT_ERROR, phase) is not NEXT:
             return msg.UNCHANGED_REQUEST_HEADERS  # the request ended
+        moved = False
+        if flight.order:
+            # Envoy chose the retry's cluster (an aggregate's next): an account on it.
+            cluster = self.cluster or next_cluster(flight.order, len(flight.sent_to))
+            moved = cluster != flight.sent_to[-1]
+            flight.sent_to.append(cluster)
+            flight.aim(cluster)
         action = machine.next()
         if isinstance(action, Wait):
             action = machine.waited()  # a retry in place: Envoy's back-off did the waiting
@@ -171,6 +198,8 @@ class UpstreamStream:
             # No account left: the wire's 504, as the first-token filter answers it, rather
             # than the same account again (whose first token would be as late).
             return _first_token_late(flight)
+        if not isinstance(action, Send) and moved:
+            return _no_account_there(flight, action)
         if not isinstance(action, Send):
             # Eligible when the retry was asked for, gone since (another request cooled it),
             # or the request ended meanwhile: the attempt goes with the previous credential.
@@ -204,6 +233,7 @@ class UpstreamStream:
             return msg.UNCHANGED_RESPONSE_HEADERS
         self.p = flight.policies or self.p  # the request's own, across a reload
         headers = msg.headers_of(request.response_headers, _STATUS)
+        flight.aim()  # a retry goes to the next cluster of the request's: its accounts only
         machine.started(int(headers.get(":status", b"0") or 0), headers.items())
         if machine.state is State.READING:
             # A 400 or a 429: a billing refusal, a context-length refusal or neither is in its
