@@ -10,12 +10,12 @@ account of the same model is tried.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import anthropic
 import openai
 import pytest
 
+from sdk_calls import OPENAI_WIRES, STREAMS, anthropic_call, openai_call
 from servers import example_gateway, serve_in_thread
 from switchyard_mw.testing import Behaviour, MockProvider
 
@@ -73,56 +73,6 @@ def clean_mock(mock: MockProvider) -> None:
 
 def seen(mock: MockProvider) -> list[tuple[str, str | None]]:
     return [(r.key, r.model) for r in mock.requests]
-
-
-async def anthropic_call(gateway: str, model: str, stream: bool) -> tuple[str, Any]:
-    client = anthropic.AsyncAnthropic(base_url=gateway, api_key="caller", max_retries=0)
-    request: Any = {
-        "model": model,
-        "max_tokens": 50,
-        "messages": [{"role": "user", "content": "hi"}],
-    }
-    try:
-        if stream:
-            async with client.messages.stream(**request) as events:
-                text = "".join([chunk async for chunk in events.text_stream])
-                return text, events.response.headers
-        raw = await client.messages.with_raw_response.create(**request)
-        message = await raw.parse()
-        assert message.content[0].type == "text"
-        return message.content[0].text, raw.headers
-    finally:
-        await client.close()
-
-
-async def openai_call(gateway: str, model: str, stream: bool, responses: bool) -> tuple[str, Any]:
-    client = openai.AsyncOpenAI(base_url=f"{gateway}/v1", api_key="caller", max_retries=0)
-    try:
-        if responses:
-            raw: Any = await client.responses.with_raw_response.create(
-                model=model, input="hi", stream=stream
-            )
-            if stream:
-                events = [e async for e in raw.parse()]
-                text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
-            else:
-                text = raw.parse().output_text
-            return text, raw.headers
-        raw = await client.chat.completions.with_raw_response.create(
-            model=model, messages=[{"role": "user", "content": "hi"}], stream=stream
-        )
-        if stream:
-            chunks = [c async for c in raw.parse()]
-            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        else:
-            text = raw.parse().choices[0].message.content
-        return text, raw.headers
-    finally:
-        await client.close()
-
-
-STREAMS = pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
-OPENAI_WIRES = pytest.mark.parametrize("responses", [False, True], ids=["chat", "responses"])
 
 
 # --- row 1: nothing of the model can serve -----------------------------------------------------
