@@ -429,3 +429,22 @@ async def test_start_connects_before_the_first_request_and_waits_a_bounded_time(
         assert time.perf_counter() - began < 0.05
     finally:
         redis_server.resume()
+
+
+async def test_closing_during_the_start_up_wait_ends_it(
+    store: MakeStore, redis_server: RedisServer
+) -> None:
+    limits = store(timeout_secs=0.05)
+    redis_server.pause()
+    try:
+        waiting = asyncio.create_task(limits.start())
+        await asyncio.sleep(0.2)
+        began = time.perf_counter()
+        await limits.aclose()
+        assert time.perf_counter() - began < 0.5  # not the rest of the 1 s start-up
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await asyncio.sleep(0.1)
+        assert limits._commands is None  # no client made after the close
+    finally:
+        redis_server.resume()

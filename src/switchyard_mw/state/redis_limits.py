@@ -189,7 +189,7 @@ class RedisLimits:
     async def aclose(self) -> None:
         """Stop reconnecting and close the connections (the server's shutdown)."""
         self._closing = True
-        tasks = [*self._tasks, *([self._reconnect] if self._reconnect else [])]
+        tasks = [*self._tasks, *(t for t in (self._reconnect, self._warm_up) if t is not None)]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
