@@ -20,6 +20,12 @@ config is reloaded by SIGHUP (both fronts) and by the POST route, once with an i
 processor. The last fifth of the run is calm, so every account can come back. Throughout,
 some streaming clients leave after their first chunk.
 
+Every client is a tenant (its key in `x-api-key` or `Authorization: Bearer`): most are
+`everyone` (no limit); a quarter of the faulty run's requests (JSON Messages calls through
+both fronts) are `metered`, whose tokens limit (`METERED_TOKENS` a day, shared through Redis,
+`replicas_hint` 2) runs out long before Redis restarts, so the restart comes while it is
+spent.
+
 Every answer a client got is sorted: a whole answer; a documented error (a JSON error body in
 the wire's shape with its type, or a started stream ended by the wire's error event); on the
 Envoy front, an answer cut after its headers (Envoy passes a provider's cut on as a cut: its
@@ -35,6 +41,10 @@ printed with its figure:
   - the invalid config refused; no traceback in any log;
   - Envoy's retries through an aggregate served (by Envoy's counters): failovers across
     providers happened.
+  - the metered tenant: every request a whole answer, a 429 `rate_limit_error` with
+    `retry-after`, or a documented error of the faults (none lost), and the tokens its whole
+    answers used within its limit plus the degraded mode's bound for the one outage (with
+    `replicas_hint` = the 2 replicas, one limit more: docs/policies/tenants.md).
 Exit code 0 when every target is met, 1 otherwise. `--report FILE` also writes the tables as
 Markdown.
 """
@@ -44,6 +54,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import itertools
 import json
 import os
@@ -73,6 +84,13 @@ from switchyard_mw.testing.envoy import envoy_binary, with_ports
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "chaos-model"
 KEYS = {"a": "chaos-key-a", "b": "chaos-key-b", "c": "chaos-key-c"}
+CLIENT_KEY = "client"
+METERED_KEY = "chaos-metered"
+METERED_TOKENS = 600
+"""About 18 requests' use (each about 25 input and 8 output tokens, reserving about 100): spent
+within the first few seconds of the faulty run, long before Redis restarts (0.42 of it)."""
+METERED_SHARE = 0.25
+"""Of the faulty run's requests, those of the metered tenant."""
 CLIENT_TIMEOUT_SECS = 45.0
 """Longer than any answer may take (the accounts' deadlines and cooling): past it, it hung."""
 
@@ -87,6 +105,14 @@ expose_headers = true
 [state]
 backend = "redis"
 url = "redis://127.0.0.1:{redis}"
+replicas_hint = 2  # the gateway and the processor
+
+[tenants.everyone]
+keys = ["{everyone}"]
+
+[tenants.metered]
+keys = ["{metered}"]
+limits = [{{ tokens = {metered_tokens}, per = "day" }}]
 
 [llm_clients.a]
 base_url = "{mock}"
@@ -142,6 +168,8 @@ class Seen:
     kind: str
     what: str
     at: float
+    metered_tokens: int | None = None
+    """A metered tenant's request: the tokens its whole answer used (0 for any other end)."""
 
 
 def classify(path: str, stream: bool, status: int, body: bytes) -> tuple[str, str]:
@@ -190,13 +218,42 @@ def request_body(path: str, stream: bool, n: int) -> dict[str, object]:
     return {"model": MODEL, "stream": stream, "messages": messages}
 
 
+async def metered(http: httpx.AsyncClient, base: str, n: int) -> Seen:
+    """A metered tenant's JSON Messages call: a whole answer (its usage counted), its limit's
+    429 with `retry-after`, or a documented error of the faults."""
+    started = time.monotonic()
+    body = request_body("/v1/messages", False, n)
+    try:
+        response = await http.post(
+            base + "/v1/messages", json=body, headers={"x-api-key": METERED_KEY}
+        )
+    except httpx.TimeoutException as exc:
+        return Seen("defect", f"metered: client time-out ({type(exc).__name__})", started, 0)
+    except httpx.HTTPError as exc:
+        return Seen("defect", f"metered: transport error {type(exc).__name__}", started, 0)
+    kind, what = classify("/v1/messages", False, response.status_code, response.content)
+    if response.status_code == 429:
+        if what != "429 rate_limit_error" or "retry-after" not in response.headers:
+            return Seen("defect", f"metered: {what} without retry-after", started, 0)
+        return Seen("error", "metered: 429 rate_limit_error", started, 0)
+    used = 0
+    if kind == "ok":
+        usage = response.json().get("usage", {})
+        used = int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0))
+    return Seen(kind, f"metered: {what}", started, used)
+
+
 async def one(
     http: httpx.AsyncClient, base: str, rng: random.Random, n: int, *, envoy: bool
 ) -> Seen:
     path = "/v1/messages" if rng.random() < 0.5 else "/v1/chat/completions"
     stream = rng.random() < 0.4
     leave = stream and rng.random() < 0.1  # a client that goes away mid-stream
-    headers = {"x-api-key": "client"} if path == "/v1/messages" else {}
+    headers = (
+        {"x-api-key": CLIENT_KEY}
+        if path == "/v1/messages"
+        else {"authorization": f"Bearer {CLIENT_KEY}"}
+    )
     started = time.monotonic()
     status = None
     try:
@@ -222,9 +279,15 @@ async def one(
 
 
 async def drive(
-    fronts: dict[str, str], secs: float, rate: float, seed: int, seen: dict[str, list[Seen]]
+    fronts: dict[str, str],
+    secs: float,
+    rate: float,
+    seed: int,
+    seen: dict[str, list[Seen]],
+    metered_share: float = 0.0,
 ) -> None:
-    """`rate` requests a second to each front for `secs`, each on its own task."""
+    """`rate` requests a second to each front for `secs`, each on its own task; of them,
+    `metered_share` the metered tenant's."""
     rng = random.Random(seed)
     timeout = httpx.Timeout(CLIENT_TIMEOUT_SECS, connect=5)
     async with httpx.AsyncClient(timeout=timeout) as http:
@@ -236,7 +299,10 @@ async def drive(
                 n += 1
 
                 async def run(front: str = front, base: str = base, n: int = n) -> None:
-                    seen[front].append(await one(http, base, rng, n, envoy=front == "envoy"))
+                    if rng.random() < metered_share:
+                        seen[front].append(await metered(http, base, n))
+                    else:
+                        seen[front].append(await one(http, base, rng, n, envoy=front == "envoy"))
 
                 task = asyncio.create_task(run())
                 tasks.add(task)
@@ -292,10 +358,17 @@ class Fleet:
             redis=self.redis_port,
             model=MODEL,
             timeout=timeout,
+            everyone=_digest(CLIENT_KEY),
+            metered=_digest(METERED_KEY),
+            metered_tokens=METERED_TOKENS,
         )
         if broken:  # a reload with this must be refused, the config in force kept
             text = text.replace("cooldown_secs = 1\n", "cooldown_secs = -1\n", 1)
         self.config.write_text(text)
+
+
+def _digest(key: str) -> str:
+    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
 
 
 @contextlib.contextmanager
@@ -682,7 +755,8 @@ def main() -> int:
 
         async def run() -> None:
             await asyncio.gather(
-                drive(fronts, secs, rate, 2, seen), inject(f, secs, started, injected)
+                drive(fronts, secs, rate, 2, seen, METERED_SHARE),
+                inject(f, secs, started, injected),
             )
 
         asyncio.run(run())
@@ -738,6 +812,7 @@ def main() -> int:
             _met(counters["retried across"] > 0),
         ]
     )
+    targets += metered_targets([s for items in seen.values() for s in items])
     rows = windows(injected, seen, started, secs)
     text = markdown(rows, targets)
     print(f"chaos soak: {secs:.0f} s at {rate:g} requests/s to each front, then {calm:.0f} s calm")
@@ -751,6 +826,28 @@ def main() -> int:
     ok = all(row[3] == "yes" for row in targets if row[3])
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
+
+
+def metered_targets(seen: list[Seen]) -> list[list[str]]:
+    """The metered tenant's requests (both fronts): each ended as it may, its limit spent, and
+    the tokens charged within the limit plus one limit for the one outage (Redis's restart:
+    each of the 2 replicas its share, half the limit, beyond what it last read)."""
+    mine = [s for s in seen if s.metered_tokens is not None]
+    ends = Counter(s.what for s in mine)
+    charged = sum(s.metered_tokens or 0 for s in mine)
+    refused = ends["metered: 429 rate_limit_error"]
+    bound = 2 * METERED_TOKENS
+    lost = sum(1 for s in mine if s.kind == "defect")
+    return [
+        ["metered tenant's requests", _cell(ends), "none lost", _met(bool(mine) and not lost)],
+        ["metered tenant's limit spent", f"{refused} refused (429)", "some", _met(refused > 0)],
+        [
+            "metered tenant's tokens charged",
+            f"{charged} of {METERED_TOKENS}",
+            f"at most {bound}",
+            _met(0 < charged <= bound),
+        ],
+    ]
 
 
 POOLED_SLACK = 2

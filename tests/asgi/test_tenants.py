@@ -7,17 +7,23 @@ request metrics."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
 
-from switchyard_mw.asgi._types import ASGIApp, Receive, Scope, Send
+from redis_server import running_redis, until
+from switchyard_mw.asgi._types import ASGIApp, Message, Receive, Scope, Send
 from switchyard_mw.asgi.stack import SwitchyardStack, switchyard_stack
 from switchyard_mw.config import parse_config
 from switchyard_mw.context import current_context, name_tenant
+from switchyard_mw.state._limits_lua import MERGE, RESERVE, SETTLE
+from switchyard_mw.state.redis_limits import RedisLimits
 from switchyard_mw.telemetry import names as tm
 from switchyard_mw.telemetry import request_metrics as rm
 
@@ -247,3 +253,52 @@ def test_a_token_count_is_identified_but_reserves_nothing() -> None:
     assert counted.status_code == 200
     assert upstream.calls == 1
     assert used(stack) == 0  # free at the provider: nothing held, nothing kept
+
+
+@pytest.mark.integration  # starts a redis-server
+async def test_lifespan_startup_connects_the_redis_limit_store_before_the_first_request(
+    tmp_path: Path,
+) -> None:
+    """A Redis that answers only after 300 ms (3 x timeout_ms) while the server starts: the
+    startup waits for it (the limit store's start-up time, not its timeout), so the first
+    request finds the store connected, its scripts loaded, and no outage."""
+    with contextlib.contextmanager(running_redis)(tmp_path) as redis:
+        state = f'[state]\nbackend = "redis"\nurl = "{redis.url}"\ntimeout_ms = 100\n'
+        upstream = Upstream()
+
+        async def app(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] != "lifespan":
+                return await upstream(scope, receive, send)
+            while (kind := (await receive())["type"].removeprefix("lifespan.")) != "shutdown":
+                await send({"type": f"lifespan.{kind}.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+
+        stack = switchyard_stack(
+            app,
+            config=parse_config(CONFIG + state),
+            environ={"KEY_A": "acct"},
+            reload_on_signal=False,
+        )
+        store = stack.limit_store
+        assert isinstance(store, RedisLimits)
+        inbox = asyncio.Queue[Message]()
+        inbox.put_nowait({"type": "lifespan.startup"})
+        outbox: list[Message] = []
+
+        async def send(message: Message) -> None:
+            outbox.append(message)
+
+        redis.pause()
+        asyncio.get_running_loop().call_later(0.3, redis.resume)
+        lifespan = asyncio.create_task(stack({"type": "lifespan"}, inbox.get, send))
+        await until(lambda: bool(outbox), within=5.0)
+        assert outbox == [{"type": "lifespan.startup.complete"}]
+        assert store.healthy
+        async with aioredis.Redis.from_url(redis.url) as raw:
+            loaded = await raw.script_exists(*(s.sha for s in (RESERVE, SETTLE, MERGE)))
+        assert loaded == [True, True, True]
+        assert (await post(stack, {"x-api-key": KEY})).status_code == 200
+        assert store.healthy
+        inbox.put_nowait({"type": "lifespan.shutdown"})
+        await lifespan
+        await stack.aclose()

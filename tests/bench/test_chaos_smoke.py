@@ -28,6 +28,22 @@ def test_chaos_smoke_meets_its_targets() -> None:
     assert "| invalid config reloaded | refused | refused | yes |" in out
     # Envoy's retries moved across the two provider clusters (its own counters).
     assert re.search(r"\| Envoy retries served on another provider's cluster \| [1-9]", out)
+    # The metered tenant (both fronts): its limit spent before Redis restarted, every request
+    # a whole answer or its 429 with retry-after (or a documented error of the faults), and
+    # the tokens charged within the limit plus the degraded mode's bound.
+    metered = re.search(r"\| metered tenant's requests \| (.*) \| none lost \| yes \|", out)
+    assert metered is not None, out
+    assert "metered: 200" in metered.group(1)
+    refused = re.search(
+        r"\| metered tenant's limit spent \| (\d+) refused \(429\) \| some \| yes", out
+    )
+    assert refused is not None, out
+    assert int(refused.group(1)) > 0
+    charged = re.search(
+        r"\| metered tenant's tokens charged \| (\d+) of (\d+) \| at most (\d+) \| yes", out
+    )
+    assert charged is not None, out
+    assert 0 < int(charged.group(1)) <= int(charged.group(3)) == 2 * int(charged.group(2))
     # Every kind of injection of the schedule took place during the traffic.
     for injected in (
         "answers 401",

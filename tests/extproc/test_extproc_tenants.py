@@ -7,9 +7,12 @@ settles the reservation; an answer that never came gives it back."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import msgspec
@@ -25,9 +28,12 @@ from extproc_helpers import (
     response_headers,
     sets,
 )
+from redis_server import running_redis
 from switchyard_mw.accounts import build_accounts
 from switchyard_mw.config import parse_config
+from switchyard_mw.core.limits import Granted, LimitKey
 from switchyard_mw.extproc import ExtProcServicer, Policies
+from switchyard_mw.state.redis_limits import RedisLimits
 from switchyard_mw.testing import MockProvider
 
 KEY = "sk-tenant-envoy"
@@ -200,3 +206,30 @@ async def test_an_answer_the_processor_makes_itself_carries_the_tenants_headers_
     await stream.close()
     await asyncio.sleep(0)
     assert env.used() == [0, 0]  # no answer started: given back
+
+
+@pytest.mark.integration  # starts a redis-server
+async def test_the_processors_start_connects_the_redis_limit_store(tmp_path: Path) -> None:
+    """A Redis silent for 300 ms (3 x timeout_ms) while the processor starts: its start waits
+    for the limit store (its start-up time), which is connected before the first request."""
+    with contextlib.contextmanager(running_redis)(tmp_path) as redis:
+        state = f'[state]\nbackend = "redis"\nurl = "{redis.url}"\ntimeout_ms = 100\n'
+        config = parse_config(CONFIG + state)
+        policies = Policies(config, build_accounts(config, {"KEY_A": "acct"}))
+        store = policies.limit_store
+        assert isinstance(store, RedisLimits)
+        redis.pause()
+        asyncio.get_running_loop().call_later(0.3, redis.resume)
+        began = time.perf_counter()
+        await policies.start()
+        assert time.perf_counter() - began > 0.25
+        assert store.healthy
+        assert isinstance(await store.reserve({policies_limit(policies): 1}), Granted)
+        assert store.healthy
+        await policies.aclose()
+
+
+def policies_limit(policies: Policies) -> LimitKey:
+    tenancy = policies.tenancy
+    assert tenancy is not None
+    return tenancy.rules["team"].limits[0]

@@ -362,3 +362,89 @@ async def test_state_builds_the_redis_store_with_its_share(redis_server: RedisSe
     finally:
         await limits.aclose()
     assert build_limits(State()).name == "memory"
+
+
+async def test_a_slow_first_call_is_no_outage_two_replicas_spend_one_limit(
+    store: MakeStore, redis_server: RedisServer, otel_metrics: Metrics
+) -> None:
+    """Redis answers nothing for the first 300 ms (3 x timeout_ms) while two replicas that
+    never reached it take 64 concurrent requests against 3,000 tokens: their first calls
+    (connecting, loading the scripts) wait out the start-up once instead of starting an
+    outage, and together they spend the limit once, not once each."""
+    limit = LimitKey(scope="team", measure=Measure.TOKENS, per="day", amount=3_000)
+    replicas = [store(timeout_secs=0.1), store(timeout_secs=0.1)]  # replicas_hint 1
+    degraded = otel_metrics.value(tm.STATE_DEGRADED)
+    charged: list[float] = []
+
+    async def request(limits: RedisLimits) -> None:
+        for _ in range(4):
+            outcome = await limits.reserve({limit: 200})
+            if isinstance(outcome, Granted):
+                charged.append(200)
+                await limits.settle(outcome.reservation, {Measure.TOKENS: 200})
+
+    redis_server.pause()
+    try:
+        work = asyncio.gather(*(request(replicas[i % 2]) for i in range(64)))
+        await asyncio.sleep(0.3)
+    finally:
+        redis_server.resume()
+    await work
+    assert sum(charged) == limit.amount  # 15 requests of 200: overspend 0
+    assert all(limits.healthy and not limits.dropped_settles for limits in replicas)
+    assert otel_metrics.value(tm.STATE_DEGRADED) == degraded
+
+
+async def test_start_connects_before_the_first_request_and_waits_a_bounded_time(
+    store: MakeStore, redis_server: RedisServer, raw: aioredis.Redis, otel_metrics: Metrics
+) -> None:
+    # A hung Redis that answers after 300 ms: start waits for it (the scripts are loaded
+    # then, so the first reserve is one EVALSHA), no outage.
+    limits = store(timeout_secs=0.05)
+    redis_server.pause()
+    asyncio.get_running_loop().call_later(0.3, redis_server.resume)
+    began = time.perf_counter()
+    await limits.start()
+    assert 0.25 < time.perf_counter() - began < 1.0
+    assert limits.healthy
+    scripts = await raw.info("commandstats")
+    assert int(scripts.get("cmdstat_script|load", {}).get("calls", 0)) >= 2
+    before = await evalsha_calls(raw)
+    assert isinstance(await limits.reserve({DAY: 1}), Granted)
+    assert await evalsha_calls(raw) - before == 1
+    # A Redis that never answers: start gives up after the start-up time (max(1 s, 10 x
+    # timeout_ms)) and the replica is in an outage, its share from then on.
+    degraded = otel_metrics.value(tm.STATE_DEGRADED)
+    later = store(timeout_secs=0.05)
+    redis_server.pause()
+    try:
+        began = time.perf_counter()
+        await later.start()
+        waited = time.perf_counter() - began
+        assert 0.95 < waited < 1.5
+        assert not later.healthy
+        assert otel_metrics.value(tm.STATE_DEGRADED) - degraded == 1
+        began = time.perf_counter()
+        assert isinstance(await later.reserve({DAY: 1}), Granted)  # its share, at once
+        assert time.perf_counter() - began < 0.05
+    finally:
+        redis_server.resume()
+
+
+async def test_closing_during_the_start_up_wait_ends_it(
+    store: MakeStore, redis_server: RedisServer
+) -> None:
+    limits = store(timeout_secs=0.05)
+    redis_server.pause()
+    try:
+        waiting = asyncio.create_task(limits.start())
+        await asyncio.sleep(0.2)
+        began = time.perf_counter()
+        await limits.aclose()
+        assert time.perf_counter() - began < 0.5  # not the rest of the 1 s start-up
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await asyncio.sleep(0.1)
+        assert limits._commands is None  # no client made after the close
+    finally:
+        redis_server.resume()

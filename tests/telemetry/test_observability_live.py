@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -47,6 +48,7 @@ ALERTS = {
     "SwitchyardVariantErrorRateAboveBase",
     "SwitchyardDeadlineExpiriesRising",
 }
+METERED_KEY = "key-metered"
 TURN: Any = [{"role": "user", "content": "Say hello"}]
 
 
@@ -71,7 +73,18 @@ def gateway_config(mock: str) -> str:
         + "judge_deadline_ms = 100\n"
         + 'choices = { simple = "claude-haiku-5", complex = "claude-opus-5" }\n'
         + 'fallback = "claude-haiku-5"\n'
+        # Every client a tenant: the mix's key unlimited, the metered key's small limit
+        # refused from the first round on (the tenants panels: cost, refusals, tokens).
+        + f'[tenants.everyone]\nkeys = ["{digest("x")}"]\n'
+        + f'[tenants.metered]\nkeys = ["{digest(METERED_KEY)}"]\n'
+        + 'limits = [{ tokens = 60, per = "day" }]\n'
+        + '[prices."claude-haiku-5"]\ninput = 1.0\noutput = 5.0\n'
+        + '[prices."claude-opus-5"]\ninput = 15.0\noutput = 75.0\n'
     )
+
+
+def digest(key: str) -> str:
+    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
 
 
 @contextlib.contextmanager
@@ -112,6 +125,7 @@ async def traffic_round(gateway: str, index: int) -> None:
     """One round of the mix; the first round is small, so every counter exists before it grows
     (a rate needs the series to have been seen before its increase)."""
     claude = anthropic.AsyncAnthropic(base_url=gateway, api_key="x", max_retries=0)
+    metered = anthropic.AsyncAnthropic(base_url=gateway, api_key=METERED_KEY, max_retries=0)
     gpt = openai.AsyncOpenAI(base_url=f"{gateway}/v1", api_key="x", max_retries=0)
     many = 1 if index == 0 else 20
 
@@ -144,6 +158,11 @@ async def traffic_round(gateway: str, index: int) -> None:
     calls.append(
         quiet(claude.messages.create(model="claude-haiku-5", max_tokens=16, messages=TURN))
     )
+    # Three a round against 60 tokens a day, each reserving about 24: refused from the first.
+    calls += [
+        quiet(metered.messages.create(model="claude-haiku-5", max_tokens=16, messages=TURN))
+        for _ in range(3)
+    ]
     await asyncio.gather(*calls)
 
     async with claude.messages.stream(model="gpt-5", max_tokens=16, messages=TURN) as stream:
@@ -155,6 +174,7 @@ async def traffic_round(gateway: str, index: int) -> None:
     async for _ in chunks:
         pass
     await claude.close()
+    await metered.close()
     await gpt.close()
 
 

@@ -175,6 +175,9 @@ class SwitchyardStack(PolicyMiddleware):
 
     async def _startup(self) -> None:
         await self.store.start()
+        starting = getattr(self.limit_store, "start", None)  # a Redis one connects first
+        if starting is not None:
+            await starting()
         if self._signal:
             reload.on_signal(self._on_signal)
 

@@ -171,8 +171,12 @@ class Policies:
         return self.accounts[account].spec.envoy_cluster or ""
 
     async def start(self) -> None:
-        """Connect the shared state store (waiting at most its timeout)."""
+        """Connect the shared state stores (the account-health one waiting at most its
+        timeout, the limit store its start-up time)."""
         await self.store.start()
+        starting = getattr(self.limit_store, "start", None)
+        if starting is not None:
+            await starting()
 
     async def aclose(self) -> None:
         await self.store.aclose()

@@ -13,6 +13,13 @@ two calls), and a third, a release, when one of them refuses what the other gran
 reservation is all or nothing across the two, not atomic: for a moment the granted half holds
 what the refused request will not spend, which refuses no more than it should).
 
+Start-up: until Redis has answered once, this replica knows nothing of any window, and its
+share would admit from zero as if every window were empty (each replica a whole share). So its
+first call (connecting, loading the scripts) is no ordinary call: `start` (the server's
+lifespan startup; else the first reserve) makes it once, shared by every request that comes
+meanwhile, and waits up to the start-up time, ``max(1 s, 10 x timeout_secs)``, not
+``timeout_secs``. Only a Redis that does not answer within it starts an outage.
+
 Degraded mode: a call that fails or takes longer than ``timeout_secs`` starts an outage,
 logged and counted once (``switchyard.state.degraded``); a reserve that timed out may still
 run on the server, and then holds its ask until the window ends (on the side of the limit).
@@ -91,6 +98,9 @@ class _Read:
 
 _NOTHING_READ = _Read(0.0, -1, 0.0, "-")
 
+_RETRY_SECS = 0.02
+"""Between two tries of the first contact (a refused connection fails at once)."""
+
 _SHARED = "shared"
 """A reservation Redis holds (its windows and amounts are in the outward reservation)."""
 
@@ -131,6 +141,8 @@ class RedisLimits:
         """Per limit: what Redis last said of its window."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._reconnect: asyncio.Task[None] | None = None
+        self._warm_up: asyncio.Future[None] | None = None
+        """The first connection and script load (done: Redis answered once, or gave up)."""
         self._outages = 0
         self.dropped_settles = 0
         """Settles of Redis reservations given up (failed, or during an outage)."""
@@ -142,7 +154,17 @@ class RedisLimits:
 
     # --- the LimitStore interface ----------------------------------------------------------
 
+    async def start(self) -> None:
+        """Connect and load the scripts before the first request, waiting at most the
+        start-up time; Redis silent that long: an outage (this replica's share)."""
+        if self._warm_up is None:
+            self._warm_up = asyncio.ensure_future(self._first_contact())
+        # Shielded: a request given up while it waits must not cancel the others' wait.
+        await asyncio.shield(self._warm_up)
+
     async def reserve(self, asks: Mapping[LimitKey, float]) -> Granted | Refused:
+        if self._warm_up is None or not self._warm_up.done():
+            await self.start()
         if asks and self._healthy:
             try:
                 async with asyncio.timeout(self._timeout):
@@ -167,7 +189,7 @@ class RedisLimits:
     async def aclose(self) -> None:
         """Stop reconnecting and close the connections (the server's shutdown)."""
         self._closing = True
-        tasks = [*self._tasks, *([self._reconnect] if self._reconnect else [])]
+        tasks = [*self._tasks, *(t for t in (self._reconnect, self._warm_up) if t is not None)]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -340,6 +362,27 @@ class RedisLimits:
         if self._reconnect is None or self._reconnect.done():
             self._reconnect = asyncio.create_task(self._reconnect_loop())
 
+    async def _first_contact(self) -> None:
+        """Try until the start-up time is over: each call times out after `timeout_secs` (the
+        client's socket timeout), which a loaded Redis may take to connect once."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._connect_timeout
+        while True:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self._load_scripts()
+                return
+            except ERRORS as exc:
+                if self._closing or loop.time() + _RETRY_SECS >= deadline:
+                    self._lost(exc)
+                    return
+            await asyncio.sleep(_RETRY_SECS)
+
+    async def _load_scripts(self) -> None:
+        """Connect, and have the scripts in Redis's cache (a restarted server lost them)."""
+        for script in (RESERVE, SETTLE, MERGE):
+            await self._client().script_load(script.text)
+
     async def _reconnect_loop(self) -> None:
         delay = 0.05
         while not self._closing:
@@ -347,9 +390,7 @@ class RedisLimits:
             delay = min(delay * 2, self._reconnect_max)
             with contextlib.suppress(*ERRORS):
                 async with asyncio.timeout(self._connect_timeout):
-                    # Loaded again: a restarted server has lost its script cache.
-                    await self._client().script_load(RESERVE.text)
-                    await self._client().script_load(SETTLE.text)
+                    await self._load_scripts()
                     await self._merge()
                 self._healthy = True
                 _log.warning("limits store %s is back: limits are shared again", self._where)
