@@ -129,9 +129,9 @@ class Account:
         """The credential header this account sends upstream, in its `auth` scheme."""
         if self.api_key is None:
             return []
-        if self.spec.auth == "x-api-key":
-            return [("x-api-key", self.api_key)]
-        return [("authorization", f"Bearer {self.api_key}")]
+        if self.spec.auth == "bearer":
+            return [("authorization", f"Bearer {self.api_key}")]
+        return [(self.spec.auth, self.api_key)]  # the header is the scheme's name
 
     def url(self, path: str) -> str:
         """`base_url` joined with a request path such as `/v1/messages`, or with the

@@ -85,8 +85,9 @@ class LLMClient(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     request's path, `{model}` filled with the provider's name (unset: the request's path)."""
     api_key_env: str | None = None
     """The environment variable holding its key, read at start-up (and at each reload)."""
-    auth: Literal["x-api-key", "bearer"] = "bearer"
-    """How the key is sent: an `x-api-key` header, or `Authorization: Bearer`."""
+    auth: Literal["x-api-key", "bearer", "api-key"] = "bearer"
+    """How the key is sent: an `x-api-key` header (Anthropic), `Authorization: Bearer` (OpenAI
+    and most others), or an `api-key` header (Azure OpenAI's API keys)."""
     priority: int = 0
     """Lower is preferred; accounts of equal priority share the traffic in turn."""
     timeout_secs: PositiveSecs = 60.0

@@ -309,8 +309,9 @@ def test_an_azure_deployment_puts_its_name_and_api_version_in_the_path() -> None
     assert azure.path == "/openai/deployments/{model}/chat/completions?api-version=2023-05-15"
     assert azure.models == {"gpt-4-team1": "chatgpt-v-2"}
     assert azure.api_key_env == "AZURE_NORTH_AMERICA_API_KEY"
-    # Azure's API keys go in an `api-key` header, which switchyard cannot send: said, not hidden.
-    assert any("api-key header" in n for n in notes)
+    # Azure's API keys go in an `api-key` header: the account's auth scheme says so.
+    assert azure.auth == "api-key"
+    assert not any("api-key" in n for n in notes)
 
 
 def test_azure_endpoint_and_version_from_the_environment_litellm_reads() -> None:
@@ -328,7 +329,8 @@ def test_azure_endpoint_and_version_from_the_environment_litellm_reads() -> None
     assert azure.base_url == "https://res.openai.azure.com"
     assert azure.path == "/openai/deployments/{model}/chat/completions?api-version=v9"
     assert azure.api_key_env == "AZURE_AD_TOKEN"  # an Entra ID token is a bearer token
-    assert not any("api-key header" in n for n in notes)
+    assert azure.auth == "bearer"
+    assert not any("api-key" in n for n in notes)
 
     with pytest.raises(ConfigError) as info:
         translate(yaml_text, {})

@@ -9,7 +9,7 @@ from typing import Protocol
 
 Headers = list[tuple[str, str]]
 
-SECRET_HEADERS = frozenset({"authorization", "x-api-key", "x-amz-security-token"})
+SECRET_HEADERS = frozenset({"authorization", "x-api-key", "api-key", "x-amz-security-token"})
 """Headers whose values are credentials: never shown (repr, logs, spans, errors)."""
 
 

@@ -42,7 +42,7 @@ CLOUD_FILTER = "cloud"
 """The `x-switchyard-filter` metadata value of the cloud filter."""
 _READ_REQUEST = frozenset([REQUEST_ID_HEADER, ":path", "anthropic-beta"])
 _READ_RESPONSE = frozenset([":status", "content-type", "x-amzn-errortype"])
-_CALLER_CREDENTIALS = ["x-api-key"]
+_CALLER_CREDENTIALS = ["x-api-key", "api-key"]
 """The caller's key: removed (the cloud's credential is set in its place)."""
 _SSE_ERROR_STATUS = 502
 

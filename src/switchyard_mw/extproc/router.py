@@ -69,7 +69,7 @@ RETRY_HEADER = "x-switchyard-retry"
 RETRY_AFTER_HEADER = "x-switchyard-retry-after"
 """Set beside `RETRY_HEADER` for a retry in place: the whole seconds Envoy waits first (the
 route's `rate_limited_retry_back_off` reads it, in whole seconds)."""
-CREDENTIAL_HEADERS = ("authorization", "x-api-key")
+CREDENTIAL_HEADERS = ("authorization", "x-api-key", "api-key")
 __all__ = [
     "DEADLINE_EXCEEDED",
     "NO_HEALTHY_ACCOUNT",

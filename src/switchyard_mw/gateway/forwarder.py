@@ -60,6 +60,7 @@ _DROP_REQUEST = frozenset(
     {
         "authorization",
         "x-api-key",
+        "api-key",
         "host",
         "content-length",
         "connection",

@@ -36,11 +36,7 @@ def azure(params: Mapping[str, Any], site: Site) -> Found | None:
         return settings, f"azure-{host_label(api_base)}", comments
     variable = key_env(params.get("api_key"), "AZURE_API_KEY", "azure", site)
     settings["api_key_env"] = variable or "AZURE_API_KEY"
-    site.note(
-        "Azure takes an API key in an api-key header; switchyard sends the variable's value as "
-        "Authorization: Bearer, which Azure accepts for a Microsoft Entra ID token "
-        "(azure_ad_token) only"
-    )
+    settings["auth"] = "api-key"  # Azure's API keys go in an api-key header
     return settings, f"azure-{host_label(api_base)}", comments
 
 

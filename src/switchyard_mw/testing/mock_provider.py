@@ -6,7 +6,7 @@ answers in its own wire format, streams when the body says ``"stream": true``, a
 echoes the requested ``model`` so a test can see where a gateway routed a call.
 ``/v1/messages/count_tokens`` answers ``{"input_tokens": N}`` as Anthropic's does.
 
-How each request is answered is chosen by its API key (``x-api-key`` or
+How each request is answered is chosen by its API key (``x-api-key``, ``api-key`` or
 ``Authorization: Bearer``): see :class:`Behaviour`. Behaviours can be set in process
 (:meth:`MockProvider.set_behaviour`) or over HTTP when the mock runs elsewhere::
 
@@ -874,6 +874,8 @@ def _headers(scope: Scope) -> dict[str, str]:
 def _api_key(headers: dict[str, str]) -> str:
     if "x-api-key" in headers:
         return headers["x-api-key"]
+    if "api-key" in headers:  # Azure OpenAI's
+        return headers["api-key"]
     scheme, _, token = headers.get("authorization", "").partition(" ")
     return token.strip() if scheme.lower() == "bearer" else ""
 
