@@ -187,12 +187,18 @@ CLOUD_FILTER: dict[str, Any] = {
 def with_cloud_cluster(envoy_yaml: str, ports: Mapping[str, int], name: str) -> str:
     """The example's config (its ports swapped) and a cloud cluster `name`: the example
     cluster's upstream filters, the cloud filter nearest the codec, the same endpoint (the
-    mock serves every face on one port)."""
+    mock serves every face on one port), its metadata naming `name` (the processor reads an
+    attempt's cluster from it)."""
     config = yaml.safe_load(with_ports(envoy_yaml, ports))
     clusters = config["static_resources"]["clusters"]
     [example] = [c for c in clusters if c["name"] == "mock"]
     cloud = copy.deepcopy(example)
     cloud["name"] = cloud["load_assignment"]["cluster_name"] = name
+    for group in cloud["load_assignment"]["endpoints"]:  # each endpoint names its own cluster
+        for endpoint in group["lb_endpoints"]:
+            endpoint.setdefault("metadata", {})["filter_metadata"] = {
+                "switchyard": {"cluster": name}
+            }
     options = cloud["typed_extension_protocol_options"]
     filters = options["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]["http_filters"]
     filters.insert(len(filters) - 1, copy.deepcopy(CLOUD_FILTER))  # before upstream_codec
