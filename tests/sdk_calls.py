@@ -58,3 +58,18 @@ async def openai_call(gateway: str, model: str, stream: bool, responses: bool) -
 
 STREAMS = pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 OPENAI_WIRES = pytest.mark.parametrize("responses", [False, True], ids=["chat", "responses"])
+
+
+async def responses_model_names(client: openai.AsyncOpenAI, model: str, stream: bool) -> list[str]:
+    """Every `model` a Responses answer shows the SDK: the whole answer's, or each
+    `response.*` event's and the final response's (at least three)."""
+    if not stream:
+        return [(await client.responses.create(model=model, input="hi")).model]
+    names = []
+    async with client.responses.stream(model=model, input="hi") as events:
+        async for event in events:
+            if event.type in ("response.created", "response.in_progress", "response.completed"):
+                names.append(event.response.model)
+        names.append((await events.get_final_response()).model)
+    assert len(names) >= 3  # response.created, response.completed, the final response
+    return names

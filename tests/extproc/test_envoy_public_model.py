@@ -19,6 +19,7 @@ import openai
 import pytest
 import pytest_asyncio
 
+from sdk_calls import responses_model_names
 from servers import ROOT, free_port, serve_in_thread
 from switchyard_mw.accounts import build_accounts
 from switchyard_mw.config import parse_config
@@ -188,16 +189,7 @@ async def test_the_openai_sdk_gets_the_public_name_in_chat_completions(
 @pytest.mark.parametrize("stream", [False, True])
 async def test_the_openai_sdk_gets_the_public_name_in_responses(rig: Rig, stream: bool) -> None:
     client = _openai(rig)
-    if stream:
-        names = []
-        async with client.responses.stream(model="gpt-x", input="hi") as events:
-            async for event in events:
-                if event.type in ("response.created", "response.in_progress", "response.completed"):
-                    names.append(event.response.model)
-            names.append((await events.get_final_response()).model)
-        assert len(names) >= 3  # response.created, response.completed, the final response
-    else:
-        names = [(await client.responses.create(model="gpt-x", input="hi")).model]
+    names = await responses_model_names(client, "gpt-x", stream)
     await client.close()
     assert set(names) == {"gpt-x"}
     assert rig.mock.requests[-1].model == VENDOR_GPT

@@ -18,6 +18,7 @@ import anthropic
 import openai
 import pytest
 
+from sdk_calls import responses_model_names
 from servers import example_gateway, serve_in_thread
 from switchyard_mw.testing import MockProvider
 from vertex_accounts import service_account_file
@@ -180,16 +181,7 @@ async def test_the_openai_sdk_gets_the_public_name_in_responses(
     gateway: str, mock: tuple[MockProvider, str], stream: bool
 ) -> None:
     client = _openai(gateway)
-    if stream:
-        names = []
-        async with client.responses.stream(model="gpt-x", input="hi") as events:
-            async for event in events:
-                if event.type in ("response.created", "response.in_progress", "response.completed"):
-                    names.append(event.response.model)
-            names.append((await events.get_final_response()).model)
-        assert len(names) >= 3  # response.created, response.completed, the final response
-    else:
-        names = [(await client.responses.create(model="gpt-x", input="hi")).model]
+    names = await responses_model_names(client, "gpt-x", stream)
     await client.close()
     assert set(names) == {"gpt-x"}
     assert mock[0].requests[-1].model == VENDOR_GPT
