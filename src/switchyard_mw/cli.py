@@ -547,6 +547,10 @@ def _server_summary(server: Server) -> str:
         f"resume streams {'on' if server.resume_streams else 'off'}; "
         f"hedges up to {server.hedge_max_ratio:.0%} of a model's requests a minute"
         + ("" if server.tenant_header is None else f"; tenant header {server.tenant_header}")
+        + "".join(
+            f"; envoy failover {name} = {' then '.join(members)}"
+            for name, members in server.envoy_failover.items()
+        )
     )
 
 

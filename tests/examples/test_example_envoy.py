@@ -3,8 +3,9 @@ mock provider, the processor and a real Envoy, on free ports, on each ext_proc t
 
 Every demo step of examples/envoy/README.md, with the official SDKs: a request through Envoy is
 served and says what was decided; "auto" is routed by the judge's label; once key A refuses,
-the same requests fail over to key B inside Envoy and the judge still answers; the judge's
-other label routes elsewhere. Then Ctrl-C (SIGINT) stops everything: the script exits 0 and
+the same requests fail over inside Envoy to the other provider's cluster and the judge still
+answers; the judge's other label routes elsewhere; an outage of the first provider is served
+by the second. Then Ctrl-C (SIGINT) stops everything: the script exits 0 and
 its Envoy is gone with it. Without an Envoy binary the script says so in one line.
 """
 
@@ -45,6 +46,7 @@ class Example:
     proc: subprocess.Popen[bytes]
     envoy_url: str
     mock_url: str
+    admin_url: str
     log: Path
 
 
@@ -92,6 +94,7 @@ def example(transport: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             proc,
             f"http://127.0.0.1:{ports['ENVOY_PORT']}",
             f"http://127.0.0.1:{ports['SWITCHYARD_MOCK_PORT']}",
+            f"http://127.0.0.1:{ports['ENVOY_ADMIN_PORT']}",
             log,
         )
     finally:
@@ -124,13 +127,14 @@ def test_every_readme_step_then_ctrl_c(example: Example, transport: str) -> None
     assert raw.headers["x-switchyard-model"] == raw.parse().model == "claude-opus-5"
     assert raw.headers["x-switchyard-account"] == "mock-a"
 
-    # 3. Key A refuses: the same requests fail over to key B inside Envoy, the judge still
-    # answers; after failure_threshold (3) refusals key A cools and B answers at once.
+    # 3. Key A refuses: the same requests fail over inside Envoy to the other provider's
+    # cluster (its aggregate's next), the judge still answers; after failure_threshold (3)
+    # refusals key A cools and B, on the first provider, answers at once.
     _mock_behaviour(example.mock_url, "mock-key-a", {"status": 401})
     refused = [_hello(claude), _auto(gpt), _hello(claude)]
     assert [
         (r.headers["x-switchyard-account"], r.headers["x-switchyard-attempts"]) for r in refused
-    ] == [("mock-b", "2")] * 3
+    ] == [("mock-c", "2")] * 3
     assert refused[1].headers["x-switchyard-route"] == "judge:complex"
     raw = _auto(gpt)
     assert raw.headers["x-switchyard-route"] == "judge:complex"
@@ -142,6 +146,20 @@ def test_every_readme_step_then_ctrl_c(example: Example, transport: str) -> None
     raw = _auto(gpt)
     assert raw.headers["x-switchyard-route"] == "judge:simple"
     assert raw.headers["x-switchyard-model"] == raw.parse().model == "claude-haiku-5"
+
+    # 5. An outage of the first provider (B answers 503 too): the other provider serves, in
+    # the request (attempts 2) until B has cooled, then from the start (attempts 1). Envoy's
+    # counters say the cluster each attempt reached.
+    _mock_behaviour(example.mock_url, "mock-key-b", {"status": 503})
+    before = _cluster_requests(example)
+    outage = [_hello(claude) for _ in range(4)]
+    assert [
+        (r.headers["x-switchyard-account"], r.headers["x-switchyard-attempts"]) for r in outage
+    ] == [("mock-c", "2")] * 3 + [("mock-c", "1")]
+    assert all(r.parse().content for r in outage)
+    after = _cluster_requests(example)
+    assert after["mock"] - before["mock"] == 3  # B, three times
+    assert after["mock-other"] - before["mock-other"] == 4  # C, every request
 
     # Ctrl-C stops all three.
     example.proc.send_signal(signal.SIGINT)
@@ -169,6 +187,18 @@ def _auto(gpt: openai.OpenAI) -> Any:
     )
     assert raw.http_response.status_code == 200
     return raw
+
+
+def _cluster_requests(example: Example) -> dict[str, int]:
+    """Envoy's count of requests sent to each provider cluster (its admin `/stats`)."""
+    r = httpx.get(f"{example.admin_url}/stats", params={"filter": "upstream_rq_total$"}, timeout=5)
+    found = {}
+    for line in r.text.splitlines():
+        name, _, value = line.partition(": ")
+        for cluster in ("mock", "mock-other"):
+            if name == f"cluster.{cluster}.upstream_rq_total":
+                found[cluster] = int(value)
+    return found
 
 
 def _mock_behaviour(mock_url: str, key: str, behaviour: dict[str, Any]) -> None:

@@ -351,3 +351,27 @@ def test_problems_of_the_whole_file_have_no_line(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert f"  {path}: invalid TOML: " in done.stderr
     assert "(at line 5, column 16)" in done.stderr  # tomllib's own position
+
+
+def test_the_summary_names_each_envoy_failover_aggregate_in_order(tmp_path: Path) -> None:
+    text = """
+[llm_clients.a]
+base_url = "http://127.0.0.1:9100"
+api_key_env = "SY_TEST_KEY_A"
+models = ["m"]
+envoy_cluster = "one"
+
+[llm_clients.b]
+base_url = "http://127.0.0.1:9100"
+api_key_env = "SY_TEST_KEY_A"
+models = ["m"]
+envoy_cluster = "two"
+
+[server.envoy_failover]
+"one-then-two" = ["one", "two"]
+"two-then-one" = ["two", "one"]
+"""
+    out = check_config(write(tmp_path, text), env={"SY_TEST_KEY_A": "k"}).stdout
+    assert (
+        "; envoy failover one-then-two = one then two; envoy failover two-then-one = two then one\n"
+    ) in out
