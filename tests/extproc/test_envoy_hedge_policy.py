@@ -24,6 +24,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 from concurrent import futures
+from dataclasses import dataclass
 from typing import Any
 
 import anthropic
@@ -66,6 +67,7 @@ static_resources:
             - name: all
               domains: ["*"]
               hedge_policy: {{hedge_on_per_try_timeout: true}}
+              include_request_attempt_count: true
               routes:
               - match: {{prefix: /}}
                 route:
@@ -124,6 +126,7 @@ HOLD = """\
             grpc_service: {envoy_grpc: {cluster_name: processor}}
             failure_mode_allow: false
             message_timeout: 10s
+            response_attributes: [{attributes}]
             processing_mode:
               request_header_mode: SKIP
               request_body_mode: NONE
@@ -136,6 +139,23 @@ HOLD = """\
             "@type": {t}.filters.http.upstream_codec.v3.UpstreamCodec
 """.replace("{t}", T)
 """An upstream ext_proc filter on each try's answer, its body sent while its headers wait."""
+OWN_TRY = "request.headers['x-envoy-attempt-count']"
+"""A CEL expression over the try's own request headers: the attempt number Envoy gave it."""
+COUNT = "upstream.request_attempt_count"
+HOLD = HOLD.replace("{attributes}", f'"{OWN_TRY}", "{COUNT}"')
+
+
+@dataclass
+class Try:
+    """What one try's stream read at its response headers, and whether its content came."""
+
+    own: str
+    count: float
+    released_at: float | None = None
+
+
+TRIES: list[Try] = []
+"""Every try's stream the hold processor saw (its grpcio threads append; a test clears it)."""
 
 
 def _piece(body: ep.HttpBody) -> ep.ProcessingResponse:
@@ -152,9 +172,13 @@ class HoldToContent(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
 
     def Process(self, requests: Iterator[Any], context: Any) -> Iterator[Any]:
         held: list[ep.ProcessingResponse] | None = []  # None: the headers went
+        seen: Try | None = None
         for request in requests:
             kind = request.WhichOneof("request")
             if kind == "response_headers":
+                fields = request.attributes["envoy.filters.http.ext_proc"].fields
+                seen = Try(fields[OWN_TRY].string_value, fields[COUNT].number_value)
+                TRIES.append(seen)
                 held = [ep.ProcessingResponse(response_headers=ep.HeadersResponse())]
                 continue
             if kind == "response_trailers":
@@ -166,6 +190,8 @@ class HoldToContent(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 continue
             held.append(_piece(body))
             if b"content_block_delta" in body.body or body.end_of_stream:
+                if seen is not None:
+                    seen.released_at = time.monotonic()
                 yield from held
                 held = None
 
@@ -257,3 +283,30 @@ async def test_a_late_first_token_is_hedged_only_when_its_headers_are_held(
     else:
         assert fast.requests == []  # the per-try timeout stopped at the headers: no hedge
         assert took >= LATE_SECS
+
+
+async def test_each_tries_stream_reads_its_own_attempt_number_so_the_winner_is_known(
+    providers: tuple[MockProvider, MockProvider, str, bool],
+) -> None:
+    """What a processor needs to settle a hedge under Envoy: which try produced content first.
+    A CEL expression over the try's own request headers (`x-envoy-attempt-count`, which the
+    virtual host's `include_request_attempt_count` sets on each try) names it in the filter's
+    `response_attributes`: the first try reads 1, the hedge 2, and the hedge is the one whose
+    content came first."""
+    slow, fast, url, held = providers
+    if not held:
+        pytest.skip("only a filter on each try's answer has a stream per try")
+    slow.reset()
+    fast.reset()
+    TRIES.clear()
+    slow.set_behaviour(KEY, Behaviour(stall_after_chunks=0, body_stall_secs=LATE_SECS))
+    took, text = await _first_token(url)
+    assert text
+    assert PER_TRY_MS / 1000 <= took < LATE_SECS
+    assert sorted(t.own for t in TRIES) == ["1", "2"]
+    # `upstream.request_attempt_count` is the count at the moment a try's headers came:
+    # here the first try's came at once (1) and the hedge's later (2), while late headers
+    # read 2 on both tries (docs/envoy.md); only the try's own header names it every time.
+    assert max(t.count for t in TRIES) == 2
+    winner = min((t for t in TRIES if t.released_at is not None), key=lambda t: t.released_at or 0)
+    assert winner.own == "2"  # the hedge, sent to `fast`
