@@ -206,3 +206,14 @@ def test_rebuild_refuses_a_changed_state_table_and_keeps_the_engine(tmp_path: Pa
     assert problems == ["state: changed; [state] takes effect at a restart, not a reload"]
     assert current.pool in request_metrics._pools
     request_metrics.unwatch(current.pool)
+
+
+def test_the_processor_reads_tenants_keys_where_its_reload_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `switchyard-mw extproc` reads keys from one environment at start-up and at each reload.
+    monkeypatch.delenv("TENANT_KEY", raising=False)
+    config = parse_config(config_text())
+    policies = Policies(config, build_accounts(config, ENV), environ=ENV)
+    assert policies.tenancy is not None
+    request_metrics.unwatch(policies.pool)

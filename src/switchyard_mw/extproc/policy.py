@@ -64,9 +64,13 @@ class Policies:
         self,
         config: Config,
         accounts: Mapping[str, Account],
+        *,
+        environ: Mapping[str, str] | None = None,
         **parts: Unpack[Parts],
     ) -> None:
-        self._hold(build_engine(config, accounts, front=Front.ENVOY, **parts))
+        # `environ`: where the tenants' keys are read (default this process's environment),
+        # as a reload reads them.
+        self._hold(build_engine(config, accounts, front=Front.ENVOY, environ=environ, **parts))
 
     @classmethod
     def of(cls, engine: Engine) -> Policies:
