@@ -7,13 +7,13 @@ import hashlib
 import ipaddress
 import os
 from collections.abc import Callable, Collection
-from typing import TypeAlias, TypeVar
+from typing import Protocol, TypeAlias, TypeVar
 
 import msgspec
 
 from ..config import Config
 from ..core.clock import Clock, monotonic
-from ..core.pool import AccountPool, AccountStatus
+from ..core.pool import AccountStatus
 from ..engine.tenancy import Tenancy
 from ..engine.variants import Canaries
 from ._types import ASGIApp, Receive, Scope, Send
@@ -21,6 +21,16 @@ from ._types import ASGIApp, Receive, Scope, Send
 _T = TypeVar("_T")
 Follow: TypeAlias = _T | Callable[[], _T]
 """An object, or a function returning the one in force now (so a view follows a reload)."""
+
+
+class AccountsHealth(Protocol):
+    """What the accounts view reads of an engine's pool (`stack.pool`, `engine.pool`)."""
+
+    def status(self) -> list[AccountStatus]: ...
+
+    def holds_of(self, account: str) -> dict[str, float]: ...
+
+    def pair_status(self, name: str) -> dict[str, AccountStatus]: ...
 
 
 def _now(source: Follow[_T]) -> _T:
@@ -36,12 +46,12 @@ class CoolingStatusApp:
     A class rather than a function, so Starlette's `Route` serves it as an ASGI app.
     """
 
-    def __init__(self, pool: Follow[AccountPool], *, clock: Clock = monotonic) -> None:
+    def __init__(self, pool: Follow[AccountsHealth], *, clock: Clock = monotonic) -> None:
         self._pool = pool
         self.clock = clock
 
     @property
-    def pool(self) -> AccountPool:
+    def pool(self) -> AccountsHealth:
         return _now(self._pool)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -98,7 +108,7 @@ def _breaker(s: AccountStatus, now: float) -> dict[str, object]:
     }
 
 
-def cooling_status_app(pool: Follow[AccountPool], *, clock: Clock = monotonic) -> ASGIApp:
+def cooling_status_app(pool: Follow[AccountsHealth], *, clock: Clock = monotonic) -> ASGIApp:
     """The operator view of `pool` as an ASGI app (see `CoolingStatusApp`); pass a function
     returning the pool (`lambda: stack.pool`) to follow reloads."""
     return CoolingStatusApp(pool, clock=clock)

@@ -23,21 +23,20 @@ is held until the app ends, which costs nothing on the paths that answer well.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Unpack
 
-from ..accounts import Account, build_accounts, pool_from_accounts
-from ..config import ConfigSource, Server, as_config
+import msgspec
+
+from ..accounts import Account
+from ..config import Config, ConfigSource, Server, as_config
 from ..context import RequestContext
-from ..core.clock import Clock, monotonic
-from ..core.pool import AccountPool
 from ..engine.answers import NO_HEALTHY_ACCOUNT, RATE_LIMITED, UPSTREAM_UNREACHABLE
 from ..engine.attempts import APP_ERROR
-from ..engine.fallbacks import Chains
+from ..engine.build import Front, Parts, build_engine
 from ..engine.machine import AttemptMachine
 from ..engine.policies import Engine
 from ..engine.variants import Canaries
-from ..state import Store, build_store
 from ..telemetry import names as tm
-from ..telemetry import request_metrics
 from ._base import PolicyMiddleware
 from ._types import ASGIApp, Message, Receive, Scope, Send
 from .admin import cooling_status_app as cooling_status_app  # re-exported for existing imports
@@ -65,9 +64,10 @@ class CoolingMiddleware(PolicyMiddleware):
     and `[state]` says where their health lives; a store it built connects on the first ASGI
     call and closes at lifespan shutdown or `aclose()`.
 
-    `accounts` (instead of `config`) and `pool` share one pool between policies, and `engine`
-    (instead of both) is how `SwitchyardStack` hands in its decisions. Requests for a model no
-    account serves pass through untouched, as do requests that are not LLM calls.
+    `accounts` (instead of `config`) and `pool` share one pool between policies (its owner
+    keeps it in step with `[state]`), and `engine` (instead of both) is how `SwitchyardStack`
+    hands in its decisions; `clock` is the pool's. Requests for a model no account serves pass
+    through untouched, as do requests that are not LLM calls.
     """
 
     def __init__(
@@ -77,38 +77,21 @@ class CoolingMiddleware(PolicyMiddleware):
         config: ConfigSource | None = None,
         environ: Mapping[str, str] | None = None,
         accounts: Mapping[str, Account] | None = None,
-        pool: AccountPool | None = None,
-        clock: Clock = monotonic,
         server: Server | None = None,
         engine: Engine | None = None,
+        **parts: Unpack[Parts],
     ) -> None:
-        store: Store | None = None
-        chains: Chains | None = None
-        if engine is not None:
-            accounts, pool = engine.accounts, engine.pool
-        elif config is not None:
-            if accounts is not None:
-                raise TypeError("CoolingMiddleware takes config or accounts, not both")
-            loaded = as_config(config)
-            accounts = build_accounts(loaded, environ)
-            server = server or loaded.server
-            store = build_store(loaded.state) if pool is None else None
-            chains = Chains(loaded.fallbacks)
-        elif accounts is None:
-            raise TypeError("CoolingMiddleware needs config (or accounts)")
-        super().__init__(app, server=server)
+        owned = engine is None
         if engine is None:
-            if pool is None:
-                pool = pool_from_accounts(accounts, clock=clock)
-            engine = Engine(server=self.server, accounts=accounts, pool=pool, chains=chains)
+            engine = _engine(config, environ, accounts, server, **parts)
+        super().__init__(app, server=server or engine.server)
         self.engine = engine
         self.accounts = engine.accounts
         self.pool = engine.pool
-        request_metrics.watch(self.pool)  # `switchyard.account.state`
-        self.store = store
-        if store is not None:
-            store.bind(self.pool)
-            self._start = store.start  # needs the server's event loop
+        self.store = engine.store if owned else None
+        """The state store built with this middleware's engine (None: the stack's)."""
+        if self.store is not None:
+            self._start = self.store.start  # needs the server's event loop
 
     @property
     def guard(self) -> Canaries | None:
@@ -142,3 +125,23 @@ class CoolingMiddleware(PolicyMiddleware):
         # Without an SDK, no span at all: nothing to build, activate or end.
         machine = AttemptMachine(self.engine, ctx, tm.tracing(), None, True)
         await run_attempts(ex, machine, self.app, scope)
+
+
+def _engine(
+    config: ConfigSource | None,
+    environ: Mapping[str, str] | None,
+    accounts: Mapping[str, Account] | None,
+    server: Server | None,
+    **parts: Unpack[Parts],
+) -> Engine:
+    """The cooling policy's own engine: from `config`, or from `accounts` alone (no chains)."""
+    if config is not None:
+        if accounts is not None:
+            raise TypeError("CoolingMiddleware takes config or accounts, not both")
+        loaded = as_config(config)
+        if server is not None:
+            loaded = msgspec.structs.replace(loaded, server=server)
+        return build_engine(loaded, front=Front.COOLING, environ=environ, **parts)
+    if accounts is None:
+        raise TypeError("CoolingMiddleware needs config (or accounts)")
+    return build_engine(Config(server=server or Server()), accounts, front=Front.COOLING, **parts)

@@ -15,7 +15,7 @@ from ..accounts import Account, build_accounts
 from ..config import ConfigSource, Route, Server, as_config
 from ..context import RequestContext
 from ..engine.judge import JUDGE_PATH, MAX_VERDICT_BYTES, Judge
-from ..engine.policies import judge_model
+from ..engine.policies import Engine, judge_model
 from ._base import PolicyMiddleware
 from ._types import ASGIApp, Message, Receive, Scope, Send
 
@@ -33,7 +33,8 @@ class JudgeMiddleware(PolicyMiddleware):
 
     Pass `http_client` to share a connection pool; otherwise the middleware builds its own on
     first use and closes it on ASGI lifespan shutdown or `aclose()` (whoever passes a client
-    closes it). Requests for any other model pass straight through.
+    closes it). Requests for any other model pass straight through. `engine` (instead of
+    all of these) is how `SwitchyardStack` hands in the judge it built.
     """
 
     def __init__(
@@ -46,7 +47,14 @@ class JudgeMiddleware(PolicyMiddleware):
         accounts: Mapping[str, Account] | None = None,
         http_client: httpx.AsyncClient | None = None,
         server: Server | None = None,
+        engine: Engine | None = None,
     ) -> None:
+        if engine is not None:
+            if engine.judge is None:
+                raise TypeError("JudgeMiddleware needs an engine with a judge")
+            super().__init__(app, server=server)
+            self.judge = engine.judge
+            return
         if config is not None:
             if routes is not None or accounts is not None:
                 raise TypeError("JudgeMiddleware takes config or routes and accounts, not both")

@@ -9,23 +9,21 @@ from collections.abc import Mapping
 
 import httpx
 
-from ..accounts import Account, build_accounts, pool_from_accounts
+from ..accounts import Account, build_accounts
 from ..config import Config, ConfigSource, as_config, load_config
 from ..context import RequestContext
 from ..core.clock import Clock, monotonic
-from ..core.pool import AccountPool
 from ..engine import reload
-from ..engine.fallbacks import Chains
-from ..engine.hedging import BUCKETS, WINDOW_SECS, Hedging, SharedBudgets
+from ..engine.build import Front, Parts, build_engine
+from ..engine.build import shared_budgets as shared_budgets  # its home before the builder
 from ..engine.machine import AttemptMachine
 from ..engine.paths import llm_wire
 from ..engine.policies import Engine
 from ..engine.reload import Loader
 from ..engine.shadow import Shadows
-from ..engine.tenancy import Admission, Refusal, Tenancy, billed
-from ..state import LimitStore, Store, build_limits, build_store
+from ..engine.tenancy import Admission, Refusal, billed
+from ..state import LimitStore, Store
 from ..telemetry import names as tm
-from ..telemetry import request_metrics
 from ._base import PolicyMiddleware
 from ._types import ASGIApp, Message, Receive, Scope, Send
 from .attempts import run_attempts, run_timed
@@ -72,66 +70,54 @@ class SwitchyardStack(PolicyMiddleware):
         self.loader = loader
         """Where `reload()` gets the config again (None: only a `Config` handed to it)."""
         self.environ = environ
-        self._judge_http = judge_http_client
         self._signal = reload_on_signal and loader is not None
         self._retiring: dict[Shadows, asyncio.Task[None]] = {}
-        self.store: Store = store if store is not None else build_store(config.state)
-        self.limit_store: LimitStore = (
-            limit_store if limit_store is not None else build_limits(config.state)
-        )
-        """Where the tenants' limits are counted; kept across reloads (what was spent stays
-        spent)."""
+        parts: Parts = {"clock": clock, "judge_http_client": judge_http_client}
+        if store is not None:
+            parts["store"] = store
+        if limit_store is not None:
+            parts["limit_store"] = limit_store
         # The store needs the server's event loop, which the constructor may not have.
         self._start = self._startup
-        self._build(config, dict(accounts), pool_from_accounts(accounts, clock=clock))
+        self._build(build_engine(config, accounts, front=Front.ASGI, environ=environ, **parts))
 
-    def _build(self, config: Config, accounts: dict[str, Account], pool: AccountPool) -> None:
-        """Put the policies of `config` in force, all at once (no await in between)."""
-        app, server = self.app, config.server
-        previous: JudgeMiddleware | None = getattr(self, "judge", None)
-        deadline = DeadlineMiddleware(app, server=server)
-        variant = VariantMiddleware(app, canaries=config.canaries, server=server, clock=self.clock)
-        self.store.share_trips(variant.canaries)  # with Redis, a trip holds everywhere
-        judge = JudgeMiddleware(
-            app,
-            routes=config.routes,
-            accounts=accounts,
-            http_client=self._judge_http,
-            server=server,
-        )
-        if previous is not None:
-            judge.judge.take_over(previous.judge)
+    def _build(self, engine: Engine) -> None:
+        """Put `engine` in force with its ASGI faces, all at once (no await in between)."""
+        app, server = self.app, engine.server
         # One engine makes every decision; the policies are its ASGI faces (every attempt's
         # outcome feeds the variants' guards through it).
-        engine = Engine(
-            server=server,
-            accounts=accounts,
-            pool=pool,
-            judge=judge.judge,
-            canaries=variant.canaries,
-            chains=Chains(config.fallbacks),
-        )
-        if any(a.spec.hedge_after_secs is not None for a in accounts.values()):
-            engine.hedging = Hedging(
-                accounts=accounts,
-                max_ratio=server.hedge_max_ratio,
-                clock=self.clock,
-                shared=shared_budgets(self.store, server.hedge_max_ratio),
-                timeout_secs=config.state.timeout_ms / 1000,
-            )
+        deadline = DeadlineMiddleware(app, server=server)
+        variant = VariantMiddleware(app, server=server, engine=engine)
+        judge = JudgeMiddleware(app, server=server, engine=engine)
         cooling = CoolingMiddleware(app, engine=engine, server=server)
+        config, store, limit_store = engine.config, engine.store, engine.limit_store
+        # `build_engine` gives the ASGI front all three.
+        assert config is not None
+        assert store is not None
+        assert limit_store is not None
         shadows = Shadows.build(
-            config.canaries, accounts=accounts, pool=pool, max_inflight=server.shadow_max_inflight
+            config.canaries,
+            accounts=engine.accounts,
+            pool=engine.pool,
+            max_inflight=server.shadow_max_inflight,
         )
-        self.store.bind(pool)
         super().__init__(app, server=server)  # the paths and limits every request is read with
-        self.config, self.accounts, self.pool, self.engine = config, accounts, pool, engine
+        self.config, self.accounts, self.pool, self.engine = (
+            config,
+            engine.accounts,
+            engine.pool,
+            engine,
+        )
+        self.store: Store = store
+        self.limit_store: LimitStore = limit_store
+        """Where the tenants' limits are counted; kept across reloads (what was spent stays
+        spent)."""
+        self.tenancy = engine.tenancy
+        """Who may spend the keys and how much (None: no `[tenants]`, anyone who reaches the
+        gateway spends them)."""
         self.deadline, self.cooling, self.variant, self.judge = deadline, cooling, variant, judge
         self.shadows = shadows
         """Mirrors a share of canaried models' requests (None: no canary has a shadow)."""
-        self.tenancy = Tenancy.build(config, store=self.limit_store, environ=self.environ)
-        """Who may spend the keys and how much (None: no `[tenants]`, anyone who reaches the
-        gateway spends them)."""
 
     def reload(self, config: Config | None = None) -> list[str]:
         """Put a new config in force: `config`, else the one `loader` reads now.
@@ -146,19 +132,13 @@ class SwitchyardStack(PolicyMiddleware):
         loader = self.loader if config is None else (lambda: config)
         if loader is None:
             return reload.rejected(["no config to reload from: the stack was given a Config"])
-        prepared = reload.prepare(loader, self.config, self.environ)
-        if isinstance(prepared, list):
-            return prepared
-        new_config, accounts = prepared
-        old_pool = self.pool
-        pool = pool_from_accounts(accounts, clock=self.clock)
-        pool.carry_over(old_pool, accounts=reload.kept_accounts(self.accounts, accounts))
+        engine = reload.rebuild(self.engine, loader, Front.ASGI, self.environ)
+        if isinstance(engine, list):
+            return engine
         old_shadows = self.shadows
-        self._build(new_config, accounts, pool)
-        request_metrics.unwatch(old_pool)
+        self._build(engine)
         if old_shadows is not None:
             self._retire(old_shadows)
-        reload.accepted("")
         return []
 
     def _retire(self, shadows: Shadows) -> None:
@@ -261,14 +241,6 @@ class SwitchyardStack(PolicyMiddleware):
         if closing is not None:
             await closing()
         await self.judge.aclose()
-
-
-def shared_budgets(store: Store, max_ratio: float) -> SharedBudgets | None:
-    """Each model's hedge budget in the state store, where it keeps one (Redis)."""
-    budget = getattr(store, "hedge_budget", None)
-    if budget is None:
-        return None
-    return functools.partial(budget, max_ratio=max_ratio, window_secs=WINDOW_SECS, buckets=BUCKETS)
 
 
 def switchyard_stack(

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from ..config import Canary, ConfigSource, Server, as_config
 from ..context import RequestContext
 from ..core.clock import Clock, monotonic
+from ..engine.policies import Engine
 from ..engine.variants import Canaries
 from ._base import PolicyMiddleware
 from ._types import ASGIApp, Receive, Scope, Send
@@ -20,7 +21,8 @@ class VariantMiddleware(PolicyMiddleware):
     Requests for models without a canary pass with no rewrite.
 
     Alone, build it from the config (a `Config` or the path of its TOML file) and it reads
-    `[canaries]`, or pass `canaries` itself.
+    `[canaries]`, or pass `canaries` itself (or the `engine` whose canaries they are, as
+    `SwitchyardStack` does).
     """
 
     def __init__(
@@ -31,7 +33,14 @@ class VariantMiddleware(PolicyMiddleware):
         canaries: Mapping[str, Canary] | None = None,
         server: Server | None = None,
         clock: Clock = monotonic,
+        engine: Engine | None = None,
     ) -> None:
+        if engine is not None:
+            if engine.canaries is None:
+                raise TypeError("VariantMiddleware needs an engine with canaries")
+            super().__init__(app, server=server)
+            self.canaries = engine.canaries
+            return
         if config is not None:
             if canaries is not None:
                 raise TypeError("VariantMiddleware takes config or canaries, not both")

@@ -16,10 +16,11 @@ from collections.abc import Callable, Collection, Mapping
 from opentelemetry import trace
 
 from ..accounts import Account
-from ..config import Server
+from ..config import Config, Server
 from ..context import RequestContext
 from ..core.clock import Clock, monotonic
 from ..core.pool import AccountPool, Lease, Outcome
+from ..state import LimitStore, Store
 from ..telemetry import names as tm
 from ..wire import Wire, WireError
 from . import answers, attempts
@@ -29,6 +30,7 @@ from .judge import Judge
 from .machine import AttemptMachine
 from .outcomes import hold, probed, settle
 from .paths import llm_paths
+from .tenancy import Tenancy
 from .variants import Canaries
 
 _SUCCESS, _FAULT, _THROTTLE = Outcome.SUCCESS, Outcome.FAULT, Outcome.THROTTLE
@@ -39,7 +41,9 @@ class Engine:
 
     `judge` and `canaries` are None where nothing routes or splits (a cooling policy alone);
     `routable`: the accounts the front can send a request to (None: all of them);
-    `chains`: the config's fallback chains (None: none).
+    `chains`: the config's fallback chains (None: none). `engine.build` assembles one from a
+    config (with the `config` itself, its `store` and, where tenants are, its `limit_store` and
+    `tenancy`), which a front then holds.
     """
 
     def __init__(
@@ -52,7 +56,18 @@ class Engine:
         canaries: Canaries | None = None,
         routable: frozenset[str] | None = None,
         chains: Chains | None = None,
+        config: Config | None = None,
+        store: Store | None = None,
     ) -> None:
+        self.config = config
+        """The config this engine decides by (None: built from parts, not a config)."""
+        self.store = store
+        """Where the pool's state is shared (`[state]`); kept across reloads."""
+        self.limit_store: LimitStore | None = None
+        """Where the tenants' limits are counted; kept across reloads (what was spent stays
+        spent). None: the front counts no limits (the cooling policy alone)."""
+        self.tenancy: Tenancy | None = None
+        """Who may spend the keys and how much (None: no `[tenants]`)."""
         self.server = server
         self.accounts = dict(accounts)
         self.pool = pool

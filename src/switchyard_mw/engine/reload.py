@@ -3,10 +3,11 @@
 A reload reads the config again (the file, through the front's loader), checks it whole and
 reads every key from this process's environment, as at start-up. Anything wrong refuses the
 whole config: each problem is logged with its key path, `switchyard.config.reloads
-{result = rejected}` counts it, and the config in force stays. Otherwise the front builds its
-policies afresh, keeps the health of every account whose name and `base_url` did not change
-(`AccountPool.carry_over`), and swaps them in at once: a request that started keeps the
-objects it started with, a new one gets the new ones.
+{result = rejected}` counts it, and the config in force stays. Otherwise `rebuild` builds the
+next engine with the same builder as at start-up (`engine.build`), keeping the health of every
+account whose name and `base_url` did not change (`AccountPool.carry_over`), the state stores
+and the judge's connection pool; the front swaps it in at once: a request that started keeps
+the objects it started with, a new one gets the new ones.
 
 `[state]` is not reloadable: the store is connected once per process (a changed table is
 refused, with the reason).
@@ -19,18 +20,49 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping
 
-from ..accounts import Account, build_accounts
+from ..accounts import Account, build_accounts, pool_from_accounts
 from ..config import Config
 from ..errors import ConfigError, StartupError
-from ..telemetry import logs
+from ..telemetry import logs, request_metrics
 from ..telemetry import names as tm
 from . import early_signal
+from .build import Front, Parts, build_engine
 from .early_signal import RELOAD_SIGNAL as RELOAD_SIGNAL  # its home before early_signal
+from .policies import Engine
 
 Loader = Callable[[], Config]
 """How a front gets the config again: reads and validates it, `ConfigError` when invalid."""
 
 _log = logging.getLogger(__name__)
+
+
+def rebuild(
+    current: Engine, loader: Loader, front: Front, environ: Mapping[str, str] | None = None
+) -> Engine | list[str]:
+    """The engine of the config `loader` reads now, continuing `current` (see the module's
+    docstring); or every problem that refused it (logged and counted, `current` staying)."""
+    # Built by `build_engine`, which gives every engine its config and store.
+    assert current.config is not None
+    assert current.store is not None
+    prepared = prepare(loader, current.config, environ)
+    if isinstance(prepared, list):
+        return prepared
+    config, accounts = prepared
+    old = current.pool
+    pool = pool_from_accounts(accounts, clock=old.clock)
+    pool.carry_over(old, accounts=kept_accounts(current.accounts, accounts))
+    parts: Parts = {"pool": pool, "store": current.store, "clock": old.clock}
+    if current.limit_store is not None:
+        parts["limit_store"] = current.limit_store  # what was spent stays spent
+    judge = current.judge
+    if judge is not None and not judge.owns_http:
+        parts["judge_http_client"] = judge.http
+    engine = build_engine(config, accounts, front=front, environ=environ, **parts)
+    if judge is not None and engine.judge is not None:
+        engine.judge.take_over(judge)  # one connection pool across reloads
+    request_metrics.unwatch(old)
+    accepted("")
+    return engine
 
 
 def prepare(

@@ -12,31 +12,27 @@ import logging
 import math
 import time
 from collections.abc import Callable, Collection, Mapping
+from typing import Protocol, Unpack
 
-import httpx
+from opentelemetry import trace
 
 from .._protos.envoy.config.core.v3 import base_pb2
-from ..accounts import Account, pool_from_accounts
+from ..accounts import Account
 from ..config import Config
 from ..context import RequestContext
-from ..core.clock import Clock, monotonic
-from ..core.pool import AccountPool
 from ..engine.budget import budget_end
+from ..engine.build import Front, Parts, build_engine
 from ..engine.endpoints import Endpoints
-from ..engine.fallbacks import Chains, Reason
+from ..engine.fallbacks import Reason
 from ..engine.judge import Judge
 from ..engine.machine import AttemptMachine
 from ..engine.paths import json_media, llm_wire
 from ..engine.policies import Engine
-from ..engine.reload import kept_accounts
-from ..engine.tenancy import Tenancy
 from ..engine.variants import Canaries
-from ..state import LimitStore, Store, build_limits, build_store
-from ..telemetry import request_metrics
+from ..state import LimitStore, Store
 from ..wire import Wire
 from . import _messages as msg
 from .failover import Aggregates
-from .flights import Flight
 
 _log = logging.getLogger(__name__)
 CLUSTER_HEADER = "x-switchyard-cluster"
@@ -46,6 +42,17 @@ PER_TRY_TIMEOUT_HEADER = "x-envoy-upstream-rq-per-try-timeout-ms"
 
 def _ms(secs: float) -> bytes:
     return str(max(1, math.ceil(secs * 1000))).encode()
+
+
+class Started(Protocol):
+    """A request whose attempts are about to be decided (an `extproc.flights.Flight`: named by
+    what is read of it, as the flights hold policies and not the other way round)."""
+
+    @property
+    def ctx(self) -> RequestContext: ...
+
+    @property
+    def span(self) -> trace.Span | None: ...
 
 
 class Policies:
@@ -58,42 +65,48 @@ class Policies:
         config: Config,
         accounts: Mapping[str, Account],
         *,
-        pool: AccountPool | None = None,
-        judge_http_client: httpx.AsyncClient | None = None,
-        clock: Clock = monotonic,
-        store: Store | None = None,
-        limit_store: LimitStore | None = None,
+        environ: Mapping[str, str] | None = None,
+        **parts: Unpack[Parts],
     ) -> None:
-        self.config = config
-        self.server = config.server
-        self.accounts = dict(accounts)
-        self.pool = pool if pool is not None else pool_from_accounts(self.accounts, clock=clock)
-        request_metrics.watch(self.pool)  # `switchyard.account.state`
-        # `[state]`: with Redis, processors (and ASGI replicas) share one cooling state.
-        self.store: Store = store if store is not None else build_store(config.state)
-        self.store.bind(self.pool)
-        self.judge = Judge(
-            routes=config.routes, accounts=self.accounts, http_client=judge_http_client
+        # `environ`: where the tenants' keys are read (default this process's environment),
+        # as a reload reads them.
+        self._hold(build_engine(config, accounts, front=Front.ENVOY, environ=environ, **parts))
+
+    @classmethod
+    def of(cls, engine: Engine) -> Policies:
+        """The policies around an engine built for Envoy (a reloaded config's)."""
+        policies = cls.__new__(cls)
+        policies._hold(engine)
+        return policies
+
+    def _hold(self, engine: Engine) -> None:
+        # `build_engine` gives the Envoy front its config, stores and judge.
+        config, store, limit_store, judge = (
+            engine.config,
+            engine.store,
+            engine.limit_store,
+            engine.judge,
         )
-        self.canaries = Canaries.from_config(config.canaries, clock=clock)
-        self.store.share_trips(self.canaries)  # with Redis, a trip holds everywhere
+        assert config is not None
+        assert store is not None
+        assert limit_store is not None
+        assert judge is not None
+        assert engine.canaries is not None
+        assert engine.routable is not None
+        self.engine = engine
+        self.config, self.server = config, engine.server
+        self.accounts, self.pool = engine.accounts, engine.pool
+        # `[state]`: with Redis, processors (and ASGI replicas) share one cooling state.
+        self.store: Store = store
+        self.judge: Judge = judge
+        self.canaries: Canaries = engine.canaries
+        self.routable: frozenset[str] = engine.routable
         if shadowed := sorted(m for m, c in config.canaries.items() if c.shadow):
             # Envoy sends each request once, to one cluster: a copy is not ours to make.
             _log.warning(
                 "the ext_proc server ignores `shadow` (canaries %s): shadow traffic is ASGI only",
                 ", ".join(shadowed),
             )
-        # Only accounts Envoy can route to take requests: the others have no cluster to name.
-        self.routable = frozenset(n for n, c in self.accounts.items() if c.spec.envoy_cluster)
-        self.engine = Engine(
-            server=self.server,
-            accounts=self.accounts,
-            pool=self.pool,
-            judge=self.judge,
-            canaries=self.canaries,
-            routable=self.routable,
-            chains=Chains(config.fallbacks),
-        )
         self.paths: dict[str, Wire] = self.engine.paths
         self.endpoints = Endpoints(config)
         """The answers to `/v1/models` and any other `/v1/` path that is no LLM call."""
@@ -120,10 +133,8 @@ class Policies:
             if self.aggregates.route(cluster := self.cluster_of(name)) != cluster
         }
         self._orders: dict[tuple[str, str], tuple[str, ...]] = {}
-        # A fallback chain moves a retry to another model: its body is then ours to set too.
         renames = any(a.renames for a in self.accounts.values())
-        self.renaming = renames or bool(self.engine.chains)
-        self.engine.rewrites_retries = self.renaming
+        self.renaming = engine.rewrites_retries
         """Whether some account has its own model names or path: a retry's body and `:path`
         are then the processor's to set (the upstream-level filter asks for the body)."""
         self.plain_answers = renames
@@ -132,10 +143,8 @@ class Policies:
         asked for `accept-encoding: identity`."""
         self.options = msg.Options()
         """Header options that repeat across requests (deadlines, exposed decisions)."""
-        self.limit_store: LimitStore = (
-            limit_store if limit_store is not None else build_limits(config.state)
-        )
-        self.tenancy = Tenancy.build(config, store=self.limit_store)
+        self.limit_store: LimitStore = limit_store
+        self.tenancy = engine.tenancy
         """Who may spend the keys (None: no `[tenants]`); the same decisions as the ASGI
         stack's, the client key read from the request headers Envoy sends."""
         self.identity_headers: frozenset[str] = frozenset()
@@ -145,27 +154,6 @@ class Policies:
             self.identity_headers = frozenset(
                 ["x-api-key", "authorization", *([header] if header else [])]
             )
-
-    def reloaded(self, config: Config, accounts: Mapping[str, Account]) -> Policies:
-        """The policies of a reloaded `config`, continuing these: the same store and judge
-        connection pool, the health of every account whose name and `base_url` did not
-        change, fresh canary guards. These stay usable for the requests that started on them.
-        """
-        clock = self.pool.clock
-        pool = pool_from_accounts(accounts, clock=clock)
-        pool.carry_over(self.pool, accounts=kept_accounts(self.accounts, accounts))
-        new = Policies(
-            config,
-            accounts,
-            pool=pool,
-            judge_http_client=None if self.judge.owns_http else self.judge.http,
-            clock=clock,
-            store=self.store,
-            limit_store=self.limit_store,  # what was spent stays spent
-        )
-        new.judge.take_over(self.judge)
-        request_metrics.unwatch(self.pool)
-        return new
 
     def cluster_of(self, account: str) -> str:
         return self.accounts[account].spec.envoy_cluster or ""
@@ -205,7 +193,7 @@ class Policies:
     def serving(self, model: str) -> Collection[str]:
         return self.engine.serving(model)
 
-    def machine(self, flight: Flight) -> AttemptMachine:
+    def machine(self, flight: Started) -> AttemptMachine:
         """The attempt machine of `flight`'s request: its spans hang under the request's."""
         return self.engine.machine(flight.ctx, traced=flight.span is not None, parent=flight.span)
 

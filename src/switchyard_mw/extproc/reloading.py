@@ -12,7 +12,9 @@ from collections.abc import Mapping
 
 from ..config import Config, load_config
 from ..engine import reload
+from ..engine.build import Front
 from ..errors import ConfigError
+from .policy import Policies
 from .servicer import ExtProcServicer
 
 NO_CLUSTER = (
@@ -36,10 +38,8 @@ def reload_policies(
 ) -> list[str]:
     """Put the config `loader` reads in force for new streams; the problems that refused it
     (logged and counted, the old config staying), or an empty list."""
-    current = servicer.policies
-    prepared = reload.prepare(loader, current.config, environ)
-    if isinstance(prepared, list):
-        return prepared
-    servicer.policies = current.reloaded(*prepared)
-    reload.accepted("")
+    engine = reload.rebuild(servicer.policies.engine, loader, Front.ENVOY, environ)
+    if isinstance(engine, list):
+        return engine
+    servicer.policies = Policies.of(engine)
     return []

@@ -228,7 +228,7 @@ async def serve(
 
     With `loader` (how to read the config again), each SIGHUP reloads it, keys included.
     """
-    policies = Policies(config, build_accounts(config, environ))
+    policies = Policies(config, build_accounts(config, environ), environ=environ)
     running = await start_server(policies, listen, reuse_port=reuse_port, transport=transport)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
