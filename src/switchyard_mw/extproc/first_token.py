@@ -33,7 +33,6 @@ from ..engine.answers import deadline_exceeded
 from ..engine.attempts import Phase
 from ..engine.content_events import ContentWatch, watch_for
 from ..engine.machine import NEXT, Refuse, State
-from ..engine.stream_bounds import first_token_secs
 from . import _messages as msg
 from .flights import Flight, Flights, Opening, join
 from .router import RETRY_HEADER
@@ -105,7 +104,8 @@ class FirstTokenStream:
 
     def on_headers(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse | None:
         flight = self.flights.find(msg.attribute(request, REQUEST_ID_ATTRIBUTE))
-        due = None if flight is None else _due(flight)
+        machine = None if flight is None else flight.machine
+        due = None if machine is None else machine.first_content_due()
         view = None if flight is None else flight.ctx.view
         watch = None if view is None else watch_for(view.wire)
         if flight is None or due is None or watch is None or self.emit is None:
@@ -186,15 +186,3 @@ class FirstTokenStream:
             self.timer.cancel()
             self.timer = None
 
-
-def _due(flight: Flight) -> float | None:
-    """When the attempt's first content event is due (monotonic), inside the request's
-    budget; None when there is no bound to hold for (not a stream, no attempt in flight)."""
-    machine, ctx = flight.machine, flight.ctx
-    if machine is None or machine.state is not State.SENT or ctx.view is None:
-        return None
-    sent_at, client = machine.sent_at(), ctx.account
-    if not ctx.view.stream or sent_at is None or client is None:
-        return None
-    due = sent_at + first_token_secs(client.spec)
-    return due if ctx.budget_at is None else min(due, ctx.budget_at)

@@ -104,15 +104,21 @@ def _first_token_late(flight: Flight) -> ep.ProcessingResponse:
     return msg.immediate(view.wire, late.status, late.error_type, late.message)
 
 
+def _refused(flight: Flight, refuse: Refuse) -> ep.ProcessingResponse:
+    """The machine's refusal, in the wire's shape (an immediate response)."""
+    view, error = flight.ctx.view, refuse.error
+    if view is None:  # a flight is made from a request read: never so
+        return msg.UNCHANGED_REQUEST_HEADERS
+    return msg.immediate(view.wire, error.status, error.error_type, error.message)
+
+
 def _no_account_there(flight: Flight, action: object) -> ep.ProcessingResponse:
     """A retry Envoy sent to another provider's cluster, where no account can take it now
     (one was free when the retry was asked for): the previous account's key is never sent to
     another provider. The machine's refusal, in the wire's shape, when it made one; else the
     attempt goes without a credential."""
-    view = flight.ctx.view
-    if isinstance(action, Refuse) and view is not None:
-        error = action.error
-        return msg.immediate(view.wire, error.status, error.error_type, error.message)
+    if isinstance(action, Refuse):
+        return _refused(flight, action)
     answer = ep.ProcessingResponse()
     msg.fill(answer.request_headers.response, [], CREDENTIAL_HEADERS)
     return answer
@@ -195,9 +201,10 @@ class UpstreamStream:
         if isinstance(action, ClaimProbe):
             action = await claimed(machine, action)
         if held and isinstance(action, Refuse):
-            # No account left: the wire's 504, as the first-token filter answers it, rather
-            # than the same account again (whose first token would be as late).
-            return _first_token_late(flight)
+            # No account left: the machine's answer (for an answer held for late content,
+            # the 504 of phase first_token), rather than the same account again (whose first
+            # token would be as late).
+            return _refused(flight, action)
         if not isinstance(action, Send) and moved:
             return _no_account_there(flight, action)
         if not isinstance(action, Send):
