@@ -372,3 +372,21 @@ def test_a_retry_without_a_held_answer_keeps_its_own_refusal() -> None:
     action = m.next()
     assert isinstance(action, Refuse)
     assert action.error.status == 502  # every attempt failed in transport
+
+
+def test_late_content_with_no_retry_that_can_go_now_is_the_machine_s_504() -> None:
+    """The first-token filter's expiry behind Envoy: another account was free when the
+    content was late, but none on the cluster the retry goes to; Envoy retries now or never,
+    so the machine's answer is the first-token 504 (the front made it itself before)."""
+    env = Env(body=STREAM)
+    m = env.started()
+    env.clock.now += 2.0
+    assert m.content_late() is NEXT  # b is free
+    m.within = {"a"}  # the retry's cluster: a alone, which just failed
+    assert not m.fails_over()
+    m.retries_over()
+    action = m.next()
+    assert isinstance(action, Refuse)
+    assert action.error == deadline_exceeded(Phase.FIRST_TOKEN)
+    assert m.state is State.DONE
+    assert env.state_of("a") == COOLED  # the deadline was a's fault, counted once
