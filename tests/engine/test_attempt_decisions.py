@@ -390,3 +390,28 @@ def test_late_content_with_no_retry_that_can_go_now_is_the_machine_s_504() -> No
     assert action.error == deadline_exceeded(Phase.FIRST_TOKEN)
     assert m.state is State.DONE
     assert env.state_of("a") == COOLED  # the deadline was a's fault, counted once
+
+
+@pytest.mark.parametrize(("left", "phase"), [(5.0, Phase.FIRST_TOKEN), (1.0, Phase.BUDGET)])
+def test_a_late_first_token_reported_after_the_machine_s_504_is_that_504_counted_once(
+    left: float, phase: Phase, otel_metrics: Metrics
+) -> None:
+    """Envoy's timer fires while the first-token filter's 504 is on its way (the fronts made
+    a first-token 504 themselves then): the machine answers its own 504 again, counted once;
+    the caller's budget's when that is what ended it."""
+    env = Env(body=STREAM)
+    env.cool("b")
+    env.ctx.budget_at = env.clock.now + left
+    m = env.started()
+    before = otel_metrics.value(tm.DEADLINE_EXCEEDED, phase=phase)
+    env.clock.now += 2.0
+    late = m.content_late()
+    assert isinstance(late, Refuse)
+    assert late.error == deadline_exceeded(phase)
+    assert m.expired(Phase.FIRST_TOKEN).error == late.error
+    assert otel_metrics.value(tm.DEADLINE_EXCEEDED, phase=phase) == before + 1
+    # An expiry of another kind is counted as ever.
+    total = otel_metrics.value(tm.DEADLINE_EXCEEDED, phase="total")
+    env.ctx.budget_at = None
+    assert m.expired(Phase.TOTAL).error == deadline_exceeded(Phase.TOTAL)
+    assert otel_metrics.value(tm.DEADLINE_EXCEEDED, phase="total") == total + 1

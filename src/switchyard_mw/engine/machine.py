@@ -643,10 +643,16 @@ class AttemptMachine:
 
     def expired(self, phase: Phase | None = None) -> Refuse:
         """A deadline ran out in `phase` (None: work it out from the attempt's deadline).
-        The attempt in flight is settled as the phase says, and the 504 is the answer."""
+        The attempt in flight is settled as the phase says, and the 504 is the answer.
+        A first token reported late once the machine's own deadline answer ended the request
+        (behind Envoy: its per-try timer fires while the first-token filter's 504 is on its
+        way) is that answer again, not another deadline."""
+        ctx = self.ctx
+        if phase is _FIRST_TOKEN and self.state is _DONE and ctx.deadline_phase is not None:
+            return Refuse(answers.deadline_exceeded(ctx.deadline_phase))
         if phase is None:
             phase = self.phase()
-        self.ctx.deadline_phase = phase
+        ctx.deadline_phase = phase
         tm.deadline_exceeded.add(1, {"phase": phase})
         if self.state in _IN_FLIGHT:
             self._status = 504

@@ -27,7 +27,6 @@ import time
 
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from ..core.throttle import READ_HEADERS as RETRY_TIME_HEADERS
-from ..engine.answers import deadline_exceeded
 from ..engine.claims import claimed
 from ..engine.machine import NEXT, ClaimProbe, Failure, How, Phase, Refuse, Send, State, Wait
 from . import _messages as msg
@@ -94,14 +93,6 @@ def _after(flight: Flight, end: object, *, body: bool) -> ep.ProcessingResponse:
         if wait is not None:
             return _retry_after(flight, wait, body=body)
     return msg.UNCHANGED_RESPONSE_BODY if body else msg.UNCHANGED_RESPONSE_HEADERS
-
-
-def _first_token_late(flight: Flight) -> ep.ProcessingResponse:
-    """The wire's 504 for a stream whose first content event was late on the last account."""
-    late, view = deadline_exceeded(Phase.FIRST_TOKEN), flight.ctx.view
-    if view is None:  # a flight is made from a request read: never so
-        return msg.UNCHANGED_REQUEST_HEADERS
-    return msg.immediate(view.wire, late.status, late.error_type, late.message)
 
 
 def _refused(flight: Flight, refuse: Refuse) -> ep.ProcessingResponse:
@@ -183,7 +174,7 @@ class UpstreamStream:
         opening, flight.opening = flight.opening, Opening.NOT_HELD
         if opening is Opening.EXPIRED:
             flight.opening = opening
-            return _first_token_late(flight)
+            return _refused(flight, machine.expired(Phase.FIRST_TOKEN))  # its 504 again
         held = opening is Opening.HELD
         phase = Phase.FIRST_TOKEN if held else None
         if machine.retried(Failure.CONNECT_ERROR, phase) is not NEXT:
