@@ -415,3 +415,18 @@ def test_a_late_first_token_reported_after_the_machine_s_504_is_that_504_counted
     env.ctx.budget_at = None
     assert m.expired(Phase.TOTAL).error == deadline_exceeded(Phase.TOTAL)
     assert otel_metrics.value(tm.DEADLINE_EXCEEDED, phase="total") == total + 1
+
+
+# --- a retry in place's wait and the budget -----------------------------------------------------
+
+
+def test_a_wait_ends_inside_the_budget_only_before_its_end() -> None:
+    """Both fronts' retry in place asks this (behind Envoy, of its longest jittered back-off):
+    a wait that would end at the budget's end or later is not taken."""
+    env = Env()
+    m = env.started()
+    assert m.ends_in_budget(1e9)  # no budget
+    env.ctx.budget_at = env.clock.now + 2.0
+    assert m.ends_in_budget(1.999)
+    assert not m.ends_in_budget(2.0)
+    assert not m.ends_in_budget(2.5)

@@ -954,6 +954,12 @@ class AttemptMachine:
         budget_at = ctx.budget_at
         return due if budget_at is None or due <= budget_at else budget_at
 
+    def ends_in_budget(self, secs: float) -> bool:
+        """Whether a wait of `secs` from now ends inside the caller's budget (a retry in
+        place's; behind Envoy, the longest its jittered back-off can take)."""
+        budget_at = self.ctx.budget_at
+        return budget_at is None or self._clock() + secs < budget_at
+
     def phase(self, *, started: bool = False) -> Phase:
         """The phase a deadline that fired now ran out in, from the bound `deadline` set."""
         ctx = self.ctx
@@ -1011,7 +1017,7 @@ class AttemptMachine:
         model = ctx.resolved_model
         if model is not None and self.engine.pool.cooling_secs(account.name, model) > secs:
             return None  # its own faults cooled it past the wait: no retry to wait for
-        if ctx.budget_at is not None and self._clock() + secs >= ctx.budget_at:
+        if not self.ends_in_budget(secs):
             return None  # the wait would end past the caller's deadline
         return secs
 

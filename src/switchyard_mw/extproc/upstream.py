@@ -23,12 +23,22 @@ rather than by the router-level stream.
 from __future__ import annotations
 
 import math
-import time
 
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from ..core.throttle import READ_HEADERS as RETRY_TIME_HEADERS
 from ..engine.claims import claimed
-from ..engine.machine import NEXT, ClaimProbe, Failure, How, Phase, Refuse, Send, State, Wait
+from ..engine.machine import (
+    NEXT,
+    AttemptMachine,
+    ClaimProbe,
+    Failure,
+    How,
+    Phase,
+    Refuse,
+    Send,
+    State,
+    Wait,
+)
 from . import _messages as msg
 from .failover import HOST_METADATA_ATTRIBUTE, host_cluster, next_cluster
 from .flights import Flight, Flights, Opening, join, out_of_order
@@ -65,13 +75,12 @@ ENVOY_JITTER = 1.5
 (measured with Envoy 1.40: 2.1-3.1 s for 2 s, 1.3-1.5 s for 1 s)."""
 
 
-def _retry_after(flight: Flight, secs: float, *, body: bool) -> ep.ProcessingResponse:
-    """Ask Envoy for a retry in place after `secs`, in the whole seconds it reads, when even
-    its longest jittered wait ends inside the caller's budget; else let the answer through.
-    `body`: answered from the body phase (the headers held while it was read)."""
+def _retry_after(machine: AttemptMachine, secs: float, *, body: bool) -> ep.ProcessingResponse:
+    """Ask Envoy for a retry in place after `secs`, in the whole seconds it reads, when the
+    machine says even its longest jittered wait ends inside the caller's budget; else let the
+    answer through. `body`: answered from the body phase (the headers held while it was read)."""
     whole = max(1, math.ceil(secs))
-    budget_at = flight.ctx.budget_at
-    if budget_at is not None and time.monotonic() + whole * ENVOY_JITTER >= budget_at:
+    if not machine.ends_in_budget(whole * ENVOY_JITTER):
         return msg.UNCHANGED_RESPONSE_BODY if body else msg.UNCHANGED_RESPONSE_HEADERS
     retry = [(RETRY_HEADER, b"1"), (RETRY_AFTER_HEADER, str(whole).encode())]
     if body:
@@ -91,7 +100,7 @@ def _after(flight: Flight, end: object, *, body: bool) -> ep.ProcessingResponse:
             return _RETRY_AFTER_BODY if body else _RETRY
         wait = machine.waits_in_place()
         if wait is not None:
-            return _retry_after(flight, wait, body=body)
+            return _retry_after(machine, wait, body=body)
     return msg.UNCHANGED_RESPONSE_BODY if body else msg.UNCHANGED_RESPONSE_HEADERS
 
 
