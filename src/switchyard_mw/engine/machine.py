@@ -946,9 +946,9 @@ class AttemptMachine:
         for: not a stream, or no attempt in flight that has not answered."""
         ctx, sent_at = self.ctx, self._sent_at
         view, client = ctx.view, ctx.account
-        if self.state is not _SENT or sent_at is None or view is None or not view.stream:
+        if self.state is not _SENT or sent_at is None or client is None:
             return None
-        if client is None:
+        if view is None or not view.stream:
             return None
         due = sent_at + first_token_secs(client.spec)
         budget_at = ctx.budget_at
