@@ -91,6 +91,8 @@ class Clock:
 @dataclass
 class Env:
     body: bytes = BODY
+    ratio: float = 1.0
+    """The hedge budget's ratio (one hedge a request: the race tests are not the budget's)."""
     clock: Clock = field(default_factory=Clock)
     engine: Engine = field(init=False)
     ctx: RequestContext = field(init=False)
@@ -100,9 +102,7 @@ class Env:
         accounts = build_accounts(config, {"K": "k"})
         pool = pool_from_accounts(accounts, clock=self.clock)
         self.engine = Engine(server=config.server, accounts=accounts, pool=pool)
-        self.engine.hedging = Hedging(
-            accounts=accounts, max_ratio=config.server.hedge_max_ratio, clock=self.clock
-        )
+        self.engine.hedging = Hedging(accounts=accounts, max_ratio=self.ratio, clock=self.clock)
         self.ctx = RequestContext(read_request(Wire.ANTHROPIC, self.body), self.body, 0.0)
 
     def machine(self, **kw: bool) -> AttemptMachine:
@@ -119,6 +119,7 @@ def hedged(env: Env, m: AttemptMachine) -> Send:
     assert isinstance(first, Send)
     assert first.lease.account == "a"
     assert m.may_hedge()
+    assert m.hedge_due() == 0.5  # the request counts in the budget
     hedge = m.hedge()
     assert isinstance(hedge, Send)
     return hedge
@@ -250,6 +251,7 @@ def test_a_request_that_ends_mid_race_gives_both_leases_back_without_outcome() -
     # Both leases went back: each account takes the next request again.
     again = env.machine()
     assert isinstance(again.begin(), Send)
+    again.hedge_due()
     assert again.hedge() is not None
 
 
@@ -283,7 +285,7 @@ def test_both_attempts_are_in_the_span_tree(otel_spans: InMemorySpanExporter) ->
 def test_the_budget_holds_the_ratio_when_every_request_would_hedge(otel_metrics: Metrics) -> None:
     """1,000 requests in one window, each asking to hedge: 5 % of them start one, the first
     only once 20 requests are counted (a window never owes a hedge it has not earned)."""
-    env = Env()
+    env = Env(ratio=parse_config(CONFIG).server.hedge_max_ratio)
     hedging = env.engine.hedging
     assert hedging is not None
     refused = otel_metrics.value(tm.HEDGES, **{tm.RESPONSE_MODEL: "m", "result": "refused"})

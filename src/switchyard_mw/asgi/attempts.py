@@ -111,32 +111,41 @@ def arm_from(ex: Exchange, ctx: RequestContext, limits: Limits) -> None:
     first = deadline_secs(view, limits)
     now = time.monotonic()
     ctx.attempt_deadline_secs = in_force(first, ctx.budget_at, now)
-    _arm_both(ex, ctx, limits, first, now)
+    # No attempt machine here (the deadline policy alone): the same rule, from now.
+    content_at = now + (first_token_secs(limits) if view.stream else first)
+    _arm_both(ex, ctx, limits, first, now, content_at)
 
 
 def _arm(ex: Exchange, machine: AttemptMachine, ctx: RequestContext) -> None:
-    """Arm the attempt's deadline as the machine gives it for the attempt's account."""
+    """Arm the attempt's deadline as the machine gives it for the attempt's account, and
+    its stream's first content event when the machine says it is due."""
     now = time.monotonic()
     first, _ = machine.deadline(now)
     client = ctx.account
     assert client is not None
-    _arm_both(ex, ctx, client.spec, first, now)
+    due = machine.first_content_due()
+    _arm_both(ex, ctx, client.spec, first, now, now + first if due is None else due)
 
 
-def _arm_both(ex: Exchange, ctx: RequestContext, limits: Limits, first: float, now: float) -> None:
-    """The attempt's deadline (`first` from `now`) and its stream's bounds past the headers."""
+def _arm_both(
+    ex: Exchange, ctx: RequestContext, limits: Limits, first: float, now: float, content_at: float
+) -> None:
+    """The attempt's deadline (`first` from `now`) and its stream's bounds past the headers:
+    its first content event is due at `content_at` (monotonic)."""
     view = ctx.view
     assert view is not None
     # A stream starts at its first content event: `first` is the sooner of its bounds on
     # the headers and on that event; once the headers came, the second is what is due.
-    to_content = first_token_secs(limits) if view.stream else first
     # What an app's own call bounds (`timeout_for`, a backstop past the alarm) must not cut
     # a stream before its first content is due.
-    ctx.deadline_at = now + max(first, to_content)
+    ends_at = now + first
+    ctx.deadline_at = content_at if content_at > ends_at else ends_at
     idle = ctx.stream_idle_secs = limits.stream_idle_secs if view.stream else None
     ex.arm(first, idle, now)
-    ex.hold_start(watch_for(view.wire) if view.stream else None, limits, now + to_content)
-    if view.stream and to_content <= first < limits.timeout_secs:
+    ex.hold_start(watch_for(view.wire) if view.stream else None, limits, content_at)
+    # `first` is the first-token limit itself when that is below `timeout_secs`
+    # (`deadline_secs`): a stream that did not start by then ran out of its first token.
+    if view.stream and first < limits.timeout_secs:
         ex.no_start_phase = Phase.FIRST_TOKEN
 
 

@@ -2,8 +2,10 @@
 
 `Race` stands in for the app during one attempt of the machine (`asgi/attempts.py`), inside
 the exchange's deadline: it runs the app for the attempt's account; when that has produced no
-content event by the account's hedge time and the budget allows, it asks the machine for a
-hedge (`AttemptMachine.hedge`) and runs the app a second time, concurrently, for that account.
+content event by the time the machine gave (`AttemptMachine.hedge_due`), it asks the machine
+for a hedge (`AttemptMachine.hedge`: the machine decides, the hedge budget included) and runs
+the app a second time, concurrently, for the account it names. It only races and reports: how
+a run ended goes to the machine in plain terms, which says what that means for its account.
 
 Each run sends into its own gate, which holds every message back until its first content event
 (a stream's first text, thinking or tool-use delta; a JSON answer's first body bytes). The
@@ -30,11 +32,8 @@ import time
 from typing import Any
 
 from ..context import RequestContext, current_var
-from ..core.pool import Outcome
-from ..engine import attempts
 from ..engine.content_events import ContentWatch, watch_for
-from ..engine.hedging import Hedging
-from ..engine.machine import AttemptMachine, Gone
+from ..engine.machine import AskBudget, AttemptMachine, Gone
 from ..engine.machine import Send as SendOn
 from ..telemetry import names as tm
 from ._types import ASGIApp, Message, Receive, Scope, Send
@@ -115,14 +114,13 @@ class _Runner:
 class Race:
     """The app for one attempt, hedged when it is slow to its first content (see the module).
 
-    `after_secs`: the attempt's hedge time; `model`: the request's (its budget's).
+    `after_secs`: the attempt's hedge time (`AttemptMachine.hedge_due`).
     """
 
     def __init__(
         self,
         ex: Exchange,
         machine: AttemptMachine,
-        hedging: Hedging,
         app: ASGIApp,
         *,
         after_secs: float,
@@ -130,7 +128,6 @@ class Race:
     ) -> None:
         self._ex = ex
         self._machine = machine
-        self._hedging = hedging
         self._app = app
         self._after = after_secs
         self._stream = stream
@@ -158,18 +155,17 @@ class Race:
         return _Runner(ctx, send, watch, hedge=hedge)
 
     async def _hedge(self, scope: Scope, send: Send) -> None:
-        """Start the hedge, if the budget and an account allow."""
-        model, machine = self._ctx.resolved_model, self._machine
-        assert model is not None
-        # A peek first: the budget counts a hedge it allows, so only one that can start.
-        if not machine.may_hedge() or not await self._hedging.may_start(model):
-            return
-        if self._runs and next(iter(self._runs.values())).state is not _RACING:
-            return  # the first answered while the budget was asked
+        """Start the hedge, if the machine starts one."""
+        machine = self._machine
         action = machine.hedge()
+        if isinstance(action, AskBudget):  # a budget shared across replicas: its word first
+            allowed = await action.ask()
+            if self._runs and next(iter(self._runs.values())).state is not _RACING:
+                return  # the first answered while the budget was asked
+            action = machine.hedge_allowed(allowed)
         account = machine.hedge_account
         if action is None or account is None:
-            return  # taken meanwhile: counted, but the budget only errs on the side of less
+            return
         ctx = copy.copy(self._ctx)
         ctx.account = account
         for name in ("upstream_status", "transport_error", "deadline_phase", "first_token_at"):
@@ -218,7 +214,7 @@ class Race:
         runner.state = _WON
         account = runner.ctx.account
         if account is not None:
-            self._hedging.record(account.name, time.monotonic() - runner.since)
+            self._machine.content_after(account.name, time.monotonic() - runner.since)
         for task, other in self._runs.items():
             if other is not runner and other.state is _RACING:
                 other.state = _LOST
@@ -271,26 +267,15 @@ class Race:
             raise error
 
     def _failed(self, runner: _Runner, error: BaseException | None) -> None:
-        """`runner` ended without content while the other goes on: its lease goes back with
-        what its end said about its account."""
+        """`runner` ended without content while the other goes on: the machine hears how,
+        and gives its lease back with what that says about its account."""
         runner.state = _FAILED
-        ctx = runner.ctx
-        if error is not None:
-            failure = attempts.error_kind(
-                type(error), deadline_phase=None, transport_error=ctx.transport_error
-            )
-            outcome = None if failure is attempts.APP_ERROR else Outcome.FAULT
-            status: str = failure
-        else:
-            outcome, status = attempts.verdict(
-                runner.status,
-                finished=False,
-                gone=None,
-                deadline_phase=None,
-                upstream_status=ctx.upstream_status,
-            )
-        # The first failed: the hedge is the attempt now; else the hedge failed.
-        self._machine.hedge_over(won=not runner.hedge, outcome=outcome, status=status)
+        self._machine.race_failed(
+            hedge=runner.hedge,
+            status=runner.status,
+            error=None if error is None else type(error),
+            report=runner.ctx,
+        )
 
     async def _stop(self, gone: Gone) -> None:
         """The attempt is cancelled (deadline, client gone): every run ends, a hedge still
@@ -328,20 +313,9 @@ def _body_once(ctx: RequestContext) -> Receive:
 
 def race_for(ex: Exchange, machine: AttemptMachine, app: ASGIApp) -> ASGIApp:
     """What runs for the machine's attempt in flight: `app` itself, or a `Race` around it when
-    its account hedges and another account of the model could take a hedge. The request
-    counts in its model's hedge budget at its first attempt."""
-    hedging, ctx = machine.engine.hedging, ex.ctx
-    if hedging is None or ctx is None or ctx.account is None or ctx.view is None:
+    the machine gives the attempt a hedge time (`hedge_due`)."""
+    after = machine.hedge_due()
+    view = machine.ctx.view
+    if after is None or view is None:
         return app
-    after = hedging.after_secs(ctx.account.name)
-    model = ctx.resolved_model
-    if after is None or model is None:
-        return app
-    view = ctx.view
-    if view.stream and watch_for(view.wire) is None:
-        return app  # a stream whose content events are unknown: no first content to race for
-    if len(machine.tried) == 1:
-        hedging.note_request(model)
-    if not machine.may_hedge():
-        return app
-    return Race(ex, machine, hedging, app, after_secs=after, stream=view.stream)
+    return Race(ex, machine, app, after_secs=after, stream=view.stream)

@@ -1,13 +1,13 @@
 """Hedged first tokens: when an attempt's hedge is due, and whether the budget lets it start.
 
-One `Hedging` per engine (a reload builds another). It answers three questions for the front
-that races the attempts (`asgi/hedge.py`): how long an account's attempt may go without content
-before a hedge (`after_secs`: its `hedge_after_secs`, or with `"auto"` its measured p95 time to
-first token, `core/first_token`), whether one more hedge fits the budget of the request's model
-(`core/hedge_budget`: at most `hedge_max_ratio` of the requests over a sliding minute; with a
-state store, the model's budget in it, `state/hedge_budget.py`, the local one deciding while
-the store cannot answer), and it keeps the times to first token `"auto"` reads (`record`).
-"""
+One `Hedging` per engine (a reload builds another). It answers three questions for the attempt
+machine, which decides a hedge (`AttemptMachine.hedge_due`, `hedge`): how long an account's
+attempt may go without content before a hedge (`after_secs`: its `hedge_after_secs`, or with
+`"auto"` its measured p95 time to first token, `core/first_token`), whether one more hedge
+fits the budget of the request's model (`core/hedge_budget`: at most `hedge_max_ratio` of the
+requests over a sliding minute; with a state store, the model's budget in it,
+`state/hedge_budget.py`, the local one deciding while the store cannot answer), and it keeps
+the times to first token `"auto"` reads (`record`)."""
 
 from __future__ import annotations
 
@@ -123,9 +123,19 @@ class Hedging:
 
     async def may_start(self, model: str) -> bool:
         """`try_hedge`, asking the shared budget when a store is set and answers in time."""
-        shared = None if self._shared is None else self._shared(model)
+        shared = self.shared_budget(model)
         if shared is None:
             return self.try_hedge(model)
+        return await self.ask_shared(shared, model)
+
+    def shared_budget(self, model: str) -> SharedBudget | None:
+        """The budget of `model` shared across replicas, to ask with `ask_shared`; None: the
+        local one decides (no store, or it cannot be asked now)."""
+        return None if self._shared is None else self._shared(model)
+
+    async def ask_shared(self, shared: SharedBudget, model: str) -> bool:
+        """Whether one more hedge of `model` fits `shared` (counted there if so); the local
+        budget decides when the store does not answer in time."""
         try:
             verdict = await asyncio.wait_for(shared.try_hedge(), self._timeout)
         except Exception as exc:

@@ -52,7 +52,8 @@ again.
 from __future__ import annotations
 
 import enum
-from collections.abc import Collection, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
+from functools import partial
 from typing import TYPE_CHECKING
 
 from opentelemetry import trace
@@ -68,15 +69,18 @@ from ..telemetry import names as tm
 from ..wire import WireError
 from . import answers, attempts, in_place
 from .attempts import OUT_OF_TIME, Failure, Gone, Phase
+from .content_events import watch_for
 from .error_bodies import billing_refusal, context_refusal
 from .fallbacks import Reason
 from .outcomes import throttle_headers
+from .stream_bounds import first_token_secs
 
 if TYPE_CHECKING:
     from ..accounts import Account
     from .policies import Engine
 
 __all__ = [
+    "AskBudget",
     "ClaimProbe",
     "Deliver",
     "Failure",
@@ -168,6 +172,19 @@ class ClaimProbe:
         return f"ClaimProbe({self.account!r})"
 
 
+class AskBudget:
+    """Await `ask()` (whether the hedge budget shared across replicas lets one more hedge of
+    the request's model start) and hand the answer to `hedge_allowed`."""
+
+    __slots__ = ("ask",)
+
+    def __init__(self, ask: Callable[[], Awaitable[bool]]) -> None:
+        self.ask = ask
+
+    def __repr__(self) -> str:
+        return "AskBudget(...)"
+
+
 class Deliver:
     """Pass on `held`, an answer the driver held back (the last upstream answer says more than
     anything switchyard could make up; a 429 keeps its `retry-after`)."""
@@ -252,6 +269,7 @@ _READY, _CLAIMING, _SENT = State.READY, State.CLAIMING, State.SENT
 _HOLDING, _CHECKING, _FORWARDING = State.HOLDING, State.CHECKING, State.FORWARDING
 _BETWEEN, _DONE, _WAITING = State.BETWEEN, State.DONE, State.WAITING
 _READING = State.READING
+_FIRST_TOKEN = Phase.FIRST_TOKEN
 _READ_STATUSES = frozenset({400, 429})
 """Answers held until their body is read (`read`): a billing refusal arrives as either."""
 _KEY_STATUSES = frozenset({401, 402, 403})
@@ -610,7 +628,11 @@ class AttemptMachine:
         if self.state is _SENT and unanswered is not None:
             if self._past_deadline():
                 return self._timed_out(phase)
-            return self.ended(_RAISED, unanswered)
+            end = self.ended(_RAISED, unanswered)
+            if phase is _FIRST_TOKEN:
+                # Its answer was held for late content: that is the 504 if none follows.
+                self.ctx.deadline_phase = phase
+            return end
         if self.state in _IN_FLIGHT:
             return self.ended(_GONE, gone=Gone.RETRIED)
         if self.state is _CLAIMING or self._closed:
@@ -621,10 +643,16 @@ class AttemptMachine:
 
     def expired(self, phase: Phase | None = None) -> Refuse:
         """A deadline ran out in `phase` (None: work it out from the attempt's deadline).
-        The attempt in flight is settled as the phase says, and the 504 is the answer."""
+        The attempt in flight is settled as the phase says, and the 504 is the answer.
+        A first token reported late once the machine's own deadline answer ended the request
+        (behind Envoy: its per-try timer fires while the first-token filter's 504 is on its
+        way) is that answer again, not another deadline."""
+        ctx = self.ctx
+        if phase is _FIRST_TOKEN and self.state is _DONE and ctx.deadline_phase is not None:
+            return Refuse(answers.deadline_exceeded(ctx.deadline_phase))
         if phase is None:
             phase = self.phase()
-        self.ctx.deadline_phase = phase
+        ctx.deadline_phase = phase
         tm.deadline_exceeded.add(1, {"phase": phase})
         if self.state in _IN_FLIGHT:
             self._status = 504
@@ -741,12 +769,87 @@ class AttemptMachine:
             and engine.pool.retry_after_secs(model, allowed=untried) == 0.0
         )
 
-    def hedge(self) -> Send | None:
-        """The attempt in flight produced no content by its hedge time: a second attempt on
-        another account of the same model (never another model: both race for one answer),
-        or None when none can take it now. The front runs both; the first to produce content
-        wins, and `hedge_over` says how the race ended."""
+    def hedge_due(self) -> float | None:
+        """Seconds from the attempt's send to its hedge, or None when it has none: no account
+        hedges, its account does not (`hedge_after_secs`), its stream's content events are
+        unknown (no first content to race for), or no other account could take a hedge now.
+        Asked once per attempt: the request counts in its model's hedge budget at its first
+        attempt that may hedge."""
+        hedging, ctx = self.engine.hedging, self.ctx
+        client, view, model = ctx.account, ctx.view, ctx.resolved_model
+        if hedging is None or client is None or view is None or model is None:
+            return None
+        after = hedging.after_secs(client.name)
+        if after is None or (view.stream and watch_for(view.wire) is None):
+            return None
+        if len(self.tried) == 1:
+            hedging.note_request(model)
+        return after if self.may_hedge() else None
+
+    def hedge(self) -> Send | AskBudget | None:
+        """The attempt in flight produced no content by its hedge time (`hedge_due`): a second
+        attempt on another account of the same model (never another model: both race for one
+        answer), when one could take it now and the model's hedge budget allows (asked only
+        then: the budget counts a hedge it allows); `AskBudget` when that budget is shared
+        across replicas; else None. The front runs both; the first to produce content wins,
+        and `hedge_over` (or `race_failed`) says how the race ended."""
         self._expect(_SENT)
+        hedging, model = self.engine.hedging, self.ctx.resolved_model
+        if hedging is None or model is None or not self.may_hedge():
+            return None
+        shared = hedging.shared_budget(model)
+        if shared is not None:
+            return AskBudget(partial(hedging.ask_shared, shared, model))
+        if not hedging.try_hedge(model):
+            return None
+        return self._start_hedge()
+
+    def hedge_allowed(self, allowed: bool) -> Send | None:
+        """The shared budget's answer to `AskBudget`: the hedge, if it allows one and the
+        attempt in flight still has not answered (else None: counted, but the budget only
+        errs on the side of fewer hedges)."""
+        if not allowed or self.state is not _SENT:
+            return None
+        return self._start_hedge()
+
+    def race_failed(
+        self,
+        *,
+        hedge: bool,
+        status: int | None,
+        error: type[BaseException] | None,
+        report: RequestContext,
+    ) -> None:
+        """One of the two attempts racing ended without content while the other goes on:
+        `hedge` the hedge (else the first attempt; the hedge goes on as the request's), with
+        `status` (its answer's, if one started) and `error` (the exception it raised; None:
+        it returned); `report`: the context its app reported into (a transport error, the
+        upstream status). Its lease goes back with what its end says about its account."""
+        outcome: Outcome | None
+        if error is not None:
+            failure = attempts.error_kind(
+                error, deadline_phase=None, transport_error=report.transport_error
+            )
+            outcome = None if failure is _APP_ERROR else _FAULT
+            said: str = failure
+        else:
+            outcome, said = attempts.verdict(
+                status,
+                finished=False,
+                gone=None,
+                deadline_phase=None,
+                upstream_status=report.upstream_status,
+            )
+        self.hedge_over(won=not hedge, outcome=outcome, status=said)
+
+    def content_after(self, account: str, secs: float) -> None:
+        """An attempt on `account` produced its first content `secs` after it was sent: the
+        time `hedge_after_secs = "auto"` learns from."""
+        hedging = self.engine.hedging
+        if hedging is not None:
+            hedging.record(account, secs)
+
+    def _start_hedge(self) -> Send | None:
         ctx, engine = self.ctx, self.engine
         model = ctx.resolved_model
         if self._hedge is not None or model is None or not self._may_go_on():
@@ -836,6 +939,27 @@ class AttemptMachine:
         self._budget_bound = left is not None and left < secs
         return secs, left
 
+    def first_content_due(self) -> float | None:
+        """When the first content event of the attempt in flight is due (the machine's
+        clock): its account's `first_token_secs` (else `timeout_secs`) from its send, or the
+        end of the caller's budget when that comes sooner. None when there is nothing to hold
+        for: not a stream, or no attempt in flight that has not answered."""
+        ctx, sent_at = self.ctx, self._sent_at
+        view, client = ctx.view, ctx.account
+        if self.state is not _SENT or sent_at is None or client is None:
+            return None
+        if view is None or not view.stream:
+            return None
+        due = sent_at + first_token_secs(client.spec)
+        budget_at = ctx.budget_at
+        return due if budget_at is None or due <= budget_at else budget_at
+
+    def ends_in_budget(self, secs: float) -> bool:
+        """Whether a wait of `secs` from now ends inside the caller's budget (a retry in
+        place's; behind Envoy, the longest its jittered back-off can take)."""
+        budget_at = self.ctx.budget_at
+        return budget_at is None or self._clock() + secs < budget_at
+
     def phase(self, *, started: bool = False) -> Phase:
         """The phase a deadline that fired now ran out in, from the bound `deadline` set."""
         ctx = self.ctx
@@ -893,7 +1017,7 @@ class AttemptMachine:
         model = ctx.resolved_model
         if model is not None and self.engine.pool.cooling_secs(account.name, model) > secs:
             return None  # its own faults cooled it past the wait: no retry to wait for
-        if ctx.budget_at is not None and self._clock() + secs >= ctx.budget_at:
+        if not self.ends_in_budget(secs):
             return None  # the wait would end past the caller's deadline
         return secs
 
@@ -1068,6 +1192,10 @@ class AttemptMachine:
         account's key or billing is the provider's refusal of *its* key, never the client's:
         when every account that could serve refused so in this request (or cools for it),
         the 503 that says so (`x-should-retry: false`)."""
+        if self.ctx.deadline_phase is _FIRST_TOKEN:
+            # Its answer was held for a first content event that came too late (behind
+            # Envoy, its per-try timeout may fire before the first-token filter's timer).
+            return Refuse(answers.deadline_exceeded(_FIRST_TOKEN))
         if self._failure in OUT_OF_TIME:
             # The call's own timeout or the deadline, whichever came first: the app's
             # framework may have answered before the deadline policy could.

@@ -9,10 +9,11 @@ front's (`engine.content_events`), and
 
 - at the first content event: the headers are answered, then each held piece in order (an
   answer to a piece before the headers' answer is a "spurious response": Envoy answers 500);
-- when the bound passes first, with no message arriving: the attempt is a deadline fault of
-  phase `first_token` (`AttemptMachine.content_late`), and the headers are answered
-  `x-switchyard-retry: 1`, which the route retries on the next account; with no account
-  left, with the wire's 504 `deadline_exceeded` (an immediate response).
+- when the bound (`AttemptMachine.first_content_due`) passes first, with no message
+  arriving: the attempt is a deadline fault of phase `first_token`
+  (`AttemptMachine.content_late`), and the headers are answered `x-switchyard-retry: 1`,
+  which the route retries on the next account; with no account left there, with the
+  machine's answer, the wire's 504 `deadline_exceeded` (an immediate response).
 
 Answers are not one per message here: the stream answers when content or its timer says, so a
 transport hands it `emit` (`attach`) and takes None from `on` for "nothing to send now".
@@ -29,11 +30,8 @@ import time
 from collections.abc import Callable
 
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from ..engine.answers import deadline_exceeded
-from ..engine.attempts import Phase
 from ..engine.content_events import ContentWatch, watch_for
-from ..engine.machine import NEXT, Refuse, State
-from ..engine.stream_bounds import first_token_secs
+from ..engine.machine import NEXT, Action, Refuse, State
 from . import _messages as msg
 from .flights import Flight, Flights, Opening, join
 from .router import RETRY_HEADER
@@ -105,7 +103,8 @@ class FirstTokenStream:
 
     def on_headers(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse | None:
         flight = self.flights.find(msg.attribute(request, REQUEST_ID_ATTRIBUTE))
-        due = None if flight is None else _due(flight)
+        machine = None if flight is None else flight.machine
+        due = None if machine is None else machine.first_content_due()
         view = None if flight is None else flight.ctx.view
         watch = None if view is None else watch_for(view.wire)
         if flight is None or due is None or watch is None or self.emit is None:
@@ -151,17 +150,22 @@ class FirstTokenStream:
             return
         assert flight is not None
         flight.opening = Opening.NOT_HELD
-        end = machine.content_late()
+        end: Action = machine.content_late()
         flight.aim()  # the retry's cluster, which may be another provider's
-        if end is NEXT and machine.fails_over():
-            self._answer(_RETRY)
+        if end is NEXT:
+            if machine.fails_over():
+                self._answer(_RETRY)
+                return
+            # Envoy retries now or never: with no account free there, the machine answers.
+            machine.retries_over()
+            end = machine.next()
+        view = flight.ctx.view
+        if not isinstance(end, Refuse) or view is None:
+            self._answer(_PASS)  # nothing of switchyard's to answer (never so: no answer held)
             return
-        assert flight.ctx.view is not None
         flight.opening = Opening.EXPIRED
-        error = end.error if isinstance(end, Refuse) else deadline_exceeded(Phase.FIRST_TOKEN)
-        self._answer(
-            msg.immediate(flight.ctx.view.wire, error.status, error.error_type, error.message)
-        )
+        error = end.error
+        self._answer(msg.immediate(view.wire, error.status, error.error_type, error.message))
 
     def _answer(self, first: ep.ProcessingResponse) -> None:
         emit = self.emit
@@ -185,16 +189,3 @@ class FirstTokenStream:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-
-
-def _due(flight: Flight) -> float | None:
-    """When the attempt's first content event is due (monotonic), inside the request's
-    budget; None when there is no bound to hold for (not a stream, no attempt in flight)."""
-    machine, ctx = flight.machine, flight.ctx
-    if machine is None or machine.state is not State.SENT or ctx.view is None:
-        return None
-    sent_at, client = machine.sent_at(), ctx.account
-    if not ctx.view.stream or sent_at is None or client is None:
-        return None
-    due = sent_at + first_token_secs(client.spec)
-    return due if ctx.budget_at is None else min(due, ctx.budget_at)

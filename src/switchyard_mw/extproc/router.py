@@ -35,7 +35,6 @@ from ..engine.answers import (
     NO_HEALTHY_ACCOUNT,
     RATE_LIMITED,
     UPSTREAM_UNREACHABLE,
-    deadline_exceeded,
     exposed_headers,
 )
 from ..engine.body_usage import Reader
@@ -432,11 +431,9 @@ class RouterStream:
         machine = flight.machine
         if machine is None:
             return msg.UNCHANGED_RESPONSE_HEADERS
-        # Envoy's per-try timeout while the first-token filter held the headers: the
-        # headers came in time, the first content did not.
-        if flight.opening is EXPIRED:  # the filter's 504 was on its way: counted there
-            return self.refuse(deadline_exceeded(Phase.FIRST_TOKEN))
-        phase = Phase.FIRST_TOKEN if flight.opening is HELD else None
+        # Envoy's per-try timeout while the first-token filter held the headers (or its 504
+        # was on its way): the headers came in time, the first content did not.
+        phase = Phase.FIRST_TOKEN if flight.opening is HELD or flight.opening is EXPIRED else None
         return self.refuse(machine.expired(phase).error)
 
     def refuse(

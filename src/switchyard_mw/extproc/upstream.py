@@ -23,13 +23,22 @@ rather than by the router-level stream.
 from __future__ import annotations
 
 import math
-import time
 
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from ..core.throttle import READ_HEADERS as RETRY_TIME_HEADERS
-from ..engine.answers import deadline_exceeded
 from ..engine.claims import claimed
-from ..engine.machine import NEXT, ClaimProbe, Failure, How, Phase, Refuse, Send, State, Wait
+from ..engine.machine import (
+    NEXT,
+    AttemptMachine,
+    ClaimProbe,
+    Failure,
+    How,
+    Phase,
+    Refuse,
+    Send,
+    State,
+    Wait,
+)
 from . import _messages as msg
 from .failover import HOST_METADATA_ATTRIBUTE, host_cluster, next_cluster
 from .flights import Flight, Flights, Opening, join, out_of_order
@@ -66,13 +75,12 @@ ENVOY_JITTER = 1.5
 (measured with Envoy 1.40: 2.1-3.1 s for 2 s, 1.3-1.5 s for 1 s)."""
 
 
-def _retry_after(flight: Flight, secs: float, *, body: bool) -> ep.ProcessingResponse:
-    """Ask Envoy for a retry in place after `secs`, in the whole seconds it reads, when even
-    its longest jittered wait ends inside the caller's budget; else let the answer through.
-    `body`: answered from the body phase (the headers held while it was read)."""
+def _retry_after(machine: AttemptMachine, secs: float, *, body: bool) -> ep.ProcessingResponse:
+    """Ask Envoy for a retry in place after `secs`, in the whole seconds it reads, when the
+    machine says even its longest jittered wait ends inside the caller's budget; else let the
+    answer through. `body`: answered from the body phase (the headers held while it was read)."""
     whole = max(1, math.ceil(secs))
-    budget_at = flight.ctx.budget_at
-    if budget_at is not None and time.monotonic() + whole * ENVOY_JITTER >= budget_at:
+    if not machine.ends_in_budget(whole * ENVOY_JITTER):
         return msg.UNCHANGED_RESPONSE_BODY if body else msg.UNCHANGED_RESPONSE_HEADERS
     retry = [(RETRY_HEADER, b"1"), (RETRY_AFTER_HEADER, str(whole).encode())]
     if body:
@@ -92,16 +100,16 @@ def _after(flight: Flight, end: object, *, body: bool) -> ep.ProcessingResponse:
             return _RETRY_AFTER_BODY if body else _RETRY
         wait = machine.waits_in_place()
         if wait is not None:
-            return _retry_after(flight, wait, body=body)
+            return _retry_after(machine, wait, body=body)
     return msg.UNCHANGED_RESPONSE_BODY if body else msg.UNCHANGED_RESPONSE_HEADERS
 
 
-def _first_token_late(flight: Flight) -> ep.ProcessingResponse:
-    """The wire's 504 for a stream whose first content event was late on the last account."""
-    late, view = deadline_exceeded(Phase.FIRST_TOKEN), flight.ctx.view
+def _refused(flight: Flight, refuse: Refuse) -> ep.ProcessingResponse:
+    """The machine's refusal, in the wire's shape (an immediate response)."""
+    view, error = flight.ctx.view, refuse.error
     if view is None:  # a flight is made from a request read: never so
         return msg.UNCHANGED_REQUEST_HEADERS
-    return msg.immediate(view.wire, late.status, late.error_type, late.message)
+    return msg.immediate(view.wire, error.status, error.error_type, error.message)
 
 
 def _no_account_there(flight: Flight, action: object) -> ep.ProcessingResponse:
@@ -109,10 +117,8 @@ def _no_account_there(flight: Flight, action: object) -> ep.ProcessingResponse:
     (one was free when the retry was asked for): the previous account's key is never sent to
     another provider. The machine's refusal, in the wire's shape, when it made one; else the
     attempt goes without a credential."""
-    view = flight.ctx.view
-    if isinstance(action, Refuse) and view is not None:
-        error = action.error
-        return msg.immediate(view.wire, error.status, error.error_type, error.message)
+    if isinstance(action, Refuse):
+        return _refused(flight, action)
     answer = ep.ProcessingResponse()
     msg.fill(answer.request_headers.response, [], CREDENTIAL_HEADERS)
     return answer
@@ -177,7 +183,7 @@ class UpstreamStream:
         opening, flight.opening = flight.opening, Opening.NOT_HELD
         if opening is Opening.EXPIRED:
             flight.opening = opening
-            return _first_token_late(flight)
+            return _refused(flight, machine.expired(Phase.FIRST_TOKEN))  # its 504 again
         held = opening is Opening.HELD
         phase = Phase.FIRST_TOKEN if held else None
         if machine.retried(Failure.CONNECT_ERROR, phase) is not NEXT:
@@ -195,9 +201,10 @@ class UpstreamStream:
         if isinstance(action, ClaimProbe):
             action = await claimed(machine, action)
         if held and isinstance(action, Refuse):
-            # No account left: the wire's 504, as the first-token filter answers it, rather
-            # than the same account again (whose first token would be as late).
-            return _first_token_late(flight)
+            # No account left: the machine's answer (for an answer held for late content,
+            # the 504 of phase first_token), rather than the same account again (whose first
+            # token would be as late).
+            return _refused(flight, action)
         if not isinstance(action, Send) and moved:
             return _no_account_there(flight, action)
         if not isinstance(action, Send):
