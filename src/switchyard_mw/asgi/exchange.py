@@ -645,8 +645,8 @@ class Exchange(Deferred):
         """`message` while the start is held back for the answer's first content: held with
         it (None) until that content comes, the answer ends, or what is held outgrows
         `MAX_OPENING_BYTES`. Then a stream's held messages go through `send` again (None); a
-        JSON answer's start goes on, and its first bytes are returned for `send` to pass on
-        (no coroutine more than the start's own: this runs on every answer)."""
+        JSON answer's start goes on, and its first bytes are returned for the `send` at hand
+        to pass on (not sent through `send` again: this runs on every JSON answer)."""
         pre = self._pre
         assert pre is not None
         watch = self._content_watch
