@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 
+from conftest import Metrics
 from switchyard_mw.asgi.deadline import DeadlineMiddleware
 from switchyard_mw.asgi.exchange import Exchange
 from switchyard_mw.asgi.stack import switchyard_stack
+from switchyard_mw.context import current_context
 
 CONFIG = """
 [llm_clients.acct-a]
@@ -115,3 +117,55 @@ async def test_a_deadline_alone_is_answered_as_the_expiry() -> None:
     await asyncio.create_task(mw(_scope(), receive, send))
     assert sent[0]["status"] == 504
     assert json.loads(sent[1]["body"])["error"]["type"] == "deadline_exceeded"
+
+
+FAILOVER = """
+[llm_clients.first]
+base_url = "http://127.0.0.1:9"
+api_key_env = "KEY_A"
+models = ["m"]
+timeout_secs = 0.2
+[llm_clients.second]
+base_url = "http://127.0.0.1:9"
+api_key_env = "KEY_A"
+models = ["m"]
+priority = 1
+timeout_secs = 0.2
+"""
+
+
+async def test_a_whole_answer_held_for_a_failover_ends_its_attempts_deadline(
+    tmp_path: Path, otel_metrics: Metrics
+) -> None:
+    """The first account's 503 is whole and held (a failover may follow): its attempt's deadline
+    ends with it, so an app that lingers past that deadline before it returns is not cut, and
+    the second account answers."""
+    lingered: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        ctx = current_context()
+        assert ctx is not None
+        assert ctx.account is not None
+        if ctx.account.name == "first":
+            await send({"type": "http.response.start", "status": 503, "headers": []})
+            await send({"type": "http.response.body", "body": b"{}"})
+            await asyncio.sleep(0.5)  # past the attempt's deadline (about 0.2 s)
+            lingered.append(ctx.account.name)
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b'{"ok":true}'})
+
+    before = otel_metrics.value("switchyard.deadline.exceeded", phase="total")
+    path = tmp_path / "s.toml"
+    path.write_text(FAILOVER)
+    stack = switchyard_stack(app, config=path, environ={"KEY_A": "k"})
+    receive, send, sent = _server()
+    await asyncio.create_task(stack(_scope(), receive, send))
+    assert lingered == ["first"]
+    assert [(m["type"], m.get("status")) for m in sent] == [
+        ("http.response.start", 200),
+        ("http.response.body", None),
+    ]
+    assert sent[1]["body"] == b'{"ok":true}'
+    assert otel_metrics.value("switchyard.deadline.exceeded", phase="total") == before

@@ -441,9 +441,19 @@ class Exchange(Deferred):
             secs = max(budget_at - now, 0.0)
         return secs
 
-    def _rearm(self, secs: float) -> None:
+    def _rearm(self, chunk: bytes | None = None) -> None:
+        """A stream's gap bound (`_idle`) from now, or less where its throughput floor binds
+        first; `chunk`: the piece that just passed, counted against the floor and read for
+        its sequence number first."""
+        if chunk is not None:
+            if self._floor is not None:
+                self._count(chunk)
+            if self._sequence is not None:
+                self._sequence.feed(chunk)
+        secs = self._idle
         if self.expiry is not _PENDING or self._when is None:
             return
+        assert secs is not None
         now = time.monotonic()
         if self._slow_at is not None and self._slow_at - now < secs:
             secs = max(self._slow_at - now, 0.0)  # the throughput floor binds first
@@ -562,89 +572,105 @@ class Exchange(Deferred):
         return client
 
     async def send(self, message: Message) -> None:
-        """The app's `send`: the deadline's part, then the hold's, then the tracking's (`out`),
-        in one function for the usual messages."""
+        """The app's `send`. The usual message, a body of an answer whose start went on, is
+        passed on here in full: this runs on every chunk of every answer, so it makes no call
+        it can do without. What is rarer has a name of its own: the tap's look first
+        (`Tap.top`), the start held back until the first content (`_opening`), the start's
+        way (`_started`), an answer held for a failover (`_hold`)."""
         tap = self.tap
-        if tap is not None:
+        if tap is not None:  # a resumable stream's: the tap sees the app's message first
             found = tap.top(message)
             if found is None:
                 return
             message = found
+        if self._pre is not None:  # the start is held back until the answer's first content
+            found = await self._opening(message)
+            if found is None:
+                return
+            message = found
+        kind = message["type"]
+        if kind == "http.response.start":
+            return await self._started(message)
+        if kind != "http.response.body":  # an extension's (trailers): in order with the rest
+            return await self._hold_or_out(message)
+        more = message.get("more_body", False)
+        if not more:
+            self._complete = True  # its deadline ends: in `stop` below, or in `_hold`
+        elif self._idle is not None:  # a stream's chunk: the gap to the next is bounded anew
+            self._rearm(message.get("body", b""))
+        if self.held is not None:
+            return await self._hold(message)
+        ctx = self.ctx
+        assert ctx is not None
+        if self.stream and ctx.first_token_at is None:
+            first_token(ctx, message.get("body", b""))
+        if not self._content and ctx.first_token_at is not None and self._machine is not None:
+            self._first_content()
+        if not more:
+            self.finished = True
+            self.stop()  # servers report a disconnect once a response is complete
+            if self.last is not None:
+                self.last()
+        await self._send(message)
+
+    async def _started(self, start: Message) -> None:
+        """The response's start: a successful one held back until the answer's first content
+        when the attempt asks for that (`hold_start`), else noted and on its way unless the
+        attempt's answer is held (the machine is asked once per attempt)."""
+        if self._holds and start["status"] < 300:
+            self._pre = [start]
+            if self._idle is not None:  # a stream: its first content is now what is due
+                self.no_start_phase = Phase.FIRST_TOKEN
+                now = time.monotonic()
+                self.move(self._bound(self._content_at - now, now))
+            return
+        if self._start is None:
+            self._start = start
+            if self._idle is not None:
+                self._rearm()
+        if self.held is not None:
+            return await self._hold(start)
+        machine = self._machine
+        if machine is not None and not self._asked:
+            # Held while a failover is possible, and every 5xx until the app ends:
+            # Starlette's and FastAPI's error middleware answer an escaping exception with
+            # a 500 and then re-raise it, and a transport error is no upstream answer.
+            self._asked = True
+            if machine.started(start["status"], start.get("headers", ())) is not FORWARD:
+                self.held = [start]
+                return
+        await self._send(self._noted(start))
+
+    async def _opening(self, message: Message) -> Message | None:
+        """`message` while the start is held back for the answer's first content: held with
+        it (None) until that content comes, the answer ends, or what is held outgrows
+        `MAX_OPENING_BYTES`. Then a stream's held messages go through `send` again (None); a
+        JSON answer's start goes on, and its first bytes are returned for the `send` at hand
+        to pass on (not sent through `send` again: this runs on every JSON answer)."""
         pre = self._pre
-        if pre is not None:
-            if self._content_watch is not None:
-                return await self._hold_opening(message)
-            # A JSON answer: its start waits for the body's first bytes, and goes on with them
-            # here (no coroutine more than the start's own send: this runs on every answer).
+        assert pre is not None
+        watch = self._content_watch
+        if watch is None:  # a JSON answer: its body's first bytes (or its end) are its content
             if message["type"] != "http.response.body" or not (
                 message.get("body") or not message.get("more_body", False)
             ):
                 pre.append(message)
-                return
+                return None
             self._pre = None
             self._holds = False
-            self._start = pre[0]
-            for early in pre:
+            await self._started(pre[0])
+            for early in pre[1:]:
                 await self._hold_or_out(early)
-        kind = message["type"]
-        if kind == "http.response.body":
-            more = message.get("more_body", False)
-            if not more:
-                self._complete = True
-                if self._when is not None:
-                    self.disarm()
-            elif self._idle is not None:
-                body = message.get("body", b"")
-                if self._floor is not None:
-                    self._count(body)
-                self._rearm(self._idle)
-                if self._sequence is not None:
-                    self._sequence.feed(body)
-            if self.held is not None:
-                return await self._hold(message)
-            ctx = self.ctx
-            assert ctx is not None
-            if self.stream and ctx.first_token_at is None:
-                first_token(ctx, message.get("body", b""))
-            if not self._content and ctx.first_token_at is not None and self._machine is not None:
-                self._first_content()
-            if not more:
-                self.finished = True
-                self.stop()  # servers report a disconnect once a response is complete
-                if self.last is not None:
-                    self.last()
-            return await self._send(message)
-        if kind == "http.response.start":
-            if self._holds and message["status"] < 300:
-                self._pre = [message]
-                if self._idle is not None:  # a stream: its first content is now what is due
-                    self.no_start_phase = Phase.FIRST_TOKEN
-                    now = time.monotonic()
-                    self.move(self._bound(self._content_at - now, now))
-                return
-            if self._start is None:
-                self._start = message
-                if self._idle is not None:
-                    self._rearm(self._idle)
-            if self.held is None and (self._machine is None or self._asked):
-                return await self._send(self._noted(message))
-        await self._hold_or_out(message)
-
-    async def _hold_opening(self, message: Message) -> None:
-        """Hold `message` with the start; pass all on once the first content came (or the
-        answer ended, or outgrew what is held)."""
-        pre = self._pre
-        assert pre is not None
+            return message
         pre.append(message)
         if message["type"] != "http.response.body":
-            return
+            return None
         body = message.get("body", b"")
-        more = message.get("more_body", False)
         self._pre_size += len(body)
-        watch = self._content_watch
-        content = bool(body) if watch is None else watch.feed(body)
-        if content or not more or self._pre_size > MAX_OPENING_BYTES:
+        content = watch.feed(body)
+        if content or not message.get("more_body", False) or self._pre_size > MAX_OPENING_BYTES:
             await self._release(content)
+        return None
 
     async def _release(self, content: bool) -> None:
         held, self._pre = self._pre or [], None
@@ -664,7 +690,7 @@ class Exchange(Deferred):
             self._floor = floor_for(self._limits, now)
             if self._floor is not None and self._idle is not None:
                 self._count(b"")
-                self._rearm(self._idle)  # the floor may bind before the next chunk comes
+                self._rearm()  # the floor may bind before the next chunk comes
 
     def _count(self, body: bytes) -> None:
         """A stream's output so far, read against its throughput floor."""
@@ -687,17 +713,11 @@ class Exchange(Deferred):
             machine.first_content()
 
     async def _hold_or_out(self, message: Message) -> None:
+        """`message` held with the attempt's answer, or on its way (a start: `_started`)."""
+        if message["type"] == "http.response.start":
+            return await self._started(message)
         if self.held is not None:
             return await self._hold(message)
-        machine = self._machine
-        if machine is not None and message["type"] == "http.response.start" and not self._asked:
-            # Held while a failover is possible, and every 5xx until the app ends:
-            # Starlette's and FastAPI's error middleware answer an escaping exception with
-            # a 500 and then re-raise it, and a transport error is no upstream answer.
-            self._asked = True
-            if machine.started(message["status"], message.get("headers", ())) is not FORWARD:
-                self.held = [message]
-                return
         await self.out(message)
 
     async def _hold(self, message: Message) -> None:
@@ -708,6 +728,8 @@ class Exchange(Deferred):
             self._size += len(message.get("body", b""))
             if not message.get("more_body", False):
                 self.held_whole = True
+                if self._complete and self._when is not None:
+                    self.disarm()  # the app's answer is whole: its attempt's deadline ends
             elif self._size > MAX_HELD_BYTES:
                 await self.flush()
 

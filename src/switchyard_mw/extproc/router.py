@@ -50,10 +50,11 @@ from ..engine.machine import (
     Phase,
     Refuse,
     Send,
+    Start,
     State,
 )
 from ..engine.provider_headers import REQUEST_ID_NAMES, UPSTREAM_REQUEST_ID, request_id, withheld
-from ..engine.tenancy import PROVIDER_RATE_LIMIT_HEADERS, Admission, Refusal, billed
+from ..engine.tenancy import PROVIDER_RATE_LIMIT_HEADERS, Admission, Refusal, Tenancy, billed
 from ..model_names import with_query
 from ..telemetry import names as tm
 from ..telemetry import request_metrics
@@ -243,11 +244,12 @@ class RouterStream:
         join(flight)
         flight.path = self.headers.get(":path", b"")
         tenancy = self.p.tenancy
-        if tenancy is not None:
-            # Who is asking, before anything is spent on the request (the judge included).
-            refusal = tenancy.check(ctx, named=None, header=self._header)
-            if refusal is not None:
-                return self.refuse(refusal.error, _text(refusal.headers))
+        # Who is asking, before anything is spent on the request (the judge included).
+        if (
+            tenancy is not None
+            and (refusal := tenancy.check(ctx, named=None, header=self._header)) is not None
+        ):
+            return self.refuse(refusal.error, _text(refusal.headers))
         if self.span is None:
             await self.p.decide_model(ctx, self.gone)
         else:
@@ -255,25 +257,18 @@ class RouterStream:
                 await self.p.decide_model(ctx, self.gone)
         if self.closed:
             return msg.request_body()  # the stream ended meanwhile: nothing to place
-        if tenancy is not None and billed(self.route):
-            admitted = await tenancy.admit_request(ctx)
-            if isinstance(admitted, Refusal):
-                return self.refuse(admitted.error, _text(admitted.headers))
-            self.admission = admitted
-            if self.closed:  # the stream ended while the store answered
-                self._finish(admitted, ctx)
-                return msg.request_body()
+        if (
+            tenancy is not None
+            and billed(self.route)
+            and (refused := await self._admit(tenancy, ctx)) is not None
+        ):
+            return refused
         machine = flight.machine = self.p.machine(flight)
         action = machine.begin()
         if isinstance(action, ClaimProbe):
             action = await claimed(machine, action)
-        if isinstance(action, Refuse):
-            headers = [(k.decode(), v) for k, v in action.headers]
-            return self.refuse(action.error, headers)
         if not isinstance(action, Send):
-            if action is PASS_THROUGH and ctx.resolved_model is not None:
-                return self._not_placed(ctx)
-            return msg.request_body()  # the stream ended while a probe was claimed
+            return self._unsent(action, ctx)
         lease = action.lease
         machine.within = self.p.within(lease.account)
         flight.cluster = cluster = self.p.cluster_of(lease.account)
@@ -300,6 +295,28 @@ class RouterStream:
         msg.fill(common, sets, CREDENTIAL_HEADERS)
         common.clear_route_cache = True
         return answer
+
+    async def _admit(self, tenancy: Tenancy, ctx: RequestContext) -> ep.ProcessingResponse | None:
+        """Reserve the request's worst case against its tenant's limits: the refusal when a
+        limit is spent, or an empty answer when the stream ended while the store answered;
+        None: admitted, placed next."""
+        admitted = await tenancy.admit_request(ctx)
+        if isinstance(admitted, Refusal):
+            return self.refuse(admitted.error, _text(admitted.headers))
+        self.admission = admitted
+        if self.closed:  # the stream ended while the store answered
+            self._finish(admitted, ctx)
+            return msg.request_body()
+        return None
+
+    def _unsent(self, action: Start, ctx: RequestContext) -> ep.ProcessingResponse:
+        """The machine sends no attempt: its refusal, a request only accounts Envoy cannot
+        route to serve (or none), or nothing when the stream ended while a probe was claimed."""
+        if isinstance(action, Refuse):
+            return self.refuse(action.error, [(k.decode(), v) for k, v in action.headers])
+        if action is PASS_THROUGH and ctx.resolved_model is not None:
+            return self._not_placed(ctx)
+        return msg.request_body()
 
     def _not_placed(self, ctx: RequestContext) -> ep.ProcessingResponse:
         """A request no account Envoy can route to serves."""
@@ -331,28 +348,14 @@ class RouterStream:
         local = details != "via_upstream" if details else _looks_local(h)
         if local and status == 504 and (details is None or "timeout" in details):
             return self._deadline(flight)
-        reading = None
         self.answered = not local and status < 400
+        plan = None
         if not local and not request.response_headers.end_of_stream:
-            reading = self._usage_reader(h, status)
+            # How to read a successful answer's usage from its body; None: nothing to read,
+            # or it cannot be read (then counted as unread there).
+            plan = body_usage.plan(flight.ctx, self.wire, status, h)
+        self._attempt_ended(flight, h, status, details, local=local, body_follows=plan is not None)
         machine = flight.machine
-        if machine is not None and machine.state is State.READING:
-            # The upstream-level filter asked for a 400's body and it never came (a filter
-            # without allow_mode_override): read nothing, the 400 is the answer.
-            machine.ended(How.RETURNED)
-        if machine is not None and machine.lease is not None:
-            machine.retries_over()  # Envoy is past retrying: this answer is the answer
-            if local and details and details.startswith("upstream_reset_before_response"):
-                # No provider answered: the account's fault. Envoy's reply is already the
-                # wire's 502 (envoy.yaml's local_reply_config); answering again would wrap it,
-                # so the machine's refusal (the same 502) is not sent.
-                machine.ended(How.RAISED, Failure.CONNECT_ERROR)
-            elif local:
-                machine.ended(How.GONE, gone=Gone.LOCAL_REPLY)  # Envoy's own answer: no account's
-            else:
-                if machine.started(status, h.items()) is FORWARD and flight.opening is CONTENT:
-                    machine.first_content()  # held to it by the first-token filter
-                machine.ended(How.RETURNED, body_follows=bool(reading))
         removed = _provider_headers(request.response_headers, flight.ctx, local)
         instead = None if machine is None or local else machine.replacement()
         if instead is not None:
@@ -375,9 +378,9 @@ class RouterStream:
         msg.fill(answer.response_headers.response, exposed, remove)
         if removed:
             msg.fill(answer.response_headers.response, (), removed)
-        if reading is not None:
-            self.usage, mode = reading
-            self.whole = mode is msg.READ_BUFFERED
+        if plan is not None:
+            self.usage = plan.reader
+            self.whole = plan.whole
             client = flight.ctx.account
             self.namer = None
             if client is not None:
@@ -390,19 +393,44 @@ class RouterStream:
             view = flight.ctx.view
             if view is not None and view.stream and flight.ctx.first_token_at is None:
                 self.content = watch_for(self.wire)
-            answer.mode_override.CopyFrom(mode)
+            answer.mode_override.CopyFrom(msg.READ_BUFFERED if plan.whole else msg.READ_STREAMED)
             # No attempt follows the final answer: the registry holds the flight no longer.
             self.flights.close(flight)
         return answer
 
-    def _usage_reader(self, h: msg.Headers, status: int) -> tuple[Reader, msg.Mode] | None:
-        """How to read a successful answer's usage from its body (`engine.body_usage`); None:
-        nothing to read, or it cannot be read (then counted as unread there)."""
-        assert self.flight is not None
-        found = body_usage.plan(self.flight.ctx, self.wire, status, h)
-        if found is None:
-            return None
-        return found.reader, msg.READ_BUFFERED if found.whole else msg.READ_STREAMED
+    def _attempt_ended(
+        self,
+        flight: Flight,
+        h: msg.Headers,
+        status: int,
+        details: str | None,
+        *,
+        local: bool,
+        body_follows: bool,
+    ) -> None:
+        """The machine hears how its attempt ended: in Envoy's own reply (`local`), or in the
+        provider's answer, whose body is read next when `body_follows`."""
+        machine = flight.machine
+        if machine is None:
+            return
+        if machine.state is State.READING:
+            # The upstream-level filter asked for a 400's body and it never came (a filter
+            # without allow_mode_override): read nothing, the 400 is the answer.
+            machine.ended(How.RETURNED)
+        if machine.lease is None:
+            return
+        machine.retries_over()  # Envoy is past retrying: this answer is the answer
+        if local and details and details.startswith("upstream_reset_before_response"):
+            # No provider answered: the account's fault. Envoy's reply is already the
+            # wire's 502 (envoy.yaml's local_reply_config); answering again would wrap it,
+            # so the machine's refusal (the same 502) is not sent.
+            machine.ended(How.RAISED, Failure.CONNECT_ERROR)
+        elif local:
+            machine.ended(How.GONE, gone=Gone.LOCAL_REPLY)  # Envoy's own answer: no account's
+        else:
+            if machine.started(status, h.items()) is FORWARD and flight.opening is CONTENT:
+                machine.first_content()  # held to it by the first-token filter
+            machine.ended(How.RETURNED, body_follows=body_follows)
 
     def on_response_body(self, http: ep.HttpBody) -> ep.ProcessingResponse:
         """A piece of the answer's body: read, and let go on at once (its model renamed)."""

@@ -472,19 +472,8 @@ class MockProvider:
             await asyncio.Event().wait()  # until the client leaves (and cancels this)
         if bedrock_call is not None:
             await self._bedrock_answer(endpoint, ctx, behaviour, send, invalid, stream)
-        elif behaviour.refuse == "context_length":
-            wire = next(path for path, e in ENDPOINTS.items() if e is endpoint)
-            refusal = context_length_body(wire, 200_000 + len(body) // 4)
-            await send_whole(send, 400, JSON_TYPE, refusal, [_request_id(endpoint.errors)])
-        elif behaviour.refuse == "billing":
-            wire = next(path for path, e in ENDPOINTS.items() if e is endpoint)
-            status, refusal = billing_body(wire)
-            extra = [_request_id(endpoint.errors)]
-            if behaviour.headers is not None:
-                extra += [(k.encode(), v.encode()) for k, v in behaviour.headers.items()]
-            elif status == 429:
-                extra.append((b"retry-after", b"1"))
-            await send_whole(send, status, JSON_TYPE, refusal, extra)
+        elif behaviour.refuse != "none":
+            await _send_refusal(send, endpoint, behaviour, len(body))
         elif behaviour.status != 200 and vertex is not None and behaviour.status != 529:
             # Vertex's own errors come in Google's shape; the model's (529) in Anthropic's.
             message = f"Mock Vertex AI answering {behaviour.status} for this service account."
@@ -836,6 +825,24 @@ def _request_id(style: ErrorStyle) -> tuple[bytes, bytes]:
     # Both APIs name each answer, errors included; the SDKs expose it as `_request_id`.
     name = b"request-id" if style == "anthropic" else b"x-request-id"
     return name, b"req_" + uuid.uuid4().hex[:24].encode()
+
+
+async def _send_refusal(send: Send, endpoint: Endpoint, behaviour: Behaviour, size: int) -> None:
+    """The provider's refusal `behaviour.refuse` names, in its own words: the context window
+    exceeded (a body of `size` bytes, 4 a token, past 200,000 tokens) or the account's
+    billing."""
+    wire = next(path for path, e in ENDPOINTS.items() if e is endpoint)
+    extra = [_request_id(endpoint.errors)]
+    if behaviour.refuse == "context_length":
+        refusal = context_length_body(wire, 200_000 + size // 4)
+        await send_whole(send, 400, JSON_TYPE, refusal, extra)
+        return
+    status, refusal = billing_body(wire)
+    if behaviour.headers is not None:
+        extra += [(k.encode(), v.encode()) for k, v in behaviour.headers.items()]
+    elif status == 429:
+        extra.append((b"retry-after", b"1"))
+    await send_whole(send, status, JSON_TYPE, refusal, extra)
 
 
 async def _sleep(secs: float) -> None:
