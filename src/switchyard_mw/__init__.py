@@ -15,9 +15,9 @@ if TYPE_CHECKING:
     from .asgi.judge import JudgeMiddleware
     from .asgi.stack import SwitchyardStack, switchyard_stack
     from .asgi.variant import VariantMiddleware
+    from .clients.outbound import make_http_client, timeout_for
     from .config import Config, load_config
     from .context import RequestContext, context_of, current_context
-    from .engine.outbound import make_http_client, timeout_for
     from .engine.relay import relay_stream
     from .errors import ConfigError, MissingExtraError, StartupError, SwitchyardError
 
@@ -41,10 +41,10 @@ _HOMES = {
     "context_of": "context",
     "current_context": "context",
     "load_config": "config",
-    "make_http_client": "engine.outbound",
+    "make_http_client": "clients.outbound",
     "relay_stream": "engine.relay",
     "switchyard_stack": "asgi.stack",
-    "timeout_for": "engine.outbound",
+    "timeout_for": "clients.outbound",
 }
 
 __all__ = [

@@ -19,8 +19,8 @@ import pytest
 import switchyard_mw
 from switchyard_mw import errors
 from switchyard_mw.accounts import build_accounts
+from switchyard_mw.clients.outbound import make_http_client
 from switchyard_mw.config import load_config, parse_config
-from switchyard_mw.engine.outbound import make_http_client
 
 CONFIG = """
 [llm_clients.a]

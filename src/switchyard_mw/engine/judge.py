@@ -23,13 +23,13 @@ import httpx
 from opentelemetry import propagate, trace
 
 from ..accounts import Account
+from ..clients.outbound import make_http_client, map_exceptions
 from ..config import Route
 from ..core.judge import build_judge_request, parse_verdict
 from ..errors import BadVerdict
 from ..errors import JudgeHTTPError as JudgeHTTPError  # its home before errors.py
 from ..telemetry import names as tm
 from ..wire import RequestView, last_user_text
-from .outbound import make_http_client, map_exceptions
 
 MAX_VERDICT_BYTES = 64 * 1024
 """A verdict is a label; a reply larger than this is not one, and reading it would cost time."""
