@@ -13,12 +13,12 @@ if TYPE_CHECKING:
     from .asgi.cooling import CoolingMiddleware
     from .asgi.deadline import DeadlineMiddleware
     from .asgi.judge import JudgeMiddleware
+    from .asgi.relay import relay_stream
     from .asgi.stack import SwitchyardStack, switchyard_stack
     from .asgi.variant import VariantMiddleware
     from .clients.outbound import make_http_client, timeout_for
     from .config import Config, load_config
     from .context import RequestContext, context_of, current_context
-    from .engine.relay import relay_stream
     from .errors import ConfigError, MissingExtraError, StartupError, SwitchyardError
 
     __version__: str
@@ -42,7 +42,7 @@ _HOMES = {
     "current_context": "context",
     "load_config": "config",
     "make_http_client": "clients.outbound",
-    "relay_stream": "engine.relay",
+    "relay_stream": "asgi.relay",
     "switchyard_stack": "asgi.stack",
     "timeout_for": "clients.outbound",
 }

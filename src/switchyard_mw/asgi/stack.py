@@ -21,7 +21,6 @@ from ..engine.machine import AttemptMachine
 from ..engine.paths import llm_wire
 from ..engine.policies import Engine
 from ..engine.reload import Loader
-from ..engine.shadow import Shadows
 from ..engine.tenancy import Admission, Refusal, Tenancy, billed
 from ..state import LimitStore, Store, build_limits, build_store
 from ..telemetry import names as tm
@@ -33,6 +32,7 @@ from .cooling import CoolingMiddleware
 from .deadline import DeadlineMiddleware
 from .exchange import exchange_of
 from .judge import JudgeMiddleware
+from .shadow import Shadows
 from .tenants import identified, refuse, settled, unread_identified
 from .variant import VariantMiddleware
 
