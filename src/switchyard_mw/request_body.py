@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from ..errors import ClientDisconnected as ClientDisconnected  # its home before errors.py
-from ..wire import too_large
-from ._types import Message, Receive
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from .errors import ClientDisconnected as ClientDisconnected  # its home before errors.py
+from .wire import too_large
+
+# ASGI's message and receive callable, typed loosely enough for Starlette, FastAPI and
+# hand-written apps alike; asgi/_types.py takes them from here, so both say the same.
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
 
 
 async def read_body(receive: Receive, *, limit: int, first: Message | None = None) -> bytes:
