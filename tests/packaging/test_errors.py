@@ -68,7 +68,6 @@ def test_every_exception_lives_in_the_one_tree() -> None:
 
 def test_names_that_moved_still_import_from_where_they_were() -> None:
     from switchyard_mw.asgi.body import ClientDisconnected
-
     from switchyard_mw.asgi.deadline import DeadlineExceededAfterStart
     from switchyard_mw.core.judge import BadVerdict
     from switchyard_mw.engine.judge import JudgeHTTPError
