@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
     from .asgi.cooling import CoolingMiddleware
     from .asgi.deadline import DeadlineMiddleware
-    from .asgi.judge import JudgeMiddleware
+    from .asgi.judge_middleware import JudgeMiddleware
     from .asgi.relay import relay_stream
     from .asgi.stack import SwitchyardStack, switchyard_stack
     from .asgi.variant import VariantMiddleware
@@ -31,7 +31,7 @@ _HOMES = {
     "ConfigError": "errors",
     "CoolingMiddleware": "asgi.cooling",
     "DeadlineMiddleware": "asgi.deadline",
-    "JudgeMiddleware": "asgi.judge",
+    "JudgeMiddleware": "asgi.judge_middleware",
     "MissingExtraError": "errors",
     "RequestContext": "context",
     "StartupError": "errors",

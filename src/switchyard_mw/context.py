@@ -11,7 +11,7 @@ from collections.abc import MutableMapping, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from .core.variants import KeyKind
+from .core.variant_buckets import KeyKind
 from .telemetry import names as tm
 from .wire import RequestView, Wire, rewrite_model
 

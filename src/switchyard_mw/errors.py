@@ -48,7 +48,7 @@ importable where they were (`wire.WireError`, `asgi.body.ClientDisconnected`,
 
 from collections.abc import Sequence
 
-from .core.errors import BadVerdict, FramingError, SwitchyardError
+from .core.base_errors import BadVerdict, FramingError, SwitchyardError
 
 TYPE_CHECKING = False  # not `typing`'s: this module loads with every config read
 if TYPE_CHECKING:

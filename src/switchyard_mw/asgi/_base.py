@@ -20,7 +20,7 @@ from opentelemetry.propagators.textmap import Getter
 
 from ..config import Server
 from ..context import RequestContext, context_of, current_var, decision_attributes
-from ..core.deadline import BUDGET_HEADERS
+from ..core.deadline_math import BUDGET_HEADERS
 from ..engine.answers import exposed_headers
 from ..engine.budget import budget_end
 from ..engine.paths import json_media, llm_paths, llm_wire

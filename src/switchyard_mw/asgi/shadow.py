@@ -23,9 +23,9 @@ from ..accounts import Account
 from ..clients.outbound import map_exceptions
 from ..config import Canary
 from ..context import RequestContext
-from ..core.deadline import attempt_deadline_secs
+from ..core.deadline_math import attempt_deadline_secs
 from ..core.pool import AccountPool
-from ..core.variants import Split
+from ..core.variant_buckets import Split
 from ..telemetry import names as tm
 from ..telemetry import request_metrics
 from ..wire import RequestView, rewrite_model

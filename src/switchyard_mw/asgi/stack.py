@@ -27,11 +27,11 @@ from ..telemetry import names as tm
 from ..telemetry import request_metrics
 from ._base import PolicyMiddleware
 from ._types import ASGIApp, Message, Receive, Scope, Send
-from .attempts import run_attempts, run_timed
+from .attempt_driver import run_attempts, run_timed
 from .cooling import CoolingMiddleware
 from .deadline import DeadlineMiddleware
 from .exchange import exchange_of
-from .judge import JudgeMiddleware
+from .judge_middleware import JudgeMiddleware
 from .shadow import Shadows
 from .tenants import identified, refuse, settled, unread_identified
 from .variant import VariantMiddleware

@@ -18,7 +18,7 @@ from typing import Protocol
 
 from ..accounts import Account
 from ..core.clock import Clock, monotonic
-from ..core.first_token import FirstTokenTracker
+from ..core.first_token_tracker import FirstTokenTracker
 from ..core.hedge_budget import HedgeBudget, HedgeVerdict
 from ..telemetry import logs
 from ..telemetry import names as tm

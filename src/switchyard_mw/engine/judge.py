@@ -25,7 +25,7 @@ from opentelemetry import propagate, trace
 from ..accounts import Account
 from ..clients.outbound import make_http_client, map_exceptions
 from ..config import Route
-from ..core.judge import build_judge_request, parse_verdict
+from ..core.judge_verdicts import build_judge_request, parse_verdict
 from ..errors import BadVerdict
 from ..errors import JudgeHTTPError as JudgeHTTPError  # its home before errors.py
 from ..telemetry import names as tm

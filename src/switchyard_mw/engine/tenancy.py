@@ -49,7 +49,7 @@ from ..core.limits import (
     window,
 )
 from ..core.tenant_keys import KeyIndex, client_key
-from ..state.limits import LimitStore
+from ..state.limit_stores import LimitStore
 from ..telemetry import logs
 from ..telemetry import names as tm
 from ..wire import COUNT_TOKENS_PATH, Wire, WireError

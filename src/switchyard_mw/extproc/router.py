@@ -27,7 +27,7 @@ from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from ..accounts import Account
 from ..answer_names import Namer
 from ..context import RequestContext, decision_attributes
-from ..core.deadline import BUDGET_HEADERS
+from ..core.deadline_math import BUDGET_HEADERS
 from ..core.throttle import READ_HEADERS as RETRY_TIME_HEADERS
 from ..engine.answers import (
     DEADLINE_EXCEEDED,

@@ -32,8 +32,8 @@ from ..clients.outbound import make_http_client
 from ..config import Config, load_config
 from ..engine.early_signal import hold_early
 from ..telemetry import otel, prometheus
-from .endpoints import gateway_routes
 from .forwarder import Forwarder
+from .routes import gateway_routes
 
 CONFIG_ENV = "SWITCHYARD_CONFIG"
 """The config file `gateway_from_env` serves (the serve command sets it for its workers)."""

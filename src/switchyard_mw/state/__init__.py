@@ -13,7 +13,7 @@ from ..config import State, sentinel_address
 from ..core.pool import AccountPool
 from ..core.shared import StateStore
 from ..errors import StartupError, install_hint
-from .limits import LimitStore, LocalLimits
+from .limit_stores import LimitStore, LocalLimits
 from .memory import MemoryStore
 
 if TYPE_CHECKING:

@@ -106,7 +106,7 @@ _SHARED = "shared"
 
 
 class RedisLimits:
-    """A :class:`~switchyard_mw.state.limits.LimitStore` on Redis."""
+    """A :class:`~switchyard_mw.state.limit_stores.LimitStore` on Redis."""
 
     name = "redis"
 
