@@ -56,7 +56,7 @@ def test_every_exception_the_package_defines_is_a_switchyard_error() -> None:
 
 
 def test_every_exception_lives_in_the_one_tree() -> None:
-    # Defined in `errors` (the sans-IO core's in `core.errors`, the transport errors, which
+    # Defined in `errors` (the sans-IO core's in `core.base_errors`, the transport errors, which
     # import httpx, in `_transport_errors`), drawn at its top, every one importable from it.
     homes = ("errors", "core.base_errors", "_transport_errors")
     for cls in package_exceptions():
