@@ -191,7 +191,7 @@ def check_gateway() -> None:
     from starlette.routing import Route
 
     from switchyard_mw import make_http_client, switchyard_stack
-    from switchyard_mw.engine.outbound import pool_of
+    from switchyard_mw.clients.outbound import pool_of
     from switchyard_mw.gateway import Forwarder
 
     async def forward(path: str) -> tuple[int, dict[str, str], dict[str, Any]]:

@@ -128,7 +128,7 @@ def _client(kind: str) -> httpx.AsyncClient:
         return plain_httpx_client()
     if kind == "httpx-aiohttp":
         return httpx_aiohttp_client()
-    from switchyard_mw.engine.outbound import make_http_client
+    from switchyard_mw.clients.outbound import make_http_client
 
     return make_http_client()
 
@@ -190,13 +190,13 @@ def passthrough(kind: str) -> Starlette:
 def gateway(kind: str) -> Any:
     """`examples/starlette_app.py`'s app, its outbound client swapped for one of `kind`."""
     client = _client(kind)
-    import switchyard_mw.engine.outbound
+    import switchyard_mw.clients.outbound
 
     def make(**_: Any) -> httpx.AsyncClient:
         return client
 
     if kind != "default":
-        switchyard_mw.engine.outbound.make_http_client = make
+        switchyard_mw.clients.outbound.make_http_client = make
     sys.path.insert(0, str(ROOT))
     # Imported by name, so that the type checker of bench/ does not follow into examples/.
     return importlib.import_module("examples.starlette_app").app

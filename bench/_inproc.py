@@ -37,7 +37,7 @@ from switchyard_mw.accounts import build_accounts
 from switchyard_mw.asgi._types import ASGIApp, Message, Receive, Scope, Send
 from switchyard_mw.asgi.cooling import CoolingMiddleware
 from switchyard_mw.asgi.deadline import DeadlineMiddleware
-from switchyard_mw.asgi.judge import JudgeMiddleware
+from switchyard_mw.asgi.judge_middleware import JudgeMiddleware
 from switchyard_mw.asgi.stack import switchyard_stack
 from switchyard_mw.asgi.variant import VariantMiddleware
 from switchyard_mw.config import load_config

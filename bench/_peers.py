@@ -73,7 +73,7 @@ def shipped_transport() -> str:
     import httpx
     from httpx_aiohttp import AiohttpTransport
 
-    from switchyard_mw.engine.outbound import make_http_client
+    from switchyard_mw.clients.outbound import make_http_client
 
     transport = make_http_client()._transport
     if isinstance(transport, AiohttpTransport):

@@ -50,7 +50,7 @@ import redis
 from _harness import free_port, wait_for_port
 
 from switchyard_mw.core.limits import Granted, LimitKey, Measure
-from switchyard_mw.state.limits import LocalLimits
+from switchyard_mw.state.limit_stores import LocalLimits
 from switchyard_mw.state.redis_limits import RedisLimits, limit_key
 
 BURST = LimitKey(scope="burst", measure=Measure.TOKENS, per="day", amount=20_000)

@@ -12,13 +12,13 @@ if TYPE_CHECKING:
 
     from .asgi.cooling import CoolingMiddleware
     from .asgi.deadline import DeadlineMiddleware
-    from .asgi.judge import JudgeMiddleware
+    from .asgi.judge_middleware import JudgeMiddleware
+    from .asgi.relay import relay_stream
     from .asgi.stack import SwitchyardStack, switchyard_stack
     from .asgi.variant import VariantMiddleware
+    from .clients.outbound import make_http_client, timeout_for
     from .config import Config, load_config
     from .context import RequestContext, context_of, current_context
-    from .engine.outbound import make_http_client, timeout_for
-    from .engine.relay import relay_stream
     from .errors import ConfigError, MissingExtraError, StartupError, SwitchyardError
 
     __version__: str
@@ -31,7 +31,7 @@ _HOMES = {
     "ConfigError": "errors",
     "CoolingMiddleware": "asgi.cooling",
     "DeadlineMiddleware": "asgi.deadline",
-    "JudgeMiddleware": "asgi.judge",
+    "JudgeMiddleware": "asgi.judge_middleware",
     "MissingExtraError": "errors",
     "RequestContext": "context",
     "StartupError": "errors",
@@ -41,10 +41,10 @@ _HOMES = {
     "context_of": "context",
     "current_context": "context",
     "load_config": "config",
-    "make_http_client": "engine.outbound",
-    "relay_stream": "engine.relay",
+    "make_http_client": "clients.outbound",
+    "relay_stream": "asgi.relay",
     "switchyard_stack": "asgi.stack",
-    "timeout_for": "engine.outbound",
+    "timeout_for": "clients.outbound",
 }
 
 __all__ = [

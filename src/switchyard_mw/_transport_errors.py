@@ -6,7 +6,7 @@ not load: `errors` re-exports them on first use.
 
 import httpx
 
-from .core.errors import SwitchyardError
+from .core.base_errors import SwitchyardError
 
 # Each is also httpx's exception of the same name (so its `request` is set when an httpx
 # client raised it); the names stay httpx's because metrics and stream error events show them.

@@ -11,7 +11,7 @@ from collections.abc import MutableMapping, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from .core.variants import KeyKind
+from .core.variant_buckets import KeyKind
 from .telemetry import names as tm
 from .wire import RequestView, Wire, rewrite_model
 
@@ -163,7 +163,7 @@ class RequestContext:
         return bool(self.view and self.view.has_thinking)
 
     def canary_base(self) -> str | None:
-        """The model a canary variant may fall back to when none of its accounts can serve.
+        """The canary's base, which may take over when none of its variant's accounts can serve.
 
         Only the canary's own base (the requested model, when no judge routed the request),
         and never for a conversation whose signed thinking binds it to its model. The caller

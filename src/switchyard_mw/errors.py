@@ -30,25 +30,25 @@ SwitchyardError
     ├── ProxyError
     └── UnsupportedProtocol
 
-The outbound ones come from one place, `engine.outbound.map_exceptions()`, around every call
-switchyard makes upstream (the clients `make_http_client()` builds, over aiohttp or httpx's
+The outbound ones come from one place, `clients.mapped_errors.map_exceptions()`, around every
+call switchyard makes upstream (the clients `make_http_client()` builds, over aiohttp or httpx's
 own pool, the forwarder's direct sends, the judge, shadows): whichever client failed, the
 same failure is the same class. Each derives from the httpx exception of its name, so code
 that catches httpx's (`except httpx.ConnectError`) keeps working unchanged.
 
-`SwitchyardError` and `BadVerdict` are defined in `core.errors`, as the sans-IO core raises
+`SwitchyardError` and `BadVerdict` are defined in `core.base_errors`, as the sans-IO core raises
 `BadVerdict` and imports nothing above itself. `TransportError` and its subclasses are defined
 in `_transport_errors` and loaded on first use (`errors.ConnectError`, or `from
 switchyard_mw.errors import ConnectError`): they import httpx, which reading a config need not
 load. Every name in the tree is importable from here; those that moved here are still
 importable where they were (`wire.WireError`, `asgi.body.ClientDisconnected`,
-`core.judge.BadVerdict`, `engine.judge.JudgeHTTPError`, `asgi.deadline.DeadlineExceededAfterStart`,
-`testing.MockProviderFault`).
+`core.judge_verdicts.BadVerdict`, formerly `core.judge`; `engine.judge.JudgeHTTPError`,
+`asgi.deadline.DeadlineExceededAfterStart`, `testing.MockProviderFault`).
 """
 
 from collections.abc import Sequence
 
-from .core.errors import BadVerdict, FramingError, SwitchyardError
+from .core.base_errors import BadVerdict, FramingError, SwitchyardError
 
 TYPE_CHECKING = False  # not `typing`'s: this module loads with every config read
 if TYPE_CHECKING:

@@ -16,11 +16,11 @@ from conftest import Metrics
 from switchyard_mw.accounts import Account
 from switchyard_mw.asgi._disconnect import LISTENER_GRACE_SECS
 from switchyard_mw.asgi.deadline import DeadlineMiddleware
+from switchyard_mw.clients.outbound import BACKSTOP_SECS, timeout_for
 from switchyard_mw.config import LLMClient
 from switchyard_mw.context import RequestContext, context_of, current_context
-from switchyard_mw.core.deadline import attempt_deadline_secs, parse_budget_ms
+from switchyard_mw.core.deadline_math import attempt_deadline_secs, parse_budget_ms
 from switchyard_mw.engine.answers import deadline_exceeded
-from switchyard_mw.engine.outbound import BACKSTOP_SECS, timeout_for
 
 App = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 

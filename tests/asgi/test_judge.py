@@ -20,9 +20,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from servers import refusing_port, serving
 from switchyard_mw.accounts import Account
 from switchyard_mw.asgi._types import Message, Receive, Scope, Send
-from switchyard_mw.asgi.judge import MAX_VERDICT_BYTES, JudgeMiddleware
+from switchyard_mw.asgi.judge_middleware import MAX_VERDICT_BYTES, JudgeMiddleware
 from switchyard_mw.config import LLMClient, Route, parse_config
-from switchyard_mw.core.judge import BadVerdict, build_judge_request, parse_verdict
+from switchyard_mw.core.judge_verdicts import BadVerdict, build_judge_request, parse_verdict
 from switchyard_mw.errors import ConfigError
 from switchyard_mw.telemetry import names as tm
 from switchyard_mw.testing import Behaviour, MockProvider

@@ -17,9 +17,9 @@ import pytest
 from servers import serving
 from switchyard_mw.accounts import Account
 from switchyard_mw.asgi._types import Receive, Scope, Send
-from switchyard_mw.asgi.judge import JudgeMiddleware
+from switchyard_mw.asgi.judge_middleware import JudgeMiddleware
+from switchyard_mw.clients.outbound import make_http_client
 from switchyard_mw.config import LLMClient, Route
-from switchyard_mw.engine.outbound import make_http_client
 from switchyard_mw.telemetry import names as tm
 from switchyard_mw.testing import Behaviour, MockProvider
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from switchyard_mw.core.guard import GuardRule, Window
-from switchyard_mw.core.variants import Split
+from switchyard_mw.core.variant_buckets import Split
 from switchyard_mw.engine.variants import Canaries
 
 

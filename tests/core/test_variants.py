@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from conftest import Metrics
 from switchyard_mw.asgi.variant import VariantMiddleware
 from switchyard_mw.config import Canary
-from switchyard_mw.core.variants import BUCKETS, Split, bucket
+from switchyard_mw.core.variant_buckets import BUCKETS, Split, bucket
 from switchyard_mw.telemetry import names as tm
 from switchyard_mw.wire import Wire, read_request
 

@@ -17,7 +17,7 @@ from switchyard_mw.engine import build, reload
 from switchyard_mw.engine.build import Front, build_engine
 from switchyard_mw.extproc import Policies
 from switchyard_mw.state import MemoryStore
-from switchyard_mw.state.limits import LocalLimits
+from switchyard_mw.state.limit_stores import LocalLimits
 from switchyard_mw.telemetry import request_metrics
 
 ENV = {"KEY_A": "a", "KEY_B": "b", "TENANT_KEY": "t"}

@@ -15,7 +15,7 @@ from test_machine_hedge import Env as HedgeEnv
 
 from switchyard_mw.core.guard import GuardRule
 from switchyard_mw.core.pool import AccountPool, AccountSpec, Lease, Outcome
-from switchyard_mw.core.variants import Split
+from switchyard_mw.core.variant_buckets import Split
 from switchyard_mw.engine.machine import DONE, How
 from switchyard_mw.engine.outcomes import hold, probed, settle
 from switchyard_mw.engine.variants import Canaries

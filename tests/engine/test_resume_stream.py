@@ -10,6 +10,17 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from test_machine import Env, sent
 
 from switchyard_mw.accounts import build_accounts
+from switchyard_mw.asgi.resume_refusal import ResumeRefusal
+from switchyard_mw.asgi.resume_stream import (
+    SpliceReader,
+    Transcript,
+    accepts_prefill,
+    enabled,
+    frames_end,
+    prefill_accounts,
+    refusal,
+    splice_for,
+)
 from switchyard_mw.config import LLMClient, Server, parse_config
 from switchyard_mw.engine.machine import (
     DONE,
@@ -19,17 +30,6 @@ from switchyard_mw.engine.machine import (
     MachineError,
     Send,
     State,
-)
-from switchyard_mw.engine.resume import ResumeRefusal
-from switchyard_mw.engine.resume_stream import (
-    SpliceReader,
-    Transcript,
-    accepts_prefill,
-    enabled,
-    frames_end,
-    prefill_accounts,
-    refusal,
-    splice_for,
 )
 from switchyard_mw.telemetry import names as tm
 from switchyard_mw.wire import Wire

@@ -26,7 +26,7 @@ from switchyard_mw.engine.tenancy import (
     with_limits,
 )
 from switchyard_mw.engine.usage import Tokens
-from switchyard_mw.state.limits import LocalLimits
+from switchyard_mw.state.limit_stores import LocalLimits
 from switchyard_mw.wire import Wire
 
 T0 = 1_800_000_000.0  # a whole minute: 2027-01-15T08:00:00Z

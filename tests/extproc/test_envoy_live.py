@@ -33,7 +33,7 @@ from servers import ROOT, free_port, serve_in_thread
 from switchyard_mw.accounts import build_accounts
 from switchyard_mw.config import parse_config
 from switchyard_mw.core.pool import BreakerState
-from switchyard_mw.core.variants import Split
+from switchyard_mw.core.variant_buckets import Split
 from switchyard_mw.engine.answers import unreachable
 from switchyard_mw.extproc import ExtProcServer, Policies, Transport, start_server
 from switchyard_mw.telemetry import names as tm

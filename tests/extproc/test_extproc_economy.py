@@ -18,7 +18,7 @@ from extproc_helpers import Stream, removes, request_body, request_headers, resp
 from switchyard_mw import wire as wire_module
 from switchyard_mw.accounts import build_accounts
 from switchyard_mw.config import parse_config
-from switchyard_mw.core.variants import Split
+from switchyard_mw.core.variant_buckets import Split
 from switchyard_mw.extproc import ExtProcServicer, Policies
 from switchyard_mw.extproc import _messages as msg
 from switchyard_mw.extproc import router as router_module

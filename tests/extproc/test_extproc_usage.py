@@ -40,8 +40,7 @@ from switchyard_mw._protos.envoy.extensions.filters.http.ext_proc.v3 import proc
 from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from switchyard_mw.accounts import build_accounts, pool_from_accounts
 from switchyard_mw.config import parse_config
-from switchyard_mw.engine import body_usage
-from switchyard_mw.extproc import ExtProcServicer, Policies
+from switchyard_mw.extproc import ExtProcServicer, Policies, body_usage
 from switchyard_mw.extproc.flights import Flights
 from switchyard_mw.telemetry import names as tm
 from switchyard_mw.telemetry import request_metrics as rm

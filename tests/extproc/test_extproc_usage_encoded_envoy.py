@@ -29,8 +29,7 @@ from conftest import Metrics
 from servers import ROOT, free_port, serve_in_thread
 from switchyard_mw.accounts import build_accounts
 from switchyard_mw.config import parse_config
-from switchyard_mw.engine import body_usage
-from switchyard_mw.extproc import ExtProcServer, Policies, Transport, start_server
+from switchyard_mw.extproc import ExtProcServer, Policies, Transport, body_usage, start_server
 from switchyard_mw.telemetry import names as tm
 from switchyard_mw.telemetry import request_metrics as rm
 from switchyard_mw.testing import MockProvider

@@ -23,8 +23,8 @@ from servers import raw_server, read_http_request
 from switchyard_mw.accounts import build_accounts
 from switchyard_mw.asgi.cooling import CoolingMiddleware
 from switchyard_mw.asgi.stack import switchyard_stack
+from switchyard_mw.clients.outbound import make_http_client
 from switchyard_mw.config import parse_config
-from switchyard_mw.engine.outbound import make_http_client
 from switchyard_mw.gateway import WIRE_ROUTES, Forwarder
 from switchyard_mw.telemetry import names as tm
 

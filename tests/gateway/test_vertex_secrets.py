@@ -14,8 +14,8 @@ from starlette.routing import Route
 
 from servers import serve_in_thread
 from switchyard_mw.asgi.stack import switchyard_stack
+from switchyard_mw.clients.outbound import make_http_client
 from switchyard_mw.config import parse_config
-from switchyard_mw.engine.outbound import make_http_client
 from switchyard_mw.gateway import WIRE_ROUTES, Forwarder
 from switchyard_mw.testing import Behaviour, MockProvider
 from vertex_accounts import EMAIL, service_account_file

@@ -19,8 +19,8 @@ import pytest
 import switchyard_mw
 from switchyard_mw import errors
 from switchyard_mw.accounts import build_accounts
+from switchyard_mw.clients.outbound import make_http_client
 from switchyard_mw.config import load_config, parse_config
-from switchyard_mw.engine.outbound import make_http_client
 
 CONFIG = """
 [llm_clients.a]
@@ -56,9 +56,9 @@ def test_every_exception_the_package_defines_is_a_switchyard_error() -> None:
 
 
 def test_every_exception_lives_in_the_one_tree() -> None:
-    # Defined in `errors` (the sans-IO core's in `core.errors`, the transport errors, which
+    # Defined in `errors` (the sans-IO core's in `core.base_errors`, the transport errors, which
     # import httpx, in `_transport_errors`), drawn at its top, every one importable from it.
-    homes = ("errors", "core.errors", "_transport_errors")
+    homes = ("errors", "core.base_errors", "_transport_errors")
     for cls in package_exceptions():
         assert cls.__module__ in [f"switchyard_mw.{home}" for home in homes], cls
         assert getattr(errors, cls.__name__) is cls
@@ -69,7 +69,7 @@ def test_every_exception_lives_in_the_one_tree() -> None:
 def test_names_that_moved_still_import_from_where_they_were() -> None:
     from switchyard_mw.asgi.body import ClientDisconnected
     from switchyard_mw.asgi.deadline import DeadlineExceededAfterStart
-    from switchyard_mw.core.judge import BadVerdict
+    from switchyard_mw.core.judge_verdicts import BadVerdict
     from switchyard_mw.engine.judge import JudgeHTTPError
     from switchyard_mw.testing import MockProviderFault
     from switchyard_mw.wire import WireError

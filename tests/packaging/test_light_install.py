@@ -94,7 +94,7 @@ def test_the_stack_serves_a_request_with_no_extra_installed() -> None:
         import switchyard_mw
         from switchyard_mw import make_http_client
         from switchyard_mw.telemetry import otel, prometheus
-        from switchyard_mw.engine.outbound import pool_of
+        from switchyard_mw.clients.outbound import pool_of
 
         for var in ("MOCK_KEY_A", "MOCK_KEY_B", "MOCK_JUDGE_KEY"):
             os.environ[var] = "k"

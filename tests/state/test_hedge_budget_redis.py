@@ -13,7 +13,7 @@ from redis_server import RedisServer, running_redis
 from switchyard_mw import switchyard_stack
 from switchyard_mw.config import parse_config
 from switchyard_mw.core.hedge_budget import HedgeVerdict
-from switchyard_mw.state.hedge_budget import SharedHedgeBudget
+from switchyard_mw.state.redis_hedge_budget import SharedHedgeBudget
 
 pytestmark = pytest.mark.integration  # starts a real redis-server
 

@@ -4,7 +4,7 @@ interface every front awaits (the Redis store has the same)."""
 from __future__ import annotations
 
 from switchyard_mw.core.limits import Granted, LimitKey, Measure, Refused
-from switchyard_mw.state.limits import LimitStore, LocalLimits
+from switchyard_mw.state.limit_stores import LimitStore, LocalLimits
 
 TOKENS = LimitKey(scope="t", measure=Measure.TOKENS, per="minute", amount=100)
 

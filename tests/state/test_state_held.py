@@ -20,7 +20,7 @@ from conftest import Metrics
 from redis_server import RedisServer, running_redis, until
 from switchyard_mw.core.guard import GuardRule
 from switchyard_mw.core.pool import MAX_HOLDS, AccountPool, AccountSpec
-from switchyard_mw.core.variants import Split
+from switchyard_mw.core.variant_buckets import Split
 from switchyard_mw.engine.variants import Canaries
 from switchyard_mw.state import _standing as standing
 from switchyard_mw.state.redis_store import RedisStore

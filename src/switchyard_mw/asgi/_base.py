@@ -20,16 +20,16 @@ from opentelemetry.propagators.textmap import Getter
 
 from ..config import Server
 from ..context import RequestContext, context_of, current_var, decision_attributes
-from ..core.deadline import BUDGET_HEADERS
+from ..core.deadline_math import BUDGET_HEADERS
 from ..engine.answers import exposed_headers
 from ..engine.budget import budget_end
 from ..engine.paths import json_media, llm_paths, llm_wire
+from ..request_body import ClientDisconnected, read_body
 from ..telemetry import names as tm
 from ..telemetry import request_metrics
 from ..wire import Wire, WireError, read_request, too_large
 from ._disconnect import running_loop
 from ._types import ASGIApp, Message, Receive, Scope, Send
-from .body import ClientDisconnected, read_body
 from .exchange import EXCHANGE_KEY, Cause, Exchange, Stage
 from .exchange import send_error as send_error  # its home before the exchange
 

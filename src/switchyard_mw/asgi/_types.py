@@ -3,8 +3,9 @@
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from ..request_body import Message as Message
+from ..request_body import Receive as Receive
+
 Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]

@@ -1,29 +1,4 @@
-"""Reading an ASGI request body whole, bounded: shared by the middlewares and the forwarder."""
+"""Where the body reader was (now `switchyard_mw.request_body`): its names import from here."""
 
-from __future__ import annotations
-
-from ..errors import ClientDisconnected as ClientDisconnected  # its home before errors.py
-from ..wire import too_large
-from ._types import Message, Receive
-
-
-async def read_body(receive: Receive, *, limit: int, first: Message | None = None) -> bytes:
-    """The whole request body (`first`: its first message, already received); `WireError`
-    413 past `limit` bytes."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        if first is not None:
-            message, first = first, None
-        else:
-            message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnected
-        chunk = message.get("body", b"")
-        if chunk:
-            size += len(chunk)
-            if size > limit:
-                raise too_large(limit)
-            chunks.append(chunk)
-        if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+from ..request_body import ClientDisconnected as ClientDisconnected
+from ..request_body import read_body as read_body

@@ -40,7 +40,7 @@ from ..telemetry import names as tm
 from ._base import PolicyMiddleware
 from ._types import ASGIApp, Message, Receive, Scope, Send
 from .admin import cooling_status_app as cooling_status_app  # re-exported for existing imports
-from .attempts import run_attempts
+from .attempt_driver import run_attempts
 from .exchange import MAX_HELD_BYTES as MAX_HELD_BYTES
 from .exchange import exchange_of
 

@@ -22,7 +22,7 @@ from ..engine.attempts import Limits
 from ..errors import DeadlineExceededAfterStart as DeadlineExceededAfterStart
 from ._base import PolicyMiddleware
 from ._types import ASGIApp, Receive, Scope, Send
-from .attempts import arm_from
+from .attempt_driver import arm_from
 from .exchange import exchange_of
 
 __all__ = ["DEADLINE_EXCEEDED", "DeadlineExceededAfterStart", "DeadlineMiddleware"]

@@ -1,6 +1,6 @@
 """Hedged first tokens over ASGI: the attempt in flight and a second one race for content.
 
-`Race` stands in for the app during one attempt of the machine (`asgi/attempts.py`), inside
+`Race` stands in for the app during one attempt of the machine (`asgi/attempt_driver.py`), inside
 the exchange's deadline: it runs the app for the attempt's account; when that has produced no
 content event by the time the machine gave (`AttemptMachine.hedge_due`), it asks the machine
 for a hedge (`AttemptMachine.hedge`: the machine decides, the hedge budget included) and runs

@@ -28,7 +28,11 @@ from ..engine.answers import deadline_exceeded
 from ..engine.attempts import Phase
 from ..engine.machine import AttemptMachine
 from ..engine.machine import Send as SendOn
-from ..engine.resume_stream import (
+from ..telemetry import logs
+from ..telemetry import names as tm
+from ..wire import Wire, stream_error_event
+from ._types import Message, Send
+from .resume_stream import (
     RESUMABLE_WIRES,
     SpliceReader,
     Transcript,
@@ -39,10 +43,6 @@ from ..engine.resume_stream import (
     refusal,
     splice_for,
 )
-from ..telemetry import logs
-from ..telemetry import names as tm
-from ..wire import Wire, stream_error_event
-from ._types import Message, Send
 
 if TYPE_CHECKING:
     from ..accounts import Account

@@ -20,17 +20,17 @@ from ..engine.machine import AttemptMachine
 from ..engine.paths import llm_wire
 from ..engine.policies import Engine
 from ..engine.reload import Loader
-from ..engine.shadow import Shadows
 from ..engine.tenancy import Admission, Refusal, billed
 from ..state import LimitStore, Store
 from ..telemetry import names as tm
 from ._base import PolicyMiddleware
 from ._types import ASGIApp, Message, Receive, Scope, Send
-from .attempts import run_attempts, run_timed
+from .attempt_driver import run_attempts, run_timed
 from .cooling import CoolingMiddleware
 from .deadline import DeadlineMiddleware
 from .exchange import exchange_of
-from .judge import JudgeMiddleware
+from .judge_middleware import JudgeMiddleware
+from .shadow import Shadows
 from .tenants import identified, refuse, settled, unread_identified
 from .variant import VariantMiddleware
 

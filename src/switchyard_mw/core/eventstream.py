@@ -28,7 +28,7 @@ import zlib
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from .errors import FramingError
+from .base_errors import FramingError
 
 HeaderValue = bool | int | bytes | str
 """A header's value: booleans (types 0, 1), integers (byte, short, integer, long, and a

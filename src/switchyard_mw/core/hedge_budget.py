@@ -15,8 +15,8 @@ is 29 hedges, not the 28.999999999999996 of floats that would refuse the 29th. A
 requests than one whole hedge (19 at 5 %) allows none: the budget is a cap, never a floor.
 
 Shared across replicas (a state store configured), the same counters live in Redis
-(``state/hedge_budget.py``): one hash per model with a field per bucket and counter, changed
-by one Lua script on Redis's clock; this module is then the local fallback while the store is
+(``state/redis_hedge_budget.py``): one hash per model with a field per bucket and counter, changed
+by one Lua script on Redis's clock; this module then stands in, locally, while the store is
 unreachable.
 """
 

@@ -18,8 +18,8 @@ known), not the old one.
 Memory is one counter per configured limit: a window that has ended is replaced in place by
 the current one the next time the limit is touched.
 
-The same counters live in Redis when the state is shared; this module is then each replica's
-fallback while the store is unreachable.
+The same counters live in Redis when the state is shared; this module then stands in on each
+replica while the store is unreachable.
 """
 
 from __future__ import annotations

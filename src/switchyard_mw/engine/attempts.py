@@ -15,7 +15,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 
 from ..context import RequestContext
-from ..core.deadline import attempt_deadline_secs
+from ..core.deadline_math import attempt_deadline_secs
 from ..core.pool import Lease, Outcome, classify_status
 from ..telemetry import names as tm
 from ..wire import RequestView

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..core.deadline import BUDGET_HEADERS, parse_budget_ms
+from ..core.deadline_math import BUDGET_HEADERS, parse_budget_ms
 from ..telemetry import names as tm
 
 

@@ -3,10 +3,10 @@
 One `Hedging` per engine (a reload builds another). It answers three questions for the attempt
 machine, which decides a hedge (`AttemptMachine.hedge_due`, `hedge`): how long an account's
 attempt may go without content before a hedge (`after_secs`: its `hedge_after_secs`, or with
-`"auto"` its measured p95 time to first token, `core/first_token`), whether one more hedge
+`"auto"` its measured p95 time to first token, `core/first_token_tracker`), whether one more hedge
 fits the budget of the request's model (`core/hedge_budget`: at most `hedge_max_ratio` of the
 requests over a sliding minute; with a state store, the model's budget in it,
-`state/hedge_budget.py`, the local one deciding while the store cannot answer), and it keeps
+`state/redis_hedge_budget.py`, the local one deciding while the store cannot answer), and it keeps
 the times to first token `"auto"` reads (`record`)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Protocol
 
 from ..accounts import Account
 from ..core.clock import Clock, monotonic
-from ..core.first_token import FirstTokenTracker
+from ..core.first_token_tracker import FirstTokenTracker
 from ..core.hedge_budget import HedgeBudget, HedgeVerdict
 from ..telemetry import logs
 from ..telemetry import names as tm
@@ -41,7 +41,7 @@ _START, _REFUSED = HedgeVerdict.START, HedgeVerdict.REFUSED
 
 
 class SharedBudget(Protocol):
-    """A model's budget shared across replicas (`state/hedge_budget.py`)."""
+    """A model's budget shared across replicas (`state/redis_hedge_budget.py`)."""
 
     async def note_request(self) -> None: ...
 

@@ -2,8 +2,8 @@
 
 One `asyncio.timeout` spans the whole consultation (connect, headers, every body byte, parsing),
 so a judge that trickles bytes cannot stretch it the way httpx's per-operation timeouts would.
-Every way the judge can fail ends in the route's fallback model and one count of
-`switchyard.classifier_fail_open` with its reason.
+Every way the judge can fail ends in the route's fail-open model (its `fallback` key) and one
+count of `switchyard.classifier_fail_open` with its reason.
 
 A conversation carrying signed thinking is pinned: its thinking blocks bind it to the model
 that wrote them, so neither a fresh verdict nor a fail-open may move it. `Judge` remembers the
@@ -23,13 +23,13 @@ import httpx
 from opentelemetry import propagate, trace
 
 from ..accounts import Account
+from ..clients.outbound import make_http_client, map_exceptions
 from ..config import Route
-from ..core.judge import build_judge_request, parse_verdict
+from ..core.judge_verdicts import build_judge_request, parse_verdict
 from ..errors import BadVerdict
 from ..errors import JudgeHTTPError as JudgeHTTPError  # its home before errors.py
 from ..telemetry import names as tm
 from ..wire import RequestView, last_user_text
-from .outbound import make_http_client, map_exceptions
 
 MAX_VERDICT_BYTES = 64 * 1024
 """A verdict is a label; a reply larger than this is not one, and reading it would cost time."""
@@ -181,7 +181,7 @@ class Judge:
                 raise
             if label is None:
                 # A pinned turn judged afresh (its verdict was forgotten) may have been
-                # remembered by a concurrent turn meanwhile: that beats the fallback.
+                # remembered by a concurrent turn meanwhile: that beats the fail-open model.
                 pin = self._recall(key) if view.has_thinking and key is not None else None
                 return self._fail_open(name, route, reason, span, started, pin)
             span.set_attributes({tm.JUDGE_OUTCOME: "ok", tm.JUDGE_LABEL: label})

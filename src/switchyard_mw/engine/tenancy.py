@@ -17,7 +17,7 @@ tenant is known, so a flood of wrong keys costs a hash each and no write.
 
 Admission reserves the request's worst case on every limit that applies (the tenant's, the
 tenant's for the model, the deployment's `[[limits]]` for every model and for the model), all
-or nothing (`state.limits.LimitStore`): input tokens estimated from the body's bytes
+or nothing (`state.limit_stores.LimitStore`): input tokens estimated from the body's bytes
 (`core.limits.estimate_input_tokens`) plus the output cap (the request's `max_tokens`, else
 the largest `default_max_tokens` of the accounts serving the model, else
 `DEFAULT_OUTPUT_TOKENS`); one request; its worst-case price. At the end, `finish` replaces
@@ -49,7 +49,7 @@ from ..core.limits import (
     window,
 )
 from ..core.tenant_keys import KeyIndex, client_key
-from ..state.limits import LimitStore
+from ..state.limit_stores import LimitStore
 from ..telemetry import logs
 from ..telemetry import names as tm
 from ..wire import COUNT_TOKENS_PATH, Wire, WireError

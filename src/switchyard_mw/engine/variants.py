@@ -17,7 +17,7 @@ from ..config import Canary
 from ..context import RequestContext
 from ..core.clock import Clock, monotonic
 from ..core.guard import GuardRule, Window
-from ..core.variants import BUCKETS, KeyKind, Split
+from ..core.variant_buckets import BUCKETS, KeyKind, Split
 from ..telemetry import logs
 from ..telemetry import names as tm
 

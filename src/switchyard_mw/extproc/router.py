@@ -27,9 +27,8 @@ from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from ..accounts import Account
 from ..answer_names import Namer
 from ..context import RequestContext, decision_attributes
-from ..core.deadline import BUDGET_HEADERS
+from ..core.deadline_math import BUDGET_HEADERS
 from ..core.throttle import READ_HEADERS as RETRY_TIME_HEADERS
-from ..engine import body_usage
 from ..engine.answers import (
     DEADLINE_EXCEEDED,
     NO_HEALTHY_ACCOUNT,
@@ -37,7 +36,6 @@ from ..engine.answers import (
     UPSTREAM_UNREACHABLE,
     exposed_headers,
 )
-from ..engine.body_usage import Reader
 from ..engine.claims import claimed
 from ..engine.content_events import ContentWatch, watch_for
 from ..engine.machine import (
@@ -61,6 +59,8 @@ from ..telemetry import request_metrics
 from ..telemetry.logs import request_id_from
 from ..wire import Wire, WireError, model_not_served, read_request, too_large
 from . import _messages as msg
+from . import body_usage
+from .body_usage import Reader
 from .flights import Flight, Flights, Opening, join, out_of_order
 from .policy import CLUSTER_HEADER, Policies
 

@@ -5,7 +5,7 @@ them with `OtherEndpoints` (the models list and the wire's 404s, see `endpoints`
 `gateway` extra (aiohttp), and says so on import when that is missing.
 """
 
-from .endpoints import OTHER_ROUTE, OtherEndpoints, gateway_routes
 from .forwarder import WIRE_ROUTES, Forwarder
+from .routes import OTHER_ROUTE, OtherEndpoints, gateway_routes
 
 __all__ = ["OTHER_ROUTE", "WIRE_ROUTES", "Forwarder", "OtherEndpoints", "gateway_routes"]

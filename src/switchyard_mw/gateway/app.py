@@ -28,12 +28,12 @@ from ..asgi.admin import (
 )
 from ..asgi.cooling import cooling_status_app
 from ..asgi.stack import SwitchyardStack, switchyard_stack
+from ..clients.outbound import make_http_client
 from ..config import Config, load_config
 from ..engine.early_signal import hold_early
-from ..engine.outbound import make_http_client
 from ..telemetry import otel, prometheus
-from .endpoints import gateway_routes
 from .forwarder import Forwarder
+from .routes import gateway_routes
 
 CONFIG_ENV = "SWITCHYARD_CONFIG"
 """The config file `gateway_from_env` serves (the serve command sets it for its workers)."""

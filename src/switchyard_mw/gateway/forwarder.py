@@ -25,7 +25,7 @@ from ..errors import CloudCredentialError, MissingExtraError, WireError
 try:
     import aiohttp
 
-    from ..engine.aiohttp_pool import PooledTransport
+    from ..clients.aiohttp_pool import PooledTransport
 except ImportError as exc:
     raise MissingExtraError("switchyard_mw.gateway", "gateway", exc) from None
 import httpx
@@ -37,14 +37,14 @@ from starlette.types import Receive, Scope, Send
 
 from ..accounts import Account
 from ..answer_names import answer_with_model
-from ..asgi.body import ClientDisconnected, read_body
+from ..asgi.relay import relay_events, report_tokens
+from ..clients.outbound import map_exceptions, pool_of, seconds_left, timeout_for
 from ..clouds import StreamTranslator
 from ..context import RequestContext, current_context
-from ..engine.outbound import map_exceptions, pool_of, seconds_left, timeout_for
 from ..engine.provider_headers import REQUEST_ID_NAMES, request_id, withheld
-from ..engine.relay import relay_events, report_tokens
 from ..engine.usage import answer_tokens
 from ..model_names import with_query
+from ..request_body import ClientDisconnected, read_body
 from ..telemetry import names as tm
 from ..wire import WIRE_PATHS, Wire, error_body, model_not_served
 from . import telemetry as ot

@@ -33,8 +33,8 @@ from ..engine.early_signal import blocked_for_children
 from ..errors import ConfigError
 from ..telemetry import logs
 from .app import CONFIG_ENV, OPERATOR_ROUTES, allowed_from_env
-from .endpoints import LOCAL_ROUTES
 from .forwarder import WIRE_ROUTES
+from .routes import LOCAL_ROUTES
 
 KEEP_ALIVE_SECS = 75
 """uvicorn's idle keep-alive: longer than clients keep an idle connection (httpx: 5 s)."""

@@ -13,7 +13,7 @@ from ..config import State, sentinel_address
 from ..core.pool import AccountPool
 from ..core.shared import StateStore
 from ..errors import StartupError, install_hint
-from .limits import LimitStore, LocalLimits
+from .limit_stores import LimitStore, LocalLimits
 from .memory import MemoryStore
 
 if TYPE_CHECKING:
@@ -68,7 +68,8 @@ def build_store(state: State) -> Store:
 
 def build_limits(state: State) -> LimitStore:
     """The tenants' limit store `[state]` asks for: this process's counters, or Redis's with
-    this replica's share (`replicas_hint`) as its fallback. A Redis one has `aclose()`."""
+    this replica's share (`replicas_hint`) standing in while Redis is unreachable. A Redis one
+    has `aclose()`."""
     if state.backend == "memory":
         return LocalLimits()
     try:

@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from ..core.limits import Granted, LimitKey, Measure, Refused, Reservation, WallClock, window
-from .limits import LocalLimits
+from .limit_stores import LocalLimits
 
 
 class Shares:

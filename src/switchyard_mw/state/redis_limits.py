@@ -1,4 +1,4 @@
-"""Tenants' limits shared across replicas through Redis, with each replica's share as fallback.
+"""Tenants' limits shared across replicas through Redis, each replica's share standing in.
 
 Keys (``P`` = ``key_prefix``; docs/operations.md, "Sharing account health"): one hash per
 limit, ``P:limit:{tenant:NAME}:MEASURE:PER`` (``:model:M`` appended for a limit of one model),
@@ -106,7 +106,7 @@ _SHARED = "shared"
 
 
 class RedisLimits:
-    """A :class:`~switchyard_mw.state.limits.LimitStore` on Redis."""
+    """A :class:`~switchyard_mw.state.limit_stores.LimitStore` on Redis."""
 
     name = "redis"
 

@@ -48,7 +48,7 @@ from ._redis_io import (
     run_pipelined,
     subscriber,
 )
-from .hedge_budget import SharedHedgeBudget
+from .redis_hedge_budget import SharedHedgeBudget
 
 if TYPE_CHECKING:
     from ..core.shared import TripBoard

@@ -19,11 +19,11 @@ from contextlib import aclosing
 import httpx
 
 from ..answer_names import StreamNamer
+from ..clients.outbound import map_exceptions
 from ..context import RequestContext, current_context
+from ..engine.usage import StreamUsage, Tokens
 from ..errors import TransportError
 from ..wire import WIRE_PATHS, Wire, sequence_for, stream_error_event
-from .outbound import map_exceptions
-from .usage import StreamUsage, Tokens
 
 BROKEN_STREAM_STATUS = 502
 """What a stream that broke mid-way counts as for the cooling policy: the upstream's fault."""

@@ -29,7 +29,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .resume import ResumeRefusal as ResumeRefusal
+from .resume_refusal import ResumeRefusal as ResumeRefusal
 
 Event = dict[str, Any]
 

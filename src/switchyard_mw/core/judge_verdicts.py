@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from .errors import BadVerdict as BadVerdict  # its home before core.errors
+from .base_errors import BadVerdict as BadVerdict  # its home before core/base_errors.py
 
 JUDGE_MAX_TOKENS = 16
 """A label is a word or two; a small cap keeps a rambling judge cheap and fast."""

@@ -22,8 +22,8 @@ from aiohttp.client_reqrep import ConnectionKey
 
 from servers import raw_server, read_http_request
 from switchyard_mw import errors
+from switchyard_mw.clients.outbound import make_http_client, map_exceptions, pool_of
 from switchyard_mw.context import RequestContext, current_var
-from switchyard_mw.engine.outbound import make_http_client, map_exceptions, pool_of
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 Call = Callable[[str], Awaitable[bytes]]
@@ -101,7 +101,7 @@ FAILURES: list[tuple[Handler, type[errors.TransportError]]] = [
 @pytest.fixture
 def no_gateway_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     """`make_http_client()` as the base install builds it: aiohttp's pool cannot be imported."""
-    monkeypatch.setitem(sys.modules, "switchyard_mw.engine.aiohttp_pool", None)
+    monkeypatch.setitem(sys.modules, "switchyard_mw.clients.aiohttp_pool", None)
 
 
 @pytest.fixture(params=["aiohttp pool", "httpx pool", "direct pool send", "other httpx client"])

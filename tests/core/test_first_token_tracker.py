@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from switchyard_mw.core.first_token import FirstTokenTracker
+from switchyard_mw.core.first_token_tracker import FirstTokenTracker
 
 
 class FakeClock:

@@ -20,15 +20,15 @@ from collections.abc import Mapping
 import httpx
 
 from ..accounts import Account
+from ..clients.outbound import map_exceptions
 from ..config import Canary
 from ..context import RequestContext
-from ..core.deadline import attempt_deadline_secs
+from ..core.deadline_math import attempt_deadline_secs
 from ..core.pool import AccountPool
-from ..core.variants import Split
+from ..core.variant_buckets import Split
 from ..telemetry import names as tm
 from ..telemetry import request_metrics
 from ..wire import RequestView, rewrite_model
-from .outbound import map_exceptions
 
 _log = logging.getLogger(__name__)
 _SALT = "\x00shadow"  # shadows are picked apart from the canary's own split

@@ -8,7 +8,7 @@ import anthropic
 import httpx2
 import pytest
 
-from switchyard_mw.engine.resume_anthropic import (
+from switchyard_mw.asgi.resume_anthropic import (
     AnthropicSplice,
     ResumeRefusal,
     continuation_request,

@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from servers import free_port, raw_server, read_http_request, serve_in_thread
+from switchyard_mw.clients import outbound
+from switchyard_mw.clients.outbound import make_http_client, map_exceptions, pool_of, timeout_for
 from switchyard_mw.context import RequestContext
-from switchyard_mw.engine import outbound
-from switchyard_mw.engine.outbound import make_http_client, map_exceptions, pool_of, timeout_for
 from switchyard_mw.testing import MockProvider
 
 

@@ -3,7 +3,7 @@
 `LimitStore` is what a front awaits at a request's admission (`reserve`) and end (`settle` or
 `release`); `LocalLimits` is the in-process one, `core.limits.Ledger` behind it. A shared store
 (Redis) runs each step as one atomic script over every key the request touches and, while
-Redis cannot be reached, falls back to a `LocalLimits` whose amounts are each limit's share
+Redis cannot be reached, a `LocalLimits` stands in, one whose amounts are each limit's share
 (`[state] replicas_hint`): no request waits on a dead store.
 """
 

@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from typing import NamedTuple, Protocol
 
 from ..context import RequestContext
+from ..engine.usage import AnswerUsage, StreamUsage, Tokens
 from ..telemetry import names as tm
 from ..wire import Wire
-from .usage import AnswerUsage, StreamUsage, Tokens
 
 WHOLE_ANSWER_MAX = 512 << 10
 """The longest JSON answer (as sent: compressed, if it is) asked for whole: within the

@@ -18,7 +18,7 @@ import msgspec
 
 from ..wire import Wire
 from . import resume_anthropic, resume_chat
-from .resume import ResumeRefusal
+from .resume_refusal import ResumeRefusal
 
 if TYPE_CHECKING:
     from ..accounts import Account

@@ -8,8 +8,8 @@ import httpx2
 import openai
 import pytest
 
-from switchyard_mw.engine.resume import ResumeRefusal
-from switchyard_mw.engine.resume_chat import DONE, ChatSplice, continuation_request, encode
+from switchyard_mw.asgi.resume_chat import DONE, ChatSplice, continuation_request, encode
+from switchyard_mw.asgi.resume_refusal import ResumeRefusal
 
 Chunk = dict[str, Any]
 

@@ -13,7 +13,7 @@ import aiohttp
 import httpx
 from httpx_aiohttp import AiohttpTransport
 
-from .outbound import MappedStream, map_exceptions
+from .mapped_errors import MappedStream, map_exceptions
 
 
 class PooledTransport(AiohttpTransport):

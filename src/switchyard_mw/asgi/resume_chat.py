@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .resume import ResumeRefusal
+from .resume_refusal import ResumeRefusal
 
 Chunk = dict[str, Any]
 
