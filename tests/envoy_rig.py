@@ -40,6 +40,15 @@ def port_of(url: str) -> int:
     return int(url.rsplit(":", 1)[1])
 
 
+def policies_of(
+    text: str, keys: Mapping[str, str], clock: Callable[[], float] = monotonic
+) -> Policies:
+    """The processor's policies for `text` (a switchyard config), with fresh accounts (their
+    keys read from `keys`) and a fresh pool."""
+    config = parse_config(text)
+    return Policies(config, build_accounts(config, keys), clock=clock)
+
+
 @dataclass
 class Rig:
     """What a rig runs, and the config it was started with, to install it again."""
@@ -79,10 +88,8 @@ class Rig:
         return counts
 
     def install(self, text: str) -> Policies:
-        """`text` (a switchyard config) as the processor's policies, with fresh accounts and
-        a fresh pool, for the next requests."""
-        config = parse_config(text)
-        policies = Policies(config, build_accounts(config, self.keys), clock=self.clock)
+        """`text` (a switchyard config) as the processor's policies for the next requests."""
+        policies = policies_of(text, self.keys, self.clock)
         self.processor.servicer.policies = policies
         return policies
 
@@ -114,7 +121,6 @@ class StartRig:
         admin: bool = False,
         runtime: Mapping[str, float | bool | str] | None = None,
         edit: Callable[[str], str] | None = None,
-        transport: Transport | None = None,
         **server: Any,
     ) -> AsyncIterator[Rig]:
         """The processor serving `config_text(upstream, **options)` (accounts from `keys`)
@@ -122,18 +128,13 @@ class StartRig:
         so that the next rig (the next transport's) starts on a clean provider.
 
         `upstream`: another upstream's URL than the mock's (the config is written for it and
-        Envoy's clusters point at its port); `transport` another than the fixture's;
-        `otel`, `admin`, `runtime`, `edit`: as `run_on_free_ports` takes them (`edit` adds
-        clusters, say); `server`: `start_server`'s other arguments (`h2_limits`, ...).
+        Envoy's clusters point at its port); `otel`, `admin`, `runtime`, `edit`: as
+        `run_on_free_ports` takes them (`edit` adds clusters, say); `server`: `start_server`'s
+        other arguments (`h2_limits`, ...).
         """
         url = upstream if upstream is not None else self.mock_url
-        config = parse_config(config_text(url, **(options or {})))
-        processor = await start_server(
-            Policies(config, build_accounts(config, keys)),
-            "127.0.0.1:0",
-            transport=transport or self.transport,
-            **server,
-        )
+        policies = policies_of(config_text(url, **(options or {})), keys)
+        processor = await start_server(policies, "127.0.0.1:0", transport=self.transport, **server)
         assert processor.port is not None
         try:
             with run_on_free_ports(

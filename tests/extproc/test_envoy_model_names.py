@@ -15,9 +15,6 @@ import pytest
 import pytest_asyncio
 
 from envoy_rig import Rig, StartRig
-from switchyard_mw.accounts import build_accounts
-from switchyard_mw.config import parse_config
-from switchyard_mw.extproc import Policies
 from switchyard_mw.testing import Behaviour
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
@@ -99,10 +96,9 @@ async def test_a_failover_to_a_deployment_account_sets_its_path_and_name(
 async def test_the_first_attempt_to_a_deployment_account_is_routed_there(
     rig: Rig, http: httpx.AsyncClient
 ) -> None:
-    config = parse_config(
+    rig.install(
         config_text(rig.mock_url).replace('models = ["claude-opus-5", "gpt-x"]', 'models = ["x"]')
     )
-    rig.processor.servicer.policies = Policies(config, build_accounts(config, KEYS))
     response = await http.post("/v1/chat/completions", json=chat("gpt-x"))
     assert response.status_code == 200, response.text
     assert response.headers["x-switchyard-account"] == "azure"

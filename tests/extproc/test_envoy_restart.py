@@ -9,10 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from envoy_rig import ENVOY_YAML, port_of
+from envoy_rig import ENVOY_YAML, policies_of, port_of
 from servers import free_port
-from switchyard_mw.accounts import build_accounts
-from switchyard_mw.config import parse_config
 from switchyard_mw.extproc import Policies, Transport, start_server
 from switchyard_mw.testing import MockProvider
 from switchyard_mw.testing.envoy import run_on_free_ports
@@ -34,8 +32,7 @@ REQUEST = {
 
 
 def policies(mock_url: str) -> Policies:
-    config = parse_config(CONFIG.format(mock=mock_url))
-    return Policies(config, build_accounts(config, {"KEY_A": "key-a"}))
+    return policies_of(CONFIG.format(mock=mock_url), {"KEY_A": "key-a"})
 
 
 async def test_processor_restart_while_envoy_serves(
