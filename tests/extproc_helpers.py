@@ -15,7 +15,6 @@ from google.protobuf import struct_pb2
 from switchyard_mw._protos.envoy.config.core.v3 import base_pb2
 from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from switchyard_mw.extproc import ExtProcServicer
-from switchyard_mw.testing.envoy import with_ports
 
 
 class FakeContext:
@@ -184,12 +183,12 @@ CLOUD_FILTER: dict[str, Any] = {
 """The cloud filter as docs/envoy.md configures it (`x-switchyard-filter: cloud`)."""
 
 
-def with_cloud_cluster(envoy_yaml: str, ports: Mapping[str, int], name: str) -> str:
-    """The example's config (its ports swapped) and a cloud cluster `name`: the example
-    cluster's upstream filters, the cloud filter nearest the codec, the same endpoint (the
-    mock serves every face on one port), its metadata naming `name` (the processor reads an
-    attempt's cluster from it)."""
-    config = yaml.safe_load(with_ports(envoy_yaml, ports))
+def with_cloud_cluster(envoy_yaml: str, name: str) -> str:
+    """The example's config (its ports swapped already) and a cloud cluster `name`: the
+    example cluster's upstream filters, the cloud filter nearest the codec, the same endpoint
+    (the mock serves every face on one port), its metadata naming `name` (the processor reads
+    an attempt's cluster from it)."""
+    config = yaml.safe_load(envoy_yaml)
     clusters = config["static_resources"]["clusters"]
     [example] = [c for c in clusters if c["name"] == "mock"]
     cloud = copy.deepcopy(example)

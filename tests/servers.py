@@ -18,14 +18,9 @@ from typing import Any
 import httpx
 import uvicorn
 
+from switchyard_mw.testing.envoy import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @contextlib.contextmanager

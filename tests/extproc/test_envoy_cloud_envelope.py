@@ -18,18 +18,24 @@ headers SEND, response body STREAMED):
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anthropic
-import grpc  # type: ignore[import-untyped]
 import pytest
 
-from servers import free_port, serve_in_thread
+from envoy_rig import (
+    EXTENSIONS,
+    bare_processor,
+    ext_proc_filter,
+    port_of,
+    probe_config,
+    upstream_cluster,
+)
 from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from switchyard_mw.testing import Behaviour, MockProvider
-from switchyard_mw.testing.envoy import envoy_binary, run_envoy
+from switchyard_mw.testing.envoy import envoy_binary, run_on_free_ports
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("botocore")
@@ -132,97 +138,46 @@ class BedrockEnvelopingProcessor(ep_grpc.ExternalProcessorServicer):  # type: ig
         self.sent.append((path, envelope.body))
 
 
-CONFIG = """
-static_resources:
-  listeners:
-  - address: {{socket_address: {{address: 127.0.0.1, port_value: {listen}}}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": {t}.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: probe
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - match: {{prefix: /}}
-                route: {{cluster: provider, timeout: 30s}}
-          http_filters:
-          - name: envoy.filters.http.router
-            typed_config: {{"@type": {t}.filters.http.router.v3.Router}}
-  clusters:
-  - name: processor
-    type: STATIC
-    connect_timeout: 1s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": {t}.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{http2_protocol_options: {{}}}}
-    load_assignment:
-      cluster_name: processor
-      endpoints:
-      - lb_endpoints:
-        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {processor}}}}}}}
-  - name: provider
-    type: STATIC
-    connect_timeout: 1s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": {t}.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{http_protocol_options: {{}}}}
-        http_filters:
-        - name: envoy.filters.http.ext_proc
-          typed_config:
-            "@type": {t}.filters.http.ext_proc.v3.ExternalProcessor
-            grpc_service: {{envoy_grpc: {{cluster_name: processor}}}}
-            failure_mode_allow: false
-            message_timeout: 10s
-            mutation_rules: {{allow_all_routing: {allow_all_routing}}}
-            processing_mode:
-              request_header_mode: SEND
-              request_body_mode: BUFFERED
-              response_header_mode: SEND
-              response_body_mode: STREAMED
-              request_trailer_mode: SKIP
-              response_trailer_mode: SKIP
-{signing}        - name: envoy.filters.http.upstream_codec
-          typed_config: {{"@type": {t}.filters.http.upstream_codec.v3.UpstreamCodec}}
-    load_assignment:
-      cluster_name: provider
-      endpoints:
-      - lb_endpoints:
-        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {provider}}}}}}}
-"""
+def config(*, allow_all_routing: bool, envoy_signs: bool) -> str:
+    """The provider's cluster with the processor's upstream filter (and Envoy's signer)."""
+    processing = {
+        "request_header_mode": "SEND",
+        "request_body_mode": "BUFFERED",
+        "response_header_mode": "SEND",
+        "response_body_mode": "STREAMED",
+        "request_trailer_mode": "SKIP",
+        "response_trailer_mode": "SKIP",
+    }
+    rules = {"allow_all_routing": allow_all_routing}
+    filters = [ext_proc_filter(processing, mutation_rules=rules)]
+    if envoy_signs:
+        filters.append(ENVOY_SIGNS)
+    route = {"cluster": "provider", "timeout": "30s"}
+    return probe_config(route, upstream_cluster("provider", filters=filters))
 
 
-ENVOY_SIGNS = """\
-        - name: envoy.filters.http.aws_request_signing
-          typed_config:
-            "@type": {t}.filters.http.aws_request_signing.v3.AwsRequestSigning
-            service_name: bedrock
-            region: {region}
-            use_unsigned_payload: false
-            match_excluded_headers:
-            - {{exact: user-agent}}
-            - {{exact: traceparent}}
-            - {{exact: tracestate}}
-            - {{exact: baggage}}
-            credential_provider:
-              inline_credential: {{access_key_id: {key}, secret_access_key: {secret}}}
-"""
+ENVOY_SIGNS = {
+    "name": "envoy.filters.http.aws_request_signing",
+    "typed_config": {
+        "@type": f"{EXTENSIONS}.filters.http.aws_request_signing.v3.AwsRequestSigning",
+        "service_name": "bedrock",
+        "region": REGION,
+        "use_unsigned_payload": False,
+        "match_excluded_headers": [
+            {"exact": name} for name in ("user-agent", "traceparent", "tracestate", "baggage")
+        ],
+        "credential_provider": {
+            "inline_credential": {
+                "access_key_id": MOCK_AWS_ACCESS_KEY_ID,
+                "secret_access_key": MOCK_AWS_SECRET_ACCESS_KEY,
+            }
+        },
+    },
+}
 """Envoy's own SigV4 signer after the processor, with the body's hash (it buffers the body).
 By default it signs nearly every header, `user-agent` and the trace headers too, which botocore
 leaves out of a signature, so the mock's botocore check cannot verify them (measured: refused
 until excluded; AWS itself verifies whatever SignedHeaders lists)."""
-
-
-@pytest.fixture(scope="module")
-def mock() -> Iterator[tuple[MockProvider, str]]:
-    provider = MockProvider()
-    with serve_in_thread(provider) as url:
-        yield provider, url
 
 
 async def _through_envoy(
@@ -233,52 +188,28 @@ async def _through_envoy(
     envoy_binary()  # raises, saying what to install, when there is no Envoy
     host = mock_url.removeprefix("http://")
     processor = BedrockEnvelopingProcessor(host, signs=not envoy_signs)
-    server = grpc.aio.server()
-    ep_grpc.add_ExternalProcessorServicer_to_server(processor, server)
-    processor_port = free_port()
-    server.add_insecure_port(f"127.0.0.1:{processor_port}")
-    await server.start()
-    listen = free_port()
-    config = CONFIG.format(
-        t="type.googleapis.com/envoy.extensions",
-        listen=listen,
-        processor=processor_port,
-        provider=host.rsplit(":", 1)[1],
-        allow_all_routing=str(allow_all_routing).lower(),
-        signing=ENVOY_SIGNS.format(
-            t="type.googleapis.com/envoy.extensions",
-            region=REGION,
-            key=MOCK_AWS_ACCESS_KEY_ID,
-            secret=MOCK_AWS_SECRET_ACCESS_KEY,
-        )
-        if envoy_signs
-        else "",
-    )
-    client = anthropic.AsyncAnthropic(
-        base_url=f"http://127.0.0.1:{listen}", api_key="caller", max_retries=0
-    )
+    text = config(allow_all_routing=allow_all_routing, envoy_signs=envoy_signs)
     types: list[str] = []
-    try:
-        with run_envoy(config, listen_port=listen):
-            if stream:
-                async with client.messages.stream(**REQUEST) as events:
-                    types = [event.type async for event in events]
-                    message = await events.get_final_message()
-                    content_type = events.response.headers["content-type"]
-            else:
-                raw = await client.messages.with_raw_response.create(**REQUEST)
-                message = await raw.parse()
-                content_type = raw.headers["content-type"]
-    finally:
-        await client.close()
-        await server.stop(0)
+    async with bare_processor(processor) as port:
+        with run_on_free_ports(text, processor=port, upstream=port_of(mock_url)) as envoy:
+            client = anthropic.AsyncAnthropic(base_url=envoy.url, api_key="caller", max_retries=0)
+            async with client:
+                if stream:
+                    async with client.messages.stream(**REQUEST) as events:
+                        types = [event.type async for event in events]
+                        message = await events.get_final_message()
+                        content_type = events.response.headers["content-type"]
+                else:
+                    raw = await client.messages.with_raw_response.create(**REQUEST)
+                    message = await raw.parse()
+                    content_type = raw.headers["content-type"]
     return message.model_dump(), types, content_type, processor
 
 
 async def test_the_upstream_filter_re_envelopes_signs_and_translates_a_bedrock_stream(
-    mock: tuple[MockProvider, str],
+    mock_server: tuple[MockProvider, str],
 ) -> None:
-    provider, url = mock
+    provider, url = mock_server
     provider.clear_requests()
     # Deltas 0.2 s apart, so that they reach Envoy (and the processor) as pieces of their own.
     provider.set_behaviour(MOCK_AWS_ACCESS_KEY_ID, Behaviour(chunks=3, chunk_interval_secs=0.2))
@@ -313,9 +244,9 @@ async def test_the_upstream_filter_re_envelopes_signs_and_translates_a_bedrock_s
 
 
 async def test_a_bedrock_json_answer_passes_through_the_same_processor(
-    mock: tuple[MockProvider, str],
+    mock_server: tuple[MockProvider, str],
 ) -> None:
-    provider, url = mock
+    provider, url = mock_server
     provider.clear_requests()
     message, _, _, processor = await _through_envoy(url, stream=False)
     [call] = provider.requests
@@ -326,12 +257,12 @@ async def test_a_bedrock_json_answer_passes_through_the_same_processor(
 
 
 async def test_without_allow_all_routing_the_authority_is_dropped_and_the_signature_fails(
-    mock: tuple[MockProvider, str],
+    mock_server: tuple[MockProvider, str],
 ) -> None:
     """`:authority` is a routing header: without `mutation_rules.allow_all_routing` Envoy
     drops its mutation silently, sends the client's host, and the
     signature, made over the upstream's host, does not match."""
-    provider, url = mock
+    provider, url = mock_server
     provider.clear_requests()
     with pytest.raises(anthropic.PermissionDeniedError) as info:
         await _through_envoy(url, stream=True, allow_all_routing=False)
@@ -341,13 +272,13 @@ async def test_without_allow_all_routing_the_authority_is_dropped_and_the_signat
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_envoys_aws_request_signing_signs_the_body_the_processor_rewrote(
-    mock: tuple[MockProvider, str], stream: bool
+    mock_server: tuple[MockProvider, str], stream: bool
 ) -> None:
     """Envoy's `aws_request_signing` in the upstream chain after the processor (which
     re-envelopes but does not sign) signs the rewritten path, host and body: the mock verified
     the signature. It signs with one credential per filter (per cluster), set in Envoy's
     config, which is why switchyard signs in the processor instead (see docs/envoy.md)."""
-    provider, url = mock
+    provider, url = mock_server
     provider.clear_requests()
     message, _, _, processor = await _through_envoy(url, stream=stream, envoy_signs=True)
     [call] = provider.requests

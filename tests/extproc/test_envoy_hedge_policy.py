@@ -31,11 +31,12 @@ import anthropic
 import grpc  # type: ignore[import-untyped]
 import pytest
 
-from servers import free_port, serve_in_thread
+from envoy_rig import EXTENSIONS, ext_proc_filter, port_of, probe_config, upstream_cluster
+from servers import serve_in_thread
 from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from switchyard_mw.testing import Behaviour, MockProvider
-from switchyard_mw.testing.envoy import envoy_binary, run_envoy
+from switchyard_mw.testing.envoy import envoy_binary, run_on_free_ports
 
 try:
     envoy_binary()
@@ -44,7 +45,6 @@ except FileNotFoundError:  # pragma: no cover - the dev extra installs envoy-ser
 
 pytestmark = pytest.mark.integration
 KEY = "key-hedge"
-T = "type.googleapis.com/envoy.extensions"
 LATE_SECS = 2.0
 PER_TRY_MS = 500
 REQUEST: dict[str, Any] = {
@@ -52,97 +52,40 @@ REQUEST: dict[str, Any] = {
     "max_tokens": 50,
     "messages": [{"role": "user", "content": "hi"}],
 }
-CONFIG = """
-static_resources:
-  listeners:
-  - address: {{socket_address: {{address: 127.0.0.1, port_value: {listen}}}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": {t}.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: hedge
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              hedge_policy: {{hedge_on_per_try_timeout: true}}
-              include_request_attempt_count: true
-              routes:
-              - match: {{prefix: /}}
-                route:
-                  cluster: two
-                  timeout: 10s
-                  retry_policy:
-                    retry_on: reset
-                    num_retries: 1
-                    per_try_timeout: {per_try}s
-                    retry_priority:
-                      name: envoy.retry_priorities.previous_priorities
-                      typed_config:
-                        "@type": {t}.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig
-                        update_frequency: 1
-          http_filters:
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-  - name: processor
-    type: STATIC
-    connect_timeout: 1s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{http2_protocol_options: {{}}}}
-    load_assignment:
-      cluster_name: processor
-      endpoints:
-      - lb_endpoints:
-        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {processor}}}}}}}
-  - name: two
-    type: STATIC
-    connect_timeout: 1s
-{hold}    load_assignment:
-      cluster_name: two
-      endpoints:
-      - priority: 0
-        lb_endpoints:
-        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {slow}}}}}}}
-      - priority: 1
-        lb_endpoints:
-        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {fast}}}}}}}
-"""
-
-
-HOLD = """\
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {http_protocol_options: {}}
-        http_filters:
-        - name: envoy.filters.http.ext_proc
-          typed_config:
-            "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
-            grpc_service: {envoy_grpc: {cluster_name: processor}}
-            failure_mode_allow: false
-            message_timeout: 10s
-            response_attributes: [{attributes}]
-            processing_mode:
-              request_header_mode: SKIP
-              request_body_mode: NONE
-              response_header_mode: SEND
-              response_body_mode: FULL_DUPLEX_STREAMED
-              request_trailer_mode: SKIP
-              response_trailer_mode: SEND
-        - name: envoy.filters.http.upstream_codec
-          typed_config:
-            "@type": {t}.filters.http.upstream_codec.v3.UpstreamCodec
-""".replace("{t}", T)
-"""An upstream ext_proc filter on each try's answer, its body sent while its headers wait."""
+HEDGED = {
+    "cluster": "two",
+    "timeout": "10s",
+    "retry_policy": {
+        "retry_on": "reset",
+        "num_retries": 1,
+        "per_try_timeout": f"{PER_TRY_MS / 1000}s",
+        "retry_priority": {
+            "name": "envoy.retry_priorities.previous_priorities",
+            "typed_config": {
+                "@type": f"{EXTENSIONS}.retry.priority.previous_priorities.v3."
+                "PreviousPrioritiesConfig",
+                "update_frequency": 1,
+            },
+        },
+    },
+}
+"""The route: a try on `slow` (priority 0), hedged on `fast` (priority 1) at the per-try
+timeout."""
 OWN_TRY = "request.headers['x-envoy-attempt-count']"
-"""A CEL expression over the try's own request headers: the attempt number Envoy gave it."""
+"""A CEL expression over the request headers: the attempt count Envoy set on them."""
 COUNT = "upstream.request_attempt_count"
-HOLD = HOLD.replace("{attributes}", f'"{OWN_TRY}", "{COUNT}"')
+HOLD = ext_proc_filter(
+    {
+        "request_header_mode": "SKIP",
+        "request_body_mode": "NONE",
+        "response_header_mode": "SEND",
+        "response_body_mode": "FULL_DUPLEX_STREAMED",
+        "request_trailer_mode": "SKIP",
+        "response_trailer_mode": "SEND",
+    },
+    response_attributes=[OWN_TRY, COUNT],
+)
+"""An upstream ext_proc filter on each try's answer, its body sent while its headers wait."""
 
 
 @dataclass
@@ -197,14 +140,14 @@ class HoldToContent(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
 
 
 @contextlib.contextmanager
-def _processor_in_thread(port: int) -> Iterator[None]:
-    """The hold processor on grpcio's own threads, for the module's life."""
+def _processor_in_thread() -> Iterator[int]:
+    """The hold processor on grpcio's own threads, for the module's life; yields its port."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
     ep_grpc.add_ExternalProcessorServicer_to_server(HoldToContent(), server)
-    server.add_insecure_port(f"127.0.0.1:{port}")
+    port: int = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
-        yield
+        yield port
     finally:
         server.stop(0)
 
@@ -216,24 +159,23 @@ def providers(
     """The two providers and Envoy's URL; with the hold filter in the cluster or not."""
     held = request.param == "held to content"
     slow, fast = MockProvider(), MockProvider()
-    processor = free_port()
     with (
-        _processor_in_thread(processor),
+        _processor_in_thread() as processor,
         serve_in_thread(slow) as slow_url,
         serve_in_thread(fast) as fast_url,
     ):
-        listen = free_port()
-        config = CONFIG.format(
-            t=T,
-            listen=listen,
-            per_try=PER_TRY_MS / 1000,
-            slow=slow_url.rsplit(":", 1)[1],
-            fast=fast_url.rsplit(":", 1)[1],
-            processor=processor,
-            hold=HOLD if held else "",
+        ports = [port_of(slow_url), port_of(fast_url)]
+        two = upstream_cluster("two", ports, filters=[HOLD] if held else [])
+        config = probe_config(
+            HEDGED,
+            two,
+            {
+                "hedge_policy": {"hedge_on_per_try_timeout": True},
+                "include_request_attempt_count": True,
+            },
         )
-        with run_envoy(config, listen_port=listen):
-            yield slow, fast, f"http://127.0.0.1:{listen}", held
+        with run_on_free_ports(config, processor=processor, upstream=ports[0]) as envoy:
+            yield slow, fast, envoy.url, held
 
 
 async def _first_token(url: str) -> tuple[float, str]:

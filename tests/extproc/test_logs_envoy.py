@@ -10,12 +10,13 @@ from typing import Any
 
 import httpx
 import pytest
-from test_envoy_live import Rig, http, message, mock_server, otlp, rig
+from test_envoy_live import http, message, otlp, rig
 
+from envoy_rig import Rig
 from switchyard_mw.telemetry import logs
 from switchyard_mw.testing import Behaviour
 
-__all__ = ["http", "mock_server", "otlp", "rig"]  # fixtures, used by name
+__all__ = ["http", "otlp", "rig"]  # fixtures, used by name
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 
 

