@@ -18,10 +18,12 @@ from urllib.parse import unquote, urlsplit
 import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import (
+    Retry,
+)  # the asyncio client's own (a sync one is converted, with a warning)
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
-from redis.retry import Retry
 
 from ._lua import Script
 
@@ -64,7 +66,7 @@ def make_client(
         "decode_responses": decode,
         "socket_timeout": socket_timeout,
         "socket_connect_timeout": connect_timeout,
-        "retry": Retry(NoBackoff(), 0),
+        "retry": Retry(NoBackoff(), 0),  # the asyncio one: a sync Retry is converted, warning
     }
     if target.mode == "sentinel":
         sentinel = Sentinel(  # type: ignore[no-untyped-call,unused-ignore]  # typed from redis 8.2
