@@ -33,6 +33,9 @@ from switchyard_mw.testing._bedrock_face import (
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 OPUS_ID = "us.anthropic.claude-opus-5-v1:0"
 SONNET_ID = "anthropic.claude-sonnet-5-v1:0"
+HAIKU_US_ID = "us.anthropic.claude-haiku-5-v1:0"
+HAIKU_EU_ID = "eu.anthropic.claude-haiku-5-v1:0"
+"""`claude-haiku-5` under a cross-region profile of each account's own: a retry renames it."""
 SECOND_KEY_ID = "AKIAMOCKBEDROCK00002"
 SECOND_SECRET = "second/mock/secret"
 REQUEST: dict[str, Any] = {
@@ -43,16 +46,21 @@ REQUEST: dict[str, Any] = {
 
 
 def config_text(mock_url: str) -> str:
-    """`claude-opus-5`: two Bedrock accounts; `claude-sonnet-5`: Bedrock first, then the API
-    (on the example's `mock` cluster)."""
+    """`claude-opus-5`: two Bedrock accounts; `claude-haiku-5`: the same two, each with a
+    model id of its own; `claude-sonnet-5`: Bedrock first, then the API (on the example's
+    `mock` cluster)."""
     return f"""
 [llm_clients.aws]
 kind = "bedrock"
 base_url = "{mock_url}"
 bedrock = {{ region = "us-east-1" }}
-models = {{ "claude-opus-5" = "{OPUS_ID}", "claude-sonnet-5" = "{SONNET_ID}" }}
 failure_threshold = 100
 envoy_cluster = "bedrock"
+
+[llm_clients.aws.models]
+"claude-opus-5" = "{OPUS_ID}"
+"claude-sonnet-5" = "{SONNET_ID}"
+"claude-haiku-5" = "{HAIKU_US_ID}"
 
 [llm_clients.api]
 base_url = "{mock_url}"
@@ -66,7 +74,7 @@ envoy_cluster = "mock"
 kind = "bedrock"
 base_url = "{mock_url}"
 bedrock = {{ region = "us-west-2", profile = "second" }}
-models = {{ "claude-opus-5" = "{OPUS_ID}" }}
+models = {{ "claude-opus-5" = "{OPUS_ID}", "claude-haiku-5" = "{HAIKU_EU_ID}" }}
 priority = 1
 failure_threshold = 100
 envoy_cluster = "bedrock"
@@ -182,6 +190,30 @@ async def test_a_bedrock_refusal_fails_over_to_the_next_account_signed_anew(
     assert account == "aws-second"
     assert [r.key for r in rig.mock.requests] == [MOCK_AWS_ACCESS_KEY_ID, SECOND_KEY_ID]
     assert all(r.path.startswith(f"/model/{OPUS_ID}/invoke") for r in rig.mock.requests)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_a_retry_to_a_bedrock_account_goes_under_its_own_model_id(
+    rig: Rig, client: Any, stream: bool
+) -> None:
+    """The retry's path and signature carry the second account's model id (its own
+    cross-region profile), and the SDK reads the public name."""
+    rig.mock.set_behaviour(MOCK_AWS_ACCESS_KEY_ID, Behaviour(status=429))
+    request = {**REQUEST, "model": "claude-haiku-5"}
+    if stream:
+        async with client.messages.stream(**request) as events:
+            message = await events.get_final_message()
+            account = events.response.headers["x-switchyard-account"]
+    else:
+        raw = await client.messages.with_raw_response.create(**request)
+        message, account = await raw.parse(), raw.headers["x-switchyard-account"]
+    assert message.content[0].text
+    assert message.model == "claude-haiku-5"
+    assert account == "aws-second"
+    assert [(r.key, r.path.split("/")[2]) for r in rig.mock.requests] == [
+        (MOCK_AWS_ACCESS_KEY_ID, HAIKU_US_ID),
+        (SECOND_KEY_ID, HAIKU_EU_ID),
+    ]
 
 
 async def test_the_last_bedrock_refusal_reaches_the_sdk_in_the_api_shape(
