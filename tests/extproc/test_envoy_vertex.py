@@ -30,6 +30,8 @@ VERTEX_NAME = "claude-opus-5@20260101"
 VERTEX_PATH = (
     f"/v1/projects/my-project/locations/us-east5/publishers/anthropic/models/{VERTEX_NAME}:"
 )
+HAIKU_NAME = "claude-haiku-5@20261101"
+"""The good account's own name for `claude-haiku-5` (the revoked one has another)."""
 REQUEST: dict[str, Any] = {
     "model": "claude-opus-5",
     "max_tokens": 50,
@@ -39,13 +41,14 @@ REQUEST: dict[str, Any] = {
 
 def config_text(mock_url: str, key_file: Path, revoked_file: Path) -> str:
     """`gcp-revoked` first (its key is not trusted by the mock's token endpoint), `gcp`
-    second: both serve `claude-opus-5` on the `vertex` cluster."""
+    second: both serve `claude-opus-5` on the `vertex` cluster, and `claude-haiku-5` each
+    under a version name of its own."""
     return f"""
 [llm_clients.gcp-revoked]
 kind = "vertex"
 base_url = "{mock_url}"
 vertex = {{ project = "my-project", region = "us-east5", credentials_file = "{revoked_file}" }}
-models = {{ "claude-opus-5" = "{VERTEX_NAME}" }}
+models = {{ "claude-opus-5" = "{VERTEX_NAME}", "claude-haiku-5" = "claude-haiku-5@20261001" }}
 failure_threshold = 1000
 envoy_cluster = "vertex"
 
@@ -53,7 +56,7 @@ envoy_cluster = "vertex"
 kind = "vertex"
 base_url = "{mock_url}"
 vertex = {{ project = "my-project", region = "us-east5", credentials_file = "{key_file}" }}
-models = {{ "claude-opus-5" = "{VERTEX_NAME}" }}
+models = {{ "claude-opus-5" = "{VERTEX_NAME}", "claude-haiku-5" = "{HAIKU_NAME}" }}
 failure_threshold = 1000
 priority = 1
 envoy_cluster = "vertex"
@@ -120,6 +123,19 @@ async def test_a_refused_token_fails_over_to_the_vertex_account_whose_token_is_g
     assert "x-api-key" not in call.headers
     assert b'"anthropic_version":"vertex-2023-10-16"' in call.body
     assert b'"model"' not in call.body
+
+
+async def test_a_retry_to_a_vertex_account_goes_under_its_own_model_name(
+    rig: Rig, client: Any
+) -> None:
+    """The retry's rawPredict path names the good account's own version of the model, and the
+    SDK reads the public name."""
+    raw = await client.messages.with_raw_response.create(**{**REQUEST, "model": "claude-haiku-5"})
+    message = await raw.parse()
+    assert message.model == "claude-haiku-5"
+    assert raw.headers["x-switchyard-account"] == "gcp"
+    haiku_path = VERTEX_PATH.replace(VERTEX_NAME, HAIKU_NAME) + "rawPredict"
+    assert [(r.key, r.path) for r in rig.mock.requests] == [(EMAIL, haiku_path)]
 
 
 async def test_a_vertex_error_reaches_the_sdk_in_the_anthropic_shape(rig: Rig, client: Any) -> None:
