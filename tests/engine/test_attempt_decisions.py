@@ -100,7 +100,7 @@ class Env:
         config = parse_config(CONFIG)
         accounts = build_accounts(config, {"K": "k"})
         pool = pool_from_accounts(accounts, clock=self.clock)
-        self.engine = Engine(server=config.server, accounts=accounts, pool=pool)
+        self.engine = Engine(server=config.server, accounts=accounts, pool=pool, clock=self.clock)
         shared = self.shared
         if self.hedging:
             self.engine.hedging = Hedging(
@@ -112,7 +112,7 @@ class Env:
         self.ctx = RequestContext(read_request(Wire.ANTHROPIC, self.body), self.body, 0.0)
 
     def machine(self) -> AttemptMachine:
-        return self.engine.machine(self.ctx, clock=self.clock)
+        return self.engine.machine(self.ctx)
 
     def started(self) -> AttemptMachine:
         """A machine whose first attempt (on a) is in flight."""

@@ -136,11 +136,11 @@ class Env:
         config = parse_config(self.config)
         accounts = build_accounts(config, {"K": "k"})
         pool = pool_from_accounts(accounts, clock=self.clock)
-        self.engine = Engine(server=config.server, accounts=accounts, pool=pool)
+        self.engine = Engine(server=config.server, accounts=accounts, pool=pool, clock=self.clock)
         self.ctx = RequestContext(read_request(Wire.ANTHROPIC, BODY), BODY, self.clock.now)
 
     def machine(self, **kw: object) -> AttemptMachine:
-        return self.engine.machine(self.ctx, clock=self.clock, **kw)  # type: ignore[arg-type]
+        return self.engine.machine(self.ctx, **kw)  # type: ignore[arg-type]
 
     def cool(self, *names: str, model: str = "m") -> None:
         for name in names:

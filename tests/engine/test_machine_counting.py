@@ -152,7 +152,7 @@ def test_bedrock_s_own_404_is_in_the_wires_shape_without_a_call() -> None:
     m = machine("solo", COUNT_TOKENS_PATH)
     send = m.begin()
     assert isinstance(send, Send)
-    account = m.engine.accounts[send.lease.account].for_model("solo")
+    account = m.grounds.accounts[send.lease.account].for_model("solo")
     with pytest.raises(WireError) as info:
         asyncio.run(account.outbound(COUNT_TOKENS_PATH, m.ctx.body_for_app()))
     assert (info.value.status, info.value.error_type) == (404, "not_found_error")
@@ -162,7 +162,7 @@ def test_a_count_whose_counting_accounts_cool_waits_for_them_not_for_bedrock() -
     # The API account of `m` cools for 30 s; its Bedrock account is healthy but cannot count,
     # so the 503's retry-after is the API's 30 s, not the 1 s a healthy account would say.
     m = machine("m", COUNT_TOKENS_PATH)
-    pool = m.engine.pool
+    pool = m.grounds.pool
     lease = pool.acquire("m", allowed={"api"})
     assert lease is not None
     pool.record(lease, Outcome.FAULT)

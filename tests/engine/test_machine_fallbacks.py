@@ -417,7 +417,8 @@ def test_a_spent_budget_moves_to_no_chain() -> None:
     env.cool("b")
     env.ctx.budget_at = 10.0
     clock = [0.0]
-    m = env.machine(clock=lambda: clock[0])
+    env.engine.grounds.clock = lambda: clock[0]
+    m = env.machine()
     m.begin()
     clock[0] = 10.0  # the caller's budget ran out during the attempt
     assert m.started(500) is FORWARD

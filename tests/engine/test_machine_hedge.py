@@ -101,12 +101,12 @@ class Env:
         config = parse_config(CONFIG)
         accounts = build_accounts(config, {"K": "k"})
         pool = pool_from_accounts(accounts, clock=self.clock)
-        self.engine = Engine(server=config.server, accounts=accounts, pool=pool)
+        self.engine = Engine(server=config.server, accounts=accounts, pool=pool, clock=self.clock)
         self.engine.hedging = Hedging(accounts=accounts, max_ratio=self.ratio, clock=self.clock)
         self.ctx = RequestContext(read_request(Wire.ANTHROPIC, self.body), self.body, 0.0)
 
     def machine(self, **kw: bool) -> AttemptMachine:
-        return self.engine.machine(self.ctx, clock=self.clock, **kw)
+        return self.engine.machine(self.ctx, **kw)
 
     def state_of(self, name: str) -> tuple[BreakerState, int]:
         status = self.engine.pool.status_of(name)

@@ -114,7 +114,9 @@ class Env:
         accounts = build_accounts(config, {"K": "k"})
         pool = pool_from_accounts(accounts, clock=self.clock)
         chains = Chains({"m": Fallback(models=["m-mini"], on=("unavailable",))})
-        self.engine = Engine(server=config.server, accounts=accounts, pool=pool, chains=chains)
+        self.engine = Engine(
+            server=config.server, accounts=accounts, pool=pool, chains=chains, clock=self.clock
+        )
         self.ctx = RequestContext(read_request(Wire.OPENAI_CHAT, BODY), BODY, self.clock.now)
 
     def cool(self, name: str, model: str = "m", cause: Cause = Cause.OUTAGE) -> None:
@@ -358,7 +360,7 @@ def test_request(row: Row) -> None:
     env = Env(wait=row.wait)
     row.before(env)
     env.ctx.resolved_model = row.model
-    m = env.engine.machine(env.ctx, clock=env.clock)
+    m = env.engine.machine(env.ctx)
     sends, last = play(env, m, row.answers)
     assert where(sends) == row.attempts
     assert row.last(last), last
@@ -371,7 +373,7 @@ def test_a_key_refusal_cools_the_account_for_every_model_and_holds_nothing(name:
     ONLY_A(env)
     pool = env.engine.pool
     for _ in range(3):  # a's failure_threshold: three requests, each refused once
-        m = env.engine.machine(env.ctx, clock=env.clock)
+        m = env.engine.machine(env.ctx)
         _, last = play(env, m, [REFUSES_THE_KEY[name]])
         assert credential_503(last), last
     status = pool.status_of("a")
@@ -386,12 +388,12 @@ def test_a_pair_failure_leaves_the_account_s_other_model_open() -> None:
     ONLY_A(env)
     pool = env.engine.pool
     for _ in range(3):  # three requests whose m failed on a: the pair cools, not a
-        m = env.engine.machine(env.ctx, clock=env.clock)
+        m = env.engine.machine(env.ctx)
         sends, _ = play(env, m, [status(503), OK])
         assert where(sends) == [("a", "m"), ("a", "m-mini")]
         env.ctx = RequestContext(read_request(Wire.OPENAI_CHAT, BODY), BODY, env.clock.now)
     assert pool.status_of("a").state is BreakerState.CLOSED
     assert pool.status_of("a", model="m").state is BreakerState.COOLED
-    m = env.engine.machine(env.ctx, clock=env.clock)
+    m = env.engine.machine(env.ctx)
     sends, _ = play(env, m, [OK])
     assert where(sends) == [("a", "m-mini")]  # the pair is cooled: the chain at once

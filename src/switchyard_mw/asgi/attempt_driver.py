@@ -167,7 +167,7 @@ async def _attempt(
         if timed:
             _arm(ex, machine, ctx)
             # The app, or a race with a hedge when it is slow to its first content.
-            run = app if machine.engine.hedging is None else race_for(ex, machine, app)
+            run = app if machine.grounds.hedging is None else race_for(ex, machine, app)
             if span is None:
                 await ex.run(run, scope, ex.receive, ex.send)
             else:

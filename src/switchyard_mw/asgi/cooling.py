@@ -33,7 +33,6 @@ from ..context import RequestContext
 from ..engine.answers import NO_HEALTHY_ACCOUNT, RATE_LIMITED, UPSTREAM_UNREACHABLE
 from ..engine.attempts import APP_ERROR
 from ..engine.build import Front, Parts, build_engine
-from ..engine.machine import AttemptMachine
 from ..engine.policies import Engine
 from ..engine.variants import Canaries
 from ..telemetry import names as tm
@@ -123,7 +122,7 @@ class CoolingMiddleware(PolicyMiddleware):
         if ex is None or ctx.wire is None or ctx.resolved_model is None:
             return await self.app(scope, receive, send)
         # Without an SDK, no span at all: nothing to build, activate or end.
-        machine = AttemptMachine(self.engine, ctx, tm.tracing(), None, True)
+        machine = self.engine.machine(ctx, tm.tracing(), None, True)
         await run_attempts(ex, machine, self.app, scope)
 
 

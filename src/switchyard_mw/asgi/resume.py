@@ -88,10 +88,10 @@ def tap_for(ex: Exchange, machine: AttemptMachine) -> StreamTap | None:
     if ctx is None or ctx.view is None or not ctx.view.stream:
         return None
     wire = ctx.wire
-    engine = machine.engine
-    if wire not in RESUMABLE_WIRES or not _any_enabled(engine.server, engine.accounts):
+    grounds = machine.grounds
+    if wire not in RESUMABLE_WIRES or not _any_enabled(grounds.server, grounds.accounts):
         return None
-    return StreamTap(ex, ctx, wire, engine.server)
+    return StreamTap(ex, ctx, wire, grounds.server)
 
 
 def _any_enabled(server: Server, accounts: Mapping[str, Account]) -> bool:
@@ -259,8 +259,8 @@ async def resume_broken(
     assert reason is not None
     model, broken = ctx.resolved_model or "", ctx.account.name if ctx.account else ""
     status, usage = ctx.response_status, _usage(ctx)
-    engine = machine.engine
-    allowed = prefill_accounts(engine.accounts, model, tap.wire, engine.routable)
+    grounds = machine.grounds
+    allowed = prefill_accounts(grounds.accounts, model, tap.wire, grounds.routable)
     tm.resumed_bytes.record(transcript.sent_bytes, {tm.RESPONSE_MODEL: model, "reason": reason})
     action = machine.broke(reason, transcript.sent_bytes, allowed)
     result = Result.UNAVAILABLE

@@ -16,7 +16,6 @@ from ..core.clock import Clock, monotonic
 from ..engine import reload
 from ..engine.build import Front, Parts, build_engine
 from ..engine.build import shared_budgets as shared_budgets  # its home before the builder
-from ..engine.machine import AttemptMachine
 from ..engine.paths import llm_wire
 from ..engine.policies import Engine
 from ..engine.reload import Loader
@@ -217,7 +216,7 @@ class SwitchyardStack(PolicyMiddleware):
         if ctx.view is None or ctx.resolved_model is None:
             return await run_timed(ex, self.app, scope, self.deadline)
         # Without an SDK, no span at all: nothing to build, activate or end.
-        machine = AttemptMachine(engine, ctx, tm.tracing(), None, True)
+        machine = engine.machine(ctx, tm.tracing(), None, True)
         run = run_attempts(ex, machine, self.app, scope, limits=self.deadline)
         if admission is None:
             await run

@@ -18,7 +18,7 @@ async def claimed(machine: AttemptMachine, action: Start) -> Start:
     """Perform `action` while it is `ClaimProbe`: the machine's next action after the store's
     answers. Cancelled or failed midway, the probe slot goes back."""
     while isinstance(action, ClaimProbe):
-        store = machine.engine.pool.store
+        store = machine.grounds.pool.store
         assert store is not None  # a probe is only claimed where state is shared
         try:
             shared = await _claim(store, action.account, action.model)

@@ -60,12 +60,9 @@ from opentelemetry import trace
 
 from ..context import RequestContext
 from ..core.affinity import key_hash
-from ..core.clock import Clock, monotonic
 from ..core.pool import BILLING, CREDENTIAL_STATUSES, Lease, Outcome
 from ..core.shared import Shared
 from ..errors import MachineError as MachineError  # raised here; kept importable from here
-from ..telemetry import logs
-from ..telemetry import names as tm
 from ..wire import WireError
 from . import answers, attempts, in_place
 from .attempts import OUT_OF_TIME, Failure, Gone, Phase
@@ -73,11 +70,12 @@ from .content_events import watch_for
 from .error_bodies import billing_refusal, context_refusal
 from .fallbacks import Reason
 from .outcomes import throttle_headers
+from .recorder import FALLBACK_ROUTE
 from .stream_bounds import first_token_secs
 
 if TYPE_CHECKING:
     from ..accounts import Account
-    from .policies import Engine
+    from .grounds import Grounds
 
 __all__ = [
     "AskBudget",
@@ -279,19 +277,17 @@ _SUCCESS, _FAULT = Outcome.SUCCESS, Outcome.FAULT
 _APP_ERROR, _DISCONNECTED = Failure.APP_ERROR, Gone.DISCONNECTED
 _IN_FLIGHT = frozenset({_SENT, _HOLDING, _CHECKING, _READING, _FORWARDING})
 _UNAVAILABLE, _CONTEXT_LENGTH = Reason.UNAVAILABLE, Reason.CONTEXT_LENGTH
-_FALLBACK_ROUTE = "fallback:"
-"""`x-switchyard-route` of a request a fallback chain moved: `fallback:<reason>`."""
 _NAMING = frozenset({Gone.RETRIED, Gone.LOCAL_REPLY, Gone.DISCONNECTED})
 """Gone reasons a CLIENT span names as its `error.type` when no answer had started."""
 
 
 class AttemptMachine:
-    """The attempts of one request. Build it with `Engine.machine(ctx)`.
+    """The attempts of one request. Build it with `engine.machine(ctx, ...)`, the one place
+    one is built (`grounds`: what it decides with, the engine's).
 
     `parent`: the span attempt spans hang under (None: the current span); `traced`: whether
-    spans are made at all; `clock`: what the caller's budget is read against;
-    `checks_errors`: the front runs an app whose framework may answer a transport error with
-    its own 5xx (ASGI), so a 5xx is held until the attempt ends.
+    spans are made at all; `checks_errors`: the front runs an app whose framework may answer
+    a transport error with its own 5xx (ASGI), so a 5xx is held until the attempt ends.
     """
 
     __slots__ = (
@@ -313,6 +309,7 @@ class AttemptMachine:
         "_lease",
         "_more",
         "_parent",
+        "_recorder",
         "_refused",
         "_released",
         "_retry_headers",
@@ -324,7 +321,7 @@ class AttemptMachine:
         "_waited",
         "checks_errors",
         "ctx",
-        "engine",
+        "grounds",
         "state",
         "tried",
         "within",
@@ -334,15 +331,15 @@ class AttemptMachine:
     # keywords builds a dict of them first).
     def __init__(
         self,
-        engine: Engine,
+        grounds: Grounds,
         ctx: RequestContext,
         traced: bool = False,
         parent: trace.Span | None = None,
         checks_errors: bool = False,
-        clock: Clock = monotonic,
     ) -> None:
-        self.engine = engine
-        self._clock = clock  # `time.monotonic`: the budget's clock (`ctx.budget_at`)
+        self.grounds = grounds
+        self._clock = grounds.clock  # `time.monotonic`: the budget's clock (`ctx.budget_at`)
+        self._recorder = grounds.recorder
         self.ctx = ctx
         self.state = _READY
         self.tried: list[str] = []
@@ -351,7 +348,7 @@ class AttemptMachine:
         """The accounts a later attempt may go to (behind Envoy: those on the routed
         cluster, set once it is known); the model then stays (the body is on its way), but
         for a fallback chain's models where the front rewrites a retry's body
-        (`engine.rewrites_retries`). None: any account the front can send to, and the
+        (`grounds.rewrites_retries`). None: any account the front can send to, and the
         canary's base model."""
         self.checks_errors = checks_errors
         self._traced = traced
@@ -407,22 +404,22 @@ class AttemptMachine:
         """The request's first attempt, once its model is decided."""
         if self.state is not _READY:
             self._expect(_READY)
-        ctx, engine = self.ctx, self.engine
+        ctx, grounds = self.ctx, self.grounds
         model = ctx.resolved_model
         if model is None or ctx.view is None:
             self.state = _DONE
             return PASS_THROUGH
-        pool = engine.pool
+        pool = grounds.pool
         if ctx.view.counts:
             self._skip_uncounting(model)
         elif pool.store is None:
             # The usual first attempt, with nothing shared to ask (and no key to work out
             # where no priority serving the model has several accounts).
             key = self._conversation_key() if pool.keyed(model) else None
-            lease = pool.acquire(model, allowed=engine.routable, key=key)
+            lease = pool.acquire(model, allowed=grounds.routable, key=key)
             if lease is not None:
                 return self._send(lease, model)
-        if not engine.places(ctx):
+        if not grounds.places(ctx):
             self.state = _DONE
             return PASS_THROUGH  # no account it can reach serves the model
         return self._onward(self._candidates(), 0)
@@ -432,7 +429,7 @@ class AttemptMachine:
         are out for every model it may go to, as if they had failed it, unless none serving
         its model can count (then its account answers the wire's 404). Worked out once, at
         the first attempt; ordinary requests never come here."""
-        uncounting = self._uncounting = self.engine.cannot_count(model)
+        uncounting = self._uncounting = self.grounds.cannot_count(model)
         if uncounting:
             for candidate in self._candidates():
                 self._failed[candidate] = set(uncounting)
@@ -443,11 +440,11 @@ class AttemptMachine:
         claim, self._claim = self._claim, None
         assert claim is not None
         lease, models, index = claim
-        pool = self.engine.pool
+        pool = self.grounds.pool
         if shared is None:
             if self._closed:
                 # The request ended while the store answered: nobody would settle it.
-                self.engine.settle(lease, None, Gone.UNUSED, models[index])
+                self.grounds.settle(lease, None, Gone.UNUSED, models[index])
                 self.state = _DONE
                 return DONE
             return self._send(lease, models[index])
@@ -459,7 +456,7 @@ class AttemptMachine:
         self._expect(_CLAIMING)
         claim, self._claim = self._claim, None
         assert claim is not None
-        self.engine.pool.claim_abandoned(claim[0])
+        self.grounds.pool.claim_abandoned(claim[0])
         self.state = _DONE
 
     def started(
@@ -470,7 +467,7 @@ class AttemptMachine:
         if self.state is not _SENT:
             self._expect(_SENT)
         self._status = status
-        if status < 400 and self.engine.plain_success(self.ctx, status):
+        if status < 400 and self.grounds.plain_success(self.ctx, status):
             self.state = _FORWARDING  # the usual answer: nothing to hold, no rule to ask
             return FORWARD
         if status == 429 or status >= 500:  # a 5xx may say when to retry in place too
@@ -542,9 +539,9 @@ class AttemptMachine:
             raise MachineError(f"ended() in state {state.name}")
         ctx, status = self.ctx, self._status
         if how is _FINISHED or (how is _RETURNED and state is _FORWARDING):
-            if self._span is None and self.engine.plain_success(ctx, status or 500):
+            if self._span is None and self.grounds.plain_success(ctx, status or 500):
                 # The usual answer: a success with no span, nothing else to count or show.
-                self.engine.succeeded(self._take_lease(), ctx.resolved_model)
+                self.grounds.succeeded(self._take_lease(), ctx.resolved_model)
                 self.state = _DONE
                 return DONE
             finished = how is _FINISHED
@@ -576,7 +573,7 @@ class AttemptMachine:
             return self._give_up()
         model = self.ctx.resolved_model
         assert model is not None
-        pool = self.engine.pool
+        pool = self.grounds.pool
         lease = pool.lease_again(self.tried[-1], model)
         if lease is None:
             return self._give_up()
@@ -600,21 +597,18 @@ class AttemptMachine:
         broken = self.tried[-1] if self.tried else ""
         self._more = False  # a continuation is never failed over: its failure ends the stream
         key = self._conversation_key()
-        lease = self.engine.pool.acquire(
-            model, exclude=self._excluded(model), allowed=allowed, key=key
-        )
+        pool = self.grounds.pool
+        lease = pool.acquire(model, exclude=self._excluded(model), allowed=allowed, key=key)
         if lease is None:
             return DONE
-        if lease.probe and self.engine.pool.store is not None:
+        if lease.probe and pool.store is not None:
             # A probe shared across replicas waits for the store's word: a client reading a
             # stream does not wait for that; the slot goes back.
-            self.engine.pool.claim_abandoned(lease)
+            pool.claim_abandoned(lease)
             return DONE
         action = self._send(lease, model)
         if self._span is not None:
-            self._span.set_attributes(
-                {tm.RESUMED_FROM: broken, tm.RESUME_REASON: reason, tm.RESUMED_AFTER: after_bytes}
-            )
+            self._recorder.resumed(self._span, broken, reason, after_bytes)
         return action
 
     def retried(self, unanswered: Failure | None = None, phase: Phase | None = None) -> End:
@@ -653,7 +647,7 @@ class AttemptMachine:
         if phase is None:
             phase = self.phase()
         ctx.deadline_phase = phase
-        tm.deadline_exceeded.add(1, {"phase": phase})
+        self._recorder.deadline_exceeded(phase)
         if self.state in _IN_FLIGHT:
             self._status = 504
             self._settle(*self._verdict(False, None))
@@ -726,7 +720,7 @@ class AttemptMachine:
         """The attempt in flight ran out of time and another may follow (a front's retry)."""
         phase = phase or self.phase()
         self.ctx.deadline_phase = phase
-        tm.deadline_exceeded.add(1, {"phase": phase})
+        self._recorder.deadline_exceeded(phase)
         self._status = 504
         self._failure = Failure.DEADLINE
         self._settle(*self._verdict(False, None))
@@ -759,14 +753,14 @@ class AttemptMachine:
         model = self.ctx.resolved_model
         if self.state is not _SENT or self._hedge is not None or model is None:
             return False
-        engine = self.engine
-        reach = self.within if self.within is not None else engine.serving(model)
+        grounds = self.grounds
+        reach = self.within if self.within is not None else grounds.serving(model)
         excluded = self._excluded(model)
         untried = [n for n in reach if n not in excluded]
         return (
             bool(untried)
             and self._may_go_on()
-            and engine.pool.retry_after_secs(model, allowed=untried) == 0.0
+            and grounds.pool.retry_after_secs(model, allowed=untried) == 0.0
         )
 
     def hedge_due(self) -> float | None:
@@ -775,7 +769,7 @@ class AttemptMachine:
         unknown (no first content to race for), or no other account could take a hedge now.
         Asked once per attempt: the request counts in its model's hedge budget at its first
         attempt that may hedge."""
-        hedging, ctx = self.engine.hedging, self.ctx
+        hedging, ctx = self.grounds.hedging, self.ctx
         client, view, model = ctx.account, ctx.view, ctx.resolved_model
         if hedging is None or client is None or view is None or model is None:
             return None
@@ -794,7 +788,7 @@ class AttemptMachine:
         across replicas; else None. The front runs both; the first to produce content wins,
         and `hedge_over` (or `race_failed`) says how the race ended."""
         self._expect(_SENT)
-        hedging, model = self.engine.hedging, self.ctx.resolved_model
+        hedging, model = self.grounds.hedging, self.ctx.resolved_model
         if hedging is None or model is None or not self.may_hedge():
             return None
         shared = hedging.shared_budget(model)
@@ -845,39 +839,33 @@ class AttemptMachine:
     def content_after(self, account: str, secs: float) -> None:
         """An attempt on `account` produced its first content `secs` after it was sent: the
         time `hedge_after_secs = "auto"` learns from."""
-        hedging = self.engine.hedging
+        hedging = self.grounds.hedging
         if hedging is not None:
             hedging.record(account, secs)
 
     def _start_hedge(self) -> Send | None:
-        ctx, engine = self.ctx, self.engine
+        ctx, grounds = self.ctx, self.grounds
         model = ctx.resolved_model
         if self._hedge is not None or model is None or not self._may_go_on():
             return None
-        pool = engine.pool
-        allowed = self.within if self.within is not None else engine.routable
+        pool = grounds.pool
+        allowed = self.within if self.within is not None else grounds.routable
         key = self._conversation_key()
         lease = pool.acquire(model, exclude=self._excluded(model), allowed=allowed, key=key)
         if lease is None:
             return None
         if lease.probe and pool.store is not None:
             # A probe waits for the store's word: no race is worth that wait.
-            engine.settle(lease, None, Gone.UNUSED, model)
+            grounds.settle(lease, None, Gone.UNUSED, model)
             return None
         self.tried.append(lease.account)
         self._failed.setdefault(model, set()).add(lease.account)
         ctx.attempts += 1
-        hedge = self._hedge = _Hedge(lease, engine.accounts[lease.account].for_model(model))
+        hedge = self._hedge = _Hedge(lease, grounds.accounts[lease.account].for_model(model))
         if not self._traced:
             return Send(lease, model, None)
-        span = hedge.span = engine.attempt_span(ctx, lease, self._parent)
-        span.set_attribute(tm.HEDGE, True)
-        view = ctx.view
-        hedge.client_span = tm.start_client_span(
-            span,
-            model=model,
-            base_url=hedge.account.base_url,
-            max_tokens=None if view is None else view.max_tokens,
+        hedge.span, hedge.client_span = self._recorder.attempt(
+            ctx, lease, model, hedge.account.base_url, self._parent, hedge=True
         )
         return Send(lease, model, hedge.client_span)
 
@@ -904,23 +892,12 @@ class AttemptMachine:
         else:
             lease, loser = hedge.lease, (hedge.span, hedge.client_span)
         span, client_span = loser
-        self.engine.settle(lease, outcome, status, model, span=span)
-        if client_span is not None:
-            tm.end_client_span(
-                client_span,
-                model=model,
-                error=status,
-                input_tokens=None,
-                output_tokens=None,
-                cache_read_tokens=None,
-                cache_write_tokens=None,
-            )
+        recorder = self._recorder
         if span is not None:
-            attempts.end_span(span, None)
-        tm.hedges.add(1, {tm.RESPONSE_MODEL: model or "", "result": "won" if won else "lost"})
-        logs.hedge_result(
-            model=model or "", result="won" if won else "lost", account=hedge.account.name
-        )
+            recorder.settled(span, outcome, status)
+        self.grounds.settle(lease, outcome, status, model)
+        recorder.lost(span, client_span, model, status)
+        recorder.hedge_result(model or "", won, hedge.account.name)
 
     # --- the attempt deadline -----------------------------------------------------------
 
@@ -987,7 +964,7 @@ class AttemptMachine:
         something against its account, and one could take over now (a peek: nothing
         claimed)."""
         ctx = self.ctx
-        if self.engine.plain_success(ctx, status) or ctx.deadline_phase == Phase.BUDGET:
+        if self.grounds.plain_success(ctx, status) or ctx.deadline_phase == Phase.BUDGET:
             return False  # a success, or the caller's budget ran out (no account to blame)
         found, _ = attempts.outcome(
             status, deadline_phase=ctx.deadline_phase, upstream_status=ctx.upstream_status
@@ -1015,7 +992,7 @@ class AttemptMachine:
         if secs is None or not self._may_go_on():
             return None
         model = ctx.resolved_model
-        if model is not None and self.engine.pool.cooling_secs(account.name, model) > secs:
+        if model is not None and self.grounds.pool.cooling_secs(account.name, model) > secs:
             return None  # its own faults cooled it past the wait: no retry to wait for
         if not self.ends_in_budget(secs):
             return None  # the wait would end past the caller's deadline
@@ -1032,10 +1009,10 @@ class AttemptMachine:
     def _another_free(self, models: Iterable[str] | None = None) -> bool:
         """Whether an account can take an attempt for one of `models` (default: every
         candidate) now (a peek)."""
-        engine = self.engine
-        pool = engine.pool
+        grounds = self.grounds
+        pool = grounds.pool
         for model in self._candidates() if models is None else models:
-            reach = self.within if self.within is not None else engine.serving(model)
+            reach = self.within if self.within is not None else grounds.serving(model)
             excluded = self._excluded(model)
             untried = [n for n in reach if n not in excluded]
             if untried and pool.retry_after_secs(model, allowed=untried) == 0.0:
@@ -1051,21 +1028,21 @@ class AttemptMachine:
         if self.within is not None:
             found: tuple[str, ...] = (model,)
         else:
-            fallback = self.engine.fallback(self.ctx)
+            fallback = self.grounds.fallback(self.ctx)
             found = (model,) if fallback is None or fallback == model else (model, fallback)
-        if self.engine.chains and self._may_change_model():
+        if self.grounds.chains and self._may_change_model():
             found = self._chain(found)
         return found
 
     def _may_change_model(self) -> bool:
         """Whether a fallback chain may move the request: its signed thinking does not bind
         it to the model, and the front can rewrite the body for another attempt."""
-        return not self.ctx.pinned_model and (self.within is None or self.engine.rewrites_retries)
+        return not self.ctx.pinned_model and (self.within is None or self.grounds.rewrites_retries)
 
     def _chain(self, models: tuple[str, ...]) -> tuple[str, ...]:
         """`models` followed by their chains: after a context-length refusal only the
         refused model's `context_length` chain, else each model's `unavailable` chain."""
-        chains, refused, chained = self.engine.chains, self._refused, self._chained
+        chains, refused, chained = self.grounds.chains, self._refused, self._chained
         assert chains is not None
         model = models[0]
         if model in refused:
@@ -1085,7 +1062,7 @@ class AttemptMachine:
     def _reads_refusal(self) -> bool:
         """Whether a 400 is worth reading: the model has a `context_length` chain this
         request may follow."""
-        chains, model = self.engine.chains, self.ctx.resolved_model
+        chains, model = self.grounds.chains, self.ctx.resolved_model
         return (
             chains is not None
             and model is not None
@@ -1103,8 +1080,7 @@ class AttemptMachine:
                 error, deadline_phase=ctx.deadline_phase, transport_error=ctx.transport_error
             )
             if self._span is not None:
-                # The type only: an exception's text may quote the request or the reply.
-                self._span.set_attribute(tm.ERROR_TYPE, error.__qualname__)
+                self._recorder.raised(self._span, error)
         assert failure is not None
         if ctx.disconnected:
             self._settle(None, _DISCONNECTED)
@@ -1203,7 +1179,7 @@ class AttemptMachine:
         refused = self._keys_refused
         if self.tried and not refused:
             return Refuse(answers.unreachable())
-        error, headers = self.engine.nothing_serves(self.ctx, refused, self._uncounting)
+        error, headers = self.grounds.nothing_serves(self.ctx, refused, self._uncounting)
         return Refuse(error, headers)
 
     def _done(self) -> _Signal:
@@ -1247,9 +1223,9 @@ class AttemptMachine:
     ) -> Send | ClaimProbe | None:
         """The next attempt's lease among `models[start:stop]`, or None when no account can
         take it now. A probe waits for the shared store's word when state is shared."""
-        engine = self.engine
-        pool = engine.pool
-        allowed = self.within if self.within is not None else engine.routable
+        grounds = self.grounds
+        pool = grounds.pool
+        allowed = self.within if self.within is not None else grounds.routable
         key = self._conversation_key()
         for index in range(start, len(models) if stop is None else stop):
             model = models[index]
@@ -1272,7 +1248,7 @@ class AttemptMachine:
         return self._key
 
     def _send(self, lease: Lease, model: str) -> Send:
-        ctx, engine, tried = self.ctx, self.engine, self.tried
+        ctx, grounds, tried = self.ctx, self.grounds, self.tried
         if model != ctx.resolved_model:
             self._moved(model)
             ctx.resolved_model = model  # the canary's base or a fallback; the body follows it
@@ -1287,8 +1263,8 @@ class AttemptMachine:
         else:
             failed[model] = {lease.account}
         if len(tried) > 1 and not again:
-            tm.failovers.add(1, {tm.RESPONSE_MODEL: model})
-        client = engine.start_attempt(ctx, lease)
+            self._recorder.failover(model)
+        client = grounds.start_attempt(ctx, lease)
         ctx.upstream_status = ctx.deadline_phase = ctx.transport_error = None
         self._lease, self._status, self._retry_headers = lease, None, None
         self._sent_at = self._clock()
@@ -1297,15 +1273,8 @@ class AttemptMachine:
         self.state = _SENT
         if not self._traced:
             return Send(lease, model, None)
-        span = self._span = engine.attempt_span(ctx, lease, self._parent)
-        if ctx.route is not None and ctx.route.startswith(_FALLBACK_ROUTE):
-            span.set_attribute(tm.FALLBACK, ctx.route.removeprefix(_FALLBACK_ROUTE))
-        view = ctx.view
-        self._client_span = tm.start_client_span(
-            span,
-            model=model,
-            base_url=client.base_url,
-            max_tokens=None if view is None else view.max_tokens,
+        self._span, self._client_span = self._recorder.attempt(
+            ctx, lease, model, client.base_url, self._parent
         )
         return Send(lease, model, self._client_span)
 
@@ -1317,16 +1286,8 @@ class AttemptMachine:
         if reason is not None:
             if ctx.resolved_model in self._refused:
                 reason = _CONTEXT_LENGTH  # a model may be on both chains: the refusal says why
-            tm.fallbacks.add(
-                1,
-                {
-                    tm.REQUEST_MODEL: ctx.resolved_model or "",
-                    tm.RESPONSE_MODEL: model,
-                    "reason": reason.value,
-                },
-            )
-            ctx.route = _FALLBACK_ROUTE + reason.value
-            logs.fallback(from_model=ctx.resolved_model or "", to_model=model, reason=reason.value)
+            self._recorder.fallback(ctx.resolved_model or "", model, reason.value)
+            ctx.route = FALLBACK_ROUTE + reason.value
         return reason
 
     def _take_lease(self) -> Lease:
@@ -1337,34 +1298,27 @@ class AttemptMachine:
     def _settle(self, outcome: Outcome | None, status: str, *, body_follows: bool = False) -> None:
         """Give the attempt's lease back with what its end said about the account."""
         lease = self._take_lease()
-        self.engine.settle(
-            lease,
-            outcome,
-            status,
-            self.ctx.resolved_model,
-            span=self._span,
-            retry=self._retry_headers,
-        )
+        if self._span is not None:
+            self._recorder.settled(self._span, outcome, status)
+        self.grounds.settle(lease, outcome, status, self.ctx.resolved_model, self._retry_headers)
         # A refused key or billing shuts the account out of this request, for every model.
         refused = self._last_refused = outcome is _FAULT and status in CREDENTIAL_STATUSES
         if refused:
             self._keys_refused.add(lease.account)
         if outcome is None and status in _NAMING and self._status is None:
             self._released = status
-        if not body_follows:
+        if not body_follows and self._span is not None:  # untraced: nothing to end
             self._end_spans()
 
     def _end_spans(self) -> None:
         """End the attempt's spans (once each); the CLIENT span carries the usage read."""
+        span, client_span = self._span, self._client_span
+        if span is None and client_span is None:
+            return  # not traced, or ended already
+        self._span = self._client_span = None
         ctx = self.ctx
-        client_span, self._client_span = self._client_span, None
-        if client_span is not None:
-            status = ctx.upstream_status if ctx.upstream_status is not None else self._status
-            failure = self._failure or self._released
-            attempts.end_client_span(client_span, ctx, status=status, failure=failure)
-        span, self._span = self._span, None
-        if span is not None:
-            attempts.end_span(span, ctx.deadline_phase)
+        status = ctx.upstream_status if ctx.upstream_status is not None else self._status
+        self._recorder.ended(span, client_span, ctx, status, self._failure or self._released)
 
     def _expect(self, *states: State) -> None:
         if self.state not in states:

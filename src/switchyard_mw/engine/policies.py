@@ -11,6 +11,7 @@ machine's `within`: Envoy's cluster).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Collection, Mapping
 
 from opentelemetry import trace
@@ -21,19 +22,20 @@ from ..context import RequestContext
 from ..core.clock import Clock, monotonic
 from ..core.pool import AccountPool, Lease, Outcome
 from ..state import LimitStore, Store
-from ..telemetry import names as tm
 from ..wire import Wire, WireError
-from . import answers, attempts
+from . import answers
 from .fallbacks import Chains
+from .grounds import Grounds
 from .hedging import Hedging
 from .judge import Judge
 from .machine import AttemptMachine
-from .outcomes import hold, probed, settle
 from .paths import llm_paths
+from .recorder import Recorder
 from .tenancy import Tenancy
 from .variants import Canaries
 
-_SUCCESS, _FAULT, _THROTTLE = Outcome.SUCCESS, Outcome.FAULT, Outcome.THROTTLE
+_GROUNDED = frozenset({"canaries", "chains", "routable", "rewrites_retries", "hedging"})
+"""Engine attributes its machines read from its `grounds`: an assignment goes there too."""
 
 
 class Engine:
@@ -58,7 +60,18 @@ class Engine:
         chains: Chains | None = None,
         config: Config | None = None,
         store: Store | None = None,
+        clock: Clock = monotonic,
     ) -> None:
+        self.grounds = Grounds(
+            server=server,
+            accounts=dict(accounts),
+            pool=pool,
+            canaries=canaries,
+            routable=routable,
+            chains=chains,
+            clock=clock,
+        )
+        """What the engine's attempt machines decide with (built once, shared by all)."""
         self.config = config
         """The config this engine decides by (None: built from parts, not a config)."""
         self.store = store
@@ -69,7 +82,7 @@ class Engine:
         self.tenancy: Tenancy | None = None
         """Who may spend the keys and how much (None: no `[tenants]`)."""
         self.server = server
-        self.accounts = dict(accounts)
+        self.accounts = self.grounds.accounts
         self.pool = pool
         self.judge = judge
         self.canaries = canaries
@@ -82,9 +95,18 @@ class Engine:
         """Hedged first tokens (None: no account hedges, or the front does not race)."""
         self.paths: dict[str, Wire] = llm_paths(server)
         """The wire of each LLM path; any other path passes through unread."""
-        self._uncounting = frozenset(n for n, a in self.accounts.items() if not a.counts_tokens)
-        # Read when an attempt's span starts: parsed once here, not per request.
-        self._providers = {n: tm.provider_name(c.base_url) for n, c in self.accounts.items()}
+        self.machine = functools.partial(AttemptMachine, self.grounds)
+        """The attempt machine of one request whose model is decided: `machine(ctx, traced,
+        parent, checks_errors)` (see `engine.machine`). The one place a machine is built;
+        positional, for the ASGI front (a call with keywords builds a dict of them first)."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        # Read as plain attributes (no call on a request's path), kept where the machines
+        # read them: a front may set one after building the engine (a cooling policy's
+        # canaries, Envoy's retry rewriting, the stack's hedging).
+        object.__setattr__(self, name, value)
+        if name in _GROUNDED:
+            setattr(self.grounds, name, value)
 
     # --- route and model ----------------------------------------------------------------
 
@@ -112,103 +134,15 @@ class Engine:
 
     def serving(self, model: str) -> Collection[str]:
         """The accounts serving `model` that the front can send to."""
-        names = self.pool.accounts_for(model)
-        routable = self.routable
-        return names if routable is None else [n for n in names if n in routable]
-
-    def cannot_count(self, model: str) -> frozenset[str]:
-        """The accounts a token count for `model` skips: those of a kind that cannot count
-        (Bedrock), when an account serving `model` that the front can send to can; none when
-        none can, so that the count's account answers the wire's 404 itself."""
-        uncounting = self._uncounting
-        if not uncounting or all(n in uncounting for n in self.serving(model)):
-            return frozenset()
-        return uncounting
-
-    def places(self, ctx: RequestContext) -> bool:
-        """Whether the request is switchyard's to place: an account serves its model, or the
-        canary's base model that may take over."""
-        model = ctx.resolved_model
-        return model is not None and (bool(self.serving(model)) or self.fallback(ctx) is not None)
-
-    def fallback(self, ctx: RequestContext) -> str | None:
-        """The canary's base model, if it may take over (`ctx.canary_base`) and is served."""
-        base = ctx.canary_base()
-        return base if base is not None and self.serving(base) else None
-
-    def machine(
-        self,
-        ctx: RequestContext,
-        *,
-        traced: bool = False,
-        parent: trace.Span | None = None,
-        checks_errors: bool = False,
-        clock: Clock = monotonic,
-    ) -> AttemptMachine:
-        """The attempt machine of one request whose model is decided (see `engine.machine`)."""
-        return AttemptMachine(
-            self, ctx, traced=traced, parent=parent, checks_errors=checks_errors, clock=clock
-        )
+        return self.grounds.serving(model)
 
     def nothing_serves(
         self, ctx: RequestContext, refused: Collection[str] = (), skipped: Collection[str] = ()
     ) -> tuple[WireError, answers.Headers]:
-        """The answer when no account can take the request: 429 or 503, with `retry-after`
-        for the soonest account that waiting heals. Accounts cooling for refused credentials
-        count only when no other is left (then 503 says so, without a long `retry-after`), and
-        so do the accounts that refused their key or billing in this request (`refused`).
-        `skipped`: accounts that could never take it (a token count's `cannot_count`), whose
-        health says nothing of when it can be served."""
-        allowed = self.routable
-        if refused or skipped:
-            names = self.pool.names if allowed is None else allowed
-            allowed = frozenset(n for n in names if n not in refused and n not in skipped)
-        found = [
-            self.pool.recovery(model, allowed=allowed)
-            for model in (ctx.resolved_model, self.fallback(ctx))
-            if model is not None
-        ]
-        heals = [r.heals_in_secs for r in found if r is not None and r.heals_in_secs is not None]
-        cooling = [
-            r.refused_in_secs for r in found if r is not None and r.refused_in_secs is not None
-        ]
-        model = ctx.resolved_model
-        throttled = model is not None and self.pool.throttled(model)
-        return answers.nothing_serves(
-            model,
-            throttled=throttled,
-            heals_in_secs=min(heals, default=None),
-            refused_in_secs=min(cooling, default=None),
-            refused_now=bool(refused),
-        )
-
-    @staticmethod
-    def plain_success(ctx: RequestContext, status: int) -> bool:
-        """A success for sure: every fault and throttle is a 4xx/5xx, a deadline or a
-        departure. Asked first, so that the usual answer costs no outcome at all."""
-        return (
-            status < 400
-            and ctx.upstream_status is None
-            and ctx.deadline_phase is None
-            and not ctx.disconnected
-        )
+        """The answer when no account can take the request (`Grounds.nothing_serves`)."""
+        return self.grounds.nothing_serves(ctx, refused, skipped)
 
     # --- attempts -----------------------------------------------------------------------
-
-    def start_attempt(self, ctx: RequestContext, lease: Lease) -> Account:
-        """Make `lease`'s account the request's for its next attempt."""
-        # Bound to the model: the body and path carry the account's own name for it.
-        client = ctx.account = self.accounts[lease.account].for_model(ctx.resolved_model)
-        ctx.attempts += 1
-        return client
-
-    def attempt_span(
-        self, ctx: RequestContext, lease: Lease, parent: trace.Span | None = None
-    ) -> trace.Span:
-        """The attempt's span, under the current span or `parent` (the request's)."""
-        context = None if parent is None else trace.set_span_in_context(parent)
-        provider = self._providers.get(lease.account)
-        return attempts.start_span(lease, ctx.resolved_model, provider, context)
 
     def settle(
         self,
@@ -220,25 +154,11 @@ class Engine:
         span: trace.Span | None = None,
         retry: list[tuple[str, str]] | None = None,
     ) -> None:
-        """Give the lease back with what the attempt said about the account's health (None:
-        nothing); the canary guards count it, the span shows it, and a 429's retry-time
-        headers (`retry`) hold its account out for the model."""
-        canaries = self.canaries
-        if canaries is not None and outcome is not None and model is not None:
-            canaries.record(model, fault=outcome is _FAULT)
+        """Give the lease back with what the attempt said about the account's health
+        (`Grounds.settle`); `span` shows it."""
         if span is not None:
-            attempts.mark_span(span, outcome, status)
-        settle(self.pool, lease, outcome, status)
-        if outcome is _THROTTLE and retry and model is not None:
-            hold(self.pool, lease.account, model, retry)
-
-    def succeeded(self, lease: Lease, model: str | None) -> None:
-        """`settle` for the usual attempt, a success with no span: nothing to count or show."""
-        self.pool.record(lease, _SUCCESS)
-        if lease.probe:
-            probed(self.pool, lease, _SUCCESS, "200")
-        if self.canaries is not None and model is not None:
-            self.canaries.record(model, fault=False)
+            Recorder.settled(span, outcome, status)
+        self.grounds.settle(lease, outcome, status, model, retry)
 
 
 async def judge_model(judge: Judge, ctx: RequestContext, gone: Callable[[], bool]) -> None:
