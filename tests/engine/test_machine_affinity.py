@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from machine_moves import machine_moves  # noqa: F401 (autouse: each move is a row)
 
 from switchyard_mw.accounts import build_accounts, pool_from_accounts
 from switchyard_mw.config import parse_config

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 import pytest
+from machine_moves import machine_moves  # noqa: F401 (autouse: each move is a row)
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from conftest import Metrics

@@ -6,7 +6,7 @@ plain terms and does what it answers, translated to its own protocol. It never t
 message, a protobuf or a socket, and never awaits: the one decision that needs shared state
 (a probe claimed across replicas) is an action the driver performs and reports back.
 
-    machine = engine.machine(ctx)
+    machine = engine.machine(ctx)         # built with the engine's `Grounds`
     action = machine.begin()              # Send | ClaimProbe | Refuse | PassThrough
     ClaimProbe(account) -> action = machine.probe_claimed(await store.claim_probe(account))
     Send(lease)         -> run the attempt and report it:
@@ -27,18 +27,9 @@ of the same model at once; then, where `retry_wait_max_secs` allows, the same ac
 its short wait; then the next model of the chain. A refusal of the key is never passed on:
 when nothing else can serve, switchyard's own 503 says the credentials were refused.
 
-Its states, and the events each takes (any other event there raises `MachineError`):
-
-    READY       begin
-    CLAIMING    probe_claimed, claim_abandoned, closed
-    SENT        started, ended, expired, retried, closed
-    HOLDING     cannot_hold, ended, expired, retried, closed   (held: it may be failed over)
-    CHECKING    cannot_hold, ended, expired, retried, closed   (a 5xx held until it ends)
-    READING     read, cannot_hold, ended, expired, retried, closed  (a 400 or 429 held to be read)
-    FORWARDING  first_content, ended, expired, retried, closed
-    BETWEEN     next, replacement, expired, retried, closed    (another attempt may follow)
-    WAITING     waited, expired, closed                        (a retry in place waits)
-    DONE        expired, retried (ext_proc: Envoy retries on its own), broke, replacement, closed
+Its states (`State`) and the events each takes are a table, `transitions.TRANSITIONS`: each
+event method looks its state up there first (any other event raises `MachineError`) and then
+only computes which of the table's states follows and what the driver is to do.
 
 A fallback chain (`engine.fallbacks`) is more candidate models in `_candidates` (`Send.model`
 names the model each attempt goes to; `ctx.body_for_app()` rewrites the body to it), and a
@@ -54,7 +45,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from opentelemetry import trace
 
@@ -72,6 +63,9 @@ from .fallbacks import Reason
 from .outcomes import throttle_headers
 from .recorder import FALLBACK_ROUTE
 from .stream_bounds import first_token_secs
+from .transitions import IN_FLIGHT as _IN_FLIGHT
+from .transitions import TRANSITIONS as _TRANSITIONS
+from .transitions import State
 
 if TYPE_CHECKING:
     from ..accounts import Account
@@ -92,38 +86,6 @@ __all__ = [
     "State",
     "Wait",
 ]
-
-
-class State(enum.Enum):
-    """Where a request's attempts stand."""
-
-    READY = "ready"
-    """Built; `begin()` not yet called."""
-    CLAIMING = "claiming"
-    """A probe lease waits for the shared store's word (`ClaimProbe`)."""
-    SENT = "sent"
-    """An attempt is in flight; its answer has not started."""
-    HOLDING = "holding"
-    """The attempt's answer started and is held back: another account may take over."""
-    CHECKING = "checking"
-    """A 5xx answer held until its attempt ends: the app's framework may have made it of a
-    transport error, which is no upstream answer to pass on."""
-    READING = "reading"
-    """A 400 or 429 answer held until its body is read (`read`): a billing refusal is its
-    account's key fault; a context-length refusal moves the request to the next model of its
-    chain (`engine.fallbacks`); a 429 is a throttle as ever; any other 400 goes on."""
-    FORWARDING = "forwarding"
-    """The attempt's answer goes to the client: nothing can follow it."""
-    BETWEEN = "between"
-    """The attempt failed before reaching the client; `next()` starts another."""
-    WAITING = "waiting"
-    """No other account can take the request: it waits (`Wait`) to retry in place."""
-    DONE = "done"
-    """Answered, refused or passed through: no attempt is in flight or will be."""
-
-    # Members are singletons compared by identity: hash them that way too, in C, rather than
-    # by Enum's Python-level hash of the name (`ended` asks a set of states on every attempt).
-    __hash__ = object.__hash__
 
 
 class How(enum.Enum):
@@ -275,7 +237,6 @@ _KEY_STATUSES = frozenset({401, 402, 403})
 _FINISHED, _RETURNED, _RAISED, _GONE = How.FINISHED, How.RETURNED, How.RAISED, How.GONE
 _SUCCESS, _FAULT = Outcome.SUCCESS, Outcome.FAULT
 _APP_ERROR, _DISCONNECTED = Failure.APP_ERROR, Gone.DISCONNECTED
-_IN_FLIGHT = frozenset({_SENT, _HOLDING, _CHECKING, _READING, _FORWARDING})
 _UNAVAILABLE, _CONTEXT_LENGTH = Reason.UNAVAILABLE, Reason.CONTEXT_LENGTH
 _NAMING = frozenset({Gone.RETRIED, Gone.LOCAL_REPLY, Gone.DISCONNECTED})
 """Gone reasons a CLIENT span names as its `error.type` when no answer had started."""
@@ -402,8 +363,8 @@ class AttemptMachine:
 
     def begin(self) -> Start:
         """The request's first attempt, once its model is decided."""
-        if self.state is not _READY:
-            self._expect(_READY)
+        if (self.state, "begin") not in _TRANSITIONS:
+            self._refuse("begin")
         ctx, grounds = self.ctx, self.grounds
         model = ctx.resolved_model
         if model is None or ctx.view is None:
@@ -436,7 +397,8 @@ class AttemptMachine:
 
     def probe_claimed(self, shared: Shared | None) -> Start:
         """The store's answer to `ClaimProbe`: None, the probe is ours; else why not."""
-        self._expect(_CLAIMING)
+        if (self.state, "probe_claimed") not in _TRANSITIONS:
+            self._refuse("probe_claimed")
         claim, self._claim = self._claim, None
         assert claim is not None
         lease, models, index = claim
@@ -453,7 +415,8 @@ class AttemptMachine:
 
     def claim_abandoned(self) -> None:
         """The claim raised or was cancelled: its local probe slot goes back."""
-        self._expect(_CLAIMING)
+        if (self.state, "claim_abandoned") not in _TRANSITIONS:
+            self._refuse("claim_abandoned")
         claim, self._claim = self._claim, None
         assert claim is not None
         self.grounds.pool.claim_abandoned(claim[0])
@@ -464,8 +427,8 @@ class AttemptMachine:
     ) -> Hold | _Signal:
         """The attempt's answer began with `status` (`headers`: its headers, read for a 429's
         retry time). Hold it back while another account may take over."""
-        if self.state is not _SENT:
-            self._expect(_SENT)
+        if (self.state, "started") not in _TRANSITIONS:
+            self._refuse("started")
         self._status = status
         if status < 400 and self.grounds.plain_success(self.ctx, status):
             self.state = _FORWARDING  # the usual answer: nothing to hold, no rule to ask
@@ -494,8 +457,8 @@ class AttemptMachine:
     def cannot_hold(self) -> _Signal:
         """The driver stops holding (the answer outgrew what it holds, or the work returned
         mid-answer): what it held goes on, and no failover can follow."""
-        if self.state is not _HOLDING:
-            self._expect(_CHECKING, _READING)
+        if (self.state, "cannot_hold") not in _TRANSITIONS:
+            self._refuse("cannot_hold")
         self.state = _FORWARDING
         return FORWARD
 
@@ -504,7 +467,8 @@ class AttemptMachine:
         is read): a billing refusal is its account's key fault, and the request moves on
         without it; a context-length refusal moves the next attempt to the model's chain
         (`ended` then answers `NEXT`)."""
-        self._expect(_READING)
+        if (self.state, "read") not in _TRANSITIONS:
+            self._refuse("read")
         status, model = self._status or 0, self.ctx.resolved_model
         if billing_refusal(status, body):
             self._billing = True
@@ -514,7 +478,8 @@ class AttemptMachine:
     def first_content(self) -> _Signal:
         """The attempt's answer carried its first content. With one attempt in flight it
         simply goes on; with a hedge this is where the first to answer wins."""
-        self._expect(_FORWARDING)
+        if (self.state, "first_content") not in _TRANSITIONS:
+            self._refuse("first_content")
         return FORWARD
 
     def ended(
@@ -535,8 +500,8 @@ class AttemptMachine:
         `NEXT` when another attempt may follow, else what to answer instead.
         """
         state = self.state
-        if state not in _IN_FLIGHT:
-            raise MachineError(f"ended() in state {state.name}")
+        if (state, "ended") not in _TRANSITIONS:
+            self._refuse("ended")
         ctx, status = self.ctx, self._status
         if how is _FINISHED or (how is _RETURNED and state is _FORWARDING):
             if self._span is None and self.grounds.plain_success(ctx, status or 500):
@@ -560,7 +525,8 @@ class AttemptMachine:
 
     def next(self) -> Start:
         """Start the attempt `NEXT` announced, if an account can still take it."""
-        self._expect(_BETWEEN)
+        if (self.state, "next") not in _TRANSITIONS:
+            self._refuse("next")
         if not self._may_go_on():
             return self._give_up()
         return self._onward(self._candidates(), 0)
@@ -568,7 +534,8 @@ class AttemptMachine:
     def waited(self) -> Start:
         """The `Wait` is over: the same account again, its throttle hold for the model aside
         (the wait was that hold's time); a cooled account or a spent budget gives up."""
-        self._expect(_WAITING)
+        if (self.state, "waited") not in _TRANSITIONS:
+            self._refuse("waited")
         if not self._may_go_on():
             return self._give_up()
         model = self.ctx.resolved_model
@@ -589,7 +556,8 @@ class AttemptMachine:
         account of the same model among `allowed` (those that take a prefill), or `DONE` when
         none can take it now. The continuation is the request's last attempt: nothing fails it
         over, and its span says it resumed a stream after `after_bytes` bytes."""
-        self._expect(_DONE)
+        if (self.state, "broke") not in _TRANSITIONS:
+            self._refuse("broke")
         ctx = self.ctx
         model = ctx.resolved_model
         if model is None or self._closed or not self._may_go_on():
@@ -619,6 +587,8 @@ class AttemptMachine:
         connect failure or a reset before the headers): then it is that account fault; past
         the attempt's deadline it is the deadline's (Envoy's per-try timeout, a stream's time
         to start, or `phase` when the front knows better), counted as `expired` counts it."""
+        if (self.state, "retried") not in _TRANSITIONS:
+            self._refuse("retried")
         if self.state is _SENT and unanswered is not None:
             if self._past_deadline():
                 return self._timed_out(phase)
@@ -631,8 +601,7 @@ class AttemptMachine:
             return self.ended(_GONE, gone=Gone.RETRIED)
         if self.state is _CLAIMING or self._closed:
             return DONE
-        self._expect(_BETWEEN, _DONE)
-        self.state = _BETWEEN
+        self.state = _BETWEEN  # BETWEEN or DONE (the table)
         return NEXT
 
     def expired(self, phase: Phase | None = None) -> Refuse:
@@ -641,6 +610,8 @@ class AttemptMachine:
         A first token reported late once the machine's own deadline answer ended the request
         (behind Envoy: its per-try timer fires while the first-token filter's 504 is on its
         way) is that answer again, not another deadline."""
+        if (self.state, "expired") not in _TRANSITIONS:
+            self._refuse("expired")
         ctx = self.ctx
         if phase is _FIRST_TOKEN and self.state is _DONE and ctx.deadline_phase is not None:
             return Refuse(answers.deadline_exceeded(ctx.deadline_phase))
@@ -684,6 +655,8 @@ class AttemptMachine:
         router-level stream, at the final response): None when that answer may reach the
         client; else what to answer in its place, because it refused its account's key or
         billing (a provider's refusal of its own key is never the client's 401)."""
+        if (self.state, "replacement") not in _TRANSITIONS:
+            self._refuse("replacement")
         if not self._last_refused or self.state in _IN_FLIGHT or self.state is _CLAIMING:
             return None
         self._more = False
@@ -700,7 +673,8 @@ class AttemptMachine:
         `first_token` (`budget` when the caller's budget ended it: no account's fault).
         `NEXT` when another account can take the next attempt now; else the 504 to answer
         (nothing of the stream reached the client)."""
-        self._expect(_SENT)
+        if (self.state, "content_late") not in _TRANSITIONS:
+            self._refuse("content_late")
         budget_at = self.ctx.budget_at
         spent = budget_at is not None and self._clock() >= budget_at
         phase = Phase.BUDGET if spent else Phase.FIRST_TOKEN
@@ -729,11 +703,15 @@ class AttemptMachine:
     def retries_over(self) -> None:
         """The front can make no other attempt (Envoy is past retrying): whatever answers
         now is the answer."""
+        if (self.state, "retries_over") not in _TRANSITIONS:
+            self._refuse("retries_over")
         self._more = False
 
     def closed(self) -> None:
         """The request ended: an attempt in flight goes back with no outcome, spans still
         open end, and a probe claimed meanwhile goes back unused."""
+        if (self.state, "closed") not in _TRANSITIONS:
+            self._refuse("closed")
         self._more = False
         self._closed = True
         if self._hedge is not None:
@@ -787,7 +765,8 @@ class AttemptMachine:
         then: the budget counts a hedge it allows); `AskBudget` when that budget is shared
         across replicas; else None. The front runs both; the first to produce content wins,
         and `hedge_over` (or `race_failed`) says how the race ended."""
-        self._expect(_SENT)
+        if (self.state, "hedge") not in _TRANSITIONS:
+            self._refuse("hedge")
         hedging, model = self.grounds.hedging, self.ctx.resolved_model
         if hedging is None or model is None or not self.may_hedge():
             return None
@@ -881,6 +860,8 @@ class AttemptMachine:
         content first, or the first attempt failed before any), and the first attempt's lease
         goes back with `outcome` and `status`; else the hedge's does. The loser of a race
         goes back with no outcome (`hedge_lost`): losing says nothing about its account."""
+        if (self.state, "hedge_over") not in _TRANSITIONS:
+            self._refuse("hedge_over")
         hedge, self._hedge = self._hedge, None
         assert hedge is not None
         model = self.ctx.resolved_model
@@ -1320,10 +1301,12 @@ class AttemptMachine:
         status = ctx.upstream_status if ctx.upstream_status is not None else self._status
         self._recorder.ended(span, client_span, ctx, status, self._failure or self._released)
 
-    def _expect(self, *states: State) -> None:
-        if self.state not in states:
-            expected = " or ".join(s.name for s in states)
-            raise MachineError(f"expected {expected}, the machine is {self.state.name}")
+    def _refuse(self, event: str) -> NoReturn:
+        """`event` is out of place in this state (no row of `transitions.TRANSITIONS`)."""
+        takes = sorted(state.name for (state, name) in _TRANSITIONS if name == event)
+        raise MachineError(
+            f"{event}() in state {self.state.name}: it is taken in {', '.join(takes) or 'none'}"
+        )
 
 
 class _Hedge:
