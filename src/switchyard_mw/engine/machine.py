@@ -65,7 +65,7 @@ from .recorder import FALLBACK_ROUTE
 from .stream_bounds import first_token_secs
 from .transitions import IN_FLIGHT as _IN_FLIGHT
 from .transitions import TRANSITIONS as _TRANSITIONS
-from .transitions import State
+from .transitions import KeyRefusal, Reach, State
 
 if TYPE_CHECKING:
     from ..accounts import Account
@@ -230,6 +230,10 @@ _HOLDING, _CHECKING, _FORWARDING = State.HOLDING, State.CHECKING, State.FORWARDI
 _BETWEEN, _DONE, _WAITING = State.BETWEEN, State.DONE, State.WAITING
 _READING = State.READING
 _FIRST_TOKEN = Phase.FIRST_TOKEN
+_OPEN, _WAITED, _LAST, _CLOSED = Reach.OPEN, Reach.WAITED, Reach.LAST, Reach.CLOSED
+_GOES_ON = frozenset({_OPEN, _WAITED})
+"""Reaches in which another attempt may follow."""
+_NO_REFUSAL, _READ, _SETTLED = KeyRefusal.NONE, KeyRefusal.READ, KeyRefusal.SETTLED
 _READ_STATUSES = frozenset({400, 429})
 """Answers held until their body is read (`read`): a billing refusal arrives as either."""
 _KEY_STATUSES = frozenset({401, 402, 403})
@@ -252,34 +256,30 @@ class AttemptMachine:
     """
 
     __slots__ = (
-        "_billing",
         "_budget_bound",
         "_chained",
         "_claim",
         "_client_span",
         "_clock",
-        "_closed",
         "_failed",
         "_failure",
         "_hedge",
         "_key",
-        "_key_known",
+        "_key_refusal",
         "_keys_refused",
         "_last",
-        "_last_refused",
         "_lease",
-        "_more",
         "_parent",
+        "_reach",
         "_recorder",
-        "_refused",
         "_released",
         "_retry_headers",
         "_sent_at",
         "_span",
         "_status",
+        "_too_long",
         "_traced",
         "_uncounting",
-        "_waited",
         "checks_errors",
         "ctx",
         "grounds",
@@ -314,8 +314,7 @@ class AttemptMachine:
         self.checks_errors = checks_errors
         self._traced = traced
         self._parent = parent
-        self._more = True  # the front can still make another attempt
-        self._closed = False  # the request ended (`closed()`)
+        self._reach = _OPEN
         self._lease: Lease | None = None
         self._claim: tuple[Lease, tuple[str, ...], int] | None = None
         self._status: int | None = None
@@ -326,13 +325,11 @@ class AttemptMachine:
         self._span: trace.Span | None = None
         self._client_span: trace.Span | None = None
         self._budget_bound = False
-        self._key: int | None = None  # the conversation's, once `_key_known`
-        self._key_known = False
+        self._key: int | _Unset | None = _UNSET  # the conversation's, worked out once
         self._chained: dict[str, Reason] = {}
         """Models of a fallback chain offered so far, with why (a move there is a fallback)."""
-        self._refused: set[str] = set()
+        self._too_long: set[str] = set()
         """Models that refused this request's prompt as too long: none is tried again."""
-        self._waited = False  # the request's one retry in place was spent
         self._sent_at: float | None = None  # when the attempt in flight was sent (`_clock`)
         self._hedge: _Hedge | None = None  # a second attempt racing the one in flight
         self._failed: dict[str, set[str]] = {}
@@ -342,8 +339,7 @@ class AttemptMachine:
         self._keys_refused: set[str] = set()
         """Accounts whose key or billing was refused in this request: none is tried again, for
         any model (the key is the account's, whatever the model)."""
-        self._last_refused = False  # the last attempt settled was such a refusal
-        self._billing = False  # the answer read (`read`) is a billing refusal
+        self._key_refusal = _NO_REFUSAL
         self._uncounting: Collection[str] = ()  # a token count's skipped accounts
 
     def __repr__(self) -> str:
@@ -404,7 +400,7 @@ class AttemptMachine:
         lease, models, index = claim
         pool = self.grounds.pool
         if shared is None:
-            if self._closed:
+            if self._reach is _CLOSED:
                 # The request ended while the store answered: nobody would settle it.
                 self.grounds.settle(lease, None, Gone.UNUSED, models[index])
                 self.state = _DONE
@@ -435,7 +431,7 @@ class AttemptMachine:
             return FORWARD
         if status == 429 or status >= 500:  # a 5xx may say when to retry in place too
             self._retry_headers = throttle_headers(headers)
-        if self._more:
+        if self._reach in _GOES_ON:
             if status in _READ_STATUSES:
                 # A billing refusal in disguise (a 429, a 400) or a context-length refusal: its
                 # body says which, and what comes next.
@@ -471,9 +467,9 @@ class AttemptMachine:
             self._refuse("read")
         status, model = self._status or 0, self.ctx.resolved_model
         if billing_refusal(status, body):
-            self._billing = True
+            self._key_refusal = _READ
         elif model is not None and context_refusal(status, body) and self._reads_refusal():
-            self._refused.add(model)
+            self._too_long.add(model)
 
     def first_content(self) -> _Signal:
         """The attempt's answer carried its first content. With one attempt in flight it
@@ -560,10 +556,10 @@ class AttemptMachine:
             self._refuse("broke")
         ctx = self.ctx
         model = ctx.resolved_model
-        if model is None or self._closed or not self._may_go_on():
+        if model is None or not self._may_go_on():  # closed, or nobody waits
             return DONE
         broken = self.tried[-1] if self.tried else ""
-        self._more = False  # a continuation is never failed over: its failure ends the stream
+        self._reach = _LAST  # a continuation is never failed over: its failure ends the stream
         key = self._conversation_key()
         pool = self.grounds.pool
         lease = pool.acquire(model, exclude=self._excluded(model), allowed=allowed, key=key)
@@ -599,7 +595,7 @@ class AttemptMachine:
             return end
         if self.state in _IN_FLIGHT:
             return self.ended(_GONE, gone=Gone.RETRIED)
-        if self.state is _CLAIMING or self._closed:
+        if self.state is _CLAIMING or self._reach is _CLOSED:
             return DONE
         self.state = _BETWEEN  # BETWEEN or DONE (the table)
         return NEXT
@@ -657,9 +653,10 @@ class AttemptMachine:
         billing (a provider's refusal of its own key is never the client's 401)."""
         if (self.state, "replacement") not in _TRANSITIONS:
             self._refuse("replacement")
-        if not self._last_refused or self.state in _IN_FLIGHT or self.state is _CLAIMING:
+        if self._key_refusal is not _SETTLED or self.state in _IN_FLIGHT or self.state is _CLAIMING:
             return None
-        self._more = False
+        if self._reach is not _CLOSED:
+            self._reach = _LAST
         self.state = _DONE
         return self._refusal()
 
@@ -705,15 +702,15 @@ class AttemptMachine:
         now is the answer."""
         if (self.state, "retries_over") not in _TRANSITIONS:
             self._refuse("retries_over")
-        self._more = False
+        if self._reach is not _CLOSED:
+            self._reach = _LAST
 
     def closed(self) -> None:
         """The request ended: an attempt in flight goes back with no outcome, spans still
         open end, and a probe claimed meanwhile goes back unused."""
         if (self.state, "closed") not in _TRANSITIONS:
             self._refuse("closed")
-        self._more = False
-        self._closed = True
+        self._reach = _CLOSED
         if self._hedge is not None:
             self.hedge_over(won=False, status=Gone.DISCONNECTED)
         if self.state in _IN_FLIGHT:
@@ -935,7 +932,7 @@ class AttemptMachine:
         caller's budget is not spent."""
         ctx = self.ctx
         return (
-            self._more
+            self._reach in _GOES_ON
             and not ctx.disconnected
             and (ctx.budget_at is None or self._clock() < ctx.budget_at)
         )
@@ -957,9 +954,14 @@ class AttemptMachine:
         None: off for the account, spent already, not such an answer, or past the budget."""
         ctx = self.ctx
         account = ctx.account
-        if self._waited or self._failure is not None or account is None or not self.tried:
+        if (
+            self._reach is not _OPEN
+            or self._failure is not None
+            or account is None
+            or not self.tried
+        ):
             return None
-        if self._last_refused:
+        if self._key_refusal is _SETTLED:
             return None  # a refused key or billing does not heal by waiting (its 429 neither)
         if self.within is not None and self.tried[-1] not in self.within:
             return None  # the next attempt goes elsewhere (behind Envoy: another provider)
@@ -983,7 +985,7 @@ class AttemptMachine:
         secs = self._in_place_secs()
         if secs is None:
             return None
-        self._waited = True  # at most once a request: never a loop
+        self._reach = _WAITED  # at most once a request: never a loop
         self.state = _WAITING
         return Wait(self.tried[-1], secs)
 
@@ -1023,7 +1025,7 @@ class AttemptMachine:
     def _chain(self, models: tuple[str, ...]) -> tuple[str, ...]:
         """`models` followed by their chains: after a context-length refusal only the
         refused model's `context_length` chain, else each model's `unavailable` chain."""
-        chains, refused, chained = self.grounds.chains, self._refused, self._chained
+        chains, refused, chained = self.grounds.chains, self._too_long, self._chained
         assert chains is not None
         model = models[0]
         if model in refused:
@@ -1095,7 +1097,7 @@ class AttemptMachine:
         if state is _CHECKING:
             self.state = _DONE
             return Deliver(held)  # a 5xx held only to see whether a transport error followed
-        if state is _HOLDING and held is not None and not self._last_refused:
+        if state is _HOLDING and held is not None and self._key_refusal is not _SETTLED:
             # A refusal of the key or billing is never passed on: `_refusal` answers instead.
             self._last = (held, ctx.account, ctx.resolved_model)
         return self._after_failure()
@@ -1105,12 +1107,11 @@ class AttemptMachine:
         (never passed on); a 429 or a context-length refusal is the last answer so far, and
         another account or the chain's models may follow; any other 400 goes on as it is."""
         ctx = self.ctx
-        if self._billing:
-            self._billing = False
+        if self._key_refusal is _READ:
             self._settle(_FAULT, BILLING)  # cooled for every model, no throttle hold
             return self._after_failure()
         self._settle(*self._verdict(False, _DISCONNECTED if ctx.disconnected else None))
-        if self._status != 429 and ctx.resolved_model not in self._refused:
+        if self._status != 429 and ctx.resolved_model not in self._too_long:
             self.state = _DONE
             return DONE if held is None else Deliver(held)
         if held is not None:
@@ -1223,10 +1224,10 @@ class AttemptMachine:
     def _conversation_key(self) -> int | None:
         """The conversation's affinity key (`conversation_key`), worked out once, when first
         needed (a blake2b of the user id or first turn)."""
-        if not self._key_known:
-            self._key_known = True
-            self._key = conversation_key(self.ctx)
-        return self._key
+        key = self._key
+        if key is _UNSET:
+            key = self._key = conversation_key(self.ctx)
+        return key
 
     def _send(self, lease: Lease, model: str) -> Send:
         ctx, grounds, tried = self.ctx, self.grounds, self.tried
@@ -1250,7 +1251,7 @@ class AttemptMachine:
         self._lease, self._status, self._retry_headers = lease, None, None
         self._sent_at = self._clock()
         self._failure = self._released = None
-        self._billing = self._last_refused = False
+        self._key_refusal = _NO_REFUSAL
         self.state = _SENT
         if not self._traced:
             return Send(lease, model, None)
@@ -1265,7 +1266,7 @@ class AttemptMachine:
         ctx = self.ctx
         reason = self._chained.get(model)
         if reason is not None:
-            if ctx.resolved_model in self._refused:
+            if ctx.resolved_model in self._too_long:
                 reason = _CONTEXT_LENGTH  # a model may be on both chains: the refusal says why
             self._recorder.fallback(ctx.resolved_model or "", model, reason.value)
             ctx.route = FALLBACK_ROUTE + reason.value
@@ -1283,9 +1284,11 @@ class AttemptMachine:
             self._recorder.settled(self._span, outcome, status)
         self.grounds.settle(lease, outcome, status, self.ctx.resolved_model, self._retry_headers)
         # A refused key or billing shuts the account out of this request, for every model.
-        refused = self._last_refused = outcome is _FAULT and status in CREDENTIAL_STATUSES
-        if refused:
+        if outcome is _FAULT and status in CREDENTIAL_STATUSES:
+            self._key_refusal = _SETTLED
             self._keys_refused.add(lease.account)
+        else:
+            self._key_refusal = _NO_REFUSAL
         if outcome is None and status in _NAMING and self._status is None:
             self._released = status
         if not body_follows and self._span is not None:  # untraced: nothing to end
@@ -1307,6 +1310,15 @@ class AttemptMachine:
         raise MachineError(
             f"{event}() in state {self.state.name}: it is taken in {', '.join(takes) or 'none'}"
         )
+
+
+class _Unset(enum.Enum):
+    """A value not worked out yet (the conversation key, where None is an answer)."""
+
+    UNSET = "unset"
+
+
+_UNSET = _Unset.UNSET
 
 
 class _Hedge:

@@ -52,6 +52,37 @@ class State(enum.Enum):
     __hash__ = object.__hash__
 
 
+class Reach(enum.Enum):
+    """How far the request may still go: it only narrows, OPEN to CLOSED, whatever the state.
+    Which of an event's states follows depends on it (in LAST a 5xx is passed on, not held)."""
+
+    OPEN = "open"
+    """Another attempt may follow, a retry in place (`Wait`) too."""
+    WAITED = "waited"
+    """The request's one retry in place is spent: other accounts and models may still follow."""
+    LAST = "last"
+    """The attempt in flight (or the answer passed on) is the request's last: the front can
+    make no other (`retries_over`, Envoy past retrying), the answer is replaced by switchyard's
+    own (`replacement`), or it continues a broken stream (`broke`), which nothing fails over."""
+    CLOSED = "closed"
+    """The request ended (`closed`): nobody waits for anything more."""
+
+    __hash__ = object.__hash__
+
+
+class KeyRefusal(enum.Enum):
+    """Whether the attempt's answer refused its account's key or billing (401, 402, 403, and a
+    billing refusal in a 429's or a 400's body): such an answer never reaches the client."""
+
+    NONE = "none"
+    READ = "read"
+    """The held 400 or 429's body (`read`) is a billing refusal: settled as one at its end."""
+    SETTLED = "settled"
+    """The last attempt settled was such a refusal: its account is out of the request."""
+
+    __hash__ = object.__hash__
+
+
 READY, CLAIMING, SENT = State.READY, State.CLAIMING, State.SENT
 HOLDING, CHECKING, READING = State.HOLDING, State.CHECKING, State.READING
 FORWARDING, BETWEEN, WAITING, DONE = State.FORWARDING, State.BETWEEN, State.WAITING, State.DONE
