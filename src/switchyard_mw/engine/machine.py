@@ -31,13 +31,19 @@ Its states (`State`) and the events each takes are a table, `transitions.TRANSIT
 event method looks its state up there first (any other event raises `MachineError`) and then
 only computes which of the table's states follows and what the driver is to do.
 
+Beside its state, how far the request may still go is named too (`Reach`: OPEN, WAITED once
+its one retry in place is spent, LAST when the front can make no other attempt, CLOSED), and
+whether the attempt's answer refused its account's key (`KeyRefusal`). What stays data: the
+tried list, what failed per model (`_failed`, `_keys_refused`), the chain's models offered
+(`_chained`) and those that refused the prompt as too long (`_too_long`), the claim a
+CLAIMING machine waits on, and a hedge's lease racing the attempt in flight (`_Hedge`: the
+driver reports only the race's winner, so SENT takes the same events with or without one).
+
 A fallback chain (`engine.fallbacks`) is more candidate models in `_candidates` (`Send.model`
 names the model each attempt goes to; `ctx.body_for_app()` rewrites the body to it), and a
 400 or 429 is held in READING until its body says whether it is a billing refusal or a
-context-length refusal (`engine.error_bodies`). What comes
-next fits this shape too: a hedge is a second `_Attempt` in flight, and `first_content` is
-where the one that answered first wins; retry in place is `next()` offering the same account
-again.
+context-length refusal (`engine.error_bodies`). Retry in place is `next()` answering `Wait`
+for the same account.
 """
 
 from __future__ import annotations
