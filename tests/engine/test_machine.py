@@ -47,6 +47,7 @@ from switchyard_mw.engine.machine import (
     Wait,
 )
 from switchyard_mw.engine.policies import Engine
+from switchyard_mw.engine.recorder import Recorder
 from switchyard_mw.telemetry import names as tm
 from switchyard_mw.wire import Wire, read_request
 
@@ -1338,3 +1339,39 @@ def test_a_retry_in_place_is_one_more_attempt_on_the_same_account_but_no_failove
     assert m.tried == ["a", "a"]
     assert env.ctx.attempts == 2
     assert otel_metrics.value(tm.FAILOVERS, **{tm.RESPONSE_MODEL: "m"}) == failovers
+
+
+def test_an_untraced_request_asks_nothing_of_the_recorder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The usual answer with no tracing: no span, no counter, not one recorder call; a
+    failover only counts itself."""
+    asked: list[str] = []
+    for name in ("attempt", "raised", "resumed", "settled", "ended", "lost", "failover"):
+        original = getattr(Recorder, name)
+
+        def noting(*args: object, _name: str = name, _original: Any = original) -> object:
+            asked.append(_name)
+            return _original(*args)
+
+        monkeypatch.setattr(Recorder, name, staticmethod(noting))
+    env = Env()
+    m = env.machine()
+    assert is_send("a")(m.begin())
+    assert m.started(200) is FORWARD
+    assert m.ended(How.FINISHED) is DONE
+    m.closed()
+    assert asked == []
+    m = Env().machine()
+    m.begin()
+    m.ended(How.RAISED, Failure.CONNECT_ERROR)
+    assert is_send("b")(m.next())
+    assert asked == ["failover"]
+
+
+def test_what_a_front_sets_on_its_engine_reaches_the_machines_it_builds() -> None:
+    env = Env()
+    chains = Chains({"m": Fallback(models=["m-var"])})
+    env.engine.chains = chains
+    env.engine.rewrites_retries = True
+    assert env.engine.grounds.chains is chains
+    assert env.engine.grounds.rewrites_retries is True
+    assert env.machine().grounds is env.engine.grounds
