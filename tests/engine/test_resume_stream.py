@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from machine_moves import machine_moves  # noqa: F401 (autouse: each move is a row)
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from test_machine import Env, sent
 

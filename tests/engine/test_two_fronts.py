@@ -26,6 +26,7 @@ import httpx
 import msgspec
 import pytest
 import yaml
+from machine_moves import machine_moves  # noqa: F401 (autouse: each move is a row)
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from extproc_helpers import (
