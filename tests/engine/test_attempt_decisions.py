@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import httpx
 import msgspec
 import pytest
+from machine_moves import machine_moves  # noqa: F401 (autouse: each move is a row)
 
 from conftest import Metrics
 from switchyard_mw.accounts import build_accounts, pool_from_accounts

@@ -784,6 +784,8 @@ class AttemptMachine:
         """The shared budget's answer to `AskBudget`: the hedge, if it allows one and the
         attempt in flight still has not answered (else None: counted, but the budget only
         errs on the side of fewer hedges)."""
+        if (self.state, "hedge_allowed") not in _TRANSITIONS:
+            self._refuse("hedge_allowed")
         if not allowed or self.state is not _SENT:
             return None
         return self._start_hedge()
@@ -801,6 +803,8 @@ class AttemptMachine:
         `status` (its answer's, if one started) and `error` (the exception it raised; None:
         it returned); `report`: the context its app reported into (a transport error, the
         upstream status). Its lease goes back with what its end says about its account."""
+        if (self.state, "race_failed") not in _TRANSITIONS:
+            self._refuse("race_failed")
         outcome: Outcome | None
         if error is not None:
             failure = attempts.error_kind(

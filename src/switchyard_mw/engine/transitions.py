@@ -8,9 +8,11 @@ the driver's bug. The table test (tests/engine/test_machine_table.py) reads this
 event in every state must be refused where no row allows it, and every transition the machine
 makes in the tests must be a row, so a transition added to the code without one fails there.
 
-Queries (`fails_over`, `waits_in_place`, `may_hedge`, `deadline`, `phase`, `sent_at`) change
-nothing and are asked in any state. How far the request may still go (`Reach`) is the other
-half of where it stands: it only narrows, and decides which of an event's states follows.
+Queries (`fails_over`, `waits_in_place`, `may_hedge`, `hedge_due`, `first_content_due`,
+`ends_in_budget`, `deadline`, `phase`, `sent_at`) and a report for the hedge time's learning
+(`content_after`) change nothing and are asked in any state. How far the request may still go
+(`Reach`) is the other half of where it stands: it only narrows, and decides which of an
+event's states follows.
 """
 
 from __future__ import annotations
@@ -147,7 +149,10 @@ TRANSITIONS: Rows = {
     (CLAIMING, "closed"): frozenset({CLAIMING}),
     # A hedge races the attempt in flight (`hedge`) until the race is decided (`hedge_over`).
     (SENT, "hedge"): frozenset({SENT}),
+    # The shared hedge budget's word: a hedge if the attempt in flight still has not answered.
+    **_stays("hedge_allowed"),
     **_stays("hedge_over", set(State) - {READY, CLAIMING}),
+    **_stays("race_failed", set(State) - {READY, CLAIMING}),
 }
 """(state, event) -> the states the event may leave the machine in."""
 
