@@ -99,9 +99,11 @@ class Grounds:
         """Whether the request is switchyard's to place: an account serves its model, or the
         canary's base model that may take over."""
         model = ctx.resolved_model
-        return model is not None and (bool(self.serving(model)) or self.fallback(ctx) is not None)
+        return model is not None and (
+            bool(self.serving(model)) or self.takeover_base(ctx) is not None
+        )
 
-    def fallback(self, ctx: RequestContext) -> str | None:
+    def takeover_base(self, ctx: RequestContext) -> str | None:
         """The canary's base model, if it may take over (`ctx.canary_base`) and is served."""
         base = ctx.canary_base()
         return base if base is not None and self.serving(base) else None
@@ -122,7 +124,7 @@ class Grounds:
             allowed = frozenset(n for n in names if n not in refused and n not in skipped)
         found = [
             pool.recovery(model, allowed=allowed)
-            for model in (ctx.resolved_model, self.fallback(ctx))
+            for model in (ctx.resolved_model, self.takeover_base(ctx))
             if model is not None
         ]
         heals = [r.heals_in_secs for r in found if r is not None and r.heals_in_secs is not None]

@@ -1021,8 +1021,8 @@ class AttemptMachine:
         if self.within is not None:
             found: tuple[str, ...] = (model,)
         else:
-            fallback = self.grounds.fallback(self.ctx)
-            found = (model,) if fallback is None or fallback == model else (model, fallback)
+            base = self.grounds.takeover_base(self.ctx)
+            found = (model,) if base is None or base == model else (model, base)
         if self.grounds.chains and self._may_change_model():
             found = self._chain(found)
         return found
