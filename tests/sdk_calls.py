@@ -30,6 +30,17 @@ async def anthropic_call(gateway: str, model: str, stream: bool) -> tuple[str, A
         await client.close()
 
 
+async def anthropic_message(
+    client: anthropic.AsyncAnthropic, request: Any, stream: bool
+) -> tuple[Any, Any]:
+    """`request` through `client`, streamed or whole: the final message and the headers."""
+    if stream:
+        async with client.messages.stream(**request) as events:
+            return await events.get_final_message(), events.response.headers
+    raw = await client.messages.with_raw_response.create(**request)
+    return await raw.parse(), raw.headers
+
+
 async def openai_call(gateway: str, model: str, stream: bool, responses: bool) -> tuple[str, Any]:
     client = openai.AsyncOpenAI(base_url=f"{gateway}/v1", api_key="caller", max_retries=0)
     try:

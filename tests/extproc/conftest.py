@@ -11,11 +11,13 @@ A module's rig, started once per transport:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
+import anthropic
 import pytest
+import pytest_asyncio
 
-from envoy_rig import StartRig
+from envoy_rig import Rig, StartRig
 from metric_reading import Metrics
 from servers import serve_in_thread
 from switchyard_mw.extproc import Transport
@@ -25,7 +27,7 @@ from switchyard_mw.testing.envoy import envoy_binary
 # pytest imports each conftest as the module `conftest`, and this one is that module from here
 # on: test modules that read the session's metrics as `from conftest import Metrics`, here and
 # in the folders collected after this one, find it here too.
-__all__ = ["Metrics", "mock_provider", "mock_server", "start_rig"]
+__all__ = ["Metrics", "client", "mock_provider", "mock_server", "start_rig"]
 
 
 @pytest.fixture(scope="module")
@@ -52,3 +54,15 @@ def start_rig(mock_server: tuple[MockProvider, str], transport: Transport) -> St
         pytest.skip(str(missing))
     mock, url = mock_server
     return StartRig(mock, url, transport)
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def client(rig: Rig) -> AsyncIterator[anthropic.AsyncAnthropic]:
+    """The official Anthropic SDK in front of the module's `rig`, its config installed afresh
+    and its mock reset (a module with other needs defines its own)."""
+    rig.configure()
+    sdk = anthropic.AsyncAnthropic(base_url=rig.envoy_url, api_key="caller", max_retries=0)
+    try:
+        yield sdk
+    finally:
+        await sdk.close()

@@ -22,6 +22,7 @@ import pytest_asyncio
 
 from envoy_rig import Rig, StartRig
 from extproc_helpers import with_cloud_cluster
+from sdk_calls import anthropic_message
 from switchyard_mw.testing import Behaviour, MockProvider
 
 pytest.importorskip("botocore")
@@ -124,16 +125,6 @@ async def rig(start_rig: StartRig, aws_env: None) -> AsyncIterator[Rig]:
         yield rig
 
 
-@pytest_asyncio.fixture(loop_scope="module")
-async def client(rig: Rig) -> AsyncIterator[Any]:
-    rig.configure()
-    sdk = anthropic.AsyncAnthropic(base_url=rig.envoy_url, api_key="caller", max_retries=0)
-    try:
-        yield sdk
-    finally:
-        await sdk.close()
-
-
 async def test_a_bedrock_json_answer_signed_and_verified(rig: Rig, client: Any) -> None:
     raw = await client.messages.with_raw_response.create(**REQUEST)
     message = await raw.parse()
@@ -179,13 +170,8 @@ async def test_a_bedrock_refusal_fails_over_to_the_next_account_signed_anew(
     to this account) before the refusal filter's matcher reads the status, so it fails over
     as through the forwarding app; a 404 as such would go to the client."""
     rig.mock.set_behaviour(MOCK_AWS_ACCESS_KEY_ID, Behaviour(status=status))
-    if stream:
-        async with client.messages.stream(**REQUEST) as events:
-            message = await events.get_final_message()
-            account = events.response.headers["x-switchyard-account"]
-    else:
-        raw = await client.messages.with_raw_response.create(**REQUEST)
-        message, account = await raw.parse(), raw.headers["x-switchyard-account"]
+    message, headers = await anthropic_message(client, REQUEST, stream)
+    account = headers["x-switchyard-account"]
     assert message.content[0].text, why
     assert account == "aws-second"
     assert [r.key for r in rig.mock.requests] == [MOCK_AWS_ACCESS_KEY_ID, SECOND_KEY_ID]
@@ -200,13 +186,8 @@ async def test_a_retry_to_a_bedrock_account_goes_under_its_own_model_id(
     cross-region profile), and the SDK reads the public name."""
     rig.mock.set_behaviour(MOCK_AWS_ACCESS_KEY_ID, Behaviour(status=429))
     request = {**REQUEST, "model": "claude-haiku-5"}
-    if stream:
-        async with client.messages.stream(**request) as events:
-            message = await events.get_final_message()
-            account = events.response.headers["x-switchyard-account"]
-    else:
-        raw = await client.messages.with_raw_response.create(**request)
-        message, account = await raw.parse(), raw.headers["x-switchyard-account"]
+    message, headers = await anthropic_message(client, request, stream)
+    account = headers["x-switchyard-account"]
     assert message.content[0].text
     assert message.model == "claude-haiku-5"
     assert account == "aws-second"

@@ -16,13 +16,13 @@ import os
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import anthropic
 import pytest
 import pytest_asyncio
 import yaml
 
 from envoy_rig import Rig, StartRig
 from extproc_helpers import with_cloud_cluster
+from sdk_calls import anthropic_message
 from switchyard_mw.testing import Behaviour, MockProvider
 
 pytest.importorskip("botocore")
@@ -112,16 +112,6 @@ async def rig(start_rig: StartRig, aws_env: None) -> AsyncIterator[Rig]:
         yield rig
 
 
-@pytest_asyncio.fixture(loop_scope="module")
-async def client(rig: Rig) -> AsyncIterator[Any]:
-    rig.configure()
-    sdk = anthropic.AsyncAnthropic(base_url=rig.envoy_url, api_key="caller", max_retries=0)
-    try:
-        yield sdk
-    finally:
-        await sdk.close()
-
-
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 async def test_bedrock_throttled_fails_over_to_the_api_provider_in_the_request(
     rig: Rig, client: Any, stream: bool
@@ -130,13 +120,7 @@ async def test_bedrock_throttled_fails_over_to_the_api_provider_in_the_request(
     aggregate's next cluster, where the API account serves with its own key, unsigned."""
     rig.mock.set_behaviour(MOCK_AWS_ACCESS_KEY_ID, Behaviour(status=429))
     before = rig.sent_to()
-    if stream:
-        async with client.messages.stream(**REQUEST) as events:
-            message = await events.get_final_message()
-            headers = events.response.headers
-    else:
-        raw = await client.messages.with_raw_response.create(**REQUEST)
-        message, headers = await raw.parse(), raw.headers
+    message, headers = await anthropic_message(client, REQUEST, stream)
     assert message.content[0].text
     assert message.model == "claude-sonnet-5"
     assert headers["x-switchyard-account"] == "api"
