@@ -27,6 +27,7 @@ in flight, so the two GOAWAY frames are written beside it.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import h2.errors
@@ -68,8 +69,8 @@ WATCH_PATH = b"/grpc.health.v1.Health/Watch"
 DRAIN_ROUND_TRIP_SECS = 0.2
 """Between the two GOAWAY frames: time for a stream the client opened as we sent the first."""
 WRITE_BATCH_BYTES = 256 << 10
-"""Answer bytes handed out between two `data_to_send` calls: a large answer goes a batch at a
-time, so that a socket that fills up (the driver pauses writing) stops it midway."""
+"""Answer bytes one stream hands the engine at a time: a large answer goes a batch at a time
+(`held_back`, `send_held`), so that a socket that fills up (`paused`) stops it midway."""
 PROCESS_LOG_EVERY_SECS = 60.0
 """The process-wide reset budget's log line comes at most this often (an attacker reconnecting
 after each GOAWAY would otherwise write one per connection)."""
@@ -174,12 +175,18 @@ class GrpcConnection:
         socket, or `WRITE_BATCH_BYTES` (then `held_back`)."""
         self.writing_paused = False
         """The socket takes no more for now (the driver's `paused` and `resumed`)."""
-        self.unwritten = 0
-        """Answer bytes handed to the engine since the last `data_to_send`."""
         self.held_back = False
         """An answer stopped at `WRITE_BATCH_BYTES`: once what is out is written, `send_held`."""
         self._out: list[bytes] = []
         """Bytes written beside the engine (the GOAWAY frames), before its own."""
+        self._headers: list[tuple[bytes, bytes]] | None = None
+        self._call = read_headers(())
+        """The last header block read (as the engine decoded it) and what was read of it:
+        Envoy sends the same headers on each new stream (and `frames` hands them over as the
+        same list)."""
+        self.data_to_send: Callable[[], bytes] = engine.data_to_send
+        """What to write now: the engine's own (no call of ours on the hot path), or, once
+        a GOAWAY went beside it, `_joined` until that is taken."""
 
     @property
     def closed(self) -> bool:
@@ -190,15 +197,13 @@ class GrpcConnection:
         """When a stream last opened or ended here (the longest idle makes room first)."""
         return self.timers.active_at
 
-    def data_to_send(self) -> bytes:
-        """What to write now."""
-        data = self.h2.data_to_send()
+    def _joined(self) -> bytes:
+        """`data_to_send` with frames written beside the engine: those first."""
         out = self._out
-        if out:
-            out.append(data)
-            data = b"".join(out)
-            out.clear()
-        self.unwritten = 0
+        out.append(self.h2.data_to_send())
+        data = b"".join(out)
+        out.clear()
+        self.data_to_send = self.h2.data_to_send
         return data
 
     # input --------------------------------------------------------------------------------
@@ -254,7 +259,12 @@ class GrpcConnection:
             return
         self.last_stream = max(self.last_stream, sid)
         # header_encoding=None: h2 hands names and values over as bytes
-        call = read_headers(event.headers or ())
+        headers = event.headers
+        if headers is self._headers or headers == self._headers:
+            call = self._call  # (its metadata is then shared: handlers read it, never change it)
+        else:
+            call = self._call = read_headers(headers or ())
+            self._headers = headers
         if not call.content_type.startswith(b"application/grpc"):
             self.h2.send_headers(sid, [(b":status", b"415")], end_stream=True)
             return
@@ -277,7 +287,7 @@ class GrpcConnection:
         if stream is None:
             return
         cut_short = stream.unanswered_work()
-        self._drop(stream)
+        self._release(stream)
         if cut_short:  # the work a rapid reset costs us
             self._count_reset()
 
@@ -333,8 +343,11 @@ class GrpcConnection:
         self._take_messages(stream)
 
     def _take_messages(self, stream: Stream) -> None:
-        """Hand each whole message the stream has received to it, in order."""
+        """Hand each whole message the stream has received to it, in order: a Process
+        stream's to its handler's queue (asking for WORK unless it is at it), a health call's
+        to the health service."""
         limit = self.limits.max_message_bytes
+        process = stream.method == PROCESS_PATH
         while stream.size >= PREFIX_BYTES:  # (a call fewer per DATA frame than asking)
             payload = stream.next_message(limit)
             if payload is None:
@@ -343,20 +356,20 @@ class GrpcConnection:
                 self._fail(stream, payload.status, payload.detail)
                 return
             stream.partial_at = self.now
-            self._on_message(stream, payload)
+            if process:
+                # The prefix is held until the payload is taken: one account call a message.
+                stream.pending.append(payload)
+                if not stream.working:
+                    stream.working = True
+                    self.events.append((_WORK, stream))
+                continue
+            self._on_health(stream, payload)
             if stream.state not in TAKING:
                 return
         if not stream.size:
             self.timers.partial.discard(stream)
 
-    def _on_message(self, stream: Stream, payload: memoryview) -> None:
-        # The prefix is held until the payload is taken: one account call per message.
-        if stream.method == PROCESS_PATH:
-            stream.pending.append(payload)
-            if not stream.working:
-                stream.working = True
-                self.events.append((_WORK, stream))
-            return
+    def _on_health(self, stream: Stream, payload: memoryview) -> None:
         self.buffers.release(stream, PREFIX_BYTES + len(payload))
         health = self.health
         verdict = health.judge(payload, asked=stream.service is not None)
@@ -380,22 +393,19 @@ class GrpcConnection:
             self._finish(stream)
 
     # the handler's side -------------------------------------------------------------------
-    def take(self, stream: Stream) -> memoryview | None:
+    def take(self, stream: Stream, now: float) -> memoryview | None:
         """The stream's next message for its handler, or None: none left, or the stream takes
-        no more (failed, or gone)."""
-        if not stream.pending or stream.state not in TAKING:
-            return None
-        payload = stream.pending.popleft()
-        self.buffers.release(stream, PREFIX_BYTES + len(payload))
-        return payload
-
-    def work_done(self, stream: Stream, now: float) -> None:
-        """The handler has answered every message `take` gave it; a request already ended
-        ends the stream (OK, unless it failed)."""
+        no more (failed, or gone). None also ends the WORK (the next message asks again), and
+        the stream, OK unless it failed, if its request has ended."""
+        if stream.pending and stream.state in TAKING:
+            payload = stream.pending.popleft()
+            self.buffers.release(stream, PREFIX_BYTES + len(payload))
+            return payload
         stream.working = False
         if stream.state in REQUEST_DONE and stream.state not in FINISHING:
             self.now = now
             self._finish(stream)
+        return None
 
     def send(self, stream: Stream, payload: bytes, now: float) -> None:
         """One answer (a serialized message) on the stream, unless it is closed."""
@@ -420,8 +430,10 @@ class GrpcConnection:
         self.send(stream, self.health.answer(stream.service or ""), self.now)
 
     def fail(self, stream: Stream, status: int, detail: str, now: float) -> None:
-        """End the stream with `status` once its answers are out (the handler failed)."""
+        """The handler failed (or could not be made): its work is over, and the stream ends
+        with `status` once its answers are out."""
         self.now = now
+        stream.working = False
         self._fail(stream, status, detail)
 
     def _fail(self, stream: Stream, status: int, detail: str) -> None:
@@ -462,7 +474,7 @@ class GrpcConnection:
                 h.send_headers(sid, RESPONSE_HEADERS)
             h.send_data(sid, message)
         except _STREAM_GONE:
-            self._drop(stream)
+            self._release(stream)
             return True
         self.timers.sent_at = self.now
         return True
@@ -477,7 +489,7 @@ class GrpcConnection:
         try:
             self._end_stream(stream)
         except _STREAM_GONE:
-            self._drop(stream)
+            self._release(stream)
 
     def _send_out(self, stream: Stream) -> None:
         """What the stream has queued, as far as the peer's window, the socket and the write
@@ -490,11 +502,12 @@ class GrpcConnection:
             while out:
                 chunk = out[0]
                 room = min(len(chunk), h.local_flow_control_window(sid), h.max_outbound_frame_size)
-                if room <= 0 or self.writing_paused or self.unwritten >= WRITE_BATCH_BYTES:
+                if room <= 0 or self.writing_paused or sent >= WRITE_BATCH_BYTES:
                     # The rest goes when the client opens its window (WindowUpdated), the
                     # socket takes more (`resumed`) or this batch is written (`send_held`);
                     # the stall timer watches the wait.
-                    self.held_back |= self.unwritten >= WRITE_BATCH_BYTES
+                    if sent >= WRITE_BATCH_BYTES:
+                        self.held_back = True
                     self.blocked.add(stream)
                     if sent:
                         self.timers.sent_at = self.now
@@ -506,14 +519,13 @@ class GrpcConnection:
                 else:
                     out[0] = chunk[room:]
                 sent += room
-                self.unwritten += room
             if sent:
                 self.timers.sent_at = self.now
             self.blocked.discard(stream)
             if stream.state in FINISHING:
                 self._end_stream(stream)
         except _STREAM_GONE:
-            self._drop(stream)
+            self._release(stream)
 
     def send_held(self, now: float) -> None:
         """What `WRITE_BATCH_BYTES` held back, now that the batch before it was written."""
@@ -544,20 +556,19 @@ class GrpcConnection:
             self.h2.reset_stream(stream.sid, _E.NO_ERROR)
         self._release(stream)
 
-    def _drop(self, stream: Stream) -> None:
-        """The stream is gone (reset, or its connection closed): stop its work."""
-        self._empty(stream)
-        self._release(stream)
-
     def _release(self, stream: Stream) -> None:
+        """The stream is CLOSED: its trailers went, or it is gone (reset, refused, its
+        connection closed). What it holds is let go, its handler ended (END)."""
         if stream.step(_CLOSE) is _CLOSED:
-            return
+            return  # emptied when it closed
         self._empty(stream)
         self.streams.pop(stream.sid, None)
         self.timers.active_at = self.now
-        if stream.method == PROCESS_PATH:
+        method = stream.method
+        if method == PROCESS_PATH:
             self.events.append((_END, stream))
-        self.health.unwatch(stream)
+        elif method == WATCH_PATH:
+            self.health.unwatch(stream)
         if self.refuse_above is not None and not self.streams:
             self._close()
 
@@ -596,7 +607,7 @@ class GrpcConnection:
             return
         self.state = State.HANGING_UP
         for stream in list(self.streams.values()):
-            self._drop(stream)
+            self._release(stream)
 
     def drain(self, now: float) -> float | None:
         """Ask the client to open no more streams; when `final_goaway` is due (None: the
@@ -630,7 +641,7 @@ class GrpcConnection:
         self.now = now
         self.state = State.GONE
         for stream in list(self.streams.values()):
-            self._drop(stream)
+            self._release(stream)
 
     def _refuse_above(self, last: int) -> None:
         self.refuse_above = last
@@ -646,3 +657,4 @@ class GrpcConnection:
         goaway.error_code = code
         self._out.append(self.h2.data_to_send())
         self._out.append(goaway.serialize())
+        self.data_to_send = self._joined

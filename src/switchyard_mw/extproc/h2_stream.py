@@ -25,16 +25,23 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .h2_framing import OK, MessageReader
 
 if TYPE_CHECKING:
-    import asyncio
     import contextvars
 
     from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+
+
+class Task(Protocol):
+    """What the driver answers a stream's messages in (an asyncio task), as the stream keeps
+    it: this module, like the connection, knows no event loop."""
+
+    def cancel(self) -> bool: ...
+    def add_done_callback(self, fn: Callable[[Any], object], /) -> None: ...
 
 
 class Handler(Protocol):
@@ -149,7 +156,8 @@ class Stream(MessageReader):
     )
 
     def __init__(self, sid: int, method: bytes) -> None:
-        super().__init__()
+        self.parts = []  # `MessageReader`'s, set here: a call fewer per stream
+        self.size = 0
         self.sid = sid
         self.method = method
         self.state = StreamState.OPEN
@@ -159,7 +167,7 @@ class Stream(MessageReader):
         self.context: contextvars.Context | None = None
         self.pending: deque[memoryview] = deque()
         """Whole messages not yet handed to the handler."""
-        self.task: asyncio.Task[None] | None = None
+        self.task: Task | None = None
         """The driver's: answering the pending messages, one after the other."""
         self.working = False
         """The driver was asked to answer the pending messages (`Event.WORK`) and has not said

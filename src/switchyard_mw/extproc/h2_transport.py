@@ -99,12 +99,16 @@ class Pushing(Protocol):
 
 
 OpenStream = Callable[[list[tuple[str, bytes]]], Handler]
-"""Makes a stream's handler from its metadata (the request headers that are not pseudo-headers)."""
+"""Makes a stream's handler from its metadata (the request headers that are not pseudo-headers;
+shared by streams whose headers were the same: read it, never change it)."""
 EndStream = Callable[[Handler], None]
 
 _OPEN, _WORK, _END = Event.OPEN, Event.WORK, Event.END
 _CLOSING = State.CLOSING
 _CLOSED = StreamState.CLOSED
+_now = time.monotonic
+"""The connection's clock: the event loop's (asyncio's and uvloop's are monotonic), read
+without the loop's Python-level `time()` on the hot path."""
 
 
 class _Connection(asyncio.Protocol):
@@ -115,13 +119,11 @@ class _Connection(asyncio.Protocol):
     def __init__(self, server: H2Server) -> None:
         self.server = server
         self.loop = asyncio.get_running_loop()
-        self.core = GrpcConnection(
-            serving(server.engine, server.limits), server.shared, self.loop.time()
-        )
+        self.core = GrpcConnection(serving(server.engine, server.limits), server.shared, _now())
         self.transport: asyncio.Transport | None = None
         self.closed = False
         """Closing or closed: no longer counted in `open_connections`."""
-        self._flush_pending = False
+        self._act_pending = False
         self._timer: asyncio.TimerHandle | None = None
 
     @property
@@ -146,7 +148,7 @@ class _Connection(asyncio.Protocol):
         self.transport = None
         if self._timer is not None:
             self._timer.cancel()
-        self.core.lost(self.loop.time())
+        self.core.lost(_now())
         self._act()
         server = self.server
         server.connections.discard(self)
@@ -163,16 +165,17 @@ class _Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         if self.transport is not None and not self.closed:
             self.transport.resume_reading()
-        self.core.resumed(self.loop.time())
+        self.core.resumed(_now())
         self._act()
 
     def data_received(self, data: bytes) -> None:
-        self.core.receive(data, self.loop.time())
+        self.core.receive(data, _now())
         self._act()
 
     # what the connection asks -------------------------------------------------------------
     def _act(self) -> None:
         """Do what the connection asked for, in order, then write what it has to send."""
+        self._act_pending = False
         core = self.core
         events = core.events
         if events:
@@ -193,7 +196,12 @@ class _Connection(asyncio.Protocol):
             core.notices.clear()
         if core.state >= _CLOSING and not self.closed:
             self._close()
-        else:
+            return
+        data = core.data_to_send()
+        transport = self.transport
+        if data and transport is not None and not transport.is_closing():
+            transport.write(data)
+        if core.held_back:
             self._flush()
 
     def _open(self, stream: Stream) -> None:
@@ -208,7 +216,7 @@ class _Connection(asyncio.Protocol):
                 attach(lambda answer: self._push(stream, answer))
         except Exception as exc:
             _log.exception("ext_proc stream could not start")
-            self.core.fail(stream, UNKNOWN, f"{type(exc).__name__}: {exc}", self.loop.time())
+            self.core.fail(stream, UNKNOWN, f"{type(exc).__name__}: {exc}", _now())
         stream.metadata = None
 
     def _end(self, stream: Stream) -> None:
@@ -217,7 +225,8 @@ class _Connection(asyncio.Protocol):
         none)."""
         task = stream.task
         if task is None:
-            self._end_handler(stream)
+            if stream.handler is not None:
+                self.server.end_stream(stream.handler)
         else:
             task.cancel()
             task.add_done_callback(lambda _: self._end_handler(stream))
@@ -233,28 +242,25 @@ class _Connection(asyncio.Protocol):
         assert handler is not None
         core = self.core
         try:
-            while (payload := core.take(stream)) is not None:
+            while (payload := core.take(stream, _now())) is not None:
                 try:
                     request = ep.ProcessingRequest.FromString(payload)
                 except DecodeError:
-                    core.fail(
-                        stream, INVALID_ARGUMENT, "cannot parse ProcessingRequest", self.loop.time()
-                    )
+                    core.fail(stream, INVALID_ARGUMENT, "cannot parse ProcessingRequest", _now())
                     break
                 del payload
                 try:
                     answer = await handler.on(request)
                 except Exception as exc:
                     _log.exception("ext_proc stream failed")
-                    core.fail(stream, UNKNOWN, f"{type(exc).__name__}: {exc}", self.loop.time())
+                    core.fail(stream, UNKNOWN, f"{type(exc).__name__}: {exc}", _now())
                     break
                 if answer is not None:
-                    core.send(stream, answer.SerializeToString(), self.loop.time())
+                    core.send(stream, answer.SerializeToString(), _now())
                     if core.held_back:  # a large answer: out a batch at a time
                         self._flush()
         finally:
             stream.task = None  # before any later message: that one starts a new task
-        core.work_done(stream, self.loop.time())
         self._act_soon()
 
     def _push(self, stream: Stream, answer: ep.ProcessingResponse) -> None:
@@ -262,18 +268,15 @@ class _Connection(asyncio.Protocol):
         done taking answers."""
         core = self.core
         if stream.state in TAKING:
-            core.send(stream, answer.SerializeToString(), self.loop.time())
+            core.send(stream, answer.SerializeToString(), _now())
             self._act_soon()
 
     # writing ------------------------------------------------------------------------------
     def _act_soon(self) -> None:
-        if not self._flush_pending:
-            self._flush_pending = True
-            self.loop.call_soon(self._act_now)
-
-    def _act_now(self) -> None:
-        self._flush_pending = False
-        self._act()
+        """`_act` once the running callbacks are done (their answers go in one write)."""
+        if not self._act_pending:
+            self._act_pending = True
+            self.loop.call_soon(self._act)
 
     def _flush(self) -> None:
         """Write what the connection has to send; a large answer a batch at a time, until the
@@ -281,7 +284,7 @@ class _Connection(asyncio.Protocol):
         core = self.core
         self._write(core.data_to_send())
         while core.held_back and not core.writing_paused and not core.closed:
-            core.send_held(self.loop.time())
+            core.send_held(_now())
             self._write(core.data_to_send())
 
     def _write(self, data: bytes) -> None:
@@ -310,10 +313,11 @@ class _Connection(asyncio.Protocol):
 
     # timers and stopping ------------------------------------------------------------------
     def _tick(self) -> None:
-        due = self.core.tick(self.loop.time())
+        now = _now()
+        due = self.core.tick(now)
         self._act()
         if due is not None:
-            self._timer = self.loop.call_at(due, self._tick)
+            self._timer = self.loop.call_later(due - now, self._tick)
 
     def goodbye(self) -> None:
         """GOAWAY NO_ERROR and close (to make room for a new connection)."""
@@ -322,20 +326,21 @@ class _Connection(asyncio.Protocol):
 
     def drain(self) -> None:
         """Ask the client to open no more streams; close once those in flight are done."""
-        due = self.core.drain(self.loop.time())
+        now = _now()
+        due = self.core.drain(now)
         self._act()
         if due is not None:
-            self.loop.call_at(due, self._final_goaway)
+            self.loop.call_later(due - now, self._final_goaway)
 
     def _final_goaway(self) -> None:
         if self.transport is None:
             return
-        self.core.final_goaway(self.loop.time())
+        self.core.final_goaway(_now())
         self._act()
 
     def abort(self) -> None:
         """Grace is over: end what is still running as UNAVAILABLE and close."""
-        self.core.abort(self.loop.time())
+        self.core.abort(_now())
         self._act()
 
 
