@@ -35,7 +35,7 @@ import h2.events
 import h2.exceptions
 from hyperframe.frame import GoAwayFrame
 
-from .h2_accounting import Buffers, ProcessBytes, ProcessResets, ResetBudget
+from .h2_accounting import Buffers, Cut, ProcessBytes, ProcessResets, ResetBudget, StreamsCut
 from .h2_engine import HTTP2
 from .h2_framing import (
     DEADLINE_EXCEEDED,
@@ -162,7 +162,9 @@ class GrpcConnection:
         self.buffers = Buffers(
             limits.stream_buffer_bytes, limits.connection_buffer_bytes, shared.buffers
         )
-        self.resets = ResetBudget(limits.resets_per_sec, limits.reset_burst, now)
+        self.resets = StreamsCut(
+            ResetBudget(limits.resets_per_sec, limits.reset_burst, now), shared.resets
+        )
         self.timers: ConnectionTimers[Stream] = ConnectionTimers(
             now,
             preface_secs=limits.preface_secs,
@@ -292,31 +294,14 @@ class GrpcConnection:
             self._count_reset()
 
     def _count_reset(self) -> None:
-        """Spend one of the connection's reset budget and one of the process's. Past the
-        connection's, it is closed at once; past the process's, it is asked to go (GOAWAY
-        ENHANCE_YOUR_CALM) and its streams in flight may finish: it may be an innocent one
-        (Envoy) resetting a stream while another peer spends the budget."""
-        now = self.now
-        own = self.resets.spend(now)
-        process = self.shared.resets
-        shared = process.spend(now)
-        limits = self.limits
-        if not own:
-            self.notices.append(
-                f"ext_proc h2: a client reset or over-opened streams faster than "
-                f"{limits.resets_per_sec:g}/s (burst {limits.reset_burst}); closing its "
-                f"connection with ENHANCE_YOUR_CALM"
-            )
+        """One stream cut short: past the connection's budget it is closed at once; past the
+        process's, it is asked to go (`Cut`)."""
+        cut, line = self.resets.count(self.now, asked_to_go=self.refuse_above is not None)
+        if line is not None:
+            self.notices.append(line)
+        if cut is Cut.HANG_UP:
             self.goodbye(_E.ENHANCE_YOUR_CALM, linger=True)
-        elif not shared and self.refuse_above is None:
-            trips = process.tripped(now)
-            if trips is not None:
-                self.notices.append(
-                    f"ext_proc h2: clients reset or over-opened streams faster than "
-                    f"{limits.process_resets_per_sec:g}/s (burst {limits.process_reset_burst}) "
-                    f"across the process; {trips} connection(s) asked to go with "
-                    f"ENHANCE_YOUR_CALM (one line per {PROCESS_LOG_EVERY_SECS:g} s at most)"
-                )
+        elif cut is Cut.CALM_DOWN:
             self._calm_down()
 
     def _calm_down(self) -> None:
