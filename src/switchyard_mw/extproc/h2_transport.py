@@ -194,8 +194,10 @@ class _Connection(asyncio.Protocol):
             for line in core.notices:
                 _log.warning("%s", line)
             core.notices.clear()
-        if core.state >= _CLOSING and not self.closed:
-            self._close()
+        if core.state >= _CLOSING:
+            # Closed once; after that nothing is written (a half-closed socket takes no more).
+            if not self.closed:
+                self._close()
             return
         data = core.data_to_send()
         transport = self.transport
@@ -282,6 +284,8 @@ class _Connection(asyncio.Protocol):
         """Write what the connection has to send; a large answer a batch at a time, until the
         socket is full (then `pause_writing` stops it)."""
         core = self.core
+        if core.closed:
+            return  # `_act` closes it
         self._write(core.data_to_send())
         while core.held_back and not core.writing_paused and not core.closed:
             core.send_held(_now())
@@ -293,11 +297,12 @@ class _Connection(asyncio.Protocol):
 
     def _close(self) -> None:
         """The connection said CLOSING or HANGING_UP (or the socket is gone)."""
-        self._mark_closed()
         transport = self.transport
+        if transport is not None:
+            self._write(self.core.data_to_send())
+        self._mark_closed()
         if transport is None or transport.is_closing():
             return
-        self._write(self.core.data_to_send())
         if self.core.state is State.HANGING_UP and transport.can_write_eof():
             transport.write_eof()
         else:
