@@ -6,8 +6,8 @@ hyper-h2's connections. Its driver (`h2_transport._Connection`, an asyncio proto
 what arrived and the time, and does what it is told:
 
 - bytes in, bytes out: `receive(data, now)`; `data_to_send()` is what to write;
-- `events`, in order: OPEN a Process stream's handler, WORK through its messages (`take` each,
-  `send` the answers, `work_done` at the end), END its handler once the stream closed;
+- `events`, in order: OPEN a Process stream's handler, WORK through its messages (`take` each
+  and `send` the answers, until `take` says None), END its handler once the stream closed;
 - `state`: CLOSING or HANGING_UP when the socket is to be closed (see `State`);
 - deadlines: `tick(now)` checks the timers and returns when to call it again; `drain(now)`
   returns when `final_goaway` is due;
@@ -84,8 +84,8 @@ class Event(enum.IntEnum):
     OPEN = 0
     """A Process stream opened: make its handler (on failure, `fail` it: UNKNOWN)."""
     WORK = 1
-    """Messages wait for the stream's handler: answer them in turn (`take`, `send`), then
-    say `work_done`. Not asked again until then: later messages join the same queue."""
+    """Messages wait for the stream's handler: answer them in turn (`take`, `send`) until
+    `take` says None. Not asked again until then: later messages join the same queue."""
     END = 2
     """The stream closed: end its handler, after stopping its work if any is running."""
 
