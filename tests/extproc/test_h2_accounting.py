@@ -7,7 +7,14 @@ from dataclasses import dataclass
 
 import pytest
 
-from switchyard_mw.extproc.h2_accounting import Buffers, ProcessBytes, ProcessResets, ResetBudget
+from switchyard_mw.extproc.h2_accounting import (
+    Buffers,
+    Cut,
+    ProcessBytes,
+    ProcessResets,
+    ResetBudget,
+    StreamsCut,
+)
 
 
 @dataclass
@@ -93,3 +100,38 @@ def test_the_process_budget_logs_one_line_then_one_per_period() -> None:
     assert [resets.tripped(t) for t in (2.0, 3.0, 59.0)] == [None, None, None]
     assert resets.tripped(61.0) == 4  # the next line counts every trip since the last
     assert resets.tripped(62.0) is None
+
+
+def cuts(own_burst: int, process_burst: int) -> StreamsCut:
+    return StreamsCut(
+        ResetBudget(10.0, own_burst, 0.0),
+        ProcessResets(0.5, process_burst, 0.0, log_every_secs=60.0),
+    )
+
+
+def test_past_its_own_budget_a_connection_hangs_up() -> None:
+    counter = cuts(own_burst=2, process_burst=100)
+    assert counter.count(0.0, asked_to_go=False) == (Cut.WITHIN, None)
+    assert counter.count(0.0, asked_to_go=False) == (Cut.WITHIN, None)
+    cut, line = counter.count(0.0, asked_to_go=False)
+    assert cut is Cut.HANG_UP
+    assert line == (
+        "ext_proc h2: a client reset or over-opened streams faster than 10/s (burst 2); "
+        "closing its connection with ENHANCE_YOUR_CALM"
+    )
+
+
+def test_past_the_process_budget_a_connection_is_asked_to_go_once() -> None:
+    counter = cuts(own_burst=100, process_burst=1)
+    assert counter.count(0.0, asked_to_go=False) == (Cut.WITHIN, None)
+    cut, line = counter.count(0.0, asked_to_go=False)
+    assert cut is Cut.CALM_DOWN
+    assert line is not None
+    assert "faster than 0.5/s (burst 1) across the process; 1 connection(s) asked to go" in line
+    # Asked already: counted, nothing more to do (and no line).
+    assert counter.count(0.0, asked_to_go=True) == (Cut.WITHIN, None)
+    # Another connection within the minute: asked to go, its line folded into the next one.
+    assert counter.count(1.0, asked_to_go=False) == (Cut.CALM_DOWN, None)
+    cut, line = counter.count(61.0, asked_to_go=False)
+    assert cut is Cut.WITHIN  # a minute earned the process's budget back
+    assert line is None

@@ -127,7 +127,7 @@ def advance_or_none(state: StreamState, event: StreamInput) -> StreamState | Non
         (S.OPEN, None, True),  # nothing answered yet
         (S.REQUEST_DONE, None, True),
         (S.ANSWERING, None, False),  # answered, nothing under way: how Envoy ends a stream
-        (S.ANSWERING, "task", True),
+        (S.ANSWERING, "working", True),  # a handler answering a message
         (S.ANSWERING, "pending", True),
         (S.ANSWERING, "partial", True),
         (S.ANSWERING_REQUEST_DONE, None, False),
@@ -139,8 +139,8 @@ def test_a_reset_cuts_work_short_while_something_is_unanswered(
 ) -> None:
     stream = Stream(1, b"/x")
     stream.state = state
-    if work == "task":
-        stream.task = object()  # type: ignore[assignment]  # only its presence is read
+    if work == "working":
+        stream.working = True
     elif work == "pending":
         stream.pending.append(memoryview(b"m"))
     elif work == "partial":

@@ -6,13 +6,16 @@ Two accounts, each at more than one level:
   written, per stream, per connection and per process, each with its bound.
 - **Streams cut short** (`ResetBudget`): streams a peer resets before their answers (or opens
   over the stream limit), a token bucket per connection and one for the whole process, so
-  that a peer that reconnects after each GOAWAY gets no fresh burst.
+  that a peer that reconnects after each GOAWAY gets no fresh burst; `StreamsCut` spends
+  from both and says what the connection must do (`Cut`).
 
-Times are the event loop's clock, passed in: nothing here reads a clock or logs.
+Times are the event loop's clock, passed in: nothing here reads a clock or logs (the lines to
+log are returned).
 """
 
 from __future__ import annotations
 
+import enum
 from typing import Protocol
 
 
@@ -117,3 +120,48 @@ class ProcessResets(ResetBudget):
             return None
         trips, self.trips, self.logged_at = self.trips, 0, now
         return trips
+
+
+class Cut(enum.Enum):
+    """What one more stream cut short means for its connection (`StreamsCut.count`)."""
+
+    WITHIN = "within"
+    """Within both budgets (or the connection is already asked to go): nothing more."""
+    CALM_DOWN = "calm down"
+    """The process's budget is spent: GOAWAY ENHANCE_YOUR_CALM, no new streams, those in
+    flight may finish (the connection may be an innocent one, Envoy, resetting a stream while
+    another peer spends the budget)."""
+    HANG_UP = "hang up"
+    """The connection's own budget is spent: GOAWAY ENHANCE_YOUR_CALM, and it closes."""
+
+
+class StreamsCut:
+    """One connection's streams cut short (reset before their answers, or opened over the
+    stream limit), spent from its own budget and the process's; each verdict with the line to
+    log, if any (the process's at most once per `log_every_secs`)."""
+
+    __slots__ = ("own", "process")
+
+    def __init__(self, own: ResetBudget, process: ProcessResets) -> None:
+        self.own = own
+        self.process = process
+
+    def count(self, now: float, *, asked_to_go: bool) -> tuple[Cut, str | None]:
+        own, process = self.own, self.process
+        within_own = own.spend(now)
+        within_process = process.spend(now)
+        if not within_own:
+            return Cut.HANG_UP, (
+                f"ext_proc h2: a client reset or over-opened streams faster than {own.rate:g}/s "
+                f"(burst {own.burst:.0f}); closing its connection with ENHANCE_YOUR_CALM"
+            )
+        if within_process or asked_to_go:
+            return Cut.WITHIN, None
+        trips = process.tripped(now)
+        if trips is None:
+            return Cut.CALM_DOWN, None
+        return Cut.CALM_DOWN, (
+            f"ext_proc h2: clients reset or over-opened streams faster than {process.rate:g}/s "
+            f"(burst {process.burst:.0f}) across the process; {trips} connection(s) asked to "
+            f"go with ENHANCE_YOUR_CALM (one line per {process.log_every_secs:g} s at most)"
+        )

@@ -12,8 +12,10 @@ header with one `struct` call, decodes a header block with the `hpack` library (
 last decoding when the block and the HPACK table are unchanged, which is Envoy's steady
 state), and writes the server's few header blocks from a cache.
 
-It keeps `h2`'s interface as `_Connection` uses it (the same events and exceptions, the same
-calls), so the connection's bounds, timers and accounting are the same code on either.
+It keeps `h2`'s interface as the connection (`h2_connection.GrpcConnection`) uses it (the
+same events and exceptions, the same calls), so the connection's bounds, timers and
+accounting are the same code on either. Like `h2`, it is sans-IO: bytes in, events and bytes
+out, no socket, no event loop, no clock.
 What a peer may make it do stays bounded: a frame is at most 16 KB (SETTINGS_MAX_FRAME_SIZE
 as advertised), a header block at most `max_header_list_bytes` and 64 CONTINUATION frames,
 flow control is enforced both ways, and every violation RFC 9113 makes a connection error ends
@@ -177,7 +179,7 @@ def _frame(kind: int, flags: int, sid: int, payload: bytes | bytearray | memoryv
 
 class FrameConnection:
     """The server side of one HTTP/2 connection, with the calls and events of `h2`'s
-    `H2Connection` that `_Connection` uses (`receive_data`, `send_headers`, `send_data`,
+    `H2Connection` that `GrpcConnection` uses (`receive_data`, `send_headers`, `send_data`,
     `reset_stream`, `acknowledge_received_data`, `local_flow_control_window`,
     `max_outbound_frame_size`, `data_to_send`)."""
 

@@ -23,16 +23,33 @@ A pair not in `TRANSITIONS` is a bug in the transport: `advance` raises a Runtim
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
 import enum
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .h2_framing import OK, MessageReader
 
 if TYPE_CHECKING:
-    from .h2_transport import Handler
+    import contextvars
+
+    from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+
+
+class Task(Protocol):
+    """What the driver answers a stream's messages in (an asyncio task), as the stream keeps
+    it: this module, like the connection, knows no event loop."""
+
+    def cancel(self) -> bool: ...
+    def add_done_callback(self, fn: Callable[[Any], object], /) -> None: ...
+
+
+class Handler(Protocol):
+    """One ext_proc stream's state: answers each message in turn, released once at the end.
+    None: nothing to send now (a stream that pushes its answers itself, see
+    `h2_transport.Pushing`)."""
+
+    def on(self, request: ep.ProcessingRequest) -> Awaitable[ep.ProcessingResponse | None]: ...
 
 
 class StreamState(enum.IntEnum):
@@ -113,14 +130,19 @@ def advance(state: StreamState, event: StreamInput) -> StreamState:
 
 
 class Stream(MessageReader):
-    """One gRPC call: its state, handler, and the bytes it holds (a `MessageReader` of its
-    request; see there why a subclass)."""
+    """One gRPC call: its state and the bytes it holds (a `MessageReader` of its request; see
+    there why a subclass), and what runs its handler.
+
+    The connection (`h2_connection`, sans-IO) owns the state, the bytes and `working`; the
+    driver that runs handlers (`h2_transport`) keeps its `handler`, `context` and `task` here
+    too: one object per stream on the hot path, not two."""
 
     __slots__ = (
         "context",
         "detail",
         "handler",
         "held",
+        "metadata",
         "method",
         "out",
         "partial_at",
@@ -130,19 +152,26 @@ class Stream(MessageReader):
         "state",
         "status",
         "task",
+        "working",
     )
 
     def __init__(self, sid: int, method: bytes) -> None:
-        super().__init__()
+        self.parts = []  # `MessageReader`'s, set here: a call fewer per stream
+        self.size = 0
         self.sid = sid
         self.method = method
         self.state = StreamState.OPEN
+        self.metadata: list[tuple[str, bytes]] | None = None
+        """A Process call's request headers that are not pseudo-headers: its handler's."""
         self.handler: Handler | None = None
         self.context: contextvars.Context | None = None
         self.pending: deque[memoryview] = deque()
         """Whole messages not yet handed to the handler."""
-        self.task: asyncio.Task[None] | None = None
-        """Answering the pending messages, one after the other."""
+        self.task: Task | None = None
+        """The driver's: answering the pending messages, one after the other."""
+        self.working = False
+        """The driver was asked to answer the pending messages (`Event.WORK`) and has not said
+        it is done: messages that arrive meanwhile join the queue it is taking from."""
         self.out: deque[memoryview] = deque()
         """Answers (framed) not yet handed to h2: the peer's window holds them back."""
         self.held = 0
@@ -172,6 +201,4 @@ class Stream(MessageReader):
         ext_proc stream once it has the last answer it needs, so counting it would close
         Envoy's connection under steady traffic.
         """
-        return (
-            self.state in UNANSWERED or self.task is not None or bool(self.pending) or self.size > 0
-        )
+        return self.state in UNANSWERED or self.working or bool(self.pending) or self.size > 0
