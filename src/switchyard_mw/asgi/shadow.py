@@ -16,6 +16,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
+from typing import Protocol
 
 import httpx
 
@@ -24,7 +25,6 @@ from ..clients.outbound import map_exceptions
 from ..config import Canary
 from ..context import RequestContext
 from ..core.deadline_math import attempt_deadline_secs
-from ..core.pool import AccountPool
 from ..core.variant_buckets import Split
 from ..telemetry import names as tm
 from ..telemetry import request_metrics
@@ -32,6 +32,15 @@ from ..wire import RequestView, rewrite_model
 
 _log = logging.getLogger(__name__)
 _SALT = "\x00shadow"  # shadows are picked apart from the canary's own split
+
+
+class Health(Protocol):
+    """What a shadow asks of the account pool: which accounts serve a model, and which of
+    them is closed (healthy) for it now."""
+
+    def accounts_for(self, model: str) -> tuple[str, ...]: ...
+
+    def closed_for(self, name: str, model: str) -> bool: ...
 
 
 class Shadows:
@@ -42,7 +51,7 @@ class Shadows:
         canaries: Mapping[str, Canary],
         *,
         accounts: Mapping[str, Account],
-        pool: AccountPool,
+        pool: Health,
         max_inflight: int,
         http_client: httpx.AsyncClient | None = None,
     ) -> None:
@@ -64,7 +73,7 @@ class Shadows:
         canaries: Mapping[str, Canary],
         *,
         accounts: Mapping[str, Account],
-        pool: AccountPool,
+        pool: Health,
         max_inflight: int,
     ) -> Shadows | None:
         """The shadows of `canaries`, or None when no canary has any (nothing to do per request)."""
