@@ -17,9 +17,11 @@ being judged; the number of instructions a request executes does not. Each figur
 in process: every app of section 1, on one body, through section 1's own driver.
 served: the bare app, the minimal middleware and `switchyard_stack` under one uvicorn worker
 (httptools, as section 2), then section 3's aiohttp pass-through (the floor), the
-necessary-work floor (the same plus one `wire.read_request`) and the example gateway in front
-of its mock upstream (an Envoy, not counted); each sent exactly N requests
-over 8 keep-alive connections by a client outside valgrind; every answer must be a 200.
+necessary-work floor (the same plus one `wire.read_request`, the body sent as the gateway
+sends it) and the example gateway in front of its mock upstream (an Envoy, not counted); each
+sent exactly N requests over 8 keep-alive connections by a client outside valgrind; every
+answer must be a 200. With both floors, also `read_request` alone, N times on the same body
+in a process of its own: what the necessary-work floor adds, were it only the read.
 Counts are of instructions, not time: a cache miss or a system call costs far more time than
 its instructions say, so the served bare app's share of time is larger than its share here.
 processor: the ext_proc processor (`switchyard-mw extproc`, each transport of `--transports`)
@@ -132,8 +134,8 @@ def _child_inproc(name: str, label: str, size: str, n: int) -> None:
 
 def _inproc_count(name: str, label: str, size: str, n: int) -> int:
     cmd = [PYTHON, __file__, "--child-inproc", name, label, size, str(n)]
-    label = f"inproc-{name}-{label}-{size}-{n}".replace(" ", "_").replace("/", "_")
-    done = subprocess.run(_valgrind(cmd, label), cwd=ROOT, capture_output=True, check=False)
+    kept = f"inproc-{name}-{label}-{size}-{n}".replace(" ", "_").replace("/", "_")
+    done = subprocess.run(_valgrind(cmd, kept), cwd=ROOT, capture_output=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{name} [{label}] failed: {done.stderr[-2000:]!r}")
     return _collected(done.stderr)
