@@ -164,7 +164,8 @@ def run(
             )
         )
     # The necessary-work floor: the aiohttp pass-through plus the one validating read of the
-    # body switchyard cannot do without, so the gateway's own cost shows apart from it.
+    # body switchyard cannot do without, the body sent on as the gateway sends it, so the
+    # gateway's own cost shows apart from it (`_apps.passthrough`).
     servers.append((NECESSARY, None, {"BENCH_CLIENT": "aiohttp-read"}, "_apps:passthrough_app"))
     # The example gateway with httpx's own pool (as before the choice), with httpx2 standing in
     # for httpx, and with `make_http_client()` as shipped.

@@ -12,12 +12,16 @@ being judged; the number of instructions a request executes does not. Each figur
     python bench/instructions.py --sizes 1KB,1MB  # at these body sizes (default 1KB)
     python bench/instructions.py --mode served --requests 30 --no-peers   # served, quickly
     python bench/instructions.py --mode processor # the ext_proc processor under Envoy (h2)
+    BENCH_CALLGRIND_DIR=/tmp/cg python bench/instructions.py ...  # keep each run's profile
 
 in process: every app of section 1, on one body, through section 1's own driver.
 served: the bare app, the minimal middleware and `switchyard_stack` under one uvicorn worker
-(httptools, as section 2), then section 3's aiohttp pass-through (the floor) and the example
-gateway in front of its mock upstream (an Envoy, not counted); each sent exactly N requests
-over 8 keep-alive connections by a client outside valgrind; every answer must be a 200.
+(httptools, as section 2), then section 3's aiohttp pass-through (the floor), the
+necessary-work floor (the same plus one `wire.read_request`, the body sent as the gateway
+sends it) and the example gateway in front of its mock upstream (an Envoy, not counted); each
+sent exactly N requests over 8 keep-alive connections by a client outside valgrind; every
+answer must be a 200. With both floors, also `read_request` alone, N times on the same body
+in a process of its own: what the necessary-work floor adds, were it only the read.
 Counts are of instructions, not time: a cache miss or a system call costs far more time than
 its instructions say, so the served bare app's share of time is larger than its share here.
 processor: the ext_proc processor (`switchyard-mw extproc`, each transport of `--transports`)
@@ -71,12 +75,15 @@ SERVED: tuple[tuple[str, str, dict[str, str]], ...] = (
     ("minimal middleware (reference)", "_apps:minimal_app", {}),
     ("switchyard_stack", "_apps:stacked_app", {}),
 )
-# ... and section 3's floor and example gateway, in front of the mock upstream.
+# ... and section 3's floors and example gateway, in front of the mock upstream.
+FLOOR = "pass-through aiohttp"
+NECESSARY = "necessary-work floor"
+READ_ALONE = "read_request alone (in process)"
 PEERS: tuple[tuple[str, str, dict[str, str]], ...] = (
-    ("pass-through aiohttp", "_apps:passthrough_app", {"BENCH_CLIENT": "aiohttp"}),
+    (FLOOR, "_apps:passthrough_app", {"BENCH_CLIENT": "aiohttp"}),
+    (NECESSARY, "_apps:passthrough_app", {"BENCH_CLIENT": "aiohttp-read"}),
     ("example gateway, shipped", "_apps:gateway_app", {"BENCH_CLIENT": "default"}),
 )
-FLOOR = "pass-through aiohttp"
 _COLLECTED = re.compile(rb"Collected : (\d+)")
 _CONNECTIONS = 8
 _WARMUP = 40
@@ -84,8 +91,12 @@ _start_secs = 300.0
 """How long a served app under valgrind may take to start (`--start-secs`)."""
 
 
-def _valgrind(cmd: Sequence[str]) -> list[str]:
-    return ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *cmd]
+def _valgrind(cmd: Sequence[str], label: str) -> list[str]:
+    """`cmd` under callgrind; BENCH_CALLGRIND_DIR keeps the profile there as `callgrind.<label>`
+    (for callgrind_annotate), as `_processor` does."""
+    keep = os.environ.get("BENCH_CALLGRIND_DIR")
+    profile = f"{keep}/callgrind.{label}" if keep else "/dev/null"
+    return ["valgrind", "--tool=callgrind", f"--callgrind-out-file={profile}", *cmd]
 
 
 def _collected(output: bytes) -> int:
@@ -123,7 +134,8 @@ def _child_inproc(name: str, label: str, size: str, n: int) -> None:
 
 def _inproc_count(name: str, label: str, size: str, n: int) -> int:
     cmd = [PYTHON, __file__, "--child-inproc", name, label, size, str(n)]
-    done = subprocess.run(_valgrind(cmd), cwd=ROOT, capture_output=True, check=False)
+    kept = f"inproc-{name}-{label}-{size}-{n}".replace(" ", "_").replace("/", "_")
+    done = subprocess.run(_valgrind(cmd, kept), cwd=ROOT, capture_output=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{name} [{label}] failed: {done.stderr[-2000:]!r}")
     return _collected(done.stderr)
@@ -137,6 +149,36 @@ def inproc(names: Sequence[str], label: str, size: str, n: int, jobs: int) -> di
             for k in (0, n)
         }
         return {name: (runs[name, n].result() - runs[name, 0].result()) / n for name in names}
+
+
+def _child_read(size: str, n: int) -> None:
+    """Runs under valgrind: `wire.read_request` on section 3's body of `size`, once, then `n`
+    times: what the necessary-work floor adds over the floor, were it only the read."""
+    import _peers
+
+    from switchyard_mw.wire import WIRE_PATHS, read_request
+
+    body = openai_body(_peers.MODEL, SIZES[size])
+    wire = WIRE_PATHS[OPENAI_PATH]
+    for _ in range(n + 1):
+        read_request(wire, body)
+
+
+def read_alone(size: str, n: int, jobs: int) -> float:
+    """Instructions of one `wire.read_request` on section 3's body of `size`, in process."""
+
+    def count(k: int) -> int:
+        cmd = [PYTHON, __file__, "--child-read", size, str(k)]
+        done = subprocess.run(
+            _valgrind(cmd, f"read-{size}-{k}"), cwd=ROOT, capture_output=True, check=False
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"read_request alone failed: {done.stderr[-2000:]!r}")
+        return _collected(done.stderr)
+
+    with _pool(jobs) as pool:
+        runs = {k: pool.submit(count, k) for k in (0, n)}
+        return (runs[n].result() - runs[0].result()) / n
 
 
 @contextlib.contextmanager
@@ -185,9 +227,10 @@ def _served_count(
     target: str, env: dict[str, str], path: str, body: bytes, n: int, workdir: Path
 ) -> int:
     port = free_port()
-    log = workdir / f"served-{target.split(':')[1]}-{len(body)}-{n}-{port}.log"
+    run = f"served-{target.split(':')[1]}-{env.get('BENCH_CLIENT', '')}-{len(body)}-{n}"
+    log = workdir / f"{run}-{port}.log"
     warmup = max(8, _WARMUP * SIZES["1KB"] // len(body))
-    cmd = _valgrind(uvicorn_cmd(target, port, pin=False))
+    cmd = _valgrind(uvicorn_cmd(target, port, pin=False), run)
     with log.open("wb") as out:
         server = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=out, stderr=out)
     try:
@@ -218,30 +261,44 @@ def served(
     with_peers: bool = True,
     names: Sequence[str] | None = None,
 ) -> tuple[dict[str, float], dict[str, float]]:
-    """Section 2's apps (those `names` holds; None: every one), then (`with_peers`) section
-    3's floor and gateway (when an Envoy can be the mock)."""
+    """Section 2's apps, then (`with_peers`) section 3's floors and gateway (when an Envoy can
+    be the mock); of each, those `names` holds (None: every one)."""
     import _inproc
     import _peers
 
     env = {**_inproc.ENV, "BENCH_CONFIG": str(_inproc.write_config(workdir))}
-    wanted = [app for app in SERVED if names is None or app[0] in names]
-    if not wanted:
-        raise SystemExit(f"--apps names none of the served apps {[a[0] for a in SERVED]}")
+    wanted = [app for app in SERVED if names is None or _named(app[0], names)]
+    floors = [app for app in PEERS if with_peers and (names is None or _named(app[0], names))]
+    if not wanted and not floors:
+        known = [a[0] for a in (*SERVED, *PEERS)]
+        raise SystemExit(f"--apps names none of the served apps {known}")
     jobs_of = [(name, target, {**env, **extra}) for name, target, extra in wanted]
     body = anthropic_body("claude-opus-5", SIZES[size])
-    own = _counts(jobs_of, ANTHROPIC_PATH, body, n, jobs, workdir)
-    if not with_peers or envoy_binary() is None:
+    own = _counts(jobs_of, ANTHROPIC_PATH, body, n, jobs, workdir) if wanted else {}
+    if not floors or envoy_binary() is None:
         return own, {}
     procs = Processes(workdir)
     try:
         with mock_upstream(procs) as mock:
             env = _peers.environment(workdir, mock)
-            jobs_of = [(name, target, {**env, **extra}) for name, target, extra in PEERS]
+            jobs_of = [(name, target, {**env, **extra}) for name, target, extra in floors]
             body = openai_body(_peers.MODEL, SIZES[size])
             peers = _counts(jobs_of, OPENAI_PATH, body, n, jobs, workdir)
     finally:
         procs.close()
     return own, peers
+
+
+def app_names(text: str) -> list[str]:
+    """`--apps` as a list: split at its commas."""
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def _named(name: str, names: Sequence[str]) -> bool:
+    """Whether `names` (`--apps` split at its commas) names `name`, whose own commas split it
+    too ("example gateway, shipped" is two items in a row)."""
+    parts = [part.strip() for part in name.split(",")]
+    return any(list(names[i : i + len(parts)]) == parts for i in range(len(names)))
 
 
 def _counts(
@@ -300,10 +357,16 @@ def scaling(report: dict[str, dict[str, float]], sizes: Sequence[str]) -> str:
     pairs = (
         ("in process", "switchyard_stack", "bare app"),
         ("served", "switchyard_stack", "bare app"),
+        ("peers", NECESSARY, FLOOR),
         ("peers", "example gateway, shipped", FLOOR),
+        ("peers", "example gateway, shipped", NECESSARY),
     )
     head = " | ".join(sizes)
     lines = [f"| added instructions/request | {head} |", "|---|" + "---:|" * len(sizes)]
+    reads = [report.get(f"read alone {size}", {}).get(READ_ALONE) for size in sizes]
+    if any(r is not None for r in reads):
+        read_cells = " | ".join("-" if r is None else f"{r / 1000:,.1f}k" for r in reads)
+        lines.append(f"| {READ_ALONE} | {read_cells} |")
     for kind, name, floor in pairs:
         cells = []
         for size in sizes:
@@ -327,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         "--apps",
         default=None,
         help="comma-separated apps (default: every one): section 1's in process, and those of "
-        "them section 2 serves",
+        "them section 2 serves; served, also section 3's",
     )
     parser.add_argument(
         "--requests",
@@ -349,12 +412,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=BENCH / "out", help="results directory")
     parser.add_argument("--child-inproc", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--child-read", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     global _start_secs
     _start_secs = args.start_secs
     if args.child_inproc:
         name, label, size, n = args.child_inproc
         _child_inproc(name, label, size, int(n))
+        return 0
+    if args.child_read:
+        _child_read(args.child_read[0], int(args.child_read[1]))
         return 0
     try:
         sizes = pick_sizes(args.sizes)
@@ -409,7 +476,7 @@ def _count_all(
             if args.smoke:
                 names = ["bare app", "switchyard_stack"]
             elif args.apps:
-                names = [n.strip() for n in args.apps.split(",")]
+                names = app_names(args.apps)
             n = 100 if args.smoke else requests_at(size, args.requests or 1500)
             counts = inproc(names, args.body, size, n, jobs)
             _keep(report, "in process", size, counts)
@@ -418,16 +485,26 @@ def _count_all(
             workdir = out / "logs"
             workdir.mkdir(exist_ok=True)
             n = requests_at(size, args.requests or 1600)
-            served_apps = [a.strip() for a in args.apps.split(",")] if args.apps else None
+            served_apps = app_names(args.apps) if args.apps else None
             own, peers = served(
                 n, jobs, workdir, size, with_peers=not args.no_peers, names=served_apps
             )
-            _keep(report, "served", size, own)
-            texts.append(table(f"served by uvicorn [anthropic+canary, {size}]", own))
+            if own:
+                _keep(report, "served", size, own)
+                texts.append(table(f"served by uvicorn [anthropic+canary, {size}]", own))
             if peers:
                 _keep(report, "peers", size, peers)
                 title = f"in front of the mock upstream [openai, {size}]"
                 texts.append(table(title, peers, FLOOR))
+            if NECESSARY in peers and FLOOR in peers:
+                read = read_alone(size, n, jobs)
+                _keep(report, "read alone", size, {READ_ALONE: read})
+                added = peers[NECESSARY] - peers[FLOOR]
+                texts.append(
+                    f"The {NECESSARY} adds {added / 1000:,.1f}k instructions a request over the "
+                    f"{FLOOR}; `wire.read_request` alone on the same body, in process, "
+                    f"costs {read / 1000:,.1f}k ({added / read:.2f}x)."
+                )
     return report, texts
 
 
