@@ -250,6 +250,11 @@ class Server(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     order (`envoy.retry_priorities.previous_priorities`): a request whose account is on the
     first of them is routed to the aggregate, so its retries move across providers (see
     [Envoy](envoy.md#failover-across-providers))."""
+    envoy_hedge: bool = False
+    """ext_proc mode: Envoy's route for requests the processor marks `x-switchyard-hedge` has a
+    `hedge_policy` (`hedge_on_per_try_timeout`), so a stream whose account has
+    `hedge_after_secs` gets a hedge on another account of its model (see
+    [Envoy](envoy.md#hedged-first-tokens)). Off: no hedge under Envoy."""
     tenant_header: str | None = None
     """A request header that names the request's tenant, set by a proxy you trust in front of
     the gateway (Envoy's `jwt_authn` or `ext_authz`); a client key is then not needed. Set it

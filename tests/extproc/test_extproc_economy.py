@@ -108,7 +108,7 @@ async def test_answers_built_once_are_not_changed_by_requests(servicer: ExtProcS
     stream = Stream(servicer)
     get = await stream.send(request_headers("/healthz", {":method": "GET"}, end=True))
     await stream.close()
-    assert removes(get) == ["x-switchyard-cluster"]
+    assert removes(get) == ["x-switchyard-cluster", "x-switchyard-hedge"]
     assert {
         "pass through": router_module._PASS_THROUGH.SerializeToString(),
         "read body": router_module._READ_BODY.SerializeToString(),

@@ -45,9 +45,9 @@ class Front(enum.Enum):
     ASGI = "asgi"
     """The stack: every policy, hedged first tokens raced on any account."""
     ENVOY = "envoy"
-    """The ext_proc server: every policy but hedging (Envoy sends each attempt once), on the
-    accounts with an `envoy_cluster` only; a retry's body is the processor's to rewrite when
-    accounts rename models or fallback chains move requests."""
+    """The ext_proc server: every policy (hedging only with `[server] envoy_hedge`, when
+    Envoy's route hedges), on the accounts with an `envoy_cluster` only; a retry's body is the
+    processor's to rewrite when accounts rename models or fallback chains move requests."""
     COOLING = "cooling"
     """The cooling middleware alone: accounts, pool, store and chains, no judge, canaries or
     tenants (other middlewares hold those). A pool handed in is shared with the policy that
@@ -108,7 +108,8 @@ def build_engine(
     engine.tenancy = Tenancy.build(config, store=engine.limit_store, environ=environ)
     if front is Front.ENVOY:
         _for_envoy(engine)
-    elif any(a.spec.hedge_after_secs is not None for a in accounts.values()):
+    hedges = front is not Front.ENVOY or config.server.envoy_hedge  # Envoy's route hedges
+    if hedges and any(a.spec.hedge_after_secs is not None for a in accounts.values()):
         engine.hedging = Hedging(
             accounts=accounts,
             max_ratio=config.server.hedge_max_ratio,

@@ -33,6 +33,7 @@ from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from ..engine.content_events import ContentWatch, watch_for
 from ..engine.machine import NEXT, Action, Refuse, State
 from . import _messages as msg
+from . import hedge_tries
 from .flights import Flight, Flights, Opening, join
 from .router import RETRY_HEADER
 from .upstream import REQUEST_ID_ATTRIBUTE
@@ -86,6 +87,11 @@ class FirstTokenStream:
         self.held_bytes = 0
         self.watch: ContentWatch | None = None
         self.timer: asyncio.TimerHandle | None = None
+        self.attempt: int | None = None
+        """Envoy's number of the try this stream holds, from its request headers (the hedged
+        variant of the filter sends them: `hedge_tries`)."""
+        self.which = hedge_tries.Try.FIRST
+        """Which try of a hedged request this stream holds."""
 
     def attach(self, emit: Emit) -> None:
         """How the transport sends an answer that is not the reply to the message in hand."""
@@ -99,12 +105,16 @@ class FirstTokenStream:
             return self.on_headers(request)
         if kind == "response_trailers":
             return _TRAILERS
+        if kind == "request_headers":
+            self.attempt = hedge_tries.attempt_of(request)
         return msg.empty_for(request)
 
     def on_headers(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse | None:
         flight = self.flights.find(msg.attribute(request, REQUEST_ID_ATTRIBUTE))
         machine = None if flight is None else flight.machine
-        due = None if machine is None else machine.first_content_due()
+        hedge = None if flight is None else flight.hedge
+        self.which = hedge_tries.which(hedge, self.attempt)
+        due = None if machine is None else hedge_tries.content_due(hedge, machine, self.which)
         view = None if flight is None else flight.ctx.view
         watch = None if view is None else watch_for(view.wire)
         if flight is None or due is None or watch is None or self.emit is None:
@@ -121,6 +131,8 @@ class FirstTokenStream:
         answer = _piece(body)
         if self.hold is not Hold.HOLDING:
             return answer
+        if self._lost():
+            return None  # a losing try's pieces are not kept: Envoy resets it for the other
         self.held.append(answer)
         self.held_bytes += len(body.body)
         watch = self.watch
@@ -134,6 +146,10 @@ class FirstTokenStream:
     def release(self, *, content: bool) -> None:
         """The headers answered, then the held pieces: the stream goes to the client."""
         flight = self.flight
+        if self._lost():
+            return  # held until Envoy resets it: the other try is the request's attempt
+        if content and flight is not None and flight.hedge is not None and flight.machine:
+            hedge_tries.won(flight.hedge, flight.machine, self.which)  # the first to content
         if flight is not None:
             flight.opening = Opening.CONTENT if content else Opening.NOT_HELD
             if content:
@@ -149,6 +165,13 @@ class FirstTokenStream:
             self._answer(_PASS)  # the attempt is no longer this request's to judge
             return
         assert flight is not None
+        hedge = flight.hedge
+        if hedge is not None and (
+            self._lost() or hedge_tries.lost(hedge, machine, self.which, 504)
+        ):
+            # A try of a hedged request that lost (now, on time, while the other races): its
+            # headers stay held until Envoy resets it, when the other's reach it.
+            return
         flight.opening = Opening.NOT_HELD
         end: Action = machine.content_late()
         flight.aim()  # the retry's cluster, which may be another provider's
@@ -181,6 +204,12 @@ class FirstTokenStream:
             return
         for answer in held:
             emit(answer)
+
+    def _lost(self) -> bool:
+        """Whether this stream's try lost its request's race (or is its void try)."""
+        flight = self.flight
+        hedge = None if flight is None else flight.hedge
+        return hedge is not None and hedge_tries.lost_already(hedge, self.which)
 
     def close(self) -> None:
         """The ext_proc stream ended (Envoy reset it, or the answer ended)."""

@@ -27,6 +27,7 @@ from ..context import RequestContext, current_var
 from ..core.clock import Clock, monotonic
 from ..engine.machine import AttemptMachine
 from .failover import next_cluster
+from .hedge_tries import Hedge
 
 if TYPE_CHECKING:
     from .policy import Policies
@@ -84,6 +85,8 @@ class Flight:
     Envoy fires while they are HELD is the first token's, and CONTENT is told the machine
     by the router-level stream when the headers reach it."""
     """The client's `:path`: a retry to an account without a path template goes back to it."""
+    hedge: Hedge | None = None
+    """Its hedge, when the route may hedge it (`hedge_tries`)."""
 
     def aim(self, cluster: str | None = None) -> None:
         """Bind the request's next attempt to the accounts of `cluster`, the one Envoy sends

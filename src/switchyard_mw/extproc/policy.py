@@ -38,6 +38,8 @@ _log = logging.getLogger(__name__)
 CLUSTER_HEADER = "x-switchyard-cluster"
 TIMEOUT_HEADER = "x-envoy-upstream-rq-timeout-ms"
 PER_TRY_TIMEOUT_HEADER = "x-envoy-upstream-rq-per-try-timeout-ms"
+HEDGE_HEADER = "x-switchyard-hedge"
+"""Set on a request Envoy may hedge: it picks the route with the `hedge_policy`."""
 
 
 def _ms(secs: float) -> bytes:
@@ -234,6 +236,14 @@ class Policies:
     def on(self, cluster: str) -> frozenset[str]:
         """The accounts an attempt sent to `cluster` may go with."""
         return self.on_cluster.get(cluster, frozenset())
+
+    @staticmethod
+    def hedged(timeouts: list[tuple[str, bytes]], after_secs: float) -> list[tuple[str, bytes]]:
+        """`timeouts` for a request routed to the hedge route (`hedge_tries`): its per-try
+        timeout is the hedge time, which starts the hedge and cuts no try (the first-token
+        filter bounds each try's first content), and the header that picks the route."""
+        kept = [(k, v) for k, v in timeouts if k != PER_TRY_TIMEOUT_HEADER]
+        return [*kept, (HEDGE_HEADER, b"1"), (PER_TRY_TIMEOUT_HEADER, _ms(after_secs))]
 
     @staticmethod
     def deadline_headers(machine: AttemptMachine) -> list[tuple[str, bytes]]:

@@ -59,10 +59,10 @@ from ..telemetry import request_metrics
 from ..telemetry.logs import request_id_from
 from ..wire import Wire, WireError, model_not_served, read_request, too_large
 from . import _messages as msg
-from . import body_usage
+from . import body_usage, hedge_tries
 from .body_usage import Reader
 from .flights import Flight, Flights, Opening, join, out_of_order
-from .policy import CLUSTER_HEADER, Policies
+from .policy import CLUSTER_HEADER, HEDGE_HEADER, Policies
 
 CONTENT, HELD, EXPIRED = Opening.CONTENT, Opening.HELD, Opening.EXPIRED
 RETRY_HEADER = "x-switchyard-retry"
@@ -78,7 +78,7 @@ __all__ = [
     "RouterStream",
 ]
 REQUEST_ID_HEADER = "x-request-id"
-_UNTRUSTED = [CLUSTER_HEADER]
+_UNTRUSTED = [CLUSTER_HEADER, HEDGE_HEADER]
 """Headers only the processor may set: a client's copies are removed before routing."""
 _ENVOY_CONTROL = [
     "x-envoy-upstream-rq-timeout-ms",
@@ -279,7 +279,11 @@ class RouterStream:
             self.flights.open(flight, request_id.decode("latin-1"))
         options = self.p.options
         sets = [*self.p.routing(lease.account, order)]
-        sets += [options.get(k, v) for k, v in self.p.deadline_headers(machine)]
+        timeouts = self.p.deadline_headers(machine)
+        hedge = flight.hedge = hedge_tries.arm(machine, enabled=self.p.server.envoy_hedge)
+        if hedge is not None:
+            timeouts = self.p.hedged(timeouts, hedge.after_secs)
+        sets += [options.get(k, v) for k, v in timeouts]
         client = ctx.account
         if client is not None and client.spec.path is not None:
             # the provider's path for the model (the route is read again)

@@ -28,7 +28,7 @@ from .first_token import FIRST_TOKEN_FILTER, FirstTokenStream
 from .flights import Flights
 from .policy import Policies
 from .router import RouterStream
-from .upstream import FILTER_METADATA, UpstreamStream
+from .upstream import FILTER_METADATA, HEDGED_FILTER, UpstreamStream
 
 
 class ExtProcServicer(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
@@ -62,6 +62,8 @@ class ExtProcServicer(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 continue
             if value in ("upstream", b"upstream"):
                 return UpstreamStream(self.policies, self.flights)
+            if value in (HEDGED_FILTER, HEDGED_FILTER.encode()):
+                return UpstreamStream(self.policies, self.flights, observes=True)
             if value in (FIRST_TOKEN_FILTER, FIRST_TOKEN_FILTER.encode()):
                 return FirstTokenStream(self.flights)
             if value in (CLOUD_FILTER, CLOUD_FILTER.encode()):

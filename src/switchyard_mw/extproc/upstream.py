@@ -22,9 +22,11 @@ rather than by the router-level stream.
 
 from __future__ import annotations
 
+import copy
 import math
 
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from ..context import RequestContext
 from ..core.throttle import READ_HEADERS as RETRY_TIME_HEADERS
 from ..engine.claims import claimed
 from ..engine.machine import (
@@ -40,6 +42,7 @@ from ..engine.machine import (
     Wait,
 )
 from . import _messages as msg
+from . import hedge_tries
 from .failover import HOST_METADATA_ATTRIBUTE, host_cluster, next_cluster
 from .flights import Flight, Flights, Opening, join, out_of_order
 from .policy import Policies
@@ -53,6 +56,9 @@ from .router import (
 
 FILTER_METADATA = "x-switchyard-filter"
 """gRPC initial metadata naming the filter level; `upstream` for the upstream-level filter."""
+HEDGED_FILTER = "upstream-hedged"
+"""The metadata value of the refusal filter's variant for hedged requests, which sees each
+try's request headers (`hedge_tries`)."""
 ATTEMPT_HEADER = "x-envoy-attempt-count"
 """Set by Envoy on each attempt when the virtual host has `include_request_attempt_count`."""
 REQUEST_ID_ATTRIBUTE = "request.id"
@@ -127,9 +133,13 @@ def _no_account_there(flight: Flight, action: object) -> ep.ProcessingResponse:
 class UpstreamStream:
     """The state of one upstream-level ext_proc stream (one attempt)."""
 
-    def __init__(self, policies: Policies, flights: Flights) -> None:
+    def __init__(self, policies: Policies, flights: Flights, *, observes: bool = False) -> None:
         self.p = policies
         self.flights = flights
+        self.observes = observes
+        """The hedged refusal filter's stream (`HEDGED_FILTER`): a try's request headers only
+        name it (`attempt`), they change nothing."""
+        self.attempt: int | None = None
         self.flight: Flight | None = None
         self.body: bytes | None = None
         """The retry's body in its account's model name, when the body phase must replace it."""
@@ -154,6 +164,10 @@ class UpstreamStream:
             out_of_order(kind)
             return msg.empty_for(request)
         self.seen.add(kind)
+        if kind == "request_headers" and self.observes:
+            # The hedged refusal filter: its try's number, for the answer it may see.
+            self.attempt = hedge_tries.attempt_of(request)
+            return msg.UNCHANGED_REQUEST_HEADERS
         if kind == "request_headers":
             self.cluster = host_cluster(msg.attribute(request, HOST_METADATA_ATTRIBUTE))
             return await self.on_request_headers(msg.headers_of(request.request_headers, _READ))
@@ -173,6 +187,8 @@ class UpstreamStream:
         if first or machine is None:
             # The router-level stream chose this attempt's account and set its credential.
             return msg.UNCHANGED_REQUEST_HEADERS
+        if hedge_tries.is_hedge_try(flight.hedge, machine):
+            return await self._hedge(flight, machine, int(attempt) if attempt.isdigit() else None)
         # Envoy retries an attempt whose answer never started, on a connect failure or a reset
         # before the headers (the route's retry_on): the account's fault, as through the ASGI
         # front. Every answer that did start is seen by the response-side stream first (the
@@ -211,14 +227,46 @@ class UpstreamStream:
             # Eligible when the retry was asked for, gone since (another request cooled it),
             # or the request ended meanwhile: the attempt goes with the previous credential.
             return msg.UNCHANGED_REQUEST_HEADERS
+        return self._credentials(flight.ctx, flight.path, action)
+
+    async def _hedge(
+        self, flight: Flight, machine: AttemptMachine, attempt: int | None
+    ) -> ep.ProcessingResponse:
+        """Envoy's hedge of the request's try in flight (`hedge_tries`): the hedge's account,
+        else a void try (no credential, no prompt: its refusal is dropped by Envoy)."""
+        hedge = flight.hedge
+        assert hedge is not None
+        if flight.order:
+            # Through an aggregate Envoy sends the hedge to the next provider's cluster.
+            cluster = self.cluster or next_cluster(flight.order, len(flight.sent_to))
+            flight.sent_to.append(cluster)
+            flight.aim(cluster)
+        action = await hedge_tries.start(hedge, machine, attempt)
+        machine.retries_over()  # the hedge route's one retry is this try
+        if action is None:
+            self.body = hedge_tries.VOID_BODY
+            answer = ep.ProcessingResponse()
+            length = msg.option("content-length", str(len(self.body)).encode())
+            msg.fill(answer.request_headers.response, [length], CREDENTIAL_HEADERS)
+            return answer
+        # The hedge's own context: the request's goes on naming the first try's account.
+        own = copy.copy(flight.ctx)
+        own.account = machine.hedge_account
+        answer = self._credentials(own, flight.path, action)
+        return answer
+
+    def _credentials(self, ctx: RequestContext, path: bytes, action: Send) -> ep.ProcessingResponse:
+        """The attempt's request headers for `action`'s account (`ctx.account`): its
+        credential and, where it knows the model by another name or at another path, its body
+        and `:path`."""
         sets = [*self.p.auth_options[action.lease.account]]
-        client = flight.ctx.account
+        client = ctx.account
         if self.p.renaming and client is not None:
             # Envoy replays the body the router-level stream sent, in the first account's
             # name: this account may know the model by another name, or at another path.
-            self.body = flight.ctx.body_for_app()
+            self.body = ctx.body_for_app()
             sets.append(msg.option("content-length", str(len(self.body)).encode()))
-            sets.append(msg.option(":path", upstream_path(client, flight.path)))
+            sets.append(msg.option(":path", upstream_path(client, path)))
         answer = ep.ProcessingResponse()
         common = answer.request_headers.response
         msg.fill(common, sets, CREDENTIAL_HEADERS)
@@ -228,6 +276,10 @@ class UpstreamStream:
         """The retry's buffered body (asked for by the example's retry filter): replaced by
         the one in this attempt's account's name, else let through."""
         body, self.body = self.body, None
+        if body is hedge_tries.VOID_BODY:
+            answer = msg.request_body()
+            answer.request_body.response.body_mutation.clear_body = True
+            return answer
         return msg.request_body(body=body)
 
     def on_response_headers(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
@@ -240,6 +292,12 @@ class UpstreamStream:
             return msg.UNCHANGED_RESPONSE_HEADERS
         self.p = flight.policies or self.p  # the request's own, across a reload
         headers = msg.headers_of(request.response_headers, _STATUS)
+        status = int(headers.get(":status", b"0") or 0)
+        which = hedge_tries.which(flight.hedge, self.attempt)
+        if flight.hedge is not None and hedge_tries.refused(flight.hedge, machine, which, status):
+            # A try of a hedged request refused while the other races (it lost), or a void
+            # try: held until Envoy resets it, when the other's headers reach it.
+            return hedge_tries.HOLD
         flight.aim()  # a retry goes to the next cluster of the request's: its accounts only
         machine.started(int(headers.get(":status", b"0") or 0), headers.items())
         if machine.state is State.READING:

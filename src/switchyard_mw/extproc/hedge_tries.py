@@ -1,0 +1,201 @@
+"""Hedged first tokens behind Envoy: the route's `hedge_policy` starts the second try, the
+processor gives it its account and settles the race.
+
+With `[server] envoy_hedge`, a stream whose account hedges (`hedge_after_secs`) and whose model
+another account could take (`AttemptMachine.may_hedge`) is marked `x-switchyard-hedge`, which
+routes it to the route with `hedge_policy: {hedge_on_per_try_timeout: true}`, and its per-try
+timeout is the hedge time. The first-token filter holds each try's headers until its first
+content event, so the router sees none from a try that is slow to content: at the per-try
+timeout Envoy sends a second try without cutting the first, and commits to the first try
+whose headers reach it, resetting the other (measured on Envoy 1.40,
+`tests/extproc/test_envoy_hedge_policy.py`).
+
+- The second try's request headers (the upstream-level retry filter) come while the first is
+  still in flight: if the budget (`hedge_max_ratio`) and an account allow, the machine's hedge
+  (`AttemptMachine.hedge`) gives it that account's credential and body. Else it is a *void*
+  try: it goes out with neither credential nor prompt.
+- Each try's first-token and refusal streams name their try by its own
+  `x-envoy-attempt-count`, which they read from the try's request headers (the hedged variants
+  of those filters, which the example's envoy.yaml runs only for a request marked
+  `x-switchyard-hedge`, send them). Nothing read later would do: Envoy sends one header map
+  for every try and raises its count for each (measured,
+  `tests/extproc/test_envoy_hedge_policy.py`), and the dynamic metadata one try's filter sets
+  is read back by the other's (measured with a prototype that named tries so).
+- The try whose content comes first wins (`hedge_over(won=...)`). A try refused or past its
+  first-token bound while the other races loses with what that says of its account, and is
+  held (its headers never answered, `HOLD` asks Envoy for the time) until Envoy resets it for
+  the other; so is a void try's refusal.
+
+The hedged route has one retry (`num_retries: 1`), which the hedge takes: a request whose first
+try fails before the hedge time has its one retry, as ever, and no hedge.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass
+
+from google.protobuf.duration_pb2 import Duration
+
+from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from ..engine.machine import AskBudget, AttemptMachine, Send, State
+from ..engine.stream_bounds import first_token_secs
+
+ATTEMPT_HEADER = "x-envoy-attempt-count"
+VOID_BODY = b""
+"""The body of a try that has no account: none (cleared), which a provider refuses (a 401
+without a key; a 400 for a body that is no request)."""
+EARLY = 0.5
+"""A second try sooner than half the hedge time is Envoy's retry of a try that never answered
+(reset, refused connection), not its hedge."""
+HOLD_SECS = 300
+"""How long a losing try's refusal is held (`override_message_timeout`): Envoy resets the try
+when the other's headers reach it. The filter's `max_message_timeout` must allow it."""
+HOLD = ep.ProcessingResponse(override_message_timeout=Duration(seconds=HOLD_SECS))
+"""The answer that holds a losing try's refusal: no answer to its headers, only more time.
+Dropping it instead (retry-marked, with no retry left) makes Envoy 1.40 reset the try from
+inside the upstream filter's callback, which crashed it (a segmentation fault, measured)."""
+
+
+class Try(enum.Enum):
+    """Which try of a hedged request a stream holds."""
+
+    FIRST = "first"
+    """The request's attempt before the hedge (no mark)."""
+    HEDGE = "hedge"
+    VOID = "void"
+
+
+class Race(enum.Enum):
+    """Where a hedged request's race stands."""
+
+    ARMED = "armed"
+    """Routed to the hedge route: Envoy starts a second try at the hedge time."""
+    RACING = "racing"
+    """The hedge has its account: both tries race for the first content event."""
+    VOID = "void"
+    """The second try came with no account to give it: it went out empty."""
+    OVER = "over"
+    """Decided: one try is the request's attempt."""
+
+
+@dataclass(slots=True)
+class Hedge:
+    """One request's hedge under Envoy."""
+
+    after_secs: float
+    race: Race = Race.ARMED
+    sent_at: float | None = None
+    """When the hedge's account was given its try (monotonic)."""
+    hedge_try: int | None = None
+    """Envoy's number of the hedge's try (or of the void try)."""
+    winner: Try | None = None
+    """The try that is the request's attempt once the race is over."""
+
+
+def arm(machine: AttemptMachine, *, enabled: bool) -> Hedge | None:
+    """The request's hedge, when the route may hedge it: a stream whose account hedges and
+    whose model another account could take now (`AttemptMachine.hedge_due`, which counts the
+    request in its model's hedge budget)."""
+    view = machine.ctx.view
+    if not enabled or view is None or not view.stream:
+        return None
+    after = machine.hedge_due()
+    return None if after is None else Hedge(after)
+
+
+def is_hedge_try(hedge: Hedge | None, machine: AttemptMachine) -> bool:
+    """Whether Envoy's new try of the request is its hedge: the route hedges, the first try is
+    still in flight without an answer, no hedge has started, and the hedge time has come (a
+    sooner try is Envoy's retry of a reset)."""
+    sent_at = machine.sent_at()
+    if hedge is None or hedge.race is not Race.ARMED or sent_at is None:
+        return False
+    return machine.state is State.SENT and time.monotonic() - sent_at >= hedge.after_secs * EARLY
+
+
+async def start(hedge: Hedge, machine: AttemptMachine, attempt: int | None) -> Send | None:
+    """The hedge try's account, when the budget and an account allow (None: a void try);
+    `attempt`: Envoy's number of that try."""
+    hedge.hedge_try = attempt
+    action = machine.hedge() if machine.state is State.SENT else None
+    if isinstance(action, AskBudget):  # the budget shared across replicas
+        action = machine.hedge_allowed(await action.ask())
+    if action is None:
+        hedge.race = Race.VOID
+        return None
+    hedge.race, hedge.sent_at = Race.RACING, time.monotonic()
+    return action
+
+
+def attempt_of(request: ep.ProcessingRequest) -> int | None:
+    """Envoy's number of the try whose request headers `request` carries."""
+    for header in request.request_headers.headers.headers:
+        if header.key == ATTEMPT_HEADER:
+            value = header.raw_value or header.value.encode()
+            return int(value) if value.isdigit() else None
+    return None
+
+
+def which(hedge: Hedge | None, attempt: int | None) -> Try:
+    """Which try of its request the stream of try `attempt` holds."""
+    if hedge is None or attempt is None or attempt != hedge.hedge_try:
+        return Try.FIRST
+    return Try.VOID if hedge.race is Race.VOID else Try.HEDGE
+
+
+def lost_already(hedge: Hedge, which: Try) -> bool:
+    """Whether the try `which` lost its request's race (or is its void try)."""
+    if which is Try.VOID:
+        return True
+    return hedge.race is Race.OVER and hedge.winner not in (None, which)
+
+
+def content_due(hedge: Hedge | None, machine: AttemptMachine, which: Try) -> float | None:
+    """When the try `which`'s first content event is due: the machine's for the attempt in
+    flight, the hedge's own from its send (none for a try that lost or is void)."""
+    if hedge is None or which is Try.FIRST:
+        return machine.first_content_due()
+    account, sent_at, due = machine.hedge_account, hedge.sent_at, machine.first_content_due()
+    if which is Try.VOID or account is None or sent_at is None or due is None:
+        return None
+    own = sent_at + first_token_secs(account.spec)
+    budget_at = machine.ctx.budget_at
+    return own if budget_at is None else min(own, budget_at)
+
+
+def won(hedge: Hedge, machine: AttemptMachine, which: Try) -> None:
+    """The try `which` produced content first: the race is over."""
+    if hedge.race is not Race.RACING:
+        return
+    hedge.race, hedge.winner = Race.OVER, which
+    machine.hedge_over(won=which is Try.HEDGE)
+    account = machine.ctx.account
+    started = hedge.sent_at if which is Try.HEDGE else machine.sent_at()
+    if account is not None and started is not None:
+        machine.content_after(account.name, time.monotonic() - started)
+
+
+def lost(hedge: Hedge, machine: AttemptMachine, which: Try, status: int) -> bool:
+    """The try `which` failed (`status`; 504 past its first-token bound) while the other
+    races: it loses with what the machine makes of that, and the other is the attempt. False
+    when the request is not racing (the machine's own rules apply)."""
+    if hedge.race is not Race.RACING or which is Try.VOID:
+        return False
+    hedge.race = Race.OVER
+    hedge.winner = Try.FIRST if which is Try.HEDGE else Try.HEDGE
+    machine.race_failed(hedge=which is Try.HEDGE, status=status, error=None, report=machine.ctx)
+    return True
+
+
+def refused(hedge: Hedge, machine: AttemptMachine, which: Try, status: int) -> bool:
+    """A try's refusal (`status`) seen by the upstream-level filter: True when it is to be
+    held (`HOLD`): the void try's, a racing try's (which then loses), or a try that lost
+    already; False: the machine's own rules apply (the try is the request's attempt)."""
+    print("REFUSED", which, status, hedge, flush=True)
+    if which is Try.VOID:
+        return True
+    if hedge.race is Race.OVER and hedge.winner is not None:
+        return which is not hedge.winner
+    return lost(hedge, machine, which, status)

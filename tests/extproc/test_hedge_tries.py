@@ -1,0 +1,168 @@
+"""Hedged first tokens behind Envoy, the processor's part without Envoy (`extproc.hedge_tries`):
+which request the route may hedge, when a new try is the hedge, which try a stream holds, the
+hedge's own first-token bound, and how a try's refusal or win ends the race. The live proof
+through Envoy is test_envoy_hedge_live.py."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from extproc_helpers import request_headers
+from switchyard_mw.accounts import build_accounts
+from switchyard_mw.config import parse_config
+from switchyard_mw.context import RequestContext
+from switchyard_mw.engine.machine import Send, State
+from switchyard_mw.extproc import Policies
+from switchyard_mw.extproc import hedge_tries as ht
+from switchyard_mw.extproc.flights import Flight
+from switchyard_mw.wire import Wire, read_request
+
+HEDGE_SECS = 0.5
+
+
+def config(*, hedge: bool = True, after: str = str(HEDGE_SECS), accounts: str = "ab") -> str:
+    return f"[server]\nenvoy_hedge = {str(hedge).lower()}\nhedge_max_ratio = 1.0\n" + "".join(
+        f"""
+[llm_clients.{name}]
+base_url = "https://prov.example"
+api_key_env = "KEY"
+models = ["m"]
+priority = {i}
+first_token_secs = {4 + i}
+hedge_after_secs = {after}
+envoy_cluster = "prov"
+"""
+        for i, name in enumerate(accounts)
+    )
+
+
+def sent(text: str, *, stream: bool = True) -> tuple[Policies, Any]:
+    """A request of `m` whose first attempt was sent, with its machine."""
+    cfg = parse_config(text)
+    policies = Policies(cfg, build_accounts(cfg, {"KEY": "k"}))
+    body = json.dumps(
+        {
+            "model": "m",
+            "max_tokens": 5,
+            "stream": stream,
+            "messages": [{"role": "user", "content": "x"}],
+        }
+    ).encode()
+    ctx = RequestContext(view=read_request(Wire.ANTHROPIC, body), body=body)
+    flight = Flight(ctx=ctx, policies=policies)
+    machine = flight.machine = policies.machine(flight)
+    assert isinstance(machine.begin(), Send)
+    return policies, machine
+
+
+def test_a_stream_on_a_hedging_account_is_armed_with_its_hedge_time() -> None:
+    _, machine = sent(config())
+    hedge = ht.arm(machine, enabled=True)
+    assert hedge is not None
+    assert hedge.after_secs == HEDGE_SECS
+    assert hedge.race is ht.Race.ARMED
+
+
+@pytest.mark.parametrize(
+    ("text", "enabled", "stream"),
+    [
+        (config(), False, True),  # envoy_hedge off: Envoy's route does not hedge
+        (config(), True, False),  # a JSON answer: no first content to race for
+        (config(accounts="a"), True, True),  # no other account to hedge on
+    ],
+    ids=["off", "json", "alone"],
+)
+def test_what_is_not_armed(text: str, enabled: bool, stream: bool) -> None:
+    _, machine = sent(text, stream=stream)
+    assert ht.arm(machine, enabled=enabled) is None
+
+
+def test_the_new_try_is_the_hedge_from_half_the_hedge_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    _, machine = sent(config())
+    hedge = ht.arm(machine, enabled=True)
+    sent_at = machine.sent_at()
+    assert sent_at is not None
+    now = sent_at + HEDGE_SECS * ht.EARLY - 0.001
+    monkeypatch.setattr(ht.time, "monotonic", lambda: now)
+    assert not ht.is_hedge_try(hedge, machine)  # sooner: Envoy's retry of a reset
+    now = sent_at + HEDGE_SECS * ht.EARLY
+    assert ht.is_hedge_try(hedge, machine)
+    assert not ht.is_hedge_try(None, machine)
+
+
+async def test_a_started_hedge_names_its_try_and_has_its_own_first_token_bound() -> None:
+    _, machine = sent(config())
+    hedge = ht.arm(machine, enabled=True)
+    assert hedge is not None
+    action = await ht.start(hedge, machine, 2)
+    assert isinstance(action, Send)
+    assert action.lease.account == "b"
+    assert hedge.race is ht.Race.RACING
+    assert (ht.which(hedge, 1), ht.which(hedge, 2), ht.which(hedge, None)) == (
+        ht.Try.FIRST,
+        ht.Try.HEDGE,
+        ht.Try.FIRST,
+    )
+    first, own = (
+        ht.content_due(hedge, machine, ht.Try.FIRST),
+        ht.content_due(hedge, machine, ht.Try.HEDGE),
+    )
+    assert first == pytest.approx((machine.sent_at() or 0) + 4)  # a's first_token_secs
+    assert own == pytest.approx((hedge.sent_at or 0) + 5)  # b's, from the hedge's send
+
+
+async def test_no_budget_makes_a_void_try_that_is_held() -> None:
+    _, machine = sent(config().replace("hedge_max_ratio = 1.0", "hedge_max_ratio = 0.0"))
+    hedge = ht.arm(machine, enabled=True)
+    assert hedge is not None
+    assert await ht.start(hedge, machine, 2) is None
+    assert hedge.race is ht.Race.VOID
+    assert ht.which(hedge, 2) is ht.Try.VOID
+    assert ht.lost_already(hedge, ht.Try.VOID)
+    assert ht.content_due(hedge, machine, ht.Try.VOID) is None
+    assert ht.refused(hedge, machine, ht.Try.VOID, 400)  # held: never the client's
+    assert not ht.refused(hedge, machine, ht.Try.FIRST, 503)  # the attempt: the machine's
+    assert machine.state is State.SENT
+
+
+async def test_the_hedge_with_content_first_wins_and_the_first_goes_back_unblamed() -> None:
+    policies, machine = sent(config())
+    hedge = ht.arm(machine, enabled=True)
+    assert hedge is not None
+    await ht.start(hedge, machine, 2)
+    ht.won(hedge, machine, ht.Try.HEDGE)
+    assert hedge.race is ht.Race.OVER
+    assert machine.ctx.account is not None
+    assert machine.ctx.account.name == "b"
+    assert policies.engine.pool.status_of("a").consecutive_faults == 0
+    assert ht.lost_already(hedge, ht.Try.FIRST)
+    assert not ht.lost_already(hedge, ht.Try.HEDGE)
+    assert ht.refused(hedge, machine, ht.Try.FIRST, 503)  # the loser's late refusal: held
+
+
+@pytest.mark.parametrize(
+    ("which", "blamed", "account"), [(ht.Try.HEDGE, "b", "a"), (ht.Try.FIRST, "a", "b")]
+)
+async def test_a_try_refused_while_racing_loses_as_its_account_fault(
+    which: ht.Try, blamed: str, account: str
+) -> None:
+    policies, machine = sent(config())
+    hedge = ht.arm(machine, enabled=True)
+    assert hedge is not None
+    await ht.start(hedge, machine, 2)
+    assert ht.refused(hedge, machine, which, 503)
+    assert hedge.race is ht.Race.OVER
+    assert policies.engine.pool.status_of(blamed).consecutive_faults == 1
+    assert machine.ctx.account is not None
+    assert machine.ctx.account.name == account
+    other = ht.Try.FIRST if which is ht.Try.HEDGE else ht.Try.HEDGE
+    assert not ht.refused(hedge, machine, other, 503)  # the survivor's: the machine's rules
+
+
+def test_a_try_is_named_by_its_own_request_headers() -> None:
+    message = request_headers(extra={"x-envoy-attempt-count": "2"})
+    assert ht.attempt_of(message) == 2
+    assert ht.attempt_of(request_headers()) is None
