@@ -280,9 +280,10 @@ class RouterStream:
         options = self.p.options
         sets = [*self.p.routing(lease.account, order)]
         timeouts = self.p.deadline_headers(machine)
-        hedge = flight.hedge = hedge_tries.arm(machine, enabled=self.p.server.envoy_hedge)
-        if hedge is not None:
-            timeouts = self.p.hedged(timeouts, hedge.after_secs)
+        if self.p.server.envoy_hedge:  # off (the default): not even a call
+            hedge = flight.hedge = hedge_tries.arm(machine, enabled=True)
+            if hedge is not None:
+                timeouts = self.p.hedged(timeouts, hedge.after_secs)
         sets += [options.get(k, v) for k, v in timeouts]
         client = ctx.account
         if client is not None and client.spec.path is not None:
