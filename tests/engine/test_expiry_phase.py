@@ -15,7 +15,7 @@ from test_machine import Env, is_send
 
 from switchyard_mw.context import RequestContext
 from switchyard_mw.engine.attempts import Phase
-from switchyard_mw.engine.machine import expiry_phase
+from switchyard_mw.engine.machine import expiry_phase, expiry_resumable
 from switchyard_mw.wire import Wire, read_request
 
 EARLY = 0.001  # the ASGI front's timer: asyncio may run it up to its clock resolution early
@@ -140,3 +140,12 @@ def test_the_machine_names_a_streams_headers_and_idle_gap() -> None:
     m.deadline(env.clock.now)
     assert m.phase() is Phase.HEADERS  # behind Envoy a stream that never started
     assert m.phase(started=True) is Phase.IDLE
+
+
+@pytest.mark.parametrize("phase", list(Phase))
+def test_a_started_stream_that_expired_may_be_resumed_unless_the_budget_ended_it(
+    phase: Phase,
+) -> None:
+    # No time is left for a continuation once the caller's budget is over.
+    assert expiry_resumable(phase) is (phase is not Phase.BUDGET)
+    assert expiry_resumable(str(phase)) is (phase is not Phase.BUDGET)  # a front's label

@@ -288,6 +288,13 @@ def expiry_phase(
     return Phase.IDLE
 
 
+def expiry_resumable(phase: str) -> bool:
+    """Whether a stream whose content started and whose deadline then ran out in `phase`
+    (`expiry_phase`) may be continued on another account: not when the caller's budget
+    ended it, for no time is left for a continuation (its end is the answer)."""
+    return phase != Phase.BUDGET
+
+
 class AttemptMachine:
     """The attempts of one request. Build it with `engine.machine(ctx, ...)`, the one place
     one is built (`grounds`: what it decides with, the engine's).
