@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from conftest import Metrics
 from switchyard_mw.asgi.stack import switchyard_stack
 from switchyard_mw.context import current_context
 
@@ -121,3 +122,84 @@ async def test_a_cut_stream_reaches_the_client_whole_and_once_with_its_continuat
     assert "error" not in kinds
     text = "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta")
     assert text == "Hello, world!"
+
+
+async def hangs_on_a(calls: list[str]) -> Any:
+    """An app whose stream on account a goes silent after its first content; b answers whole."""
+
+    async def run(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        ctx = current_context()
+        assert ctx is not None
+        assert ctx.account is not None
+        calls.append(ctx.account.name)
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": SSE})
+        if ctx.account.name == "a":
+            body = OPENING + delta("Hello, ")
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+            await asyncio.sleep(30)
+        else:
+            body = OPENING + delta("world!") + CLOSING
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    return run
+
+
+async def serve(tmp_path: Path, config: str, headers: list[tuple[bytes, bytes]]) -> list[Any]:
+    path = tmp_path / "s.toml"
+    path.write_text(config)
+    calls: list[str] = []
+    stack = switchyard_stack(await hangs_on_a(calls), config=path, environ={"K": "k"})
+    sent: list[dict[str, Any]] = []
+    given = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": BODY, "more_body": False}
+        await asyncio.Event().wait()
+        raise AssertionError
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/messages",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json"), *headers],
+        "state": {},
+    }
+    await asyncio.wait_for(stack(scope, receive, send), 10)
+    body = b"".join(m.get("body", b"") for m in sent[1:])
+    events = [json.loads(f.split(b"\ndata: ", 1)[1]) for f in body.split(b"\n\n") if f]
+    return [calls, events]
+
+
+async def test_a_stream_that_went_idle_is_resumed_on_another_account(
+    tmp_path: Path, otel_metrics: Metrics
+) -> None:
+    before = otel_metrics.value("switchyard.resumes", reason="idle", result="resumed")
+    config = CONFIG.replace('models = ["m"]\n', 'models = ["m"]\nstream_idle_secs = 0.3\n', 1)
+    calls, events = await serve(tmp_path, config, [])
+    assert calls == ["a", "b"]
+    assert otel_metrics.value("switchyard.resumes", reason="idle", result="resumed") == before + 1
+    text = "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta")
+    assert text == "Hello, world!"
+    assert events[-1]["type"] == "message_stop"
+
+
+async def test_a_stream_whose_budget_ran_out_is_not_resumed(
+    tmp_path: Path, otel_metrics: Metrics
+) -> None:
+    # The caller's budget is over: no time for a continuation, its end is the answer, and
+    # no resume is tried (none counted, not even as unavailable).
+    before = otel_metrics.value("switchyard.resumes")
+    calls, events = await serve(tmp_path, CONFIG, [(b"x-switchyard-timeout-ms", b"400")])
+    assert calls == ["a"]
+    assert otel_metrics.value("switchyard.resumes") == before
+    assert [e["type"] for e in events][-1] == "error"
+    assert "budget" in json.dumps(events[-1])

@@ -11,7 +11,7 @@ import asyncio
 import time
 
 from ..context import RequestContext
-from ..engine.attempts import Limits, Phase, deadline_secs, in_force
+from ..engine.attempts import Limits, deadline_secs, in_force
 from ..engine.claims import claimed
 from ..engine.content_events import watch_for
 from ..engine.machine import (
@@ -144,9 +144,9 @@ def _arm_both(
     ex.arm(first, idle, now)
     ex.hold_start(watch_for(view.wire) if view.stream else None, limits, content_at)
     # `first` is the first-token limit itself when that is below `timeout_secs`
-    # (`deadline_secs`): a stream that did not start by then ran out of its first token.
+    # (`deadline_secs`): what an expiry before the start means is the machine's to say.
     if view.stream and first < limits.timeout_secs:
-        ex.no_start_phase = Phase.FIRST_TOKEN
+        ex.first_token_sooner = True
 
 
 async def _attempt(

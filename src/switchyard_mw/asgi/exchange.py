@@ -30,7 +30,7 @@ from ..context import RequestContext
 from ..engine.answers import deadline_exceeded, exposed_headers
 from ..engine.attempts import Phase, first_token
 from ..engine.content_events import ContentWatch
-from ..engine.machine import FORWARD, State
+from ..engine.machine import FORWARD, State, expiry_phase
 from ..engine.stream_bounds import ThroughputFloor, floor_for
 from ..engine.tenancy import with_limits
 from ..errors import DeadlineExceededAfterStart
@@ -103,6 +103,9 @@ _READ_TIMEOUT, _CLIENT_LEFT, _DEADLINE = Cause.READ_TIMEOUT, Cause.CLIENT_LEFT, 
 _READING, _SERVING, _ENDED = Stage.READING, Stage.SERVING, Stage.ENDED
 _PENDING, _TOLD, _CANCELLED = Expiry.PENDING, Expiry.TOLD, Expiry.CANCELLED
 _SHORT = 2 * WATCH_AFTER_SECS  # a bound this short gets its timer at once
+_TIMER_EARLY = 0.001
+"""How much sooner than its time the deadline's timer may fire (asyncio runs a timer up to
+its clock resolution early): a budget or throughput floor this close counts as reached."""
 _DISCONNECT: Message = {"type": "http.disconnect"}
 _FORWARDING_STATE = State.FORWARDING
 
@@ -144,6 +147,7 @@ class Exchange(Deferred):
         "_size",
         "_slow_at",
         "_start",
+        "_start_held",
         "_until",
         "_wake",
         "_watcher",
@@ -152,10 +156,10 @@ class Exchange(Deferred):
         "expiry",
         "expose",
         "finished",
+        "first_token_sooner",
         "held",
         "held_whole",
         "last",
-        "no_start_phase",
         "stage",
         "stream",
         "tap",
@@ -201,8 +205,11 @@ class Exchange(Deferred):
         self._content_at = 0.0  # (monotonic) when a stream's first content is due
         self._floor: ThroughputFloor | None = None
         self._slow_at: float | None = None  # (monotonic) when the stream is slow unless more
-        self.no_start_phase: str = Phase.TOTAL
-        """The phase of an expiry before anything reached the client."""
+        # What an expiry before the start went on means is the machine's to say
+        # (`expiry_phase`): these are what it asks about the attempt's answer.
+        self._start_held = False  # a successful start is held back for its first content
+        self.first_token_sooner = False
+        """A stream's first bound is its first-token bound (sooner than its time to start)."""
         self._content = False  # the machine heard of the answer's first content
         self.expiry = _PENDING
         self._machine: AttemptMachine | None = None  # the attempt's, when one may be held
@@ -375,7 +382,7 @@ class Exchange(Deferred):
         self._pre = None
         self._pre_size = 0
         self._content_watch = self._floor = self._slow_at = None
-        self.no_start_phase = Phase.HEADERS if idle is not None else Phase.TOTAL
+        self._start_held = self.first_token_sooner = False
         budget_at = self.ctx.budget_at
         if budget_at is not None and budget_at - now < secs:
             secs = max(budget_at - now, 0.0)
@@ -404,7 +411,7 @@ class Exchange(Deferred):
         """A stream's successful start came and is held elsewhere (a hedge's race): its first
         content is what is due now, as when the start is held here."""
         if self._holds and self._idle is not None:
-            self.no_start_phase = Phase.FIRST_TOKEN
+            self._start_held = True
             now = time.monotonic()
             self.move(self._bound(self._content_at - now, now))
 
@@ -461,19 +468,21 @@ class Exchange(Deferred):
         assert self.ctx is not None
         self.ctx.deadline_at = now + secs
 
-    def phase(self) -> str:
-        """The phase an expiry now ran out in: what the response had got to tells it."""
-        started = self._start is not None
+    def phase(self) -> Phase:
+        """The phase an expiry now ran out in: the machine's rule (`expiry_phase`) asked
+        with what the response had got to."""
         ctx = self.ctx
         assert ctx is not None
-        now = time.monotonic()
-        if ctx.budget_at is not None and now >= ctx.budget_at - 0.001:
-            return "budget"
-        if not started:
-            return self.no_start_phase
-        if self._slow_at is not None and now >= self._slow_at - 0.001:
-            return Phase.SLOW
-        return "idle" if self._idle is not None else "total"
+        return expiry_phase(
+            time.monotonic(),
+            ctx.budget_at,
+            stream=self._idle is not None,
+            started=self._start is not None,
+            early=_TIMER_EARLY,
+            start_held=self._start_held,
+            first_token_sooner=self.first_token_sooner,
+            slow_at=self._slow_at,
+        )
 
     async def run(self, app: Any, scope: Scope, receive: Receive, send: Send) -> None:
         """Run the app for one attempt under the deadline `arm` set; its expiry is answered
@@ -619,8 +628,8 @@ class Exchange(Deferred):
         attempt's answer is held (the machine is asked once per attempt)."""
         if self._holds and start["status"] < 300:
             self._pre = [start]
+            self._start_held = True
             if self._idle is not None:  # a stream: its first content is now what is due
-                self.no_start_phase = Phase.FIRST_TOKEN
                 now = time.monotonic()
                 self.move(self._bound(self._content_at - now, now))
             return

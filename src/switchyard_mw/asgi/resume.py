@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING
 
 from ..config import Server
 from ..engine.answers import deadline_exceeded
-from ..engine.attempts import Phase
-from ..engine.machine import AttemptMachine
+from ..engine.machine import AttemptMachine, expiry_resumable
 from ..engine.machine import Send as SendOn
 from ..telemetry import logs
 from ..telemetry import names as tm
@@ -173,7 +172,7 @@ class StreamTap:
         transcript = self.transcript
         if (
             mode is not Mode.WATCHING
-            or phase == Phase.BUDGET
+            or not expiry_resumable(phase)
             or transcript is None
             or not self._resumable(transcript)
         ):

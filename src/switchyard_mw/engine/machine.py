@@ -252,6 +252,49 @@ _NAMING = frozenset({Gone.RETRIED, Gone.LOCAL_REPLY, Gone.DISCONNECTED})
 """Gone reasons a CLIENT span names as its `error.type` when no answer had started."""
 
 
+def expiry_phase(
+    now: float,
+    budget_at: float | None,
+    *,
+    stream: bool,
+    started: bool,
+    early: float = 0.0,
+    budget_bound: bool = False,
+    start_held: bool = False,
+    first_token_sooner: bool = False,
+    slow_at: float | None = None,
+) -> Phase:
+    """What an expiry means: the phase an attempt's deadline that fired at `now` ran out in,
+    from what the front saw. One rule for both fronts; each gives the facts it has.
+
+    `budget_at`: the end of the caller's budget (None: none); `early`: how much sooner than
+    its time the front's timer may fire (the ASGI front's asyncio timer, by up to its clock
+    resolution), so a budget or a throughput floor reached within it counts as reached;
+    `budget_bound`: the bound that fired was cut to the budget (the machine gave it: behind
+    Envoy); `stream`: the answer is a stream; `started`: its start went on to the client;
+    `start_held`: a successful start is held back waiting for its first content;
+    `first_token_sooner`: the stream's first bound is its first-token bound, the sooner of
+    that and its time to start (through the ASGI front, not behind Envoy: a recorded
+    difference); `slow_at`: when the started stream's throughput floor passes (None: none).
+    """
+    if budget_bound or (budget_at is not None and now >= budget_at - early):
+        return Phase.BUDGET  # the caller's budget ended it: no account is to blame
+    if not stream:
+        return Phase.TOTAL
+    if not started:
+        return _FIRST_TOKEN if start_held or first_token_sooner else Phase.HEADERS
+    if slow_at is not None and now >= slow_at - early:
+        return Phase.SLOW
+    return Phase.IDLE
+
+
+def expiry_resumable(phase: str) -> bool:
+    """Whether a stream whose content started and whose deadline then ran out in `phase`
+    (`expiry_phase`) may be continued on another account: not when the caller's budget
+    ended it, for no time is left for a continuation (its end is the answer)."""
+    return phase != Phase.BUDGET
+
+
 class AttemptMachine:
     """The attempts of one request. Build it with `engine.machine(ctx, ...)`, the one place
     one is built (`grounds`: what it decides with, the engine's).
@@ -926,14 +969,17 @@ class AttemptMachine:
         return budget_at is None or self._clock() + secs < budget_at
 
     def phase(self, *, started: bool = False) -> Phase:
-        """The phase a deadline that fired now ran out in, from the bound `deadline` set."""
+        """The phase a deadline that fired now ran out in (`expiry_phase`), from the bound
+        `deadline` set: behind Envoy, whose timers fire no sooner than asked."""
         ctx = self.ctx
-        if self._budget_bound or (ctx.budget_at is not None and self._clock() >= ctx.budget_at):
-            return Phase.BUDGET
-        stream = ctx.view is not None and ctx.view.stream
-        if not stream:
-            return Phase.TOTAL
-        return Phase.IDLE if started else Phase.HEADERS
+        view = ctx.view
+        return expiry_phase(
+            self._clock(),
+            ctx.budget_at,
+            stream=view is not None and view.stream,
+            started=started,
+            budget_bound=self._budget_bound,
+        )
 
     # --- the one retry rule -------------------------------------------------------------
 
