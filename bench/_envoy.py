@@ -18,6 +18,7 @@ from typing import Any
 
 from _harness import (
     ANTHROPIC_PATH,
+    EXAMPLE_KEYS,
     PYTHON,
     ROOT,
     SERVER_CORE,
@@ -203,7 +204,7 @@ def _with_processor(
 
     proc_port = free_port()
     cmd = [*cmd, "--listen", f"127.0.0.1:{proc_port}"]
-    env = {"MOCK_KEY_A": "mock-key-a", "MOCK_KEY_B": "mock-key-b", "MOCK_JUDGE_KEY": "mock-judge"}
+    env = dict(EXAMPLE_KEYS)
     try:
         processor = procs.start("extproc", pinned(SERVER_CORE, cmd), port=proc_port, env=env)
     except (RuntimeError, TimeoutError) as exc:

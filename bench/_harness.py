@@ -26,6 +26,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 PYTHON = sys.executable
+EXAMPLE_KEYS = {
+    "MOCK_KEY_A": "mock-key-a",
+    "MOCK_KEY_B": "mock-key-b",
+    "MOCK_KEY_C": "mock-key-c",
+    "MOCK_JUDGE_KEY": "mock-judge",
+}
+"""The keys examples/envoy/switchyard.toml reads (any values: the mock answers every key)."""
 SERVER_CORE = "0"
 LOAD_CORE = "1"
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -21,6 +21,7 @@ from pathlib import Path
 from _envoy import EXAMPLE, drop_block, processor_config
 from _harness import (
     ANTHROPIC_PATH,
+    EXAMPLE_KEYS,
     PYTHON,
     Processes,
     anthropic_body,
@@ -90,7 +91,7 @@ def count(transport: str, n: int, workdir: Path, size: int = 1024) -> int:
         keep = os.environ.get("BENCH_CALLGRIND_DIR")
         profile = f"{keep}/callgrind.{transport}-{size}-{n}" if keep else "/dev/null"
         valgrind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={profile}", *cmd]
-        env = {"MOCK_KEY_A": "a", "MOCK_KEY_B": "b", "MOCK_JUDGE_KEY": "judge"}
+        env = dict(EXAMPLE_KEYS)
         log = run / "processor.log"
         with log.open("wb") as out:
             processor = subprocess.Popen(

@@ -43,6 +43,7 @@ from _harness import (
     ANTHROPIC_PATH,
     BENCH,
     CLK_TCK,
+    EXAMPLE_KEYS,
     LOAD_CORE,
     PYTHON,
     SERVER_CORE,
@@ -184,7 +185,7 @@ class Rig:
         config = processor_config(self.procs.workdir, self.mock)
         cmd = [PYTHON, "-m", "switchyard_mw.cli", "extproc", "--config", str(config)]
         cmd += ["--listen", f"127.0.0.1:{proc_port}", "--transport", transport]
-        env = {"MOCK_KEY_A": "a", "MOCK_KEY_B": "b", "MOCK_JUDGE_KEY": "judge"}
+        env = dict(EXAMPLE_KEYS)
         processor = self.procs.start(
             f"extproc-{transport}", pinned(SERVER_CORE, cmd), port=proc_port, env=env
         )

@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import (
     ANTHROPIC_PATH,
     BENCH,
+    EXAMPLE_KEYS,
     PYTHON,
     SIZES,
     Processes,
@@ -104,7 +105,7 @@ def record(size: str, requests: int, workdir: Path) -> Path:
         proc_port = free_port()
         cmd = [PYTHON, "-m", "switchyard_mw.cli", "extproc", "--config"]
         cmd += [str(processor_config(workdir, mock)), "--listen", f"127.0.0.1:{proc_port}"]
-        env = {"MOCK_KEY_A": "a", "MOCK_KEY_B": "b", "MOCK_JUDGE_KEY": "judge"}
+        env = dict(EXAMPLE_KEYS)
         procs.start("processor", cmd, port=proc_port, env=env)
         listen = socket.create_server(("127.0.0.1", 0))
         proxy_port = listen.getsockname()[1]
