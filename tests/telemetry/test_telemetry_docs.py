@@ -1,4 +1,4 @@
-"""docs/telemetry.md names exactly what `telemetry.py` emits: no name missing, none invented."""
+"""docs/telemetry.md names exactly what `telemetry/names.py` defines: none missing or invented."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ import httpx
 from ..answer_names import StreamNamer
 from ..clients.outbound import map_exceptions
 from ..context import RequestContext, current_context
-from ..engine.usage import StreamUsage, Tokens
+from ..engine.usage import StreamUsage, report_tokens
 from ..errors import TransportError
 from ..wire import WIRE_PATHS, Wire, sequence_for, stream_error_event
 
@@ -94,17 +94,6 @@ async def relay_events(
             report_tokens(ctx, usage.end())  # what the stream said of its usage, however it ended
     if pending:  # the upstream ended mid-event itself: pass on what it sent
         yield pending if namer is None else namer.feed(pending) + namer.end()
-
-
-def report_tokens(ctx: RequestContext, tokens: Tokens | None) -> None:
-    """Report an answer's token usage, if it said any, to the request's metrics."""
-    if tokens is not None:
-        ctx.report_usage(
-            input_tokens=tokens.input,
-            output_tokens=tokens.output,
-            cache_read_tokens=tokens.cache_read,
-            cache_write_tokens=tokens.cache_write,
-        )
 
 
 def events_end(data: bytes) -> int:

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
+from ..context import RequestContext
 from ..wire import Wire
 
 WINDOW = 64 << 10
@@ -252,3 +253,14 @@ class AnswerUsage:
             return answer_tokens(self.wire, held)
         usage = tail_usage(held)
         return None if usage is None else tokens_of(self.wire, usage)
+
+
+def report_tokens(ctx: RequestContext, tokens: Tokens | None) -> None:
+    """Report an answer's token usage, if it said any, to the request's span and metrics."""
+    if tokens is not None:
+        ctx.report_usage(
+            input_tokens=tokens.input,
+            output_tokens=tokens.output,
+            cache_read_tokens=tokens.cache_read,
+            cache_write_tokens=tokens.cache_write,
+        )

@@ -53,6 +53,7 @@ from ..engine.machine import (
 )
 from ..engine.provider_headers import REQUEST_ID_NAMES, UPSTREAM_REQUEST_ID, request_id, withheld
 from ..engine.tenancy import PROVIDER_RATE_LIMIT_HEADERS, Admission, Refusal, Tenancy, billed
+from ..engine.usage import report_tokens
 from ..model_names import with_query
 from ..telemetry import names as tm
 from ..telemetry import request_metrics
@@ -509,14 +510,8 @@ class RouterStream:
         usage, self.usage = self.usage, None
         if flight is not None:
             ctx = flight.ctx
-            tokens = None if usage is None else usage.end()  # however the body ended
-            if tokens is not None:
-                ctx.report_usage(
-                    input_tokens=tokens.input,
-                    output_tokens=tokens.output,
-                    cache_read_tokens=tokens.cache_read,
-                    cache_write_tokens=tokens.cache_write,
-                )
+            if usage is not None:
+                report_tokens(ctx, usage.end())  # however the body ended
             if flight.machine is not None:
                 flight.machine.closed()  # an attempt nobody answered goes back; spans end
             if self.admission is not None:

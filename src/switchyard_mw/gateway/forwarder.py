@@ -37,12 +37,12 @@ from starlette.types import Receive, Scope, Send
 
 from ..accounts import Account
 from ..answer_names import answer_with_model
-from ..asgi.relay import relay_events, report_tokens
+from ..asgi.relay import relay_events
 from ..clients.outbound import map_exceptions, pool_of, seconds_left, timeout_for
 from ..clouds import StreamTranslator
 from ..context import RequestContext, current_context
 from ..engine.provider_headers import REQUEST_ID_NAMES, request_id, withheld
-from ..engine.usage import answer_tokens
+from ..engine.usage import answer_tokens, report_tokens
 from ..model_names import with_query
 from ..request_body import ClientDisconnected, read_body
 from ..telemetry import names as tm
