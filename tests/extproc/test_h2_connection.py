@@ -233,7 +233,7 @@ def engine(request: pytest.FixtureRequest) -> Engine:
 @pytest.mark.parametrize("module", ["h2_connection", "h2_engine", "h2_frames"])
 def test_the_connection_and_its_engines_import_no_io_and_no_clock(module: str, io: str) -> None:
     """Not even for type checking: everything they read is handed to them."""
-    graph = grimp.build_graph("switchyard_mw", include_external_packages=True)
+    graph = grimp.build_graph("switchyard_mw", include_external_packages=True, cache_dir=None)
     if io in graph.modules:
         chain = graph.find_shortest_chain(f"switchyard_mw.extproc.{module}", io)
         assert chain is None, chain
@@ -241,7 +241,7 @@ def test_the_connection_and_its_engines_import_no_io_and_no_clock(module: str, i
 
 def test_no_h2_module_imports_the_transport() -> None:
     """The asyncio side drives the rest; nothing under it reaches back (no import circle)."""
-    graph = grimp.build_graph("switchyard_mw")
+    graph = grimp.build_graph("switchyard_mw", cache_dir=None)
     transport = "switchyard_mw.extproc.h2_transport"
     siblings = [m for m in graph.modules if m.startswith("switchyard_mw.extproc.h2_")]
     assert len(siblings) >= 10

@@ -39,7 +39,17 @@ envoy_cluster = "prov"
     )
 
 
-def sent(text: str, *, stream: bool = True) -> tuple[Policies, Any]:
+class Clock:
+    """The machines' clock, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def sent(text: str, *, stream: bool = True, clock: Clock | None = None) -> tuple[Policies, Any]:
     """A request of `m` whose first attempt was sent, with its machine."""
     cfg = parse_config(text)
     policies = Policies(cfg, build_accounts(cfg, {"KEY": "k"}))
@@ -54,6 +64,8 @@ def sent(text: str, *, stream: bool = True) -> tuple[Policies, Any]:
     ctx = RequestContext(view=read_request(Wire.ANTHROPIC, body), body=body)
     flight = Flight(ctx=ctx, policies=policies)
     machine = flight.machine = policies.machine(flight)
+    if clock is not None:
+        machine._clock = clock  # the budget's clock: a test's to move
     assert isinstance(machine.begin(), Send)
     return policies, machine
 
@@ -80,23 +92,24 @@ def test_what_is_not_armed(text: str, enabled: bool, stream: bool) -> None:
     assert ht.arm(machine, enabled=enabled) is None
 
 
-def test_the_new_try_is_the_hedge_from_half_the_hedge_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    _, machine = sent(config())
+def test_the_new_try_is_the_hedge_from_half_the_hedge_time() -> None:
+    clock = Clock()
+    _, machine = sent(config(), clock=clock)
     hedge = ht.arm(machine, enabled=True)
-    sent_at = machine.sent_at()
-    assert sent_at is not None
-    now = sent_at + HEDGE_SECS * ht.EARLY - 0.001
-    monkeypatch.setattr(ht.time, "monotonic", lambda: now)
+    clock.now += HEDGE_SECS / 2 - 0.001
     assert not ht.is_hedge_try(hedge, machine)  # sooner: Envoy's retry of a reset
-    now = sent_at + HEDGE_SECS * ht.EARLY
+    clock.now += 0.001
     assert ht.is_hedge_try(hedge, machine)
     assert not ht.is_hedge_try(None, machine)
 
 
 async def test_a_started_hedge_names_its_try_and_has_its_own_first_token_bound() -> None:
-    _, machine = sent(config())
+    clock = Clock()
+    _, machine = sent(config(), clock=clock)
     hedge = ht.arm(machine, enabled=True)
     assert hedge is not None
+    sent_at = clock.now
+    clock.now += 0.3  # the hedge goes 0.3 s after the first try
     action = await ht.start(hedge, machine, 2)
     assert isinstance(action, Send)
     assert action.lease.account == "b"
@@ -110,8 +123,8 @@ async def test_a_started_hedge_names_its_try_and_has_its_own_first_token_bound()
         ht.content_due(hedge, machine, ht.Try.FIRST),
         ht.content_due(hedge, machine, ht.Try.HEDGE),
     )
-    assert first == pytest.approx((machine.sent_at() or 0) + 4)  # a's first_token_secs
-    assert own == pytest.approx((hedge.sent_at or 0) + 5)  # b's, from the hedge's send
+    assert first == pytest.approx(sent_at + 4)  # a's first_token_secs, from a's send
+    assert own == pytest.approx(sent_at + 0.3 + 5)  # b's, from the hedge's send
 
 
 async def test_no_budget_makes_a_void_try_that_is_held() -> None:

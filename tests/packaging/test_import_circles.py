@@ -49,7 +49,9 @@ def circles(imports: Mapping[str, Set[str]]) -> list[list[str]]:
 
 
 def package_imports() -> dict[str, set[str]]:
-    graph = grimp.build_graph(PACKAGE)
+    # No cache: grimp's is per working folder and keyed by file times, and a graph of another
+    # checkout's files (a worktree, a stash) was read back from it here as this one's.
+    graph = grimp.build_graph(PACKAGE, cache_dir=None)
     modules = {m for m in graph.modules if m.startswith(PACKAGE) and "._protos" not in m}
     return {m: graph.find_modules_directly_imported_by(m) & modules for m in modules}
 

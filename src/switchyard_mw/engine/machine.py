@@ -236,6 +236,8 @@ _HOLDING, _CHECKING, _FORWARDING = State.HOLDING, State.CHECKING, State.FORWARDI
 _BETWEEN, _DONE, _WAITING = State.BETWEEN, State.DONE, State.WAITING
 _READING = State.READING
 _FIRST_TOKEN = Phase.FIRST_TOKEN
+_HEDGE_EARLY = 0.5
+"""A try the front did not ask for before half the hedge time is a retry, not a hedge."""
 _OPEN, _WAITED, _LAST, _CLOSED = Reach.OPEN, Reach.WAITED, Reach.LAST, Reach.CLOSED
 _GOES_ON = frozenset({_OPEN, _WAITED})
 """Reaches in which another attempt may follow."""
@@ -890,7 +892,8 @@ class AttemptMachine:
         self.tried.append(lease.account)
         self._failed.setdefault(model, set()).add(lease.account)
         ctx.attempts += 1
-        hedge = self._hedge = _Hedge(lease, grounds.accounts[lease.account].for_model(model))
+        account = grounds.accounts[lease.account].for_model(model)
+        hedge = self._hedge = _Hedge(lease, account, self._clock())
         if not self._traced:
             return Send(lease, model, None)
         hedge.span, hedge.client_span = self._recorder.attempt(
@@ -919,6 +922,7 @@ class AttemptMachine:
             lease = self._take_lease()
             loser: tuple[trace.Span | None, trace.Span | None] = (self._span, self._client_span)
             self._lease, self._span, self._client_span = hedge.lease, hedge.span, hedge.client_span
+            self._sent_at = hedge.sent_at  # the attempt in flight is the hedge, sent then
             self.ctx.account = hedge.account
         else:
             lease, loser = hedge.lease, (hedge.span, hedge.client_span)
@@ -947,13 +951,17 @@ class AttemptMachine:
         self._budget_bound = left is not None and left < secs
         return secs, left
 
-    def first_content_due(self) -> float | None:
+    def first_content_due(self, hedge: bool = False) -> float | None:
         """When the first content event of the attempt in flight is due (the machine's
         clock): its account's `first_token_secs` (else `timeout_secs`) from its send, or the
-        end of the caller's budget when that comes sooner. None when there is nothing to hold
-        for: not a stream, or no attempt in flight that has not answered."""
+        end of the caller's budget when that comes sooner; `hedge`: the hedge racing it (from
+        the hedge's own send, on its account). None when there is nothing to hold for: not a
+        stream, or no attempt in flight that has not answered (or no hedge racing it)."""
         ctx, sent_at = self.ctx, self._sent_at
         view, client = ctx.view, ctx.account
+        if hedge:
+            racing = self._hedge
+            sent_at, client = (None, None) if racing is None else (racing.sent_at, racing.account)
         if self.state is not _SENT or sent_at is None or client is None:
             return None
         if view is None or not view.stream:
@@ -961,6 +969,26 @@ class AttemptMachine:
         due = sent_at + first_token_secs(client.spec)
         budget_at = ctx.budget_at
         return due if budget_at is None or due <= budget_at else budget_at
+
+    def since_sent(self, *, hedge: bool = False) -> float | None:
+        """Seconds since the attempt in flight was sent (`hedge`: the hedge racing it); None:
+        none is. What `content_after` learns from, and what tells a hedge from a retry."""
+        racing = self._hedge
+        sent_at = self._sent_at if not hedge else None if racing is None else racing.sent_at
+        return None if sent_at is None else self._clock() - sent_at
+
+    def new_try_is_hedge(self, after_secs: float) -> bool:
+        """Whether a try the front did not ask for (behind Envoy, the route's `hedge_policy`)
+        is the hedge of the attempt in flight: that attempt has not answered, no hedge races
+        it, and at least half its hedge time (`after_secs`) has passed. A sooner try is the
+        front's retry of an attempt that never answered (a reset, a refused connection)."""
+        since = self.since_sent()
+        return (
+            self.state is _SENT
+            and self._hedge is None
+            and since is not None
+            and since >= after_secs * _HEDGE_EARLY
+        )
 
     def ends_in_budget(self, secs: float) -> bool:
         """Whether a wait of `secs` from now ends inside the caller's budget (a retry in
@@ -1380,10 +1408,10 @@ _UNSET = _Unset.UNSET
 class _Hedge:
     """A second attempt racing the one in flight: its lease, account and spans."""
 
-    __slots__ = ("account", "client_span", "lease", "span")
+    __slots__ = ("account", "client_span", "lease", "sent_at", "span")
 
-    def __init__(self, lease: Lease, account: Account) -> None:
-        self.lease, self.account = lease, account
+    def __init__(self, lease: Lease, account: Account, sent_at: float) -> None:
+        self.lease, self.account, self.sent_at = lease, account, sent_at
         self.span: trace.Span | None = None
         self.client_span: trace.Span | None = None
 

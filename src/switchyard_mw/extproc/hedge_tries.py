@@ -33,22 +33,17 @@ try fails before the hedge time has its one retry, as ever, and no hedge.
 from __future__ import annotations
 
 import enum
-import time
 from dataclasses import dataclass
 
 from google.protobuf.duration_pb2 import Duration
 
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from ..engine.machine import AskBudget, AttemptMachine, Send, State
-from ..engine.stream_bounds import first_token_secs
 
 ATTEMPT_HEADER = "x-envoy-attempt-count"
 VOID_BODY = b""
 """The body of a try that has no account: none (cleared), which a provider refuses (a 401
 without a key; a 400 for a body that is no request)."""
-EARLY = 0.5
-"""A second try sooner than half the hedge time is Envoy's retry of a try that never answered
-(reset, refused connection), not its hedge."""
 HOLD_SECS = 300
 """How long a losing try's refusal is held (`override_message_timeout`): Envoy resets the try
 when the other's headers reach it. The filter's `max_message_timeout` must allow it."""
@@ -86,8 +81,6 @@ class Hedge:
 
     after_secs: float
     race: Race = Race.ARMED
-    sent_at: float | None = None
-    """When the hedge's account was given its try (monotonic)."""
     hedge_try: int | None = None
     """Envoy's number of the hedge's try (or of the void try)."""
     winner: Try | None = None
@@ -106,13 +99,13 @@ def arm(machine: AttemptMachine, *, enabled: bool) -> Hedge | None:
 
 
 def is_hedge_try(hedge: Hedge | None, machine: AttemptMachine) -> bool:
-    """Whether Envoy's new try of the request is its hedge: the route hedges, the first try is
-    still in flight without an answer, no hedge has started, and the hedge time has come (a
-    sooner try is Envoy's retry of a reset)."""
-    sent_at = machine.sent_at()
-    if hedge is None or hedge.race is not Race.ARMED or sent_at is None:
-        return False
-    return machine.state is State.SENT and time.monotonic() - sent_at >= hedge.after_secs * EARLY
+    """Whether Envoy's new try of the request is its hedge (the machine's word:
+    `AttemptMachine.new_try_is_hedge`), on a request the route may hedge."""
+    return (
+        hedge is not None
+        and hedge.race is Race.ARMED
+        and machine.new_try_is_hedge(hedge.after_secs)
+    )
 
 
 async def start(hedge: Hedge, machine: AttemptMachine, attempt: int | None) -> Send | None:
@@ -125,7 +118,7 @@ async def start(hedge: Hedge, machine: AttemptMachine, attempt: int | None) -> S
     if action is None:
         hedge.race = Race.VOID
         return None
-    hedge.race, hedge.sent_at = Race.RACING, time.monotonic()
+    hedge.race = Race.RACING
     return action
 
 
@@ -153,16 +146,11 @@ def lost_already(hedge: Hedge, which: Try) -> bool:
 
 
 def content_due(hedge: Hedge | None, machine: AttemptMachine, which: Try) -> float | None:
-    """When the try `which`'s first content event is due: the machine's for the attempt in
-    flight, the hedge's own from its send (none for a try that lost or is void)."""
-    if hedge is None or which is Try.FIRST:
-        return machine.first_content_due()
-    account, sent_at, due = machine.hedge_account, hedge.sent_at, machine.first_content_due()
-    if which is Try.VOID or account is None or sent_at is None or due is None:
+    """When the try `which`'s first content event is due (the machine's word): the attempt's,
+    the hedge's from its own send; none for a try that lost or is void."""
+    if which is Try.VOID:
         return None
-    own = sent_at + first_token_secs(account.spec)
-    budget_at = machine.ctx.budget_at
-    return own if budget_at is None else min(own, budget_at)
+    return machine.first_content_due(hedge=hedge is not None and which is Try.HEDGE)
 
 
 def won(hedge: Hedge, machine: AttemptMachine, which: Try) -> None:
@@ -171,10 +159,10 @@ def won(hedge: Hedge, machine: AttemptMachine, which: Try) -> None:
         return
     hedge.race, hedge.winner = Race.OVER, which
     machine.hedge_over(won=which is Try.HEDGE)
-    account = machine.ctx.account
-    started = hedge.sent_at if which is Try.HEDGE else machine.sent_at()
-    if account is not None and started is not None:
-        machine.content_after(account.name, time.monotonic() - started)
+    # The winner is the attempt in flight now: its account, and the time since its send.
+    account, secs = machine.ctx.account, machine.since_sent()
+    if account is not None and secs is not None:
+        machine.content_after(account.name, secs)
 
 
 def lost(hedge: Hedge, machine: AttemptMachine, which: Try, status: int) -> bool:
