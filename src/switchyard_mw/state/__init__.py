@@ -7,7 +7,7 @@ with the other replicas (see :mod:`switchyard_mw.core.shared`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from ..config import State, sentinel_address
 from ..core.pool import AccountPool
@@ -18,6 +18,7 @@ from .memory import MemoryStore
 
 if TYPE_CHECKING:
     from ..core.shared import TripBoard
+    from ._redis_io import Mode
 
 __all__ = ["LimitStore", "MemoryStore", "Store", "build_limits", "build_store"]
 
@@ -50,20 +51,10 @@ def build_store(state: State) -> Store:
     try:
         from .redis_store import RedisStore
     except ImportError as exc:
-        raise StartupError(
-            f'state.backend = "redis" needs the redis package: {install_hint("redis")} ({exc})'
-        ) from None
+        raise _no_redis(exc) from None
     if state.mode == "cluster":
         _require_cluster_pubsub()
-    return RedisStore(
-        state.url,
-        mode=state.mode,
-        sentinels=[address for a in state.sentinels if (address := sentinel_address(a))],
-        service=state.service,
-        key_prefix=state.key_prefix,
-        timeout_secs=state.timeout_ms / 1000,
-        probe_lease_secs=state.probe_lease_secs,
-    )
+    return RedisStore(state.url, **_redis_target(state), probe_lease_secs=state.probe_lease_secs)
 
 
 def build_limits(state: State) -> LimitStore:
@@ -75,17 +66,32 @@ def build_limits(state: State) -> LimitStore:
     try:
         from .redis_limits import RedisLimits
     except ImportError as exc:
-        raise StartupError(
-            f'state.backend = "redis" needs the redis package: {install_hint("redis")} ({exc})'
-        ) from None
-    return RedisLimits(
-        state.url,
-        mode=state.mode,
-        sentinels=[address for a in state.sentinels if (address := sentinel_address(a))],
-        service=state.service,
-        key_prefix=state.key_prefix,
-        timeout_secs=state.timeout_ms / 1000,
-        replicas_hint=state.replicas_hint,
+        raise _no_redis(exc) from None
+    return RedisLimits(state.url, **_redis_target(state), replicas_hint=state.replicas_hint)
+
+
+class _RedisTarget(TypedDict):
+    mode: Mode
+    sentinels: list[tuple[str, int]]
+    service: str
+    key_prefix: str
+    timeout_secs: float
+
+
+def _redis_target(state: State) -> _RedisTarget:
+    """Where a Redis store of `[state]` connects, and how long it waits: both stores alike."""
+    return {
+        "mode": state.mode,
+        "sentinels": [address for a in state.sentinels if (address := sentinel_address(a))],
+        "service": state.service,
+        "key_prefix": state.key_prefix,
+        "timeout_secs": state.timeout_ms / 1000,
+    }
+
+
+def _no_redis(exc: ImportError) -> StartupError:
+    return StartupError(
+        f'state.backend = "redis" needs the redis package: {install_hint("redis")} ({exc})'
     )
 
 
