@@ -79,12 +79,9 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def test_a_cut_stream_reaches_the_client_whole_and_once_with_its_continuation(
-    tmp_path: Path,
-) -> None:
-    path = tmp_path / "s.toml"
-    path.write_text(CONFIG)
-    stack = switchyard_stack(app, config=path, environ={"K": "k"})
+async def drive(stack: Any, headers: list[tuple[bytes, bytes]]) -> list[dict[str, Any]]:
+    """One streamed Messages request through `stack` (its body once, then a client that stays);
+    what the stack sent."""
     sent: list[dict[str, Any]] = []
     given = False
 
@@ -104,10 +101,20 @@ async def test_a_cut_stream_reaches_the_client_whole_and_once_with_its_continuat
         "method": "POST",
         "path": "/v1/messages",
         "root_path": "",
-        "headers": [(b"content-type", b"application/json")],
+        "headers": [(b"content-type", b"application/json"), *headers],
         "state": {},
     }
-    await stack(scope, receive, send)
+    await asyncio.wait_for(stack(scope, receive, send), 10)
+    return sent
+
+
+async def test_a_cut_stream_reaches_the_client_whole_and_once_with_its_continuation(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text(CONFIG)
+    stack = switchyard_stack(app, config=path, environ={"K": "k"})
+    sent = await drive(stack, [])
     assert [m["type"] for m in sent].count("http.response.start") == 1
     assert sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
     body = b"".join(m.get("body", b"") for m in sent[1:])
@@ -151,29 +158,7 @@ async def serve(tmp_path: Path, config: str, headers: list[tuple[bytes, bytes]])
     path.write_text(config)
     calls: list[str] = []
     stack = switchyard_stack(await hangs_on_a(calls), config=path, environ={"K": "k"})
-    sent: list[dict[str, Any]] = []
-    given = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal given
-        if not given:
-            given = True
-            return {"type": "http.request", "body": BODY, "more_body": False}
-        await asyncio.Event().wait()
-        raise AssertionError
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    scope = {
-        "type": "http",
-        "method": "POST",
-        "path": "/v1/messages",
-        "root_path": "",
-        "headers": [(b"content-type", b"application/json"), *headers],
-        "state": {},
-    }
-    await asyncio.wait_for(stack(scope, receive, send), 10)
+    sent = await drive(stack, headers)
     body = b"".join(m.get("body", b"") for m in sent[1:])
     events = [json.loads(f.split(b"\ndata: ", 1)[1]) for f in body.split(b"\n\n") if f]
     return [calls, events]
