@@ -72,30 +72,30 @@ def sent(text: str, *, stream: bool = True, clock: Clock | None = None) -> tuple
 
 def test_a_stream_on_a_hedging_account_is_armed_with_its_hedge_time() -> None:
     _, machine = sent(config())
-    hedge = ht.arm(machine, enabled=True)
+    hedge = ht.arm(machine)
     assert hedge is not None
     assert hedge.after_secs == HEDGE_SECS
     assert hedge.race is ht.Race.ARMED
 
 
 @pytest.mark.parametrize(
-    ("text", "enabled", "stream"),
+    ("text", "stream"),
     [
-        (config(), False, True),  # envoy_hedge off: Envoy's route does not hedge
-        (config(), True, False),  # a JSON answer: no first content to race for
-        (config(accounts="a"), True, True),  # no other account to hedge on
+        (config(), False),  # a JSON answer: no first content to race for
+        (config(accounts="a"), True),  # no other account to hedge on
+        (config(after="0.5").replace("hedge_after_secs = 0.5\n", "", 1), True),  # a: none
     ],
-    ids=["off", "json", "alone"],
+    ids=["json", "alone", "no-hedge-time"],
 )
-def test_what_is_not_armed(text: str, enabled: bool, stream: bool) -> None:
+def test_what_is_not_armed(text: str, stream: bool) -> None:
     _, machine = sent(text, stream=stream)
-    assert ht.arm(machine, enabled=enabled) is None
+    assert ht.arm(machine) is None
 
 
 def test_the_new_try_is_the_hedge_from_half_the_hedge_time() -> None:
     clock = Clock()
     _, machine = sent(config(), clock=clock)
-    hedge = ht.arm(machine, enabled=True)
+    hedge = ht.arm(machine)
     clock.now += HEDGE_SECS / 2 - 0.001
     assert not ht.is_hedge_try(hedge, machine)  # sooner: Envoy's retry of a reset
     clock.now += 0.001
@@ -106,7 +106,7 @@ def test_the_new_try_is_the_hedge_from_half_the_hedge_time() -> None:
 async def test_a_started_hedge_names_its_try_and_has_its_own_first_token_bound() -> None:
     clock = Clock()
     _, machine = sent(config(), clock=clock)
-    hedge = ht.arm(machine, enabled=True)
+    hedge = ht.arm(machine)
     assert hedge is not None
     sent_at = clock.now
     clock.now += 0.3  # the hedge goes 0.3 s after the first try
@@ -129,7 +129,7 @@ async def test_a_started_hedge_names_its_try_and_has_its_own_first_token_bound()
 
 async def test_no_budget_makes_a_void_try_that_is_held() -> None:
     _, machine = sent(config().replace("hedge_max_ratio = 1.0", "hedge_max_ratio = 0.0"))
-    hedge = ht.arm(machine, enabled=True)
+    hedge = ht.arm(machine)
     assert hedge is not None
     assert await ht.start(hedge, machine, 2) is None
     assert hedge.race is ht.Race.VOID
@@ -143,7 +143,7 @@ async def test_no_budget_makes_a_void_try_that_is_held() -> None:
 
 async def test_the_hedge_with_content_first_wins_and_the_first_goes_back_unblamed() -> None:
     policies, machine = sent(config())
-    hedge = ht.arm(machine, enabled=True)
+    hedge = ht.arm(machine)
     assert hedge is not None
     await ht.start(hedge, machine, 2)
     ht.won(hedge, machine, ht.Try.HEDGE)
@@ -163,7 +163,7 @@ async def test_a_try_refused_while_racing_loses_as_its_account_fault(
     which: ht.Try, blamed: str, account: str
 ) -> None:
     policies, machine = sent(config())
-    hedge = ht.arm(machine, enabled=True)
+    hedge = ht.arm(machine)
     assert hedge is not None
     await ht.start(hedge, machine, 2)
     assert ht.refused(hedge, machine, which, 503)

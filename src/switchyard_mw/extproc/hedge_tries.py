@@ -87,12 +87,12 @@ class Hedge:
     """The try that is the request's attempt once the race is over."""
 
 
-def arm(machine: AttemptMachine, *, enabled: bool) -> Hedge | None:
-    """The request's hedge, when the route may hedge it: a stream whose account hedges and
-    whose model another account could take now (`AttemptMachine.hedge_due`, which counts the
-    request in its model's hedge budget)."""
+def arm(machine: AttemptMachine) -> Hedge | None:
+    """The request's hedge (`[server] envoy_hedge` on), when the route may hedge it: a stream
+    whose account hedges and whose model another account could take now
+    (`AttemptMachine.hedge_due`, which counts the request in its model's hedge budget)."""
     view = machine.ctx.view
-    if not enabled or view is None or not view.stream:
+    if view is None or not view.stream:
         return None
     after = machine.hedge_due()
     return None if after is None else Hedge(after)

@@ -282,7 +282,7 @@ class RouterStream:
         sets = [*self.p.routing(lease.account, order)]
         timeouts = self.p.deadline_headers(machine)
         if self.p.server.envoy_hedge:  # off (the default): not even a call
-            hedge = flight.hedge = hedge_tries.arm(machine, enabled=True)
+            hedge = flight.hedge = hedge_tries.arm(machine)
             if hedge is not None:
                 timeouts = self.p.hedged(timeouts, hedge.after_secs)
         sets += [options.get(k, v) for k, v in timeouts]
