@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import msgspec
+import pytest
 import yaml
 from google.protobuf import struct_pb2
 
@@ -48,6 +49,44 @@ class Stream:
         await self._inbox.put(None)
         with contextlib.suppress(StopAsyncIteration):
             await anext(self._answers)
+
+
+class Pushed:
+    """A first-token filter stream: messages in, answers read as they come."""
+
+    def __init__(self, servicer: ExtProcServicer) -> None:
+        self.inbox: asyncio.Queue[ep.ProcessingRequest | None] = asyncio.Queue()
+
+        async def requests() -> AsyncIterator[ep.ProcessingRequest]:
+            while (item := await self.inbox.get()) is not None:
+                yield item
+
+        metadata = [("x-switchyard-filter", "first_token")]
+        self.answers = servicer.Process(requests(), FakeContext(metadata))
+        self.pending: asyncio.Future[ep.ProcessingResponse] | None = None
+
+    async def next(self, within: float = 1.0) -> ep.ProcessingResponse:
+        answer: ep.ProcessingResponse = await asyncio.wait_for(self._take(), within)
+        return answer
+
+    async def nothing(self, within: float = 0.1) -> None:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._take()), within)
+
+    def _take(self) -> asyncio.Future[ep.ProcessingResponse]:
+        """The next answer (one read at a time: a wait that timed out is read on)."""
+        if self.pending is None:
+            self.pending = asyncio.ensure_future(anext(self.answers))
+            self.pending.add_done_callback(self._taken)
+        return self.pending
+
+    def _taken(self, _: object) -> None:
+        self.pending = None
+
+    async def close(self) -> None:
+        await self.inbox.put(None)
+        with contextlib.suppress(StopAsyncIteration, TimeoutError):
+            await asyncio.wait_for(self._take(), 1.0)
 
 
 def _header_map(headers: Mapping[str, str]) -> base_pb2.HeaderMap:

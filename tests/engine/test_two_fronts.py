@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -48,9 +48,9 @@ from switchyard_mw.config import Config, parse_config
 from switchyard_mw.context import current_context
 from switchyard_mw.core.pool import AccountPool, Cause, Outcome, classify_status
 from switchyard_mw.extproc import ExtProcServicer, Policies
-from switchyard_mw.telemetry import names as tm
 from switchyard_mw.testing import Behaviour, MockProvider
 from switchyard_mw.testing._wire_replies import billing_body
+from two_fronts import Decisions, attempt_spans, client_spans, decoded, error_of, kept_headers
 
 TWO = """
 [llm_clients.a]
@@ -275,61 +275,6 @@ SCENARIOS = {
 }
 
 
-@dataclass
-class Decisions:
-    """What a front decided for one request, in terms both fronts can say."""
-
-    status: int
-    error: tuple[str, str] | None = None
-    """(type, message) of switchyard's own error answer."""
-    headers: dict[str, str] = field(default_factory=dict)
-    """`x-switchyard-*`, `retry-after` and `x-should-retry`."""
-    attempts: list[tuple[str, dict[str, Any], str]] = field(default_factory=list)
-    """Each attempt span: name, attributes (but `error.type`), status code."""
-    calls: list[tuple[str, Any, str]] = field(default_factory=list)
-    """Each attempt's GenAI CLIENT span (`chat {model}`): name, `error.type`, status code."""
-    sent: list[tuple[str, str]] = field(default_factory=list)
-    """Each attempt's (key, `model` of the body the upstream got)."""
-
-
-def _kept_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    return {
-        k: v
-        for k, v in headers.items()
-        if k.startswith("x-switchyard-") or k in ("retry-after", "x-should-retry")
-    }
-
-
-def _attempt_spans(spans: InMemorySpanExporter) -> list[tuple[str, dict[str, Any], str]]:
-    found = sorted(
-        (s for s in spans.get_finished_spans() if s.name == tm.SPAN_ATTEMPT),
-        key=lambda s: s.start_time or 0,
-    )
-    return [
-        (
-            s.name,
-            {k: v for k, v in (s.attributes or {}).items() if k != tm.ERROR_TYPE},
-            s.status.status_code.name,
-        )
-        for s in found
-    ]
-
-
-def _client_spans(spans: InMemorySpanExporter) -> list[tuple[str, Any, str]]:
-    found = sorted(
-        (s for s in spans.get_finished_spans() if s.name.startswith("chat ")),
-        key=lambda s: s.start_time or 0,
-    )
-    return [
-        (s.name, (s.attributes or {}).get(tm.ERROR_TYPE), s.status.status_code.name) for s in found
-    ]
-
-
-def _error_of(body: Any) -> tuple[str, str]:
-    error = body["error"]
-    return error["type"], error["message"]
-
-
 def _before(pool: AccountPool, scenario: Scenario) -> None:
     accounts = pool.accounts_for("m")
     events = scenario.before.split(",")
@@ -429,13 +374,13 @@ async def through_asgi(scenario: Scenario, spans: InMemorySpanExporter) -> Decis
     await upstream.aclose()
     decisions = Decisions(
         status=reply.status_code,
-        headers=_kept_headers(reply.headers),
-        attempts=_attempt_spans(spans),
-        calls=_client_spans(spans),
+        headers=kept_headers(reply.headers),
+        attempts=attempt_spans(spans),
+        calls=client_spans(spans),
         sent=[(r.key, r.model or "") for r in mock.requests],
     )
     if scenario.own_answer:
-        decisions.error = _error_of(reply.json())
+        decisions.error = error_of(reply.json())
     return decisions
 
 
@@ -537,7 +482,7 @@ async def through_extproc(scenario: Scenario, spans: InMemorySpanExporter) -> De
     if scenario.content_type != "application/json":
         final = await router.send(response_headers(200))
         await router.close()
-        return Decisions(200, headers=_kept_headers(_decoded(sets(final))))
+        return Decisions(200, headers=kept_headers(decoded(sets(final))))
     routed = await router.send(request_body(BODY))
     if routed.WhichOneof("response") == "immediate_response":
         await router.close()
@@ -563,10 +508,10 @@ async def through_extproc(scenario: Scenario, spans: InMemorySpanExporter) -> De
         status, body = envoy_local_reply("/v1/messages")
         return Decisions(
             status,
-            error=_error_of(body),
-            headers=_kept_headers(_decoded(sets(final))),
-            attempts=_attempt_spans(spans),
-            calls=_client_spans(spans),
+            error=error_of(body),
+            headers=kept_headers(decoded(sets(final))),
+            attempts=attempt_spans(spans),
+            calls=client_spans(spans),
             sent=sent,
         )
     # The client gets the upstream's headers with the processor's set over them.
@@ -575,9 +520,9 @@ async def through_extproc(scenario: Scenario, spans: InMemorySpanExporter) -> De
     )
     return Decisions(
         _status(answer),
-        headers=_kept_headers({**upstream, **_decoded(sets(final))}),
-        attempts=_attempt_spans(spans),
-        calls=_client_spans(spans),
+        headers=kept_headers({**upstream, **decoded(sets(final))}),
+        attempts=attempt_spans(spans),
+        calls=client_spans(spans),
         sent=sent,
     )
 
@@ -602,18 +547,14 @@ def _prefixes(access_filter: dict[str, Any]) -> Iterator[str]:
                 yield from _prefixes(inner)
 
 
-def _decoded(headers: Mapping[str, bytes]) -> dict[str, str]:
-    return {k: v.decode() for k, v in headers.items()}
-
-
 def _immediate(answer: Any, spans: InMemorySpanExporter) -> Decisions:
     status, headers, body = immediate(answer)
     return Decisions(
         status,
-        error=_error_of(body),
-        headers=_kept_headers(_decoded(headers)),
-        attempts=_attempt_spans(spans),
-        calls=_client_spans(spans),
+        error=error_of(body),
+        headers=kept_headers(decoded(headers)),
+        attempts=attempt_spans(spans),
+        calls=client_spans(spans),
     )
 
 

@@ -1,0 +1,71 @@
+"""What the two-front comparisons (tests/engine/test_two_fronts*.py) read of a request's
+answer and telemetry, in terms both fronts can say: `Decisions`, and the readers that fill it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from switchyard_mw.telemetry import names as tm
+
+
+@dataclass
+class Decisions:
+    """What a front decided for one request, in terms both fronts can say."""
+
+    status: int
+    error: tuple[str, str] | None = None
+    """(type, message) of switchyard's own error answer."""
+    headers: dict[str, str] = field(default_factory=dict)
+    """`x-switchyard-*`, `retry-after` and `x-should-retry`."""
+    attempts: list[tuple[str, dict[str, Any], str]] = field(default_factory=list)
+    """Each attempt span: name, attributes (but `error.type`), status code."""
+    calls: list[tuple[str, Any, str]] = field(default_factory=list)
+    """Each attempt's GenAI CLIENT span (`chat {model}`): name, `error.type`, status code."""
+    sent: list[tuple[str, str]] = field(default_factory=list)
+    """Each attempt's (key, `model` of the body the upstream got)."""
+
+
+def kept_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    return {
+        k: v
+        for k, v in headers.items()
+        if k.startswith("x-switchyard-") or k in ("retry-after", "x-should-retry")
+    }
+
+
+def attempt_spans(spans: InMemorySpanExporter) -> list[tuple[str, dict[str, Any], str]]:
+    found = sorted(
+        (s for s in spans.get_finished_spans() if s.name == tm.SPAN_ATTEMPT),
+        key=lambda s: s.start_time or 0,
+    )
+    return [
+        (
+            s.name,
+            {k: v for k, v in (s.attributes or {}).items() if k != tm.ERROR_TYPE},
+            s.status.status_code.name,
+        )
+        for s in found
+    ]
+
+
+def client_spans(spans: InMemorySpanExporter) -> list[tuple[str, Any, str]]:
+    found = sorted(
+        (s for s in spans.get_finished_spans() if s.name.startswith("chat ")),
+        key=lambda s: s.start_time or 0,
+    )
+    return [
+        (s.name, (s.attributes or {}).get(tm.ERROR_TYPE), s.status.status_code.name) for s in found
+    ]
+
+
+def error_of(body: Any) -> tuple[str, str]:
+    error = body["error"]
+    return error["type"], error["message"]
+
+
+def decoded(headers: Mapping[str, bytes]) -> dict[str, str]:
+    return {k: v.decode() for k, v in headers.items()}
