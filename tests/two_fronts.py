@@ -7,8 +7,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from extproc_helpers import common, removes, sets
 from switchyard_mw.telemetry import names as tm
 
 
@@ -29,12 +31,20 @@ class Decisions:
     """Each attempt's (key, `model` of the body the upstream got)."""
 
 
+UPSTREAM_ID = "x-switchyard-upstream-request-id"
+
+
 def kept_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    return {
+    """`x-switchyard-*`, `retry-after` and `x-should-retry`; the provider's request id by its
+    presence (the mock makes a new one for each request)."""
+    kept = {
         k: v
         for k, v in headers.items()
         if k.startswith("x-switchyard-") or k in ("retry-after", "x-should-retry")
     }
+    if UPSTREAM_ID in kept:
+        kept[UPSTREAM_ID] = "(the provider's)"
+    return kept
 
 
 def attempt_spans(spans: InMemorySpanExporter) -> list[tuple[str, dict[str, Any], str]]:
@@ -69,3 +79,39 @@ def error_of(body: Any) -> tuple[str, str]:
 
 def decoded(headers: Mapping[str, bytes]) -> dict[str, str]:
     return {k: v.decode() for k, v in headers.items()}
+
+
+@dataclass
+class Outgoing:
+    """One attempt's request as Envoy sends it upstream, as the filters' answers made it."""
+
+    headers: dict[str, str]
+    body: bytes
+
+    def apply(self, answer: Any) -> None:
+        """An upstream filter's answer to the request's headers or body."""
+        change = common(answer)
+        for name in removes(answer):
+            self.headers.pop(name, None)
+        self.headers.update(decoded(sets(answer)))
+        if change.body_mutation.clear_body:
+            self.body = b""
+        elif change.body_mutation.body:
+            self.body = change.body_mutation.body
+
+
+@dataclass
+class Answer:
+    """An upstream's answer as Envoy passes it on (the filters may change it)."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+async def send_upstream(mock: httpx.AsyncClient, out: Outgoing) -> Answer:
+    """`out` sent as Envoy sends it (to the mock provider in process), its answer read whole."""
+    headers = {k: v for k, v in out.headers.items() if not k.startswith(":")}
+    headers["host"] = out.headers.get(":authority", "upstream.test")  # what Envoy sends
+    reply = await mock.post(out.headers[":path"], content=out.body, headers=headers)
+    return Answer(reply.status_code, dict(reply.headers), reply.content)

@@ -40,7 +40,6 @@ from extproc_helpers import (
     Stream,
     common,
     immediate,
-    removes,
     request_body,
     request_headers,
     response_body,
@@ -54,7 +53,17 @@ from switchyard_mw.config import parse_config
 from switchyard_mw.core.pool import AccountPool, Cause, Outcome
 from switchyard_mw.extproc import ExtProcServicer, Policies
 from switchyard_mw.testing import Behaviour, MockProvider
-from two_fronts import Decisions, attempt_spans, client_spans, decoded, error_of, kept_headers
+from two_fronts import (
+    Answer,
+    Decisions,
+    Outgoing,
+    attempt_spans,
+    client_spans,
+    decoded,
+    error_of,
+    kept_headers,
+    send_upstream,
+)
 
 pytest.importorskip("botocore")
 pytest.importorskip("aiohttp")
@@ -73,7 +82,6 @@ SECOND_SECRET = "second/mock/secret"
 API_KEY = "ka"
 ENV = {"KEY_A": API_KEY}
 RID = "rid-two-fronts-clouds"
-UPSTREAM_ID = "x-switchyard-upstream-request-id"
 
 BEDROCK = f"""
 [llm_clients.aws]
@@ -221,15 +229,6 @@ def _before(pool: AccountPool, scenario: Scenario) -> None:
         pool.record(lease, Outcome.FAULT, Cause.CREDENTIALS)
 
 
-def _kept(headers: Mapping[str, str]) -> dict[str, str]:
-    """`kept_headers`, the provider's request id by its presence: the mock makes a new one
-    for each request."""
-    kept = kept_headers(headers)
-    if UPSTREAM_ID in kept:
-        kept[UPSTREAM_ID] = "(the provider's)"
-    return kept
-
-
 def _sent(mock: MockProvider) -> list[tuple[str, str]]:
     """(key, model) of each request the mock answered: a Bedrock one's access key id (its
     signature verified) and the model id of its path."""
@@ -257,7 +256,7 @@ async def through_asgi(scenario: Scenario, spans: InMemorySpanExporter) -> Decis
     return Decisions(
         status=reply.status_code,
         error=error_of(reply.json()) if reply.status_code >= 400 else None,
-        headers=_kept(reply.headers),
+        headers=kept_headers(reply.headers),
         attempts=attempt_spans(spans),
         calls=client_spans(spans),
         sent=_sent(mock),
@@ -276,49 +275,16 @@ def _refused_status(status: int) -> bool:
     return status in (400, 401, 402, 403, 429) or status >= 500
 
 
-@dataclass
-class _Outgoing:
-    """One attempt's request as Envoy sends it upstream, as the filters' answers made it."""
-
-    headers: dict[str, str]
-    body: bytes
-
-    def apply(self, answer: Any) -> None:
-        """An upstream filter's answer to the request's headers or body."""
-        change = common(answer)
-        for name in removes(answer):
-            self.headers.pop(name, None)
-        self.headers.update(decoded(sets(answer)))
-        if change.body_mutation.clear_body:
-            self.body = b""
-        elif change.body_mutation.body:
-            self.body = change.body_mutation.body
-
-
-@dataclass
-class _Answer:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-
-async def _send(mock: httpx.AsyncClient, out: _Outgoing) -> _Answer:
-    headers = {k: v for k, v in out.headers.items() if not k.startswith(":")}
-    headers["host"] = out.headers.get(":authority", "upstream.test")  # what Envoy sends
-    reply = await mock.post(out.headers[":path"], content=out.body, headers=headers)
-    return _Answer(reply.status_code, dict(reply.headers), reply.content)
-
-
 async def _cloud_attempt(
-    servicer: ExtProcServicer, mock: httpx.AsyncClient, out: _Outgoing
-) -> _Answer:
+    servicer: ExtProcServicer, mock: httpx.AsyncClient, out: Outgoing
+) -> Answer:
     """One attempt on a cloud cluster: the cloud filter's stream around the upstream call."""
     cloud = Stream(servicer, CLOUD_FILTER)
     path = out.headers[":path"]
     extra = {k: v for k, v in out.headers.items() if not k.startswith(":")}
     await cloud.send(request_headers(path, extra={**extra, "x-request-id": RID}))
     out.apply(await cloud.send(request_body(out.body)))
-    answer = await _send(mock, out)
+    answer = await send_upstream(mock, out)
     mapped = await cloud.send(response_headers(answer.status, answer.headers))
     if mapped.HasField("mode_override"):  # an error, read whole and replaced
         mapped = await cloud.send(response_body(answer.body, end=True))
@@ -330,7 +296,7 @@ async def _cloud_attempt(
     return answer
 
 
-async def _refusal(servicer: ExtProcServicer, answer: _Answer) -> bool:
+async def _refusal(servicer: ExtProcServicer, answer: Answer) -> bool:
     """The refusal filter on an attempt's answer: whether it asks Envoy for a retry."""
     upstream = Stream(servicer, UPSTREAM_FILTER)
     extra = {k: v for k, v in answer.headers.items() if k == "retry-after"}
@@ -346,14 +312,14 @@ async def _attempts(
     mock: httpx.AsyncClient,
     routed: tuple[dict[str, str], bytes],
     order: tuple[str, ...],
-) -> _Answer:
+) -> Answer:
     """Each attempt Envoy sends, following the retries the processor asks for; the last
     attempt's answer. `routed`: the request as the router-level stream let it go (Envoy
     replays it for each retry); `order`: the clusters of Envoy's attempts in turn."""
     attempt = 1
     while True:
         cluster = order[(attempt - 1) % len(order)]
-        out = _Outgoing(dict(routed[0]), routed[1])
+        out = Outgoing(dict(routed[0]), routed[1])
         if attempt > 1:  # the retry filter: the retry's account, its credential and body
             retry = Stream(servicer, UPSTREAM_FILTER)
             named = cluster if len(order) > 1 else None
@@ -367,7 +333,7 @@ async def _attempts(
         if cluster in CLOUD_CLUSTERS:
             answer = await _cloud_attempt(servicer, mock, out)
         else:
-            answer = await _send(mock, out)
+            answer = await send_upstream(mock, out)
         if not _refused_status(answer.status) or not await _refusal(servicer, answer):
             return answer
         attempt += 1
@@ -387,7 +353,7 @@ async def through_extproc(scenario: Scenario, spans: InMemorySpanExporter) -> De
     if routed.WhichOneof("response") == "immediate_response":
         await router.close()
         return _immediate(routed, spans)
-    out = _Outgoing({":path": "/v1/messages", **client}, BODY)
+    out = Outgoing({":path": "/v1/messages", **client}, BODY)
     out.apply(routed)
     cluster = out.headers["x-switchyard-cluster"]
     order = tuple(config.server.envoy_failover.get(cluster, [cluster]))
@@ -409,7 +375,7 @@ async def through_extproc(scenario: Scenario, spans: InMemorySpanExporter) -> De
     return Decisions(
         answer.status,
         error=error_of(msgspec.json.decode(answer.body)) if answer.status >= 400 else None,
-        headers=_kept({**answer.headers, **decoded(sets(final))}),
+        headers=kept_headers({**answer.headers, **decoded(sets(final))}),
         attempts=attempt_spans(spans),
         calls=client_spans(spans),
         sent=_sent(mock),
@@ -421,7 +387,7 @@ def _immediate(answer: Any, spans: InMemorySpanExporter) -> Decisions:
     return Decisions(
         status,
         error=error_of(body),
-        headers=_kept(decoded(headers)),
+        headers=kept_headers(decoded(headers)),
         attempts=attempt_spans(spans),
         calls=client_spans(spans),
     )
