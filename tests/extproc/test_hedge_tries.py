@@ -127,7 +127,7 @@ async def test_a_started_hedge_names_its_try_and_has_its_own_first_token_bound()
     assert own == pytest.approx(sent_at + 0.3 + 5)  # b's, from the hedge's send
 
 
-async def test_no_budget_makes_a_void_try_that_is_held() -> None:
+async def test_no_budget_makes_a_void_try_that_is_held(capsys: pytest.CaptureFixture[str]) -> None:
     _, machine = sent(config().replace("hedge_max_ratio = 1.0", "hedge_max_ratio = 0.0"))
     hedge = ht.arm(machine)
     assert hedge is not None
@@ -139,6 +139,7 @@ async def test_no_budget_makes_a_void_try_that_is_held() -> None:
     assert ht.refused(hedge, machine, ht.Try.VOID, 400)  # held: never the client's
     assert not ht.refused(hedge, machine, ht.Try.FIRST, 503)  # the attempt: the machine's
     assert machine.state is State.SENT
+    assert capsys.readouterr().out == ""  # a refusal is the decision logs' to say, not stdout's
 
 
 async def test_the_hedge_with_content_first_wins_and_the_first_goes_back_unblamed() -> None:

@@ -181,7 +181,6 @@ def refused(hedge: Hedge, machine: AttemptMachine, which: Try, status: int) -> b
     """A try's refusal (`status`) seen by the upstream-level filter: True when it is to be
     held (`HOLD`): the void try's, a racing try's (which then loses), or a try that lost
     already; False: the machine's own rules apply (the try is the request's attempt)."""
-    print("REFUSED", which, status, hedge, flush=True)
     if which is Try.VOID:
         return True
     if hedge.race is Race.OVER and hedge.winner is not None:
