@@ -410,3 +410,36 @@ async def test_both_fronts_hedge_alike(
     hedge_spans = [a for a in asgi.attempts if a[1].get(tm.HEDGE)]
     assert len(hedge_spans) == int(hedged), "the hedge's attempt span says it is one"
     assert len(asgi.calls) == len(asgi.attempts), "each attempt has its CLIENT span"
+
+
+async def test_a_json_answer_is_hedged_through_the_asgi_front_only(
+    otel_spans: InMemorySpanExporter, otel_metrics: Metrics
+) -> None:
+    """A difference of the fronts, kept in sight: the ASGI front hedges a JSON answer slow to
+    start (its first body bytes are its content); under Envoy only a stream takes the hedge
+    route (`hedge_tries.arm`): the race needs the first-token filter, which watches event
+    streams, so a JSON request is routed as ever and its answer waited for."""
+    body = msgspec.json.encode({**msgspec.json.decode(BODY), "stream": False})
+    scenario = Scenario({"ka": Behaviour(headers_delay_secs=LATE_SECS), "kb": Behaviour()}, "b")
+    mock = _mock(scenario)
+    config = parse_config(server(1.0) + CONFIG)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=mock)) as upstream:
+        stack = switchyard_stack(Forwarder(upstream), config=config, environ=ENV)
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=stack), base_url="http://gw.test"
+        ) as client:
+            reply = await client.post("/v1/messages", content=body)
+        await stack.aclose()
+    assert reply.status_code == 200
+    assert (reply.headers["x-switchyard-account"], reply.headers["x-switchyard-attempts"]) == (
+        "b",
+        "2",
+    )
+
+    router = Stream(ExtProcServicer(Policies(config, build_accounts(config, ENV))))
+    await router.send(request_headers(extra={"x-request-id": RID}))
+    routed = decoded(sets(await router.send(request_body(body))))
+    await router.close()
+    assert HEDGE_HEADER not in routed
+    assert PER_TRY not in routed  # a JSON answer's bound is the route's whole timeout
+    assert routed["x-api-key"] == "ka"
