@@ -1,31 +1,41 @@
-"""Bedrock accounts through both fronts make the same decisions (the comparison of
+"""Bedrock and Vertex accounts through both fronts make the same decisions (the comparison of
 test_two_fronts.py, for cloud accounts).
 
-Both fronts send every attempt to the mock provider's Bedrock face in process, which re-signs
-each request with botocore and refuses any mismatch, and records the access key id and the
-model id of the path: so "what the upstream got" is the key that signed it and the model id it
-went under, on either front.
+Both fronts send every attempt to the mock provider in process: its Bedrock face re-signs each
+request with botocore and refuses any mismatch, and records the access key id and the model id
+of the path; its Vertex face takes only a token its token endpoint issued, and records the
+service account and the version name of the path. So "what the upstream got" is who signed
+(or held the token) and the model name it went under, on either front. The Vertex tests serve
+that mock on a thread too: google-auth fetches an account's token over HTTP.
 
 - The ASGI front runs the whole stack around the gateway's own forwarding app
-  (`gateway.Forwarder`), which re-envelopes and signs a Bedrock attempt and maps Bedrock's
-  errors (the small forwarding app of test_two_fronts.py knows no cloud).
+  (`gateway.Forwarder`), which re-envelopes and authenticates a cloud attempt, turns
+  Bedrock's event stream into SSE and maps a cloud's errors (the small forwarding app of
+  test_two_fronts.py knows no cloud).
 - The ext_proc front is driven as Envoy drives the example's upstream chain, attempt by
   attempt: the router-level stream routes the request; a retry's request headers and body go
   through the retry filter (which gives the retry its account, and its cluster through an
-  aggregate); on a cloud cluster the cloud filter's stream re-envelopes and signs the body
-  (`extproc.cloud`); the request then goes to the mock as Envoy would send it, with the
+  aggregate); on a cloud cluster the cloud filter's stream re-envelopes and authenticates the
+  body (`extproc.cloud`); the request then goes to the mock as Envoy would send it, with the
   headers and body those answers made; the mock's answer goes back through the cloud filter
-  (a Bedrock error read whole and mapped), then to the refusal filter when its status is one
-  envoy.yaml's matcher passes; a retry mark starts the next attempt, else the router-level
-  stream gets the last answer's headers.
+  (an error read whole and mapped, a Bedrock stream turned into SSE), the first-token filter
+  (a 2xx stream: its headers held to its first content) and the refusal filter when its
+  status is one envoy.yaml's matcher passes; a retry mark starts the next attempt, else the
+  router-level stream gets the last answer.
 
-Compared as in test_two_fronts.py, and one thing more: the error a Bedrock refusal reaches the
-client as (its type and text, mapped by the same code on either front).
+Compared as in test_two_fronts.py, and more: the error a cloud's refusal reaches the client as
+(its type and text, mapped by the same code on either front) and the answer's text (a stream's
+through the SSE it became).
+
+One difference of the front, not in `sent`: a Vertex account whose token endpoint refused its
+key gets no request through the ASGI front, while under Envoy its attempt still goes out,
+empty (no prompt, no credential: an upstream filter cannot answer for the cluster and let the
+route retry, docs/envoy.md#cloud-accounts); the mock's Vertex face refuses it unrecorded.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,9 +47,11 @@ from machine_moves import machine_moves  # noqa: F401 (autouse: each move is a r
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from extproc_helpers import (
+    Pushed,
     Stream,
     common,
     immediate,
+    removes,
     request_body,
     request_headers,
     response_body,
@@ -47,6 +59,7 @@ from extproc_helpers import (
     sets,
     upstream_headers,
 )
+from servers import serve_in_thread
 from switchyard_mw import switchyard_stack
 from switchyard_mw.accounts import build_accounts
 from switchyard_mw.config import parse_config
@@ -64,6 +77,7 @@ from two_fronts import (
     kept_headers,
     send_upstream,
 )
+from vertex_accounts import service_account_file
 
 pytest.importorskip("botocore")
 pytest.importorskip("aiohttp")
@@ -124,10 +138,37 @@ envoy_cluster = "prov"
 """
 )
 """Bedrock first, then an API provider's account on its own cluster (Envoy: an aggregate)."""
-CLOUD_CLUSTERS = frozenset(["bedrock"])
+VERTEX_OPUS = "claude-opus-5@20260101"
+VERTEX_OPUS_OTHER = "claude-opus-5@20260202"
+GOOD, OTHER, REVOKED = (
+    f"{name}@my-project.iam.gserviceaccount.com" for name in ("good", "other", "revoked")
+)
+"""The Vertex accounts' service accounts; the mock's token endpoint refuses REVOKED's key."""
+VERTEX = "".join(
+    f"""
+[llm_clients.{name}]
+kind = "vertex"
+base_url = "@MOCK@"
+vertex = {{ project = "my-project", region = "us-east5", credentials_file = "@{holder}@" }}
+models = {{ "claude-opus-5" = "{model}" }}
+priority = {i}
+failure_threshold = 1
+cooldown_secs = 30
+envoy_cluster = "vertex"
+"""
+    for i, (name, holder, model) in enumerate(
+        [("gcp", GOOD, VERTEX_OPUS), ("gcp-other", OTHER, VERTEX_OPUS_OTHER)]
+    )
+)
+"""Two Vertex accounts on one cloud cluster, each under its own version name; `@MOCK@` and
+each service account's `@email@` are the served mock's URL and key files (`vertex`)."""
+VERTEX_REVOKED_FIRST = VERTEX.replace(f"@{GOOD}@", f"@{REVOKED}@", 1)
+"""As VERTEX, the first account's key revoked at the token endpoint."""
+CLOUD_CLUSTERS = frozenset(["bedrock", "vertex"])
 BODY = msgspec.json.encode(
     {"model": "claude-opus-5", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
 )
+STREAM_BODY = msgspec.json.encode({**msgspec.json.decode(BODY), "stream": True})
 
 
 @dataclass(frozen=True)
@@ -141,6 +182,7 @@ class Scenario:
     """"refused": every account's credentials were refused earlier."""
     served_by: tuple[str, str] | None = None
     """The (key, model id) of the attempt that served, when one did."""
+    stream: bool = False
 
 
 SCENARIOS = {
@@ -188,8 +230,49 @@ SCENARIOS = {
         {FIRST_KEY: Behaviour(status=503), API_KEY: Behaviour()},
         served_by=(API_KEY, "claude-opus-5"),
     ),
+    "a Bedrock stream reaches the client as SSE": Scenario(
+        BEDROCK, {FIRST_KEY: Behaviour()}, served_by=(FIRST_KEY, OPUS_US), stream=True
+    ),
+    "a Bedrock stream throttled: the next Bedrock account's stream": Scenario(
+        BEDROCK,
+        {FIRST_KEY: Behaviour(status=429), SECOND_KEY: Behaviour()},
+        served_by=(SECOND_KEY, OPUS_EU),
+        stream=True,
+    ),
+    "a Bedrock stream throttled: the API provider's stream, across clusters": Scenario(
+        THEN_API,
+        {FIRST_KEY: Behaviour(status=429), API_KEY: Behaviour()},
+        served_by=(API_KEY, "claude-opus-5"),
+        stream=True,
+    ),
     "Bedrock's key refused earlier: the API provider from the first attempt": Scenario(
         THEN_API, {API_KEY: Behaviour()}, before="aws refused", served_by=(API_KEY, "claude-opus-5")
+    ),
+}
+
+
+VERTEX_SCENARIOS = {
+    "a Vertex account serves with its token": Scenario(
+        VERTEX, {GOOD: Behaviour()}, served_by=(GOOD, VERTEX_OPUS)
+    ),
+    "Vertex's RESOURCE_EXHAUSTED: the next Vertex account, under its own version name": Scenario(
+        VERTEX,
+        {GOOD: Behaviour(status=429), OTHER: Behaviour()},
+        served_by=(OTHER, VERTEX_OPUS_OTHER),
+    ),
+    "Vertex's 503: the next Vertex account": Scenario(
+        VERTEX,
+        {GOOD: Behaviour(status=503), OTHER: Behaviour()},
+        served_by=(OTHER, VERTEX_OPUS_OTHER),
+    ),
+    "a Vertex key refused at the token endpoint: the next account, no prompt sent": Scenario(
+        VERTEX_REVOKED_FIRST, {OTHER: Behaviour()}, served_by=(OTHER, VERTEX_OPUS_OTHER)
+    ),
+    "every Vertex account exhausted: the last refusal in the API's shape": Scenario(
+        VERTEX, {GOOD: Behaviour(status=429), OTHER: Behaviour(status=429)}
+    ),
+    "a Vertex stream": Scenario(
+        VERTEX, {GOOD: Behaviour()}, served_by=(GOOD, VERTEX_OPUS), stream=True
     ),
 }
 
@@ -210,16 +293,31 @@ def aws_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AWS_PROFILE", raising=False)
 
 
-def _mock(scenario: Scenario) -> MockProvider:
-    mock = MockProvider(
-        aws_credentials={
-            MOCK_AWS_ACCESS_KEY_ID: MOCK_AWS_SECRET_ACCESS_KEY,
-            SECOND_KEY: SECOND_SECRET,
-        }
-    )
+def cloud_mock() -> MockProvider:
+    """The mock provider, its Bedrock face knowing both access keys."""
+    secrets = {MOCK_AWS_ACCESS_KEY_ID: MOCK_AWS_SECRET_ACCESS_KEY, SECOND_KEY: SECOND_SECRET}
+    return MockProvider(aws_credentials=secrets)
+
+
+def _ready(mock: MockProvider, scenario: Scenario) -> None:
+    """The mock answering as `scenario` says, no request recorded (tokens issued stay)."""
+    mock.reset_behaviours()
+    mock.clear_requests()
     for key, behaviour in scenario.upstream.items():
         mock.set_behaviour(key, behaviour)
-    return mock
+
+
+@dataclass(frozen=True)
+class Run:
+    """One scenario's run: its config's text and the mock provider its accounts call."""
+
+    scenario: Scenario
+    config: str
+    mock: MockProvider
+
+    @property
+    def body(self) -> bytes:
+        return STREAM_BODY if self.scenario.stream else BODY
 
 
 def _before(pool: AccountPool, scenario: Scenario) -> None:
@@ -238,29 +336,29 @@ def _sent(mock: MockProvider) -> list[tuple[str, str]]:
 # --- the ASGI front, around the gateway's own forwarding app ------------------------------
 
 
-async def through_asgi(scenario: Scenario, spans: InMemorySpanExporter) -> Decisions:
-    mock = _mock(scenario)
-    upstream = httpx.AsyncClient(transport=httpx.ASGITransport(app=mock))
-    config = parse_config(scenario.config)
-    stack = switchyard_stack(Forwarder(upstream), config=config, environ=ENV)
-    _before(stack.pool, scenario)
+async def through_asgi(run: Run, spans: InMemorySpanExporter) -> tuple[Decisions, str]:
+    _ready(run.mock, run.scenario)
+    upstream = httpx.AsyncClient(transport=httpx.ASGITransport(app=run.mock))
+    stack = switchyard_stack(Forwarder(upstream), config=parse_config(run.config), environ=ENV)
+    _before(stack.pool, run.scenario)
     spans.clear()
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=stack), base_url="http://gw.test"
     ) as client:
         reply = await client.post(
-            "/v1/messages", content=BODY, headers={"content-type": "application/json"}
+            "/v1/messages", content=run.body, headers={"content-type": "application/json"}
         )
     await stack.aclose()
     await upstream.aclose()
-    return Decisions(
+    decisions = Decisions(
         status=reply.status_code,
         error=error_of(reply.json()) if reply.status_code >= 400 else None,
         headers=kept_headers(reply.headers),
         attempts=attempt_spans(spans),
         calls=client_spans(spans),
-        sent=_sent(mock),
+        sent=_sent(run.mock),
     )
+    return decisions, _text(reply.content)
 
 
 # --- the ext_proc front, through the example's upstream chain ----------------------------
@@ -275,6 +373,12 @@ def _refused_status(status: int) -> bool:
     return status in (400, 401, 402, 403, 429) or status >= 500
 
 
+def _streams(answer: Answer) -> bool:
+    return answer.status < 300 and answer.headers.get("content-type", "").startswith(
+        "text/event-stream"
+    )
+
+
 async def _cloud_attempt(
     servicer: ExtProcServicer, mock: httpx.AsyncClient, out: Outgoing
 ) -> Answer:
@@ -286,14 +390,27 @@ async def _cloud_attempt(
     out.apply(await cloud.send(request_body(out.body)))
     answer = await send_upstream(mock, out)
     mapped = await cloud.send(response_headers(answer.status, answer.headers))
-    if mapped.HasField("mode_override"):  # an error, read whole and replaced
+    for name in removes(mapped):
+        answer.headers.pop(name, None)
+    answer.headers.update(decoded(sets(mapped)))
+    if mapped.HasField("mode_override"):  # an error read whole, or an event stream to SSE
         mapped = await cloud.send(response_body(answer.body, end=True))
         answer.body = common(mapped).body_mutation.body or answer.body
-    status = sets(mapped).get(":status")
-    if status is not None:
-        answer.status = int(status)
+        answer.headers.update(decoded(sets(mapped)))
+    answer.status = int(answer.headers.pop(":status", answer.status))
     await cloud.close()
     return answer
+
+
+async def _first_token(servicer: ExtProcServicer, answer: Answer) -> None:
+    """The first-token filter on a 2xx stream: its headers held until its first content."""
+    stream = Pushed(servicer)
+    await stream.inbox.put(response_headers(answer.status, answer.headers, request_id=RID))
+    await stream.inbox.put(response_body(answer.body, end=True))
+    released = await stream.next()
+    assert released.WhichOneof("response") == "response_headers", "released at its content"
+    assert "x-switchyard-retry" not in sets(released)
+    await stream.close()
 
 
 async def _refusal(servicer: ExtProcServicer, answer: Answer) -> bool:
@@ -323,63 +440,65 @@ async def _attempts(
         if attempt > 1:  # the retry filter: the retry's account, its credential and body
             retry = Stream(servicer, UPSTREAM_FILTER)
             named = cluster if len(order) > 1 else None
-            out.apply(
-                await retry.send(
-                    upstream_headers({"x-request-id": RID}, attempt=attempt, cluster=named)
-                )
-            )
+            headers = upstream_headers({"x-request-id": RID}, attempt=attempt, cluster=named)
+            out.apply(await retry.send(headers))
             out.apply(await retry.send(request_body(out.body)))
             await retry.close()
         if cluster in CLOUD_CLUSTERS:
             answer = await _cloud_attempt(servicer, mock, out)
         else:
             answer = await send_upstream(mock, out)
+        if _streams(answer):
+            await _first_token(servicer, answer)
         if not _refused_status(answer.status) or not await _refusal(servicer, answer):
             return answer
         attempt += 1
 
 
-async def through_extproc(scenario: Scenario, spans: InMemorySpanExporter) -> Decisions:
-    config = parse_config(scenario.config)
+async def through_extproc(run: Run, spans: InMemorySpanExporter) -> tuple[Decisions, str]:
+    config = parse_config(run.config)
     policies = Policies(config, build_accounts(config, ENV))
-    _before(policies.pool, scenario)
+    _before(policies.pool, run.scenario)
     servicer = ExtProcServicer(policies)
-    mock = _mock(scenario)
+    _ready(run.mock, run.scenario)
     spans.clear()
     router = Stream(servicer)
     client = {"content-type": "application/json", "x-api-key": "the-caller's"}
     await router.send(request_headers(extra={"x-request-id": RID, **client}))
-    routed = await router.send(request_body(BODY))
+    routed = await router.send(request_body(run.body))
     if routed.WhichOneof("response") == "immediate_response":
         await router.close()
-        return _immediate(routed, spans)
-    out = Outgoing({":path": "/v1/messages", **client}, BODY)
+        return _immediate(routed, spans), ""
+    out = Outgoing({":path": "/v1/messages", **client}, run.body)
     out.apply(routed)
     cluster = out.headers["x-switchyard-cluster"]
     order = tuple(config.server.envoy_failover.get(cluster, [cluster]))
     async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=mock), base_url="http://upstream.test"
+        transport=httpx.ASGITransport(app=run.mock), base_url="http://upstream.test"
     ) as upstream:
         answer = await _attempts(servicer, upstream, (out.headers, out.body), order)
     # Envoy hands the router-level filter the last answer's headers, as the upstream filters
-    # left them.
+    # left them (and its body, when the processor asks for it).
     final = await router.send(
         response_headers(answer.status, answer.headers, details="via_upstream")
     )
+    if final.HasField("mode_override") and final.WhichOneof("response") == "response_headers":
+        await router.send(response_body(answer.body, end=True))
     await router.close()
     if final.WhichOneof("response") == "immediate_response":
         decisions = _immediate(final, spans)
-        decisions.sent = _sent(mock)
-        return decisions
+        decisions.sent = _sent(run.mock)
+        return decisions, ""
     # The client gets the last answer's headers with the processor's set over them.
-    return Decisions(
+    decisions = Decisions(
         answer.status,
         error=error_of(msgspec.json.decode(answer.body)) if answer.status >= 400 else None,
         headers=kept_headers({**answer.headers, **decoded(sets(final))}),
         attempts=attempt_spans(spans),
         calls=client_spans(spans),
-        sent=_sent(mock),
+        sent=_sent(run.mock),
     )
+    return decisions, _text(answer.body)
 
 
 def _immediate(answer: Any, spans: InMemorySpanExporter) -> Decisions:
@@ -393,19 +512,73 @@ def _immediate(answer: Any, spans: InMemorySpanExporter) -> Decisions:
     )
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS.values(), ids=SCENARIOS.keys())
-async def test_both_fronts_decide_alike_for_cloud_accounts(
-    scenario: Scenario, otel_spans: InMemorySpanExporter
-) -> None:
-    asgi = await through_asgi(scenario, otel_spans)
-    extproc = await through_extproc(scenario, otel_spans)
+def _text(body: bytes) -> str:
+    """The text an answer carries: a JSON message's, or an SSE stream's deltas."""
+    if body.startswith(b"{"):
+        message = msgspec.json.decode(body)
+        return "".join(block.get("text", "") for block in message.get("content", []))
+    text = ""
+    for line in body.decode().splitlines():
+        if line.startswith("data: ") and "text_delta" in line:
+            text += msgspec.json.decode(line[6:])["delta"]["text"]
+    return text
+
+
+async def _compare(run: Run, spans: InMemorySpanExporter) -> None:
+    asgi, asgi_text = await through_asgi(run, spans)
+    extproc, extproc_text = await through_extproc(run, spans)
     assert asgi == extproc
+    assert asgi_text == extproc_text
+    scenario = run.scenario
     if scenario.served_by is not None:
         assert asgi.status == 200
         assert asgi.sent[-1] == scenario.served_by
+        assert asgi_text, "the answer's text reached the client"
     else:
         assert asgi.status >= 400
         assert asgi.error is not None
     assert len(asgi.calls) == len(asgi.attempts), "each attempt has its CLIENT span"
     if scenario.own_answer:
         assert asgi.headers.get("x-should-retry") == "false"
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS.values(), ids=SCENARIOS.keys())
+async def test_both_fronts_decide_alike_for_bedrock_accounts(
+    scenario: Scenario, otel_spans: InMemorySpanExporter
+) -> None:
+    await _compare(Run(scenario, scenario.config, cloud_mock()), otel_spans)
+
+
+@pytest.fixture(scope="module")
+def vertex(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[MockProvider, dict[str, str]]]:
+    """The mock provider served (google-auth fetches a Vertex account's token over HTTP from
+    its token endpoint; the LLM calls go to the same instance in process), and what the
+    configs' `@...@` stand for: its URL and each service account's key file (REVOKED's key
+    not trusted)."""
+    pytest.importorskip("google.auth")
+    mock = cloud_mock()
+    keys = tmp_path_factory.mktemp("keys")
+    with serve_in_thread(mock) as url:
+        files = {
+            email: str(
+                service_account_file(keys, mock if email != REVOKED else None, url, email=email)
+            )
+            for email in (GOOD, OTHER, REVOKED)
+        }
+        yield mock, {"@MOCK@": url, **{f"@{email}@": path for email, path in files.items()}}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("scenario", VERTEX_SCENARIOS.values(), ids=VERTEX_SCENARIOS.keys())
+async def test_both_fronts_decide_alike_for_vertex_accounts(
+    scenario: Scenario,
+    vertex: tuple[MockProvider, dict[str, str]],
+    otel_spans: InMemorySpanExporter,
+) -> None:
+    mock, places = vertex
+    config = scenario.config
+    for name, value in places.items():
+        config = config.replace(name, value)
+    await _compare(Run(scenario, config, mock), otel_spans)
