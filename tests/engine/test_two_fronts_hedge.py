@@ -1,10 +1,10 @@
 """Hedged first tokens through both fronts make the same decisions (the comparison of
-test_two_fronts.py, for a stream whose first content is slower than its hedge time).
+test_two_fronts.py, for a stream whose first content is slower than its hedge time), and their
+neighbour, a first token late past its bound, across providers.
 
 `a` (preferred) and `b` serve `m`, both hedging after `HEDGE_SECS` without content. Both fronts
-send every try to the mock provider in process, whose answer comes whole (an in-process
-transport reads the body to its end): an answer held `LATE_SECS` before its first content
-comes at that time, headers and all.
+call the mock provider served on a thread (`served`), so a stream comes as the mock sends it:
+headers and opening events at once, its first content when the scenario says.
 
 - The ASGI front runs the whole stack around the gateway's forwarding app (`gateway.Forwarder`);
   its race (`asgi/hedge.py`) starts the hedge at the hedge time.
@@ -13,13 +13,16 @@ comes at that time, headers and all.
   tests/extproc/test_envoy_hedge_live.py): the router-level stream marks the request
   `x-switchyard-hedge` and sets the per-try timeout to the hedge time; each try has the hedged
   refusal filter's stream and the hedged first-token filter's stream, both told the try's
-  `x-envoy-attempt-count`; a try that has not released its headers to the router by the
-  per-try timeout gets a second try beside it, whose request goes through the retry filter
-  (which gives it the hedge's account, or makes it void); the first try whose headers reach
+  `x-envoy-attempt-count`; the first-token filter gets the try's headers and then each piece
+  as it comes, and holds its answer to the headers until the first content event; a try that
+  has not released its headers to the router by the per-try timeout gets a second try beside
+  it, whose request goes through the retry filter (which gives it the hedge's account, on
+  the cluster an aggregate sent it to, or makes it void); the first try whose headers reach
   the router is the answer, and Envoy resets the other.
 
 What must match: as test_two_fronts.py (status, `x-switchyard-*`, attempt and CLIENT spans, the
-(key, model) each provider got), and the `switchyard.hedges` counts and each account's faults.
+(key, model) each provider got), the answer's text, the `switchyard.hedges` counts and each
+account's faults.
 
 Where the fronts differ for a reason of the front, kept explicit:
 
@@ -27,17 +30,21 @@ Where the fronts differ for a reason of the front, kept explicit:
   processor makes it *void*, with neither credential nor prompt, and holds its refusal. The
   ASGI front sends nothing. The void try is left out of `sent` and checked on its own: it
   reached the provider with no key and no prompt.
+- Envoy's per-try timeout is set once, at routing, for every try: a late first token's retry
+  on `b` runs under `a`'s bound, which is what the processor reports in
+  `x-switchyard-deadline-ms`; the ASGI front reports `b`'s own.
 - Only streams are hedged under Envoy (the race needs the first-token filter holding each
-  try's headers); the ASGI front also hedges a JSON answer (tests/asgi/test_hedge.py). Every
-  scenario here is a stream.
+  try's headers); the ASGI front also hedges a JSON answer
+  (`test_a_json_answer_is_hedged_through_the_asgi_front_only`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import msgspec
@@ -49,6 +56,7 @@ from conftest import Metrics
 from extproc_helpers import (
     Pushed,
     Stream,
+    immediate,
     request_body,
     request_headers,
     response_body,
@@ -56,9 +64,10 @@ from extproc_helpers import (
     sets,
     upstream_headers,
 )
+from servers import serve_in_thread
 from switchyard_mw import switchyard_stack
 from switchyard_mw.accounts import build_accounts
-from switchyard_mw.config import parse_config
+from switchyard_mw.config import Config, parse_config
 from switchyard_mw.core.pool import AccountPool
 from switchyard_mw.extproc import ExtProcServicer, Policies
 from switchyard_mw.extproc.policy import HEDGE_HEADER
@@ -71,12 +80,14 @@ from two_fronts import (
     attempt_spans,
     client_spans,
     decoded,
+    error_of,
     kept_headers,
-    send_upstream,
 )
 
 pytest.importorskip("aiohttp")
 from switchyard_mw.gateway import Forwarder
+
+pytestmark = pytest.mark.integration  # the mock is served (`served`)
 
 HEDGE_SECS = 0.2
 LATE_SECS = 1.5
@@ -94,7 +105,7 @@ BODY = msgspec.json.encode(
 CONFIG = "".join(
     f"""
 [llm_clients.{name}]
-base_url = "https://api.anthropic.com"
+base_url = "@MOCK@"
 api_key_env = "KEY_{name.upper()}"
 auth = "x-api-key"
 models = ["m"]
@@ -107,6 +118,24 @@ envoy_cluster = "prov"
 """
     for i, name in enumerate("ab")
 )
+RENAMED = CONFIG.replace('models = ["m"]\npriority = 1', 'models = { m = "m-at-b" }\npriority = 1')
+"""b knows m by its own name: the hedge's body carries it."""
+ACROSS = CONFIG.replace('envoy_cluster = "prov"', 'envoy_cluster = "other"').replace(
+    'envoy_cluster = "other"', 'envoy_cluster = "prov"', 1
+) + (
+    """
+[server.envoy_failover]
+"prov-then-other" = ["prov", "other"]
+"other-then-prov" = ["other", "prov"]
+"""
+)
+"""b on another provider's cluster: Envoy sends the hedge there (an aggregate's next)."""
+FIRST_TOKEN_SECS = 0.3
+LATE_ACROSS = ACROSS.replace(f"hedge_after_secs = {HEDGE_SECS}\n", "").replace(
+    "first_token_secs = 10", f"first_token_secs = {FIRST_TOKEN_SECS}", 1
+)
+"""As ACROSS, no hedging and a's first token due after FIRST_TOKEN_SECS: a late one fails
+over, to the other provider's cluster (the neighbour of a hedge: the same first-token filter)."""
 LATE = Behaviour(stall_after_chunks=0, body_stall_secs=LATE_SECS)
 """Headers and the opening events at once, the first content event `LATE_SECS` later."""
 RESULTS = ("won", "lost", "refused")
@@ -126,11 +155,33 @@ class Scenario:
     """`switchyard.hedges` counted, by result."""
     ratio: float = 1.0
     """`hedge_max_ratio`: 0 leaves no hedge budget."""
+    config: str = CONFIG
+    hedge_route: bool = True
+    """The processor sends it to Envoy's hedge route (`x-switchyard-hedge`)."""
+    failover: bool = False
+    """Not hedged, but failed over to `b`."""
+    envoy_deadline_ms: str | None = None
+    """`x-switchyard-deadline-ms` through Envoy, where it is not the ASGI front's (see the
+    module)."""
 
 
 SCENARIOS = {
     "a slow first token is hedged, and the hedge wins": Scenario(
         {"ka": LATE, "kb": Behaviour()}, "b", {"won": 1}
+    ),
+    "the hedge's account knows the model by its own name": Scenario(
+        {"ka": LATE, "kb": Behaviour()}, "b", {"won": 1}, config=RENAMED
+    ),
+    "the hedge goes to the other provider's cluster": Scenario(
+        {"ka": LATE, "kb": Behaviour()}, "b", {"won": 1}, config=ACROSS
+    ),
+    "a first token late on one provider, not hedged: the other provider's cluster": Scenario(
+        {"ka": LATE, "kb": Behaviour()},
+        "b",
+        config=LATE_ACROSS,
+        hedge_route=False,
+        failover=True,
+        envoy_deadline_ms=str(int(FIRST_TOKEN_SECS * 1000)),
     ),
     "a first token in time is not hedged": Scenario({"ka": Behaviour(), "kb": Behaviour()}, "a"),
     "the hedge refused (503) loses, the first try answers": Scenario(
@@ -167,11 +218,28 @@ class Seen(Decisions):
     """(key, body) of each try that went out void (Envoy only: see the module)."""
 
 
-def _mock(scenario: Scenario) -> MockProvider:
+@dataclass(frozen=True)
+class Served:
+    """The mock provider, served on a thread: answers stream as the mock sends them (an
+    in-process transport would hand over each answer whole, headers at its end)."""
+
+    mock: MockProvider
+    url: str
+
+    def ready(self, scenario: Scenario) -> Config:
+        """The mock answering as `scenario` says, nothing recorded; the scenario's config."""
+        self.mock.reset_behaviours()
+        self.mock.clear_requests()
+        for key, behaviour in scenario.upstream.items():
+            self.mock.set_behaviour(key, behaviour)
+        return parse_config(server(scenario.ratio) + scenario.config.replace("@MOCK@", self.url))
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Served]:
     mock = MockProvider()
-    for key, behaviour in scenario.upstream.items():
-        mock.set_behaviour(key, behaviour)
-    return mock
+    with serve_in_thread(mock) as url:
+        yield Served(mock, url)
 
 
 def _counts(metrics: Metrics) -> dict[str, float]:
@@ -213,11 +281,10 @@ def _text(body: bytes) -> str:
 
 
 async def through_asgi(
-    scenario: Scenario, spans: InMemorySpanExporter, metrics: Metrics
+    scenario: Scenario, served: Served, spans: InMemorySpanExporter, metrics: Metrics
 ) -> tuple[Seen, str]:
-    mock = _mock(scenario)
-    upstream = httpx.AsyncClient(transport=httpx.ASGITransport(app=mock))
-    config = parse_config(server(scenario.ratio) + CONFIG)
+    config, mock = served.ready(scenario), served.mock
+    upstream = httpx.AsyncClient()
     stack = switchyard_stack(Forwarder(upstream), config=config, environ=ENV)
     spans.clear()
     before = _counts(metrics)
@@ -245,6 +312,7 @@ RETRY_FILTER = [("x-switchyard-filter", "upstream")]
 REFUSAL_FILTER = [("x-switchyard-filter", "upstream-hedged")]
 """The hedged variant of the refusal filter (it sees each try's request headers)."""
 PER_TRY = "x-envoy-upstream-rq-per-try-timeout-ms"
+DEADLINE = "x-switchyard-deadline-ms"
 
 
 def _refused(status: int) -> bool:
@@ -262,6 +330,8 @@ class _Try:
     answer: Answer | None = None
     retry: bool = False
     """Its answer asks Envoy for a retry (`x-switchyard-retry`)."""
+    reply: Any = None
+    """The processor's own answer in its place (an immediate response), if it made one."""
 
     async def reset(self) -> None:
         """Envoy resets the try: its filters' streams end."""
@@ -275,32 +345,41 @@ async def _try(
     routed: Outgoing,
     number: int,
     tries: list[_Try],
+    order: tuple[str, ...],
+    *,
+    hedged: bool,
 ) -> _Try:
     """Try `number`: its request through the upstream chain, sent to the provider, and its
     answer back through it; it returns when its headers reach the router (it never does when
-    the processor holds them: Envoy resets it for the other try)."""
+    the processor holds them: Envoy resets it for the other try). `hedged`: on the hedge
+    route, whose refusal and first-token filters see each try's request headers too."""
     named = {"x-request-id": RID}
     out = Outgoing(dict(routed.headers), routed.body)
-    refusal = Stream(servicer, REFUSAL_FILTER)
-    await refusal.send(upstream_headers(named, attempt=number))
+    refusal = Stream(servicer, REFUSAL_FILTER if hedged else RETRY_FILTER)
+    if hedged:
+        await refusal.send(upstream_headers(named, attempt=number))
     if number > 1:  # the retry filter: the hedge's account, its credential and body
         retry = Stream(servicer, RETRY_FILTER)
-        out.apply(await retry.send(upstream_headers(named, attempt=number)))
+        # Its endpoint names the cluster an aggregate sent it to (envoy.yaml's metadata).
+        cluster = order[(number - 1) % len(order)] if len(order) > 1 else None
+        out.apply(await retry.send(upstream_headers(named, attempt=number, cluster=cluster)))
         out.apply(await retry.send(request_body(out.body)))
         await retry.close()
     first_token = Pushed(servicer)
-    await first_token.inbox.put(upstream_headers(named, attempt=number))
-    await first_token.next()
+    if hedged:
+        await first_token.inbox.put(upstream_headers(named, attempt=number))
+        await first_token.next()
     this = _Try(number, refusal, first_token)
     tries.append(this)
-    answer = this.answer = await send_upstream(upstream, out)
-    streams = answer.headers.get("content-type", "").startswith("text/event-stream")
-    if answer.status < 300 and streams:
-        await first_token.inbox.put(response_headers(200, answer.headers, request_id=RID))
-        await first_token.inbox.put(response_body(answer.body, end=True))
-        released = await first_token.next(within=30.0)  # held while the try loses
-        this.retry = sets(released).get("x-switchyard-retry") == b"1"
-        return this
+    headers = {k: v for k, v in out.headers.items() if not k.startswith(":")}
+    async with upstream.stream(
+        "POST", out.headers[":path"], content=out.body, headers=headers
+    ) as reply:
+        answer = this.answer = Answer(reply.status_code, dict(reply.headers), b"")
+        if answer.status < 300 and _streams(answer):
+            await _held(this, reply)
+            return this
+        answer.body = await reply.aread()
     if _refused(answer.status):
         extra = {k: v for k, v in answer.headers.items() if k == "retry-after"}
         reply = await refusal.send(response_headers(answer.status, extra, request_id=RID))
@@ -312,16 +391,63 @@ async def _try(
     return this
 
 
+def _streams(answer: Answer) -> bool:
+    return answer.headers.get("content-type", "").startswith("text/event-stream")
+
+
+async def _held(this: _Try, reply: httpx.Response) -> None:
+    """A 2xx stream through the first-token filter (`FULL_DUPLEX_STREAMED`): its headers,
+    then each piece as the provider sends it, while the processor holds the headers' answer
+    to the first content event (or to its first-token bound: a retry mark); it returns when
+    the answer goes to the router, never while the try loses its race. Envoy's per-try
+    timeout of a stream not hedged is due with the processor's bound: docs/envoy.md says
+    either one ends the try alike, and the processor's answer is the one played here."""
+    answer, first_token = this.answer, this.first_token
+    assert answer is not None
+    await first_token.inbox.put(response_headers(200, answer.headers, request_id=RID))
+
+    async def pieces() -> None:
+        async for piece in reply.aiter_raw():
+            answer.body += piece
+            await first_token.inbox.put(response_body(piece))
+        await first_token.inbox.put(response_body(b"", end=True))
+
+    reading = asyncio.ensure_future(pieces())
+    try:
+        released = await first_token.next(within=30.0)
+        if released.WhichOneof("response") == "immediate_response":
+            this.reply = released  # the machine's answer (no account left): the client's
+            return
+        this.retry = sets(released).get("x-switchyard-retry") == b"1"
+        if not this.retry:
+            await reading  # the rest of the stream goes on to the client
+    finally:
+        reading.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reading
+
+
 async def _race(
-    servicer: ExtProcServicer, upstream: httpx.AsyncClient, routed: Outgoing, per_try: float
+    servicer: ExtProcServicer,
+    upstream: httpx.AsyncClient,
+    routed: Outgoing,
+    hedge_at: float | None,
+    order: tuple[str, ...],
 ) -> tuple[_Try, list[_Try]]:
-    """Envoy's tries of a request on the hedge route: the first; at its per-try timeout
-    without headers, the hedge beside it; the first try whose headers reach the router is
-    the answer, the other is reset. A retry mark with the route's one retry left starts the
-    next try (a first try refused before the hedge time)."""
+    """Envoy's tries of a request: the first; on the hedge route, at its per-try timeout
+    (`hedge_at`) without headers, the hedge beside it; the first try whose headers reach the
+    router is the answer, the other is reset. A retry mark with no try beside it starts the
+    next try (a first try refused before the hedge time, a first token late)."""
+    hedged = hedge_at is not None
+
+    def start(number: int) -> asyncio.Future[_Try]:
+        return asyncio.ensure_future(
+            _try(servicer, upstream, routed, number, tries, order, hedged=hedged)
+        )
+
     tries: list[_Try] = []
-    running = {asyncio.ensure_future(_try(servicer, upstream, routed, 1, tries))}
-    started, hedge_at = 1, per_try
+    running = {start(1)}
+    started = 1
     try:
         while True:
             done, running = await asyncio.wait(
@@ -329,12 +455,12 @@ async def _race(
             )
             if not done:  # the per-try timeout, no headers yet: the hedge
                 started, hedge_at = started + 1, None
-                running.add(asyncio.ensure_future(_try(servicer, upstream, routed, 2, tries)))
+                running.add(start(started))
                 continue
             first = done.pop().result()
-            if first.retry and started == 1:  # the route's one retry, before any hedge
+            if first.retry and started == 1:  # a retry, before any hedge
                 started, hedge_at = 2, None
-                running.add(asyncio.ensure_future(_try(servicer, upstream, routed, 2, tries)))
+                running.add(start(started))
                 continue
             return first, tries
     finally:
@@ -347,12 +473,11 @@ async def _race(
 
 
 async def through_extproc(
-    scenario: Scenario, spans: InMemorySpanExporter, metrics: Metrics
+    scenario: Scenario, served: Served, spans: InMemorySpanExporter, metrics: Metrics
 ) -> tuple[Seen, str]:
-    config = parse_config(server(scenario.ratio) + CONFIG)
+    config, mock = served.ready(scenario), served.mock
     policies = Policies(config, build_accounts(config, ENV))
     servicer = ExtProcServicer(policies)
-    mock = _mock(scenario)
     spans.clear()
     before = _counts(metrics)
     router = Stream(servicer)
@@ -360,15 +485,28 @@ async def through_extproc(
     await router.send(request_headers(extra={"x-request-id": RID, **client}))
     routed = await router.send(request_body(BODY))
     marked = decoded(sets(routed))
-    assert marked.get(HEDGE_HEADER) == "1", "the request takes the hedge route"
+    hedged = marked.get(HEDGE_HEADER) == "1"
+    assert hedged == scenario.hedge_route, "the request takes the route the scenario says"
     per_try = int(marked[PER_TRY]) / 1000
-    assert per_try == HEDGE_SECS
+    assert per_try == (HEDGE_SECS if hedged else FIRST_TOKEN_SECS)
     out = Outgoing({":path": "/v1/messages", **client}, BODY)
     out.apply(routed)
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=mock), base_url="http://upstream.test"
-    ) as upstream:
-        winner, _ = await _race(servicer, upstream, out, per_try)
+    async with httpx.AsyncClient(base_url=served.url) as upstream:
+        cluster = marked["x-switchyard-cluster"]
+        order = tuple(config.server.envoy_failover.get(cluster, [cluster]))
+        winner, _ = await _race(servicer, upstream, out, per_try if hedged else None, order)
+    if winner.reply is not None:  # Envoy sends an upstream filter's reply to the client
+        await router.close()
+        status, headers, body = immediate(winner.reply)
+        decisions = Decisions(
+            status,
+            error=error_of(body),
+            headers=kept_headers(decoded(headers)),
+            attempts=attempt_spans(spans),
+            calls=client_spans(spans),
+            sent=_sent(mock),
+        )
+        return _seen(decisions, before, metrics, policies.pool, mock), ""
     answer = winner.answer
     assert answer is not None
     final = await router.send(
@@ -391,39 +529,44 @@ def _without_void(seen: Seen) -> Seen:
 
 @pytest.mark.parametrize("scenario", SCENARIOS.values(), ids=SCENARIOS.keys())
 async def test_both_fronts_hedge_alike(
-    scenario: Scenario, otel_spans: InMemorySpanExporter, otel_metrics: Metrics
+    scenario: Scenario, served: Served, otel_spans: InMemorySpanExporter, otel_metrics: Metrics
 ) -> None:
-    asgi, asgi_text = await through_asgi(scenario, otel_spans, otel_metrics)
-    extproc, extproc_text = await through_extproc(scenario, otel_spans, otel_metrics)
+    asgi, asgi_text = await through_asgi(scenario, served, otel_spans, otel_metrics)
+    extproc, extproc_text = await through_extproc(scenario, served, otel_spans, otel_metrics)
     if scenario.ratio == 0.0:
         # Envoy's second try went out void (the module says why); the ASGI front sent none.
         assert asgi.void == []
         assert extproc.void == [("", b"")]
+    if scenario.envoy_deadline_ms is not None:
+        # Envoy's per-try timeout is set once, at routing, for every try of the request: the
+        # first account's bound binds the retry on `b` too, and is what the processor reports.
+        asgi_ms, envoy_ms = asgi.headers.get(DEADLINE), extproc.headers.get(DEADLINE)
+        assert (asgi_ms, envoy_ms) == ("10000", scenario.envoy_deadline_ms)
+        extproc.headers[DEADLINE] = asgi.headers[DEADLINE]
     assert asgi == _without_void(extproc)
     assert asgi_text == extproc_text != ""
     assert asgi.status == 200
     assert asgi.headers["x-switchyard-account"] == scenario.served
     assert asgi.hedges == scenario.hedged
-    hedged = bool(scenario.hedged) and scenario.ratio > 0
-    assert asgi.headers["x-switchyard-attempts"] == ("2" if hedged else "1")
-    assert [key for key, _ in asgi.sent] == (["ka", "kb"] if hedged else ["ka"])
+    moved = (bool(scenario.hedged) and scenario.ratio > 0) or scenario.failover
+    assert asgi.headers["x-switchyard-attempts"] == ("2" if moved else "1")
+    assert [key for key, _ in asgi.sent] == (["ka", "kb"] if moved else ["ka"])
+    if scenario.config is RENAMED:
+        assert asgi.sent == [("ka", "m"), ("kb", "m-at-b")]
     hedge_spans = [a for a in asgi.attempts if a[1].get(tm.HEDGE)]
-    assert len(hedge_spans) == int(hedged), "the hedge's attempt span says it is one"
+    assert len(hedge_spans) == int(moved and not scenario.failover), "the hedge's span says so"
     assert len(asgi.calls) == len(asgi.attempts), "each attempt has its CLIENT span"
 
 
-async def test_a_json_answer_is_hedged_through_the_asgi_front_only(
-    otel_spans: InMemorySpanExporter, otel_metrics: Metrics
-) -> None:
+async def test_a_json_answer_is_hedged_through_the_asgi_front_only(served: Served) -> None:
     """A difference of the fronts, kept in sight: the ASGI front hedges a JSON answer slow to
     start (its first body bytes are its content); under Envoy only a stream takes the hedge
     route (`hedge_tries.arm`): the race needs the first-token filter, which watches event
     streams, so a JSON request is routed as ever and its answer waited for."""
     body = msgspec.json.encode({**msgspec.json.decode(BODY), "stream": False})
     scenario = Scenario({"ka": Behaviour(headers_delay_secs=LATE_SECS), "kb": Behaviour()}, "b")
-    mock = _mock(scenario)
-    config = parse_config(server(1.0) + CONFIG)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=mock)) as upstream:
+    config = served.ready(scenario)
+    async with httpx.AsyncClient() as upstream:
         stack = switchyard_stack(Forwarder(upstream), config=config, environ=ENV)
         async with httpx.AsyncClient(
             transport=httpx.ASGITransport(app=stack), base_url="http://gw.test"

@@ -119,6 +119,23 @@ async def _refused_then_retried(cluster: str | None) -> dict[str, bytes]:
     return retried
 
 
+async def test_from_routing_on_the_machine_reaches_the_cluster_of_envoy_s_next_try() -> None:
+    """Some next tries are decided before any upstream-level stream could aim the machine:
+    the hedge's arming and a late first token's retry (the first-token filter's bound). From
+    routing on, its reach is the cluster Envoy's next try goes to: through an aggregate, the
+    other provider's (tests/engine/test_two_fronts_hedge.py shows both through both fronts)."""
+    config = parse_config(CONFIG)
+    servicer = ExtProcServicer(Policies(config, build_accounts(config, KEYS)))
+    router = Stream(servicer)
+    await router.send(request_headers(extra={"x-request-id": RID}))
+    await router.send(request_body(BODY))
+    flight = servicer.flights.find(RID)
+    assert flight is not None
+    assert flight.machine is not None
+    assert set(flight.machine.within or ()) == {"b"}
+    await router.close()
+
+
 async def test_the_retry_goes_with_the_other_provider_s_account() -> None:
     retried = await _refused_then_retried("other")
     assert retried["x-api-key"] == b"kb"

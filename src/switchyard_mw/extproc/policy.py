@@ -199,11 +199,6 @@ class Policies:
         """The attempt machine of `flight`'s request: its spans hang under the request's."""
         return self.engine.machine(flight.ctx, traced=flight.span is not None, parent=flight.span)
 
-    def within(self, account: str) -> frozenset[str]:
-        """The accounts a retry may change to once `account` took the request: those on its
-        cluster (Envoy retries on the cluster it routed to)."""
-        return self.on_cluster.get(self.cluster_of(account), frozenset())
-
     def order(self, account: str, model: str) -> tuple[str, ...]:
         """The clusters a request for `model` that starts on `account` goes to, attempt after
         attempt: the aggregate its cluster heads when another provider in it serves the model

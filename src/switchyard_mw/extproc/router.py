@@ -271,10 +271,14 @@ class RouterStream:
         if not isinstance(action, Send):
             return self._unsent(action, ctx)
         lease = action.lease
-        machine.within = self.p.within(lease.account)
         flight.cluster = cluster = self.p.cluster_of(lease.account)
         flight.order = order = self.p.order(lease.account, action.model)
         flight.sent_to.append(cluster)
+        # The machine's reach: the accounts of the cluster Envoy sends the next attempt to,
+        # however it starts (a retry, the hedge, a late first token's retry); through an
+        # aggregate, the next provider's. The hedge and the first-token bound ask it before
+        # any upstream-level stream could aim it.
+        flight.aim()
         request_id = self.headers.get(REQUEST_ID_HEADER)
         if request_id:  # upstream-level streams find the flight by it
             self.flights.open(flight, request_id.decode("latin-1"))
