@@ -89,8 +89,10 @@ from switchyard_mw.gateway import Forwarder
 
 pytestmark = pytest.mark.integration  # the mock is served (`served`)
 
-HEDGE_SECS = 0.2
-LATE_SECS = 1.5
+HEDGE_SECS = 0.3
+LATE_SECS = 2.0
+SLOW = Behaviour(stall_after_chunks=0, body_stall_secs=1.2)
+"""A first content late enough to be hedged, soon enough to win against a hedge that fails."""
 """A first try this late to content is hedged long before it answers."""
 ENV = {"KEY_A": "ka", "KEY_B": "kb"}
 RID = "rid-two-fronts-hedge"
@@ -185,20 +187,20 @@ SCENARIOS = {
     ),
     "a first token in time is not hedged": Scenario({"ka": Behaviour(), "kb": Behaviour()}, "a"),
     "the hedge refused (503) loses, the first try answers": Scenario(
-        {"ka": Behaviour(stall_after_chunks=0, body_stall_secs=0.6), "kb": Behaviour(status=503)},
+        {"ka": SLOW, "kb": Behaviour(status=503)},
         "a",
         {"lost": 1},
     ),
     "the first try refused (503) during the race leaves the hedge": Scenario(
         {
             "ka": Behaviour(status=503, headers_delay_secs=HEDGE_SECS * 2),
-            "kb": Behaviour(stall_after_chunks=0, body_stall_secs=0.6),
+            "kb": SLOW,
         },
         "b",
         {"won": 1},
     ),
     "no hedge budget: the first try is waited for": Scenario(
-        {"ka": Behaviour(stall_after_chunks=0, body_stall_secs=0.6), "kb": Behaviour()},
+        {"ka": SLOW, "kb": Behaviour()},
         "a",
         {"refused": 1},
         ratio=0.0,
