@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import msgspec
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from extproc_helpers import common, removes, sets
@@ -115,3 +116,21 @@ async def send_upstream(mock: httpx.AsyncClient, out: Outgoing) -> Answer:
     headers["host"] = out.headers.get(":authority", "upstream.test")  # what Envoy sends
     reply = await mock.post(out.headers[":path"], content=out.body, headers=headers)
     return Answer(reply.status_code, dict(reply.headers), reply.content)
+
+
+def refusal_matched(status: int) -> bool:
+    """Whether envoy.yaml's matcher sends an answer of `status` to the refusal filter: 400,
+    401-403, 429 and 5xx."""
+    return status in (400, 401, 402, 403, 429) or status >= 500
+
+
+def text_of(body: bytes) -> str:
+    """The text an Anthropic answer carries: a JSON message's, or an SSE stream's deltas."""
+    if body.startswith(b"{"):
+        message = msgspec.json.decode(body)
+        return "".join(block.get("text", "") for block in message.get("content", []))
+    text = ""
+    for line in body.decode().splitlines():
+        if line.startswith("data: ") and "text_delta" in line:
+            text += msgspec.json.decode(line[6:])["delta"]["text"]
+    return text

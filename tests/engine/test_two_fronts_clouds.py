@@ -75,7 +75,9 @@ from two_fronts import (
     decoded,
     error_of,
     kept_headers,
+    refusal_matched,
     send_upstream,
+    text_of,
 )
 from vertex_accounts import service_account_file
 
@@ -358,19 +360,13 @@ async def through_asgi(run: Run, spans: InMemorySpanExporter) -> tuple[Decisions
         calls=client_spans(spans),
         sent=_sent(run.mock),
     )
-    return decisions, _text(reply.content)
+    return decisions, text_of(reply.content)
 
 
 # --- the ext_proc front, through the example's upstream chain ----------------------------
 
 UPSTREAM_FILTER = [("x-switchyard-filter", "upstream")]
 CLOUD_FILTER = [("x-switchyard-filter", "cloud")]
-
-
-def _refused_status(status: int) -> bool:
-    """Whether envoy.yaml's matcher sends an answer of `status` to the refusal filter: 400,
-    401-403, 429 and 5xx."""
-    return status in (400, 401, 402, 403, 429) or status >= 500
 
 
 def _streams(answer: Answer) -> bool:
@@ -450,7 +446,7 @@ async def _attempts(
             answer = await send_upstream(mock, out)
         if _streams(answer):
             await _first_token(servicer, answer)
-        if not _refused_status(answer.status) or not await _refusal(servicer, answer):
+        if not refusal_matched(answer.status) or not await _refusal(servicer, answer):
             return answer
         attempt += 1
 
@@ -498,7 +494,7 @@ async def through_extproc(run: Run, spans: InMemorySpanExporter) -> tuple[Decisi
         calls=client_spans(spans),
         sent=_sent(run.mock),
     )
-    return decisions, _text(answer.body)
+    return decisions, text_of(answer.body)
 
 
 def _immediate(answer: Any, spans: InMemorySpanExporter) -> Decisions:
@@ -510,18 +506,6 @@ def _immediate(answer: Any, spans: InMemorySpanExporter) -> Decisions:
         attempts=attempt_spans(spans),
         calls=client_spans(spans),
     )
-
-
-def _text(body: bytes) -> str:
-    """The text an answer carries: a JSON message's, or an SSE stream's deltas."""
-    if body.startswith(b"{"):
-        message = msgspec.json.decode(body)
-        return "".join(block.get("text", "") for block in message.get("content", []))
-    text = ""
-    for line in body.decode().splitlines():
-        if line.startswith("data: ") and "text_delta" in line:
-            text += msgspec.json.decode(line[6:])["delta"]["text"]
-    return text
 
 
 async def _compare(run: Run, spans: InMemorySpanExporter) -> None:

@@ -82,6 +82,8 @@ from two_fronts import (
     decoded,
     error_of,
     kept_headers,
+    refusal_matched,
+    text_of,
 )
 
 pytest.importorskip("aiohttp")
@@ -270,15 +272,6 @@ def _sent(mock: MockProvider) -> list[tuple[str, str]]:
     return [(r.key, r.model) for r in mock.requests if r.model is not None]
 
 
-def _text(body: bytes) -> str:
-    """The text of an Anthropic event stream's deltas."""
-    text = ""
-    for line in body.decode().splitlines():
-        if line.startswith("data: ") and "text_delta" in line:
-            text += msgspec.json.decode(line[6:])["delta"]["text"]
-    return text
-
-
 # --- the ASGI front ------------------------------------------------------------------------
 
 
@@ -305,7 +298,7 @@ async def through_asgi(
         calls=client_spans(spans),
         sent=_sent(mock),
     )
-    return _seen(decisions, before, metrics, stack.pool, mock), _text(reply.content)
+    return _seen(decisions, before, metrics, stack.pool, mock), text_of(reply.content)
 
 
 # --- the ext_proc front, driven as Envoy drives the hedge route ----------------------------
@@ -315,11 +308,6 @@ REFUSAL_FILTER = [("x-switchyard-filter", "upstream-hedged")]
 """The hedged variant of the refusal filter (it sees each try's request headers)."""
 PER_TRY = "x-envoy-upstream-rq-per-try-timeout-ms"
 DEADLINE = "x-switchyard-deadline-ms"
-
-
-def _refused(status: int) -> bool:
-    """Whether envoy.yaml's matcher sends an answer of `status` to the refusal filter."""
-    return status in (400, 401, 402, 403, 429) or status >= 500
 
 
 @dataclass
@@ -382,7 +370,7 @@ async def _try(
             await _held(this, reply)
             return this
         answer.body = await reply.aread()
-    if _refused(answer.status):
+    if refusal_matched(answer.status):
         extra = {k: v for k, v in answer.headers.items() if k == "retry-after"}
         reply = await refusal.send(response_headers(answer.status, extra, request_id=RID))
         if reply.HasField("override_message_timeout"):  # held until Envoy resets it
@@ -522,7 +510,7 @@ async def through_extproc(
         calls=client_spans(spans),
         sent=_sent(mock),
     )
-    return _seen(decisions, before, metrics, policies.pool, mock), _text(answer.body)
+    return _seen(decisions, before, metrics, policies.pool, mock), text_of(answer.body)
 
 
 def _without_void(seen: Seen) -> Seen:
