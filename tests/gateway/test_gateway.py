@@ -575,3 +575,25 @@ async def test_a_client_that_leaves_mid_body_is_a_client_disconnect(kind: str) -
         await http.aclose()
     assert seen == []  # nothing went upstream
     assert sent == []
+
+
+@KINDS
+async def test_each_call_goes_to_its_own_path_and_query(kind: str) -> None:
+    """One forwarder, calls on two paths with and without a query string, in turns: each
+    reaches the upstream on the path and with the query the client asked for."""
+    body = json.dumps(MESSAGE).encode()
+    asked = [
+        "/v1/messages",
+        "/v1/messages?beta=true",
+        "/v1/messages/count_tokens",
+        "/v1/messages",
+        "/v1/messages/count_tokens?x=a%20b",
+    ]
+    async with (
+        upstream(answer_json) as (url, seen),
+        gateway(url, entry="asgi", kind=kind) as client,
+    ):
+        for target in asked:
+            reply = await client.post(target, content=body)
+            assert reply.status_code == 200
+    assert [request.split(b" ", 2)[1].decode() for request in seen] == asked
