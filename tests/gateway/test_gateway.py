@@ -484,3 +484,116 @@ async def test_a_large_body_arrives_upstream_whole_and_the_connection_goes_on(
         headers = header_lines(request)
         assert ("content-length", str(size)) in headers
         assert [v for k, v in headers if k == "content-type"] == ["application/json"]
+
+
+def _in_pieces(app: Any, *, then_leave: bool) -> Any:
+    """A middleware between the stack and the forwarder that hands the (replayed) body on in
+    pieces of 7 bytes, or, `then_leave`, the first piece and then the client's leaving."""
+
+    async def pieces(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await app(scope, receive, send)
+        queued: list[dict[str, Any]] = []
+
+        async def receive_piece() -> dict[str, Any]:
+            if not queued:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return message
+                body = message.get("body", b"")
+                cut = [body[i : i + 7] for i in range(0, len(body), 7)] or [b""]
+                queued.extend(
+                    {"type": "http.request", "body": piece, "more_body": True} for piece in cut
+                )
+                queued[-1]["more_body"] = message.get("more_body", False)
+                if then_leave:
+                    del queued[1:]
+                    queued.append({"type": "http.disconnect"})
+            return queued.pop(0)
+
+        await app(scope, receive_piece, send)
+
+    return pieces
+
+
+@KINDS
+async def test_a_body_in_pieces_is_forwarded_whole(kind: str) -> None:
+    body = json.dumps(MESSAGE).encode()
+    async with upstream(answer_json) as (url, seen):
+        http = client_of(kind)
+        app = _in_pieces(app_for(Forwarder(http), "asgi"), then_leave=False)
+        stack = switchyard_stack(
+            app, config=parse_config(config(url, "x-api-key")), environ={"KEY": KEY}
+        )
+        transport = httpx.ASGITransport(app=stack)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw.test") as client:
+            reply = await client.post("/v1/messages", content=body)
+        await http.aclose()
+    assert reply.status_code == 200
+    assert reply.content == ANSWER
+    assert [request.split(b"\r\n\r\n", 1)[1] for request in seen] == [body]
+
+
+@KINDS
+async def test_a_client_that_leaves_mid_body_is_a_client_disconnect(kind: str) -> None:
+    body = json.dumps(MESSAGE).encode()
+    async with upstream(answer_json) as (url, seen):
+        http = client_of(kind)
+        app = _in_pieces(app_for(Forwarder(http), "asgi"), then_leave=True)
+        stack = switchyard_stack(
+            app, config=parse_config(config(url, "x-api-key")), environ={"KEY": KEY}
+        )
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": "/v1/messages",
+            "raw_path": b"/v1/messages",
+            "root_path": "",
+            "query_string": b"",
+            "headers": [(b"content-type", b"application/json")],
+            "client": ("127.0.0.1", 50000),
+            "server": ("127.0.0.1", 8000),
+        }
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive() -> dict[str, Any]:
+            if messages:
+                return messages.pop()
+            await asyncio.Event().wait()
+            raise AssertionError
+
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        with pytest.raises(ClientDisconnect):
+            await stack(scope, receive, send)
+        await http.aclose()
+    assert seen == []  # nothing went upstream
+    assert sent == []
+
+
+@KINDS
+async def test_each_call_goes_to_its_own_path_and_query(kind: str) -> None:
+    """One forwarder, calls on two paths with and without a query string, in turns: each
+    reaches the upstream on the path and with the query the client asked for."""
+    body = json.dumps(MESSAGE).encode()
+    asked = [
+        "/v1/messages",
+        "/v1/messages?beta=true",
+        "/v1/messages/count_tokens",
+        "/v1/messages",
+        "/v1/messages/count_tokens?x=a%20b",
+    ]
+    async with (
+        upstream(answer_json) as (url, seen),
+        gateway(url, entry="asgi", kind=kind) as client,
+    ):
+        for target in asked:
+            reply = await client.post(target, content=body)
+            assert reply.status_code == 200
+    assert [request.split(b" ", 2)[1].decode() for request in seen] == asked

@@ -33,7 +33,7 @@ from opentelemetry import trace
 from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from ..accounts import Account
 from ..answer_names import answer_with_model
@@ -130,7 +130,12 @@ class Forwarder:
         if ctx is None or ctx.account is None or ctx.view is None:
             await _unplaced(ctx)(scope, receive, send)
             return
-        reply = await self._call(ctx, ctx.account, scope, await _request_body(receive))
+        message = await receive()
+        if message["type"] == "http.request" and not message.get("more_body", False):
+            body = message.get("body", b"")  # the usual case: the stack replays it whole
+        else:
+            body = await _request_body(receive, message)
+        reply = await self._call(ctx, ctx.account, scope, body)
         if isinstance(reply, Response):  # answered in the gateway: a cloud refused the request
             await reply(scope, receive, send)
             return
@@ -301,11 +306,12 @@ def _limits(ctx: RequestContext) -> aiohttp.ClientTimeout:
 _UNTIMED = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=None, sock_read=None)
 
 
-async def _request_body(receive: Receive) -> bytes:
-    """The whole request body, as Starlette's `Request.body()` reads it (and raises)."""
+async def _request_body(receive: Receive, first: Message) -> bytes:
+    """The whole request body from its `first` message on, as Starlette's `Request.body()`
+    reads it (and raises)."""
     try:
         # No limit of its own: under the stack the body was read, bounded and replayed.
-        return await read_body(receive, limit=sys.maxsize)
+        return await read_body(receive, limit=sys.maxsize, first=first)
     except ClientDisconnected:
         raise ClientDisconnect() from None
 
