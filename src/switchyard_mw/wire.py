@@ -152,7 +152,10 @@ class RequestView:
 # --- the three wires, each decoded into just the fields it needs ---------------------------
 
 
-class _Message(Struct):
+class _Message(Struct, gc=False):
+    """One message of a conversation (hundreds in a long one). Values decoded from JSON hold
+    no reference cycles, so the garbage collector need not track each message."""
+
     role: Any = None
     content: Raw = Raw(b"null")
 

@@ -419,6 +419,21 @@ def test_frames_cut_anywhere_by_reads_give_the_same_events(cut: int) -> None:
     assert received == body
 
 
+def test_data_is_handed_on_as_views_of_the_read_not_copies() -> None:
+    """A large body whole within one read is then copied once, when its message is joined
+    (`h2_connection` copies whatever it keeps past the read: its tests hold that)."""
+    srv, cli = greeted()
+    cli.send_headers(1, REQUEST)
+    body = bytes(range(256)) * 256  # 64 KB: four DATA frames of 16 KB
+    for at in range(0, len(body), 16384):
+        cli.send_data(1, body[at : at + 16384])
+    read = cli.data_to_send()
+    pieces = [e.data for e in srv.receive_data(read) if isinstance(e, h2.events.DataReceived)]
+    assert len(pieces) == 4
+    assert all(isinstance(p, memoryview) and p.obj is read for p in pieces)
+    assert b"".join(pieces) == body
+
+
 def test_padding_is_dropped_and_padding_longer_than_its_frame_ends_the_connection() -> None:
     srv, cli = greeted()
     cli.send_headers(1, REQUEST)

@@ -282,6 +282,31 @@ def test_messages_that_arrive_while_the_handler_works_join_its_queue(engine: Eng
     assert peer.core.take(stream, peer.now) is None
 
 
+def test_nothing_a_stream_keeps_is_a_view_of_the_read_it_came_in(engine: Engine) -> None:
+    """`frames` hands DATA on as views of the read: a message whole within it is joined from
+    them (one copy), and what a stream keeps past the read (a message waiting for its
+    handler, the start of one still arriving) is its own copy, so that a few bytes held never
+    keep a whole read alive beyond what the byte account counts."""
+    peer = Peer(engine)
+    peer.answering = False
+    sid = peer.open()
+    small, large, cut = frame(b"s" * 1000), frame(b"w" * 40_000), frame(b"c" * 30_000)
+    sent = small + large + cut[:20_000]
+    for at in range(0, len(sent), 16384):  # DATA frames of 16 KB at most
+        peer.send(sid, sent[at : at + 16384])
+    read = peer.client.data_to_send()
+    peer.core.receive(read, peer.now)
+    stream = peer.core.streams[sid]
+    kept = [*stream.pending, *stream.parts]
+    assert [bytes(m) for m in stream.pending] == [b"s" * 1000, b"w" * 40_000]
+    assert stream.size == 20_000
+    assert b"".join(bytes(p) for p in stream.parts) == cut[:20_000]
+    assert not any(isinstance(k, memoryview) and k.obj is read for k in kept)
+    peer.send(sid, cut[20_000:])  # under 16 KB: one frame
+    peer.core.receive(peer.client.data_to_send(), peer.now)
+    assert bytes(stream.pending[-1]) == b"c" * 30_000
+
+
 def test_an_unknown_method_and_an_encoding_are_unimplemented_and_not_grpc_is_415(
     engine: Engine,
 ) -> None:

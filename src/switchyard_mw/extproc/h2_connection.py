@@ -37,6 +37,7 @@ from hyperframe.frame import GoAwayFrame
 
 from .h2_accounting import Buffers, Cut, ProcessBytes, ProcessResets, ResetBudget, StreamsCut
 from .h2_engine import HTTP2
+from .h2_frames import VIEW_BYTES
 from .h2_framing import (
     DEADLINE_EXCEEDED,
     OK,
@@ -220,35 +221,47 @@ class GrpcConnection:
             self._close()
             return
         received: dict[int, int] = {}  # flow-controlled bytes per stream, credited per read
-        for event in events:
-            if self.state >= _CLOSING:
-                return
-            kind = type(event)
-            if kind is h2.events.DataReceived:
-                sid = event.stream_id  # type: ignore[attr-defined]
-                received[sid] = received.get(sid, 0) + event.flow_controlled_length  # type: ignore[attr-defined]
-                self._on_data(event)  # type: ignore[arg-type]
-            elif kind is h2.events.RequestReceived:
-                self._on_request(event)  # type: ignore[arg-type]
-            elif kind is h2.events.StreamEnded:
-                self._on_request_end(event.stream_id)  # type: ignore[attr-defined]
-            elif kind is h2.events.StreamReset:
-                self._on_reset(event.stream_id)  # type: ignore[attr-defined]
-            elif kind is h2.events.WindowUpdated or kind is h2.events.RemoteSettingsChanged:
-                self.timers.greeted = True  # the client's first SETTINGS ends its preface
-                for stream in list(self.streams.values()):
-                    self._send_out(stream)
-            elif kind is h2.events.ConnectionTerminated:
-                self._close()
-                return
-        # Credited back at once (before the next read): the byte account bounds what a
-        # stream, connection and process keep.
-        acknowledge = self.h2.acknowledge_received_data
-        for sid, size in received.items():
-            try:  # noqa: SIM105 (suppress: three calls a stream, where `try` costs none)
-                acknowledge(size, sid)
-            except h2.exceptions.StreamClosedError:
-                pass
+        try:
+            for event in events:
+                if self.state >= _CLOSING:
+                    return
+                kind = type(event)
+                if kind is h2.events.DataReceived:
+                    sid = event.stream_id  # type: ignore[attr-defined]
+                    received[sid] = received.get(sid, 0) + event.flow_controlled_length  # type: ignore[attr-defined]
+                    self._on_data(event)  # type: ignore[arg-type]
+                elif kind is h2.events.RequestReceived:
+                    self._on_request(event)  # type: ignore[arg-type]
+                elif kind is h2.events.StreamEnded:
+                    self._on_request_end(event.stream_id)  # type: ignore[attr-defined]
+                elif kind is h2.events.StreamReset:
+                    self._on_reset(event.stream_id)  # type: ignore[attr-defined]
+                elif kind is h2.events.WindowUpdated or kind is h2.events.RemoteSettingsChanged:
+                    self.timers.greeted = True  # the client's first SETTINGS ends its preface
+                    for stream in list(self.streams.values()):
+                        self._send_out(stream)
+                elif kind is h2.events.ConnectionTerminated:
+                    self._close()
+                    return
+            # Credited back at once (before the next read): the byte account bounds what a
+            # stream, connection and process keep.
+            acknowledge = self.h2.acknowledge_received_data
+            for sid, size in received.items():
+                try:  # noqa: SIM105 (suppress: three calls a stream, where `try` costs none)
+                    acknowledge(size, sid)
+                except h2.exceptions.StreamClosedError:
+                    pass
+        finally:
+            if len(data) >= VIEW_BYTES:  # (a shorter read holds no view: see there)
+                self._settle(received)
+
+    def _settle(self, received: dict[int, int]) -> None:
+        """What a stream keeps of a message still arriving holds no view of the read just
+        handled (`MessageReader.settle`); a message whole within it was joined from it."""
+        for sid in received:
+            stream = self.streams.get(sid)
+            if stream is not None and stream.size:
+                stream.settle()
 
     def _on_request(self, event: h2.events.RequestReceived) -> None:
         sid = event.stream_id

@@ -25,7 +25,7 @@ the connection with GOAWAY (`ProtocolError` to the caller, as `h2` does).
 from __future__ import annotations
 
 import struct
-from typing import Final
+from typing import Final, cast, overload
 
 import h2.errors
 import h2.events
@@ -37,6 +37,9 @@ from hpack.exceptions import HPACKError, OversizedHeaderListError
 PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 MAX_FRAME_BYTES: Final = 16384
 """What we accept (SETTINGS_MAX_FRAME_SIZE's default, never raised: see docs)."""
+VIEW_BYTES: Final = 4096
+"""DATA payloads of at least this many bytes are handed on as views of the read (see
+`_frames`); a smaller one is copied, which costs less than a view and its later copy."""
 MAX_CONTINUATIONS: Final = 64
 """CONTINUATION frames one header block may take (as `h2` bounds it)."""
 _MAX_WINDOW: Final = (1 << 31) - 1
@@ -288,9 +291,16 @@ class FrameConnection:
         return length
 
     def _frames(self, data: bytes, at: int, events: list[h2.events.Event]) -> int:
-        """Each whole frame of `data` from `at` handled; where the first partial one starts."""
+        """Each whole frame of `data` from `at` handled; where the first partial one starts.
+
+        A large DATA frame's payload is handed on as a view of `data`, not a copy: a large
+        message whole within one read is then copied once, when its pieces are joined. Whoever keeps
+        a piece past the read copies it (`MessageReader.settle`), so that a few bytes held
+        never keep a whole read alive.
+        """
         end = len(data)
         head = _HEAD.unpack_from
+        whole: memoryview | None = None
         while end - at >= 9:
             high, low, kind, flags, sid = head(data, at)
             length = (high << 16) | low
@@ -298,9 +308,13 @@ class FrameConnection:
                 self._fail(_E.FRAME_SIZE_ERROR, f"a frame of {length} bytes")
             if end - at - 9 < length:
                 break
-            payload = data[at + 9 : at + 9 + length]
-            at += 9 + length
-            self._on_frame(kind, flags, sid & _MAX_WINDOW, payload, events)
+            start, at = at + 9, at + 9 + length
+            if kind == DATA and length >= VIEW_BYTES and self._block is None and self._greeted:
+                if whole is None:
+                    whole = memoryview(data)
+                self._on_data(flags, sid & _MAX_WINDOW, whole[start:at], events)
+            else:
+                self._on_frame(kind, flags, sid & _MAX_WINDOW, data[start:at], events)
         return at
 
     def _read_preface(self, data: bytes) -> int:
@@ -343,7 +357,9 @@ class FrameConnection:
             self._fail(_E.PROTOCOL_ERROR, "PUSH_PROMISE from a client")
         # Frames of unknown types are ignored (RFC 9113 5.5).
 
-    def _on_data(self, flags: int, sid: int, payload: bytes, events: list[h2.events.Event]) -> None:
+    def _on_data(
+        self, flags: int, sid: int, payload: bytes | memoryview, events: list[h2.events.Event]
+    ) -> None:
         if sid == 0 or sid > self.highest:
             self._fail(_E.PROTOCOL_ERROR, "DATA on an idle stream")
         length = len(payload)
@@ -363,7 +379,8 @@ class FrameConnection:
             self._credit(length)
             self._reset(sid, _E.FLOW_CONTROL_ERROR, events)
             return
-        data = self._unpadded(payload, flags)
+        # (a view: the connection reads it as any buffer; typed as h2 types its own)
+        data = cast("bytes", self._unpadded(payload, flags))
         events.append(
             h2.events.DataReceived(stream_id=sid, data=data, flow_controlled_length=length)
         )
@@ -525,7 +542,11 @@ class FrameConnection:
         event.additional_data = payload[8:]
         events.append(event)
 
-    def _unpadded(self, payload: bytes, flags: int) -> bytes:
+    @overload
+    def _unpadded(self, payload: bytes, flags: int) -> bytes: ...
+    @overload
+    def _unpadded(self, payload: memoryview, flags: int) -> memoryview: ...
+    def _unpadded(self, payload: bytes | memoryview, flags: int) -> bytes | memoryview:
         if not flags & PADDED:
             return payload
         if not payload or payload[0] >= len(payload):

@@ -83,7 +83,8 @@ class MessageReader:
     """The messages of one stream's request, cut out of its DATA pieces in order.
 
     A message's pieces are joined once it is whole, and its payload is a view of them: one
-    copy of a message that came in many DATA frames, none of one that came in one.
+    copy of a message that came in many DATA frames, none of one that came in one (but for
+    a piece that is a view of a read, copied once: see `settle`).
 
     The transport's stream is a `MessageReader` itself (a subclass, not an attribute): one
     object fewer per stream on the hot path.
@@ -127,7 +128,12 @@ class MessageReader:
         if head[0]:
             return Refusal(INTERNAL, "compressed message but no grpc-encoding")
         joined = len(parts) > 1
-        whole = memoryview(b"".join(parts) if joined else head)
+        if joined:
+            whole = memoryview(b"".join(parts))
+        elif type(head) is memoryview:  # a view of a read: copied, as `settle` says why
+            whole = memoryview(head.tobytes())
+        else:
+            whole = memoryview(head)
         parts.clear()
         self.size -= end
         if self.size:
@@ -136,6 +142,19 @@ class MessageReader:
             rest = whole[end:]
             parts.append(rest.tobytes() if joined else rest)
         return whole[PREFIX_BYTES:end]
+
+    def settle(self) -> None:
+        """Copy the pieces that are views of a read (the `frames` engine hands DATA on so).
+
+        Called once the read is handled: pieces of a message whole within the read were
+        joined straight from the read's bytes (one copy), and the pieces of one still arriving
+        are copied here, so that a few bytes held never keep a whole read (up to 256 KiB)
+        alive beyond what the byte account counts.
+        """
+        parts = self.parts
+        for i, part in enumerate(parts):
+            if type(part) is memoryview:
+                parts[i] = part.tobytes()
 
     def drop_partial(self) -> int:
         """Let go of what has arrived of messages not yet whole; how many bytes that was."""
