@@ -49,6 +49,7 @@ class Grounds:
         "hedging",
         "pool",
         "recorder",
+        "renaming",
         "rewrites_retries",
         "routable",
         "server",
@@ -77,6 +78,9 @@ class Grounds:
         """What a request's budget is read against (`ctx.budget_at`): `time.monotonic`."""
         self.recorder = Recorder(accounts)
         self._uncounting = frozenset(n for n, a in accounts.items() if not a.counts_tokens)
+        self.renaming = frozenset(n for n, a in accounts.items() if a.renames)
+        """The accounts an attempt is bound to its model for (`Account.for_model`): those
+        whose body or path may carry another name than the client's."""
 
     # --- which accounts serve -----------------------------------------------------------
 
@@ -153,13 +157,6 @@ class Grounds:
             and ctx.deadline_phase is None
             and not ctx.disconnected
         )
-
-    def start_attempt(self, ctx: RequestContext, lease: Lease) -> Account:
-        """Make `lease`'s account the request's for its next attempt."""
-        # Bound to the model: the body and path carry the account's own name for it.
-        client = ctx.account = self.accounts[lease.account].for_model(ctx.resolved_model)
-        ctx.attempts += 1
-        return client
 
     def settle(
         self,

@@ -417,15 +417,19 @@ class AttemptMachine:
         if model is None or ctx.view is None:
             self.state = _DONE
             return PASS_THROUGH
-        pool = grounds.pool
         if ctx.view.counts:
             self._skip_uncounting(model)
-        elif pool.store is None:
-            # The usual first attempt, with nothing shared to ask (and no key to work out
-            # where no priority serving the model has several accounts).
-            key = self._conversation_key() if pool.keyed(model) else None
-            lease = pool.acquire(model, allowed=grounds.routable, key=key)
+        else:
+            # The usual first attempt, one step: its lease (the conversation's key worked out
+            # only where a priority serving the model has several accounts), sent unless it
+            # is a probe whose claim the shared store must agree to (then as `_acquire` does).
+            pool = grounds.pool
+            lease = pool.acquire(model, allowed=grounds.routable, key=self._conversation_key)
             if lease is not None:
+                if lease.probe and pool.store is not None:
+                    self._claim = (lease, self._candidates(), 0)
+                    self.state = _CLAIMING
+                    return ClaimProbe(lease.account, lease.unit)
                 return self._send(lease, model)
         if not grounds.places(ctx):
             self.state = _DONE
@@ -1330,7 +1334,14 @@ class AttemptMachine:
             failed[model] = {lease.account}
         if len(tried) > 1 and not again:
             self._recorder.failover(model)
-        client = grounds.start_attempt(ctx, lease)
+        # The lease's account is the request's for this attempt, bound to the model where the
+        # body and path carry the account's own name for it.
+        name = lease.account
+        client = grounds.accounts[name]
+        if name in grounds.renaming:
+            client = client.for_model(model)
+        ctx.account = client
+        ctx.attempts += 1
         ctx.upstream_status = ctx.deadline_phase = ctx.transport_error = None
         self._lease, self._status, self._retry_headers = lease, None, None
         self._sent_at = self._clock()
