@@ -123,7 +123,7 @@ def _arm(ex: Exchange, machine: AttemptMachine, ctx: RequestContext) -> None:
     first, _ = machine.deadline(now)
     client = ctx.account
     assert client is not None
-    due = machine.first_content_due()
+    due = machine.first_content_due() if ctx.view is not None and ctx.view.stream else None
     _arm_both(ex, ctx, client.spec, first, now, now + first if due is None else due)
 
 
@@ -141,8 +141,7 @@ def _arm_both(
     ends_at = now + first
     ctx.deadline_at = content_at if content_at > ends_at else ends_at
     idle = ctx.stream_idle_secs = limits.stream_idle_secs if view.stream else None
-    ex.arm(first, idle, now)
-    ex.hold_start(watch_for(view.wire) if view.stream else None, limits, content_at)
+    ex.arm(first, idle, now, content_at, watch_for(view.wire) if view.stream else None, limits)
     # `first` is the first-token limit itself when that is below `timeout_secs`
     # (`deadline_secs`): what an expiry before the start means is the machine's to say.
     if view.stream and first < limits.timeout_secs:

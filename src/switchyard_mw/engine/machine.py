@@ -557,7 +557,9 @@ class AttemptMachine:
         if how is _FINISHED or (how is _RETURNED and state is _FORWARDING):
             if self._span is None and self.grounds.plain_success(ctx, status or 500):
                 # The usual answer: a success with no span, nothing else to count or show.
-                self.grounds.succeeded(self._take_lease(), ctx.resolved_model)
+                lease, self._lease = self._lease, None
+                assert lease is not None
+                self.grounds.succeeded(lease, ctx.resolved_model)
                 self.state = _DONE
                 return DONE
             finished = how is _FINISHED
