@@ -54,7 +54,8 @@ async def run_attempts(
     """The request's attempts as `machine` decides them. `limits`: each attempt runs under
     its account's deadline, and a request the machine passes through under these (None: no
     deadline)."""
-    tap_for(ex, machine)  # a stream that may be resumed is watched for its break
+    if ex.stream and machine.grounds.resumes_streams:
+        tap_for(ex, machine)  # a stream that may be resumed is watched for its break
     action: Action = machine.begin()  # the usual first attempt: a plain call
     while True:
         if isinstance(action, SendOn):
