@@ -56,7 +56,7 @@ class PolicyMiddleware(ABC):
             return await self.handle(ctx, scope, receive, send)
         # The owner's work. Its steps are plain calls where they can be: this runs on every
         # request, and each coroutine layer costs.
-        path = self._path_of(scope)
+        path = self._path_of(scope) if scope.get("root_path") else scope["path"]
         wire = llm_wire(self._paths, scope.get("method", ""), path)
         ex: Exchange | None = None
         if wire is None:
