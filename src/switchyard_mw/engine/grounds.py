@@ -187,5 +187,6 @@ class Grounds:
         self.pool.record(lease, _SUCCESS)
         if lease.probe:
             probed(self.pool, lease, _SUCCESS, "200")
-        if self.canaries is not None and model is not None:
-            self.canaries.record(model, fault=False)
+        canaries = self.canaries
+        if canaries is not None and model is not None and model in canaries.guarded:
+            canaries.record(model, fault=False)
