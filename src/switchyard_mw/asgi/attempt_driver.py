@@ -117,17 +117,6 @@ def arm_from(ex: Exchange, ctx: RequestContext, limits: Limits) -> None:
     _arm_both(ex, ctx, limits, first, now, content_at)
 
 
-def _arm(ex: Exchange, machine: AttemptMachine, ctx: RequestContext) -> None:
-    """Arm the attempt's deadline as the machine gives it for the attempt's account, and
-    its stream's first content event when the machine says it is due."""
-    now = time.monotonic()
-    first, _ = machine.deadline(now)
-    client = ctx.account
-    assert client is not None
-    due = machine.first_content_due() if ctx.view is not None and ctx.view.stream else None
-    _arm_both(ex, ctx, client.spec, first, now, now + first if due is None else due)
-
-
 def _arm_both(
     ex: Exchange, ctx: RequestContext, limits: Limits, first: float, now: float, content_at: float
 ) -> None:
@@ -165,7 +154,13 @@ async def _attempt(
     span = action.span
     try:
         if timed:
-            _arm(ex, machine, ctx)
+            # The attempt's deadline as the machine gives it for the attempt's account, and its
+            # stream's first content event when the machine says it is due.
+            now = time.monotonic()
+            first, _ = machine.deadline(now)
+            due = machine.first_content_due() if ex.stream else None
+            assert ctx.account is not None
+            _arm_both(ex, ctx, ctx.account.spec, first, now, now + first if due is None else due)
             # The app, or a race with a hedge when it is slow to its first content.
             run = app if machine.grounds.hedging is None else race_for(ex, machine, app)
             if span is None:

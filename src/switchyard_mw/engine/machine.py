@@ -951,10 +951,15 @@ class AttemptMachine:
         assert ctx.view is not None
         assert client is not None
         secs = attempts.deadline_secs(ctx.view, client.spec)
+        budget_at = ctx.budget_at
+        if budget_at is None:  # the usual request: no budget, the attempt's own bound binds
+            ctx.attempt_deadline_secs = secs
+            self._budget_bound = False
+            return secs, None
         # What x-switchyard-deadline-ms reports: the deadline as it binds, budget included.
-        ctx.attempt_deadline_secs = attempts.in_force(secs, ctx.budget_at, now)
-        left = None if ctx.budget_at is None else ctx.budget_at - now
-        self._budget_bound = left is not None and left < secs
+        ctx.attempt_deadline_secs = attempts.in_force(secs, budget_at, now)
+        left = budget_at - now
+        self._budget_bound = left < secs
         return secs, left
 
     def first_content_due(self, hedge: bool = False) -> float | None:
