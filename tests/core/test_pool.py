@@ -168,9 +168,24 @@ def test_a_plain_grant_is_one_lease_per_account_and_model_a_probe_its_own() -> N
 def test_a_key_matters_only_where_a_priority_has_several_accounts(
     priorities: tuple[int, ...], keyed: bool
 ) -> None:
+    """A key given as a function is worked out only where it can change the choice."""
     pool, _ = make(*(spec(f"a{i}", priority=p) for i, p in enumerate(priorities)))
-    assert pool.keyed("m") is keyed
-    assert pool.keyed("unserved") is False
+    asked: list[str] = []
+
+    def key() -> int:
+        asked.append("m")
+        return 7
+
+    assert pool.acquire("m", key=key) is not None
+    assert asked == (["m"] if keyed else [])
+    assert pool.acquire("unserved", key=key) is None
+    assert len(asked) == (1 if keyed else 0)
+
+
+def test_a_key_function_that_finds_none_takes_turns() -> None:
+    pool, _ = make(spec("a0"), spec("a1"))
+    names = [pool.acquire("m", key=lambda: None) for _ in range(4)]
+    assert [lease.account for lease in names if lease is not None] == ["a0", "a1", "a0", "a1"]
 
 
 def test_cooling_blocks_until_period_elapses_then_admits_a_probe() -> None:

@@ -217,3 +217,57 @@ def test_the_processor_reads_tenants_keys_where_its_reload_does(
     policies = Policies(config, build_accounts(config, ENV), environ=ENV)
     assert policies.tenancy is not None
     request_metrics.unwatch(policies.pool)
+
+
+@pytest.mark.parametrize(
+    ("extra_a", "server", "guard", "renaming", "resumes", "guarded"),
+    [
+        ("", "", "", set(), False, set()),
+        (
+            'resume_streams = true\nmodels = { base = "base-2026", var = "var" }',
+            "",
+            "",
+            {"acct-a"},
+            True,
+            set(),
+        ),
+        ("", "[server]\nresume_streams = true\n", "", set(), True, set()),
+        (
+            "",
+            "",
+            "guard = { max_fault_rate = 0.2, min_requests = 5, window_secs = 60 }",
+            set(),
+            False,
+            {"base", "var"},
+        ),
+    ],
+    ids=["plain", "an-account-renames-and-resumes", "the-server-resumes", "a-guarded-canary"],
+)
+def test_the_success_path_s_facts_are_worked_out_at_load(
+    extra_a: str, server: str, guard: str, renaming: set[str], resumes: bool, guarded: set[str]
+) -> None:
+    """What a plain success reads rather than asks: which accounts bind an attempt to the
+    model's own name, whether a stream is watched for its break, which models a guard counts."""
+    text = f"""
+{server}
+[llm_clients.acct-a]
+base_url = "http://a.test"
+api_key_env = "KEY_A"
+{extra_a or 'models = ["base", "var"]'}
+
+[llm_clients.acct-b]
+base_url = "http://b.test"
+api_key_env = "KEY_B"
+models = ["base"]
+
+[canaries.base]
+variants = {{ var = 10.0 }}
+{guard}
+"""
+    config = parse_config(text)
+    engine = build_engine(config, build_accounts(config, ENV), front=Front.ASGI, environ=ENV)
+    grounds = engine.grounds
+    assert grounds.renaming == renaming
+    assert grounds.resumes_streams is resumes
+    assert engine.canaries is not None
+    assert engine.canaries.guarded == guarded

@@ -56,7 +56,7 @@ class PolicyMiddleware(ABC):
             return await self.handle(ctx, scope, receive, send)
         # The owner's work. Its steps are plain calls where they can be: this runs on every
         # request, and each coroutine layer costs.
-        path = self._path_of(scope)
+        path = self._path_of(scope) if scope.get("root_path") else scope["path"]
         wire = llm_wire(self._paths, scope.get("method", ""), path)
         ex: Exchange | None = None
         if wire is None:
@@ -70,9 +70,11 @@ class PolicyMiddleware(ABC):
         state["switchyard"] = ctx
         ctx.headers = scope["headers"]  # only a record reads them (the client's x-request-id)
         # Without an SDK, no span work at all: nothing to look up, start, activate or end.
-        span, own_span, annotate = _telemetry(scope, ctx) if tm.tracing() else _NO_SPANS
+        traced = tm.tracing()
+        span, own_span, annotate = _telemetry(scope, ctx) if traced else _NO_SPANS
         if ex is not None:
             state[EXCHANGE_KEY] = ex
+            ex.traced = traced  # asked once: the policies read it here
             ex.expose, ex.last = self.server.expose_headers, annotate
             receive, send = ex.receive, ex.send
         elif self.server.expose_headers or annotate is not None:

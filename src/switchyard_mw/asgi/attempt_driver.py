@@ -54,7 +54,8 @@ async def run_attempts(
     """The request's attempts as `machine` decides them. `limits`: each attempt runs under
     its account's deadline, and a request the machine passes through under these (None: no
     deadline)."""
-    tap_for(ex, machine)  # a stream that may be resumed is watched for its break
+    if ex.stream and machine.grounds.resumes_streams:
+        tap_for(ex, machine)  # a stream that may be resumed is watched for its break
     action: Action = machine.begin()  # the usual first attempt: a plain call
     while True:
         if isinstance(action, SendOn):
@@ -116,17 +117,6 @@ def arm_from(ex: Exchange, ctx: RequestContext, limits: Limits) -> None:
     _arm_both(ex, ctx, limits, first, now, content_at)
 
 
-def _arm(ex: Exchange, machine: AttemptMachine, ctx: RequestContext) -> None:
-    """Arm the attempt's deadline as the machine gives it for the attempt's account, and
-    its stream's first content event when the machine says it is due."""
-    now = time.monotonic()
-    first, _ = machine.deadline(now)
-    client = ctx.account
-    assert client is not None
-    due = machine.first_content_due()
-    _arm_both(ex, ctx, client.spec, first, now, now + first if due is None else due)
-
-
 def _arm_both(
     ex: Exchange, ctx: RequestContext, limits: Limits, first: float, now: float, content_at: float
 ) -> None:
@@ -141,8 +131,7 @@ def _arm_both(
     ends_at = now + first
     ctx.deadline_at = content_at if content_at > ends_at else ends_at
     idle = ctx.stream_idle_secs = limits.stream_idle_secs if view.stream else None
-    ex.arm(first, idle, now)
-    ex.hold_start(watch_for(view.wire) if view.stream else None, limits, content_at)
+    ex.arm(first, idle, now, content_at, watch_for(view.wire) if view.stream else None, limits)
     # `first` is the first-token limit itself when that is below `timeout_secs`
     # (`deadline_secs`): what an expiry before the start means is the machine's to say.
     if view.stream and first < limits.timeout_secs:
@@ -165,7 +154,13 @@ async def _attempt(
     span = action.span
     try:
         if timed:
-            _arm(ex, machine, ctx)
+            # The attempt's deadline as the machine gives it for the attempt's account, and its
+            # stream's first content event when the machine says it is due.
+            now = time.monotonic()
+            first, _ = machine.deadline(now)
+            due = machine.first_content_due() if ex.stream else None
+            assert ctx.account is not None
+            _arm_both(ex, ctx, ctx.account.spec, first, now, now + first if due is None else due)
             # The app, or a race with a hedge when it is slow to its first content.
             run = app if machine.grounds.hedging is None else race_for(ex, machine, app)
             if span is None:

@@ -35,7 +35,6 @@ from ..engine.attempts import APP_ERROR
 from ..engine.build import Front, Parts, build_engine
 from ..engine.policies import Engine
 from ..engine.variants import Canaries
-from ..telemetry import names as tm
 from ._base import PolicyMiddleware
 from ._types import ASGIApp, Message, Receive, Scope, Send
 from .admin import cooling_status_app as cooling_status_app  # re-exported for existing imports
@@ -122,7 +121,7 @@ class CoolingMiddleware(PolicyMiddleware):
         if ex is None or ctx.wire is None or ctx.resolved_model is None:
             return await self.app(scope, receive, send)
         # Without an SDK, no span at all: nothing to build, activate or end.
-        machine = self.engine.machine(ctx, tm.tracing(), None, True)
+        machine = self.engine.machine(ctx, ex.traced, None, True)
         await run_attempts(ex, machine, self.app, scope)
 
 

@@ -163,6 +163,7 @@ class Exchange(Deferred):
         "stage",
         "stream",
         "tap",
+        "traced",
     )
 
     def __init__(
@@ -225,6 +226,8 @@ class Exchange(Deferred):
         self._complete = False  # the app sent the attempt's last message
         self.finished = False  # the client has the whole response
         self.tap: Tap | None = None  # a resumable stream's (`divert`)
+        self.traced = False
+        """Whether spans are made for the request (`tm.tracing()`, asked once by its owner)."""
         if read_secs is not None and read_secs <= _SHORT:
             self._handle = loop.call_later(read_secs, self._check)
         defer(self, loop)
@@ -370,10 +373,23 @@ class Exchange(Deferred):
 
     # --- the attempt's deadline -------------------------------------------------------------
 
-    def arm(self, secs: float, idle: float | None, now: float) -> None:
+    def arm(
+        self,
+        secs: float,
+        idle: float | None,
+        now: float,
+        content_at: float | None = None,
+        watch: ContentWatch | None = None,
+        limits: object = None,
+    ) -> None:
         """The attempt's deadline: `secs` from `now` (`time.monotonic()`) until its response
         is whole (a stream: until it starts), cut to the request's budget; a stream's every
-        chunk re-arms it for `idle`."""
+        chunk re-arms it for `idle`.
+
+        With `content_at` (monotonic: when a stream's first content is due), a successful
+        start is held back until the answer's first content: `watch` reads a stream's events
+        (None: the first body is the content); `limits`: the account's, for its throughput
+        floor. Both in one step, as every attempt arms them."""
         assert self.ctx is not None
         self._idle = idle
         self._sequence = sequence_for(self.ctx.wire) if idle is not None else None
@@ -395,17 +411,12 @@ class Exchange(Deferred):
         # the bound is too short for that or the sweeper already passed.
         if secs <= _SHORT or (self._tick is None and self.stage is _SERVING):
             self._handle = loop.call_at(when, self._check)
-
-    def hold_start(self, watch: ContentWatch | None, limits: object, content_at: float) -> None:
-        """Hold a successful response's start back until its first content: `watch` reads a
-        stream's events (None: the first body is the content); `content_at` (monotonic): when
-        a stream's first content is due; `limits`: the account's, for its throughput floor."""
-        if self._idle is not None and watch is None:
-            return  # a stream of a wire whose content events are unknown: as before
-        self._holds = True
-        self._content_watch = watch
-        self._limits = limits
-        self._content_at = content_at
+        # A stream of a wire whose content events are unknown is not held: as before.
+        if content_at is not None and (idle is None or watch is not None):
+            self._holds = True
+            self._content_watch = watch
+            self._limits = limits
+            self._content_at = content_at
 
     def content_due(self) -> None:
         """A stream's successful start came and is held elsewhere (a hedge's race): its first
@@ -624,7 +635,7 @@ class Exchange(Deferred):
 
     async def _started(self, start: Message) -> None:
         """The response's start: a successful one held back until the answer's first content
-        when the attempt asks for that (`hold_start`), else noted and on its way unless the
+        when the attempt asks for that (`arm`), else noted and on its way unless the
         attempt's answer is held (the machine is asked once per attempt)."""
         if self._holds and start["status"] < 300:
             self._pre = [start]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from ..config import Server
@@ -44,7 +44,6 @@ from .resume_stream import (
 )
 
 if TYPE_CHECKING:
-    from ..accounts import Account
     from ..context import RequestContext
     from .exchange import Exchange
 
@@ -88,15 +87,9 @@ def tap_for(ex: Exchange, machine: AttemptMachine) -> StreamTap | None:
         return None
     wire = ctx.wire
     grounds = machine.grounds
-    if wire not in RESUMABLE_WIRES or not _any_enabled(grounds.server, grounds.accounts):
+    if wire not in RESUMABLE_WIRES or not grounds.resumes_streams:
         return None
     return StreamTap(ex, ctx, wire, grounds.server)
-
-
-def _any_enabled(server: Server, accounts: Mapping[str, Account]) -> bool:
-    if server.resume_streams:
-        return True
-    return any(account.spec.resume_streams for account in accounts.values())
 
 
 class StreamTap:

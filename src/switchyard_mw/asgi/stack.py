@@ -21,7 +21,6 @@ from ..engine.policies import Engine
 from ..engine.reload import Loader
 from ..engine.tenancy import Admission, Refusal, billed
 from ..state import LimitStore, Store
-from ..telemetry import names as tm
 from ._base import PolicyMiddleware
 from ._types import ASGIApp, Message, Receive, Scope, Send
 from .attempt_driver import run_attempts, run_timed
@@ -194,9 +193,13 @@ class SwitchyardStack(PolicyMiddleware):
                     refusal = unread_identified(tenancy, ctx, scope)
                 if refusal is not None:
                     return await refuse(send if ex is None else ex.out, wire, refusal)
-        if engine.judged(ctx):  # no coroutine for the many requests with no route
+        # The engine's judge and canaries asked directly: no call at all where none is
+        # configured, and no coroutine for the many requests with no route.
+        judge, canaries = engine.judge, engine.canaries
+        if judge is not None and judge.applies(ctx.view):
             await engine.judge_model(ctx, gone=lambda: ctx.disconnected)
-        engine.assign_variant(ctx)
+        if canaries is not None:
+            canaries.assign(ctx)
         admission: Admission | None = None
         if (
             ctx.tenant is not None
@@ -216,7 +219,7 @@ class SwitchyardStack(PolicyMiddleware):
         if ctx.view is None or ctx.resolved_model is None:
             return await run_timed(ex, self.app, scope, self.deadline)
         # Without an SDK, no span at all: nothing to build, activate or end.
-        machine = engine.machine(ctx, tm.tracing(), None, True)
+        machine = engine.machine(ctx, ex.traced, None, True)
         run = run_attempts(ex, machine, self.app, scope, limits=self.deadline)
         if admission is None:
             await run

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from switchyard_mw.core import affinity
@@ -147,7 +147,7 @@ class _Group:
 class _Route:
     """Everything acquire() needs for one model, precomputed: groups in priority order."""
 
-    __slots__ = ("breakers", "groups", "keyed", "names")
+    __slots__ = ("breakers", "groups", "names")
 
     def __init__(self, breakers: Iterable[Breaker]) -> None:
         # Stable sort: within a priority, config order sets the round-robin order.
@@ -158,8 +158,6 @@ class _Route:
         for b in ordered:
             groups.setdefault(b.spec.priority, []).append(b)
         self.groups = tuple(_Group(tuple(g)) for g in groups.values())
-        # Whether a conversation key can change the choice: only within a priority of several.
-        self.keyed = any(len(g.members) > 1 for g in self.groups)
 
 
 class AccountPool:
@@ -290,20 +288,13 @@ class AccountPool:
         route = self._route(model)
         return route.names if route is not None else ()
 
-    def keyed(self, model: str) -> bool:
-        """Whether a conversation key can change which account :meth:`acquire` picks for
-        ``model``: some priority serving it has several accounts. Where none has, a caller
-        need not work the key out."""
-        route = self._route(model)
-        return route is not None and route.keyed
-
     def acquire(
         self,
         model: str,
         *,
         exclude: Collection[str] = (),
         allowed: Collection[str] | None = None,
-        key: int | None = None,
+        key: int | Callable[[], int | None] | None = None,
     ) -> Lease | None:
         """The next account to try for ``model``, or None when none is eligible.
 
@@ -312,34 +303,55 @@ class AccountPool:
         the lease is recorded or released). Lowest priority value first. Within a priority, a
         request with a conversation ``key`` (:func:`~switchyard_mw.core.affinity.key_hash`)
         takes the first eligible account in the key's rendezvous order; one without takes
-        turns (round-robin per model and priority).
+        turns (round-robin per model and priority). ``key`` may be a function giving it: then
+        it is worked out only where a priority of several accounts reads it.
         """
-        route = self._route(model)
+        route = self._routes.get(model) or self._route(model)
         if route is None:
             return None
         now = self._clock()
+        # The usual first attempt: nothing excluded, held or out of reach, so every account
+        # is eligible as far as its breaker goes (`_eligible` is not asked).
+        open_ = not exclude and allowed is None and not self._holds
         for group in route.groups:
-            if key is not None and len(group.members) > 1:
-                # Its conversation's account, else the next in its order: a cooled, held or
-                # tried account moves only its own conversations.
-                for b in group.rendezvous(key):
-                    if self._eligible(b, model, now, exclude, allowed):
-                        lease = self._lease(b, model, now)
-                        if lease is not None:
-                            return lease
-                continue
             members = group.members
+            if key is not None and len(members) > 1:
+                if not isinstance(key, int):
+                    key = key()
+                if key is not None:
+                    lease = self._by_key(group, key, model, now, exclude, allowed)
+                    if lease is not None:
+                        return lease
+                    continue
             n = len(members)
             idx = group.cursor
             for _ in range(n):
                 b = members[idx]
                 idx = idx + 1 if idx + 1 < n else 0
-                if self._eligible(b, model, now, exclude, allowed):
+                if open_ or self._eligible(b, model, now, exclude, allowed):
                     # Next caller starts after this account: even spreading within the group.
                     lease = self._lease(b, model, now)
                     if lease is not None:
                         group.cursor = idx
                         return lease
+        return None
+
+    def _by_key(
+        self,
+        group: _Group,
+        key: int,
+        model: str,
+        now: float,
+        exclude: Collection[str],
+        allowed: Collection[str] | None,
+    ) -> Lease | None:
+        """The conversation's account in `group`, else the next in its order: a cooled, held
+        or tried account moves only its own conversations."""
+        for b in group.rendezvous(key):
+            if self._eligible(b, model, now, exclude, allowed):
+                lease = self._lease(b, model, now)
+                if lease is not None:
+                    return lease
         return None
 
     def lease_again(self, account: str, model: str) -> Lease | None:
@@ -378,7 +390,17 @@ class AccountPool:
 
     def _lease(self, b: Breaker, model: str, now: float) -> Lease | None:
         """A lease on `b` if its breaker admits an attempt now (a probe claims its slot)."""
-        if b.name in self._split:
+        name = b.name
+        if b.state is _CLOSED:
+            # The usual lease: a closed breaker grants, and a plain grant is made once (per
+            # account, or per pair where the account has no pair breaker for the model).
+            if name not in self._split:
+                return self._grants[name]
+            if not self._pairs or (name, model) not in self._pairs:
+                lease = self._split_grants.get((name, model))
+                if lease is not None:
+                    return lease
+        if name in self._split:
             return self._split_lease(b, model, now)
         admit = b.admit(now)
         if admit is _DENY:

@@ -49,6 +49,8 @@ class Grounds:
         "hedging",
         "pool",
         "recorder",
+        "renaming",
+        "resumes_streams",
         "rewrites_retries",
         "routable",
         "server",
@@ -77,6 +79,14 @@ class Grounds:
         """What a request's budget is read against (`ctx.budget_at`): `time.monotonic`."""
         self.recorder = Recorder(accounts)
         self._uncounting = frozenset(n for n, a in accounts.items() if not a.counts_tokens)
+        self.renaming = frozenset(n for n, a in accounts.items() if a.renames)
+        self.resumes_streams = server.resume_streams or any(
+            a.spec.resume_streams for a in accounts.values()
+        )
+        """Whether a broken stream may be continued on another account (`resume_streams`,
+        the server's or some account's): only then is a stream watched for its break."""
+        """The accounts an attempt is bound to its model for (`Account.for_model`): those
+        whose body or path may carry another name than the client's."""
 
     # --- which accounts serve -----------------------------------------------------------
 
@@ -154,13 +164,6 @@ class Grounds:
             and not ctx.disconnected
         )
 
-    def start_attempt(self, ctx: RequestContext, lease: Lease) -> Account:
-        """Make `lease`'s account the request's for its next attempt."""
-        # Bound to the model: the body and path carry the account's own name for it.
-        client = ctx.account = self.accounts[lease.account].for_model(ctx.resolved_model)
-        ctx.attempts += 1
-        return client
-
     def settle(
         self,
         lease: Lease,
@@ -184,5 +187,6 @@ class Grounds:
         self.pool.record(lease, _SUCCESS)
         if lease.probe:
             probed(self.pool, lease, _SUCCESS, "200")
-        if self.canaries is not None and model is not None:
-            self.canaries.record(model, fault=False)
+        canaries = self.canaries
+        if canaries is not None and model is not None and model in canaries.guarded:
+            canaries.record(model, fault=False)

@@ -417,15 +417,19 @@ class AttemptMachine:
         if model is None or ctx.view is None:
             self.state = _DONE
             return PASS_THROUGH
-        pool = grounds.pool
         if ctx.view.counts:
             self._skip_uncounting(model)
-        elif pool.store is None:
-            # The usual first attempt, with nothing shared to ask (and no key to work out
-            # where no priority serving the model has several accounts).
-            key = self._conversation_key() if pool.keyed(model) else None
-            lease = pool.acquire(model, allowed=grounds.routable, key=key)
+        else:
+            # The usual first attempt, one step: its lease (the conversation's key worked out
+            # only where a priority serving the model has several accounts), sent unless it
+            # is a probe whose claim the shared store must agree to (then as `_acquire` does).
+            pool = grounds.pool
+            lease = pool.acquire(model, allowed=grounds.routable, key=self._conversation_key)
             if lease is not None:
+                if lease.probe and pool.store is not None:
+                    self._claim = (lease, self._candidates(), 0)
+                    self.state = _CLAIMING
+                    return ClaimProbe(lease.account, lease.unit)
                 return self._send(lease, model)
         if not grounds.places(ctx):
             self.state = _DONE
@@ -553,7 +557,9 @@ class AttemptMachine:
         if how is _FINISHED or (how is _RETURNED and state is _FORWARDING):
             if self._span is None and self.grounds.plain_success(ctx, status or 500):
                 # The usual answer: a success with no span, nothing else to count or show.
-                self.grounds.succeeded(self._take_lease(), ctx.resolved_model)
+                lease, self._lease = self._lease, None
+                assert lease is not None
+                self.grounds.succeeded(lease, ctx.resolved_model)
                 self.state = _DONE
                 return DONE
             finished = how is _FINISHED
@@ -945,10 +951,15 @@ class AttemptMachine:
         assert ctx.view is not None
         assert client is not None
         secs = attempts.deadline_secs(ctx.view, client.spec)
+        budget_at = ctx.budget_at
+        if budget_at is None:  # the usual request: no budget, the attempt's own bound binds
+            ctx.attempt_deadline_secs = secs
+            self._budget_bound = False
+            return secs, None
         # What x-switchyard-deadline-ms reports: the deadline as it binds, budget included.
-        ctx.attempt_deadline_secs = attempts.in_force(secs, ctx.budget_at, now)
-        left = None if ctx.budget_at is None else ctx.budget_at - now
-        self._budget_bound = left is not None and left < secs
+        ctx.attempt_deadline_secs = attempts.in_force(secs, budget_at, now)
+        left = budget_at - now
+        self._budget_bound = left < secs
         return secs, left
 
     def first_content_due(self, hedge: bool = False) -> float | None:
@@ -1330,7 +1341,14 @@ class AttemptMachine:
             failed[model] = {lease.account}
         if len(tried) > 1 and not again:
             self._recorder.failover(model)
-        client = grounds.start_attempt(ctx, lease)
+        # The lease's account is the request's for this attempt, bound to the model where the
+        # body and path carry the account's own name for it.
+        name = lease.account
+        client = grounds.accounts[name]
+        if name in grounds.renaming:
+            client = client.for_model(model)
+        ctx.account = client
+        ctx.attempts += 1
         ctx.upstream_status = ctx.deadline_phase = ctx.transport_error = None
         self._lease, self._status, self._retry_headers = lease, None, None
         self._sent_at = self._clock()

@@ -77,6 +77,9 @@ class Canaries:
                 window = Window(window_secs=rule.window_secs, clock=clock)
                 self._windows.setdefault(arm, []).append((base, window))
                 self._by_arm[(base, arm)] = window
+        self.guarded = frozenset(self._windows)
+        """The models a guard counts attempts of (a guarded canary's base and variants): an
+        attempt on any other model has nothing to `record`."""
         self.on_trip: Callable[[str, str], None] | None = None
 
     @classmethod
