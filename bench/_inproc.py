@@ -169,6 +169,54 @@ def _driver(path: str, body: bytes) -> Callable[[], tuple[Scope, Receive, Send, 
     return make
 
 
+PIECE = 65536  # uvicorn pauses reading past 64 KiB of body not yet taken by the app
+
+
+def pieced_driver(
+    path: str, body: bytes
+) -> Callable[[], tuple[Scope, Receive, Send, list[Message]]]:
+    """A fresh scope/receive/send per request, the body in pieces of `PIECE` bytes, then a
+    client that stays: `receive` waits, as a server's does, until the request ends (a
+    `http.disconnect` at once would be a client that left, which the stack answers by
+    cancelling the request once it watches, as it does when a request is slow)."""
+    view = memoryview(body)
+    pieces = [bytes(view[i : i + PIECE]) for i in range(0, len(body), PIECE)] or [b""]
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    template: Scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": headers,
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000),
+    }
+
+    def make() -> tuple[Scope, Receive, Send, list[Message]]:
+        sent: list[Message] = []
+        left = iter(range(len(pieces)))
+
+        async def receive() -> Message:
+            i = next(left, None)
+            if i is None:
+                await asyncio.Event().wait()  # cancelled when the request ends
+            assert i is not None
+            more = i + 1 < len(pieces)
+            return {"type": "http.request", "body": pieces[i], "more_body": more}
+
+        async def send(message: Message) -> None:
+            sent.append(message)
+
+        return {**template, "state": {}}, receive, send, sent
+
+    return make
+
+
 async def _check(app: ASGIApp, name: str, path: str, body: bytes) -> None:
     scope, receive, send, sent = _driver(path, body)()
     await app(scope, receive, send)

@@ -52,52 +52,13 @@ from _harness import (
     openai_body,
     pick_sizes,
 )
+from _inproc import pieced_driver
 
-from switchyard_mw.asgi._types import ASGIApp, Message, Receive, Scope, Send
+from switchyard_mw.asgi._types import ASGIApp
 
 FLOORS = {"aiohttp": "pass-through aiohttp", "aiohttp-read": "necessary-work floor"}
 MODEL = "gpt-4o-mini"
-PIECE = 65536  # uvicorn pauses reading past 64 KiB of body not yet taken by the app
 PHASES = ("receive the body", "read_request", "forward", "answer")
-
-
-def driver(path: str, body: bytes) -> Callable[[], tuple[Scope, Receive, Send, list[Message]]]:
-    """A fresh scope/receive/send per request, the body in pieces of `PIECE` bytes."""
-    view = memoryview(body)
-    pieces = [bytes(view[i : i + PIECE]) for i in range(0, len(body), PIECE)] or [b""]
-    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-    template: Scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": headers,
-        "client": ("127.0.0.1", 50000),
-        "server": ("127.0.0.1", 8000),
-    }
-
-    def make() -> tuple[Scope, Receive, Send, list[Message]]:
-        sent: list[Message] = []
-        left = iter(range(len(pieces)))
-
-        async def receive() -> Message:
-            i = next(left, None)
-            if i is None:
-                return {"type": "http.disconnect"}
-            more = i + 1 < len(pieces)
-            return {"type": "http.request", "body": pieces[i], "more_body": more}
-
-        async def send(message: Message) -> None:
-            sent.append(message)
-
-        return {**template, "state": {}}, receive, send, sent
-
-    return make
 
 
 class Clock:
@@ -241,7 +202,7 @@ async def measure(
     import _apps
 
     body = openai_body(MODEL, SIZES[size])
-    make = driver(OPENAI_PATH, body)
+    make = pieced_driver(OPENAI_PATH, body)
     n = requests_at(size, n_1kb)
     clock = Clock()
     with phases_timed(clock):

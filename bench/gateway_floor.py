@@ -44,8 +44,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _harness import OPENAI_PATH, PYTHON, ROOT, SIZES, Processes, mock_upstream, openai_body
+from _inproc import pieced_driver
 
-from switchyard_mw.asgi._types import ASGIApp, Message, Receive, Scope, Send
+from switchyard_mw.asgi._types import ASGIApp
 
 APPS = {
     "floor": "pass-through aiohttp",
@@ -74,52 +75,6 @@ def build(app: str, workdir: Path) -> ASGIApp:
     return _apps.passthrough("aiohttp" if app == "floor" else "aiohttp-read")
 
 
-PIECE = 65536  # uvicorn pauses reading past 64 KiB of body not yet taken by the app
-
-
-def driver(path: str, body: bytes) -> Callable[[], tuple[Scope, Receive, Send, list[Message]]]:
-    """A fresh scope/receive/send per request, the body in pieces of `PIECE` bytes, then a
-    client that stays: `receive` waits, as a server's does, until the request ends (a
-    `http.disconnect` at once would be a client that left, which the stack answers by
-    cancelling the request once it watches, as it does when a request is slow)."""
-    view = memoryview(body)
-    pieces = [bytes(view[i : i + PIECE]) for i in range(0, len(body), PIECE)] or [b""]
-    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-    template: Scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": headers,
-        "client": ("127.0.0.1", 50000),
-        "server": ("127.0.0.1", 8000),
-    }
-
-    def make() -> tuple[Scope, Receive, Send, list[Message]]:
-        sent: list[Message] = []
-        left = iter(range(len(pieces)))
-
-        async def receive() -> Message:
-            i = next(left, None)
-            if i is None:
-                await asyncio.Event().wait()  # cancelled when the request ends
-            assert i is not None
-            more = i + 1 < len(pieces)
-            return {"type": "http.request", "body": pieces[i], "more_body": more}
-
-        async def send(message: Message) -> None:
-            sent.append(message)
-
-        return {**template, "state": {}}, receive, send, sent
-
-    return make
-
-
 def requests_at(size: str, n_1kb: int) -> int:
     return max(60, n_1kb * SIZES["1KB"] // SIZES[size])
 
@@ -136,7 +91,7 @@ async def serve(app: ASGIApp, make: Callable[..., Any], n: int) -> None:
 def _child(app_name: str, size: str, n: int, calls: bool) -> None:
     """Build `app_name`, warm it up, serve `n` requests (under valgrind, or cProfile)."""
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # sessions live as the loop
-    make = driver(OPENAI_PATH, openai_body(MODEL, SIZES[size]))
+    make = pieced_driver(OPENAI_PATH, openai_body(MODEL, SIZES[size]))
 
     async def main() -> None:
         with tempfile.TemporaryDirectory() as workdir:

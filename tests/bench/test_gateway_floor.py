@@ -17,13 +17,14 @@ from servers import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
 
-import gateway_floor  # bench/ is a folder of scripts, not a package
+import _inproc  # bench/ is a folder of scripts, not a package
+import gateway_floor
 from _harness import envoy_binary
 
 
 async def test_the_driver_hands_over_the_body_in_pieces_then_waits() -> None:
-    body = b"x" * (gateway_floor.PIECE * 2 + 5)
-    scope, receive, send, sent = gateway_floor.driver("/v1/chat/completions", body)()
+    body = b"x" * (_inproc.PIECE * 2 + 5)
+    scope, receive, send, sent = _inproc.pieced_driver("/v1/chat/completions", body)()
     assert dict(scope["headers"])[b"content-length"] == str(len(body)).encode()
     pieces = [await receive() for _ in range(3)]
     assert b"".join(p["body"] for p in pieces) == body
