@@ -32,6 +32,22 @@ class Decisions:
     """Each attempt's (key, `model` of the body the upstream got)."""
 
 
+async def post_through(
+    stack: Any, upstream: httpx.AsyncClient, body: bytes, content_type: str = "application/json"
+) -> httpx.Response:
+    """The ASGI front's answer to `body` posted to /v1/messages through `stack`; the stack and
+    its forwarding app's `upstream` client are closed after it."""
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=stack), base_url="http://gw.test"
+    ) as client:
+        reply = await client.post(
+            "/v1/messages", content=body, headers={"content-type": content_type}
+        )
+    await stack.aclose()
+    await upstream.aclose()
+    return reply
+
+
 UPSTREAM_ID = "x-switchyard-upstream-request-id"
 
 

@@ -50,7 +50,15 @@ from switchyard_mw.core.pool import AccountPool, Cause, Outcome, classify_status
 from switchyard_mw.extproc import ExtProcServicer, Policies
 from switchyard_mw.testing import Behaviour, MockProvider
 from switchyard_mw.testing._wire_replies import billing_body
-from two_fronts import Decisions, attempt_spans, client_spans, decoded, error_of, kept_headers
+from two_fronts import (
+    Decisions,
+    attempt_spans,
+    client_spans,
+    decoded,
+    error_of,
+    kept_headers,
+    post_through,
+)
 
 TWO = """
 [llm_clients.a]
@@ -364,14 +372,7 @@ async def through_asgi(scenario: Scenario, spans: InMemorySpanExporter) -> Decis
     stack = switchyard_stack(_forwarding_app(upstream), config=_config(scenario), environ=ENV)
     _before(stack.pool, scenario)
     spans.clear()
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=stack), base_url="http://gw.test"
-    ) as client:
-        reply = await client.post(
-            "/v1/messages", content=BODY, headers={"content-type": scenario.content_type}
-        )
-    await stack.aclose()
-    await upstream.aclose()
+    reply = await post_through(stack, upstream, BODY, scenario.content_type)
     decisions = Decisions(
         status=reply.status_code,
         headers=kept_headers(reply.headers),
@@ -606,14 +607,7 @@ async def test_a_streams_first_bound_is_the_sooner_of_its_headers_and_first_toke
     mock = MockProvider()
     upstream = httpx.AsyncClient(transport=_Upstreams(mock, {}), base_url="http://upstream.test")
     stack = switchyard_stack(_forwarding_app(upstream), config=config, environ=ENV)
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=stack), base_url="http://gw.test"
-    ) as client:
-        reply = await client.post(
-            "/v1/messages", content=body, headers={"content-type": "application/json"}
-        )
-    await stack.aclose()
-    await upstream.aclose()
+    reply = await post_through(stack, upstream, body)
     assert reply.status_code == 200
     asgi = reply.headers["x-switchyard-deadline-ms"]
 

@@ -75,6 +75,7 @@ from two_fronts import (
     decoded,
     error_of,
     kept_headers,
+    post_through,
     refusal_matched,
     send_upstream,
     text_of,
@@ -344,14 +345,7 @@ async def through_asgi(run: Run, spans: InMemorySpanExporter) -> tuple[Decisions
     stack = switchyard_stack(Forwarder(upstream), config=parse_config(run.config), environ=ENV)
     _before(stack.pool, run.scenario)
     spans.clear()
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=stack), base_url="http://gw.test"
-    ) as client:
-        reply = await client.post(
-            "/v1/messages", content=run.body, headers={"content-type": "application/json"}
-        )
-    await stack.aclose()
-    await upstream.aclose()
+    reply = await post_through(stack, upstream, run.body)
     decisions = Decisions(
         status=reply.status_code,
         error=error_of(reply.json()) if reply.status_code >= 400 else None,
