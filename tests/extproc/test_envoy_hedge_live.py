@@ -167,3 +167,57 @@ async def test_with_no_hedge_budget_the_second_try_carries_no_prompt(rig: Rig) -
     assert _prompts(rig, "key-a") == 1  # the void try went out with neither key nor prompt
     assert len(rig.mock.requests) == 2
     assert _faults(policies, "a") == 0
+
+
+async def _answer(rig: Rig) -> tuple[Any, float, str]:
+    """One JSON answer: the raw response, seconds to it, and its text."""
+    started = time.monotonic()
+    sdk = anthropic.AsyncAnthropic(base_url=rig.envoy_url, api_key="caller", max_retries=0)
+    async with sdk as client:
+        raw = await client.messages.with_raw_response.create(
+            model="pair", max_tokens=9, messages=QUESTION
+        )
+        message = await raw.parse()
+    text = "".join(block.text for block in message.content if block.type == "text")
+    return raw, time.monotonic() - started, text
+
+
+async def test_a_slow_json_answer_is_hedged_and_the_hedge_wins(rig: Rig, otel_metrics: Any) -> None:
+    policies = rig.configure()
+    won = otel_metrics.value(tm.HEDGES, result="won")
+    rig.mock.set_behaviour("key-a", Behaviour(headers_delay_secs=LATE_SECS))
+    raw, secs, text = await _answer(rig)
+    assert text
+    assert HEDGE_SECS <= secs < LATE_SECS
+    assert raw.headers["x-switchyard-account"] == "b"
+    assert raw.headers["x-switchyard-attempts"] == "2"
+    assert (_prompts(rig, "key-a"), _prompts(rig, "key-b")) == (1, 1)
+    assert otel_metrics.value(tm.HEDGES, result="won") == won + 1
+    assert _faults(policies, "a") == 0  # a lost race says nothing against its account
+
+
+async def test_a_json_answer_in_time_is_not_hedged(rig: Rig) -> None:
+    rig.configure()
+    raw, secs, text = await _answer(rig)
+    assert text
+    assert secs < HEDGE_SECS * 4
+    assert raw.headers["x-switchyard-account"] == "a"
+    assert raw.headers["x-switchyard-attempts"] == "1"
+    assert (_prompts(rig, "key-a"), _prompts(rig, "key-b")) == (1, 0)
+
+
+async def test_a_refused_json_hedge_loses_and_the_first_try_answers(
+    rig: Rig, otel_metrics: Any
+) -> None:
+    policies = rig.configure()
+    lost = otel_metrics.value(tm.HEDGES, result="lost")
+    rig.mock.set_behaviour("key-a", Behaviour(headers_delay_secs=1.2))
+    rig.mock.set_behaviour("key-b", Behaviour(status=503))
+    raw, secs, text = await _answer(rig)
+    assert text
+    assert secs >= 1.2
+    assert raw.headers["x-switchyard-account"] == "a"
+    assert _prompts(rig, "key-b") == 1
+    assert _faults(policies, "b") == 1  # the hedge's 503 is its account's fault
+    assert _faults(policies, "a") == 0
+    assert otel_metrics.value(tm.HEDGES, result="lost") == lost + 1
