@@ -221,3 +221,34 @@ async def test_a_refused_json_hedge_loses_and_the_first_try_answers(
     assert _faults(policies, "b") == 1  # the hedge's 503 is its account's fault
     assert _faults(policies, "a") == 0
     assert otel_metrics.value(tm.HEDGES, result="lost") == lost + 1
+
+
+async def test_a_first_json_try_refused_during_the_race_leaves_the_hedge(
+    rig: Rig, otel_metrics: Any
+) -> None:
+    policies = rig.configure()
+    won = otel_metrics.value(tm.HEDGES, result="won")
+    # `a` answers 503 after the hedge started, before `b` (the hedge) has answered.
+    rig.mock.set_behaviour("key-a", Behaviour(status=503, headers_delay_secs=HEDGE_SECS * 2))
+    rig.mock.set_behaviour("key-b", Behaviour(headers_delay_secs=1.2))
+    raw, secs, text = await _answer(rig)
+    assert text
+    assert raw.headers["x-switchyard-account"] == "b"
+    assert HEDGE_SECS + 1.2 <= secs < LATE_SECS
+    assert _prompts(rig, "key-b") == 1
+    # b's answer is the hedge's (a retry after a's 503 would count no hedge).
+    assert otel_metrics.value(tm.HEDGES, result="won") == won + 1
+    assert _faults(policies, "a") == 1  # its 503 is its account's fault
+    assert _faults(policies, "b") == 0
+
+
+async def test_with_no_hedge_budget_the_second_json_try_carries_no_prompt(rig: Rig) -> None:
+    policies = rig.configure(ratio=0.0)
+    rig.mock.set_behaviour("key-a", Behaviour(headers_delay_secs=1.2))
+    raw, secs, text = await _answer(rig)
+    assert text
+    assert secs >= 1.2  # the first try's answer, waited for
+    assert raw.headers["x-switchyard-account"] == "a"
+    assert (_prompts(rig, "key-a"), _prompts(rig, "key-b")) == (1, 0)
+    assert len(rig.mock.requests) == 2  # the void try went out with neither key nor prompt
+    assert _faults(policies, "a") == 0
