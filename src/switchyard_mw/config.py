@@ -252,8 +252,8 @@ class Server(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     [Envoy](envoy.md#failover-across-providers))."""
     envoy_hedge: bool = False
     """ext_proc mode: Envoy's route for requests the processor marks `x-switchyard-hedge` has a
-    `hedge_policy` (`hedge_on_per_try_timeout`), so a stream whose account has
-    `hedge_after_secs` gets a hedge on another account of its model (see
+    `hedge_policy` (`hedge_on_per_try_timeout`), so a request (a stream or a JSON answer)
+    whose account has `hedge_after_secs` gets a hedge on another account of its model (see
     [Envoy](envoy.md#hedged-first-tokens)). Off: no hedge under Envoy."""
     tenant_header: str | None = None
     """A request header that names the request's tenant, set by a proxy you trust in front of

@@ -36,9 +36,10 @@ Where the fronts differ for a reason of the front, kept explicit:
   `b` whose first content comes later than `a`'s bound is cut there under Envoy (measured
   through Envoy 1.40: the client got the 504 and `b` was charged the fault) where the ASGI
   front waits for it: a gap of the processor, not settled by this test.
-- Only streams are hedged under Envoy (the race needs the first-token filter holding each
-  try's headers); the ASGI front also hedges a JSON answer
-  (`test_a_json_answer_is_hedged_through_the_asgi_front_only`).
+
+A JSON answer is hedged alike (`JSON_SCENARIOS`): its content is the answer itself, whose
+headers come with it, so under Envoy the hedged refusal filter sees each try's 2xx JSON headers
+and the first try to answer wins (the ASGI front's first body bytes come with them).
 """
 
 from __future__ import annotations
@@ -109,6 +110,9 @@ BODY = msgspec.json.encode(
         "messages": [{"role": "user", "content": "hedge me"}],
     }
 )
+JSON_BODY = msgspec.json.encode({**msgspec.json.decode(BODY), "stream": False})
+SLOW_JSON = Behaviour(headers_delay_secs=SLOW.body_stall_secs)
+"""A JSON answer as late as `SLOW`'s first content: its headers come with it."""
 CONFIG = "".join(
     f"""
 [llm_clients.{name}]
@@ -170,6 +174,8 @@ class Scenario:
     envoy_deadline_ms: str | None = None
     """`x-switchyard-deadline-ms` through Envoy, where it is not the ASGI front's (see the
     module)."""
+    body: bytes = BODY
+    """The request: a stream, or a JSON answer (`JSON_BODY`)."""
 
 
 SCENARIOS = {
@@ -211,6 +217,32 @@ SCENARIOS = {
         ratio=0.0,
     ),
 }
+
+
+JSON_SCENARIOS = {
+    "a slow JSON answer is hedged, and the hedge wins": Scenario(
+        {"ka": Behaviour(headers_delay_secs=LATE_SECS), "kb": Behaviour()},
+        "b",
+        {"won": 1},
+        body=JSON_BODY,
+    ),
+    "a JSON answer in time is not hedged": Scenario(
+        {"ka": Behaviour(), "kb": Behaviour()}, "a", body=JSON_BODY
+    ),
+    "the JSON hedge refused (503) loses, the first try answers": Scenario(
+        {"ka": SLOW_JSON, "kb": Behaviour(status=503)}, "a", {"lost": 1}, body=JSON_BODY
+    ),
+    "the first JSON try refused (503) during the race leaves the hedge": Scenario(
+        {"ka": Behaviour(status=503, headers_delay_secs=HEDGE_SECS * 2), "kb": SLOW_JSON},
+        "b",
+        {"won": 1},
+        body=JSON_BODY,
+    ),
+    "no hedge budget: the first JSON try is waited for": Scenario(
+        {"ka": SLOW_JSON, "kb": Behaviour()}, "a", {"refused": 1}, ratio=0.0, body=JSON_BODY
+    ),
+}
+SCENARIOS |= {f"{name} [json]": scenario for name, scenario in JSON_SCENARIOS.items()}
 
 
 @dataclass
@@ -290,7 +322,7 @@ async def through_asgi(
         transport=httpx.ASGITransport(app=stack), base_url="http://gw.test"
     ) as client:
         reply = await client.post(
-            "/v1/messages", content=BODY, headers={"content-type": "application/json"}
+            "/v1/messages", content=scenario.body, headers={"content-type": "application/json"}
         )
     await stack.aclose()
     await upstream.aclose()
@@ -372,6 +404,12 @@ async def _try(
         if answer.status < 300 and _streams(answer):
             await _held(this, reply)
             return this
+        if hedged and 200 <= answer.status < 300:
+            # A 2xx JSON answer on the hedge route: the hedged refusal filter sees its
+            # headers (envoy.yaml's matcher), the first to come wins the race.
+            held = await refusal.send(response_headers(answer.status, {}, request_id=RID))
+            if held.HasField("override_message_timeout"):  # it lost: held until reset
+                await asyncio.Event().wait()
         answer.body = await reply.aread()
     if refusal_matched(answer.status):
         extra = {k: v for k, v in answer.headers.items() if k == "retry-after"}
@@ -476,13 +514,13 @@ async def through_extproc(
     router = Stream(servicer)
     client = {"content-type": "application/json"}
     await router.send(request_headers(extra={"x-request-id": RID, **client}))
-    routed = await router.send(request_body(BODY))
+    routed = await router.send(request_body(scenario.body))
     marked = decoded(sets(routed))
     hedged = marked.get(HEDGE_HEADER) == "1"
     assert hedged == scenario.hedge_route, "the request takes the route the scenario says"
     per_try = int(marked[PER_TRY]) / 1000
     assert per_try == (HEDGE_SECS if hedged else FIRST_TOKEN_SECS)
-    out = Outgoing({":path": "/v1/messages", **client}, BODY)
+    out = Outgoing({":path": "/v1/messages", **client}, scenario.body)
     out.apply(routed)
     async with httpx.AsyncClient(base_url=served.url) as upstream:
         cluster = marked["x-switchyard-cluster"]
@@ -550,33 +588,3 @@ async def test_both_fronts_hedge_alike(
     hedge_spans = [a for a in asgi.attempts if a[1].get(tm.HEDGE)]
     assert len(hedge_spans) == int(moved and not scenario.failover), "the hedge's span says so"
     assert len(asgi.calls) == len(asgi.attempts), "each attempt has its CLIENT span"
-
-
-async def test_a_json_answer_is_hedged_through_the_asgi_front_only(served: Served) -> None:
-    """A difference of the fronts, kept in sight: the ASGI front hedges a JSON answer slow to
-    start (its first body bytes are its content); under Envoy only a stream takes the hedge
-    route (`hedge_tries.arm`): the race needs the first-token filter, which watches event
-    streams, so a JSON request is routed as ever and its answer waited for."""
-    body = msgspec.json.encode({**msgspec.json.decode(BODY), "stream": False})
-    scenario = Scenario({"ka": Behaviour(headers_delay_secs=LATE_SECS), "kb": Behaviour()}, "b")
-    config = served.ready(scenario)
-    async with httpx.AsyncClient() as upstream:
-        stack = switchyard_stack(Forwarder(upstream), config=config, environ=ENV)
-        async with httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=stack), base_url="http://gw.test"
-        ) as client:
-            reply = await client.post("/v1/messages", content=body)
-        await stack.aclose()
-    assert reply.status_code == 200
-    assert (reply.headers["x-switchyard-account"], reply.headers["x-switchyard-attempts"]) == (
-        "b",
-        "2",
-    )
-
-    router = Stream(ExtProcServicer(Policies(config, build_accounts(config, ENV))))
-    await router.send(request_headers(extra={"x-request-id": RID}))
-    routed = decoded(sets(await router.send(request_body(body))))
-    await router.close()
-    assert HEDGE_HEADER not in routed
-    assert PER_TRY not in routed  # a JSON answer's bound is the route's whole timeout
-    assert routed["x-api-key"] == "ka"

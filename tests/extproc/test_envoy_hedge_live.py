@@ -167,3 +167,88 @@ async def test_with_no_hedge_budget_the_second_try_carries_no_prompt(rig: Rig) -
     assert _prompts(rig, "key-a") == 1  # the void try went out with neither key nor prompt
     assert len(rig.mock.requests) == 2
     assert _faults(policies, "a") == 0
+
+
+async def _answer(rig: Rig) -> tuple[Any, float, str]:
+    """One JSON answer: the raw response, seconds to it, and its text."""
+    started = time.monotonic()
+    sdk = anthropic.AsyncAnthropic(base_url=rig.envoy_url, api_key="caller", max_retries=0)
+    async with sdk as client:
+        raw = await client.messages.with_raw_response.create(
+            model="pair", max_tokens=9, messages=QUESTION
+        )
+        message = await raw.parse()
+    text = "".join(block.text for block in message.content if block.type == "text")
+    return raw, time.monotonic() - started, text
+
+
+async def test_a_slow_json_answer_is_hedged_and_the_hedge_wins(rig: Rig, otel_metrics: Any) -> None:
+    policies = rig.configure()
+    won = otel_metrics.value(tm.HEDGES, result="won")
+    rig.mock.set_behaviour("key-a", Behaviour(headers_delay_secs=LATE_SECS))
+    raw, secs, text = await _answer(rig)
+    assert text
+    assert HEDGE_SECS <= secs < LATE_SECS
+    assert raw.headers["x-switchyard-account"] == "b"
+    assert raw.headers["x-switchyard-attempts"] == "2"
+    assert (_prompts(rig, "key-a"), _prompts(rig, "key-b")) == (1, 1)
+    assert otel_metrics.value(tm.HEDGES, result="won") == won + 1
+    assert _faults(policies, "a") == 0  # a lost race says nothing against its account
+
+
+async def test_a_json_answer_in_time_is_not_hedged(rig: Rig) -> None:
+    rig.configure()
+    raw, secs, text = await _answer(rig)
+    assert text
+    assert secs < HEDGE_SECS * 4
+    assert raw.headers["x-switchyard-account"] == "a"
+    assert raw.headers["x-switchyard-attempts"] == "1"
+    assert (_prompts(rig, "key-a"), _prompts(rig, "key-b")) == (1, 0)
+
+
+async def test_a_refused_json_hedge_loses_and_the_first_try_answers(
+    rig: Rig, otel_metrics: Any
+) -> None:
+    policies = rig.configure()
+    lost = otel_metrics.value(tm.HEDGES, result="lost")
+    rig.mock.set_behaviour("key-a", Behaviour(headers_delay_secs=1.2))
+    rig.mock.set_behaviour("key-b", Behaviour(status=503))
+    raw, secs, text = await _answer(rig)
+    assert text
+    assert secs >= 1.2
+    assert raw.headers["x-switchyard-account"] == "a"
+    assert _prompts(rig, "key-b") == 1
+    assert _faults(policies, "b") == 1  # the hedge's 503 is its account's fault
+    assert _faults(policies, "a") == 0
+    assert otel_metrics.value(tm.HEDGES, result="lost") == lost + 1
+
+
+async def test_a_first_json_try_refused_during_the_race_leaves_the_hedge(
+    rig: Rig, otel_metrics: Any
+) -> None:
+    policies = rig.configure()
+    won = otel_metrics.value(tm.HEDGES, result="won")
+    # `a` answers 503 after the hedge started, before `b` (the hedge) has answered.
+    rig.mock.set_behaviour("key-a", Behaviour(status=503, headers_delay_secs=HEDGE_SECS * 2))
+    rig.mock.set_behaviour("key-b", Behaviour(headers_delay_secs=1.2))
+    raw, secs, text = await _answer(rig)
+    assert text
+    assert raw.headers["x-switchyard-account"] == "b"
+    assert HEDGE_SECS + 1.2 <= secs < LATE_SECS
+    assert _prompts(rig, "key-b") == 1
+    # b's answer is the hedge's (a retry after a's 503 would count no hedge).
+    assert otel_metrics.value(tm.HEDGES, result="won") == won + 1
+    assert _faults(policies, "a") == 1  # its 503 is its account's fault
+    assert _faults(policies, "b") == 0
+
+
+async def test_with_no_hedge_budget_the_second_json_try_carries_no_prompt(rig: Rig) -> None:
+    policies = rig.configure(ratio=0.0)
+    rig.mock.set_behaviour("key-a", Behaviour(headers_delay_secs=1.2))
+    raw, secs, text = await _answer(rig)
+    assert text
+    assert secs >= 1.2  # the first try's answer, waited for
+    assert raw.headers["x-switchyard-account"] == "a"
+    assert (_prompts(rig, "key-a"), _prompts(rig, "key-b")) == (1, 0)
+    assert len(rig.mock.requests) == 2  # the void try went out with neither key nor prompt
+    assert _faults(policies, "a") == 0

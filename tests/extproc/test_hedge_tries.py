@@ -70,8 +70,9 @@ def sent(text: str, *, stream: bool = True, clock: Clock | None = None) -> tuple
     return policies, machine
 
 
-def test_a_stream_on_a_hedging_account_is_armed_with_its_hedge_time() -> None:
-    _, machine = sent(config())
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
+def test_a_request_on_a_hedging_account_is_armed_with_its_hedge_time(stream: bool) -> None:
+    _, machine = sent(config(), stream=stream)
     hedge = ht.arm(machine)
     assert hedge is not None
     assert hedge.after_secs == HEDGE_SECS
@@ -81,11 +82,11 @@ def test_a_stream_on_a_hedging_account_is_armed_with_its_hedge_time() -> None:
 @pytest.mark.parametrize(
     ("text", "stream"),
     [
-        (config(), False),  # a JSON answer: no first content to race for
         (config(accounts="a"), True),  # no other account to hedge on
+        (config(accounts="a"), False),
         (config(after="0.5").replace("hedge_after_secs = 0.5\n", "", 1), True),  # a: none
     ],
-    ids=["json", "alone", "no-hedge-time"],
+    ids=["alone", "alone-json", "no-hedge-time"],
 )
 def test_what_is_not_armed(text: str, stream: bool) -> None:
     _, machine = sent(text, stream=stream)
@@ -174,6 +175,39 @@ async def test_a_try_refused_while_racing_loses_as_its_account_fault(
     assert machine.ctx.account.name == account
     other = ht.Try.FIRST if which is ht.Try.HEDGE else ht.Try.HEDGE
     assert not ht.refused(hedge, machine, other, 503)  # the survivor's: the machine's rules
+
+
+@pytest.mark.parametrize(("which", "account"), [(ht.Try.HEDGE, "b"), (ht.Try.FIRST, "a")])
+async def test_the_first_json_answer_wins_and_the_other_is_held(
+    which: ht.Try, account: str
+) -> None:
+    policies, machine = sent(config(), stream=False)
+    hedge = ht.arm(machine)
+    assert hedge is not None
+    await ht.start(hedge, machine, 2)
+    assert not ht.answered(hedge, machine, which)  # its headers go on to the router
+    assert (hedge.race, hedge.winner) == (ht.Race.OVER, which)
+    assert machine.ctx.account is not None
+    assert machine.ctx.account.name == account
+    other = ht.Try.FIRST if which is ht.Try.HEDGE else ht.Try.HEDGE
+    assert ht.answered(hedge, machine, other)  # the loser's answer: held until Envoy resets it
+    assert not ht.answered(hedge, machine, which)
+    assert [policies.engine.pool.status_of(n).consecutive_faults for n in "ab"] == [0, 0]
+
+
+async def test_a_json_answer_before_the_hedge_or_beside_a_void_try_is_the_machines() -> None:
+    _, machine = sent(
+        config().replace("hedge_max_ratio = 1.0", "hedge_max_ratio = 0.0"), stream=False
+    )
+    hedge = ht.arm(machine)
+    assert hedge is not None
+    assert not ht.answered(hedge, machine, ht.Try.FIRST)  # no race yet: nothing settled
+    assert hedge.race is ht.Race.ARMED
+    await ht.start(hedge, machine, 2)
+    assert ht.answered(hedge, machine, ht.Try.VOID)  # held: never the client's
+    assert not ht.answered(hedge, machine, ht.Try.FIRST)
+    assert hedge.race is ht.Race.VOID
+    assert machine.state is State.SENT
 
 
 def test_a_try_is_named_by_its_own_request_headers() -> None:

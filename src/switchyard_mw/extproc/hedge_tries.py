@@ -1,14 +1,17 @@
 """Hedged first tokens behind Envoy: the route's `hedge_policy` starts the second try, the
 processor gives it its account and settles the race.
 
-With `[server] envoy_hedge`, a stream whose account hedges (`hedge_after_secs`) and whose model
-another account could take (`AttemptMachine.may_hedge`) is marked `x-switchyard-hedge`, which
-routes it to the route with `hedge_policy: {hedge_on_per_try_timeout: true}`, and its per-try
-timeout is the hedge time. The first-token filter holds each try's headers until its first
-content event, so the router sees none from a try that is slow to content: at the per-try
-timeout Envoy sends a second try without cutting the first, and commits to the first try
-whose headers reach it, resetting the other (measured on Envoy 1.40,
-`tests/extproc/test_envoy_hedge_policy.py`).
+With `[server] envoy_hedge`, a stream or a JSON request whose account hedges
+(`hedge_after_secs`) and whose model another account could take (`AttemptMachine.may_hedge`)
+is marked `x-switchyard-hedge`, which routes it to the route with `hedge_policy:
+{hedge_on_per_try_timeout: true}`, and its per-try timeout is the hedge time. The first-token
+filter holds each try's headers until its first content event, so the router sees none from a
+try that is slow to content: at the per-try timeout Envoy sends a second try without cutting
+the first, and commits to the first try whose headers reach it, resetting the other (measured
+on Envoy 1.40, `tests/extproc/test_envoy_hedge_policy.py`). A JSON answer's content is the
+answer itself: its headers come when it is ready, so a try slow to answer sends none by the
+per-try timeout, and the hedged refusal filter, which sees each try's 2xx JSON headers too,
+settles the race at them (`answered`).
 
 - The second try's request headers (the upstream-level retry filter) come while the first is
   still in flight: if the budget (`hedge_max_ratio`) and an account allow, the machine's hedge
@@ -21,8 +24,9 @@ whose headers reach it, resetting the other (measured on Envoy 1.40,
   for every try and raises its count for each (measured,
   `tests/extproc/test_envoy_hedge_policy.py`), and the dynamic metadata one try's filter sets
   is read back by the other's (measured with a prototype that named tries so).
-- The try whose content comes first wins (`hedge_over(won=...)`). A try refused or past its
-  first-token bound while the other races loses with what that says of its account, and is
+- The try whose content comes first wins (`hedge_over(won=...)`): a stream's first content
+  event, a JSON answer's successful headers. A try refused or past its first-token bound
+  while the other races loses with what that says of its account, and is
   held (its headers never answered, `HOLD` asks Envoy for the time) until Envoy resets it for
   the other; so is a void try's refusal.
 
@@ -89,11 +93,8 @@ class Hedge:
 
 def arm(machine: AttemptMachine) -> Hedge | None:
     """The request's hedge (`[server] envoy_hedge` on), when the route may hedge it: a stream
-    whose account hedges and whose model another account could take now
+    or a JSON request whose account hedges and whose model another account could take now
     (`AttemptMachine.hedge_due`, which counts the request in its model's hedge budget)."""
-    view = machine.ctx.view
-    if view is None or not view.stream:
-        return None
     after = machine.hedge_due()
     return None if after is None else Hedge(after)
 
@@ -175,6 +176,17 @@ def lost(hedge: Hedge, machine: AttemptMachine, which: Try, status: int) -> bool
     hedge.winner = Try.FIRST if which is Try.HEDGE else Try.HEDGE
     machine.race_failed(hedge=which is Try.HEDGE, status=status, error=None, report=machine.ctx)
     return True
+
+
+def answered(hedge: Hedge, machine: AttemptMachine, which: Try) -> bool:
+    """A try's successful answer seen at its headers by the upstream-level filter (a JSON
+    answer: its content is the answer itself, and no first-token filter holds it): the first
+    such try of a racing request wins. True when it is to be held (`HOLD`): a try that lost
+    already, or the void try; False: it goes on to the router, which commits to it."""
+    if lost_already(hedge, which):
+        return True
+    won(hedge, machine, which)
+    return False
 
 
 def refused(hedge: Hedge, machine: AttemptMachine, which: Try, status: int) -> bool:

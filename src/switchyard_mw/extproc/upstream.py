@@ -294,6 +294,12 @@ class UpstreamStream:
         headers = msg.headers_of(request.response_headers, _STATUS)
         status = int(headers.get(":status", b"0") or 0)
         which = hedge_tries.which(flight.hedge, self.attempt)
+        if flight.hedge is not None and 200 <= status < 300:
+            # A hedged request's successful JSON answer (the example's matcher sends no 2xx
+            # event stream here: the first-token filter settles those): the first wins.
+            if hedge_tries.answered(flight.hedge, machine, which):
+                return hedge_tries.HOLD
+            return msg.UNCHANGED_RESPONSE_HEADERS
         if flight.hedge is not None and hedge_tries.refused(flight.hedge, machine, which, status):
             # A try of a hedged request refused while the other races (it lost), or a void
             # try: held until Envoy resets it, when the other's headers reach it.
