@@ -86,6 +86,7 @@ from two_fronts import (
     decoded,
     error_of,
     kept_headers,
+    post_through,
     refusal_matched,
     text_of,
 )
@@ -318,14 +319,7 @@ async def through_asgi(
     stack = switchyard_stack(Forwarder(upstream), config=config, environ=ENV)
     spans.clear()
     before = _counts(metrics)
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=stack), base_url="http://gw.test"
-    ) as client:
-        reply = await client.post(
-            "/v1/messages", content=scenario.body, headers={"content-type": "application/json"}
-        )
-    await stack.aclose()
-    await upstream.aclose()
+    reply = await post_through(stack, upstream, scenario.body)
     decisions = Decisions(
         status=reply.status_code,
         headers=kept_headers(reply.headers),
