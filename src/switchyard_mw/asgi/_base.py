@@ -96,6 +96,12 @@ class PolicyMiddleware(ABC):
             failure = type(exc).__qualname__  # the type only: its text may quote a prompt
             raise
         finally:
+            if ex is not None:
+                # The exchange holds the server's `receive`/`send` (uvicorn's are bound to the
+                # object holding this scope) and the request's task: kept in the scope past the
+                # request, all of it would be a cycle only the garbage collector frees. Only
+                # the policies read it, while they run; the context stays for the app's own.
+                del state[EXCHANGE_KEY]
             _finish(ctx, token, ex, failure, annotate, own_span)
 
     async def _read(

@@ -270,8 +270,11 @@ class Exchange(Deferred):
             self.leave()
         self.stage = _ENDED
         self._when = None
-        if self._watcher is not None:
-            self._watcher.cancel()
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            # Let go of it: its cancellation's traceback holds this exchange, which would
+            # otherwise hold the task back, a cycle only the garbage collector frees.
+            watcher.cancel()
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
