@@ -80,13 +80,13 @@ class Grounds:
         self.recorder = Recorder(accounts)
         self._uncounting = frozenset(n for n, a in accounts.items() if not a.counts_tokens)
         self.renaming = frozenset(n for n, a in accounts.items() if a.renames)
+        """The accounts an attempt is bound to its model for (`Account.for_model`): those
+        whose body or path may carry another name than the client's."""
         self.resumes_streams = server.resume_streams or any(
             a.spec.resume_streams for a in accounts.values()
         )
         """Whether a broken stream may be continued on another account (`resume_streams`,
         the server's or some account's): only then is a stream watched for its break."""
-        """The accounts an attempt is bound to its model for (`Account.for_model`): those
-        whose body or path may carry another name than the client's."""
 
     # --- which accounts serve -----------------------------------------------------------
 
