@@ -1,8 +1,8 @@
 """Hedged first tokens under a real Envoy running examples/envoy/envoy.yaml, with the official
-SDK (`extproc/hedge_tries.py`): with `[server] envoy_hedge`, a stream whose account is slow to
-its first content gets a second try on another account at its hedge time (the route's
-`hedge_policy`), the try with content first is the answer, and the other's lease goes back as
-the race says (lost: no outcome; refused or late: its account's fault).
+SDK (`extproc/hedge_tries.py`): with `[server] envoy_hedge`, a stream or a JSON answer whose
+account is slow to its first content gets a second try on another account at its hedge time
+(the route's `hedge_policy`), the try with content first is the answer, and the other's lease
+goes back as the race says (lost: no outcome; refused or late: its account's fault).
 
 The mock runs under uvicorn on a thread, the processor on this module's event loop (both
 transports), Envoy once for the module; each test installs its own config.
@@ -11,8 +11,9 @@ transports), Envoy once for the module; each test installs its own config.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, cast
 
 import anthropic
 import pytest
@@ -28,8 +29,6 @@ KEYS = {"KEY_A": "key-a", "KEY_B": "key-b"}
 QUESTION: Any = [{"role": "user", "content": "hedge me"}]
 HEDGE_SECS = 0.4
 LATE_SECS = 2.5
-LATE = Behaviour(stall_after_chunks=0, body_stall_secs=LATE_SECS)
-"""Headers and the opening events at once, the first content event 2.5 s later."""
 
 
 def config_text(mock_url: str, *, hedge: bool = True, ratio: float = 1.0) -> str:
@@ -96,79 +95,6 @@ def _faults(policies: Policies, account: str) -> int:
     return policies.engine.pool.status_of(account).consecutive_faults
 
 
-async def test_a_slow_first_token_is_hedged_and_the_hedge_wins(rig: Rig, otel_metrics: Any) -> None:
-    policies = rig.configure()
-    won = otel_metrics.value(tm.HEDGES, result="won")
-    rig.mock.set_behaviour("key-a", LATE)
-    raw, first, text = await _stream(rig)
-    assert text
-    assert HEDGE_SECS <= first < LATE_SECS
-    assert raw.headers["x-switchyard-account"] == "b"
-    assert raw.headers["x-switchyard-attempts"] == "2"
-    assert (_prompts(rig, "key-a"), _prompts(rig, "key-b")) == (1, 1)
-    assert otel_metrics.value(tm.HEDGES, result="won") == won + 1
-    assert _faults(policies, "a") == 0  # a lost race says nothing against its account
-
-
-async def test_a_first_token_in_time_is_not_hedged(rig: Rig) -> None:
-    rig.configure()
-    raw, first, _ = await _stream(rig)
-    assert first < HEDGE_SECS * 4
-    assert raw.headers["x-switchyard-account"] == "a"
-    assert raw.headers["x-switchyard-attempts"] == "1"
-    assert (_prompts(rig, "key-a"), _prompts(rig, "key-b")) == (1, 0)
-
-
-async def test_without_envoy_hedge_the_slow_stream_is_waited_for(rig: Rig) -> None:
-    rig.configure(hedge=False)
-    rig.mock.set_behaviour("key-a", Behaviour(stall_after_chunks=0, body_stall_secs=1.0))
-    raw, first, _ = await _stream(rig)
-    assert first >= 1.0  # no per-try timeout at the hedge time: the stream was not cut
-    assert raw.headers["x-switchyard-account"] == "a"
-    assert _prompts(rig, "key-b") == 0
-
-
-async def test_a_refused_hedge_loses_and_the_first_try_answers(rig: Rig, otel_metrics: Any) -> None:
-    policies = rig.configure()
-    lost = otel_metrics.value(tm.HEDGES, result="lost")
-    rig.mock.set_behaviour("key-a", Behaviour(stall_after_chunks=0, body_stall_secs=1.2))
-    rig.mock.set_behaviour("key-b", Behaviour(status=503))
-    raw, first, text = await _stream(rig)
-    assert text
-    assert first >= 1.2
-    assert raw.headers["x-switchyard-account"] == "a"
-    assert _prompts(rig, "key-b") == 1
-    assert _faults(policies, "b") == 1  # the hedge's 503 is its account's fault
-    assert _faults(policies, "a") == 0
-    assert otel_metrics.value(tm.HEDGES, result="lost") == lost + 1
-
-
-async def test_a_first_try_refused_during_the_race_leaves_the_hedge(rig: Rig) -> None:
-    policies = rig.configure()
-    # `a` answers 503 after the hedge started, before `b` (the hedge) has its first content.
-    rig.mock.set_behaviour("key-a", Behaviour(status=503, headers_delay_secs=HEDGE_SECS * 2))
-    rig.mock.set_behaviour("key-b", Behaviour(stall_after_chunks=0, body_stall_secs=1.2))
-    raw, first, text = await _stream(rig)
-    assert text
-    assert raw.headers["x-switchyard-account"] == "b"
-    assert HEDGE_SECS + 1.2 <= first < LATE_SECS
-    assert _faults(policies, "a") == 1  # its 503 is its account's fault
-    assert _faults(policies, "b") == 0
-
-
-async def test_with_no_hedge_budget_the_second_try_carries_no_prompt(rig: Rig) -> None:
-    policies = rig.configure(ratio=0.0)
-    rig.mock.set_behaviour("key-a", Behaviour(stall_after_chunks=0, body_stall_secs=1.2))
-    raw, first, text = await _stream(rig)
-    assert text
-    assert first >= 1.2  # the first try's answer, waited for
-    assert raw.headers["x-switchyard-account"] == "a"
-    assert _prompts(rig, "key-b") == 0
-    assert _prompts(rig, "key-a") == 1  # the void try went out with neither key nor prompt
-    assert len(rig.mock.requests) == 2
-    assert _faults(policies, "a") == 0
-
-
 async def _answer(rig: Rig) -> tuple[Any, float, str]:
     """One JSON answer: the raw response, seconds to it, and its text."""
     started = time.monotonic()
@@ -182,13 +108,38 @@ async def _answer(rig: Rig) -> tuple[Any, float, str]:
     return raw, time.monotonic() - started, text
 
 
-async def test_a_slow_json_answer_is_hedged_and_the_hedge_wins(rig: Rig, otel_metrics: Any) -> None:
+@dataclass(frozen=True)
+class Shape:
+    """How a client asks (a stream, or a whole JSON answer) and how an account is slow to its
+    content in that shape."""
+
+    ask: Callable[[Rig], Awaitable[tuple[Any, float, str]]]
+    """One call: the raw response, seconds to its first text, and its text."""
+    slow: Callable[[float], Behaviour]
+    """An answer whose content comes that many seconds late: a stream's first content event
+    after its headers and opening events; a JSON answer's headers (it comes when ready)."""
+
+
+SHAPES = {
+    "stream": Shape(_stream, lambda secs: Behaviour(stall_after_chunks=0, body_stall_secs=secs)),
+    "json": Shape(_answer, lambda secs: Behaviour(headers_delay_secs=secs)),
+}
+
+
+@pytest.fixture(params=list(SHAPES.values()), ids=list(SHAPES))
+def shape(request: pytest.FixtureRequest) -> Shape:
+    return cast(Shape, request.param)
+
+
+async def test_a_slow_answer_is_hedged_and_the_hedge_wins(
+    rig: Rig, shape: Shape, otel_metrics: Any
+) -> None:
     policies = rig.configure()
     won = otel_metrics.value(tm.HEDGES, result="won")
-    rig.mock.set_behaviour("key-a", Behaviour(headers_delay_secs=LATE_SECS))
-    raw, secs, text = await _answer(rig)
+    rig.mock.set_behaviour("key-a", shape.slow(LATE_SECS))
+    raw, first, text = await shape.ask(rig)
     assert text
-    assert HEDGE_SECS <= secs < LATE_SECS
+    assert HEDGE_SECS <= first < LATE_SECS
     assert raw.headers["x-switchyard-account"] == "b"
     assert raw.headers["x-switchyard-attempts"] == "2"
     assert (_prompts(rig, "key-a"), _prompts(rig, "key-b")) == (1, 1)
@@ -196,26 +147,26 @@ async def test_a_slow_json_answer_is_hedged_and_the_hedge_wins(rig: Rig, otel_me
     assert _faults(policies, "a") == 0  # a lost race says nothing against its account
 
 
-async def test_a_json_answer_in_time_is_not_hedged(rig: Rig) -> None:
+async def test_an_answer_in_time_is_not_hedged(rig: Rig, shape: Shape) -> None:
     rig.configure()
-    raw, secs, text = await _answer(rig)
+    raw, first, text = await shape.ask(rig)
     assert text
-    assert secs < HEDGE_SECS * 4
+    assert first < HEDGE_SECS * 4
     assert raw.headers["x-switchyard-account"] == "a"
     assert raw.headers["x-switchyard-attempts"] == "1"
     assert (_prompts(rig, "key-a"), _prompts(rig, "key-b")) == (1, 0)
 
 
-async def test_a_refused_json_hedge_loses_and_the_first_try_answers(
-    rig: Rig, otel_metrics: Any
+async def test_a_refused_hedge_loses_and_the_first_try_answers(
+    rig: Rig, shape: Shape, otel_metrics: Any
 ) -> None:
     policies = rig.configure()
     lost = otel_metrics.value(tm.HEDGES, result="lost")
-    rig.mock.set_behaviour("key-a", Behaviour(headers_delay_secs=1.2))
+    rig.mock.set_behaviour("key-a", shape.slow(1.2))
     rig.mock.set_behaviour("key-b", Behaviour(status=503))
-    raw, secs, text = await _answer(rig)
+    raw, first, text = await shape.ask(rig)
     assert text
-    assert secs >= 1.2
+    assert first >= 1.2
     assert raw.headers["x-switchyard-account"] == "a"
     assert _prompts(rig, "key-b") == 1
     assert _faults(policies, "b") == 1  # the hedge's 503 is its account's fault
@@ -223,18 +174,18 @@ async def test_a_refused_json_hedge_loses_and_the_first_try_answers(
     assert otel_metrics.value(tm.HEDGES, result="lost") == lost + 1
 
 
-async def test_a_first_json_try_refused_during_the_race_leaves_the_hedge(
-    rig: Rig, otel_metrics: Any
+async def test_a_first_try_refused_during_the_race_leaves_the_hedge(
+    rig: Rig, shape: Shape, otel_metrics: Any
 ) -> None:
     policies = rig.configure()
     won = otel_metrics.value(tm.HEDGES, result="won")
-    # `a` answers 503 after the hedge started, before `b` (the hedge) has answered.
+    # `a` answers 503 after the hedge started, before `b` (the hedge) has its content.
     rig.mock.set_behaviour("key-a", Behaviour(status=503, headers_delay_secs=HEDGE_SECS * 2))
-    rig.mock.set_behaviour("key-b", Behaviour(headers_delay_secs=1.2))
-    raw, secs, text = await _answer(rig)
+    rig.mock.set_behaviour("key-b", shape.slow(1.2))
+    raw, first, text = await shape.ask(rig)
     assert text
     assert raw.headers["x-switchyard-account"] == "b"
-    assert HEDGE_SECS + 1.2 <= secs < LATE_SECS
+    assert HEDGE_SECS + 1.2 <= first < LATE_SECS
     assert _prompts(rig, "key-b") == 1
     # b's answer is the hedge's (a retry after a's 503 would count no hedge).
     assert otel_metrics.value(tm.HEDGES, result="won") == won + 1
@@ -242,13 +193,24 @@ async def test_a_first_json_try_refused_during_the_race_leaves_the_hedge(
     assert _faults(policies, "b") == 0
 
 
-async def test_with_no_hedge_budget_the_second_json_try_carries_no_prompt(rig: Rig) -> None:
+async def test_with_no_hedge_budget_the_second_try_carries_no_prompt(
+    rig: Rig, shape: Shape
+) -> None:
     policies = rig.configure(ratio=0.0)
-    rig.mock.set_behaviour("key-a", Behaviour(headers_delay_secs=1.2))
-    raw, secs, text = await _answer(rig)
+    rig.mock.set_behaviour("key-a", shape.slow(1.2))
+    raw, first, text = await shape.ask(rig)
     assert text
-    assert secs >= 1.2  # the first try's answer, waited for
+    assert first >= 1.2  # the first try's answer, waited for
     assert raw.headers["x-switchyard-account"] == "a"
     assert (_prompts(rig, "key-a"), _prompts(rig, "key-b")) == (1, 0)
     assert len(rig.mock.requests) == 2  # the void try went out with neither key nor prompt
     assert _faults(policies, "a") == 0
+
+
+async def test_without_envoy_hedge_the_slow_stream_is_waited_for(rig: Rig) -> None:
+    rig.configure(hedge=False)
+    rig.mock.set_behaviour("key-a", Behaviour(stall_after_chunks=0, body_stall_secs=1.0))
+    raw, first, _ = await _stream(rig)
+    assert first >= 1.0  # no per-try timeout at the hedge time: the stream was not cut
+    assert raw.headers["x-switchyard-account"] == "a"
+    assert _prompts(rig, "key-b") == 0
