@@ -26,13 +26,18 @@ fallback = "claude-opus-5"
 REDIS = '[state]\nbackend = "redis"\nurl = "redis://user:s3cret@redis.internal:6379/0"\n'
 
 
+RECORD_OWN = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+"""A record's own attributes, and those a formatter adds when it formats the record (a
+handler another test left on the root logger may have): what is not among them came as
+`extra`."""
+
+
 def _banner(caplog: pytest.LogCaptureFixture, state: str, workers: int) -> list[dict[str, object]]:
     config = parse_config(CONFIG.format(state=state), source="x.toml")
     with caplog.at_level(logging.INFO, logger="switchyard_mw.serve"):
         banner(config, "/etc/x.toml", url="http://0.0.0.0:8000", workers=workers)
     return [
-        {k: v for k, v in r.__dict__.items() if k not in logging.makeLogRecord({}).__dict__}
-        | {"message": r.msg.phrase}  # type: ignore[attr-defined]
+        {k: v for k, v in r.__dict__.items() if k not in RECORD_OWN} | {"message": r.msg.phrase}  # type: ignore[attr-defined]
         for r in caplog.records
     ]
 
