@@ -41,6 +41,23 @@ from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_p
 
 HOST = "127.0.0.1"
 PROCESS = b"/envoy.service.ext_proc.v3.ExternalProcessor/Process"
+
+
+def grpc_headers(
+    path: bytes = PROCESS, extra: Iterable[tuple[bytes, bytes]] = ()
+) -> list[tuple[bytes, bytes]]:
+    """The request headers a gRPC client opens a call to `path` with, then `extra`."""
+    return [
+        (b":method", b"POST"),
+        (b":scheme", b"http"),
+        (b":path", path),
+        (b":authority", b"extproc"),
+        (b"content-type", b"application/grpc"),
+        (b"te", b"trailers"),
+        *extra,
+    ]
+
+
 CHECK = b"/grpc.health.v1.Health/Check"
 WATCH = b"/grpc.health.v1.Health/Watch"
 CONFIG = """
@@ -246,16 +263,7 @@ class Peer:
         self, path: bytes = PROCESS, *, end: bool = False, extra: Iterable[tuple[bytes, bytes]] = ()
     ) -> int:
         sid: int = self.h2.get_next_available_stream_id()
-        headers = [
-            (b":method", b"POST"),
-            (b":scheme", b"http"),
-            (b":path", path),
-            (b":authority", b"extproc"),
-            (b"content-type", b"application/grpc"),
-            (b"te", b"trailers"),
-            *extra,
-        ]
-        self.h2.send_headers(sid, headers, end_stream=end)
+        self.h2.send_headers(sid, grpc_headers(path, extra), end_stream=end)
         return sid
 
     async def send(self, sid: int, data: bytes, *, end: bool = False) -> None:

@@ -22,6 +22,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 from hyperframe.frame import Frame, GoAwayFrame, HeadersFrame, RstStreamFrame
 
+from hostile_peers import grpc_headers
 from switchyard_mw.extproc.h2_connection import (
     CHECK_PATH,
     DRAIN_ROUND_TRIP_SECS,
@@ -159,16 +160,7 @@ class Peer:
         extra: Iterable[tuple[bytes, bytes]] = (),
     ) -> int:
         sid: int = self.client.get_next_available_stream_id()
-        headers = [
-            (b":method", b"POST"),
-            (b":scheme", b"http"),
-            (b":path", path),
-            (b":authority", b"extproc"),
-            (b"content-type", b"application/grpc"),
-            (b"te", b"trailers"),
-            *extra,
-        ]
-        self.client.send_headers(sid, headers, end_stream=end)
+        self.client.send_headers(sid, grpc_headers(path, extra), end_stream=end)
         return sid
 
     def send(self, sid: int, data: bytes, *, end: bool = False) -> None:
