@@ -516,15 +516,20 @@ def _in_pieces(app: Any, *, then_leave: bool) -> Any:
     return pieces
 
 
+def _stack_in_pieces(http: Any, url: str, *, then_leave: bool) -> Any:
+    """The stack around the forwarder, whose body reaches it in pieces (`_in_pieces`)."""
+    app = _in_pieces(app_for(Forwarder(http), "asgi"), then_leave=then_leave)
+    return switchyard_stack(
+        app, config=parse_config(config(url, "x-api-key")), environ={"KEY": KEY}
+    )
+
+
 @KINDS
 async def test_a_body_in_pieces_is_forwarded_whole(kind: str) -> None:
     body = json.dumps(MESSAGE).encode()
     async with upstream(answer_json) as (url, seen):
         http = client_of(kind)
-        app = _in_pieces(app_for(Forwarder(http), "asgi"), then_leave=False)
-        stack = switchyard_stack(
-            app, config=parse_config(config(url, "x-api-key")), environ={"KEY": KEY}
-        )
+        stack = _stack_in_pieces(http, url, then_leave=False)
         transport = httpx.ASGITransport(app=stack)
         async with httpx.AsyncClient(transport=transport, base_url="http://gw.test") as client:
             reply = await client.post("/v1/messages", content=body)
@@ -539,10 +544,7 @@ async def test_a_client_that_leaves_mid_body_is_a_client_disconnect(kind: str) -
     body = json.dumps(MESSAGE).encode()
     async with upstream(answer_json) as (url, seen):
         http = client_of(kind)
-        app = _in_pieces(app_for(Forwarder(http), "asgi"), then_leave=True)
-        stack = switchyard_stack(
-            app, config=parse_config(config(url, "x-api-key")), environ={"KEY": KEY}
-        )
+        stack = _stack_in_pieces(http, url, then_leave=True)
         scope = {
             "type": "http",
             "asgi": {"version": "3.0"},
