@@ -29,7 +29,7 @@ LATE = Behaviour(stall_after_chunks=0, body_stall_secs=3.0)
 """Headers and the opening events at once, the first content event 3 s later."""
 
 
-def config_text(mock_url: str) -> str:
+def config_text(mock_url: str, b_first_token_secs: float = FIRST_TOKEN_SECS) -> str:
     # `solo` is served by `a` alone; `pair` by `a` then `b`.
     return f"""
 [llm_clients.a]
@@ -47,7 +47,7 @@ api_key_env = "KEY_B"
 auth = "x-api-key"
 models = ["pair"]
 priority = 1
-first_token_secs = {FIRST_TOKEN_SECS}
+first_token_secs = {b_first_token_secs}
 envoy_cluster = "mock"
 """
 
@@ -124,3 +124,57 @@ async def test_with_no_account_left_the_client_gets_the_wires_504(
     assert FIRST_TOKEN_SECS <= took < FIRST_TOKEN_SECS + 1.0, took
     assert [r.key for r in rig.mock.requests] == ["key-a"]
     assert otel_metrics.value(tm.DEADLINE_EXCEEDED, phase="first_token") == expired + 1
+
+
+B_FIRST_TOKEN_SECS = 5.0
+B_LATER = Behaviour(stall_after_chunks=0, body_stall_secs=1.5)
+"""b's first content after 1.5 s: later than `a`'s bound, well within its own."""
+
+
+async def test_the_retry_runs_under_its_own_accounts_bound(rig: Rig, otel_metrics: Any) -> None:
+    # Envoy reads the per-try timeout once, at routing, for every try of the request: were it
+    # `a`'s 0.5 s, `b`'s try would be cut there too (measured: a 504 after about 1.1 s, and
+    # `b` charged a fault) where the ASGI front waits for `b`'s own 5 s.
+    policies = rig.configure(b_first_token_secs=B_FIRST_TOKEN_SECS)
+    rig.mock.set_behaviour("key-a", LATE)
+    rig.mock.set_behaviour("key-b", B_LATER)
+    expired = otel_metrics.value(tm.DEADLINE_EXCEEDED, phase="first_token")
+    started = time.monotonic()
+    async with sdk(rig) as client:
+        raw = await client.messages.with_raw_response.create(
+            model="pair", max_tokens=9, messages=QUESTION, stream=True
+        )
+        headers_after = time.monotonic() - started
+        events = [event async for event in await raw.parse()]
+    assert [event.type for event in events][-1] == "message_stop"
+    assert raw.headers["x-switchyard-account"] == "b"
+    # What bound the attempt that served: b's own.
+    assert raw.headers["x-switchyard-deadline-ms"] == str(int(B_FIRST_TOKEN_SECS * 1000))
+    assert [r.key for r in rig.mock.requests] == ["key-a", "key-b"]
+    due = FIRST_TOKEN_SECS + B_LATER.body_stall_secs
+    assert due <= headers_after < due + 1.0, headers_after
+    assert policies.pool.status_of("a", model="pair").consecutive_faults == 1
+    assert policies.pool.status_of("b", model="pair").consecutive_faults == 0
+    assert otel_metrics.value(tm.DEADLINE_EXCEEDED, phase="first_token") == expired + 1
+
+
+async def test_headers_later_than_the_accounts_bound_are_cut_at_the_longest_reach(
+    rig: Rig,
+) -> None:
+    # What the longest bound leaves (docs/envoy.md): before its headers a try has no message
+    # the processor could answer, so `a`'s headers, late past its own 0.5 s, are cut at the
+    # per-try timeout, `b`'s 2 s; the retry on `b` serves, and `a` is charged the deadline.
+    policies = rig.configure(b_first_token_secs=2.0)
+    rig.mock.set_behaviour("key-a", Behaviour(headers_delay_secs=5.0))
+    started = time.monotonic()
+    async with sdk(rig) as client:
+        raw = await client.messages.with_raw_response.create(
+            model="pair", max_tokens=9, messages=QUESTION, stream=True
+        )
+        headers_after = time.monotonic() - started
+        events = [event async for event in await raw.parse()]
+    assert [event.type for event in events][-1] == "message_stop"
+    assert raw.headers["x-switchyard-account"] == "b"
+    assert 2.0 <= headers_after < 3.0, headers_after
+    assert policies.pool.status_of("a", model="pair").consecutive_faults == 1
+    assert policies.pool.status_of("b", model="pair").consecutive_faults == 0

@@ -94,13 +94,20 @@ class Limits(Protocol):
     def default_max_tokens(self) -> int | None: ...
 
 
+def start_secs(limits: Limits) -> float:
+    """The longest a stream of an account with `limits` may take to start: its
+    `first_token_secs`, or its `timeout_secs` when that is sooner (a stream without headers has
+    no content either)."""
+    return min(limits.timeout_secs, first_token_secs(limits))
+
+
 def deadline_secs(view: RequestView, limits: Limits) -> float:
     """The attempt's first bound: a stream must start within `timeout_secs` (or its
     `first_token_secs`, when that is sooner: a stream without headers has no content either);
     any other response must be whole within the deadline rule's time, which grows with the
     output cap."""
     if view.stream:
-        return min(limits.timeout_secs, first_token_secs(limits))
+        return start_secs(limits)
     return attempt_deadline_secs(
         timeout_secs=limits.timeout_secs,
         max_tokens=view.max_tokens,

@@ -20,6 +20,7 @@ from .._protos.envoy.config.core.v3 import base_pb2
 from ..accounts import Account
 from ..config import Config
 from ..context import RequestContext
+from ..engine.attempts import start_secs
 from ..engine.budget import budget_end
 from ..engine.build import Front, Parts, build_engine
 from ..engine.endpoints import Endpoints
@@ -134,7 +135,9 @@ class Policies:
             for name, options in self.auth_options.items()
             if self.aggregates.route(cluster := self.cluster_of(name)) != cluster
         }
-        self._orders: dict[tuple[str, str], tuple[str, ...]] = {}
+        self._orders: dict[tuple[str, str], tuple[tuple[str, ...], float]] = {}
+        """By (cluster, model): the clusters a request goes to, and the longest time to start
+        among the accounts there (`order`, `start_reach`)."""
         renames = any(a.renames for a in self.accounts.values())
         self.renaming = engine.rewrites_retries
         """Whether some account has its own model names or path: a retry's body and `:path`
@@ -204,23 +207,35 @@ class Policies:
         attempt: the aggregate its cluster heads when another provider in it serves the model
         or a model of its fallback chains; else its cluster alone, whose other keys then take
         its retries (through the aggregate they would go to a provider with none to serve)."""
-        cluster = self.cluster_of(account)
+        return self._reach(self.cluster_of(account), model)[0]
+
+    def start_reach(self, account: str, model: str) -> float:
+        """The longest time to start (`attempts.start_secs`) among the accounts Envoy may send
+        a try of a stream for `model` that starts on `account` to (those of `order`'s clusters
+        that serve it or a model of its chains; 0: none). Envoy reads a request's per-try
+        timeout once, for every try: below this, a retry on an account with a longer bound
+        would be cut before it."""
+        return self._reach(self.cluster_of(account), model)[1]
+
+    def _reach(self, cluster: str, model: str) -> tuple[tuple[str, ...], float]:
         key = (cluster, model)  # bounded: a lease's model is a configured one
         found = self._orders.get(key)
         if found is None:
             order = self.aggregates.order(cluster)
-            others = frozenset(order[1:])
             chains = self.engine.chains
             models = [model]
             if chains is not None:
                 models += [*chains.after(model, Reason.UNAVAILABLE)]
                 models += [*chains.after(model, Reason.CONTEXT_LENGTH)]
-            served = any(
-                a in self.routable and self.cluster_of(a) in others
-                for m in models
-                for a in self.pool.accounts_for(m)
+            serving = {a for m in models for a in self.pool.accounts_for(m) if a in self.routable}
+            others = frozenset(order[1:])
+            if not any(self.cluster_of(a) in others for a in serving):
+                order = (cluster,)
+            reach = max(
+                (start_secs(self.accounts[a].spec) for a in serving if self.cluster_of(a) in order),
+                default=0.0,
             )
-            found = self._orders[key] = order if served else (cluster,)
+            found = self._orders[key] = (order, reach)
         return found
 
     def routing(self, account: str, order: tuple[str, ...]) -> list[base_pb2.HeaderValueOption]:
@@ -241,7 +256,9 @@ class Policies:
         return [*kept, (HEDGE_HEADER, b"1"), (PER_TRY_TIMEOUT_HEADER, _ms(after_secs))]
 
     @staticmethod
-    def deadline_headers(machine: AttemptMachine) -> list[tuple[str, bytes]]:
+    def deadline_headers(
+        machine: AttemptMachine, reach_secs: float = 0.0
+    ) -> list[tuple[str, bytes]]:
         """The Envoy timeouts that enforce the attempt's deadline (`machine.deadline`).
 
         Non-streaming: `x-envoy-upstream-rq-timeout-ms` = the attempt deadline, cut to what is
@@ -250,15 +267,22 @@ class Policies:
         timeout (it stops at the response headers, so it never cuts a long healthy stream);
         the total timeout is only the budget, if any. The gaps between chunks are bounded by
         the route's `idle_timeout` in envoy.yaml (`stream_idle_secs`).
+
+        Envoy reads the per-try timeout once and keeps it for every try, so a stream's is the
+        longest time to start among the accounts its tries may go to (`reach_secs`,
+        `start_reach`): no retry is cut before its own account's bound. Each try's own bound is
+        the first-token filter's timer, from the try's headers on (`first_token`); before them
+        an account with a shorter bound than another the request may reach is held to the
+        longer one.
         """
         view = machine.ctx.view
         if view is None:
             return []
         attempt, left = machine.deadline(time.monotonic())
-        first = attempt if left is None else min(attempt, left)
         if not view.stream:
-            return [(TIMEOUT_HEADER, _ms(first))]
-        headers = [(PER_TRY_TIMEOUT_HEADER, _ms(first))]
+            return [(TIMEOUT_HEADER, _ms(attempt if left is None else min(attempt, left)))]
+        start = max(attempt, reach_secs)
+        headers = [(PER_TRY_TIMEOUT_HEADER, _ms(start if left is None else min(start, left)))]
         if left is not None:
             headers.append((TIMEOUT_HEADER, _ms(left)))
         return headers

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from ..context import RequestContext
@@ -193,9 +194,11 @@ class UpstreamStream:
         # before the headers (the route's retry_on): the account's fault, as through the ASGI
         # front. Every answer that did start is seen by the response-side stream first (the
         # example strips a provider's own x-switchyard-retry before Envoy reads it).
-        # Envoy's per-try timeout is due when the first-token filter's timer is, and may fire
-        # first, while the filter holds the attempt's headers (the first token was late) or
-        # while its 504 is on the way (no account left: the 504 is the answer).
+        # Envoy's per-try timeout is never due before the first-token filter's timer (it is
+        # the longest bound the request's tries may have, `Policies.deadline_headers`), but
+        # when due with it may fire first, while the filter holds the attempt's headers (the
+        # first token was late) or while its 504 is on the way (no account left: the 504 is
+        # the answer).
         opening, flight.opening = flight.opening, Opening.NOT_HELD
         if opening is Opening.EXPIRED:
             flight.opening = opening
@@ -227,6 +230,9 @@ class UpstreamStream:
             # Eligible when the retry was asked for, gone since (another request cooled it),
             # or the request ended meanwhile: the attempt goes with the previous credential.
             return msg.UNCHANGED_REQUEST_HEADERS
+        # The retry's own bound (its account's), which Envoy's per-try timeout leaves room
+        # for (`Policies.deadline_headers`): what binds it, and what the answer reports.
+        machine.deadline(time.monotonic())
         return self._credentials(flight.ctx, flight.path, action)
 
     async def _hedge(
