@@ -26,6 +26,7 @@ from switchyard_mw.engine.answers import deadline_exceeded
 from switchyard_mw.engine.hedging import Hedging
 from switchyard_mw.engine.machine import (
     NEXT,
+    TIMER_SLACK_SECS,
     AskBudget,
     AttemptMachine,
     Failure,
@@ -373,6 +374,29 @@ def test_a_retry_without_a_held_answer_keeps_its_own_refusal() -> None:
     action = m.next()
     assert isinstance(action, Refuse)
     assert action.error.status == 502  # every attempt failed in transport
+
+
+@pytest.mark.parametrize(
+    ("after", "late"),
+    [(2.0 - 0.0011, True), (2.0 - TIMER_SLACK_SECS, True), (2.0 - 0.0051, False), (1.0, False)],
+)
+def test_a_retry_at_the_deadline_less_envoy_s_timer_slack_is_the_deadline_s(
+    after: float, late: bool
+) -> None:
+    """Envoy's per-try timer was measured firing up to 1.1 ms before this process's clock said
+    the bound had passed: such a retry is still the deadline's (phase `headers`, the 504),
+    not a dropped connection's (a 502)."""
+    env = Env(body=STREAM)
+    m = env.started()
+    m.within = {"a"}
+    env.ctx.attempt_deadline_secs = 2.0
+    env.clock.now += after
+    assert m.past_deadline() is late
+    assert m.retried(Failure.CONNECT_ERROR) is NEXT
+    action = m.next()
+    assert isinstance(action, Refuse)
+    assert action.error.status == (504 if late else 502)
+    assert env.ctx.deadline_phase == (Phase.HEADERS if late else None)
 
 
 def test_late_content_with_no_retry_that_can_go_now_is_the_machine_s_504() -> None:

@@ -17,6 +17,7 @@ front sees exceptions (Envoy reports a failed connection as a reply).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -213,6 +214,9 @@ SCENARIOS = {
     "every key refused": Scenario(TWO, {}, own_answer=True, before="refused"),
     "a key refused, an account down": Scenario(TWO, {}, own_answer=True, before="refused,cooled"),
     "deadline": Scenario(ONE, {"ka": SLOW}, own_answer=True, timeout=0.3),
+    "a whole answer late past its deadline fails over": Scenario(
+        TWO, {"ka": SLOW, "kb": Behaviour()}, timeout=0.3
+    ),
     "unreachable": Scenario(ONE, {"ka": UNREACHABLE}, own_answer=True),
     "the canary's base takes over from a cooling variant": Scenario(
         CANARY, {"ka": Behaviour(), "kb": Behaviour()}, before="variant cooled"
@@ -429,6 +433,17 @@ async def _play_attempts(
         answered[key] = answered.get(key, 0) + 1
         if isinstance(answer, Behaviour) and 0 < answer.times < answered[key]:
             answer = Behaviour()  # the mock's `times`: healthy once they are spent
+        if answer == SLOW:
+            # Envoy's per-try timeout (the attempt's deadline) ends the try with no answer;
+            # the route timeout (two deadlines) ends the request at the second.
+            await upstream.close()
+            await asyncio.sleep(scenario.timeout)
+            if attempt == 2:
+                return answer, key
+            attempt += 1
+            key = await _retried(servicer, attempt, key, routed_body, sent, order)
+            upstream = Stream(servicer, UPSTREAM_FILTER)
+            continue
         # envoy.yaml's matcher: the upstream filter sees 400, 401/402/403, 429 and 5xx only
         status = _status(answer)
         if status != 400 and classify_status(status) is Outcome.SUCCESS:
@@ -443,14 +458,41 @@ async def _play_attempts(
         if sets(reply).get("x-switchyard-retry") != b"1":
             return answer, key
         attempt += 1
+        key = await _retried(servicer, attempt, key, routed_body, sent, order)
         upstream = Stream(servicer, UPSTREAM_FILTER)
-        cluster = order[(attempt - 1) % len(order)] if len(order) > 1 else None
-        retry = await upstream.send(
-            upstream_headers({"x-request-id": RID}, attempt=attempt, cluster=cluster)
-        )
-        key = _key_of(sets(retry))
-        replaced = await upstream.send(request_body(routed_body))
-        sent.append((key, _model_of(replaced, routed_body)))
+
+
+class _Replied(Exception):
+    """The retry filter answered Envoy's retry itself (an immediate response, which Envoy
+    sends to the client)."""
+
+    def __init__(self, reply: Any) -> None:
+        self.reply = reply
+
+
+async def _retried(
+    servicer: ExtProcServicer,
+    attempt: int,
+    key: str,
+    routed_body: bytes,
+    sent: list[tuple[str, str]],
+    order: tuple[str, ...],
+) -> str:
+    """Envoy's retry `attempt` through the retry filter: the key it goes with (`key` again
+    when the processor swaps none in), and what it sends added to `sent`."""
+    retry_filter = Stream(servicer, UPSTREAM_FILTER)
+    cluster = order[(attempt - 1) % len(order)] if len(order) > 1 else None
+    retry = await retry_filter.send(
+        upstream_headers({"x-request-id": RID}, attempt=attempt, cluster=cluster)
+    )
+    if retry.WhichOneof("response") == "immediate_response":
+        await retry_filter.close()
+        raise _Replied(retry)
+    key = sets(retry).get("x-api-key", key.encode()).decode()
+    replaced = await retry_filter.send(request_body(routed_body))
+    await retry_filter.close()
+    sent.append((key, _model_of(replaced, routed_body)))
+    return key
 
 
 def _status(answer: Upstream) -> int:
@@ -490,7 +532,23 @@ async def through_extproc(scenario: Scenario, spans: InMemorySpanExporter) -> De
         return _immediate(routed, spans)
     sent = [(_key_of(sets(routed)), _model_of(routed, BODY))]
     order = _envoy_order(config, sets(routed)["x-switchyard-cluster"].decode())
-    answer, _ = await _play_attempts(servicer, scenario, sent[0][0], sent, order)
+    try:
+        answer, _ = await _play_attempts(servicer, scenario, sent[0][0], sent, order)
+    except _Replied as replied:
+        # Envoy sends the retry filter's answer on as the response, through the router-level
+        # stream: its response headers (the reply's details) get the processor's headers.
+        status, headers, body = immediate(replied.reply)
+        details = replied.reply.immediate_response.details
+        final = await router.send(response_headers(status, details=details))
+        await router.close()
+        return Decisions(
+            status,
+            error=error_of(body),
+            headers=kept_headers({**decoded(headers), **decoded(sets(final))}),
+            attempts=attempt_spans(spans),
+            calls=client_spans(spans),
+            sent=sent,
+        )
     # What reached a provider: an unreachable one got nothing.
     sent = [(key, model) for key, model in sent if scenario.upstream.get(key) != UNREACHABLE]
     if answer == UNREACHABLE:

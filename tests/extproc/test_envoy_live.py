@@ -186,20 +186,37 @@ async def test_envoy_enforces_the_deadline(
     rig.configure(timeout_secs=1, failure_threshold=5)
     rig.mock.set_behaviour("key-a", Behaviour(headers_delay_secs=2))
     before = otel_metrics.value(tm.DEADLINE_EXCEEDED, phase="total")
+    # A whole answer late past its deadline: Envoy's per-try timeout ends the try, the route
+    # retries it on the next key, as through the ASGI front; the late key has its fault.
+    started = time.monotonic()
+    moved = await http.post("/v1/messages", json=message("claude-haiku-5", max_tokens=10))
+    elapsed = time.monotonic() - started
+    assert moved.status_code == 200, moved.text
+    assert moved.headers["x-switchyard-account"] == "key-b"
+    assert moved.headers["x-switchyard-deadline-ms"] == "1000"
+    assert 0.9 <= elapsed < 1.8
+    assert otel_metrics.value(tm.DEADLINE_EXCEEDED, phase="total") == before + 1
+    # No key answers in time: the wire's 504 after each key's deadline.
+    rig.mock.set_behaviour("key-b", Behaviour(headers_delay_secs=3))
+    sent = len(rig.mock.requests)
     started = time.monotonic()
     short = await http.post("/v1/messages", json=message("claude-haiku-5", max_tokens=10))
     elapsed = time.monotonic() - started
+    # Each key once: at the second try's per-try timeout, with no key left, the processor
+    # answers Envoy's next retry itself rather than let it go to a late key again.
+    assert [r.key for r in rig.mock.requests[sent:]] == ["key-a", "key-b"]
     assert short.status_code == 504
     assert short.json() == {
         "type": "error",
         "error": {"type": "deadline_exceeded", "message": short.json()["error"]["message"]},
     }
-    assert short.headers["x-switchyard-deadline-ms"] == "1000"
-    assert 0.9 <= elapsed < 1.8
-    assert otel_metrics.value(tm.DEADLINE_EXCEEDED, phase="total") == before + 1
+    assert 1.9 <= elapsed < 2.8
+    assert otel_metrics.value(tm.DEADLINE_EXCEEDED, phase="total") == before + 3
     # 64000 tokens at 128k an hour: 600 s (the cap), so the 2 s answer arrives.
+    rig.mock.set_behaviour("key-b", Behaviour())
     long = await http.post("/v1/messages", json=message("claude-haiku-5", max_tokens=64000))
     assert long.status_code == 200
+    assert long.headers["x-switchyard-account"] == "key-a"
     assert long.headers["x-switchyard-deadline-ms"] == "600000"
 
 

@@ -178,8 +178,10 @@ async def test_the_body_phase_routes_rewrites_and_sets_the_credential(env: Env) 
     assert headers["x-switchyard-cluster"] == b"prov"  # the account's cluster, not the client's
     assert headers["x-api-key"] == b"secret-a"
     assert {"authorization", "x-api-key"} <= set(removes(answer))
-    # max(10, min(600, 12800 * 3600 / 128000)) = 360 s
-    assert headers["x-envoy-upstream-rq-timeout-ms"] == b"360000"
+    # max(10, min(600, 12800 * 3600 / 128000)) = 360 s a try (the route retries a try late
+    # past it), and two tries for the request (tests/extproc/test_start_reach.py)
+    assert headers["x-envoy-upstream-rq-per-try-timeout-ms"] == b"360000"
+    assert headers["x-envoy-upstream-rq-timeout-ms"] == b"720000"
     assert not any(name.startswith("x-switchyard-t") for name in headers)  # no ticket any more
     assert len(env.servicer.flights) == 1  # found by the request's x-request-id
     await stream.close()
@@ -189,9 +191,10 @@ async def test_the_body_phase_routes_rewrites_and_sets_the_credential(env: Env) 
 async def test_an_incoming_budget_only_shortens_the_envoy_timeout(env: Env) -> None:
     stream, answer = await routed(env, anthropic(), {"x-switchyard-timeout-ms": "1500"})
     assert 1400 <= int(sets(answer)["x-envoy-upstream-rq-timeout-ms"]) <= 1500
+    assert 1400 <= int(sets(answer)["x-envoy-upstream-rq-per-try-timeout-ms"]) <= 1500
     await stream.close()
     stream, answer = await routed(env, anthropic(), {"x-switchyard-timeout-ms": "9999999"})
-    assert sets(answer)["x-envoy-upstream-rq-timeout-ms"] == b"360000"
+    assert sets(answer)["x-envoy-upstream-rq-timeout-ms"] == b"720000"
     await stream.close()
 
 

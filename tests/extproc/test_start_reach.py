@@ -1,5 +1,5 @@
-"""A stream's per-try timeout under Envoy when the accounts its tries may reach have different
-times to start (`Policies.start_reach`, `Policies.deadline_headers`).
+"""The per-try timeout under Envoy when the accounts a request's tries may reach have different
+bounds (`Policies.reach_secs`, `Policies.deadline_headers`).
 
 Envoy's router reads `x-envoy-upstream-rq-per-try-timeout-ms` once, at routing, and keeps it
 for every try of the request: set to the first account's bound, a retry on an account with a
@@ -7,7 +7,10 @@ longer one would be cut before its own bound (measured through Envoy 1.40 before
 client got a 504 after about 1.1 s, the second account charged a fault, where the ASGI front
 waits for it). So the per-try timeout is the longest time to start among the accounts the
 request's tries may go to, and each try's own bound is the processor's (the first-token
-filter's timer): tests/extproc/test_envoy_first_token_live.py shows it through Envoy.
+filter's timer): tests/extproc/test_envoy_first_token_live.py shows it through Envoy. A whole
+(JSON) answer's per-try timeout is the longest time to be whole among them, so a try whose
+answer is late is retried on the next account as through the ASGI front, and the route timeout
+bounds two such tries (tests/extproc/test_envoy_live.py).
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ from extproc_helpers import (
 )
 from switchyard_mw.accounts import build_accounts
 from switchyard_mw.config import parse_config
+from switchyard_mw.engine.attempts import deadline_secs, start_secs
 from switchyard_mw.extproc import ExtProcServicer, Policies
+from switchyard_mw.wire import Wire, read_request
 
 PER_TRY = "x-envoy-upstream-rq-per-try-timeout-ms"
 TOTAL = "x-envoy-upstream-rq-timeout-ms"
@@ -45,7 +50,8 @@ envoy_cluster = "{cluster}"
 
 CONFIG = (
     _account("a1", "prov", 0, "first_token_secs = 0.5", '["m", "solo", "chained"]')
-    + _account("a2", "prov", 1, "first_token_secs = 2")
+    # A whole answer may take it longer than a1 (its timeout_secs, 90 s against 60 s).
+    + _account("a2", "prov", 1, "first_token_secs = 2\ntimeout_secs = 90")
     # Its time to start is its timeout_secs, sooner than its first_token_secs.
     + _account("b", "other", 2, "first_token_secs = 5\ntimeout_secs = 3")
     # On a cluster no aggregate of prov's reaches: never one of the request's tries.
@@ -83,13 +89,37 @@ def policies(text: str) -> Policies:
 def test_the_reach_is_the_longest_start_among_the_accounts_tries_may_go_to(
     text: str, model: str, reach: float
 ) -> None:
-    assert policies(text).start_reach("a1", model) == reach
+    view = read_request(Wire.ANTHROPIC, _stream(model))
+    assert policies(text).reach_secs("a1", model, view) == reach
+
+
+@pytest.mark.parametrize(
+    ("text", "max_tokens", "reach"),
+    [
+        # a2's timeout_secs (90 s) against a1's 60 s.
+        (CONFIG, 100, 90.0),
+        # b's 3 s adds nothing; an output cap that needs longer grows every account's bound
+        # (max(timeout_secs, min(600, max_tokens * 3600 / 128000)) = 360 s).
+        (ACROSS, 100, 90.0),
+        (ACROSS, 12800, 360.0),
+    ],
+)
+def test_a_whole_answers_reach_is_the_longest_time_to_be_whole(
+    text: str, max_tokens: int, reach: float
+) -> None:
+    view = read_request(Wire.ANTHROPIC, _json("m", max_tokens))
+    assert policies(text).reach_secs("a1", "m", view) == reach
 
 
 def _stream(model: str) -> bytes:
     question = [{"role": "user", "content": "hi"}]
     body = {"model": model, "max_tokens": 8, "messages": question, "stream": True}
     return msgspec.json.encode(body)
+
+
+def _json(model: str, max_tokens: int) -> bytes:
+    question = [{"role": "user", "content": "hi"}]
+    return msgspec.json.encode({"model": model, "max_tokens": max_tokens, "messages": question})
 
 
 async def _routed(
@@ -121,12 +151,20 @@ async def test_a_budget_still_cuts_the_per_try_timeout() -> None:
     await router.close()
 
 
-async def test_a_json_answers_timeout_is_its_own_accounts() -> None:
-    body = msgspec.json.encode({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+async def test_a_whole_answers_try_is_timed_out_to_be_retried() -> None:
+    """Its per-try timeout: the longest time to be whole among the accounts its tries may go
+    to (a2's 90 s); the route timeout two such tries (one timed out, the one after it)."""
     servicer = ExtProcServicer(policies(ACROSS))
-    router, routed = await _routed(servicer, body)
-    assert PER_TRY not in routed
-    assert routed[TOTAL] == b"60000"  # a1's timeout_secs (the default), as before
+    router, routed = await _routed(servicer, _json("m", 100))
+    assert routed[PER_TRY] == b"90000"
+    assert routed[TOTAL] == b"180000"
+    flight = servicer.flights.find(RID)
+    assert flight is not None
+    assert flight.ctx.attempt_deadline_secs == 60.0  # a1's own, what its answer reports
+    await router.close()
+    router, routed = await _routed(servicer, _json("m", 100), {"x-switchyard-timeout-ms": "1000"})
+    assert 900 <= int(routed[PER_TRY]) <= 1000
+    assert 900 <= int(routed[TOTAL]) <= 1000
     await router.close()
 
 
@@ -148,3 +186,12 @@ async def test_the_retry_is_bound_by_its_own_account() -> None:
     assert flight.ctx.account.name == "a2"
     assert flight.ctx.attempt_deadline_secs == 2.0
     await router.close()
+
+
+def test_a_streams_first_bound_is_its_time_to_start() -> None:
+    """`attempts.deadline_secs` writes `start_secs` out (a call fewer on every attempt): the
+    two agree for every account of the config."""
+    view = read_request(Wire.ANTHROPIC, _stream("m"))
+    accounts = policies(ACROSS).accounts
+    for account in accounts.values():
+        assert deadline_secs(view, account.spec) == start_secs(account.spec)

@@ -106,8 +106,8 @@ def deadline_secs(view: RequestView, limits: Limits) -> float:
     `first_token_secs`, when that is sooner: a stream without headers has no content either);
     any other response must be whole within the deadline rule's time, which grows with the
     output cap."""
-    if view.stream:
-        return start_secs(limits)
+    if view.stream:  # `start_secs`, written out: a call fewer on every attempt
+        return min(limits.timeout_secs, first_token_secs(limits))
     return attempt_deadline_secs(
         timeout_secs=limits.timeout_secs,
         max_tokens=view.max_tokens,

@@ -297,6 +297,11 @@ def expiry_resumable(phase: str) -> bool:
     return phase != Phase.BUDGET
 
 
+TIMER_SLACK_SECS = 0.005
+"""How much sooner than its bound a front's timer may be seen to fire: Envoy's per-try timer
+runs on its event loop's cached time, measured firing up to 1.1 ms before this process's clock
+said the bound had passed since the attempt was sent."""
+
 class AttemptMachine:
     """The attempts of one request. Build it with `engine.machine(ctx, ...)`, the one place
     one is built (`grounds`: what it decides with, the engine's).
@@ -643,7 +648,7 @@ class AttemptMachine:
         if (self.state, "retried") not in _TRANSITIONS:
             self._refuse("retried")
         if self.state is _SENT and unanswered is not None:
-            if self._past_deadline():
+            if self.past_deadline():
                 return self._timed_out(phase)
             end = self.ended(_RAISED, unanswered)
             if phase is _FIRST_TOKEN:
@@ -717,9 +722,14 @@ class AttemptMachine:
         self.state = _DONE
         return self._refusal()
 
-    def _past_deadline(self) -> bool:
+    def past_deadline(self) -> bool:
+        """Whether the attempt in flight has run past its deadline (`ctx.attempt_deadline_secs`
+        from its send, less `TIMER_SLACK_SECS`): a front's retry of it is then the deadline's,
+        not a dropped connection's."""
         bound, sent_at = self.ctx.attempt_deadline_secs, self._sent_at
-        return bound is not None and sent_at is not None and self._clock() - sent_at >= bound
+        if bound is None or sent_at is None:
+            return False
+        return self._clock() - sent_at >= bound - TIMER_SLACK_SECS
 
     def content_late(self) -> End:
         """A stream whose headers the front holds back sent no content event within its

@@ -12,15 +12,15 @@ import logging
 import math
 import time
 from collections.abc import Callable, Collection, Mapping
-from typing import Protocol, Unpack
+from typing import NamedTuple, Protocol, Unpack
 
 from opentelemetry import trace
 
 from .._protos.envoy.config.core.v3 import base_pb2
 from ..accounts import Account
-from ..config import Config
+from ..config import Config, LLMClient
 from ..context import RequestContext
-from ..engine.attempts import start_secs
+from ..engine.attempts import deadline_secs, start_secs
 from ..engine.budget import budget_end
 from ..engine.build import Front, Parts, build_engine
 from ..engine.endpoints import Endpoints
@@ -31,7 +31,7 @@ from ..engine.paths import json_media, llm_wire
 from ..engine.policies import Engine
 from ..engine.variants import Canaries
 from ..state import LimitStore, Store
-from ..wire import Wire
+from ..wire import RequestView, Wire
 from . import _messages as msg
 from .failover import Aggregates
 
@@ -135,9 +135,9 @@ class Policies:
             for name, options in self.auth_options.items()
             if self.aggregates.route(cluster := self.cluster_of(name)) != cluster
         }
-        self._orders: dict[tuple[str, str], tuple[tuple[str, ...], float]] = {}
-        """By (cluster, model): the clusters a request goes to, and the longest time to start
-        among the accounts there (`order`, `start_reach`)."""
+        self._orders: dict[tuple[str, str], _Reach] = {}
+        """By (cluster, model): the clusters a request goes to, and the accounts its tries may
+        go to there (`order`, `reach_secs`)."""
         renames = any(a.renames for a in self.accounts.values())
         self.renaming = engine.rewrites_retries
         """Whether some account has its own model names or path: a retry's body and `:path`
@@ -207,17 +207,23 @@ class Policies:
         attempt: the aggregate its cluster heads when another provider in it serves the model
         or a model of its fallback chains; else its cluster alone, whose other keys then take
         its retries (through the aggregate they would go to a provider with none to serve)."""
-        return self._reach(self.cluster_of(account), model)[0]
+        return self._reach(self.cluster_of(account), model).order
 
-    def start_reach(self, account: str, model: str) -> float:
-        """The longest time to start (`attempts.start_secs`) among the accounts Envoy may send
-        a try of a stream for `model` that starts on `account` to (those of `order`'s clusters
-        that serve it or a model of its chains; 0: none). Envoy reads a request's per-try
-        timeout once, for every try: below this, a retry on an account with a longer bound
-        would be cut before it."""
-        return self._reach(self.cluster_of(account), model)[1]
+    def reach_secs(self, account: str, model: str, view: RequestView | None) -> float:
+        """The longest first bound (`attempts.deadline_secs`: a stream's time to start, else
+        the time to be whole) among the accounts Envoy may send a try of the request `view`
+        for `model`, starting on `account`, to: those of `order`'s clusters that serve it or a
+        model of its chains (0: none). Envoy reads a request's per-try timeout once, for every
+        try: below this, a retry on an account with a longer bound would be cut before it."""
+        if view is None:
+            return 0.0
+        reach = self._reach(self.cluster_of(account), model)
+        if view.stream:
+            return reach.start_secs
+        # A whole answer's bound grows with the request's output cap: asked per request.
+        return max((deadline_secs(view, spec) for spec in reach.specs), default=0.0)
 
-    def _reach(self, cluster: str, model: str) -> tuple[tuple[str, ...], float]:
+    def _reach(self, cluster: str, model: str) -> _Reach:
         key = (cluster, model)  # bounded: a lease's model is a configured one
         found = self._orders.get(key)
         if found is None:
@@ -231,11 +237,9 @@ class Policies:
             others = frozenset(order[1:])
             if not any(self.cluster_of(a) in others for a in serving):
                 order = (cluster,)
-            reach = max(
-                (start_secs(self.accounts[a].spec) for a in serving if self.cluster_of(a) in order),
-                default=0.0,
-            )
-            found = self._orders[key] = (order, reach)
+            specs = tuple(self.accounts[a].spec for a in serving if self.cluster_of(a) in order)
+            start = max((start_secs(spec) for spec in specs), default=0.0)
+            found = self._orders[key] = _Reach(order, specs, start)
         return found
 
     def routing(self, account: str, order: tuple[str, ...]) -> list[base_pb2.HeaderValueOption]:
@@ -261,28 +265,43 @@ class Policies:
     ) -> list[tuple[str, bytes]]:
         """The Envoy timeouts that enforce the attempt's deadline (`machine.deadline`).
 
-        Non-streaming: `x-envoy-upstream-rq-timeout-ms` = the attempt deadline, cut to what is
-        left of the incoming budget (it bounds all attempts together, as the budget does).
-        Streaming: the response must start within `timeout_secs`, which is Envoy's per-try
-        timeout (it stops at the response headers, so it never cuts a long healthy stream);
-        the total timeout is only the budget, if any. The gaps between chunks are bounded by
-        the route's `idle_timeout` in envoy.yaml (`stream_idle_secs`).
-
-        Envoy reads the per-try timeout once and keeps it for every try, so a stream's is the
-        longest time to start among the accounts its tries may go to (`reach_secs`,
-        `start_reach`): no retry is cut before its own account's bound. Each try's own bound is
-        the first-token filter's timer, from the try's headers on (`first_token`); before them
+        Envoy's per-try timeout ends a try whose answer has not started (it stops at the
+        response headers, so it never cuts a long healthy stream), and the route retries it on
+        the next account: a stream must start within its time to start, a whole answer is
+        timed out when its headers (which come with it) are late. Envoy reads it once and
+        keeps it for every try, so it is the longest first bound among the accounts the tries
+        may go to (`reach_secs`, `Policies.reach_secs`): no retry is cut before its own
+        account's bound. Each try's own bound is the processor's: a stream's first content is
+        held to it by the first-token filter's timer, from the try's headers on; before them,
         an account with a shorter bound than another the request may reach is held to the
         longer one.
+
+        The route timeout (`x-envoy-upstream-rq-timeout-ms`) bounds the whole request: what is
+        left of the caller's budget, if any; a whole answer's also two of its tries (one timed
+        out and the one after it), which bounds an answer whose headers come early and whose
+        body does not. The gaps between a stream's chunks are the route's `idle_timeout` in
+        envoy.yaml (`stream_idle_secs`).
         """
         view = machine.ctx.view
         if view is None:
             return []
         attempt, left = machine.deadline(time.monotonic())
-        if not view.stream:
-            return [(TIMEOUT_HEADER, _ms(attempt if left is None else min(attempt, left)))]
-        start = max(attempt, reach_secs)
-        headers = [(PER_TRY_TIMEOUT_HEADER, _ms(start if left is None else min(start, left)))]
+        per_try = max(attempt, reach_secs)
+        total = left if view.stream else 2 * per_try if left is None else min(2 * per_try, left)
         if left is not None:
-            headers.append((TIMEOUT_HEADER, _ms(left)))
+            per_try = min(per_try, left)
+        headers = [(PER_TRY_TIMEOUT_HEADER, _ms(per_try))]
+        if total is not None:
+            headers.append((TIMEOUT_HEADER, _ms(total)))
         return headers
+
+
+class _Reach(NamedTuple):
+    """Where a request's tries may go (`Policies._reach`)."""
+
+    order: tuple[str, ...]
+    """The clusters, attempt after attempt."""
+    specs: tuple[LLMClient, ...]
+    """The accounts on them that serve the model or a model of its chains."""
+    start_secs: float
+    """The longest time to start among them (0: none)."""

@@ -284,7 +284,8 @@ class RouterStream:
             self.flights.open(flight, request_id.decode("latin-1"))
         options = self.p.options
         sets = [*self.p.routing(lease.account, order)]
-        timeouts = self.p.deadline_headers(machine, self.p.start_reach(lease.account, action.model))
+        reach = self.p.reach_secs(lease.account, action.model, ctx.view)
+        timeouts = self.p.deadline_headers(machine, reach)
         if self.p.server.envoy_hedge:  # off (the default): not even a call
             hedge = flight.hedge = hedge_tries.arm(machine)
             if hedge is not None:

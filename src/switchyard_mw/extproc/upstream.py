@@ -29,6 +29,7 @@ import time
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from ..context import RequestContext
 from ..core.throttle import READ_HEADERS as RETRY_TIME_HEADERS
+from ..engine.answers import deadline_exceeded
 from ..engine.claims import claimed
 from ..engine.machine import (
     NEXT,
@@ -205,6 +206,7 @@ class UpstreamStream:
             return _refused(flight, machine.expired(Phase.FIRST_TOKEN))  # its 504 again
         held = opening is Opening.HELD
         phase = Phase.FIRST_TOKEN if held else None
+        late = machine.past_deadline()  # Envoy's per-try timeout, not a dropped connection
         if machine.retried(Failure.CONNECT_ERROR, phase) is not NEXT:
             return msg.UNCHANGED_REQUEST_HEADERS  # the request ended
         moved = False
@@ -224,6 +226,11 @@ class UpstreamStream:
             # the 504 of phase first_token), rather than the same account again (whose first
             # token would be as late).
             return _refused(flight, action)
+        expired = flight.ctx.deadline_phase
+        if late and isinstance(action, Refuse) and expired is not None:
+            # Its per-try timeout with no account left: the 504 now, as through the ASGI
+            # front, rather than the same request to the same late account again.
+            return _refused(flight, Refuse(deadline_exceeded(expired)))
         if not isinstance(action, Send) and moved:
             return _no_account_there(flight, action)
         if not isinstance(action, Send):
