@@ -302,6 +302,7 @@ TIMER_SLACK_SECS = 0.005
 runs on its event loop's cached time, measured firing up to 1.1 ms before this process's clock
 said the bound had passed since the attempt was sent."""
 
+
 class AttemptMachine:
     """The attempts of one request. Build it with `engine.machine(ctx, ...)`, the one place
     one is built (`grounds`: what it decides with, the engine's).
