@@ -294,3 +294,29 @@ async def test_a_bedrock_stream_cut_inside_a_frame_after_it_started_is_the_accou
     assert rest.startswith(b"event: error\ndata: ")
     assert servicer.policies.pool.status_of("aws").consecutive_faults == 1
     assert otel_metrics.value("switchyard.account.faults", **faults) == before + 1
+
+
+async def test_a_client_that_leaves_after_the_error_event_leaves_the_fault_charged() -> None:
+    """An SDK raises on the error event and hangs up: the router-level stream may end before
+    Envoy sends it the body's end. The stream's error ended it all the same."""
+    servicer, router, cloud = await _routed_with_router("m", stream=True, config_text=THRESHOLD_ONE)
+    await _opened(router, cloud)
+    rest = _body_of(await cloud.send(response_body(_exception("internalServerException"))))
+    await router.send(response_body(rest))
+    await router.close()  # no end_of_stream: Envoy ended the stream
+    await cloud.close()
+    assert servicer.policies.pool.status_of("aws").consecutive_faults == 1
+
+
+async def test_a_client_that_leaves_mid_stream_settles_nothing() -> None:
+    """Without the stream's error nothing says how it would have ended: no outcome (an
+    earlier fault stays counted, no success forgets it), as through the forwarding app."""
+    servicer, router, cloud = await _routed_with_router("m", stream=True)
+    pool = servicer.policies.pool
+    lease = pool.acquire("m")
+    assert lease is not None
+    pool.record(lease, Outcome.FAULT)
+    await _opened(router, cloud)
+    await router.close()
+    await cloud.close()
+    assert pool.status_of("aws").consecutive_faults == 1

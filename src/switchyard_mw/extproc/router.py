@@ -518,7 +518,8 @@ class RouterStream:
     def close(self, *, whole: bool = False) -> None:
         """Release an attempt nobody answered, report the usage read, end the request's
         telemetry (once); the stream takes no phase after this. `whole`: the answer's body
-        ended (its attempt, when judged at its end, is settled as finished)."""
+        ended (its attempt, when judged at its end, is settled as finished; so it is after
+        the stream's own error, whatever came after)."""
         self.closed = True
         flight, span, self.flight, self.span = self.flight, self.span, None, None
         usage, self.usage = self.usage, None
@@ -527,8 +528,11 @@ class RouterStream:
             ctx = flight.ctx
             if usage is not None:
                 report_tokens(ctx, usage.end())  # however the body ended
-            if judging is not None and whole:
-                # Whole at the client: what the stream reported (`report_upstream`) decides.
+            if judging is not None and (whole or ctx.upstream_status is not None):
+                # Whole at the client, or ended by its own error (the cloud filter reported
+                # it, and passes nothing after it): what the stream reported decides. A client
+                # that leaves once it read the error event (an SDK raises on it) may close the
+                # stream before Envoy sends the body's end here.
                 judging.ended(How.FINISHED)
             if flight.machine is not None:
                 flight.machine.closed()  # an attempt nobody answered goes back; spans end
