@@ -544,31 +544,26 @@ def _accounts(pool: AccountPool) -> tuple[tuple[str, str, int, str, int], ...]:
     return tuple(found)
 
 
-Faults = dict[tuple[str, str], float]
-"""`switchyard.account.faults` by (account, status)."""
+Series = dict[tuple[tuple[str, Any], ...], float]
+"""A metric's data points by their attributes (`Metrics.series`)."""
+COMPARED = (tm.OPERATION_DURATION, "switchyard.account.faults", "switchyard.account.cooled")
+"""The metrics whose points a request adds are compared: the request's (its account and
+`error.type`), and each account's faults (by status) and coolings."""
 
 
-def _faults(metrics: Metrics) -> Faults:
-    """`switchyard.account.faults` so far, by (account, status)."""
-    labels = {
-        (str(attributes[tm.ACCOUNT]), str(attributes["status"]))
-        for name, attributes in metrics.points()
-        if name == "switchyard.account.faults"
-    }
-    return {
-        (account, status): metrics.value(
-            "switchyard.account.faults", **{tm.ACCOUNT: account, "status": status}
-        )
-        for account, status in labels
-    }
+def _series(metrics: Metrics) -> dict[str, Series]:
+    return {name: metrics.series(name) for name in COMPARED}
 
 
-def _charged(
-    before: dict[tuple[str, str], float], metrics: Metrics
-) -> dict[tuple[str, str], float]:
-    """The faults counted since `before` (`_faults`), by (account, status)."""
-    after = _faults(metrics)
-    return {key: n - before.get(key, 0.0) for key, n in after.items() if n != before.get(key, 0.0)}
+def _added(before: dict[str, Series], metrics: Metrics) -> dict[str, Series]:
+    """What each of `COMPARED` gained since `before` (`_series`), by attributes."""
+    added: dict[str, Series] = {}
+    for name, now in _series(metrics).items():
+        was = before[name]
+        gained = {k: n - was.get(k, 0.0) for k, n in now.items() if n != was.get(k, 0.0)}
+        if gained:
+            added[name] = gained
+    return added
 
 
 # --- the ASGI front, around the gateway's own forwarding app ------------------------------
@@ -802,17 +797,19 @@ def _immediate(answer: Any, spans: InMemorySpanExporter) -> Decisions:
 
 
 async def _compare(run: Run, spans: InMemorySpanExporter, metrics: Metrics) -> None:
-    before = _faults(metrics)
+    before = _series(metrics)
     asgi, asgi_read = await through_asgi(run, spans)
-    asgi_charged = _charged(before, metrics)
-    before = _faults(metrics)
+    asgi_added = _added(before, metrics)
+    before = _series(metrics)
     extproc, extproc_read = await through_extproc(run, spans)
     assert asgi == extproc
     assert asgi_read == extproc_read
-    assert asgi_charged == _charged(before, metrics)
+    assert asgi_added == _added(before, metrics)
     scenario = run.scenario
     if scenario.charged is not None:
-        assert asgi_charged == {scenario.charged: 1.0}
+        account, status = scenario.charged
+        faults = asgi_added["switchyard.account.faults"]
+        assert faults == {tuple(sorted({tm.ACCOUNT: account, "status": status}.items())): 1.0}
     if scenario.stream_error is not None:
         assert asgi_read.stream_error is not None
         assert asgi_read.stream_error[0] == scenario.stream_error
