@@ -99,7 +99,9 @@ class Flight:
     hedge: Hedge | None = None
     """Its hedge, when the route may hedge it (`hedge_tries`)."""
     judged: Judged = Judged.AT_HEADERS
-    """When its final attempt is settled: set by the cloud filter for the answer it sees."""
+    """When its final attempt is settled: set by the cloud filter for each answer it sees. A
+    later attempt through a cluster without that filter (an aggregate's API provider) keeps
+    the last one's: settled at its end then, with the verdict its headers would have given."""
 
     def aim(self, cluster: str | None = None) -> None:
         """Bind the request's next attempt to the accounts of `cluster`, the one Envoy sends
