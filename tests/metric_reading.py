@@ -56,3 +56,19 @@ class Metrics:
                 for metric in sm.metrics:
                     for point in metric.data.data_points:
                         yield metric.name, dict(point.attributes or {})
+
+    def series(self, name: str) -> dict[tuple[tuple[str, Any], ...], float]:
+        """Each data point of counter or histogram `name` so far, by its attributes (sorted
+        pairs): the counter's value, the histogram's count."""
+        found: dict[tuple[tuple[str, Any], ...], float] = {}
+        data = self._reader.get_metrics_data()
+        for rm in data.resource_metrics if data is not None else ():
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    if metric.name != name:
+                        continue
+                    for point in metric.data.data_points:
+                        key = tuple(sorted((point.attributes or {}).items()))
+                        value = getattr(point, "value", None) or getattr(point, "count", 0)
+                        found[key] = found.get(key, 0.0) + value
+        return found

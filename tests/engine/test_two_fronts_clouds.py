@@ -35,7 +35,8 @@ route retry, docs/envoy.md#cloud-accounts); the mock's Vertex face refuses it un
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import asyncio
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,12 +60,14 @@ from extproc_helpers import (
     sets,
     upstream_headers,
 )
+from metric_reading import Metrics
 from servers import serve_in_thread
 from switchyard_mw import switchyard_stack
 from switchyard_mw.accounts import build_accounts
 from switchyard_mw.config import parse_config
 from switchyard_mw.core.pool import AccountPool, Cause, Outcome
 from switchyard_mw.extproc import ExtProcServicer, Policies
+from switchyard_mw.telemetry import names as tm
 from switchyard_mw.testing import Behaviour, MockProvider
 from two_fronts import (
     Answer,
@@ -77,7 +80,6 @@ from two_fronts import (
     kept_headers,
     post_through,
     refusal_matched,
-    send_upstream,
     text_of,
 )
 from vertex_accounts import service_account_file
@@ -186,6 +188,10 @@ class Scenario:
     served_by: tuple[str, str] | None = None
     """The (key, model id) of the attempt that served, when one did."""
     stream: bool = False
+    stream_error: str | None = None
+    """The type of the `error` event a served stream ends with (None: it ends well)."""
+    charged: tuple[str, str] | None = None
+    """(account, status) of the fault the request charged (None: no fault, or not checked)."""
 
 
 SCENARIOS = {
@@ -251,6 +257,78 @@ SCENARIOS = {
     "Bedrock's key refused earlier: the API provider from the first attempt": Scenario(
         THEN_API, {API_KEY: Behaviour()}, before="aws refused", served_by=(API_KEY, "claude-opus-5")
     ),
+    "an InternalServerException after a Bedrock stream started: the error event, a 500 fault": (
+        Scenario(
+            BEDROCK,
+            {
+                FIRST_KEY: Behaviour(
+                    fail="error_mid_stream",
+                    stall_after_chunks=1,
+                    bedrock_exception="InternalServerException",
+                )
+            },
+            served_by=(FIRST_KEY, OPUS_US),
+            stream=True,
+            stream_error="api_error",
+            charged=("aws", "500"),
+        )
+    ),
+    "a ModelStreamErrorException after a Bedrock stream started: a 502 fault": Scenario(
+        BEDROCK,
+        {
+            FIRST_KEY: Behaviour(
+                fail="error_mid_stream",
+                stall_after_chunks=2,
+                bedrock_exception="ModelStreamErrorException",
+            )
+        },
+        served_by=(FIRST_KEY, OPUS_US),
+        stream=True,
+        stream_error="api_error",
+        charged=("aws", "502"),
+    ),
+    "an InternalServerException before a Bedrock stream's first content: the next account": (
+        Scenario(
+            BEDROCK,
+            {
+                FIRST_KEY: Behaviour(
+                    fail="error_mid_stream",
+                    stall_after_chunks=0,
+                    bedrock_exception="InternalServerException",
+                ),
+                SECOND_KEY: Behaviour(),
+            },
+            served_by=(SECOND_KEY, OPUS_EU),
+            stream=True,
+            charged=("aws", "500"),
+        )
+    ),
+    "a ThrottlingException before a Bedrock stream's first content: the next account": Scenario(
+        BEDROCK,
+        {
+            FIRST_KEY: Behaviour(
+                fail="error_mid_stream",
+                stall_after_chunks=0,
+                bedrock_exception="ThrottlingException",
+            ),
+            SECOND_KEY: Behaviour(),
+        },
+        served_by=(SECOND_KEY, OPUS_EU),
+        stream=True,
+    ),
+    "a ThrottlingException after a Bedrock stream started: a throttle, no fault": Scenario(
+        BEDROCK,
+        {
+            FIRST_KEY: Behaviour(
+                fail="error_mid_stream",
+                stall_after_chunks=1,
+                bedrock_exception="ThrottlingException",
+            )
+        },
+        served_by=(FIRST_KEY, OPUS_US),
+        stream=True,
+        stream_error="rate_limit_error",
+    ),
 }
 
 
@@ -302,6 +380,89 @@ def cloud_mock() -> MockProvider:
     return MockProvider(aws_credentials=secrets)
 
 
+class InPieces(httpx.AsyncBaseTransport):
+    """The mock in process, its answer's body passed on piece by piece as it sends it
+    (httpx's `ASGITransport` reads it whole first): a stream whose content reached the
+    client before its error is one the client saw start, on either front."""
+
+    def __init__(self, app: MockProvider) -> None:
+        self.app = app
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        body = await request.aread()
+        started: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        pieces: asyncio.Queue[bytes | None] = asyncio.Queue()
+        done = asyncio.Event()
+        asked = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal asked
+            if not asked:
+                asked = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await done.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                started.set_result(message)
+            elif message["type"] == "http.response.body":
+                if message.get("body"):
+                    await pieces.put(message["body"])
+                if not message.get("more_body", False):
+                    await pieces.put(None)
+
+        async def run() -> None:
+            try:
+                await self.app(_scope(request), receive, send)
+            finally:
+                await pieces.put(None)
+
+        task = asyncio.create_task(run())
+        await asyncio.wait([started, task], return_when=asyncio.FIRST_COMPLETED)
+        if not started.done():
+            task.result()  # the app's own error, raised as through ASGITransport
+        start = started.result()
+        return httpx.Response(
+            start["status"],
+            headers=[(k, v) for k, v in start.get("headers", [])],
+            stream=_Pieces(pieces, done, task),
+        )
+
+
+class _Pieces(httpx.AsyncByteStream):
+    def __init__(
+        self, pieces: asyncio.Queue[bytes | None], done: asyncio.Event, task: asyncio.Task[None]
+    ) -> None:
+        self.pieces, self.done, self.task = pieces, done, task
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while (piece := await self.pieces.get()) is not None:
+            yield piece
+
+    async def aclose(self) -> None:
+        self.done.set()
+        await self.task
+
+
+def _scope(request: httpx.Request) -> dict[str, Any]:
+    url = request.url
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": request.method,
+        "scheme": url.scheme,
+        "path": url.path,
+        "raw_path": url.raw_path.split(b"?", 1)[0],
+        "query_string": url.query,
+        "root_path": "",
+        "headers": [(k.lower(), v) for k, v in request.headers.raw],
+        "server": (url.host, url.port or 80),
+        "client": ("127.0.0.1", 1),
+    }
+
+
 def _ready(mock: MockProvider, scenario: Scenario) -> None:
     """The mock answering as `scenario` says, no request recorded (tokens issued stay)."""
     mock.reset_behaviours()
@@ -336,12 +497,81 @@ def _sent(mock: MockProvider) -> list[tuple[str, str]]:
     return [(r.key, r.model or "") for r in mock.requests]
 
 
+@dataclass(frozen=True)
+class Read:
+    """What the client read of the answer, and what the request left of each account."""
+
+    text: str = ""
+    """The answer's text (`text_of`)."""
+    events: tuple[str, ...] = ()
+    """A stream's SSE event types, in order."""
+    stream_error: tuple[str, str] | None = None
+    """(type, message) of the `error` event a stream ended with."""
+    accounts: tuple[tuple[str, str, int, str, int], ...] = ()
+    """Each account's breaker afterwards, and its pair's for the model: name, state,
+    consecutive faults, the pair's state and consecutive faults."""
+
+
+def _read(body: bytes, pool: AccountPool) -> Read:
+    events: list[str] = []
+    stream_error = None
+    if not body.startswith(b"{"):
+        for event in body.decode().split("\n\n"):
+            lines = event.splitlines()
+            kind = next((line[7:] for line in lines if line.startswith("event: ")), None)
+            if kind is None:
+                continue
+            events.append(kind)
+            if kind == "error":
+                data = next(line[6:] for line in lines if line.startswith("data: "))
+                stream_error = error_of(msgspec.json.decode(data))
+    return Read(text_of(body), tuple(events), stream_error, _accounts(pool))
+
+
+def _accounts(pool: AccountPool) -> tuple[tuple[str, str, int, str, int], ...]:
+    found = []
+    for name in pool.names:
+        own, pair = pool.status_of(name), pool.status_of(name, model="claude-opus-5")
+        found.append(
+            (
+                name,
+                own.state.value,
+                own.consecutive_faults,
+                pair.state.value,
+                pair.consecutive_faults,
+            )
+        )
+    return tuple(found)
+
+
+Series = dict[tuple[tuple[str, Any], ...], float]
+"""A metric's data points by their attributes (`Metrics.series`)."""
+COMPARED = (tm.OPERATION_DURATION, "switchyard.account.faults", "switchyard.account.cooled")
+"""The metrics whose points a request adds are compared: the request's (its account and
+`error.type`), and each account's faults (by status) and coolings."""
+
+
+def _series(metrics: Metrics) -> dict[str, Series]:
+    return {name: metrics.series(name) for name in COMPARED}
+
+
+def _added(before: dict[str, Series], metrics: Metrics) -> dict[str, Series]:
+    """What each of `COMPARED` gained since `before` (`_series`), by attributes."""
+    added: dict[str, Series] = {}
+    for name, now in _series(metrics).items():
+        was = before[name]
+        gained = {k: n - was.get(k, 0.0) for k, n in now.items() if n != was.get(k, 0.0)}
+        if gained:
+            added[name] = gained
+    return added
+
+
 # --- the ASGI front, around the gateway's own forwarding app ------------------------------
 
 
-async def through_asgi(run: Run, spans: InMemorySpanExporter) -> tuple[Decisions, str]:
+async def through_asgi(run: Run, spans: InMemorySpanExporter) -> tuple[Decisions, Read]:
     _ready(run.mock, run.scenario)
-    upstream = httpx.AsyncClient(transport=httpx.ASGITransport(app=run.mock))
+    upstream = httpx.AsyncClient(transport=InPieces(run.mock))
     stack = switchyard_stack(Forwarder(upstream), config=parse_config(run.config), environ=ENV)
     _before(stack.pool, run.scenario)
     spans.clear()
@@ -354,7 +584,7 @@ async def through_asgi(run: Run, spans: InMemorySpanExporter) -> tuple[Decisions
         calls=client_spans(spans),
         sent=_sent(run.mock),
     )
-    return decisions, text_of(reply.content)
+    return decisions, _read(reply.content, stack.pool)
 
 
 # --- the ext_proc front, through the example's upstream chain ----------------------------
@@ -369,38 +599,96 @@ def _streams(answer: Answer) -> bool:
     )
 
 
+async def _sent_in_pieces(mock: httpx.AsyncClient, out: Outgoing) -> tuple[Answer, list[bytes]]:
+    """`out` sent as Envoy sends it (to the mock provider in process), its answer's body in
+    the pieces it came in (at least one)."""
+    headers = {k: v for k, v in out.headers.items() if not k.startswith(":")}
+    headers["host"] = out.headers.get(":authority", "upstream.test")  # what Envoy sends
+    request = mock.build_request("POST", out.headers[":path"], content=out.body, headers=headers)
+    reply = await mock.send(request, stream=True)
+    pieces = [piece async for piece in reply.aiter_raw()] or [b""]
+    await reply.aclose()
+    return Answer(reply.status_code, dict(reply.headers), b"".join(pieces)), pieces
+
+
+def _ends(pieces: list[bytes]) -> Iterator[tuple[bytes, bool]]:
+    """Each piece, and whether it is the body's last (its `end_of_stream`)."""
+    for index, piece in enumerate(pieces):
+        yield piece, index == len(pieces) - 1
+
+
 async def _cloud_attempt(
     servicer: ExtProcServicer, mock: httpx.AsyncClient, out: Outgoing
-) -> Answer:
-    """One attempt on a cloud cluster: the cloud filter's stream around the upstream call."""
+) -> tuple[Answer, list[bytes], bool]:
+    """One attempt on a cloud cluster: the cloud filter's stream around the upstream call.
+    The answer as the filter left it, its body's pieces (an event stream's turned into SSE
+    piece by piece, each going on to the first-token filter before the next comes, as Envoy
+    streams it), and whether the first-token filter asked for a retry."""
     cloud = Stream(servicer, CLOUD_FILTER)
     path = out.headers[":path"]
     extra = {k: v for k, v in out.headers.items() if not k.startswith(":")}
     await cloud.send(request_headers(path, extra={**extra, "x-request-id": RID}))
     out.apply(await cloud.send(request_body(out.body)))
-    answer = await send_upstream(mock, out)
+    answer, pieces = await _sent_in_pieces(mock, out)
     mapped = await cloud.send(response_headers(answer.status, answer.headers))
     for name in removes(mapped):
         answer.headers.pop(name, None)
     answer.headers.update(decoded(sets(mapped)))
-    if mapped.HasField("mode_override"):  # an error read whole, or an event stream to SSE
+    retry = False
+    if mapped.HasField("mode_override") and answer.status >= 300:  # an error, read whole
         mapped = await cloud.send(response_body(answer.body, end=True))
         answer.body = common(mapped).body_mutation.body or answer.body
         answer.headers.update(decoded(sets(mapped)))
+        pieces = [answer.body]
+    elif mapped.HasField("mode_override"):  # an event stream, to SSE piece by piece
+        answer.status = int(answer.headers.pop(":status", answer.status))
+        held = FirstToken(servicer, answer)
+        sse = []
+        for piece, end in _ends(pieces):
+            sse.append(common(await cloud.send(response_body(piece, end=end))).body_mutation.body)
+            await held.feed(sse[-1], end)
+        retry = await held.released()
+        answer.body, pieces = b"".join(sse), sse
     answer.status = int(answer.headers.pop(":status", answer.status))
     await cloud.close()
-    return answer
+    return answer, pieces, retry
 
 
-async def _first_token(servicer: ExtProcServicer, answer: Answer) -> None:
-    """The first-token filter on a 2xx stream: its headers held until its first content."""
-    stream = Pushed(servicer)
-    await stream.inbox.put(response_headers(answer.status, answer.headers, request_id=RID))
-    await stream.inbox.put(response_body(answer.body, end=True))
-    released = await stream.next()
-    assert released.WhichOneof("response") == "response_headers", "released at its content"
-    assert "x-switchyard-retry" not in sets(released)
-    await stream.close()
+class FirstToken:
+    """The first-token filter's stream on a 2xx stream's answer (its headers held until its
+    first content), fed piece by piece: each piece is taken before the next is fed, as the
+    filters before it in Envoy's chain (the cloud filter) see the next only after."""
+
+    def __init__(self, servicer: ExtProcServicer, answer: Answer) -> None:
+        self.stream = Pushed(servicer)
+        self.stream.inbox.put_nowait(
+            response_headers(answer.status, answer.headers, request_id=RID)
+        )
+        self.first = asyncio.ensure_future(self.stream.next(within=5.0))
+
+    async def feed(self, piece: bytes, end: bool) -> None:
+        inbox = self.stream.inbox
+        await inbox.put(response_body(piece, end=end))
+        for _ in range(20):  # taken and answered: a few steps of the loop (no I/O)
+            await asyncio.sleep(0)
+        assert inbox.empty()
+
+    async def released(self) -> bool:
+        """Whether the held headers were answered with a retry (the stream failed before
+        its content went on)."""
+        released = await self.first
+        assert released.WhichOneof("response") == "response_headers", "released at its content"
+        await self.stream.close()
+        return sets(released).get("x-switchyard-retry") == b"1"
+
+
+async def _first_token(servicer: ExtProcServicer, answer: Answer, pieces: list[bytes]) -> bool:
+    """The first-token filter on a 2xx stream of an API provider's: whether it asked for a
+    retry."""
+    held = FirstToken(servicer, answer)
+    for piece, end in _ends(pieces):
+        await held.feed(piece, end)
+    return await held.released()
 
 
 async def _refusal(servicer: ExtProcServicer, answer: Answer) -> bool:
@@ -419,10 +707,11 @@ async def _attempts(
     mock: httpx.AsyncClient,
     routed: tuple[dict[str, str], bytes],
     order: tuple[str, ...],
-) -> Answer:
+) -> tuple[Answer, list[bytes]]:
     """Each attempt Envoy sends, following the retries the processor asks for; the last
-    attempt's answer. `routed`: the request as the router-level stream let it go (Envoy
-    replays it for each retry); `order`: the clusters of Envoy's attempts in turn."""
+    attempt's answer and its body's pieces. `routed`: the request as the router-level stream
+    let it go (Envoy replays it for each retry); `order`: the clusters of Envoy's attempts in
+    turn."""
     attempt = 1
     while True:
         cluster = order[(attempt - 1) % len(order)]
@@ -435,17 +724,19 @@ async def _attempts(
             out.apply(await retry.send(request_body(out.body)))
             await retry.close()
         if cluster in CLOUD_CLUSTERS:
-            answer = await _cloud_attempt(servicer, mock, out)
+            answer, pieces, retry = await _cloud_attempt(servicer, mock, out)
         else:
-            answer = await send_upstream(mock, out)
-        if _streams(answer):
-            await _first_token(servicer, answer)
+            answer, pieces = await _sent_in_pieces(mock, out)
+            retry = _streams(answer) and await _first_token(servicer, answer, pieces)
+        if retry:
+            attempt += 1
+            continue
         if not refusal_matched(answer.status) or not await _refusal(servicer, answer):
-            return answer
+            return answer, pieces
         attempt += 1
 
 
-async def through_extproc(run: Run, spans: InMemorySpanExporter) -> tuple[Decisions, str]:
+async def through_extproc(run: Run, spans: InMemorySpanExporter) -> tuple[Decisions, Read]:
     config = parse_config(run.config)
     policies = Policies(config, build_accounts(config, ENV))
     _before(policies.pool, run.scenario)
@@ -458,27 +749,30 @@ async def through_extproc(run: Run, spans: InMemorySpanExporter) -> tuple[Decisi
     routed = await router.send(request_body(run.body))
     if routed.WhichOneof("response") == "immediate_response":
         await router.close()
-        return _immediate(routed, spans), ""
+        return _immediate(routed, spans), Read(accounts=_accounts(policies.pool))
     out = Outgoing({":path": "/v1/messages", **client}, run.body)
     out.apply(routed)
     cluster = out.headers["x-switchyard-cluster"]
     order = tuple(config.server.envoy_failover.get(cluster, [cluster]))
     async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=run.mock), base_url="http://upstream.test"
+        transport=InPieces(run.mock), base_url="http://upstream.test"
     ) as upstream:
-        answer = await _attempts(servicer, upstream, (out.headers, out.body), order)
+        answer, pieces = await _attempts(servicer, upstream, (out.headers, out.body), order)
     # Envoy hands the router-level filter the last answer's headers, as the upstream filters
-    # left them (and its body, when the processor asks for it).
+    # left them (and its body piece by piece, when the processor asks for it).
     final = await router.send(
         response_headers(answer.status, answer.headers, details="via_upstream")
     )
     if final.HasField("mode_override") and final.WhichOneof("response") == "response_headers":
-        await router.send(response_body(answer.body, end=True))
+        if final.mode_override.response_body_mode == final.mode_override.BUFFERED:
+            pieces = [answer.body]  # asked for whole: Envoy sends it in one message
+        for piece, end in _ends(pieces):
+            await router.send(response_body(piece, end=end))
     await router.close()
     if final.WhichOneof("response") == "immediate_response":
         decisions = _immediate(final, spans)
         decisions.sent = _sent(run.mock)
-        return decisions, ""
+        return decisions, Read(accounts=_accounts(policies.pool))
     # The client gets the last answer's headers with the processor's set over them.
     decisions = Decisions(
         answer.status,
@@ -488,7 +782,7 @@ async def through_extproc(run: Run, spans: InMemorySpanExporter) -> tuple[Decisi
         calls=client_spans(spans),
         sent=_sent(run.mock),
     )
-    return decisions, text_of(answer.body)
+    return decisions, _read(answer.body, policies.pool)
 
 
 def _immediate(answer: Any, spans: InMemorySpanExporter) -> Decisions:
@@ -502,16 +796,28 @@ def _immediate(answer: Any, spans: InMemorySpanExporter) -> Decisions:
     )
 
 
-async def _compare(run: Run, spans: InMemorySpanExporter) -> None:
-    asgi, asgi_text = await through_asgi(run, spans)
-    extproc, extproc_text = await through_extproc(run, spans)
+async def _compare(run: Run, spans: InMemorySpanExporter, metrics: Metrics) -> None:
+    before = _series(metrics)
+    asgi, asgi_read = await through_asgi(run, spans)
+    asgi_added = _added(before, metrics)
+    before = _series(metrics)
+    extproc, extproc_read = await through_extproc(run, spans)
     assert asgi == extproc
-    assert asgi_text == extproc_text
+    assert asgi_read == extproc_read
+    assert asgi_added == _added(before, metrics)
     scenario = run.scenario
+    if scenario.charged is not None:
+        account, status = scenario.charged
+        faults = asgi_added["switchyard.account.faults"]
+        assert faults == {tuple(sorted({tm.ACCOUNT: account, "status": status}.items())): 1.0}
+    if scenario.stream_error is not None:
+        assert asgi_read.stream_error is not None
+        assert asgi_read.stream_error[0] == scenario.stream_error
+        assert asgi_read.events[-1] == "error"
     if scenario.served_by is not None:
         assert asgi.status == 200
         assert asgi.sent[-1] == scenario.served_by
-        assert asgi_text, "the answer's text reached the client"
+        assert asgi_read.text, "the answer's text reached the client"
     else:
         assert asgi.status >= 400
         assert asgi.error is not None
@@ -522,9 +828,9 @@ async def _compare(run: Run, spans: InMemorySpanExporter) -> None:
 
 @pytest.mark.parametrize("scenario", SCENARIOS.values(), ids=SCENARIOS.keys())
 async def test_both_fronts_decide_alike_for_bedrock_accounts(
-    scenario: Scenario, otel_spans: InMemorySpanExporter
+    scenario: Scenario, otel_spans: InMemorySpanExporter, otel_metrics: Metrics
 ) -> None:
-    await _compare(Run(scenario, scenario.config, cloud_mock()), otel_spans)
+    await _compare(Run(scenario, scenario.config, cloud_mock()), otel_spans, otel_metrics)
 
 
 @pytest.fixture(scope="module")
@@ -554,9 +860,10 @@ async def test_both_fronts_decide_alike_for_vertex_accounts(
     scenario: Scenario,
     vertex: tuple[MockProvider, dict[str, str]],
     otel_spans: InMemorySpanExporter,
+    otel_metrics: Metrics,
 ) -> None:
     mock, places = vertex
     config = scenario.config
     for name, value in places.items():
         config = config.replace(name, value)
-    await _compare(Run(scenario, config, mock), otel_spans)
+    await _compare(Run(scenario, config, mock), otel_spans, otel_metrics)

@@ -4,11 +4,14 @@ event-stream frame, an error answer without a body, a request it does not know).
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import msgspec
 import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from conftest import Metrics
 from extproc_helpers import (
     Stream,
     common,
@@ -21,7 +24,9 @@ from extproc_helpers import (
 from switchyard_mw.accounts import build_accounts
 from switchyard_mw.config import parse_config
 from switchyard_mw.core.eventstream import encode
+from switchyard_mw.core.pool import Outcome
 from switchyard_mw.extproc import ExtProcServicer, Policies
+from switchyard_mw.telemetry import names as tm
 
 pytest.importorskip("botocore")
 
@@ -56,7 +61,15 @@ def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
 async def _routed(model: str, *, stream: bool) -> tuple[ExtProcServicer, Stream]:
     """A servicer whose router-level stream took a request for `model`, and a cloud-filter
     stream of its first attempt, its request headers and body sent."""
-    config = parse_config(CONFIG)
+    servicer, _, cloud = await _routed_with_router(model, stream=stream)
+    return servicer, cloud
+
+
+async def _routed_with_router(
+    model: str, *, stream: bool, config_text: str = CONFIG
+) -> tuple[ExtProcServicer, Stream, Stream]:
+    """`_routed`, and the router-level stream (which gets the final answer)."""
+    config = parse_config(config_text)
     servicer = ExtProcServicer(Policies(config, build_accounts(config, {"KEY": "k"})))
     router = Stream(servicer)
     body = msgspec.json.encode(
@@ -66,7 +79,7 @@ async def _routed(model: str, *, stream: bool) -> tuple[ExtProcServicer, Stream]
     await router.send(request_body(body))
     cloud = Stream(servicer, CLOUD)
     await cloud.send(request_headers(extra={"x-request-id": RID}))
-    return servicer, cloud
+    return servicer, router, cloud
 
 
 def _body_of(answer: Any) -> bytes:
@@ -144,3 +157,166 @@ async def test_an_error_is_read_whole_and_replaced_in_the_apis_shape() -> None:
     headers = sets(answer)
     assert headers[":status"] == b"429"
     assert headers["content-length"] == str(len(_body_of(answer))).encode()
+
+
+EVENTSTREAM = {"content-type": "application/vnd.amazon.eventstream"}
+SSE = {"content-type": "text/event-stream"}
+
+
+def _chunk(event: dict[str, Any]) -> bytes:
+    """An Anthropic event in Bedrock's event-stream `chunk` message."""
+    payload = {"bytes": base64.b64encode(msgspec.json.encode(event)).decode()}
+    return encode({":message-type": "event", ":event-type": "chunk"}, msgspec.json.encode(payload))
+
+
+OPENING = _chunk(
+    {"type": "message_start", "message": {"usage": {"input_tokens": 3, "output_tokens": 1}}}
+) + _chunk(
+    {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "He"}}
+)
+CLOSING = _chunk(
+    {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 2}}
+) + _chunk({"type": "message_stop"})
+
+
+def _exception(kind: str) -> bytes:
+    """Bedrock's error after the stream started: an `exception` message (`kind` as a stream
+    names it, e.g. `internalServerException`)."""
+    headers = {":message-type": "exception", ":exception-type": kind}
+    return encode(headers, b'{"message":"it broke"}')
+
+
+async def _opened(router: Stream, cloud: Stream) -> bytes:
+    """A Bedrock stream's opening (a content delta) through the cloud filter and on to the
+    client: the router-level stream's headers and first piece. The SSE the client got."""
+    await cloud.send(request_body(b'{"model":"m","stream":true}'))
+    await cloud.send(response_headers(200, EVENTSTREAM))
+    first = _body_of(await cloud.send(response_body(OPENING)))
+    final = await router.send(response_headers(200, SSE, details="via_upstream"))
+    assert final.mode_override.response_body_mode == final.mode_override.STREAMED
+    await router.send(response_body(first))
+    return first
+
+
+async def _ended(router: Stream, cloud: Stream, later: bytes) -> bytes:
+    """The rest of the stream, `later`, through the cloud filter and the router-level stream,
+    the body's end. The SSE the client got of it."""
+    rest = _body_of(await cloud.send(response_body(later, end=True)))
+    await router.send(response_body(rest, end=True))
+    await cloud.close()
+    await router.close()
+    return rest
+
+
+async def _stream_to_end(router: Stream, cloud: Stream, later: bytes) -> bytes:
+    return await _opened(router, cloud) + await _ended(router, cloud, later)
+
+
+THRESHOLD_ONE = CONFIG.replace(
+    'envoy_cluster = "cloud"', 'envoy_cluster = "cloud"\nfailure_threshold = 1', 1
+)
+
+
+@pytest.mark.parametrize(
+    ("exception", "status", "error_type"),
+    [
+        ("internalServerException", "500", "api_error"),
+        ("modelStreamErrorException", "502", "api_error"),
+        ("serviceUnavailableException", "503", "overloaded_error"),
+    ],
+)
+async def test_a_bedrock_exception_after_the_stream_started_is_the_accounts_fault(
+    exception: str,
+    status: str,
+    error_type: str,
+    otel_spans: InMemorySpanExporter,
+    otel_metrics: Metrics,
+) -> None:
+    """The client already has the stream: its end is the error event, and the account is
+    charged the fault the exception stands for, as the forwarding app charges it (the
+    attempt is judged at the end of its body, not at its headers)."""
+    servicer, router, cloud = await _routed_with_router("m", stream=True, config_text=THRESHOLD_ONE)
+    faults = {tm.ACCOUNT: "aws", "status": status}
+    before = otel_metrics.value("switchyard.account.faults", **faults)
+    sse = await _stream_to_end(router, cloud, _exception(exception))
+    assert b'"text":"He"' in sse
+    assert sse.endswith(b"\n\n")
+    assert f'"type":"{error_type}"'.encode() in sse.rsplit(b"event: error\n", 1)[1]
+    pool = servicer.policies.pool
+    assert pool.status_of("aws").state.value == "cooled"
+    assert pool.status_of("aws").consecutive_faults == 1
+    assert otel_metrics.value("switchyard.account.faults", **faults) == before + 1
+    [attempt] = [s for s in otel_spans.get_finished_spans() if s.name == tm.SPAN_ATTEMPT]
+    attributes = attempt.attributes or {}
+    assert attributes[tm.ATTEMPT_STATUS] == status
+    assert attributes[tm.ATTEMPT_OUTCOME] == "fault"
+    [call] = [s for s in otel_spans.get_finished_spans() if s.name.startswith("chat ")]
+    assert (call.attributes or {})[tm.ERROR_TYPE] == status
+
+
+async def test_a_bedrock_throttle_after_the_stream_started_is_a_throttle() -> None:
+    """`throttlingException` mid-stream stands for a 429: a throttle, neither a fault nor a
+    success (the account's earlier fault stays counted)."""
+    servicer, router, cloud = await _routed_with_router("m", stream=True)
+    pool = servicer.policies.pool
+    lease = pool.acquire("m")
+    assert lease is not None
+    pool.record(lease, Outcome.FAULT)
+    await _stream_to_end(router, cloud, _exception("throttlingException"))
+    assert pool.status_of("aws").consecutive_faults == 1
+    assert pool.status_of("aws").state.value == "closed"
+
+
+async def test_a_bedrock_stream_that_ends_well_is_a_success_at_its_end() -> None:
+    """The same stream without the exception: a success, recorded when its body ended (an
+    earlier fault forgotten)."""
+    servicer, router, cloud = await _routed_with_router("m", stream=True)
+    pool = servicer.policies.pool
+    lease = pool.acquire("m")
+    assert lease is not None
+    pool.record(lease, Outcome.FAULT)
+    await _opened(router, cloud)
+    assert pool.status_of("aws").consecutive_faults == 1, "nothing settled at the headers"
+    sse = await _ended(router, cloud, CLOSING)
+    assert sse.endswith(b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
+    assert pool.status_of("aws").consecutive_faults == 0
+
+
+async def test_a_bedrock_stream_cut_inside_a_frame_after_it_started_is_the_accounts_fault(
+    otel_metrics: Metrics,
+) -> None:
+    """As a stream that broke mid-way through the forwarding app: a 502 fault."""
+    servicer, router, cloud = await _routed_with_router("m", stream=True)
+    faults = {tm.ACCOUNT: "aws", "status": "502"}
+    before = otel_metrics.value("switchyard.account.faults", **faults)
+    await _opened(router, cloud)
+    rest = await _ended(router, cloud, CLOSING[:-3])
+    assert rest.startswith(b"event: error\ndata: ")
+    assert servicer.policies.pool.status_of("aws").consecutive_faults == 1
+    assert otel_metrics.value("switchyard.account.faults", **faults) == before + 1
+
+
+async def test_a_client_that_leaves_after_the_error_event_leaves_the_fault_charged() -> None:
+    """An SDK raises on the error event and hangs up: the router-level stream may end before
+    Envoy sends it the body's end. The stream's error ended it all the same."""
+    servicer, router, cloud = await _routed_with_router("m", stream=True, config_text=THRESHOLD_ONE)
+    await _opened(router, cloud)
+    rest = _body_of(await cloud.send(response_body(_exception("internalServerException"))))
+    await router.send(response_body(rest))
+    await router.close()  # no end_of_stream: Envoy ended the stream
+    await cloud.close()
+    assert servicer.policies.pool.status_of("aws").consecutive_faults == 1
+
+
+async def test_a_client_that_leaves_mid_stream_settles_nothing() -> None:
+    """Without the stream's error nothing says how it would have ended: no outcome (an
+    earlier fault stays counted, no success forgets it), as through the forwarding app."""
+    servicer, router, cloud = await _routed_with_router("m", stream=True)
+    pool = servicer.policies.pool
+    lease = pool.acquire("m")
+    assert lease is not None
+    pool.record(lease, Outcome.FAULT)
+    await _opened(router, cloud)
+    await router.close()
+    await cloud.close()
+    assert pool.status_of("aws").consecutive_faults == 1

@@ -20,9 +20,12 @@ import httpx
 import pytest
 import pytest_asyncio
 
+from conftest import Metrics
 from envoy_rig import Rig, StartRig
 from extproc_helpers import with_cloud_cluster
+from redis_server import until
 from sdk_calls import anthropic_message
+from switchyard_mw.telemetry import names as tm
 from switchyard_mw.testing import Behaviour, MockProvider
 
 pytest.importorskip("botocore")
@@ -239,6 +242,60 @@ async def test_a_bedrock_exception_mid_stream_ends_the_sdks_stream_with_the_erro
     assert isinstance(body, dict)
     assert body["error"]["type"] == "api_error"
     assert body["error"]["message"].startswith("Bedrock: internalServerException: ")
+
+
+@pytest.mark.parametrize(
+    ("exception", "status"),
+    [("InternalServerException", "500"), ("ModelStreamErrorException", "502")],
+)
+async def test_a_bedrock_exception_mid_stream_is_charged_to_its_account(
+    rig: Rig, client: Any, otel_metrics: Metrics, exception: str, status: str
+) -> None:
+    """As the forwarding app charges it: the attempt ends with its stream, a fault of the
+    status the exception stands for (counted in `switchyard.account.faults`), not the success
+    its headers said."""
+    fault = Behaviour(
+        fail="error_mid_stream",
+        stall_after_chunks=1,
+        body_stall_secs=0.3,
+        bedrock_exception=exception,
+    )
+    rig.mock.set_behaviour(MOCK_AWS_ACCESS_KEY_ID, fault)
+    faults = {tm.ACCOUNT: "aws", "status": status}
+    before = otel_metrics.value("switchyard.account.faults", **faults)
+    text: list[str] = []
+
+    async def read() -> None:
+        async with client.messages.stream(**REQUEST) as events:
+            async for chunk in events.text_stream:
+                text.append(chunk)
+
+    with pytest.raises(anthropic.APIStatusError) as raised:
+        await read()
+    assert text  # the stream had started at the client
+    assert exception.lower() in str(raised.value.body).lower()
+    pool = rig.policies.pool  # `aws` serves three models: a 5xx is its pair's fault
+    await until(lambda: pool.status_of("aws", model="claude-opus-5").consecutive_faults == 1)
+    assert otel_metrics.value("switchyard.account.faults", **faults) == before + 1
+    assert [r.key for r in rig.mock.requests] == [MOCK_AWS_ACCESS_KEY_ID]
+
+
+async def test_a_bedrock_exception_before_the_first_content_fails_over(
+    rig: Rig, client: Any
+) -> None:
+    """Nothing of the stream reached the client yet (its headers are held to its first
+    content): the next Bedrock account serves it, as through the forwarding app, and the
+    first is charged its fault."""
+    fault = Behaviour(
+        fail="error_mid_stream", stall_after_chunks=0, bedrock_exception="InternalServerException"
+    )
+    rig.mock.set_behaviour(MOCK_AWS_ACCESS_KEY_ID, fault)
+    message, headers = await anthropic_message(client, REQUEST, True)
+    assert message.content[0].text
+    assert message.stop_reason == "end_turn"
+    assert headers["x-switchyard-account"] == "aws-second"
+    assert [r.key for r in rig.mock.requests] == [MOCK_AWS_ACCESS_KEY_ID, SECOND_KEY_ID]
+    assert rig.policies.pool.status_of("aws", model="claude-opus-5").consecutive_faults == 1
 
 
 async def test_another_wire_on_a_bedrock_account_is_refused_in_that_wire(rig: Rig) -> None:

@@ -44,6 +44,9 @@ class StreamTranslator(Protocol):
 
     content_type: bytes
     """The content type of the translated stream (`text/event-stream`)."""
+    failure: int | None
+    """The status the cloud's own error inside the stream stands for (Bedrock's `exception`
+    message: 429 a throttle, 5xx a fault), once one came; None: none did."""
 
     def feed(self, chunk: bytes) -> bytes:
         """The SSE bytes for what `chunk` completes (possibly none: a frame may be cut)."""

@@ -13,7 +13,12 @@ the body in that account's model name) and the answer before any other switchyar
   `tests/extproc/test_envoy_cloud_envelope.py`). The client's key never leaves.
 - a 2xx Bedrock event-stream is turned into Anthropic SSE piece by piece (`clouds.bedrock_
   stream`: a frame may straddle two pieces, so one translator per attempt), its headers
-  changed to `text/event-stream` without a `content-length`;
+  changed to `text/event-stream` without a `content-length`. An error inside it (Bedrock's
+  `exception` message, a stream cut inside a frame) ends the client's stream with Anthropic's
+  `error` event, and its status is reported on the request's context as the forwarding app's
+  relay reports it (`report_upstream`): the router-level stream settles such an attempt at
+  the end of its body (`Judged.AT_END`), where the attempt machine classes that status as it
+  does through the forwarding app (a 5xx the account's fault, a 429 a throttle);
 - an error answer is read whole (`BUFFERED`, so its headers wait) and replaced by the
   cloud's mapping (`Account.error_answer`): the status the cooling policy should see and
   Anthropic's error body. The upstream-level refusal filter, further from the codec, then sees
@@ -35,7 +40,7 @@ from ..clouds.bedrock import anthropic_error_of
 from ..errors import CloudCredentialError, RemoteProtocolError, WireError
 from ..wire import Wire
 from . import _messages as msg
-from .flights import Flight, Flights, out_of_order
+from .flights import Flight, Flights, Judged, out_of_order
 from .router import REQUEST_ID_HEADER
 
 CLOUD_FILTER = "cloud"
@@ -45,6 +50,8 @@ _READ_RESPONSE = frozenset([":status", "content-type", "x-amzn-errortype"])
 _CALLER_CREDENTIALS = ["x-api-key", "api-key"]
 """The caller's key: removed (the cloud's credential is set in its place)."""
 _SSE_ERROR_STATUS = 502
+"""What a cloud's stream that is no event stream, or is cut inside a frame, counts as: the
+upstream's fault, as a stream that broke mid-way counts through the forwarding app."""
 
 
 class Answer(enum.Enum):
@@ -149,6 +156,10 @@ class CloudStream:
             )
         content_type = headers.get("content-type", b"").decode("latin-1")
         self.translator = account.stream_translator(content_type)
+        if self.flight is not None:
+            # A translated stream may still fail inside: its attempt is judged at its end.
+            ending = Judged.AT_HEADERS if self.translator is None else Judged.AT_END
+            self.flight.judged = ending
         if self.translator is None:
             return msg.UNCHANGED_RESPONSE_HEADERS  # Anthropic's JSON or SSE already
         self.answer = Answer.TRANSLATE
@@ -173,11 +184,24 @@ class CloudStream:
             # Not an event stream, or cut inside a frame: the client's stream ends with the
             # wire's error event, as the forwarding app ends it.
             self.translator = None
+            self._report(_SSE_ERROR_STATUS)
             error = anthropic_error(_SSE_ERROR_STATUS, str(exc))
             sse = b"event: error\ndata: " + error + b"\n\n"
+        else:
+            if translator.failure is not None:
+                # The cloud's stream carried its own error (its event given, nothing after it).
+                self._report(translator.failure)
         answer = ep.ProcessingResponse()
         answer.response_body.response.body_mutation.body = sse
         return answer
+
+    def _report(self, status: int) -> None:
+        """The status the stream's own error stands for, told the request's attempt machine
+        through the context (`RequestContext.report_upstream`, as the forwarding app tells
+        it): only while this stream's attempt is the request's (its account's)."""
+        flight = self.flight
+        if flight is not None and flight.ctx.account is self.account:
+            flight.ctx.report_upstream(status)
 
     def _mapped_body(self, body: bytes) -> ep.ProcessingResponse:
         """The buffered error answer replaced; its held headers get the status and length."""

@@ -9,6 +9,11 @@ front's (`engine.content_events`), and
 
 - at the first content event: the headers are answered, then each held piece in order (an
   answer to a piece before the headers' answer is a "spurious response": Envoy answers 500);
+- when the stream carried the cloud's own error before any content went on (Bedrock's
+  `exception` message, reported by the cloud filter: `extproc.cloud`), the machine hears
+  the start and the end the forwarding app's attempt driver tells it: it fails over (the
+  headers answered `x-switchyard-retry: 1`) where another account can take the request now,
+  as through the forwarding app; else the stream goes on with its error event;
 - when the bound (`AttemptMachine.first_content_due`) passes first, with no message
   arriving: the attempt is a deadline fault of phase `first_token`
   (`AttemptMachine.content_late`), and the headers are answered `x-switchyard-retry: 1`,
@@ -31,12 +36,12 @@ from collections.abc import Callable
 
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from ..engine.content_events import ContentWatch, watch_for
-from ..engine.machine import NEXT, Action, Refuse, State
+from ..engine.machine import FORWARD, NEXT, Action, How, Refuse, State
 from . import _messages as msg
 from . import hedge_tries
 from .flights import Flight, Flights, Opening, join
 from .router import RETRY_HEADER
-from .upstream import REQUEST_ID_ATTRIBUTE
+from .upstream import REQUEST_ID_ATTRIBUTE, answer_after
 
 FIRST_TOKEN_FILTER = "first_token"
 """The `x-switchyard-filter` metadata value of the first-token filter."""
@@ -50,6 +55,7 @@ _PASS = msg.UNCHANGED_RESPONSE_HEADERS
 """The headers let through. No `mode_override` to `NONE` for the rest of the body: measured on
 Envoy 1.40, a `FULL_DUPLEX_STREAMED` body keeps coming after one, so every piece is answered."""
 _TRAILERS = ep.ProcessingResponse(response_trailers=ep.TrailersResponse())
+_STATUS = frozenset([":status"])
 
 
 class Hold(enum.Enum):
@@ -92,6 +98,8 @@ class FirstTokenStream:
         variant of the filter sends them: `hedge_tries`)."""
         self.which = hedge_tries.Try.FIRST
         """Which try of a hedged request this stream holds."""
+        self.status = 0
+        """The status of the answer whose headers are held."""
 
     def attach(self, emit: Emit) -> None:
         """How the transport sends an answer that is not the reply to the message in hand."""
@@ -121,6 +129,7 @@ class FirstTokenStream:
             self.hold = Hold.PASSED
             return _PASS
         self.flight, self.watch, self.hold = flight, watch, Hold.HOLDING
+        self.status = int(msg.headers_of(request.response_headers, _STATUS).get(":status", b"0"))
         join(flight)
         flight.opening = Opening.HELD
         loop = asyncio.get_running_loop()
@@ -148,6 +157,11 @@ class FirstTokenStream:
         flight = self.flight
         if self._lost():
             return  # held until Envoy resets it: the other try is the request's attempt
+        if flight is not None and flight.ctx.upstream_status is not None:
+            failed = self._failed(flight)
+            if failed is not None:
+                self._answer(failed)
+                return
         if content and flight is not None and flight.hedge is not None and flight.machine:
             hedge_tries.won(flight.hedge, flight.machine, self.which)  # the first to content
         if flight is not None:
@@ -155,6 +169,20 @@ class FirstTokenStream:
             if content:
                 flight.ctx.first_token_at = time.monotonic()
         self._answer(_PASS)
+
+    def _failed(self, flight: Flight) -> ep.ProcessingResponse | None:
+        """The answer to the held headers of a stream that carried the cloud's own error
+        before they went on (the cloud filter reported its status): the machine hears the
+        start (which holds the answer where another account can take it) and, when it held
+        it, the end, and Envoy is told what follows (`answer_after`: a retry). None: the
+        stream goes on, its attempt settled at its end by the router-level stream."""
+        machine = flight.machine
+        if machine is None or machine.state is not State.SENT or flight.hedge is not None:
+            return None  # not this request's attempt to judge here (a hedge races for it)
+        if machine.started(self.status) is FORWARD:
+            return None
+        flight.opening = Opening.NOT_HELD
+        return answer_after(flight, machine.ended(How.RETURNED), body=False)
 
     def expire(self) -> None:
         """The bound passed with no content: another account, else the 504."""

@@ -52,6 +52,17 @@ class Opening(enum.Enum):
     may retry meanwhile, its per-try timeout being due at the same time)."""
 
 
+class Judged(enum.Enum):
+    """When the router-level stream settles the final attempt (its answer's outcome)."""
+
+    AT_HEADERS = "at_headers"
+    """At its response headers: its status says all its answer can say."""
+    AT_END = "at_end"
+    """At the end of its body, read for it: a cloud's stream the cloud filter translates may
+    still carry the cloud's own error (Bedrock's `exception` message), which the cloud filter
+    reports on the request's context, as the forwarding app's relay does."""
+
+
 @dataclass(eq=False, slots=True, kw_only=True)
 class Flight:
     """One request: its context, its attempt machine, and what ties its streams together.
@@ -80,13 +91,17 @@ class Flight:
     """The policies the request started with: its upstream-level streams use them too, even
     after a reload put others in force."""
     path: bytes = b""
+    """The client's `:path`: a retry to an account without a path template goes back to it."""
     opening: Opening = Opening.NOT_HELD
     """Where the first-token filter (`first_token`) is with the attempt's headers: a timeout
     Envoy fires while they are HELD is the first token's, and CONTENT is told the machine
     by the router-level stream when the headers reach it."""
-    """The client's `:path`: a retry to an account without a path template goes back to it."""
     hedge: Hedge | None = None
     """Its hedge, when the route may hedge it (`hedge_tries`)."""
+    judged: Judged = Judged.AT_HEADERS
+    """When its final attempt is settled: set by the cloud filter for each answer it sees. A
+    later attempt through a cluster without that filter (an aggregate's API provider) keeps
+    the last one's: settled at its end then, with the verdict its headers would have given."""
 
     def aim(self, cluster: str | None = None) -> None:
         """Bind the request's next attempt to the accounts of `cluster`, the one Envoy sends

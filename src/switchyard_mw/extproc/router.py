@@ -41,6 +41,7 @@ from ..engine.content_events import ContentWatch, watch_for
 from ..engine.machine import (
     FORWARD,
     PASS_THROUGH,
+    AttemptMachine,
     ClaimProbe,
     Failure,
     Gone,
@@ -62,7 +63,7 @@ from ..wire import Wire, WireError, model_not_served, read_request, too_large
 from . import _messages as msg
 from . import body_usage, hedge_tries
 from .body_usage import Reader
-from .flights import Flight, Flights, Opening, join, out_of_order
+from .flights import Flight, Flights, Judged, Opening, join, out_of_order
 from .policy import CLUSTER_HEADER, HEDGE_HEADER, Policies
 
 CONTENT, HELD, EXPIRED = Opening.CONTENT, Opening.HELD, Opening.EXPIRED
@@ -159,6 +160,9 @@ class RouterStream:
         self.answered = False
         """A provider's successful answer went to the client: its reservation is kept when
         its usage is not read."""
+        self.judging: AttemptMachine | None = None
+        """The machine whose final attempt is settled at the end of the body read
+        (`Judged.AT_END`): a cloud's translated stream, which may still carry its error."""
 
     async def on(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
         kind = request.WhichOneof("request")
@@ -441,6 +445,11 @@ class RouterStream:
         else:
             if machine.started(status, h.items()) is FORWARD and flight.opening is CONTENT:
                 machine.first_content()  # held to it by the first-token filter
+            if body_follows and flight.judged is Judged.AT_END:
+                # The cloud's stream may carry its own error after this: the attempt ends
+                # with its body, as it ends through the forwarding app (`close`).
+                self.judging = machine
+                return
             machine.ended(How.RETURNED, body_follows=body_follows)
 
     def on_response_body(self, http: ep.HttpBody) -> ep.ProcessingResponse:
@@ -454,7 +463,7 @@ class RouterStream:
             flight.ctx.first_token_at = time.monotonic()
             self.content = None  # found: the rest passes unread
         if http.end_of_stream:
-            self.close()
+            self.close(whole=True)
         namer = self.namer
         if namer is None:
             return msg.UNCHANGED_RESPONSE_BODY
@@ -507,16 +516,25 @@ class RouterStream:
         _settling.add(task)
         task.add_done_callback(_settling.discard)
 
-    def close(self) -> None:
+    def close(self, *, whole: bool = False) -> None:
         """Release an attempt nobody answered, report the usage read, end the request's
-        telemetry (once); the stream takes no phase after this."""
+        telemetry (once); the stream takes no phase after this. `whole`: the answer's body
+        ended (its attempt, when judged at its end, is settled as finished; so it is after
+        the stream's own error, whatever came after)."""
         self.closed = True
         flight, span, self.flight, self.span = self.flight, self.span, None, None
         usage, self.usage = self.usage, None
+        judging, self.judging = self.judging, None
         if flight is not None:
             ctx = flight.ctx
             if usage is not None:
                 report_tokens(ctx, usage.end())  # however the body ended
+            if judging is not None and (whole or ctx.upstream_status is not None):
+                # Whole at the client, or ended by its own error (the cloud filter reported
+                # it, and passes nothing after it): what the stream reported decides. A client
+                # that leaves once it read the error event (an SDK raises on it) may close the
+                # stream before Envoy sends the body's end here.
+                judging.ended(How.FINISHED)
             if flight.machine is not None:
                 flight.machine.closed()  # an attempt nobody answered goes back; spans end
             if self.admission is not None:

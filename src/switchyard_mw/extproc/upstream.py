@@ -97,7 +97,7 @@ def _retry_after(machine: AttemptMachine, secs: float, *, body: bool) -> ep.Proc
     return msg.response_headers(msg.mutation(retry))
 
 
-def _after(flight: Flight, end: object, *, body: bool) -> ep.ProcessingResponse:
+def answer_after(flight: Flight, end: object, *, body: bool) -> ep.ProcessingResponse:
     """What Envoy is told once the machine saw the attempt's end (`end`): a retry when its
     next move can go now (another account, or the chain's model), a retry after Envoy's
     back-off when it is a retry in place, else nothing (Envoy would only re-send the request
@@ -327,7 +327,7 @@ class UpstreamStream:
             return _READ_BODY
         # The outcome is recorded at once; a retry on the routed cluster is asked for when the
         # machine would fail over.
-        return _after(flight, machine.ended(How.RETURNED), body=False)
+        return answer_after(flight, machine.ended(How.RETURNED), body=False)
 
     def on_response_body(self, body: bytes) -> ep.ProcessingResponse:
         """The body of a 400 or 429 asked for at its headers (the machine reads at most
@@ -341,4 +341,4 @@ class UpstreamStream:
             return msg.UNCHANGED_RESPONSE_BODY
         self.reading = False
         machine.read(body)
-        return _after(flight, machine.ended(How.RETURNED), body=True)
+        return answer_after(flight, machine.ended(How.RETURNED), body=True)

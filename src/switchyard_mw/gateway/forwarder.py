@@ -507,7 +507,7 @@ async def _translated(reply: _Reply, ctx: RequestContext) -> AsyncGenerator[byte
     failed = False
     async for piece in reply.chunks():
         chunk = translator.feed(piece)
-        failure = None if failed else getattr(translator, "failure", None)
+        failure = None if failed else translator.failure
         if failure is not None:
             # The cloud's stream carried its own error (Bedrock's exception message):
             # the client's stream ends with it, the cooling policy counts its status.
