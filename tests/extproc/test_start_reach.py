@@ -64,6 +64,7 @@ chained = { models = ["m-big"], on = ["unavailable"] }
 """
 )
 ACROSS = CONFIG + '\n[server.envoy_failover]\n"prov-then-other" = ["prov", "other"]\n'
+ALIKE = _account("a1", "prov", 0, "first_token_secs = 0.5") + _account("a2", "prov", 1, "")
 RID = "rid-start-reach"
 
 
@@ -102,6 +103,9 @@ def test_the_reach_is_the_longest_start_among_the_accounts_tries_may_go_to(
         # (max(timeout_secs, min(600, max_tokens * 3600 / 128000)) = 360 s).
         (ACROSS, 100, 90.0),
         (ACROSS, 12800, 360.0),
+        # Accounts alike (the usual config): no try's bound is longer than the first's own,
+        # which the per-try timeout then is (0: nothing to add, nothing computed).
+        (ALIKE, 12800, 0.0),
     ],
 )
 def test_a_whole_answers_reach_is_the_longest_time_to_be_whole(

@@ -220,6 +220,8 @@ class Policies:
         reach = self._reach(self.cluster_of(account), model)
         if view.stream:
             return reach.start_secs
+        if reach.alike:  # the usual config: every try's bound is the first's own
+            return 0.0
         # A whole answer's bound grows with the request's output cap: asked per request.
         return max((deadline_secs(view, spec) for spec in reach.specs), default=0.0)
 
@@ -239,7 +241,8 @@ class Policies:
                 order = (cluster,)
             specs = tuple(self.accounts[a].spec for a in serving if self.cluster_of(a) in order)
             start = max((start_secs(spec) for spec in specs), default=0.0)
-            found = self._orders[key] = _Reach(order, specs, start)
+            alike = len({(spec.timeout_secs, spec.default_max_tokens) for spec in specs}) <= 1
+            found = self._orders[key] = _Reach(order, specs, start, alike)
         return found
 
     def routing(self, account: str, order: tuple[str, ...]) -> list[base_pb2.HeaderValueOption]:
@@ -305,3 +308,6 @@ class _Reach(NamedTuple):
     """The accounts on them that serve the model or a model of its chains."""
     start_secs: float
     """The longest time to start among them (0: none)."""
+    alike: bool
+    """Whether they all give a whole answer the same time (`timeout_secs`,
+    `default_max_tokens`): then no try's bound is longer than the first's."""
