@@ -63,6 +63,19 @@ def sdk(rig: Rig) -> anthropic.AsyncAnthropic:
     return anthropic.AsyncAnthropic(base_url=rig.envoy_url, api_key="caller", max_retries=0)
 
 
+async def _pair_stream(rig: Rig) -> tuple[Any, float, list[Any]]:
+    """A stream of `pair` read whole with the SDK: its raw response, the seconds to its
+    headers and its events."""
+    started = time.monotonic()
+    async with sdk(rig) as client:
+        raw = await client.messages.with_raw_response.create(
+            model="pair", max_tokens=9, messages=QUESTION, stream=True
+        )
+        headers_after = time.monotonic() - started
+        events = [event async for event in await raw.parse()]
+    return raw, headers_after, events
+
+
 async def _warm_up(rig: Rig) -> None:
     """One stream read with the SDK: its first parse of events builds its models (about a
     second on a loaded machine), which would otherwise count in the first test's times."""
@@ -81,12 +94,7 @@ async def test_a_late_first_token_fails_over_before_the_client_saw_a_byte(
     expired = otel_metrics.value(tm.DEADLINE_EXCEEDED, phase="first_token")
     rig.mock.set_behaviour("key-a", LATE)
     started = time.monotonic()
-    async with sdk(rig) as client:
-        raw = await client.messages.with_raw_response.create(
-            model="pair", max_tokens=9, messages=QUESTION, stream=True
-        )
-        headers_after = time.monotonic() - started
-        events = [event async for event in await raw.parse()]
+    raw, headers_after, events = await _pair_stream(rig)
     took = time.monotonic() - started
     # One well-formed stream, all of it the second account's.
     types = [event.type for event in events]
@@ -139,13 +147,7 @@ async def test_the_retry_runs_under_its_own_accounts_bound(rig: Rig, otel_metric
     rig.mock.set_behaviour("key-a", LATE)
     rig.mock.set_behaviour("key-b", B_LATER)
     expired = otel_metrics.value(tm.DEADLINE_EXCEEDED, phase="first_token")
-    started = time.monotonic()
-    async with sdk(rig) as client:
-        raw = await client.messages.with_raw_response.create(
-            model="pair", max_tokens=9, messages=QUESTION, stream=True
-        )
-        headers_after = time.monotonic() - started
-        events = [event async for event in await raw.parse()]
+    raw, headers_after, events = await _pair_stream(rig)
     assert [event.type for event in events][-1] == "message_stop"
     assert raw.headers["x-switchyard-account"] == "b"
     # What bound the attempt that served: b's own.
@@ -166,13 +168,7 @@ async def test_headers_later_than_the_accounts_bound_are_cut_at_the_longest_reac
     # per-try timeout, `b`'s 2 s; the retry on `b` serves, and `a` is charged the deadline.
     policies = rig.configure(b_first_token_secs=2.0)
     rig.mock.set_behaviour("key-a", Behaviour(headers_delay_secs=5.0))
-    started = time.monotonic()
-    async with sdk(rig) as client:
-        raw = await client.messages.with_raw_response.create(
-            model="pair", max_tokens=9, messages=QUESTION, stream=True
-        )
-        headers_after = time.monotonic() - started
-        events = [event async for event in await raw.parse()]
+    raw, headers_after, events = await _pair_stream(rig)
     assert [event.type for event in events][-1] == "message_stop"
     assert raw.headers["x-switchyard-account"] == "b"
     assert 2.0 <= headers_after < 3.0, headers_after
