@@ -9,26 +9,35 @@ from typing import Any
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 
+def _amount(point: Any) -> float:
+    """A counter's value, a histogram's count."""
+    amount: float = getattr(point, "value", None) or getattr(point, "count", 0)
+    return amount
+
+
 class Metrics:
     """Reads the current value of a counter or histogram count for given attributes."""
 
     def __init__(self, reader: InMemoryMetricReader) -> None:
         self._reader = reader
 
-    def value(self, name: str, **attributes: str) -> float:
+    def _points(self, name: str | None = None) -> Iterator[tuple[str, Any]]:
+        """(metric name, data point) of every point so far; `name`: of that metric only."""
         data = self._reader.get_metrics_data()
-        total = 0.0
-        if data is None:
-            return total
-        for rm in data.resource_metrics:
+        for rm in data.resource_metrics if data is not None else ():
             for sm in rm.scope_metrics:
                 for metric in sm.metrics:
-                    if metric.name != name:
+                    if name is not None and metric.name != name:
                         continue
                     for point in metric.data.data_points:
-                        attrs = dict(point.attributes or {})
-                        if all(attrs.get(k) == v for k, v in attributes.items()):
-                            total += getattr(point, "value", None) or getattr(point, "count", 0)
+                        yield metric.name, point
+
+    def value(self, name: str, **attributes: str) -> float:
+        total = 0.0
+        for _, point in self._points(name):
+            attrs = dict(point.attributes or {})
+            if all(attrs.get(k) == v for k, v in attributes.items()):
+                total += _amount(point)
         return total
 
     def histogram(self, name: str, **attributes: str) -> tuple[list[float], list[int]]:
@@ -36,39 +45,21 @@ class Metrics:
 
         Counts are cumulative over the session; ([], []) before anything was recorded.
         """
-        data = self._reader.get_metrics_data()
-        for rm in data.resource_metrics if data is not None else ():
-            for sm in rm.scope_metrics:
-                for metric in sm.metrics:
-                    if metric.name != name:
-                        continue
-                    for point in metric.data.data_points:
-                        attrs = dict(point.attributes or {})
-                        if attrs == attributes:
-                            return list(point.explicit_bounds), list(point.bucket_counts)
+        for _, point in self._points(name):
+            if dict(point.attributes or {}) == attributes:
+                return list(point.explicit_bounds), list(point.bucket_counts)
         return [], []
 
     def points(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """(metric name, attributes) of every data point recorded so far."""
-        data = self._reader.get_metrics_data()
-        for rm in data.resource_metrics if data is not None else ():
-            for sm in rm.scope_metrics:
-                for metric in sm.metrics:
-                    for point in metric.data.data_points:
-                        yield metric.name, dict(point.attributes or {})
+        for name, point in self._points():
+            yield name, dict(point.attributes or {})
 
     def series(self, name: str) -> dict[tuple[tuple[str, Any], ...], float]:
         """Each data point of counter or histogram `name` so far, by its attributes (sorted
         pairs): the counter's value, the histogram's count."""
         found: dict[tuple[tuple[str, Any], ...], float] = {}
-        data = self._reader.get_metrics_data()
-        for rm in data.resource_metrics if data is not None else ():
-            for sm in rm.scope_metrics:
-                for metric in sm.metrics:
-                    if metric.name != name:
-                        continue
-                    for point in metric.data.data_points:
-                        key = tuple(sorted((point.attributes or {}).items()))
-                        value = getattr(point, "value", None) or getattr(point, "count", 0)
-                        found[key] = found.get(key, 0.0) + value
+        for _, point in self._points(name):
+            key = tuple(sorted((point.attributes or {}).items()))
+            found[key] = found.get(key, 0.0) + _amount(point)
         return found
