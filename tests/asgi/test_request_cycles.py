@@ -6,8 +6,9 @@ example gateway's requests spent 79.0k instructions each in `gc_collect_main` ag
 aiohttp floor's 4.9k). The server here is shaped as uvicorn's: the request's `receive` and
 `send` are bound methods of the object that holds its scope, and the request runs in a task of
 its own. With the collector off, requests are served, then one collection counts what they
-left: nothing, for a success (JSON and stream), a failover, and a request that outlasts
-`WATCH_AFTER_SECS` (its client watched, its watcher cancelled when the response is complete).
+left: nothing, for a success (JSON and stream), a failover, a request that outlasts
+`WATCH_AFTER_SECS` (its client watched, its watcher cancelled when the response is complete),
+and a hedged one (its hedge runs on a copy of the request's scope and state).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from switchyard_mw.asgi._disconnect import WATCH_AFTER_SECS
 from switchyard_mw.asgi._types import Message, Receive, Scope, Send
 from switchyard_mw.asgi.stack import SwitchyardStack, switchyard_stack
 from switchyard_mw.config import parse_config
+from switchyard_mw.context import current_context
 
 REQUESTS = 10
 
@@ -72,6 +74,7 @@ def left_in_cycles(
     failover: bool,
     kind: type[Upstream] = Upstream,
     requests: int = REQUESTS,
+    config_text: str = CONFIG + "failure_threshold = 1000\n",
 ) -> tuple[int, dict[str, int]]:
     """What `requests` requests left for the collector: how many objects, and by type."""
     path, payload = WIRES[wire]
@@ -85,7 +88,7 @@ def left_in_cycles(
         assert b"Hello" in b"".join(m.get("body", b"") for m in cycle.sent[1:])
 
     async def run() -> tuple[int, dict[str, int]]:
-        config = parse_config(CONFIG + "failure_threshold = 1000\n")
+        config = parse_config(config_text)
         stack = switchyard_stack(upstream, config=config, environ=ENV, reload_on_signal=False)
         await serve(stack)  # warm-up: every lazy part built
         gc.collect()
@@ -147,3 +150,29 @@ def test_the_count_sees_a_cycle() -> None:
     found, kinds = left_in_cycles("messages", stream=False, failover=False, kind=Leaky)
     assert found == REQUESTS
     assert kinds == {"dict": REQUESTS}
+
+
+HEDGED = (
+    "[server]\nhedge_max_ratio = 1.0\n"
+    + CONFIG.replace("[llm_clients.primary]", "[llm_clients.primary]\nhedge_after_secs = 0.02", 1)
+    + "failure_threshold = 1000\n"
+)
+"""The primary hedged after 20 ms onto the secondary, every request (no budget to run out)."""
+
+
+class SlowPrimary(Upstream):
+    """The primary's answer late enough to be hedged (the secondary answers at once)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ctx = current_context()
+        if ctx is not None and ctx.account is not None and ctx.account.name == "primary":
+            await asyncio.sleep(0.2)
+        await super().__call__(scope, receive, send)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_a_hedged_request_leaves_no_cycle(stream: bool) -> None:
+    found, kinds = left_in_cycles(
+        "messages", stream=stream, failover=False, kind=SlowPrimary, requests=3, config_text=HEDGED
+    )
+    assert found == 0, f"{found / 3:.1f} objects a request in cycles: {kinds}"

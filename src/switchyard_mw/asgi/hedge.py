@@ -148,6 +148,10 @@ class Race:
         except BaseException:
             await self._stop(Gone.CANCELLED)
             raise
+        finally:
+            # A cancelled run's error holds its frames, which hold this race: without its
+            # runs the race holds no task, and the request leaves no cycle behind.
+            self._runs.clear()
 
     def _runner(self, ctx: RequestContext, send: Send, *, hedge: bool) -> _Runner:
         view = ctx.view
