@@ -8,6 +8,7 @@ under the deadline the machine gives (`AttemptMachine.deadline`), as the stack d
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable
 
@@ -206,10 +207,10 @@ def _armed(
 ) -> Awaitable[None]:
     """The attempt begins: what to await to run it. The app, or a race with a hedge when it
     is slow to its first content; `timed`: under the deadline the machine gives the
-    attempt's account, its expiry answered by the exchange (`Exchange.run`); in the
-    attempt's span when there is one."""
+    attempt's account, its expiry answered by the exchange (`Exchange.run`); called inside
+    the attempt's span when there is one."""
     ex.attempt(machine)
-    running: Awaitable[None]
+    run = app
     if timed:
         ctx = ex.ctx
         assert ctx is not None
@@ -220,18 +221,21 @@ def _armed(
         first, _ = machine.deadline(now)
         due = machine.first_content_due() if ex.stream else None
         _arm_both(ex, ctx, ctx.account.spec, first, now, now + first if due is None else due)
-        run = app if machine.grounds.hedging is None else race_for(ex, machine, app)
-        running = ex.run(run, scope, ex.receive, ex.send)
-    else:
-        running = app(scope, ex.receive, ex.send)
-    span = action.span
-    # Only created here: a coroutine runs when awaited, inside the span when there is one.
-    return running if span is None else _in_span(span, running)
+        if machine.grounds.hedging is not None:
+            run = race_for(ex, machine, app)
+        if action.span is None:
+            return ex.run(run, scope, ex.receive, ex.send)
+        run = functools.partial(ex.run, run)
+    if action.span is None:
+        return run(scope, ex.receive, ex.send)
+    return _in_span(action.span, run, scope, ex)
 
 
-async def _in_span(span: trace.Span, running: Awaitable[None]) -> None:
-    with tm.activate(span):  # the app's own call spans nest under it
-        await running
+async def _in_span(span: trace.Span, run: ASGIApp, scope: Scope, ex: Exchange) -> None:
+    """`run` called and awaited with the attempt's span current: the app's own call spans
+    nest under it."""
+    with tm.activate(span):
+        await run(scope, ex.receive, ex.send)
 
 
 def _cancelled(ex: Exchange, machine: AttemptMachine) -> None:
