@@ -153,8 +153,11 @@ class PolicyMiddleware(ABC):
         return ctx, ex
 
     @abstractmethod
-    async def handle(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
-        """Run this policy for one request, calling `self.app` (or answering itself)."""
+    def handle(
+        self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send
+    ) -> Awaitable[None]:
+        """Run this policy for one request, calling `self.app` (or answering itself): a
+        coroutine, or a plain call handing back what to await (the stack's usual request)."""
 
     async def other(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A scope that is not an HTTP request (lifespan, websocket): passed to the app."""

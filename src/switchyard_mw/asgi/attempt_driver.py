@@ -8,7 +8,11 @@ under the deadline the machine gives (`AttemptMachine.deadline`), as the stack d
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
+from collections.abc import Awaitable
+
+from opentelemetry import trace
 
 from ..context import RequestContext
 from ..engine.attempts import Limits, deadline_secs, in_force
@@ -56,10 +60,28 @@ async def run_attempts(
     deadline)."""
     if ex.stream and machine.grounds.resumes_streams:
         tap_for(ex, machine)  # a stream that may be resumed is watched for its break
+    timed = limits is not None
     action: Action = machine.begin()  # the usual first attempt: a plain call
     while True:
         if isinstance(action, SendOn):
-            action = await _attempt(ex, machine, action, app, scope, timed=limits is not None)
+            # The attempt runs in this frame, not in a coroutine of its own: one frame fewer
+            # on every request. `_attempt` takes the same steps for a resumed stream.
+            try:
+                await _armed(ex, machine, action, app, scope, timed)
+            except asyncio.CancelledError:
+                _cancelled(ex, machine)
+                raise
+            except Exception as exc:
+                after = _raised(ex, machine, action, exc)
+                if after is None:
+                    raise
+                action = after
+                continue
+            action = (
+                machine.ended(_FINISHED)  # the usual answer: whole at the client, nothing held
+                if ex.finished and ex.held is None
+                else await _returned(ex, machine, action)
+            )
         elif action is NEXT:
             action = machine.next()
         elif isinstance(action, ClaimProbe):
@@ -71,10 +93,24 @@ async def run_attempts(
             action = machine.waited()
         else:
             break
+    if action is not DONE or ex.tap is not None:  # the usual answer went out whole: DONE
+        await _concluded(ex, machine, action, app, scope, limits)
+
+
+async def _concluded(
+    ex: Exchange,
+    machine: AttemptMachine,
+    action: Action,
+    app: ASGIApp,
+    scope: Scope,
+    limits: Limits | None,
+) -> None:
+    """What the attempts ended on, when it is more than the answer that went out: a stream
+    to resume, an answer held back, a refusal, or the app once as it is."""
     if action is DONE and ex.tap is not None:
         timed = limits is not None
         await resume_broken(
-            ex, machine, lambda send_on: _attempt(ex, machine, send_on, app, scope, timed=timed)
+            ex, machine, lambda send_on: _attempt(ex, machine, send_on, app, scope, timed)
         )
     if isinstance(action, Deliver):
         held: list[Message] = action.held  # type: ignore[assignment]  # ours, from ended()
@@ -144,51 +180,90 @@ async def _attempt(
     action: SendOn,
     app: ASGIApp,
     scope: Scope,
-    *,
     timed: bool,
 ) -> Action:
-    """Run the app once on `action`'s lease and tell the machine how it went."""
-    ex.attempt(machine)
-    ctx = ex.ctx
-    assert ctx is not None
-    span = action.span
+    """Run the app once on `action`'s lease and tell the machine how it went: the steps
+    `run_attempts` takes for each attempt, for a resumed stream's continuation."""
     try:
-        if timed:
-            # The attempt's deadline as the machine gives it for the attempt's account, and its
-            # stream's first content event when the machine says it is due.
-            now = time.monotonic()
-            first, _ = machine.deadline(now)
-            due = machine.first_content_due() if ex.stream else None
-            assert ctx.account is not None
-            _arm_both(ex, ctx, ctx.account.spec, first, now, now + first if due is None else due)
-            # The app, or a race with a hedge when it is slow to its first content.
-            run = app if machine.grounds.hedging is None else race_for(ex, machine, app)
-            if span is None:
-                await ex.run(run, scope, ex.receive, ex.send)
-            else:
-                with tm.activate(span):  # the app's own call spans nest under it
-                    await ex.run(run, scope, ex.receive, ex.send)
-        elif span is None:
-            await app(scope, ex.receive, ex.send)
-        else:
-            with tm.activate(span):
-                await app(scope, ex.receive, ex.send)
+        await _armed(ex, machine, action, app, scope, timed)
     except asyncio.CancelledError:
-        # A response already sent whole still has its outcome (uvicorn reports a
-        # disconnect once a response completes, and the owner cancels then).
-        machine.ended(_FINISHED if ex.finished else _GONE, gone=_CANCELLED)
+        _cancelled(ex, machine)
         raise
     except Exception as exc:
-        if ex.finished:
-            machine.ended(_FINISHED)
+        after = _raised(ex, machine, action, exc)
+        if after is None:
             raise
-        after = machine.ended(_RAISED, error=type(exc))
-        if after is DONE:
-            raise  # the response started, nobody waits, or the app is broken
-        logs.attempt_failed(
-            account=action.lease.account, model=ctx.resolved_model, error=type(exc).__name__
-        )
         return after
+    return await _returned(ex, machine, action)
+
+
+def _armed(
+    ex: Exchange,
+    machine: AttemptMachine,
+    action: SendOn,
+    app: ASGIApp,
+    scope: Scope,
+    timed: bool,
+) -> Awaitable[None]:
+    """The attempt begins: what to await to run it. The app, or a race with a hedge when it
+    is slow to its first content; `timed`: under the deadline the machine gives the
+    attempt's account, its expiry answered by the exchange (`Exchange.run`); called inside
+    the attempt's span when there is one."""
+    ex.attempt(machine)
+    run = app
+    if timed:
+        ctx = ex.ctx
+        assert ctx is not None
+        assert ctx.account is not None
+        # The attempt's deadline as the machine gives it for the attempt's account, and its
+        # stream's first content event when the machine says it is due.
+        now = time.monotonic()
+        first, _ = machine.deadline(now)
+        due = machine.first_content_due() if ex.stream else None
+        _arm_both(ex, ctx, ctx.account.spec, first, now, now + first if due is None else due)
+        if machine.grounds.hedging is not None:
+            run = race_for(ex, machine, app)
+        if action.span is None:
+            return ex.run(run, scope, ex.receive, ex.send)
+        run = functools.partial(ex.run, run)
+    if action.span is None:
+        return run(scope, ex.receive, ex.send)
+    return _in_span(action.span, run, scope, ex)
+
+
+async def _in_span(span: trace.Span, run: ASGIApp, scope: Scope, ex: Exchange) -> None:
+    """`run` called and awaited with the attempt's span current: the app's own call spans
+    nest under it."""
+    with tm.activate(span):
+        await run(scope, ex.receive, ex.send)
+
+
+def _cancelled(ex: Exchange, machine: AttemptMachine) -> None:
+    """The attempt was cancelled. A response already sent whole still has its outcome
+    (uvicorn reports a disconnect once a response completes, and the owner cancels then)."""
+    machine.ended(_FINISHED if ex.finished else _GONE, gone=_CANCELLED)
+
+
+def _raised(ex: Exchange, machine: AttemptMachine, action: SendOn, exc: Exception) -> Action | None:
+    """The attempt raised `exc`: what follows, or None when it is the caller's to raise again
+    (the response started, nobody waits, or the app is broken)."""
+    if ex.finished:
+        machine.ended(_FINISHED)
+        return None
+    after = machine.ended(_RAISED, error=type(exc))
+    if after is DONE:
+        return None
+    ctx = ex.ctx
+    assert ctx is not None
+    logs.attempt_failed(
+        account=action.lease.account, model=ctx.resolved_model, error=type(exc).__name__
+    )
+    return after
+
+
+async def _returned(ex: Exchange, machine: AttemptMachine, action: SendOn) -> Action:
+    """The attempt's app returned: what it held goes on if it returned mid-body, and the
+    machine hears how its answer ended."""
     if ex.held is not None and not ex.held_whole:
         try:
             await ex.flush()  # the app returned mid-body: pass on what it sent
@@ -200,6 +275,8 @@ async def _attempt(
     after = machine.ended(_FINISHED if ex.finished else _RETURNED, held=ex.held)
     # The app's framework answered a transport error (never so for the usual answer, DONE).
     if after is not DONE and machine.failure is not None:
+        ctx = ex.ctx
+        assert ctx is not None
         error = ctx.transport_error
         name = "" if error is None else error.__name__
         logs.attempt_failed(account=action.lease.account, model=ctx.resolved_model, error=name)

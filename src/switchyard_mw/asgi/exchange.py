@@ -598,8 +598,8 @@ class Exchange(Deferred):
         """The app's `send`. The usual message, a body of an answer whose start went on, is
         passed on here in full: this runs on every chunk of every answer, so it makes no call
         it can do without. What is rarer has a name of its own: the tap's look first
-        (`Tap.top`), the start held back until the first content (`_opening`), the start's
-        way (`_started`), an answer held for a failover (`_hold`)."""
+        (`Tap.top`), the start held back until the first content (`_json_opening`,
+        `_opening`), the start's way (`_starting`), an answer held for a failover (`_hold`)."""
         tap = self.tap
         if tap is not None:  # a resumable stream's: the tap sees the app's message first
             found = tap.top(message)
@@ -607,15 +607,22 @@ class Exchange(Deferred):
                 return
             message = found
         if self._pre is not None:  # the start is held back until the answer's first content
-            found = await self._opening(message)
-            if found is None:
+            early = (
+                self._json_opening(message)
+                if self._content_watch is None
+                else await self._opening(message)  # a stream's: its events are read for it
+            )
+            if early is None:
                 return
-            message = found
-        kind = message["type"]
-        if kind == "http.response.start":
-            return await self._started(message)
-        if kind != "http.response.body":  # an extension's (trailers): in order with the rest
-            return await self._hold_or_out(message)
+            # A JSON answer's first bytes: its start goes on first (and what came between).
+            start = self._starting(early[0])
+            if start is not None:
+                await self._send(start)
+            for held in early[1:]:
+                await self._hold_or_out(held)
+        if message["type"] != "http.response.body":  # a start, or an extension's (trailers)
+            out = self._starting(message)
+            return None if out is None else await self._send(out)
         more = message.get("more_body", False)
         if not more:
             self._complete = True  # its deadline ends: in `stop` below, or in `_hold`
@@ -636,23 +643,33 @@ class Exchange(Deferred):
                 self.last()
         await self._send(message)
 
-    async def _started(self, start: Message) -> None:
+    def _starting(self, start: Message) -> Message | None:
         """The response's start: a successful one held back until the answer's first content
-        when the attempt asks for that (`arm`), else noted and on its way unless the
-        attempt's answer is held (the machine is asked once per attempt)."""
+        when the attempt asks for that (`arm`), else noted and returned to go on (None: held
+        with the attempt's answer; the machine is asked once per attempt). A message that is
+        neither start nor body (an extension's, such as trailers) goes as the answer goes:
+        held with it, else returned as it is. A plain call, not a coroutine: it runs on every
+        answer, and only its caller sends."""
+        if start["type"] != "http.response.start":
+            if self.held is None:
+                return start
+            self.held.append(start)  # as `_hold` keeps it (no body bytes)
+            return None
         if self._holds and start["status"] < 300:
             self._pre = [start]
             self._start_held = True
             if self._idle is not None:  # a stream: its first content is now what is due
                 now = time.monotonic()
                 self.move(self._bound(self._content_at - now, now))
-            return
+            return None
         if self._start is None:
             self._start = start
             if self._idle is not None:
                 self._rearm()
-        if self.held is not None:
-            return await self._hold(start)
+        held = self.held
+        if held is not None:
+            held.append(start)  # as `_hold` keeps it (a start adds no bytes)
+            return None
         machine = self._machine
         if machine is not None and not self._asked:
             # Held while a failover is possible, and every 5xx until the app ends:
@@ -661,30 +678,34 @@ class Exchange(Deferred):
             self._asked = True
             if machine.started(start["status"], start.get("headers", ())) is not FORWARD:
                 self.held = [start]
-                return
-        await self._send(self._noted(start))
+                return None
+        return self._noted(start)
 
-    async def _opening(self, message: Message) -> Message | None:
-        """`message` while the start is held back for the answer's first content: held with
-        it (None) until that content comes, the answer ends, or what is held outgrows
-        `MAX_OPENING_BYTES`. Then a stream's held messages go through `send` again (None); a
-        JSON answer's start goes on, and its first bytes are returned for the `send` at hand
-        to pass on (not sent through `send` again: this runs on every JSON answer)."""
+    def _json_opening(self, message: Message) -> list[Message] | None:
+        """`message` while a JSON answer's start is held back for its first bytes: held with
+        it (None) until a body with bytes (or the answer's end) comes; then what was held is
+        returned, the start first, and `message` is the caller's to pass on (not sent through
+        `send` again: this runs on every JSON answer)."""
+        pre = self._pre
+        assert pre is not None
+        if message["type"] != "http.response.body" or not (
+            message.get("body") or not message.get("more_body", False)
+        ):
+            pre.append(message)
+            return None
+        self._pre = None
+        self._holds = False
+        return pre
+
+    async def _opening(self, message: Message) -> list[Message] | None:
+        """`message` while a stream's start is held back for its first content event: held
+        with it until that content comes, the answer ends, or what is held outgrows
+        `MAX_OPENING_BYTES`; then the held messages go through `send` again. Always None
+        (nothing is left for the caller to send), as `_json_opening` answers when it holds."""
         pre = self._pre
         assert pre is not None
         watch = self._content_watch
-        if watch is None:  # a JSON answer: its body's first bytes (or its end) are its content
-            if message["type"] != "http.response.body" or not (
-                message.get("body") or not message.get("more_body", False)
-            ):
-                pre.append(message)
-                return None
-            self._pre = None
-            self._holds = False
-            await self._started(pre[0])
-            for early in pre[1:]:
-                await self._hold_or_out(early)
-            return message
+        assert watch is not None
         pre.append(message)
         if message["type"] != "http.response.body":
             return None
@@ -736,9 +757,13 @@ class Exchange(Deferred):
             machine.first_content()
 
     async def _hold_or_out(self, message: Message) -> None:
-        """`message` held with the attempt's answer, or on its way (a start: `_started`)."""
-        if message["type"] == "http.response.start":
-            return await self._started(message)
+        """`message` held with the attempt's answer, or on its way (one that is no body's:
+        `_starting`)."""
+        if message["type"] != "http.response.body":
+            out = self._starting(message)
+            if out is not None:
+                await self._send(out)
+            return
         if self.held is not None:
             return await self._hold(message)
         await self.out(message)

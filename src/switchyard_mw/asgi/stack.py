@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 
 import httpx
 
@@ -172,7 +172,33 @@ class SwitchyardStack(PolicyMiddleware):
 
         await self.app(scope, receive, send_closing)
 
-    async def handle(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
+    def handle(
+        self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send
+    ) -> Awaitable[None]:
+        """The policies in order, as a plain call handing back what to await: the usual
+        request (no tenants, no judge route, its body read and its model known) goes straight
+        to its attempts, without a coroutine of its own; any other takes `_handle`."""
+        engine = self.engine
+        judge = engine.judge
+        if self.tenancy is not None or (judge is not None and judge.applies(ctx.view)):
+            return self._handle(ctx, scope, receive, send)  # it may wait, or be refused
+        ex = exchange_of(scope)
+        if ex is None or ctx.view is None or ctx.resolved_model is None:
+            return self._handle(ctx, scope, receive, send)  # the app as it is
+        # `_handle`'s steps for it, with nothing to await on the way (a canary's choice is a
+        # model too: the attempts follow).
+        canaries = engine.canaries
+        if canaries is not None:
+            canaries.assign(ctx)
+        shadows = self.shadows
+        if shadows is not None:
+            shadows.mirror(ctx, scope["path"])
+        machine = engine.machine(ctx, ex.traced, None, True)
+        return run_attempts(ex, machine, self.app, scope, limits=self.deadline)
+
+    async def _handle(
+        self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send
+    ) -> None:
         # The policies in force now: a reload during this request leaves it on these.
         engine, shadows, tenancy = self.engine, self.shadows, self.tenancy
         ex = exchange_of(scope)
