@@ -27,6 +27,11 @@ Compared as in test_two_fronts.py, and more: the error a cloud's refusal reaches
 (its type and text, mapped by the same code on either front) and the answer's text (a stream's
 through the SSE it became).
 
+A request on Envoy's hedge route (`HEDGE_SCENARIOS`, `[server] envoy_hedge`) is raced as
+test_two_fronts_hedge.py races it (`hedge_race`), each try through its own cloud filter stream
+told the try's `x-envoy-attempt-count`: each try must go out as its own account, and
+`switchyard.hedges` is compared too; a void try (no budget) is Envoy's only, checked on its own.
+
 One difference of the front, not in `sent`: a Vertex account whose token endpoint refused its
 key gets no request through the ASGI front, while under Envoy its attempt still goes out,
 empty (no prompt, no credential: an upstream filter cannot answer for the cluster and let the

@@ -18,7 +18,8 @@ headers and opening events at once, its first content when the scenario says.
   has not released its headers to the router by the per-try timeout gets a second try beside
   it, whose request goes through the retry filter (which gives it the hedge's account, on
   the cluster an aggregate sent it to, or makes it void); the first try whose headers reach
-  the router is the answer, and Envoy resets the other.
+  the router is the answer, and Envoy resets the other (`hedge_race`, which
+  test_two_fronts_clouds.py runs through the cloud filter too).
 
 What must match: as test_two_fronts.py (status, `x-switchyard-*`, attempt and CLIENT spans, the
 (key, model) each provider got), the answer's text, the `switchyard.hedges` counts and each
