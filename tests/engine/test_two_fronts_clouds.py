@@ -27,6 +27,11 @@ Compared as in test_two_fronts.py, and more: the error a cloud's refusal reaches
 (its type and text, mapped by the same code on either front) and the answer's text (a stream's
 through the SSE it became).
 
+A request on Envoy's hedge route (`HEDGE_SCENARIOS`, `[server] envoy_hedge`) is raced as
+test_two_fronts_hedge.py races it (`hedge_race`), each try through its own cloud filter stream
+told the try's `x-envoy-attempt-count`: each try must go out as its own account, and
+`switchyard.hedges` is compared too; a void try (no budget) is Envoy's only, checked on its own.
+
 One difference of the front, not in `sent`: a Vertex account whose token endpoint refused its
 key gets no request through the ASGI front, while under Envoy its attempt still goes out,
 empty (no prompt, no credential: an upstream filter cannot answer for the cluster and let the
@@ -36,6 +41,7 @@ route retry, docs/envoy.md#cloud-accounts); the mock's Vertex face refuses it un
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +66,7 @@ from extproc_helpers import (
     sets,
     upstream_headers,
 )
+from hedge_race import Call, Route, race
 from metric_reading import Metrics
 from servers import serve_in_thread
 from switchyard_mw import switchyard_stack
@@ -67,6 +74,7 @@ from switchyard_mw.accounts import build_accounts
 from switchyard_mw.config import parse_config
 from switchyard_mw.core.pool import AccountPool, Cause, Outcome
 from switchyard_mw.extproc import ExtProcServicer, Policies
+from switchyard_mw.extproc.policy import HEDGE_HEADER
 from switchyard_mw.telemetry import names as tm
 from switchyard_mw.testing import Behaviour, MockProvider
 from two_fronts import (
@@ -169,6 +177,16 @@ envoy_cluster = "vertex"
 each service account's `@email@` are the served mock's URL and key files (`vertex`)."""
 VERTEX_REVOKED_FIRST = VERTEX.replace(f"@{GOOD}@", f"@{REVOKED}@", 1)
 """As VERTEX, the first account's key revoked at the token endpoint."""
+HEDGE_SECS = 0.3
+HEDGED = "[server]\nenvoy_hedge = true\nhedge_max_ratio = 1.0\n" + BEDROCK.replace(
+    "cooldown_secs = 30\n", f"cooldown_secs = 30\nhedge_after_secs = {HEDGE_SECS}\n"
+)
+"""BEDROCK, both accounts hedging after HEDGE_SECS without content; under Envoy, on the
+hedge route (`[server] envoy_hedge`)."""
+SLOW_STREAM = Behaviour(stall_after_chunks=0, body_stall_secs=2.0)
+"""Headers and the opening events at once, the first content 2 s later: hedged long before."""
+SLOW_JSON = Behaviour(headers_delay_secs=2.0)
+"""A JSON answer 2 s late (its headers come with it)."""
 CLOUD_CLUSTERS = frozenset(["bedrock", "vertex"])
 BODY = msgspec.json.encode(
     {"model": "claude-opus-5", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
@@ -192,6 +210,9 @@ class Scenario:
     """The type of the `error` event a served stream ends with (None: it ends well)."""
     charged: tuple[str, str] | None = None
     """(account, status) of the fault the request charged (None: no fault, or not checked)."""
+    hedged: Mapping[str, int] | None = None
+    """`switchyard.hedges` counted, by result, for a request whose first try was hedged (its
+    two tries both reached the mock)."""
 
 
 SCENARIOS = {
@@ -330,6 +351,49 @@ SCENARIOS = {
         stream_error="rate_limit_error",
     ),
 }
+
+
+HEDGE_SCENARIOS = {
+    "a Bedrock stream slow to content: hedged on the next account, signed as that account": (
+        Scenario(
+            HEDGED,
+            {FIRST_KEY: SLOW_STREAM, SECOND_KEY: Behaviour()},
+            served_by=(SECOND_KEY, OPUS_EU),
+            stream=True,
+            hedged={"won": 1},
+        )
+    ),
+    "a slow Bedrock JSON answer: hedged on the next account, signed as that account": Scenario(
+        HEDGED,
+        {FIRST_KEY: SLOW_JSON, SECOND_KEY: Behaviour()},
+        served_by=(SECOND_KEY, OPUS_EU),
+        hedged={"won": 1},
+    ),
+    "the Bedrock hedge throttled (its own key's 429) loses: the first stream answers": Scenario(
+        HEDGED,
+        {
+            FIRST_KEY: Behaviour(stall_after_chunks=0, body_stall_secs=1.2),
+            SECOND_KEY: Behaviour(status=429),
+        },
+        served_by=(FIRST_KEY, OPUS_US),
+        stream=True,
+        hedged={"lost": 1},
+    ),
+    "no hedge budget: Envoy's second try goes out void, the first Bedrock stream answers": (
+        Scenario(
+            HEDGED.replace("hedge_max_ratio = 1.0", "hedge_max_ratio = 0.0"),
+            {FIRST_KEY: Behaviour(stall_after_chunks=0, body_stall_secs=1.2)},
+            served_by=(FIRST_KEY, OPUS_US),
+            stream=True,
+            hedged={"refused": 1},
+        )
+    ),
+}
+"""A Bedrock account's try hedged by Envoy's `hedge_policy` on the cloud cluster: each try
+must go out enveloped and signed for its own account, and be translated as its own; a void
+try (no hedge budget) neither signed nor enveloped, with no prompt."""
+VOID = {"refused": 1}
+"""The hedges of a request whose second try under Envoy went out void."""
 
 
 VERTEX_SCENARIOS = {
@@ -492,9 +556,16 @@ def _before(pool: AccountPool, scenario: Scenario) -> None:
 
 
 def _sent(mock: MockProvider) -> list[tuple[str, str]]:
-    """(key, model) of each request the mock answered: a Bedrock one's access key id (its
-    signature verified) and the model id of its path."""
-    return [(r.key, r.model or "") for r in mock.requests]
+    """(key, model) of each request with a prompt the mock answered: a Bedrock one's access
+    key id (its signature verified) and the model id of its path (a void try has neither:
+    `_void`)."""
+    return [(r.key, r.model) for r in mock.requests if r.model is not None]
+
+
+def _void(mock: MockProvider) -> list[tuple[str, bytes]]:
+    """(key, body) of each request without a model the mock got: a void try's (Envoy's
+    second try of a hedged request with no account to give it, `hedge_tries`)."""
+    return [(r.key, r.body) for r in mock.requests if r.model is None]
 
 
 @dataclass(frozen=True)
@@ -546,9 +617,14 @@ def _accounts(pool: AccountPool) -> tuple[tuple[str, str, int, str, int], ...]:
 
 Series = dict[tuple[tuple[str, Any], ...], float]
 """A metric's data points by their attributes (`Metrics.series`)."""
-COMPARED = (tm.OPERATION_DURATION, "switchyard.account.faults", "switchyard.account.cooled")
+COMPARED = (
+    tm.OPERATION_DURATION,
+    "switchyard.account.faults",
+    "switchyard.account.cooled",
+    tm.HEDGES,
+)
 """The metrics whose points a request adds are compared: the request's (its account and
-`error.type`), and each account's faults (by status) and coolings."""
+`error.type`), each account's faults (by status) and coolings, and the hedges by result."""
 
 
 def _series(metrics: Metrics) -> dict[str, Series]:
@@ -654,6 +730,89 @@ async def _cloud_attempt(
     return answer, pieces, retry
 
 
+def _changed(answer: Answer, mapped: Any) -> None:
+    """`answer` as the cloud filter's answer `mapped` left it (its headers and status)."""
+    for name in removes(mapped):
+        answer.headers.pop(name, None)
+    answer.headers.update(decoded(sets(mapped)))
+    answer.status = int(answer.headers.pop(":status", answer.status))
+
+
+def _through_cloud(servicer: ExtProcServicer, mock: httpx.AsyncClient) -> Any:
+    """The calls of a hedged request's tries on a cloud cluster (`hedge_race.Calls`): each
+    try's cloud filter stream around its upstream call, the try told by its own
+    `x-envoy-attempt-count` as Envoy sends it (the example's virtual host includes it, and
+    the cloud filter forwards every header); the answer mapped or translated piece by piece
+    by that stream as it comes."""
+
+    @contextlib.asynccontextmanager
+    async def call(out: Outgoing, number: int) -> AsyncIterator[Call]:
+        cloud = Stream(servicer, CLOUD_FILTER)
+        try:
+            extra = {k: v for k, v in out.headers.items() if not k.startswith(":")}
+            extra |= {"x-request-id": RID, "x-envoy-attempt-count": str(number)}
+            await cloud.send(request_headers(out.headers[":path"], extra=extra))
+            enveloped = await cloud.send(request_body(out.body))
+            # An upstream filter's own answer would go straight to the client (measured,
+            # docs/envoy.md#cloud-accounts): never for a try of a request that races.
+            assert enveloped.WhichOneof("response") == "request_body", "the cloud filter answered"
+            out.apply(enveloped)
+            headers = {k: v for k, v in out.headers.items() if not k.startswith(":")}
+            headers["host"] = out.headers.get(":authority", "upstream.test")
+            request = mock.build_request(
+                "POST", out.headers[":path"], content=out.body, headers=headers
+            )
+            reply = await mock.send(request, stream=True)
+            try:
+                answer = Answer(reply.status_code, dict(reply.headers), b"")
+                mapped = await cloud.send(response_headers(answer.status, answer.headers))
+                _changed(answer, mapped)
+                if mapped.HasField("mode_override") and answer.status >= 300:  # read whole
+                    body = await reply.aread()
+                    mapped = await cloud.send(response_body(body, end=True))
+                    _changed(answer, mapped)
+                    yield Call(answer, _one(common(mapped).body_mutation.body or body))
+                elif mapped.HasField("mode_override"):  # an event stream, to SSE
+                    yield Call(answer, _translated(cloud, reply))
+                else:
+                    yield Call(answer, reply.aiter_raw())
+            finally:
+                await reply.aclose()
+        finally:
+            await cloud.close()
+
+    return call
+
+
+async def _one(body: bytes) -> AsyncIterator[bytes]:
+    yield body
+
+
+async def _translated(cloud: Stream, reply: httpx.Response) -> AsyncIterator[bytes]:
+    """A cloud's stream through its cloud filter's stream, piece by piece as it comes."""
+    async for piece in reply.aiter_raw():
+        yield common(await cloud.send(response_body(piece))).body_mutation.body
+    yield common(await cloud.send(response_body(b"", end=True))).body_mutation.body
+
+
+async def _hedged(
+    servicer: ExtProcServicer,
+    mock: httpx.AsyncClient,
+    routed: Outgoing,
+    order: tuple[str, ...],
+) -> tuple[Answer, list[bytes]]:
+    """A request on the hedge route (`x-switchyard-hedge`): Envoy's tries race as
+    `hedge_race` plays them, each through the cloud filter; the winner's answer and its body
+    (in one piece)."""
+    per_try = int(routed.headers["x-envoy-upstream-rq-per-try-timeout-ms"]) / 1000
+    assert per_try == HEDGE_SECS
+    route = Route(servicer, _through_cloud(servicer, mock), routed, order, RID, hedged=True)
+    winner, _ = await race(route, per_try)
+    assert winner.reply is None
+    assert winner.answer is not None
+    return winner.answer, [winner.answer.body]
+
+
 class FirstToken:
     """The first-token filter's stream on a 2xx stream's answer (its headers held until its
     first content), fed piece by piece: each piece is taken before the next is fed, as the
@@ -757,7 +916,10 @@ async def through_extproc(run: Run, spans: InMemorySpanExporter) -> tuple[Decisi
     async with httpx.AsyncClient(
         transport=InPieces(run.mock), base_url="http://upstream.test"
     ) as upstream:
-        answer, pieces = await _attempts(servicer, upstream, (out.headers, out.body), order)
+        if out.headers.get(HEDGE_HEADER) == "1":  # Envoy's hedge route
+            answer, pieces = await _hedged(servicer, upstream, out, order)
+        else:
+            answer, pieces = await _attempts(servicer, upstream, (out.headers, out.body), order)
     # Envoy hands the router-level filter the last answer's headers, as the upstream filters
     # left them (and its body piece by piece, when the processor asks for it).
     final = await router.send(
@@ -802,10 +964,14 @@ async def _compare(run: Run, spans: InMemorySpanExporter, metrics: Metrics) -> N
     asgi_added = _added(before, metrics)
     before = _series(metrics)
     extproc, extproc_read = await through_extproc(run, spans)
+    assert asgi.sent == extproc.sent, "each try's (key, model id), as the mock verified them"
     assert asgi == extproc
     assert asgi_read == extproc_read
     assert asgi_added == _added(before, metrics)
+    # A void try (Envoy's only: the ASGI front sends none) reached the cloud with no key and
+    # no prompt, neither signed nor enveloped as the first try's account.
     scenario = run.scenario
+    assert _void(run.mock) == ([("", b"")] if scenario.hedged == VOID else [])
     if scenario.charged is not None:
         account, status = scenario.charged
         faults = asgi_added["switchyard.account.faults"]
@@ -814,9 +980,19 @@ async def _compare(run: Run, spans: InMemorySpanExporter, metrics: Metrics) -> N
         assert asgi_read.stream_error is not None
         assert asgi_read.stream_error[0] == scenario.stream_error
         assert asgi_read.events[-1] == "error"
+    if scenario.hedged is not None:
+        # Both tries reached Bedrock, each signed with its own account's key, under its model id.
+        tries = [(FIRST_KEY, OPUS_US), (SECOND_KEY, OPUS_EU)]
+        assert asgi.sent == tries[: 1 if scenario.hedged == VOID else 2]
+        hedges = asgi_added.get(tm.HEDGES, {})
+        by_result = {dict(k)["result"]: n for k, n in hedges.items()}
+        assert by_result == scenario.hedged
+        served = "aws-second" if scenario.served_by == (SECOND_KEY, OPUS_EU) else "aws"
+        assert asgi.headers["x-switchyard-account"] == served
+    elif scenario.served_by is not None:
+        assert asgi.sent[-1] == scenario.served_by
     if scenario.served_by is not None:
         assert asgi.status == 200
-        assert asgi.sent[-1] == scenario.served_by
         assert asgi_read.text, "the answer's text reached the client"
     else:
         assert asgi.status >= 400
@@ -828,6 +1004,13 @@ async def _compare(run: Run, spans: InMemorySpanExporter, metrics: Metrics) -> N
 
 @pytest.mark.parametrize("scenario", SCENARIOS.values(), ids=SCENARIOS.keys())
 async def test_both_fronts_decide_alike_for_bedrock_accounts(
+    scenario: Scenario, otel_spans: InMemorySpanExporter, otel_metrics: Metrics
+) -> None:
+    await _compare(Run(scenario, scenario.config, cloud_mock()), otel_spans, otel_metrics)
+
+
+@pytest.mark.parametrize("scenario", HEDGE_SCENARIOS.values(), ids=HEDGE_SCENARIOS.keys())
+async def test_both_fronts_hedge_a_bedrock_account_alike(
     scenario: Scenario, otel_spans: InMemorySpanExporter, otel_metrics: Metrics
 ) -> None:
     await _compare(Run(scenario, scenario.config, cloud_mock()), otel_spans, otel_metrics)

@@ -18,7 +18,8 @@ headers and opening events at once, its first content when the scenario says.
   has not released its headers to the router by the per-try timeout gets a second try beside
   it, whose request goes through the retry filter (which gives it the hedge's account, on
   the cluster an aggregate sent it to, or makes it void); the first try whose headers reach
-  the router is the answer, and Envoy resets the other.
+  the router is the answer, and Envoy resets the other (`hedge_race`, which
+  test_two_fronts_clouds.py runs through the cloud filter too).
 
 What must match: as test_two_fronts.py (status, `x-switchyard-*`, attempt and CLIENT spans, the
 (key, model) each provider got), the answer's text, the `switchyard.hedges` counts and each
@@ -42,11 +43,8 @@ and the first try to answer wins (the ASGI front's first body bytes come with th
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
 import msgspec
@@ -56,16 +54,14 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from conftest import Metrics
 from extproc_helpers import (
-    Pushed,
     Stream,
     immediate,
     request_body,
     request_headers,
-    response_body,
     response_headers,
     sets,
-    upstream_headers,
 )
+from hedge_race import Route, plain, race
 from servers import serve_in_thread
 from switchyard_mw import switchyard_stack
 from switchyard_mw.accounts import build_accounts
@@ -76,7 +72,6 @@ from switchyard_mw.extproc.policy import HEDGE_HEADER
 from switchyard_mw.telemetry import names as tm
 from switchyard_mw.testing import Behaviour, MockProvider
 from two_fronts import (
-    Answer,
     Decisions,
     Outgoing,
     attempt_spans,
@@ -85,7 +80,6 @@ from two_fronts import (
     error_of,
     kept_headers,
     post_through,
-    refusal_matched,
     text_of,
 )
 
@@ -330,184 +324,7 @@ async def through_asgi(
 
 # --- the ext_proc front, driven as Envoy drives the hedge route ----------------------------
 
-RETRY_FILTER = [("x-switchyard-filter", "upstream")]
-REFUSAL_FILTER = [("x-switchyard-filter", "upstream-hedged")]
-"""The hedged variant of the refusal filter (it sees each try's request headers)."""
 PER_TRY = "x-envoy-upstream-rq-per-try-timeout-ms"
-DEADLINE = "x-switchyard-deadline-ms"
-
-
-@dataclass
-class _Try:
-    """One of Envoy's tries of the request: its upstream-level streams and its fate."""
-
-    number: int
-    refusal: Stream
-    first_token: Pushed
-    answer: Answer | None = None
-    retry: bool = False
-    """Its answer asks Envoy for a retry (`x-switchyard-retry`)."""
-    reply: Any = None
-    """The processor's own answer in its place (an immediate response), if it made one."""
-
-    async def reset(self) -> None:
-        """Envoy resets the try: its filters' streams end."""
-        await self.first_token.close()
-        await self.refusal.close()
-
-
-async def _try(
-    servicer: ExtProcServicer,
-    upstream: httpx.AsyncClient,
-    routed: Outgoing,
-    number: int,
-    tries: list[_Try],
-    order: tuple[str, ...],
-    *,
-    hedged: bool,
-) -> _Try:
-    """Try `number`: its request through the upstream chain, sent to the provider, and its
-    answer back through it; it returns when its headers reach the router (it never does when
-    the processor holds them: Envoy resets it for the other try). `hedged`: on the hedge
-    route, whose refusal and first-token filters see each try's request headers too."""
-    named = {"x-request-id": RID}
-    out = Outgoing(dict(routed.headers), routed.body)
-    refusal = Stream(servicer, REFUSAL_FILTER if hedged else RETRY_FILTER)
-    if hedged:
-        await refusal.send(upstream_headers(named, attempt=number))
-    if number > 1:  # the retry filter: the hedge's account, its credential and body
-        retry = Stream(servicer, RETRY_FILTER)
-        # Its endpoint names the cluster an aggregate sent it to (envoy.yaml's metadata).
-        cluster = order[(number - 1) % len(order)] if len(order) > 1 else None
-        out.apply(await retry.send(upstream_headers(named, attempt=number, cluster=cluster)))
-        out.apply(await retry.send(request_body(out.body)))
-        await retry.close()
-    first_token = Pushed(servicer)
-    if hedged:
-        await first_token.inbox.put(upstream_headers(named, attempt=number))
-        await first_token.next()
-    this = _Try(number, refusal, first_token)
-    tries.append(this)
-    headers = {k: v for k, v in out.headers.items() if not k.startswith(":")}
-    async with upstream.stream(
-        "POST", out.headers[":path"], content=out.body, headers=headers
-    ) as reply:
-        answer = this.answer = Answer(reply.status_code, dict(reply.headers), b"")
-        if answer.status < 300 and _streams(answer):
-            await _held(this, reply)
-            return this
-        if hedged and 200 <= answer.status < 300:
-            # A 2xx JSON answer on the hedge route: the hedged refusal filter sees its
-            # headers (envoy.yaml's matcher), the first to come wins the race.
-            held = await refusal.send(response_headers(answer.status, {}, request_id=RID))
-            if held.HasField("override_message_timeout"):  # it lost: held until reset
-                await asyncio.Event().wait()
-        answer.body = await reply.aread()
-    if refusal_matched(answer.status):
-        extra = {k: v for k, v in answer.headers.items() if k == "retry-after"}
-        reply = await refusal.send(response_headers(answer.status, extra, request_id=RID))
-        if reply.HasField("override_message_timeout"):  # held until Envoy resets it
-            await asyncio.Event().wait()
-        if reply.HasField("mode_override"):  # a 400 or 429 to read
-            reply = await refusal.send(response_body(answer.body, end=True))
-        this.retry = sets(reply).get("x-switchyard-retry") == b"1"
-    return this
-
-
-def _streams(answer: Answer) -> bool:
-    return answer.headers.get("content-type", "").startswith("text/event-stream")
-
-
-async def _held(this: _Try, reply: httpx.Response) -> None:
-    """A 2xx stream through the first-token filter (`FULL_DUPLEX_STREAMED`): its headers,
-    then each piece as the provider sends it, while the processor holds the headers' answer
-    to the first content event (or to its first-token bound: a retry mark); it returns when
-    the answer goes to the router, never while the try loses its race. Envoy's per-try
-    timeout of a stream not hedged is due with the processor's bound: docs/envoy.md says
-    either one ends the try alike, and the processor's answer is the one played here."""
-    answer, first_token = this.answer, this.first_token
-    assert answer is not None
-    await first_token.inbox.put(response_headers(200, answer.headers, request_id=RID))
-
-    async def pieces() -> None:
-        async for piece in reply.aiter_raw():
-            answer.body += piece
-            await first_token.inbox.put(response_body(piece))
-        await first_token.inbox.put(response_body(b"", end=True))
-
-    reading = asyncio.ensure_future(pieces())
-    try:
-        released = await first_token.next(within=30.0)
-        if released.WhichOneof("response") == "immediate_response":
-            this.reply = released  # the machine's answer (no account left): the client's
-            return
-        this.retry = sets(released).get("x-switchyard-retry") == b"1"
-        if not this.retry:
-            await reading  # the rest of the stream goes on to the client
-    finally:
-        reading.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reading
-
-
-async def _race(
-    servicer: ExtProcServicer,
-    upstream: httpx.AsyncClient,
-    routed: Outgoing,
-    per_try: float,
-    order: tuple[str, ...],
-    *,
-    hedged: bool,
-) -> tuple[_Try, list[_Try]]:
-    """Envoy's tries of a request: the first; on the hedge route, at its per-try timeout
-    without headers, the hedge beside it; the first try whose headers reach the router is the
-    answer, the other is reset. A retry mark with no try beside it starts the next try (a
-    first try refused before the hedge time, a first token late). Off the hedge route the
-    per-try timeout, read once for every try, resets a try whose headers have not reached
-    the router by then and starts the next (`cut`)."""
-    hedge_at: float | None = per_try if hedged else None
-    cut: float | None = None if hedged else per_try
-
-    def start(number: int) -> asyncio.Future[_Try]:
-        return asyncio.ensure_future(
-            _try(servicer, upstream, routed, number, tries, order, hedged=hedged)
-        )
-
-    tries: list[_Try] = []
-    running = {start(1)}
-    started = 1
-    try:
-        while True:
-            done, running = await asyncio.wait(
-                running, timeout=hedge_at or cut, return_when=asyncio.FIRST_COMPLETED
-            )
-            if not done and hedge_at is not None:  # the per-try timeout, no headers: the hedge
-                started, hedge_at = started + 1, None
-                running.add(start(started))
-                continue
-            if not done:  # the per-try timeout off the hedge route: the try is reset, retried
-                assert started < 3, "the route's two retries are spent"
-                for task in running:
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
-                await tries[-1].reset()
-                started += 1
-                running = {start(started)}
-                continue
-            first = done.pop().result()
-            if first.retry and started == 1:  # a retry, before any hedge
-                started, hedge_at = 2, None
-                running.add(start(started))
-                continue
-            return first, tries
-    finally:
-        for task in running:  # Envoy resets the other try
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        for each in tries:
-            await each.reset()
 
 
 async def through_extproc(
@@ -534,7 +351,8 @@ async def through_extproc(
     async with httpx.AsyncClient(base_url=served.url) as upstream:
         cluster = marked["x-switchyard-cluster"]
         order = tuple(config.server.envoy_failover.get(cluster, [cluster]))
-        winner, _ = await _race(servicer, upstream, out, per_try, order, hedged=hedged)
+        route = Route(servicer, plain(upstream), out, order, RID, hedged=hedged)
+        winner, _ = await race(route, per_try)
     if winner.reply is not None:  # Envoy sends an upstream filter's reply to the client
         await router.close()
         status, headers, body = immediate(winner.reply)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -49,10 +50,24 @@ REQUEST: dict[str, Any] = {
 }
 
 
-def config_text(mock_url: str) -> str:
+HEDGE_SECS = 0.4
+LATE_SECS = 2.5
+
+
+def config_text(mock_url: str, *, hedge: bool = False, ratio: float = 1.0) -> str:
     """`claude-opus-5`: two Bedrock accounts; `claude-haiku-5`: the same two, each with a
     model id of its own; `claude-sonnet-5`: Bedrock first, then the API (on the example's
-    `mock` cluster)."""
+    `mock` cluster). `hedge`: `[server] envoy_hedge` on, both Bedrock accounts hedging after
+    HEDGE_SECS without content (`ratio`: `hedge_max_ratio`)."""
+    text = _accounts(mock_url)
+    if not hedge:
+        return text
+    server = f"[server]\nenvoy_hedge = true\nhedge_max_ratio = {ratio}\n"
+    hedging = f"failure_threshold = 100\nhedge_after_secs = {HEDGE_SECS}\n"
+    return server + text.replace("failure_threshold = 100\n", hedging)
+
+
+def _accounts(mock_url: str) -> str:
     return f"""
 [llm_clients.aws]
 kind = "bedrock"
@@ -334,3 +349,62 @@ async def test_a_count_only_bedrock_serves_is_the_wires_404(rig: Rig, client: An
     assert info.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
     assert "bedrock account" in info.value.message
     assert rig.mock.requests == []
+
+
+SLOW = {
+    "json": lambda secs: Behaviour(headers_delay_secs=secs),
+    "stream": lambda secs: Behaviour(stall_after_chunks=0, body_stall_secs=secs),
+}
+"""A Bedrock answer whose content comes `secs` late: a JSON answer's headers (it comes when
+ready), a stream's first content event after its headers and opening events."""
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_a_slow_bedrock_answer_is_hedged_on_the_next_account_signed_as_it(
+    rig: Rig, client: Any, otel_metrics: Metrics, stream: bool
+) -> None:
+    """Envoy's `hedge_policy` on the cloud cluster: the hedge's try is enveloped and signed
+    by the cloud filter as the hedge's account (its key, its own model id), not as the first
+    try's, and its event stream translated; it answers first."""
+    policies = rig.configure(hedge=True)
+    won = otel_metrics.value(tm.HEDGES, result="won")
+    rig.mock.set_behaviour(MOCK_AWS_ACCESS_KEY_ID, SLOW["stream" if stream else "json"](LATE_SECS))
+    started = time.monotonic()
+    message, headers = await anthropic_message(
+        client, {**REQUEST, "model": "claude-haiku-5"}, stream
+    )
+    elapsed = time.monotonic() - started
+    assert message.content[0].text
+    assert message.model == "claude-haiku-5"
+    assert headers["x-switchyard-account"] == "aws-second"
+    assert headers["x-switchyard-attempts"] == "2"
+    assert elapsed < LATE_SECS  # the hedge's answer, not the first try's
+    assert [(r.key, r.path.split("/")[2]) for r in rig.mock.requests] == [
+        (MOCK_AWS_ACCESS_KEY_ID, HAIKU_US_ID),
+        (SECOND_KEY_ID, HAIKU_EU_ID),
+    ]
+    assert otel_metrics.value(tm.HEDGES, result="won") == won + 1
+    assert policies.pool.status_of("aws", model="claude-haiku-5").consecutive_faults == 0
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_with_no_hedge_budget_the_void_try_goes_out_unsigned(
+    rig: Rig, client: Any, otel_metrics: Metrics, stream: bool
+) -> None:
+    """No budget: Envoy's second try still goes out, void (no key, no prompt), and the cloud
+    filter passes it as it is, neither enveloped nor signed, rather than answering it itself
+    (an upstream filter's answer would go straight to the client). Bedrock refuses it
+    unsigned before reading it (the mock's face records no such request: measured, its 403
+    `MissingAuthenticationTokenException`), the refusal is held, and the first try's answer
+    is waited for."""
+    rig.configure(hedge=True, ratio=0.0)
+    refused = otel_metrics.value(tm.HEDGES, result="refused")
+    rig.mock.set_behaviour(MOCK_AWS_ACCESS_KEY_ID, SLOW["stream" if stream else "json"](1.2))
+    message, headers = await anthropic_message(client, REQUEST, stream)
+    assert message.content[0].text
+    assert headers["x-switchyard-account"] == "aws"
+    assert headers["x-switchyard-attempts"] == "1"
+    assert otel_metrics.value(tm.HEDGES, result="refused") == refused + 1  # Envoy's second try
+    verb = "invoke-with-response-stream" if stream else "invoke"
+    [first] = rig.mock.requests
+    assert (first.key, first.path) == (MOCK_AWS_ACCESS_KEY_ID, f"/model/{OPUS_ID}/{verb}")

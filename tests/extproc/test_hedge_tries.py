@@ -128,6 +128,36 @@ async def test_a_started_hedge_names_its_try_and_has_its_own_first_token_bound()
     assert own == pytest.approx(sent_at + 0.3 + 5)  # b's, from the hedge's send
 
 
+def _name(account: Any) -> str | None:
+    return None if account is None else str(account.name)
+
+
+async def test_each_try_goes_out_as_its_own_account_through_the_race() -> None:
+    """`account_of`, what the retry filter gives the hedge and the cloud filter signs each
+    try as: before the hedge, the request's; racing, each try's own (the request's context
+    still names the first's); once the hedge won, the hedge's account is the request's, and a
+    hedge that lost goes out as none."""
+    _, machine = sent(config())
+    hedge = ht.arm(machine)
+    assert hedge is not None
+    assert _name(ht.account_of(hedge, machine, ht.Try.FIRST)) == "a"
+    assert _name(ht.account_of(None, machine, ht.Try.FIRST)) == "a"  # not on the hedge route
+    await ht.start(hedge, machine, 2)
+    racing = [_name(ht.account_of(hedge, machine, which)) for which in ht.Try]
+    assert racing == ["a", "b", None]  # FIRST, HEDGE, VOID
+    assert _name(machine.ctx.account) == "a"
+    ht.won(hedge, machine, ht.Try.HEDGE)
+    assert _name(ht.account_of(hedge, machine, ht.Try.HEDGE)) == "b"
+
+    _, machine = sent(config())
+    hedge = ht.arm(machine)
+    assert hedge is not None
+    await ht.start(hedge, machine, 2)
+    ht.won(hedge, machine, ht.Try.FIRST)
+    assert ht.account_of(hedge, machine, ht.Try.HEDGE) is None  # lost before it went out
+    assert _name(ht.account_of(hedge, machine, ht.Try.FIRST)) == "a"
+
+
 async def test_no_budget_makes_a_void_try_that_is_held(capsys: pytest.CaptureFixture[str]) -> None:
     _, machine = sent(config().replace("hedge_max_ratio = 1.0", "hedge_max_ratio = 0.0"))
     hedge = ht.arm(machine)

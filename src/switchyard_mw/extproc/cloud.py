@@ -3,7 +3,10 @@
 Envoy runs this filter in a cloud cluster's upstream chain, nearest the codec, once per
 attempt (gRPC metadata `x-switchyard-filter: cloud`), so it sees the request as it finally
 goes out (the account the router-level stream or, on a retry, the upstream-level filter chose,
-the body in that account's model name) and the answer before any other switchyard filter:
+the body in that account's model name) and the answer before any other switchyard filter. On
+the hedge route both tries are in flight at once while the request's context names the first
+try's account: each stream names its try by its own `x-envoy-attempt-count` and goes out as
+that try's account (`hedge_tries.account_of`: the hedge's, or none for a void try).
 
 - the buffered request body is re-enveloped and authenticated by the forwarding app's own code
   (`Account.outbound`: `clouds.bedrock`/`clouds.vertex` for the envelope, `clouds.aws_sigv4`
@@ -40,6 +43,7 @@ from ..clouds.bedrock import anthropic_error_of
 from ..errors import CloudCredentialError, RemoteProtocolError, WireError
 from ..wire import Wire
 from . import _messages as msg
+from . import hedge_tries
 from .flights import Flight, Flights, Judged, out_of_order
 from .router import REQUEST_ID_HEADER
 
@@ -71,6 +75,9 @@ class CloudStream:
     def __init__(self, flights: Flights) -> None:
         self.flights = flights
         self.flight: Flight | None = None
+        self.attempt: int | None = None
+        """Envoy's number of the try (`x-envoy-attempt-count`): on the hedge route, it tells
+        the hedge's try from the first (`hedge_tries.which`)."""
         self.account: Account | None = None
         """The attempt's account, when it is a cloud account (taken at the body phase)."""
         self.headers: msg.Headers = {}
@@ -92,6 +99,7 @@ class CloudStream:
         if kind == "request_headers":
             self.headers = msg.headers_of(request.request_headers, _READ_REQUEST)
             self.flight = self.flights.find(self.headers.get(REQUEST_ID_HEADER))
+            self.attempt = hedge_tries.attempt_of(request)
             return msg.UNCHANGED_REQUEST_HEADERS
         if kind == "request_body":
             return await self.on_request_body(request.request_body.body)
@@ -104,7 +112,7 @@ class CloudStream:
     async def on_request_body(self, body: bytes) -> ep.ProcessingResponse:
         """The attempt's body in the cloud's envelope, with the credential made over it."""
         flight = self.flight
-        account = None if flight is None else flight.ctx.account
+        account = None if flight is None else self._account_of(flight)
         if flight is None or account is None or account.cloud is None:
             return msg.request_body()
         self.account = account
@@ -123,6 +131,16 @@ class CloudStream:
         sets.append(("content-length", str(len(outbound.body)).encode()))
         sets += [(k.lower(), v.encode("latin-1")) for k, v in outbound.headers if k != "host"]
         return msg.request_body(msg.mutation(sets, _CALLER_CREDENTIALS), outbound.body)
+
+    def _account_of(self, flight: Flight) -> Account | None:
+        """The account this try goes out as: the request's attempt's (the first try's, or a
+        retry's), or, on the hedge route, the hedge's for the hedge's try, none for a void
+        try (it goes out as the retry filter left it: no credential, no prompt)."""
+        machine = flight.machine
+        if machine is None:
+            return flight.ctx.account
+        which = hedge_tries.which(flight.hedge, self.attempt)
+        return hedge_tries.account_of(flight.hedge, machine, which)
 
     def _without_credential(
         self, account: Account, path: str, exc: CloudCredentialError

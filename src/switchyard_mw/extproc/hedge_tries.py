@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from google.protobuf.duration_pb2 import Duration
 
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from ..accounts import Account
 from ..engine.machine import AskBudget, AttemptMachine, Send, State
 
 ATTEMPT_HEADER = "x-envoy-attempt-count"
@@ -137,6 +138,21 @@ def which(hedge: Hedge | None, attempt: int | None) -> Try:
     if hedge is None or attempt is None or attempt != hedge.hedge_try:
         return Try.FIRST
     return Try.VOID if hedge.race is Race.VOID else Try.HEDGE
+
+
+def account_of(hedge: Hedge | None, machine: AttemptMachine, which: Try) -> Account | None:
+    """The account try `which` of the request goes out as: the hedge's while it races (the
+    request's context goes on naming the first try's account until the hedge wins), none for
+    the void try or a hedge that lost already, else the request's attempt's (the first
+    try's, or a retry's once the machine gave it its account). The retry filter gives the
+    hedge its credential and body by it, the cloud filter its envelope and signature."""
+    if which is Try.VOID or hedge is None:
+        return None if which is Try.VOID else machine.ctx.account
+    if which is Try.HEDGE and hedge.race is Race.RACING:
+        return machine.hedge_account
+    if which is Try.HEDGE and hedge.winner is not Try.HEDGE:
+        return None
+    return machine.ctx.account
 
 
 def lost_already(hedge: Hedge, which: Try) -> bool:

@@ -264,7 +264,7 @@ class UpstreamStream:
             return answer
         # The hedge's own context: the request's goes on naming the first try's account.
         own = copy.copy(flight.ctx)
-        own.account = machine.hedge_account
+        own.account = hedge_tries.account_of(hedge, machine, hedge_tries.Try.HEDGE)
         answer = self._credentials(own, flight.path, action)
         return answer
 
