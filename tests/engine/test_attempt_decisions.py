@@ -399,6 +399,17 @@ def test_a_retry_at_the_deadline_less_envoy_s_timer_slack_is_the_deadline_s(
     assert env.ctx.deadline_phase == (Phase.HEADERS if late else None)
 
 
+def test_an_attempt_that_answered_is_past_no_deadline() -> None:
+    """Only an attempt in flight that has not answered can be past its deadline: a retry
+    Envoy makes after an answer (a 429's wait, however long) is no timeout's."""
+    env = Env(body=STREAM)
+    m = env.started()
+    env.ctx.attempt_deadline_secs = 2.0
+    m.started(429)
+    env.clock.now += 10.0
+    assert m.past_deadline() is False
+
+
 def test_late_content_with_no_retry_that_can_go_now_is_the_machine_s_504() -> None:
     """The first-token filter's expiry behind Envoy: another account was free when the
     content was late, but none on the cluster the retry goes to; Envoy retries now or never,

@@ -728,8 +728,8 @@ class AttemptMachine:
         from its send, less `TIMER_SLACK_SECS`): a front's retry of it is then the deadline's,
         not a dropped connection's."""
         bound, sent_at = self.ctx.attempt_deadline_secs, self._sent_at
-        if bound is None or sent_at is None:
-            return False
+        if self.state is not _SENT or bound is None or sent_at is None:
+            return False  # no attempt in flight that has not answered
         return self._clock() - sent_at >= bound - TIMER_SLACK_SECS
 
     def content_late(self) -> End:
