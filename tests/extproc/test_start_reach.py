@@ -1,5 +1,5 @@
 """The per-try timeout under Envoy when the accounts a request's tries may reach have different
-bounds (`Policies.reach_secs`, `Policies.deadline_headers`).
+bounds (`Policies.reach`, `Policies.deadline_headers`).
 
 Envoy's router reads `x-envoy-upstream-rq-per-try-timeout-ms` once, at routing, and keeps it
 for every try of the request: set to the first account's bound, a retry on an account with a
@@ -91,7 +91,7 @@ def test_the_reach_is_the_longest_start_among_the_accounts_tries_may_go_to(
     text: str, model: str, reach: float
 ) -> None:
     view = read_request(Wire.ANTHROPIC, _stream(model))
-    assert policies(text).reach_secs("a1", model, view) == reach
+    assert policies(text).reach("a1", model).secs(view) == reach
 
 
 @pytest.mark.parametrize(
@@ -112,7 +112,7 @@ def test_a_whole_answers_reach_is_the_longest_time_to_be_whole(
     text: str, max_tokens: int, reach: float
 ) -> None:
     view = read_request(Wire.ANTHROPIC, _json("m", max_tokens))
-    assert policies(text).reach_secs("a1", "m", view) == reach
+    assert policies(text).reach("a1", "m").secs(view) == reach
 
 
 def _stream(model: str) -> bytes:

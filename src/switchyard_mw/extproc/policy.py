@@ -135,9 +135,9 @@ class Policies:
             for name, options in self.auth_options.items()
             if self.aggregates.route(cluster := self.cluster_of(name)) != cluster
         }
-        self._orders: dict[tuple[str, str], _Reach] = {}
+        self._orders: dict[tuple[str, str], Reach] = {}
         """By (cluster, model): the clusters a request goes to, and the accounts its tries may
-        go to there (`order`, `reach_secs`)."""
+        go to there (`reach`)."""
         renames = any(a.renames for a in self.accounts.values())
         self.renaming = engine.rewrites_retries
         """Whether some account has its own model names or path: a retry's body and `:path`
@@ -202,30 +202,11 @@ class Policies:
         """The attempt machine of `flight`'s request: its spans hang under the request's."""
         return self.engine.machine(flight.ctx, traced=flight.span is not None, parent=flight.span)
 
-    def order(self, account: str, model: str) -> tuple[str, ...]:
-        """The clusters a request for `model` that starts on `account` goes to, attempt after
-        attempt: the aggregate its cluster heads when another provider in it serves the model
-        or a model of its fallback chains; else its cluster alone, whose other keys then take
-        its retries (through the aggregate they would go to a provider with none to serve)."""
-        return self._reach(self.cluster_of(account), model).order
-
-    def reach_secs(self, account: str, model: str, view: RequestView | None) -> float:
-        """The longest first bound (`attempts.deadline_secs`: a stream's time to start, else
-        the time to be whole) among the accounts Envoy may send a try of the request `view`
-        for `model`, starting on `account`, to: those of `order`'s clusters that serve it or a
-        model of its chains (0: none). Envoy reads a request's per-try timeout once, for every
-        try: below this, a retry on an account with a longer bound would be cut before it."""
-        if view is None:
-            return 0.0
-        reach = self._reach(self.cluster_of(account), model)
-        if view.stream:
-            return reach.start_secs
-        if reach.alike:  # the usual config: every try's bound is the first's own
-            return 0.0
-        # A whole answer's bound grows with the request's output cap: asked per request.
-        return max((deadline_secs(view, spec) for spec in reach.specs), default=0.0)
-
-    def _reach(self, cluster: str, model: str) -> _Reach:
+    def reach(self, account: str, model: str) -> Reach:
+        """Where the tries of a request for `model` that starts on `account` may go: the
+        clusters in turn (`Reach.order`) and how long the accounts there may take
+        (`Reach.secs`). Built once per (cluster, model)."""
+        cluster = self.cluster_of(account)
         key = (cluster, model)  # bounded: a lease's model is a configured one
         found = self._orders.get(key)
         if found is None:
@@ -242,7 +223,7 @@ class Policies:
             specs = tuple(self.accounts[a].spec for a in serving if self.cluster_of(a) in order)
             start = max((start_secs(spec) for spec in specs), default=0.0)
             alike = len({(spec.timeout_secs, spec.default_max_tokens) for spec in specs}) <= 1
-            found = self._orders[key] = _Reach(order, specs, start, alike)
+            found = self._orders[key] = Reach(order, specs, start, alike)
         return found
 
     def routing(self, account: str, order: tuple[str, ...]) -> list[base_pb2.HeaderValueOption]:
@@ -273,7 +254,7 @@ class Policies:
         the next account: a stream must start within its time to start, a whole answer is
         timed out when its headers (which come with it) are late. Envoy reads it once and
         keeps it for every try, so it is the longest first bound among the accounts the tries
-        may go to (`reach_secs`, `Policies.reach_secs`): no retry is cut before its own
+        may go to (`reach_secs`, `Reach.secs`): no retry is cut before its own
         account's bound. Each try's own bound is the processor's: a stream's first content is
         held to it by the first-token filter's timer, from the try's headers on; before them,
         an account with a shorter bound than another the request may reach is held to the
@@ -299,11 +280,14 @@ class Policies:
         return headers
 
 
-class _Reach(NamedTuple):
-    """Where a request's tries may go (`Policies._reach`)."""
+class Reach(NamedTuple):
+    """Where a request's tries may go (`Policies.reach`)."""
 
     order: tuple[str, ...]
-    """The clusters, attempt after attempt."""
+    """The clusters, attempt after attempt: the aggregate its cluster heads when another
+    provider in it serves the model or a model of its fallback chains; else its cluster
+    alone, whose other keys then take its retries (through the aggregate they would go to a
+    provider with none to serve)."""
     specs: tuple[LLMClient, ...]
     """The accounts on them that serve the model or a model of its chains."""
     start_secs: float
@@ -311,3 +295,18 @@ class _Reach(NamedTuple):
     alike: bool
     """Whether they all give a whole answer the same time (`timeout_secs`,
     `default_max_tokens`): then no try's bound is longer than the first's."""
+
+    def secs(self, view: RequestView | None) -> float:
+        """The longest first bound (`attempts.deadline_secs`: a stream's time to start, else
+        the time to be whole) among the accounts for the request `view` (0: none, or none
+        longer than the first account's own). Envoy reads a request's per-try timeout once,
+        for every try: below this, a retry on an account with a longer bound would be cut
+        before it."""
+        if view is None:
+            return 0.0
+        if view.stream:
+            return self.start_secs
+        if self.alike:  # the usual config: every try's bound is the first's own
+            return 0.0
+        # A whole answer's bound grows with the request's output cap: asked per request.
+        return max((deadline_secs(view, spec) for spec in self.specs), default=0.0)

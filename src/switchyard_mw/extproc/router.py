@@ -276,7 +276,8 @@ class RouterStream:
             return self._unsent(action, ctx)
         lease = action.lease
         flight.cluster = cluster = self.p.cluster_of(lease.account)
-        flight.order = order = self.p.order(lease.account, action.model)
+        reach = self.p.reach(lease.account, action.model)
+        flight.order = order = reach.order
         flight.sent_to.append(cluster)
         # The machine's reach: the accounts of the cluster Envoy sends the next attempt to,
         # however it starts (a retry, the hedge, a late first token's retry); through an
@@ -288,8 +289,7 @@ class RouterStream:
             self.flights.open(flight, request_id.decode("latin-1"))
         options = self.p.options
         sets = [*self.p.routing(lease.account, order)]
-        reach = self.p.reach_secs(lease.account, action.model, ctx.view)
-        timeouts = self.p.deadline_headers(machine, reach)
+        timeouts = self.p.deadline_headers(machine, reach.secs(ctx.view))
         if self.p.server.envoy_hedge:  # off (the default): not even a call
             hedge = flight.hedge = hedge_tries.arm(machine)
             if hedge is not None:
