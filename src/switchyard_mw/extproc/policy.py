@@ -39,6 +39,8 @@ _log = logging.getLogger(__name__)
 CLUSTER_HEADER = "x-switchyard-cluster"
 TIMEOUT_HEADER = "x-envoy-upstream-rq-timeout-ms"
 PER_TRY_TIMEOUT_HEADER = "x-envoy-upstream-rq-per-try-timeout-ms"
+_MAX_TIMEOUTS = 1024
+"""Timeout headers kept by bounds (a whole answer's deadline grows with its output cap)."""
 HEDGE_HEADER = "x-switchyard-hedge"
 """Set on a request Envoy may hedge: it picks the route with the `hedge_policy`."""
 
@@ -136,6 +138,8 @@ class Policies:
             if self.aggregates.route(cluster := self.cluster_of(name)) != cluster
         }
         self._orders: dict[tuple[str, str], Reach] = {}
+        self._timeouts: dict[tuple[float, float, bool], list[tuple[str, bytes]]] = {}
+        """`deadline_headers` of requests without a budget, by their bounds."""
         """By (cluster, model): the clusters a request goes to, and the accounts its tries may
         go to there (`reach`)."""
         renames = any(a.renames for a in self.accounts.values())
@@ -243,9 +247,8 @@ class Policies:
         kept = [(k, v) for k, v in timeouts if k != PER_TRY_TIMEOUT_HEADER]
         return [*kept, (HEDGE_HEADER, b"1"), (PER_TRY_TIMEOUT_HEADER, _ms(after_secs))]
 
-    @staticmethod
     def deadline_headers(
-        machine: AttemptMachine, reach_secs: float = 0.0
+        self, machine: AttemptMachine, reach_secs: float = 0.0
     ) -> list[tuple[str, bytes]]:
         """The Envoy timeouts that enforce the attempt's deadline (`machine.deadline`).
 
@@ -270,14 +273,30 @@ class Policies:
         if view is None:
             return []
         attempt, left = machine.deadline(time.monotonic())
-        per_try = max(attempt, reach_secs)
-        total = left if view.stream else 2 * per_try if left is None else min(2 * per_try, left)
-        if left is not None:
-            per_try = min(per_try, left)
-        headers = [(PER_TRY_TIMEOUT_HEADER, _ms(per_try))]
-        if total is not None:
-            headers.append((TIMEOUT_HEADER, _ms(total)))
-        return headers
+        if left is None:  # the usual request: the same bounds give the same headers
+            key = (attempt, reach_secs, view.stream)
+            found = self._timeouts.get(key)
+            if found is None:
+                if len(self._timeouts) >= _MAX_TIMEOUTS:  # a deadline grows with max_tokens
+                    self._timeouts.clear()
+                found = self._timeouts[key] = _timeouts(attempt, reach_secs, None, view.stream)
+            return found
+        return _timeouts(attempt, reach_secs, left, view.stream)
+
+
+def _timeouts(
+    attempt: float, reach_secs: float, left: float | None, stream: bool
+) -> list[tuple[str, bytes]]:
+    """`Policies.deadline_headers` for an attempt's own bound, the longest of its request's
+    tries and what is left of the caller's budget (None: no budget)."""
+    per_try = max(attempt, reach_secs)
+    total = left if stream else 2 * per_try if left is None else min(2 * per_try, left)
+    if left is not None:
+        per_try = min(per_try, left)
+    headers = [(PER_TRY_TIMEOUT_HEADER, _ms(per_try))]
+    if total is not None:
+        headers.append((TIMEOUT_HEADER, _ms(total)))
+    return headers
 
 
 class Reach(NamedTuple):

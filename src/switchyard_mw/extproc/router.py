@@ -275,9 +275,9 @@ class RouterStream:
         if not isinstance(action, Send):
             return self._unsent(action, ctx)
         lease = action.lease
-        flight.cluster = cluster = self.p.cluster_of(lease.account)
         reach = self.p.reach(lease.account, action.model)
         flight.order = order = reach.order
+        flight.cluster = cluster = order[0]  # the account's: the one its order starts with
         flight.sent_to.append(cluster)
         # The machine's reach: the accounts of the cluster Envoy sends the next attempt to,
         # however it starts (a retry, the hedge, a late first token's retry); through an
