@@ -39,10 +39,10 @@ _log = logging.getLogger(__name__)
 CLUSTER_HEADER = "x-switchyard-cluster"
 TIMEOUT_HEADER = "x-envoy-upstream-rq-timeout-ms"
 PER_TRY_TIMEOUT_HEADER = "x-envoy-upstream-rq-per-try-timeout-ms"
-_MAX_TIMEOUTS = 1024
-"""Timeout headers kept by bounds (a whole answer's deadline grows with its output cap)."""
 HEDGE_HEADER = "x-switchyard-hedge"
 """Set on a request Envoy may hedge: it picks the route with the `hedge_policy`."""
+_MAX_TIMEOUTS = 1024
+"""Timeout headers kept by bounds (a whole answer's deadline grows with its output cap)."""
 
 
 def _ms(secs: float) -> bytes:
@@ -138,10 +138,10 @@ class Policies:
             if self.aggregates.route(cluster := self.cluster_of(name)) != cluster
         }
         self._orders: dict[tuple[str, str], Reach] = {}
-        self._timeouts: dict[tuple[float, float, bool], list[tuple[str, bytes]]] = {}
-        """`deadline_headers` of requests without a budget, by their bounds."""
         """By (cluster, model): the clusters a request goes to, and the accounts its tries may
         go to there (`reach`)."""
+        self._timeouts: dict[tuple[float, float, bool], list[tuple[str, bytes]]] = {}
+        """`deadline_headers` of requests without a budget, by their bounds."""
         renames = any(a.renames for a in self.accounts.values())
         self.renaming = engine.rewrites_retries
         """Whether some account has its own model names or path: a retry's body and `:path`
