@@ -99,6 +99,21 @@ def _valgrind(cmd: Sequence[str], label: str) -> list[str]:
     return ["valgrind", "--tool=callgrind", f"--callgrind-out-file={profile}", *cmd]
 
 
+def _same_bytecode(cmd: Sequence[str], prefix: Path) -> dict[str, str]:
+    """The environment for counted runs of `cmd` that all load the same bytecode: one run of
+    it outside valgrind first writes every module's bytecode under `prefix`
+    (PYTHONPYCACHEPREFIX), and the counted runs read it there and write none. Two counted
+    runs that differ only in their number of requests could otherwise differ by millions of
+    instructions in start-up, one compiling modules from source that the other found compiled
+    (whatever else writes `__pycache__` meanwhile), and each run's string hashes differ unless
+    seeded alike: a difference of two runs divided by the requests would come out as noise,
+    even negative."""
+    env = {**os.environ, "PYTHONPYCACHEPREFIX": str(prefix), "PYTHONHASHSEED": "0"}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, check=True)
+    return {**env, "PYTHONDONTWRITEBYTECODE": "1"}
+
+
 def _collected(output: bytes) -> int:
     found = _COLLECTED.findall(output)
     if not found:
@@ -132,23 +147,30 @@ def _child_inproc(name: str, label: str, size: str, n: int) -> None:
     asyncio.run(main())
 
 
-def _inproc_count(name: str, label: str, size: str, n: int) -> int:
+def _inproc_count(name: str, label: str, size: str, n: int, env: dict[str, str]) -> int:
     cmd = [PYTHON, __file__, "--child-inproc", name, label, size, str(n)]
     kept = f"inproc-{name}-{label}-{size}-{n}".replace(" ", "_").replace("/", "_")
-    done = subprocess.run(_valgrind(cmd, kept), cwd=ROOT, capture_output=True, check=False)
+    done = subprocess.run(_valgrind(cmd, kept), cwd=ROOT, env=env, capture_output=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{name} [{label}] failed: {done.stderr[-2000:]!r}")
     return _collected(done.stderr)
 
 
 def inproc(names: Sequence[str], label: str, size: str, n: int, jobs: int) -> dict[str, float]:
-    with _pool(jobs) as pool:
-        runs = {
-            (name, k): pool.submit(_inproc_count, name, label, size, k)
+    with tempfile.TemporaryDirectory() as prefix:
+        envs = {
+            name: _same_bytecode(
+                [PYTHON, __file__, "--child-inproc", name, label, size, "0"], Path(prefix)
+            )
             for name in names
-            for k in (0, n)
         }
-        return {name: (runs[name, n].result() - runs[name, 0].result()) / n for name in names}
+        with _pool(jobs) as pool:
+            runs = {
+                (name, k): pool.submit(_inproc_count, name, label, size, k, envs[name])
+                for name in names
+                for k in (0, n)
+            }
+            return {name: (runs[name, n].result() - runs[name, 0].result()) / n for name in names}
 
 
 def _child_read(size: str, n: int) -> None:
@@ -167,18 +189,20 @@ def _child_read(size: str, n: int) -> None:
 def read_alone(size: str, n: int, jobs: int) -> float:
     """Instructions of one `wire.read_request` on section 3's body of `size`, in process."""
 
-    def count(k: int) -> int:
+    def count(k: int, env: dict[str, str]) -> int:
         cmd = [PYTHON, __file__, "--child-read", size, str(k)]
         done = subprocess.run(
-            _valgrind(cmd, f"read-{size}-{k}"), cwd=ROOT, capture_output=True, check=False
+            _valgrind(cmd, f"read-{size}-{k}"), cwd=ROOT, env=env, capture_output=True, check=False
         )
         if done.returncode != 0:
             raise RuntimeError(f"read_request alone failed: {done.stderr[-2000:]!r}")
         return _collected(done.stderr)
 
-    with _pool(jobs) as pool:
-        runs = {k: pool.submit(count, k) for k in (0, n)}
-        return (runs[n].result() - runs[0].result()) / n
+    with tempfile.TemporaryDirectory() as prefix:
+        env = _same_bytecode([PYTHON, __file__, "--child-read", size, "0"], Path(prefix))
+        with _pool(jobs) as pool:
+            runs = {k: pool.submit(count, k, env) for k in (0, n)}
+            return (runs[n].result() - runs[0].result()) / n
 
 
 @contextlib.contextmanager
