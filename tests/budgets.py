@@ -10,8 +10,10 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import Any, TypeVar
 
 import pytest
 
@@ -24,6 +26,27 @@ def recorded(path: Path) -> dict[str, int]:
     """The budgets `path` records for this Python version."""
     budgets: dict[str, dict[str, int]] = json.loads(path.read_text())
     return budgets.get(VERSION, {})
+
+
+T = TypeVar("T")
+
+
+async def calls_of(work: Awaitable[T]) -> tuple[int, T]:
+    """The Python-level calls ("call" and "c_call" profile events) made while awaiting
+    `work`, and its result."""
+    events = 0
+
+    def profile(frame: FrameType, event: str, arg: object) -> None:
+        nonlocal events
+        if event in ("call", "c_call"):
+            events += 1
+
+    sys.setprofile(profile)
+    try:
+        result = await work
+    finally:
+        sys.setprofile(None)
+    return events, result
 
 
 def counted_apart(script: Path) -> dict[str, int]:

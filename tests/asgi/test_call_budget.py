@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
 
 import pytest
 
-from budgets import ANSWERS, CONFIG, ENV, TENANTS, VERSION, WIRES, check, counted_apart
+from budgets import ANSWERS, CONFIG, ENV, TENANTS, VERSION, WIRES, calls_of, check, counted_apart
 from switchyard_mw.asgi._types import Message, Receive, Scope, Send
 from switchyard_mw.asgi.stack import SwitchyardStack, switchyard_stack
 from switchyard_mw.config import parse_config
@@ -100,18 +98,7 @@ def count_calls(wire: str, *, stream: bool, failover: bool, tenants: bool = Fals
         config = parse_config(CONFIG + "failure_threshold = 1000\n" + (TENANTS if tenants else ""))
         stack = switchyard_stack(upstream, config=config, environ=ENV, reload_on_signal=False)
         await one_request(stack, path, body)  # warm-up
-        events = 0
-
-        def profile(frame: FrameType, event: str, arg: object) -> None:
-            nonlocal events
-            if event in ("call", "c_call"):
-                events += 1
-
-        sys.setprofile(profile)
-        try:
-            sent = await one_request(stack, path, body)
-        finally:
-            sys.setprofile(None)
+        events, sent = await calls_of(one_request(stack, path, body))
         assert sent[0]["status"] == 200, sent[0]
         assert b"Hello" in b"".join(m.get("body", b"") for m in sent[1:])
         await stack.aclose()

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from pathlib import Path
-from types import FrameType
 
 import pytest
 
-from budgets import ANSWERS, CONFIG, ENV, VERSION, WIRES, check, counted_apart
+from budgets import ANSWERS, CONFIG, ENV, VERSION, WIRES, calls_of, check, counted_apart
 from extproc_helpers import (
     Stream,
     request_body,
@@ -82,18 +80,7 @@ def count_calls(wire: str, *, stream: bool, failover: bool) -> int:
         config = parse_config(ROUTED + "failure_threshold = 1000\n")
         servicer = ExtProcServicer(Policies(config, build_accounts(config, ENV)))
         await one_request(servicer, 0, wire, stream=stream, failover=failover)  # warm-up
-        events = 0
-
-        def profile(frame: FrameType, event: str, arg: object) -> None:
-            nonlocal events
-            if event in ("call", "c_call"):
-                events += 1
-
-        sys.setprofile(profile)
-        try:
-            await one_request(servicer, 1, wire, stream=stream, failover=failover)
-        finally:
-            sys.setprofile(None)
+        events, _ = await calls_of(one_request(servicer, 1, wire, stream=stream, failover=failover))
         return events
 
     return asyncio.run(run())
