@@ -187,6 +187,21 @@ SLOW_STREAM = Behaviour(stall_after_chunks=0, body_stall_secs=2.0)
 """Headers and the opening events at once, the first content 2 s later: hedged long before."""
 SLOW_JSON = Behaviour(headers_delay_secs=2.0)
 """A JSON answer 2 s late (its headers come with it)."""
+SLOW_FIRST = Behaviour(stall_after_chunks=0, body_stall_secs=1.2)
+"""A first content 1.2 s after the headers: hedged, yet in time to win over a failed rival."""
+
+
+def _excepting(exception: str, after_secs: float = 0.0) -> Behaviour:
+    """A Bedrock stream whose headers and opening events come at once and which, after
+    `after_secs`, carries Bedrock's `exception` message before any content."""
+    return Behaviour(
+        fail="error_mid_stream",
+        stall_after_chunks=0,
+        body_stall_secs=after_secs,
+        bedrock_exception=exception,
+    )
+
+
 CLOUD_CLUSTERS = frozenset(["bedrock", "vertex"])
 BODY = msgspec.json.encode(
     {"model": "claude-opus-5", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
@@ -372,17 +387,54 @@ HEDGE_SCENARIOS = {
     "the Bedrock hedge throttled (its own key's 429) loses: the first stream answers": Scenario(
         HEDGED,
         {
-            FIRST_KEY: Behaviour(stall_after_chunks=0, body_stall_secs=1.2),
+            FIRST_KEY: SLOW_FIRST,
             SECOND_KEY: Behaviour(status=429),
         },
         served_by=(FIRST_KEY, OPUS_US),
         stream=True,
         hedged={"lost": 1},
     ),
+    "an InternalServerException in the Bedrock hedge's stream before content: the hedge's "
+    "500 fault, the first stream answers": Scenario(
+        HEDGED,
+        {FIRST_KEY: SLOW_FIRST, SECOND_KEY: _excepting("InternalServerException")},
+        served_by=(FIRST_KEY, OPUS_US),
+        stream=True,
+        charged=("aws-second", "500"),
+        hedged={"lost": 1},
+    ),
+    "a ThrottlingException in the Bedrock hedge's stream before content: a throttle, the "
+    "first stream answers": Scenario(
+        HEDGED,
+        {FIRST_KEY: SLOW_FIRST, SECOND_KEY: _excepting("ThrottlingException")},
+        served_by=(FIRST_KEY, OPUS_US),
+        stream=True,
+        hedged={"lost": 1},
+    ),
+    "a ModelStreamErrorException in the first Bedrock stream while the hedge races: its 502 "
+    "fault, the hedge answers": Scenario(
+        HEDGED,
+        {
+            FIRST_KEY: _excepting("ModelStreamErrorException", after_secs=HEDGE_SECS * 2),
+            SECOND_KEY: SLOW_FIRST,
+        },
+        served_by=(SECOND_KEY, OPUS_EU),
+        stream=True,
+        charged=("aws", "502"),
+        hedged={"won": 1},
+    ),
+    "an InternalServerException in the first Bedrock stream before the hedge time: its 500 "
+    "fault, the next account": Scenario(
+        HEDGED,
+        {FIRST_KEY: _excepting("InternalServerException"), SECOND_KEY: Behaviour()},
+        served_by=(SECOND_KEY, OPUS_EU),
+        stream=True,
+        charged=("aws", "500"),
+    ),
     "no hedge budget: Envoy's second try goes out void, the first Bedrock stream answers": (
         Scenario(
             HEDGED.replace("hedge_max_ratio = 1.0", "hedge_max_ratio = 0.0"),
-            {FIRST_KEY: Behaviour(stall_after_chunks=0, body_stall_secs=1.2)},
+            {FIRST_KEY: SLOW_FIRST},
             served_by=(FIRST_KEY, OPUS_US),
             stream=True,
             hedged={"refused": 1},

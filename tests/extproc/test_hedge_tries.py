@@ -207,6 +207,63 @@ async def test_a_try_refused_while_racing_loses_as_its_account_fault(
     assert not ht.refused(hedge, machine, other, 503)  # the survivor's: the machine's rules
 
 
+@pytest.mark.parametrize(
+    ("which", "status", "faults", "account"),
+    [
+        (ht.Try.HEDGE, 500, [0, 1], "a"),
+        (ht.Try.HEDGE, 429, [0, 0], "a"),  # a throttle: no fault
+        (ht.Try.FIRST, 502, [1, 0], "b"),
+    ],
+)
+async def test_a_cloud_error_in_a_racing_try_is_its_own_and_loses_it_the_race(
+    which: ht.Try, status: int, faults: list[int], account: str
+) -> None:
+    """A try's stream carried the cloud's own error while the two race: kept for that try
+    (not the request's context, which names the first's account), and when its answer would
+    go on the try loses with that status, charged to its own account."""
+    policies, machine = sent(config())
+    hedge = ht.arm(machine)
+    assert hedge is not None
+    await ht.start(hedge, machine, 2)
+    ht.report(hedge, machine.ctx, ht.account_of(hedge, machine, which), which, status)
+    assert machine.ctx.upstream_status is None
+    other = ht.Try.FIRST if which is ht.Try.HEDGE else ht.Try.HEDGE
+    assert not ht.failed_in_stream(hedge, machine, other)  # nothing kept for the other
+    assert ht.failed_in_stream(hedge, machine, which)  # it lost: held until Envoy resets it
+    assert (hedge.race, hedge.winner) == (ht.Race.OVER, other)
+    assert [policies.engine.pool.status_of(n).consecutive_faults for n in "ab"] == faults
+    assert machine.ctx.account is not None
+    assert machine.ctx.account.name == account
+    assert not ht.failed_in_stream(hedge, machine, which)  # judged once
+
+
+async def test_a_cloud_error_outside_the_race_is_the_request_attempts() -> None:
+    """Before the hedge, and in the try that is the attempt once the race is over, the
+    status goes to the request's context (the machine's own rules judge it); a try that
+    lost is not heard."""
+    _, machine = sent(config())
+    hedge = ht.arm(machine)
+    assert hedge is not None
+    first = ht.account_of(hedge, machine, ht.Try.FIRST)
+    ht.report(hedge, machine.ctx, first, ht.Try.FIRST, 500)
+    assert machine.ctx.upstream_status == 500
+    assert hedge.reported == {}
+
+    _, machine = sent(config())
+    hedge = ht.arm(machine)
+    assert hedge is not None
+    await ht.start(hedge, machine, 2)
+    theirs = ht.account_of(hedge, machine, ht.Try.HEDGE)
+    ht.report(hedge, machine.ctx, theirs, ht.Try.HEDGE, 500)  # while racing: kept
+    ht.won(hedge, machine, ht.Try.HEDGE)  # its first content came with the error
+    assert machine.ctx.upstream_status == 500  # the attempt's now: the context's
+    assert not ht.failed_in_stream(hedge, machine, ht.Try.HEDGE)
+    machine.ctx.upstream_status = None
+    ht.report(hedge, machine.ctx, first, ht.Try.FIRST, 503)  # the loser's
+    assert machine.ctx.upstream_status is None
+    assert hedge.reported == {}
+
+
 @pytest.mark.parametrize(("which", "account"), [(ht.Try.HEDGE, "b"), (ht.Try.FIRST, "a")])
 async def test_the_first_json_answer_wins_and_the_other_is_held(
     which: ht.Try, account: str

@@ -78,6 +78,8 @@ class CloudStream:
         self.attempt: int | None = None
         """Envoy's number of the try (`x-envoy-attempt-count`): on the hedge route, it tells
         the hedge's try from the first (`hedge_tries.which`)."""
+        self.which = hedge_tries.Try.FIRST
+        """Which try of its request this stream's is (taken at the body phase)."""
         self.account: Account | None = None
         """The attempt's account, when it is a cloud account (taken at the body phase)."""
         self.headers: msg.Headers = {}
@@ -139,8 +141,8 @@ class CloudStream:
         machine = flight.machine
         if machine is None:
             return flight.ctx.account
-        which = hedge_tries.which(flight.hedge, self.attempt)
-        return hedge_tries.account_of(flight.hedge, machine, which)
+        self.which = hedge_tries.which(flight.hedge, self.attempt)
+        return hedge_tries.account_of(flight.hedge, machine, self.which)
 
     def _without_credential(
         self, account: Account, path: str, exc: CloudCredentialError
@@ -216,10 +218,12 @@ class CloudStream:
     def _report(self, status: int) -> None:
         """The status the stream's own error stands for, told the request's attempt machine
         through the context (`RequestContext.report_upstream`, as the forwarding app tells
-        it): only while this stream's attempt is the request's (its account's)."""
+        it) while this stream's try is the request's attempt (its account's); while the
+        hedged request's two tries race, kept for this try, to be judged as its own
+        (`hedge_tries.report`)."""
         flight = self.flight
-        if flight is not None and flight.ctx.account is self.account:
-            flight.ctx.report_upstream(status)
+        if flight is not None:
+            hedge_tries.report(flight.hedge, flight.ctx, self.account, self.which, status)
 
     def _mapped_body(self, body: bytes) -> ep.ProcessingResponse:
         """The buffered error answer replaced; its held headers get the status and length."""

@@ -13,7 +13,10 @@ front's (`engine.content_events`), and
   `exception` message, reported by the cloud filter: `extproc.cloud`), the machine hears
   the start and the end the forwarding app's attempt driver tells it: it fails over (the
   headers answered `x-switchyard-retry: 1`) where another account can take the request now,
-  as through the forwarding app; else the stream goes on with its error event;
+  as through the forwarding app; else the stream goes on with its error event. A try of a
+  hedged request that carried it while the other try races loses the race with that error's
+  status, charged to its own account, and the other goes on (`hedge_tries.failed_in_stream`,
+  as the ASGI front's race gives a run that ended without content);
 - when the bound (`AttemptMachine.first_content_due`) passes first, with no message
   arriving: the attempt is a deadline fault of phase `first_token`
   (`AttemptMachine.content_late`), and the headers are answered `x-switchyard-retry: 1`,
@@ -157,6 +160,8 @@ class FirstTokenStream:
         flight = self.flight
         if self._lost():
             return  # held until Envoy resets it: the other try is the request's attempt
+        if flight is not None and not content and self._lost_in_race(flight):
+            return  # its own error lost it the race: held until Envoy resets it, as above
         if flight is not None and flight.ctx.upstream_status is not None:
             failed = self._failed(flight)
             if failed is not None:
@@ -170,6 +175,15 @@ class FirstTokenStream:
                 flight.ctx.first_token_at = time.monotonic()
         self._answer(_PASS)
 
+    def _lost_in_race(self, flight: Flight) -> bool:
+        """Whether this try of a hedged request carried the cloud's own error before any
+        content while the other raced (the cloud filter kept its status for it): it lost,
+        with what that error says of its account (`hedge_tries.failed_in_stream`)."""
+        hedge, machine = flight.hedge, flight.machine
+        if hedge is None or machine is None:
+            return False
+        return hedge_tries.failed_in_stream(hedge, machine, self.which)
+
     def _failed(self, flight: Flight) -> ep.ProcessingResponse | None:
         """The answer to the held headers of a stream that carried the cloud's own error
         before they went on (the cloud filter reported its status): the machine hears the
@@ -177,7 +191,7 @@ class FirstTokenStream:
         it, the end, and Envoy is told what follows (`answer_after`: a retry). None: the
         stream goes on, its attempt settled at its end by the router-level stream."""
         machine = flight.machine
-        if machine is None or machine.state is not State.SENT or flight.hedge is not None:
+        if machine is None or machine.state is not State.SENT or hedge_tries.racing(flight.hedge):
             return None  # not this request's attempt to judge here (a hedge races for it)
         if machine.started(self.status) is FORWARD:
             return None

@@ -25,8 +25,10 @@ settles the race at them (`answered`).
   `tests/extproc/test_envoy_hedge_policy.py`), and the dynamic metadata one try's filter sets
   is read back by the other's (measured with a prototype that named tries so).
 - The try whose content comes first wins (`hedge_over(won=...)`): a stream's first content
-  event, a JSON answer's successful headers. A try refused or past its first-token bound
-  while the other races loses with what that says of its account, and is
+  event, a JSON answer's successful headers. A try refused, past its first-token bound or
+  whose stream carried the cloud's own error before content (the cloud filter keeps its
+  status for that try: `report`) while the other races loses with what that says of its
+  account, and is
   held (its headers never answered, `HOLD` asks Envoy for the time) until Envoy resets it for
   the other; so is a void try's refusal.
 
@@ -37,12 +39,13 @@ try fails before the hedge time has its one retry, as ever, and no hedge.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from google.protobuf.duration_pb2 import Duration
 
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from ..accounts import Account
+from ..context import RequestContext
 from ..engine.machine import AskBudget, AttemptMachine, Send, State
 
 ATTEMPT_HEADER = "x-envoy-attempt-count"
@@ -90,6 +93,9 @@ class Hedge:
     """Envoy's number of the hedge's try (or of the void try)."""
     winner: Try | None = None
     """The try that is the request's attempt once the race is over."""
+    reported: dict[Try, int] = field(default_factory=dict)
+    """The status a racing try's own stream stood for (a cloud's error inside it, `report`),
+    kept for that try: the request's context names the first try's account while they race."""
 
 
 def arm(machine: AttemptMachine) -> Hedge | None:
@@ -176,6 +182,9 @@ def won(hedge: Hedge, machine: AttemptMachine, which: Try) -> None:
         return
     hedge.race, hedge.winner = Race.OVER, which
     machine.hedge_over(won=which is Try.HEDGE)
+    kept = hedge.reported.pop(which, None)
+    if kept is not None:  # its stream's error came with its first content: the attempt's now
+        machine.ctx.report_upstream(kept)
     # The winner is the attempt in flight now: its account, and the time since its send.
     account, secs = machine.ctx.account, machine.since_sent()
     if account is not None and secs is not None:
@@ -203,6 +212,42 @@ def answered(hedge: Hedge, machine: AttemptMachine, which: Try) -> bool:
         return True
     won(hedge, machine, which)
     return False
+
+
+def report(
+    hedge: Hedge | None, ctx: RequestContext, account: Account | None, which: Try, status: int
+) -> None:
+    """Try `which` (on `account`) carried the cloud's own error inside its stream, which stands
+    for `status` (the cloud filter's word): kept for that try while the two race, to be
+    judged when its answer would go on (`failed_in_stream`); else told the request's context
+    when the try is its attempt, as the forwarding app's relay tells it
+    (`RequestContext.report_upstream`). A try that lost already is not heard."""
+    if hedge is not None and hedge.race is Race.RACING:
+        hedge.reported[which] = status
+    elif ctx.account is account:
+        ctx.report_upstream(status)
+
+
+def failed_in_stream(hedge: Hedge, machine: AttemptMachine, which: Try) -> bool:
+    """Try `which`'s answer would go on with the cloud's error it carried before any content
+    (`report`): True when it loses the race with what that error says of its account, the
+    other going on as the request's attempt (as the ASGI front's race gives a run that ended
+    without content while the other runs: `AttemptMachine.race_failed`), so it is held until
+    Envoy resets it; False when no such error was kept for it, or when the race is over and
+    the try is the request's attempt: its status goes to the request's context, and the
+    machine's own rules apply (the first-token filter's `_failed`)."""
+    status = hedge.reported.pop(which, None)
+    if status is None:
+        return False
+    if lost(hedge, machine, which, status):
+        return True
+    machine.ctx.report_upstream(status)
+    return False
+
+
+def racing(hedge: Hedge | None) -> bool:
+    """Whether two tries of the request race (neither is its attempt yet)."""
+    return hedge is not None and hedge.race is Race.RACING
 
 
 def refused(hedge: Hedge, machine: AttemptMachine, which: Try, status: int) -> bool:
