@@ -408,3 +408,36 @@ async def test_with_no_hedge_budget_the_void_try_goes_out_unsigned(
     verb = "invoke-with-response-stream" if stream else "invoke"
     [first] = rig.mock.requests
     assert (first.key, first.path) == (MOCK_AWS_ACCESS_KEY_ID, f"/model/{OPUS_ID}/{verb}")
+
+
+@pytest.mark.parametrize(
+    ("exception", "status", "fault"),
+    [("InternalServerException", "500", 1), ("ThrottlingException", "429", 0)],
+)
+async def test_a_bedrock_exception_in_the_hedges_stream_loses_it_the_race(
+    rig: Rig, client: Any, otel_metrics: Metrics, exception: str, status: str, fault: int
+) -> None:
+    """The hedge's event stream carries Bedrock's exception before any content while the
+    slow first try still races: the hedge loses, charged to its own account (the status the
+    exception stands for: a 500 fault, a 429 throttle), and the first try's answer reaches
+    the SDK, as through the forwarding app's race."""
+    policies = rig.configure(hedge=True)
+    lost = otel_metrics.value(tm.HEDGES, result="lost")
+    faults = {tm.ACCOUNT: "aws-second", "status": status}
+    charged = otel_metrics.value("switchyard.account.faults", **faults)
+    rig.mock.set_behaviour(MOCK_AWS_ACCESS_KEY_ID, SLOW["stream"](1.2))
+    rig.mock.set_behaviour(
+        SECOND_KEY_ID,
+        Behaviour(fail="error_mid_stream", stall_after_chunks=0, bedrock_exception=exception),
+    )
+    message, headers = await anthropic_message(client, REQUEST, True)
+    assert message.content[0].text
+    assert message.stop_reason == "end_turn"
+    assert headers["x-switchyard-account"] == "aws"
+    assert headers["x-switchyard-attempts"] == "2"
+    assert [r.key for r in rig.mock.requests] == [MOCK_AWS_ACCESS_KEY_ID, SECOND_KEY_ID]
+    assert otel_metrics.value(tm.HEDGES, result="lost") == lost + 1
+    pool = policies.pool
+    assert pool.status_of("aws-second", model="claude-opus-5").consecutive_faults == fault
+    assert otel_metrics.value("switchyard.account.faults", **faults) == charged + fault
+    assert pool.status_of("aws", model="claude-opus-5").consecutive_faults == 0
