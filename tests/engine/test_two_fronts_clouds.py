@@ -27,10 +27,12 @@ Compared as in test_two_fronts.py, and more: the error a cloud's refusal reaches
 (its type and text, mapped by the same code on either front) and the answer's text (a stream's
 through the SSE it became).
 
-A request on Envoy's hedge route (`HEDGE_SCENARIOS`, `[server] envoy_hedge`) is raced as
-test_two_fronts_hedge.py races it (`hedge_race`), each try through its own cloud filter stream
-told the try's `x-envoy-attempt-count`: each try must go out as its own account, and
-`switchyard.hedges` is compared too; a void try (no budget) is Envoy's only, checked on its own.
+A request on Envoy's hedge route (`HEDGE_SCENARIOS` and a Vertex one of `VERTEX_SCENARIOS`,
+`[server] envoy_hedge`) is raced as test_two_fronts_hedge.py races it (`hedge_race`), each try
+through its own cloud filter stream told the try's `x-envoy-attempt-count`: each try must go
+out as its own account, a Bedrock exception in a racing try's stream must be that try's own,
+and `switchyard.hedges` is compared too; a void try (no budget) is Envoy's only, checked on
+its own.
 
 One difference of the front, not in `sent`: a Vertex account whose token endpoint refused its
 key gets no request through the ASGI front, while under Envoy its attempt still goes out,
@@ -177,12 +179,24 @@ envoy_cluster = "vertex"
 each service account's `@email@` are the served mock's URL and key files (`vertex`)."""
 VERTEX_REVOKED_FIRST = VERTEX.replace(f"@{GOOD}@", f"@{REVOKED}@", 1)
 """As VERTEX, the first account's key revoked at the token endpoint."""
+ACCOUNTS = {FIRST_KEY: "aws", SECOND_KEY: "aws-second", GOOD: "gcp", OTHER: "gcp-other"}
+"""The account each key (access key id, service account) is."""
 HEDGE_SECS = 0.3
-HEDGED = "[server]\nenvoy_hedge = true\nhedge_max_ratio = 1.0\n" + BEDROCK.replace(
-    "cooldown_secs = 30\n", f"cooldown_secs = 30\nhedge_after_secs = {HEDGE_SECS}\n"
-)
+
+
+def _hedging(accounts: str) -> str:
+    """`accounts`, each hedging after HEDGE_SECS without content; under Envoy, on the hedge
+    route (`[server] envoy_hedge`)."""
+    server = "[server]\nenvoy_hedge = true\nhedge_max_ratio = 1.0\n"
+    hedging = f"cooldown_secs = 30\nhedge_after_secs = {HEDGE_SECS}\n"
+    return server + accounts.replace("cooldown_secs = 30\n", hedging)
+
+
+HEDGED = _hedging(BEDROCK)
 """BEDROCK, both accounts hedging after HEDGE_SECS without content; under Envoy, on the
 hedge route (`[server] envoy_hedge`)."""
+VERTEX_HEDGED = _hedging(VERTEX)
+"""VERTEX, hedged as HEDGED."""
 SLOW_STREAM = Behaviour(stall_after_chunks=0, body_stall_secs=2.0)
 """Headers and the opening events at once, the first content 2 s later: hedged long before."""
 SLOW_JSON = Behaviour(headers_delay_secs=2.0)
@@ -228,6 +242,9 @@ class Scenario:
     hedged: Mapping[str, int] | None = None
     """`switchyard.hedges` counted, by result, for a request whose first try was hedged (its
     two tries both reached the mock)."""
+    tries: tuple[tuple[str, str], ...] = ()
+    """A hedged request's two tries as the mock must see them: (key, model) of each, its own
+    account's (default: the two Bedrock accounts')."""
 
 
 SCENARIOS = {
@@ -470,6 +487,16 @@ VERTEX_SCENARIOS = {
     ),
     "a Vertex stream": Scenario(
         VERTEX, {GOOD: Behaviour()}, served_by=(GOOD, VERTEX_OPUS), stream=True
+    ),
+    "a Vertex stream slow to content: hedged on the next account, with that account's token": (
+        Scenario(
+            VERTEX_HEDGED,
+            {GOOD: SLOW_STREAM, OTHER: Behaviour()},
+            served_by=(OTHER, VERTEX_OPUS_OTHER),
+            stream=True,
+            hedged={"won": 1},
+            tries=((GOOD, VERTEX_OPUS), (OTHER, VERTEX_OPUS_OTHER)),
+        )
     ),
 }
 
@@ -1033,14 +1060,15 @@ async def _compare(run: Run, spans: InMemorySpanExporter, metrics: Metrics) -> N
         assert asgi_read.stream_error[0] == scenario.stream_error
         assert asgi_read.events[-1] == "error"
     if scenario.hedged is not None:
-        # Both tries reached Bedrock, each signed with its own account's key, under its model id.
-        tries = [(FIRST_KEY, OPUS_US), (SECOND_KEY, OPUS_EU)]
+        # Both tries reached the cloud, each signed with (or holding the token of) its own
+        # account's key, under its own model name.
+        tries = list(scenario.tries or [(FIRST_KEY, OPUS_US), (SECOND_KEY, OPUS_EU)])
         assert asgi.sent == tries[: 1 if scenario.hedged == VOID else 2]
         hedges = asgi_added.get(tm.HEDGES, {})
         by_result = {dict(k)["result"]: n for k, n in hedges.items()}
         assert by_result == scenario.hedged
-        served = "aws-second" if scenario.served_by == (SECOND_KEY, OPUS_EU) else "aws"
-        assert asgi.headers["x-switchyard-account"] == served
+        assert scenario.served_by is not None
+        assert asgi.headers["x-switchyard-account"] == ACCOUNTS[scenario.served_by[0]]
     elif scenario.served_by is not None:
         assert asgi.sent[-1] == scenario.served_by
     if scenario.served_by is not None:

@@ -11,6 +11,7 @@ Vertex's Google-shaped errors to the Anthropic API's.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,11 @@ import anthropic
 import pytest
 import pytest_asyncio
 
+from conftest import Metrics
 from envoy_rig import Rig, StartRig
 from extproc_helpers import with_cloud_cluster
+from sdk_calls import anthropic_message
+from switchyard_mw.telemetry import names as tm
 from switchyard_mw.testing import Behaviour, MockProvider
 from vertex_accounts import EMAIL, service_account_file
 
@@ -39,10 +43,24 @@ REQUEST: dict[str, Any] = {
 }
 
 
-def config_text(mock_url: str, key_file: Path, revoked_file: Path) -> str:
+OTHER_EMAIL = "other@my-project.iam.gserviceaccount.com"
+"""The second good account's service account (its key trusted too)."""
+OTHER_NAME = "claude-opus-5@20260202"
+"""The second good account's own name for `claude-opus-5`."""
+HEDGE_SECS = 0.4
+LATE_SECS = 2.5
+
+
+def config_text(
+    mock_url: str, key_file: Path, revoked_file: Path, other_file: Path, *, hedge: bool = False
+) -> str:
     """`gcp-revoked` first (its key is not trusted by the mock's token endpoint), `gcp`
     second: both serve `claude-opus-5` on the `vertex` cluster, and `claude-haiku-5` each
-    under a version name of its own."""
+    under a version name of its own. `hedge`: `[server] envoy_hedge` on and, in their place,
+    `gcp` first and `gcp-other` (`other_file`'s service account, `claude-opus-5` under its
+    own version name) second, both hedging after HEDGE_SECS without content."""
+    if hedge:
+        return _hedging(mock_url, key_file, other_file)
     return f"""
 [llm_clients.gcp-revoked]
 kind = "vertex"
@@ -63,6 +81,24 @@ envoy_cluster = "vertex"
 """
 
 
+def _hedging(mock_url: str, key_file: Path, other_file: Path) -> str:
+    accounts = [("gcp", key_file, VERTEX_NAME), ("gcp-other", other_file, OTHER_NAME)]
+    return "[server]\nenvoy_hedge = true\nhedge_max_ratio = 1.0\n" + "".join(
+        f"""
+[llm_clients.{name}]
+kind = "vertex"
+base_url = "{mock_url}"
+vertex = {{ project = "my-project", region = "us-east5", credentials_file = "{file}" }}
+models = {{ "claude-opus-5" = "{model}" }}
+failure_threshold = 1000
+priority = {priority}
+hedge_after_secs = {HEDGE_SECS}
+envoy_cluster = "vertex"
+"""
+        for priority, (name, file, model) in enumerate(accounts)
+    )
+
+
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def rig(
     start_rig: StartRig,
@@ -77,8 +113,9 @@ async def rig(
     revoked = service_account_file(
         keys, None, mock_url, email="revoked@my-project.iam.gserviceaccount.com"
     )
+    other = service_account_file(keys, mock, mock_url, email=OTHER_EMAIL)
     vertex = functools.partial(with_cloud_cluster, name="vertex")
-    text = functools.partial(config_text, key_file=key_file, revoked_file=revoked)
+    text = functools.partial(config_text, key_file=key_file, revoked_file=revoked, other_file=other)
     async with start_rig(text, {}, edit=vertex) as rig:
         yield rig
 
@@ -147,3 +184,39 @@ async def test_a_vertex_error_reaches_the_sdk_in_the_anthropic_shape(rig: Rig, c
     assert body["type"] == "error"
     assert body["error"]["type"] == "rate_limit_error"
     assert body["error"]["message"].startswith("Vertex AI: RESOURCE_EXHAUSTED: ")
+
+
+SLOW = {
+    "json": Behaviour(headers_delay_secs=LATE_SECS),
+    "stream": Behaviour(stall_after_chunks=0, body_stall_secs=LATE_SECS),
+}
+"""A Vertex answer whose content comes LATE_SECS late: a JSON answer's headers (it comes when
+ready), a stream's first content event after its headers and opening events."""
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_a_slow_vertex_answer_is_hedged_on_the_next_account_with_its_own_token(
+    rig: Rig, client: Any, otel_metrics: Metrics, stream: bool
+) -> None:
+    """Envoy's `hedge_policy` on the Vertex cluster: the hedge's try goes out with the
+    hedge's account's token (its service account, as the mock's token endpoint issued it)
+    and under its own version name, not as the first try's, and it answers first."""
+    policies = rig.install(rig.config_text(rig.mock_url, hedge=True))
+    won = otel_metrics.value(tm.HEDGES, result="won")
+    rig.mock.set_behaviour(EMAIL, SLOW["stream" if stream else "json"])
+    started = time.monotonic()
+    message, headers = await anthropic_message(client, REQUEST, stream)
+    elapsed = time.monotonic() - started
+    assert message.content[0].text
+    assert message.model == "claude-opus-5"
+    assert headers["x-switchyard-account"] == "gcp-other"
+    assert headers["x-switchyard-attempts"] == "2"
+    assert elapsed < LATE_SECS  # the hedge's answer, not the first try's
+    verb = "streamRawPredict" if stream else "rawPredict"
+    assert [(r.key, r.path) for r in rig.mock.requests] == [
+        (EMAIL, VERTEX_PATH + verb),
+        (OTHER_EMAIL, VERTEX_PATH.replace(VERTEX_NAME, OTHER_NAME) + verb),
+    ]
+    assert all(b'"anthropic_version":"vertex-2023-10-16"' in r.body for r in rig.mock.requests)
+    assert otel_metrics.value(tm.HEDGES, result="won") == won + 1
+    assert policies.pool.status_of("gcp", model="claude-opus-5").consecutive_faults == 0
