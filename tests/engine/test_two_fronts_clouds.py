@@ -369,6 +369,17 @@ SCENARIOS = {
         served_by=(SECOND_KEY, OPUS_EU),
         stream=True,
     ),
+    "an InternalServerException before content on every Bedrock account: the last stream's "
+    "error event, each account's 500 fault": Scenario(
+        BEDROCK,
+        {
+            FIRST_KEY: _excepting("InternalServerException"),
+            SECOND_KEY: _excepting("InternalServerException"),
+        },
+        served_by=(SECOND_KEY, OPUS_EU),
+        stream=True,
+        stream_error="api_error",
+    ),
     "a ThrottlingException after a Bedrock stream started: a throttle, no fault": Scenario(
         BEDROCK,
         {
@@ -1073,7 +1084,8 @@ async def _compare(run: Run, spans: InMemorySpanExporter, metrics: Metrics) -> N
         assert asgi.sent[-1] == scenario.served_by
     if scenario.served_by is not None:
         assert asgi.status == 200
-        assert asgi_read.text, "the answer's text reached the client"
+        # The answer's text reached the client, unless its stream ended in an error first.
+        assert asgi_read.text or scenario.stream_error is not None
     else:
         assert asgi.status >= 400
         assert asgi.error is not None

@@ -313,6 +313,36 @@ async def test_a_bedrock_exception_before_the_first_content_fails_over(
     assert rig.policies.pool.status_of("aws", model="claude-opus-5").consecutive_faults == 1
 
 
+async def test_a_bedrock_exception_before_content_on_every_account_ends_the_stream(
+    rig: Rig, client: Any
+) -> None:
+    """Every Bedrock account's stream carries the exception before any content: the first
+    fails over, the last one's error event ends the SDK's stream (nothing can follow it), and
+    each account is charged its fault, as through the forwarding app."""
+    fault = Behaviour(
+        fail="error_mid_stream", stall_after_chunks=0, bedrock_exception="InternalServerException"
+    )
+    for key in (MOCK_AWS_ACCESS_KEY_ID, SECOND_KEY_ID):
+        rig.mock.set_behaviour(key, fault)
+    with pytest.raises(anthropic.APIStatusError) as raised:
+        await anthropic_message(client, REQUEST, True)
+    body = raised.value.body
+    assert isinstance(body, dict)
+    assert body["error"]["type"] == "api_error"
+    assert body["error"]["message"].startswith("Bedrock: internalServerException: ")
+    assert [r.key for r in rig.mock.requests] == [MOCK_AWS_ACCESS_KEY_ID, SECOND_KEY_ID]
+    pool = rig.policies.pool
+    await until(
+        lambda: (
+            [
+                pool.status_of(name, model="claude-opus-5").consecutive_faults
+                for name in ("aws", "aws-second")
+            ]
+            == [1, 1]
+        )
+    )
+
+
 async def test_another_wire_on_a_bedrock_account_is_refused_in_that_wire(rig: Rig) -> None:
     """Bedrock serves Claude on the Messages API only: an OpenAI Chat request routed to a
     Bedrock account is answered 404 in OpenAI's error shape, as the forwarding app answers

@@ -443,7 +443,13 @@ class RouterStream:
         elif local:
             machine.ended(How.GONE, gone=Gone.LOCAL_REPLY)  # Envoy's own answer: no account's
         else:
-            if machine.started(status, h.items()) is FORWARD and flight.opening is CONTENT:
+            # The first-token filter heard the start already when the cloud's stream carried
+            # its own error before content and nothing could follow it (its `_failed`).
+            if (
+                machine.state is State.SENT
+                and machine.started(status, h.items()) is FORWARD
+                and flight.opening is CONTENT
+            ):
                 machine.first_content()  # held to it by the first-token filter
             if body_follows and flight.judged is Judged.AT_END:
                 # The cloud's stream may carry its own error after this: the attempt ends
