@@ -471,3 +471,33 @@ async def test_a_bedrock_exception_in_the_hedges_stream_loses_it_the_race(
     assert pool.status_of("aws-second", model="claude-opus-5").consecutive_faults == fault
     assert otel_metrics.value("switchyard.account.faults", **faults) == charged + fault
     assert pool.status_of("aws", model="claude-opus-5").consecutive_faults == 0
+
+
+async def test_a_bedrock_exception_in_the_first_stream_while_the_hedge_races_leaves_the_hedge(
+    rig: Rig, client: Any, otel_metrics: Metrics
+) -> None:
+    """The first try's event stream carries Bedrock's exception before any content after the
+    hedge started: the first try loses, charged its fault (a `ModelStreamErrorException` is a
+    502), and the hedge's answer reaches the SDK, as through the forwarding app's race."""
+    policies = rig.configure(hedge=True)
+    won = otel_metrics.value(tm.HEDGES, result="won")
+    rig.mock.set_behaviour(
+        MOCK_AWS_ACCESS_KEY_ID,
+        Behaviour(
+            fail="error_mid_stream",
+            stall_after_chunks=0,
+            body_stall_secs=HEDGE_SECS * 2,
+            bedrock_exception="ModelStreamErrorException",
+        ),
+    )
+    rig.mock.set_behaviour(SECOND_KEY_ID, SLOW["stream"](1.2))
+    message, headers = await anthropic_message(client, REQUEST, True)
+    assert message.content[0].text
+    assert message.stop_reason == "end_turn"
+    assert headers["x-switchyard-account"] == "aws-second"
+    assert headers["x-switchyard-attempts"] == "2"
+    assert [r.key for r in rig.mock.requests] == [MOCK_AWS_ACCESS_KEY_ID, SECOND_KEY_ID]
+    assert otel_metrics.value(tm.HEDGES, result="won") == won + 1
+    pool = policies.pool
+    assert pool.status_of("aws", model="claude-opus-5").consecutive_faults == 1
+    assert pool.status_of("aws-second", model="claude-opus-5").consecutive_faults == 0
