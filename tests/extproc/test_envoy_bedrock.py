@@ -440,64 +440,59 @@ async def test_with_no_hedge_budget_the_void_try_goes_out_unsigned(
     assert (first.key, first.path) == (MOCK_AWS_ACCESS_KEY_ID, f"/model/{OPUS_ID}/{verb}")
 
 
+RACES = {
+    "the hedge's InternalServerException": ("hedge", "InternalServerException", "500", 1),
+    "the hedge's ThrottlingException": ("hedge", "ThrottlingException", "429", 0),
+    "the first's ModelStreamErrorException": ("first", "ModelStreamErrorException", "502", 1),
+}
+"""Which try's stream carries which exception before its content while the two race, the
+status it stands for and the faults it charges its account."""
+TRIES = {"first": (MOCK_AWS_ACCESS_KEY_ID, "aws"), "hedge": (SECOND_KEY_ID, "aws-second")}
+"""Each try's key and account."""
+
+
 @pytest.mark.parametrize(
-    ("exception", "status", "fault"),
-    [("InternalServerException", "500", 1), ("ThrottlingException", "429", 0)],
+    ("erring", "exception", "status", "fault"), RACES.values(), ids=RACES.keys()
 )
-async def test_a_bedrock_exception_in_the_hedges_stream_loses_it_the_race(
-    rig: Rig, client: Any, otel_metrics: Metrics, exception: str, status: str, fault: int
+async def test_a_bedrock_exception_in_a_racing_try_before_content_loses_it_the_race(
+    rig: Rig,
+    client: Any,
+    otel_metrics: Metrics,
+    erring: str,
+    exception: str,
+    status: str,
+    fault: int,
 ) -> None:
-    """The hedge's event stream carries Bedrock's exception before any content while the
-    slow first try still races: the hedge loses, charged to its own account (the status the
-    exception stands for: a 500 fault, a 429 throttle), and the first try's answer reaches
-    the SDK, as through the forwarding app's race."""
+    """One try's event stream carries Bedrock's exception before any content while the other
+    (its content 1.2 s after its headers) still races: that try loses, charged to its own
+    account (the status the exception stands for: a 5xx a fault, a 429 a throttle), and the
+    other's answer reaches the SDK, as through the forwarding app's race."""
     policies = rig.configure(hedge=True)
-    lost = otel_metrics.value(tm.HEDGES, result="lost")
-    faults = {tm.ACCOUNT: "aws-second", "status": status}
+    other = "first" if erring == "hedge" else "hedge"
+    (key, account), (other_key, served) = TRIES[erring], TRIES[other]
+    result = "lost" if erring == "hedge" else "won"
+    hedges = otel_metrics.value(tm.HEDGES, result=result)
+    faults = {tm.ACCOUNT: account, "status": status}
     charged = otel_metrics.value("switchyard.account.faults", **faults)
-    rig.mock.set_behaviour(MOCK_AWS_ACCESS_KEY_ID, SLOW["stream"](1.2))
+    after = HEDGE_SECS * 2 if erring == "first" else 0.0  # the first's, once the hedge races
     rig.mock.set_behaviour(
-        SECOND_KEY_ID,
-        Behaviour(fail="error_mid_stream", stall_after_chunks=0, bedrock_exception=exception),
-    )
-    message, headers = await anthropic_message(client, REQUEST, True)
-    assert message.content[0].text
-    assert message.stop_reason == "end_turn"
-    assert headers["x-switchyard-account"] == "aws"
-    assert headers["x-switchyard-attempts"] == "2"
-    assert [r.key for r in rig.mock.requests] == [MOCK_AWS_ACCESS_KEY_ID, SECOND_KEY_ID]
-    assert otel_metrics.value(tm.HEDGES, result="lost") == lost + 1
-    pool = policies.pool
-    assert pool.status_of("aws-second", model="claude-opus-5").consecutive_faults == fault
-    assert otel_metrics.value("switchyard.account.faults", **faults) == charged + fault
-    assert pool.status_of("aws", model="claude-opus-5").consecutive_faults == 0
-
-
-async def test_a_bedrock_exception_in_the_first_stream_while_the_hedge_races_leaves_the_hedge(
-    rig: Rig, client: Any, otel_metrics: Metrics
-) -> None:
-    """The first try's event stream carries Bedrock's exception before any content after the
-    hedge started: the first try loses, charged its fault (a `ModelStreamErrorException` is a
-    502), and the hedge's answer reaches the SDK, as through the forwarding app's race."""
-    policies = rig.configure(hedge=True)
-    won = otel_metrics.value(tm.HEDGES, result="won")
-    rig.mock.set_behaviour(
-        MOCK_AWS_ACCESS_KEY_ID,
+        key,
         Behaviour(
             fail="error_mid_stream",
             stall_after_chunks=0,
-            body_stall_secs=HEDGE_SECS * 2,
-            bedrock_exception="ModelStreamErrorException",
+            body_stall_secs=after,
+            bedrock_exception=exception,
         ),
     )
-    rig.mock.set_behaviour(SECOND_KEY_ID, SLOW["stream"](1.2))
+    rig.mock.set_behaviour(other_key, SLOW["stream"](1.2))
     message, headers = await anthropic_message(client, REQUEST, True)
     assert message.content[0].text
     assert message.stop_reason == "end_turn"
-    assert headers["x-switchyard-account"] == "aws-second"
+    assert headers["x-switchyard-account"] == served
     assert headers["x-switchyard-attempts"] == "2"
     assert [r.key for r in rig.mock.requests] == [MOCK_AWS_ACCESS_KEY_ID, SECOND_KEY_ID]
-    assert otel_metrics.value(tm.HEDGES, result="won") == won + 1
+    assert otel_metrics.value(tm.HEDGES, result=result) == hedges + 1
     pool = policies.pool
-    assert pool.status_of("aws", model="claude-opus-5").consecutive_faults == 1
-    assert pool.status_of("aws-second", model="claude-opus-5").consecutive_faults == 0
+    assert pool.status_of(account, model="claude-opus-5").consecutive_faults == fault
+    assert otel_metrics.value("switchyard.account.faults", **faults) == charged + fault
+    assert pool.status_of(served, model="claude-opus-5").consecutive_faults == 0
