@@ -26,6 +26,7 @@ def test_limits_soak_smoke_meets_its_targets() -> None:
     assert out.rstrip().endswith("PASS")
     assert "| operations raised | 0 | 0 |" in out
     assert "| outage seen and recovered | yes | yes |" in out
+    assert "| local shares overspent | none | none |" in out
     measured = re.search(r"\| overspend \| (\d+) \| <= (\d+) \|", out)
     assert measured is not None, out
     assert int(measured[1]) <= int(measured[2])
