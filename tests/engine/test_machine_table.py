@@ -54,7 +54,7 @@ ARGS: dict[str, tuple[object, ...]] = {
 }
 KW: dict[str, dict[str, object]] = {
     "hedge_over": {"won": False},
-    "race_failed": {"hedge": True, "status": 500, "error": None, "report": None},
+    "race_failed": {"hedge": True, "status": 500, "error": None},  # `report`: in `fire`
     "hedge_allowed": {"allowed": False},
 }
 
@@ -69,7 +69,10 @@ def in_state(state: State) -> tuple[Env, AttemptMachine]:
 
 def fire(machine: AttemptMachine, event: str) -> object:
     method = getattr(machine, event)
-    return method(*ARGS.get(event, ()), **KW.get(event, {}))
+    kw = KW.get(event, {})
+    if event == "race_failed":  # the context the race's app reported into, as the driver's
+        kw = {**kw, "report": machine.ctx}
+    return method(*ARGS.get(event, ()), **kw)
 
 
 def test_every_state_has_a_way_in_and_every_event_a_row() -> None:

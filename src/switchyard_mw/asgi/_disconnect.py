@@ -15,7 +15,18 @@ import asyncio
 import threading
 import weakref
 from collections import deque
-from typing import ClassVar
+from collections.abc import Callable
+from typing import ClassVar, TypeVar
+
+_T = TypeVar("_T")
+
+try:  # read by mypyc in the compiled build (docs/performance.md); a no-op in Python
+    from mypy_extensions import mypyc_attr
+except ImportError:  # the pure-Python install has no mypy_extensions, and needs none
+
+    def mypyc_attr(*attrs: str, **kwattrs: object) -> Callable[[_T], _T]:
+        return lambda cls: cls
+
 
 WATCH_AFTER_SECS = 0.1
 """How long a request runs before its client is watched: a departure goes unseen for at most
@@ -59,6 +70,7 @@ def running_loop() -> asyncio.AbstractEventLoop:
 _last_loop: asyncio.BaseEventLoop | None = None
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # compiled, Python code may still subclass it
 class Deferred:
     """Work a request starts only if it lasts `WATCH_AFTER_SECS` (see `defer`).
 

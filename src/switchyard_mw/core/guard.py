@@ -65,7 +65,7 @@ class Window:
             for slot in range(int(self._slot) + 1, now + 1):
                 self._attempts[slot % SLOTS] = self._faults[slot % SLOTS] = 0
         if passed > 0:
-            self._slot = now
+            self._slot = float(now)  # one type for the slot: -inf before the first write
         return now % SLOTS
 
     def add(self, *, fault: bool) -> None:

@@ -91,7 +91,9 @@ class Hedging:
         after = self._after.get(account)
         if after == "auto":
             return self.first_tokens.hedge_after_secs(account)
-        return after if after is None else float(after)
+        if after is None:
+            return None
+        return float(after)
 
     def record(self, account: str, first_token_secs: float) -> None:
         """An attempt on `account` produced its first content after `first_token_secs`."""

@@ -112,7 +112,9 @@ class Judge:
             old.owns_http = False
         for (name, turn), decision in old._pins.items():
             route = self.routes.get(name)
-            if route is not None and decision.model in (*route.choices.values(), route.fallback):
+            if route is not None and (
+                decision.model == route.fallback or decision.model in route.choices.values()
+            ):
                 self._remember((name, turn), decision)
 
     async def aclose(self) -> None:
