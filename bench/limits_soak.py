@@ -368,14 +368,14 @@ def verdict(
 ) -> int:
     keys = [key for key, value in outs[0].items() if isinstance(value, int | float)]
     total = {key: sum(out[key] for out in outs) for key in keys}
-    overspend = max(0, total["charged"] - limit.amount)
+    overspend = max(0, round(total["charged"] - limit.amount))
     allowed = bound(limit, outs, lost)
     recovered = all("local" in out["phases"] and out["phases"][-1] == "shared" for out in outs)
     reads = [f"{o['read']:.0f}" for out in outs for o in out["outages"]]
     spent = [f"{o['charged']:.0f}" for out in outs for o in out["outages"]]
     beyond = over_shares(limit, outs)
     burst_charged = sum(out["charged"] for out in burst_outs)
-    burst_over = max(0, burst_charged - BURST.amount)
+    burst_over = max(0, round(burst_charged - BURST.amount))
     # Only requests in flight when the limit fills can pass it, each by its shortfall.
     burst_bound = min(sum(out["error"] for out in burst_outs), in_flight * UNDER)
     burst_local = sum(out["local"] for out in burst_outs)
