@@ -373,6 +373,13 @@ def verdict(
     recovered = all("local" in out["phases"] and out["phases"][-1] == "shared" for out in outs)
     reads = [f"{o['read']:.0f}" for out in outs for o in out["outages"]]
     spent = [f"{o['charged']:.0f}" for out in outs for o in out["outages"]]
+    # Each outage's end, seconds after the first restart: which replica came back first.
+    origin = lost[0][0] if lost else 0.0
+    ends = [
+        "-" if o["over"] is None else f"{o['over'] - origin:.3f}"
+        for out in outs
+        for o in out["outages"]
+    ]
     beyond = over_shares(limit, outs)
     burst_charged = sum(out["charged"] for out in burst_outs)
     burst_over = max(0, round(burst_charged - BURST.amount))
@@ -399,6 +406,7 @@ def verdict(
         ("restarts: Redis held", ", ".join(f"{held:.0f}" for _, held in lost), ""),
         ("outages seen: last read", ", ".join(reads), ""),
         ("outages seen: charged on the local share", ", ".join(spent), ""),
+        ("outages seen: over, s after the first restart", ", ".join(ends), ""),
         ("local shares overspent", "; ".join(beyond) or "none", "none"),
         ("requests granted / refused", f"{total['granted']} / {total['refused']}", ""),
         ("granted locally (outage)", f"{total['local']}", ""),
