@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _harness import SIZES
 from _report import (
+    ENVOY_PLAIN,
     ENVOY_PROC,
     ENVOY_PROC_GRPCIO,
     FLOOR,
@@ -234,6 +235,22 @@ def transport_targets(transport: Mapping[str, Any], default: str) -> list[Verdic
     ]
 
 
+def envoy_multiple_target(run: Mapping[str, Any], default: str) -> list[Verdict]:
+    """The default processor's CPU per 1 KB request over Envoy's own with no processor, both
+    from the same step: each is its own process's CPU over the same requests' count."""
+    envoy, processor = _rows(run, "4", ENVOY_PLAIN), _rows(run, "4", ENVOY_PROC)
+    out = []
+    for conns in run_conns(run):
+        alone, ours = _row(envoy, "1KB", conns), _row(processor, "1KB", conns)
+        value, shown = None, ""
+        if alone and ours and alone.get("cpu_ms") and ours.get("cpu_ms") is not None:
+            value = ours["cpu_ms"] / alone["cpu_ms"]
+            shown = f"{ours['cpu_ms']:.3f} / {alone['cpu_ms']:.3f} ms, 1 KB"
+        name = f"processor CPU / Envoy's own CPU ({default}, the default), {conns} conns"
+        out.append(judge(name, Bound(3.0, at_least=False, unit=" x", spec=".2f"), value, shown))
+    return out
+
+
 def served_counts(instructions: Mapping[str, Any]) -> dict[str, float]:
     counts = instructions.get("served 1KB") or instructions.get("served") or {}
     return {str(k): float(v) for k, v in counts.items()}
@@ -259,11 +276,13 @@ def targets(
     sizes: Sequence[str],
     default: str,
 ) -> list[Verdict]:
-    """Every issue-26 target, from each step's JSON (an empty mapping: the step did not run)."""
+    """Every target issues 26 and 45 set, from each step's JSON (an empty mapping: the step
+    did not run)."""
     return [
         *gateway_targets(run, sizes),
         *necessary_targets(run, sizes),
         *growth_target(run, default),
+        *envoy_multiple_target(run, default),
         *transport_targets(transport, default),
         *stack_target(instructions),
     ]

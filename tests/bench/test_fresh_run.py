@@ -27,6 +27,7 @@ import fresh_run  # bench/ is a folder of scripts, not a package
 GATEWAY = "example gateway, shipped (httpx+aiohttp)"
 NECESSARY = "pass-through aiohttp + read_request (necessary work)"
 PROC = "Envoy + switchyard-mw extproc"
+ENVOY_ALONE = "Envoy, no processor"
 
 
 def run_json(
@@ -35,11 +36,13 @@ def run_json(
     cpu_1kb: float,
     cpu_128kb: float,
     necessary_128kb: float = 0.475,
+    envoy_1kb: float = 0.04,
 ) -> Any:
     """bench/run.py's results.json, as its `_report.write` shapes it, for two sizes.
 
     `necessary_128kb`: the necessary-work floor's CPU per 128 KB request, beside the gateway's
-    0.5 ms (its 1 KB figure is 0.209 ms, beside the gateway's 0.22: 0.95 of it)."""
+    0.5 ms (its 1 KB figure is 0.209 ms, beside the gateway's 0.22: 0.95 of it). `envoy_1kb`:
+    Envoy's own CPU per 1 KB request with no processor (Envoy's process measured)."""
 
     def row(section: str, name: str, size: str, **values: Any) -> dict[str, Any]:
         extra = {"cpu_ratio": values.pop("cpu_ratio")} if "cpu_ratio" in values else {}
@@ -60,6 +63,7 @@ def run_json(
             row("3 peers", GATEWAY, "128KB", cpu_ms=0.5, ratio=0.8, cpu_ratio=ratio_128kb),
             row("3 peers", NECESSARY, "1KB", cpu_ms=0.209, ratio=0.95, cpu_ratio=0.95),
             row("3 peers", NECESSARY, "128KB", cpu_ms=necessary_128kb, ratio=0.9, cpu_ratio=0.9),
+            row("4 envoy", ENVOY_ALONE, "1KB", cpu_ms=envoy_1kb),
             row("4 envoy", PROC, "1KB", cpu_ms=cpu_1kb),
             row("4 envoy", PROC, "128KB", cpu_ms=cpu_128kb),
             row("4 envoy", PROC + " --transport grpcio", "1KB", cpu_ms=0.5),
@@ -101,9 +105,10 @@ def verdicts(
     added: float = 1.0,
     stack: float = 150_000.0,
     necessary_128kb: float = 0.475,
+    envoy_1kb: float = 0.04,
 ) -> dict[str, fresh_run.Verdict]:
     found = fresh_run.targets(
-        run_json(ratio_1kb, ratio_128kb, 0.1, cpu_128kb, necessary_128kb),
+        run_json(ratio_1kb, ratio_128kb, 0.1, cpu_128kb, necessary_128kb, envoy_1kb),
         transport_json(cpu_ms, added),
         instructions_json(stack),
         sizes=["1KB", "128KB"],
@@ -122,6 +127,7 @@ NECESSARY_1KB = "example gateway / necessary-work floor 1KB"
 NECESSARY_128KB = "example gateway / necessary-work floor 128KB"
 GROWTH = "processor CPU 128 KB / 1 KB"
 CPU = "processor CPU per 1 KB request"
+ENVOY_MULTIPLE = "processor CPU / Envoy's own CPU"
 P99 = "added p99 through Envoy at half capacity"
 STACK = "instructions the ASGI stack adds per served 1 KB request"
 
@@ -129,13 +135,15 @@ STACK = "instructions the ASGI stack adds per served 1 KB request"
 def test_every_target_is_read_from_its_step() -> None:
     found = verdicts()
     expected = [GATEWAY_1KB, GATEWAY_128KB, NECESSARY_1KB, NECESSARY_128KB]
-    assert sorted(found) == sorted([*expected, GROWTH, CPU, P99, STACK])
+    assert sorted(found) == sorted([*expected, GROWTH, CPU, ENVOY_MULTIPLE, P99, STACK])
     assert found[GATEWAY_1KB].measured == 0.95
     assert found[NECESSARY_1KB].measured == pytest.approx(0.209 / 0.22)
     assert found[NECESSARY_128KB].measured == pytest.approx(0.95)
     assert "floor CPU 0.475 ms, gateway CPU 0.500 ms" in found[NECESSARY_128KB].shown
     assert found[GROWTH].measured == pytest.approx(1.5)
     assert found[CPU].measured == 0.05
+    assert found[ENVOY_MULTIPLE].measured == pytest.approx(2.5)  # 0.1 ms against Envoy's 0.04
+    assert "0.100 / 0.040 ms" in found[ENVOY_MULTIPLE].shown
     assert found[P99].measured == 1.0
     assert found[STACK].measured == 50_000
     assert "minimal middleware: +25.0k" in found[STACK].shown
@@ -150,6 +158,7 @@ def test_every_target_is_read_from_its_step() -> None:
         (NECESSARY_128KB, {"necessary_128kb": 0.45}, {"necessary_128kb": 0.4499}),
         (GROWTH, {"cpu_128kb": 0.2}, {"cpu_128kb": 0.2001}),
         (CPU, {"cpu_ms": 0.10}, {"cpu_ms": 0.1001}),
+        (ENVOY_MULTIPLE, {"envoy_1kb": 0.1 / 3}, {"envoy_1kb": 0.0333}),
         (P99, {"added": 2.0}, {"added": 2.001}),
         (STACK, {"stack": 180_000.0}, {"stack": 180_001.0}),
     ],
@@ -239,7 +248,8 @@ def test_fresh_run_smoke_reports_every_target(tmp_path: Path) -> None:
     report = json.loads((out / "fresh.json").read_text())
     targets = report["targets"]
     names = [t["target"] for t in targets]
-    for wanted in ("1KB", "128KB", "128 KB / 1 KB", "per 1 KB request", "added p99", "ASGI stack"):
+    wanted_names = ("1KB", "128KB", "128 KB / 1 KB", "per 1 KB request", "Envoy's own", "added p99")
+    for wanted in (*wanted_names, "ASGI stack"):
         assert any(wanted in n for n in names), (wanted, names)
     for target in targets:
         assert isinstance(target["measured"], float | int), target
