@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -211,6 +211,8 @@ class Result:
     errors: int = 0
     note: str = ""
     extra: dict[str, float] = field(default_factory=dict)
+    cpu_ms_rounds: list[float] = field(default_factory=list)  # each interleaved round's CPU
+    cpu_ratio_rounds: list[float] = field(default_factory=list)  # each round's, to its floor's
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -411,6 +413,7 @@ class Load:
     cpu_ms: float | None
     core_busy: float | None = None  # share of the server core that was busy (any process)
     other_load: float | None = None  # share of the machine's CPU used by processes not ours
+    cpu_rounds: tuple[float, ...] = ()  # the CPU of each interleaved round, in round order
 
     @property
     def req_s(self) -> float:
@@ -560,7 +563,11 @@ def measure_interleaved(
                     target.url, script, conns=conns, secs=secs, cpu_pid=target.pid, ours=ours
                 )
             )
-    return {name: _median_run(loads) for name, loads in runs.items()}
+    kept = {}
+    for name, loads in runs.items():
+        rounds = tuple(x.cpu_ms for x in loads if x.cpu_ms is not None)
+        kept[name] = replace(_median_run(loads), cpu_rounds=rounds)
+    return kept
 
 
 def measure_side_by_side(
@@ -658,6 +665,7 @@ def load_result(
         errors=load.errors,
         note=note,
         extra=extra,
+        cpu_ms_rounds=list(load.cpu_rounds),
     )
 
 
@@ -737,6 +745,17 @@ def compare(results: Sequence[Result], floor_name: str, *, cpu: bool = True) -> 
         r.ratio, r.ratio_to = r.req_s / floor.req_s, floor_name
         if cpu and floor.cpu_ms and r.cpu_ms:
             r.extra["cpu_ratio"] = floor.cpu_ms / r.cpu_ms
+        if cpu and r is not floor:
+            r.cpu_ratio_rounds = round_ratios(floor.cpu_ms_rounds, r.cpu_ms_rounds)
+
+
+def round_ratios(floor: Sequence[float], ours: Sequence[float]) -> list[float]:
+    """The floor's CPU per request over ours, round by round, each against the floor's run of
+    the same round (the two met the same conditions): how far one run's reading spreads.
+    None when the rounds were not kept or do not pair."""
+    if len(floor) != len(ours) or not all(ours):
+        return []
+    return [f / x for f, x in zip(floor, ours, strict=True)]
 
 
 def pick_sizes(text: str) -> list[str]:

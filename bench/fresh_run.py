@@ -39,7 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import SIZES
+from _harness import SIZES, round_ratios
 from _report import (
     ENVOY_PLAIN,
     ENVOY_PROC,
@@ -161,9 +161,16 @@ def gateway_targets(run: Mapping[str, Any], sizes: Sequence[str]) -> list[Verdic
             shown = ""
             if row is not None and ratio is not None:
                 shown = f"req/s ratio {row.get('ratio') or 0:.2f}, CPU {row['cpu_ms']:.3f} ms"
+                shown += _rounds(row.get("cpu_ratio_rounds") or [])
             name = f"example gateway / {FLOOR}, CPU capacity, {size}, {conns} conns"
             out.append(judge(name, bound, ratio, shown))
     return out
+
+
+def _rounds(ratios: Sequence[float]) -> str:
+    """Each interleaved round's ratio, to show beside the median's: one run's rounds on a
+    shared machine spread by more than most changes move the median."""
+    return f", rounds {', '.join(f'{x:.2f}' for x in ratios)}" if ratios else ""
 
 
 def necessary_targets(run: Mapping[str, Any], sizes: Sequence[str]) -> list[Verdict]:
@@ -179,6 +186,9 @@ def necessary_targets(run: Mapping[str, Any], sizes: Sequence[str]) -> list[Verd
             if f and g and f.get("cpu_ms") and g.get("cpu_ms"):
                 ratio = f["cpu_ms"] / g["cpu_ms"]
                 shown = f"floor CPU {f['cpu_ms']:.3f} ms, gateway CPU {g['cpu_ms']:.3f} ms"
+                shown += _rounds(
+                    round_ratios(f.get("cpu_ms_rounds", []), g.get("cpu_ms_rounds", []))
+                )
             name = f"example gateway / necessary-work floor, CPU capacity, {size}, {conns} conns"
             out.append(judge(name, Bound(0.90, at_least=True, spec=".2f"), ratio, shown))
     return out

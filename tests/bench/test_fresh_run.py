@@ -59,9 +59,26 @@ def run_json(
         "meta": {"connections": [16], "sizes": ["1KB", "128KB"]},
         "results": [
             row("3 peers", "pass-through aiohttp", "1KB", cpu_ms=0.2, ratio=1.0, cpu_ratio=1.0),
-            row("3 peers", GATEWAY, "1KB", cpu_ms=0.22, ratio=0.9, cpu_ratio=ratio_1kb),
+            row(
+                "3 peers",
+                GATEWAY,
+                "1KB",
+                cpu_ms=0.22,
+                ratio=0.9,
+                cpu_ratio=ratio_1kb,
+                cpu_ms_rounds=[0.22, 0.2, 0.25],
+                cpu_ratio_rounds=[0.91, 0.99, 0.8],
+            ),
             row("3 peers", GATEWAY, "128KB", cpu_ms=0.5, ratio=0.8, cpu_ratio=ratio_128kb),
-            row("3 peers", NECESSARY, "1KB", cpu_ms=0.209, ratio=0.95, cpu_ratio=0.95),
+            row(
+                "3 peers",
+                NECESSARY,
+                "1KB",
+                cpu_ms=0.209,
+                ratio=0.95,
+                cpu_ratio=0.95,
+                cpu_ms_rounds=[0.209, 0.2, 0.2],
+            ),
             row("3 peers", NECESSARY, "128KB", cpu_ms=necessary_128kb, ratio=0.9, cpu_ratio=0.9),
             row("4 envoy", ENVOY_ALONE, "1KB", cpu_ms=envoy_1kb),
             row("4 envoy", PROC, "1KB", cpu_ms=cpu_1kb),
@@ -140,6 +157,10 @@ def test_every_target_is_read_from_its_step() -> None:
     assert found[NECESSARY_1KB].measured == pytest.approx(0.209 / 0.22)
     assert found[NECESSARY_128KB].measured == pytest.approx(0.95)
     assert "floor CPU 0.475 ms, gateway CPU 0.500 ms" in found[NECESSARY_128KB].shown
+    # Each round's ratio beside the median's, when the step kept its rounds.
+    assert found[GATEWAY_1KB].shown.endswith("rounds 0.91, 0.99, 0.80)")
+    assert found[NECESSARY_1KB].shown.endswith("rounds 0.95, 1.00, 0.80)")
+    assert "rounds" not in found[GATEWAY_128KB].shown
     assert found[GROWTH].measured == pytest.approx(1.5)
     assert found[CPU].measured == 0.05
     assert found[ENVOY_MULTIPLE].measured == pytest.approx(2.5)  # 0.1 ms against Envoy's 0.04
