@@ -10,9 +10,10 @@ CPU per request is the processor process's utime+stime over the run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -200,6 +201,40 @@ def _with_processor(
     repeat: int,
 ) -> tuple[list[Result], list[Skip]]:
     """Envoy with the example config in front of the processor `cmd` (given `--listen`)."""
+    try:
+        with behind_envoy(procs, upstream_port, cmd) as (url, pid):
+            results: list[Result] = []
+            for size, body in bodies.items():
+                results += measure_path(
+                    url,
+                    body,
+                    procs.workdir,
+                    section=SECTION,
+                    name=name,
+                    conns=conns,
+                    secs=secs,
+                    warmup=warmup,
+                    cpu_pid=pid,
+                    repeat=repeat,
+                    ours=procs.pids(),
+                    note="CPU: processor",
+                    expect_header=expect_header,
+                    size=size,
+                )
+            return results, []
+    except NotStarted as exc:
+        return [], [Skip(SECTION, f"{name}: {exc}")]
+
+
+class NotStarted(Exception):
+    """A server of the set-up did not start (the text says which, and why)."""
+
+
+@contextlib.contextmanager
+def behind_envoy(procs: Processes, upstream_port: int, cmd: list[str]) -> Iterator[tuple[str, int]]:
+    """The processor `cmd` (given `--listen`) with Envoy and the example config in front of
+    it, both on the server core: Envoy's URL of the Anthropic path and the processor's pid.
+    `NotStarted` when either did not start."""
     from switchyard_mw.testing.envoy import with_ports
 
     proc_port = free_port()
@@ -208,7 +243,7 @@ def _with_processor(
     try:
         processor = procs.start("extproc", pinned(SERVER_CORE, cmd), port=proc_port, env=env)
     except (RuntimeError, TimeoutError) as exc:
-        return [], [Skip(SECTION, f"{name}: the processor did not start: {str(exc)[:300]}")]
+        raise NotStarted(f"the processor did not start: {str(exc)[:300]}") from None
     port, admin = free_port(), free_port()
     ports = {
         "listener": port,
@@ -222,27 +257,9 @@ def _with_processor(
         envoy = start_envoy(procs, "envoy-extproc", config, port, SERVER_CORE)
     except (RuntimeError, TimeoutError) as exc:
         procs.stop(processor)
-        return [], [Skip(SECTION, f"Envoy with the example config did not start: {exc}")]
+        raise NotStarted(f"Envoy with the example config did not start: {exc}") from None
     try:
-        results: list[Result] = []
-        for size, body in bodies.items():
-            results += measure_path(
-                f"http://127.0.0.1:{port}{ANTHROPIC_PATH}",
-                body,
-                procs.workdir,
-                section=SECTION,
-                name=name,
-                conns=conns,
-                secs=secs,
-                warmup=warmup,
-                cpu_pid=processor.pid,
-                repeat=repeat,
-                ours=procs.pids(),
-                note="CPU: processor",
-                expect_header=expect_header,
-                size=size,
-            )
-        return results, []
+        yield f"http://127.0.0.1:{port}{ANTHROPIC_PATH}", processor.pid
     finally:
         procs.stop(envoy)
         procs.stop(processor)
