@@ -216,7 +216,7 @@ def child(transport: str, path: Path, streams: int) -> None:
     answer = ep.ProcessingResponse(request_body=ep.BodyResponse())
 
     class Fixed:
-        async def on(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
+        def answer(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
             return answer
 
     reads = load(path)

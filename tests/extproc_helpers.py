@@ -28,6 +28,15 @@ class FakeContext:
         return self._metadata
 
 
+async def answered(answering: Any) -> ep.ProcessingResponse | None:
+    """A stream handler's answer to one message (`h2_stream.Handler.answer`): given at once,
+    as it is; else awaited."""
+    if answering is None or isinstance(answering, ep.ProcessingResponse):
+        return answering
+    answer: ep.ProcessingResponse | None = await answering
+    return answer
+
+
 class Stream:
     """One ext_proc stream driven message by message, as Envoy does."""
 

@@ -91,9 +91,9 @@ def streams(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
             opened["upstream"] += 1
             super().__init__(*args, **kwargs)
 
-        async def on_request_headers(self, headers: dict[str, bytes]) -> Any:
+        def on_request_headers(self, headers: dict[str, bytes]) -> Any:
             opened["upstream request headers"] += 1
-            return await super().on_request_headers(headers)
+            return super().on_request_headers(headers)
 
         def on_response_headers(self, request: Any) -> Any:
             opened["upstream response headers"] += 1

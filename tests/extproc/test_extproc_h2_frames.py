@@ -29,7 +29,7 @@ UNCHANGED = ep.ProcessingResponse(request_body=ep.BodyResponse())
 class Echo:
     """Answers each message with its body as a body mutation: what arrived, byte for byte."""
 
-    async def on(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
+    def answer(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
         mutation = ep.BodyMutation(body=request.request_body.body)
         common = ep.CommonResponse(body_mutation=mutation)
         return ep.ProcessingResponse(request_body=ep.BodyResponse(response=common))
@@ -38,7 +38,7 @@ class Echo:
 class Unchanged:
     """Answers each message with a few bytes, whatever its size."""
 
-    async def on(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
+    def answer(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
         return UNCHANGED
 
 

@@ -807,7 +807,7 @@ async def test_a_request_with_a_large_mutation_to_a_reading_peer_is_whole(probe:
 class Stuck:
     """Never answers: what the peer sends next waits in the stream's queue."""
 
-    async def on(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
+    async def answer(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
         await asyncio.Event().wait()
         raise AssertionError("unreachable")
 
@@ -815,7 +815,7 @@ class Stuck:
 class Echo:
     """Answers each body with a body mutation as large."""
 
-    async def on(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
+    def answer(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
         mutation = ep.BodyMutation(body=request.request_body.body)
         common = ep.CommonResponse(body_mutation=mutation)
         return ep.ProcessingResponse(request_body=ep.BodyResponse(response=common))

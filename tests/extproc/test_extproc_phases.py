@@ -21,6 +21,7 @@ import pytest
 from extproc_child import CountingPool
 from extproc_helpers import (
     Stream,
+    answered,
     request_body,
     request_headers,
     response_body,
@@ -280,8 +281,8 @@ async def test_a_lease_granted_after_the_stream_closed_goes_back(env: Env) -> No
     then gets is given back, not kept by a flight nobody will settle."""
     store = due_a_probe(env, "a")
     stream = RouterStream(env.servicer.policies, env.servicer.flights, None)
-    await stream.on(HEADERS)
-    placing = asyncio.create_task(stream.on(BODY_AGAIN))
+    await answered(stream.answer(HEADERS))
+    placing = asyncio.create_task(answered(stream.answer(BODY_AGAIN)))
     await store.asked.wait()  # a's probe is being claimed
     stream.close()
     store.go.set()

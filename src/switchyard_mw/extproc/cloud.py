@@ -33,6 +33,7 @@ A request whose attempt goes to an `api` account passes through unchanged.
 from __future__ import annotations
 
 import enum
+from collections.abc import Awaitable
 from urllib.parse import urlsplit
 
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
@@ -58,7 +59,7 @@ _SSE_ERROR_STATUS = 502
 upstream's fault, as a stream that broke mid-way counts through the forwarding app."""
 
 
-class Answer(enum.Enum):
+class Handling(enum.Enum):
     """What the stream does with the attempt's answer."""
 
     PASS = "pass"
@@ -83,7 +84,7 @@ class CloudStream:
         self.account: Account | None = None
         """The attempt's account, when it is a cloud account (taken at the body phase)."""
         self.headers: msg.Headers = {}
-        self.answer = Answer.PASS
+        self.handling = Handling.PASS
         self.status = 0
         self.response: list[tuple[bytes, bytes]] = []
         """The error answer's headers, names lowercased (a cloud may name its error there)."""
@@ -92,7 +93,12 @@ class CloudStream:
         """The error answer decided before the attempt went out (no credential)."""
         self.seen: set[str] = set()
 
-    async def on(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
+    def answer(
+        self, request: ep.ProcessingRequest
+    ) -> ep.ProcessingResponse | Awaitable[ep.ProcessingResponse]:
+        """The answer to `request`, given at once but for the request's body, which waits on
+        the account's credential (a token's refresh): that one is awaited
+        (`h2_stream.Handler`)."""
         kind = request.WhichOneof("request") or ""
         if kind in self.seen and kind != "response_body":
             out_of_order(kind)  # one stream is one attempt: each phase once
@@ -104,7 +110,7 @@ class CloudStream:
             self.attempt = hedge_tries.attempt_of(request)
             return msg.UNCHANGED_REQUEST_HEADERS
         if kind == "request_body":
-            return await self.on_request_body(request.request_body.body)
+            return self.on_request_body(request.request_body.body)
         if kind == "response_headers":
             return self.on_response_headers(request.response_headers)
         if kind == "response_body":
@@ -170,7 +176,7 @@ class CloudStream:
             self.response = [(k.encode(), v) for k, v in headers.items()]
             if http.end_of_stream:  # no body to read: mapped by its status and headers
                 return self._mapped_headers(b"")
-            self.answer = Answer.MAP_ERROR
+            self.handling = Handling.MAP_ERROR
             return ep.ProcessingResponse(
                 response_headers=ep.HeadersResponse(), mode_override=msg.READ_BUFFERED
             )
@@ -182,7 +188,7 @@ class CloudStream:
             self.flight.judged = ending
         if self.translator is None:
             return msg.UNCHANGED_RESPONSE_HEADERS  # Anthropic's JSON or SSE already
-        self.answer = Answer.TRANSLATE
+        self.handling = Handling.TRANSLATE
         change = msg.mutation(
             [("content-type", self.translator.content_type)], remove=["content-length"]
         )
@@ -191,10 +197,10 @@ class CloudStream:
         return answer
 
     def on_response_body(self, piece: ep.HttpBody) -> ep.ProcessingResponse:
-        if self.answer is Answer.MAP_ERROR:
+        if self.handling is Handling.MAP_ERROR:
             return self._mapped_body(piece.body)
         translator = self.translator
-        if self.answer is not Answer.TRANSLATE or translator is None:
+        if self.handling is not Handling.TRANSLATE or translator is None:
             return msg.UNCHANGED_RESPONSE_BODY
         try:
             sse = translator.feed(piece.body)

@@ -108,7 +108,8 @@ class FirstTokenStream:
         """How the transport sends an answer that is not the reply to the message in hand."""
         self.emit = emit
 
-    async def on(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse | None:
+    def answer(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse | None:
+        """The answer to `request`, always at once (None: held, sent later through `emit`)."""
         kind = request.WhichOneof("request")
         if kind == "response_body":
             return self.on_body(request.response_body)

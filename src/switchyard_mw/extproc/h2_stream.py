@@ -46,10 +46,15 @@ class Task(Protocol):
 
 class Handler(Protocol):
     """One ext_proc stream's state: answers each message in turn, released once at the end.
-    None: nothing to send now (a stream that pushes its answers itself, see
-    `h2_transport.Pushing`)."""
 
-    def on(self, request: ep.ProcessingRequest) -> Awaitable[ep.ProcessingResponse | None]: ...
+    `answer` gives the answer itself when it takes no waiting (the driver sends it at once,
+    with no task), else an awaitable of it (the driver awaits it in a task, which answers the
+    messages behind it too). None: nothing to send now (a stream that pushes its answers
+    itself, see `h2_transport.Pushing`)."""
+
+    def answer(
+        self, request: ep.ProcessingRequest
+    ) -> Awaitable[ep.ProcessingResponse | None] | ep.ProcessingResponse | None: ...
 
 
 class StreamState(enum.IntEnum):

@@ -6,9 +6,10 @@ HTTP/2 connection (docs/performance.md, "Envoy processor transport"). This modul
 connection's asyncio side: it listens, accepts, and drives each connection's protocol, which is
 sans-IO (`h2_connection.GrpcConnection`: gRPC's framing, a 5-byte prefix per message and
 `grpc-status` in the trailers, over an HTTP/2 state machine, `h2_engine`): it hands it the bytes
-read and the time, writes what it has to send, runs a task per stream for the handler it asks
-for (each message of a stream in turn, with the stream's own contextvars: the handler may await
-a judge or a shared store), and calls it back when its timers are due. It serves the two
+read and the time, writes what it has to send, hands each message of a stream in turn to the
+handler it asks for, with the stream's own contextvars (at once when the handler answers at
+once; in a task when its answer takes waiting: a judge, a shared store), and calls it back when
+its timers are due. It serves the two
 methods Envoy calls, `ExternalProcessor/Process` and `Health/Check` (with `Health/Watch`, for
 probes that watch).
 
@@ -42,8 +43,8 @@ import resource
 import socket
 import stat
 import time
-from collections.abc import Callable, Iterable
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 import h2.errors
 from google.protobuf.message import DecodeError
@@ -78,6 +79,10 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
+_RESPONSE = ep.ProcessingResponse
+_Answer: TypeAlias = "ep.ProcessingResponse | None"
+_Answering: TypeAlias = "_Answer | Awaitable[_Answer]"
+"""What a handler's `answer` gives: the answer itself, or an awaitable of it."""
 
 WRITE_BUFFER_BYTES = 1 << 20
 """Bytes the socket may hold unsent before writing pauses (asyncio's high-water mark)."""
@@ -182,9 +187,7 @@ class _Connection(asyncio.Protocol):
             for event, stream in events:  # handling one may add more: the loop sees them
                 if event is _WORK:
                     if stream.state is not _CLOSED and stream.handler is not None:
-                        stream.task = self.loop.create_task(
-                            self._work(stream), context=stream.context
-                        )
+                        self._answer(stream)
                 elif event is _OPEN:
                     self._open(stream)
                 else:
@@ -238,32 +241,78 @@ class _Connection(asyncio.Protocol):
             self.server.end_stream(stream.handler)
 
     # the handler --------------------------------------------------------------------------
-    async def _work(self, stream: Stream) -> None:
-        """Answer the stream's pending messages in order, then let the next one start a task."""
+    def _answer(self, stream: Stream) -> None:
+        """Answer the stream's pending messages in order: here, in the stream's context, while
+        its handler answers them at once; from the first whose answer takes waiting, in a
+        task (`_work`), which answers the ones behind it too.
+
+        Most messages take no waiting (every phase but a request's body, and a retry's
+        headers), and a task per message was a large share of a request's cost: its
+        creation, its scheduling, and the loop's turn to run it."""
+        handler, context = stream.handler, stream.context
+        assert handler is not None
+        assert context is not None
+        while (request := self._next_request(stream)) is not None:
+            try:
+                answering = context.run(handler.answer, request)
+            except Exception as exc:
+                self._failed(stream, exc)
+                return
+            if answering is not None and not isinstance(answering, _RESPONSE):
+                work = self._work(stream, answering)  # it takes waiting
+                stream.task = self.loop.create_task(work, context=context)
+                return
+            self._send_answer(stream, answering)
+
+    async def _work(self, stream: Stream, answering: _Answering) -> None:
+        """Await an answer that takes waiting, then answer the stream's messages behind it in
+        order; the next one after them starts anew (`_answer`)."""
         handler = stream.handler
         assert handler is not None
-        core = self.core
+        request: ep.ProcessingRequest | None = None
         try:
-            while (payload := core.take(stream, _now())) is not None:
+            while True:
                 try:
-                    request = ep.ProcessingRequest.FromString(payload)
-                except DecodeError:
-                    core.fail(stream, INVALID_ARGUMENT, "cannot parse ProcessingRequest", _now())
-                    break
-                del payload
-                try:
-                    answer = await handler.on(request)
+                    if request is not None:
+                        answering = handler.answer(request)
+                    if answering is None or isinstance(answering, _RESPONSE):
+                        answer = answering
+                    else:
+                        answer = await answering
                 except Exception as exc:
-                    _log.exception("ext_proc stream failed")
-                    core.fail(stream, UNKNOWN, f"{type(exc).__name__}: {exc}", _now())
+                    self._failed(stream, exc)
                     break
-                if answer is not None:
-                    core.send(stream, answer.SerializeToString(), _now())
-                    if core.held_back:  # a large answer: out a batch at a time
-                        self._flush()
+                self._send_answer(stream, answer)
+                if (request := self._next_request(stream)) is None:
+                    break
         finally:
-            stream.task = None  # before any later message: that one starts a new task
+            stream.task = None  # before any later message: that one starts anew
         self._act_soon()
+
+    def _next_request(self, stream: Stream) -> ep.ProcessingRequest | None:
+        """The stream's next message, parsed; None when none is left (or it did not parse:
+        the stream then fails)."""
+        core = self.core
+        payload = core.take(stream, _now())
+        if payload is None:
+            return None
+        try:
+            return ep.ProcessingRequest.FromString(payload)
+        except DecodeError:
+            core.fail(stream, INVALID_ARGUMENT, "cannot parse ProcessingRequest", _now())
+            return None
+
+    def _send_answer(self, stream: Stream, answer: _Answer) -> None:
+        if answer is None:
+            return
+        core = self.core
+        core.send(stream, answer.SerializeToString(), _now())
+        if core.held_back:  # a large answer: out a batch at a time
+            self._flush()
+
+    def _failed(self, stream: Stream, exc: Exception) -> None:
+        _log.error("ext_proc stream failed", exc_info=exc)
+        self.core.fail(stream, UNKNOWN, f"{type(exc).__name__}: {exc}", _now())
 
     def _push(self, stream: Stream, answer: ep.ProcessingResponse) -> None:
         """An answer a `Pushing` handler sends on its own: out now, unless the stream is

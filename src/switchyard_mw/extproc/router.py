@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -164,7 +164,12 @@ class RouterStream:
         """The machine whose final attempt is settled at the end of the body read
         (`Judged.AT_END`): a cloud's translated stream, which may still carry its error."""
 
-    async def on(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
+    def answer(
+        self, request: ep.ProcessingRequest
+    ) -> ep.ProcessingResponse | Awaitable[ep.ProcessingResponse]:
+        """The answer to `request`, given at once for every phase but the request's body,
+        whose placing may wait (a judge, a tenant's store, a probe's claim): that one is
+        awaited (`h2_stream.Handler`)."""
         kind = request.WhichOneof("request")
         if kind == "response_body" and self.usage is not None:
             return self.on_response_body(request.response_body)
@@ -176,17 +181,23 @@ class RouterStream:
                 out_of_order(kind)
             return msg.empty_for(request)
         self.seen.add(kind)
+        if kind == "request_body":
+            return self._placed(request.request_body.body)
         if kind == "request_headers":
             answer = self.on_request_headers(request.request_headers)
-        elif kind == "request_body":
-            answer = await self.on_request_body(request.request_body.body)
+            last = False
         else:
             answer = self.on_response_headers(request)
-        if (kind == "response_headers" and self.usage is None) or answer.HasField(
-            "immediate_response"
-        ):
+            last = self.usage is None  # no body to read the usage from
+        if last or answer.HasField("immediate_response"):
             # The last phase switchyard takes part in: the request's telemetry ends here,
             # before Envoy answers the client.
+            self.close()
+        return answer
+
+    async def _placed(self, body: bytes) -> ep.ProcessingResponse:
+        answer = await self.on_request_body(body)
+        if answer.HasField("immediate_response"):  # the last phase: see `answer`
             self.close()
         return answer
 

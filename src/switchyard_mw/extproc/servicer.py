@@ -50,7 +50,10 @@ class ExtProcServicer(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     yield answer
                 return
             async for request in request_iterator:
-                yield await stream.on(request)
+                answer = stream.answer(request)
+                if not isinstance(answer, ep.ProcessingResponse):
+                    answer = await answer  # it takes waiting (`h2_stream.Handler`)
+                yield answer
         finally:
             self.end(stream)
 
@@ -92,7 +95,7 @@ async def _pushed(
     async def read() -> None:
         try:
             async for request in requests:
-                answer = await stream.on(request)
+                answer = stream.answer(request)  # at once, always (`FirstTokenStream`)
                 if answer is not None:
                     out.put_nowait(answer)
         finally:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+from collections.abc import Awaitable
 
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from ..context import RequestContext
@@ -153,7 +154,12 @@ class UpstreamStream:
         """The cluster Envoy sent the attempt to, as its endpoint's metadata names it (None:
         it names none; the flight's order then says where an aggregate sends a retry)."""
 
-    async def on(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
+    def answer(
+        self, request: ep.ProcessingRequest
+    ) -> ep.ProcessingResponse | Awaitable[ep.ProcessingResponse]:
+        """The answer to `request`, given at once but for a retry's or a hedge's request
+        headers, which may wait (a probe's claim, the hedge's start): those are awaited
+        (`h2_stream.Handler`)."""
         kind = request.WhichOneof("request")
         if kind == "request_body":
             return self.on_request_body()
@@ -172,10 +178,14 @@ class UpstreamStream:
             return msg.UNCHANGED_REQUEST_HEADERS
         if kind == "request_headers":
             self.cluster = host_cluster(msg.attribute(request, HOST_METADATA_ATTRIBUTE))
-            return await self.on_request_headers(msg.headers_of(request.request_headers, _READ))
+            return self.on_request_headers(msg.headers_of(request.request_headers, _READ))
         return self.on_response_headers(request)
 
-    async def on_request_headers(self, headers: msg.Headers) -> ep.ProcessingResponse:
+    def on_request_headers(
+        self, headers: msg.Headers
+    ) -> ep.ProcessingResponse | Awaitable[ep.ProcessingResponse]:
+        """The attempt's request headers: a first try's as the router-level stream set them
+        (at once); a retry's or a hedge's with their account's credential (awaited)."""
         flight = self.flights.find(headers.get(REQUEST_ID_HEADER))
         if flight is None:
             return msg.UNCHANGED_REQUEST_HEADERS
@@ -190,7 +200,12 @@ class UpstreamStream:
             # The router-level stream chose this attempt's account and set its credential.
             return msg.UNCHANGED_REQUEST_HEADERS
         if hedge_tries.is_hedge_try(flight.hedge, machine):
-            return await self._hedge(flight, machine, int(attempt) if attempt.isdigit() else None)
+            return self._hedge(flight, machine, int(attempt) if attempt.isdigit() else None)
+        return self._retried(flight, machine)
+
+    async def _retried(self, flight: Flight, machine: AttemptMachine) -> ep.ProcessingResponse:
+        """A retry's request headers: the next account's credential, or the machine's answer
+        when none is left."""
         # Envoy retries an attempt whose answer never started, on a connect failure or a reset
         # before the headers (the route's retry_on): the account's fault, as through the ASGI
         # front. Every answer that did start is seen by the response-side stream first (the
