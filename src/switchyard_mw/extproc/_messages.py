@@ -21,8 +21,6 @@ from ..wire import Wire, error_body
 
 Headers = dict[str, bytes]
 ATTRIBUTES_KEY = "envoy.filters.http.ext_proc"
-
-
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 _Mode = processing_mode_pb2.ProcessingMode
 Mode = _Mode
