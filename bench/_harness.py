@@ -752,7 +752,7 @@ def compare(results: Sequence[Result], floor_name: str, *, cpu: bool = True) -> 
 def round_ratios(floor: Sequence[float], ours: Sequence[float]) -> list[float]:
     """The floor's CPU per request over ours, round by round, each against the floor's run of
     the same round (the two met the same conditions): how far one run's reading spreads.
-    None when the rounds were not kept or do not pair."""
+    Empty when the rounds were not kept or do not pair."""
     if len(floor) != len(ours) or not all(ours):
         return []
     return [f / x for f, x in zip(floor, ours, strict=True)]
