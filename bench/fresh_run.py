@@ -197,16 +197,29 @@ def necessary_targets(run: Mapping[str, Any], sizes: Sequence[str]) -> list[Verd
 def growth_target(run: Mapping[str, Any], default: str) -> list[Verdict]:
     """The default processor's CPU per request at 128 KB over its 1 KB figure."""
     processor = _rows(run, "4", ENVOY_PROC)
+    bound = Bound(2.0, at_least=False, unit=" x", spec=".2f")
     out = []
     for conns in run_conns(run):
         small, large = _row(processor, "1KB", conns), _row(processor, "128KB", conns)
-        value, shown = None, ""
-        if small and large and small.get("cpu_ms") and large.get("cpu_ms") is not None:
-            value = large["cpu_ms"] / small["cpu_ms"]
-            shown = f"{large['cpu_ms']:.3f} / {small['cpu_ms']:.3f} ms"
         name = f"processor CPU 128 KB / 1 KB ({default}, the default), {conns} conns"
-        out.append(judge(name, Bound(2.0, at_least=False, unit=" x", spec=".2f"), value, shown))
+        out.append(_cpu_over(name, large, small, bound))
     return out
+
+
+def _cpu_over(
+    name: str,
+    top: Mapping[str, Any] | None,
+    bottom: Mapping[str, Any] | None,
+    bound: Bound,
+    said: str = "",
+) -> Verdict:
+    """`top`'s CPU per request over `bottom`'s, judged against `bound` (not measured when
+    either row is missing); `said` follows the two figures."""
+    value, shown = None, ""
+    if top and bottom and bottom.get("cpu_ms") and top.get("cpu_ms") is not None:
+        value = top["cpu_ms"] / bottom["cpu_ms"]
+        shown = f"{top['cpu_ms']:.3f} / {bottom['cpu_ms']:.3f} ms{said}"
+    return judge(name, bound, value, shown)
 
 
 def transport_targets(transport: Mapping[str, Any], default: str) -> list[Verdict]:
@@ -249,15 +262,12 @@ def envoy_multiple_target(run: Mapping[str, Any], default: str) -> list[Verdict]
     """The default processor's CPU per 1 KB request over Envoy's own with no processor, both
     from the same step: each is its own process's CPU over the same requests' count."""
     envoy, processor = _rows(run, "4", ENVOY_PLAIN), _rows(run, "4", ENVOY_PROC)
+    bound = Bound(3.0, at_least=False, unit=" x", spec=".2f")
     out = []
     for conns in run_conns(run):
         alone, ours = _row(envoy, "1KB", conns), _row(processor, "1KB", conns)
-        value, shown = None, ""
-        if alone and ours and alone.get("cpu_ms") and ours.get("cpu_ms") is not None:
-            value = ours["cpu_ms"] / alone["cpu_ms"]
-            shown = f"{ours['cpu_ms']:.3f} / {alone['cpu_ms']:.3f} ms, 1 KB"
         name = f"processor CPU / Envoy's own CPU ({default}, the default), {conns} conns"
-        out.append(judge(name, Bound(3.0, at_least=False, unit=" x", spec=".2f"), value, shown))
+        out.append(_cpu_over(name, ours, alone, bound, said=", 1 KB"))
     return out
 
 
