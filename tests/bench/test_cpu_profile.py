@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from process_group import run_in_own_group
 from servers import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
@@ -99,20 +100,14 @@ def _usable_perf() -> bool:
 @pytest.mark.parametrize("pair", ["gateway", "processor"])
 @pytest.mark.timeout(300)  # a guard against a hang, not a time target
 def test_a_short_run_profiles_both_sides(pair: str, tmp_path: Path) -> None:
-    cmd = [sys.executable, "bench/cpu_profile.py", "--pair", pair, "--secs", "1.5"]
-    done = subprocess.run(
-        [*cmd, "--top", "5", "--out", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=280,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    lines = done.stdout.splitlines()
+    cmd = [sys.executable, "bench/cpu_profile.py", "--pair", pair, "--secs", "1.5", "--top", "5"]
+    # In a process group of its own: whatever ends the run, no server it started outlives it.
+    code, out, err = run_in_own_group([*cmd, "--out", str(tmp_path)], cwd=ROOT, timeout=280)
+    assert code == 0, out[-3000:] + err[-3000:]
+    lines = out.splitlines()
     assert lines[0].startswith("CPU per request: ")
     function_rows = [line for line in lines if line.startswith("| `")]
     assert len(function_rows) == 5
-    assert "| interpreter |" in done.stdout
-    assert "_PyEval_EvalFrameDefault" in done.stdout  # both sides run Python
+    assert "| interpreter |" in out
+    assert "_PyEval_EvalFrameDefault" in out  # both sides run Python
     assert (tmp_path / f"cpu_profile-{pair}.json").exists()
