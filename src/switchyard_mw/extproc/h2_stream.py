@@ -26,7 +26,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from .h2_framing import OK, MessageReader
 
@@ -44,6 +44,12 @@ class Task(Protocol):
     def add_done_callback(self, fn: Callable[[Any], object], /) -> None: ...
 
 
+Answer: TypeAlias = "ep.ProcessingResponse | None"
+"""A stream's answer to one message (None: nothing to send for it now)."""
+Answering: TypeAlias = "Awaitable[Answer] | Answer"
+"""What a handler's `answer` gives: the answer itself, or an awaitable of it."""
+
+
 class Handler(Protocol):
     """One ext_proc stream's state: answers each message in turn, released once at the end.
 
@@ -52,9 +58,7 @@ class Handler(Protocol):
     messages behind it too). None: nothing to send now (a stream that pushes its answers
     itself, see `h2_transport.Pushing`)."""
 
-    def answer(
-        self, request: ep.ProcessingRequest
-    ) -> Awaitable[ep.ProcessingResponse | None] | ep.ProcessingResponse | None: ...
+    def answer(self, request: ep.ProcessingRequest) -> Answering: ...
 
 
 class StreamState(enum.IntEnum):

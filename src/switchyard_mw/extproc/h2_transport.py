@@ -43,8 +43,8 @@ import resource
 import socket
 import stat
 import time
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Protocol, TypeAlias, runtime_checkable
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol, runtime_checkable
 
 import h2.errors
 from google.protobuf.message import DecodeError
@@ -63,7 +63,7 @@ from .h2_connection import (
 from .h2_engine import ENGINES, Engine, serving
 from .h2_framing import INVALID_ARGUMENT, UNKNOWN
 from .h2_limits import DEFAULT_MESSAGE_BYTES, H2Limits
-from .h2_stream import TAKING, Handler, Stream, StreamState
+from .h2_stream import TAKING, Answer, Answering, Handler, Stream, StreamState
 
 __all__ = [
     "CHECK_PATH",
@@ -80,9 +80,6 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 _RESPONSE = ep.ProcessingResponse
-_Answer: TypeAlias = "ep.ProcessingResponse | None"
-_Answering: TypeAlias = "_Answer | Awaitable[_Answer]"
-"""What a handler's `answer` gives: the answer itself, or an awaitable of it."""
 
 WRITE_BUFFER_BYTES = 1 << 20
 """Bytes the socket may hold unsent before writing pauses (asyncio's high-water mark)."""
@@ -264,7 +261,7 @@ class _Connection(asyncio.Protocol):
                 return
             self._send_answer(stream, answering)
 
-    async def _work(self, stream: Stream, answering: _Answering) -> None:
+    async def _work(self, stream: Stream, answering: Answering) -> None:
         """Await an answer that takes waiting, then answer the stream's messages behind it in
         order; the next one after them starts anew (`_answer`)."""
         handler = stream.handler
@@ -302,7 +299,7 @@ class _Connection(asyncio.Protocol):
             core.fail(stream, INVALID_ARGUMENT, "cannot parse ProcessingRequest", _now())
             return None
 
-    def _send_answer(self, stream: Stream, answer: _Answer) -> None:
+    def _send_answer(self, stream: Stream, answer: Answer) -> None:
         if answer is None:
             return
         core = self.core
