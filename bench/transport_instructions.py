@@ -3,6 +3,7 @@
     python bench/transport_instructions.py --record           # record Envoy's bytes (1 KB, 128 KB)
     python bench/transport_instructions.py                    # count each transport on them
     python bench/transport_instructions.py --transports h2 --sizes 1KB
+    python bench/transport_instructions.py --handler processor --transports frames
 
 Recording: Envoy (`examples/envoy/envoy.yaml`, one worker) in front of the bundled mock
 provider, the processor (`switchyard-mw extproc`, h2) behind a recording proxy that keeps every
@@ -13,7 +14,10 @@ read Envoy's side made of its one HTTP/2 connection; h2load sends the requests o
 Counting: a child process builds the transport's server and one connection on a fake socket,
 feeds it the recorded reads of a warm-up (the preface and the first streams), then those of N
 more streams, letting the event loop run between reads as a socket would; the handler answers
-each message with a fixed small answer (the processor's policies are not counted). The figure
+each message with a fixed small answer (the processor's policies are not counted), or with
+`--handler processor` the processor itself answers (`examples/envoy/switchyard.toml`'s
+policies, as `switchyard-mw extproc` serves them: the whole per-request cost but the kernel's
+and Envoy's, the answers' bytes written nowhere). The figure
 is (instructions with N streams - those with none) / N under `valgrind --tool=callgrind`, so
 start-up, imports and the warm-up cancel out; counts do not depend on the machine's load.
 """
@@ -33,6 +37,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -209,9 +214,12 @@ class _Socket(asyncio.Transport):
         pass
 
 
-def child(transport: str, path: Path, streams: int) -> None:
+HANDLERS = ("fixed", "processor")
+
+
+def _fixed() -> tuple[OpenStream, EndStream]:
+    """A handler that answers every message with the same small answer."""
     from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-    from switchyard_mw.extproc.h2_transport import H2Server, _Connection
 
     answer = ep.ProcessingResponse(request_body=ep.BodyResponse())
 
@@ -219,13 +227,43 @@ def child(transport: str, path: Path, streams: int) -> None:
         def answer(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
             return answer
 
+    return lambda _: Fixed(), lambda _: None
+
+
+async def _processor(workdir: Path) -> tuple[OpenStream, EndStream]:
+    """The processor's own handlers, on the example's config (its upstream never called: the
+    recording's answers come from Envoy's side)."""
+    from _envoy import processor_config
+
+    from switchyard_mw.accounts import build_accounts
+    from switchyard_mw.config import load_config
+    from switchyard_mw.extproc.policy import Policies
+    from switchyard_mw.extproc.servicer import ExtProcServicer
+
+    config = load_config(processor_config(workdir, "http://127.0.0.1:9"))
+    environ = {**os.environ, **EXAMPLE_KEYS}
+    policies = Policies(config, build_accounts(config, environ), environ=environ)
+    await policies.start()
+    servicer = ExtProcServicer(policies)
+    return servicer.open, servicer.end
+
+
+if TYPE_CHECKING:
+    from switchyard_mw.extproc.h2_transport import EndStream, OpenStream
+
+
+def child(transport: str, path: Path, streams: int, handler: str = "fixed") -> None:
+    from switchyard_mw.extproc.h2_transport import H2Server, _Connection
+
     reads = load(path)
     warm = reads_for(reads, _WARMUP)
     more = reads_for(reads, _WARMUP + streams)[len(warm) :]
 
     async def main() -> None:
         engine = {} if transport == "h2" else {"engine": transport}
-        server = H2Server(lambda _: Fixed(), lambda _: None, services=(), **engine)  # type: ignore[arg-type]
+        with tempfile.TemporaryDirectory(prefix="sy-count-") as tmp:
+            opened, ended = _fixed() if handler == "fixed" else await _processor(Path(tmp))
+        server = H2Server(opened, ended, services=(), **engine)  # type: ignore[arg-type]
         connection = _Connection(server)
         sock = _Socket()
         connection.connection_made(sock)
@@ -242,8 +280,8 @@ def child(transport: str, path: Path, streams: int) -> None:
     asyncio.run(main())
 
 
-def count(transport: str, path: Path, streams: int) -> int:
-    cmd = [PYTHON, __file__, "--child", transport, str(path), str(streams)]
+def count(transport: str, path: Path, streams: int, handler: str = "fixed") -> int:
+    cmd = [PYTHON, __file__, "--child", transport, str(path), str(streams), handler]
     valgrind = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *cmd]
     done = subprocess.run(valgrind, capture_output=True, timeout=1800, check=False)
     found = _COLLECTED.findall(done.stderr)
@@ -258,10 +296,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="1KB,128KB")
     parser.add_argument("--transports", default=",".join(TRANSPORTS))
     parser.add_argument("--streams", type=int, default=200, help="streams counted")
-    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--handler",
+        choices=HANDLERS,
+        default="fixed",
+        help="who answers: a fixed answer (the transport alone) or the processor's policies",
+    )
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        child(args.child[0], Path(args.child[1]), int(args.child[2]))
+        child(args.child[0], Path(args.child[1]), int(args.child[2]), args.child[3])
         return 0
     sizes = pick_sizes(args.sizes)
     if args.record:
@@ -272,8 +316,10 @@ def main(argv: list[str] | None = None) -> int:
     for size in sizes:
         path = RECORDINGS / f"{size}.bin"
         for transport in [t for t in args.transports.split(",") if t]:
-            none, some = count(transport, path, 0), count(transport, path, args.streams)
-            print(f"{size} {transport}: {(some - none) / args.streams / 1000:,.1f} k per stream")
+            none = count(transport, path, 0, args.handler)
+            some = count(transport, path, args.streams, args.handler)
+            per = (some - none) / args.streams / 1000
+            print(f"{size} {transport} ({args.handler}): {per:,.1f} k per stream")
     return 0
 
 
