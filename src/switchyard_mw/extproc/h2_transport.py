@@ -44,7 +44,7 @@ import socket
 import stat
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 import h2.errors
 from google.protobuf.message import DecodeError
@@ -92,7 +92,6 @@ ACCEPT_RETRY_SECS = 1.0
 _ACCEPT_BATCH = 64
 
 
-@runtime_checkable
 class Pushing(Protocol):
     """A handler whose answers are not one per message (`first_token`): it is handed how to
     send one whenever it has one (a timer, a held answer let go)."""
