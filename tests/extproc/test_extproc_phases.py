@@ -266,6 +266,7 @@ async def test_a_stream_cancelled_while_judged_or_leased_leaves_nothing(env: Env
         await asyncio.Event().wait()
 
     policies.decide_model = stuck  # type: ignore[assignment,method-assign]
+    policies.judged = lambda ctx: True  # a judged route, whose judge never answers
     stream = env.stream()
     await stream.send(HEADERS)
     task = asyncio.create_task(stream.send(BODY_AGAIN))

@@ -150,6 +150,10 @@ class Policies:
         """Whether some account may answer in its own model name: its answer's `model` is then
         rewritten (`answer_names`), which takes uncompressed bytes, so the upstream is
         asked for `accept-encoding: identity`."""
+        self.judged = engine.judged
+        """Whether a request's model names a judged route: its `decide_model` then waits."""
+        self.assign_variant = engine.assign_variant
+        """`decide_model` of a request no judge decides: its variant, in the same call."""
         self.options = msg.Options()
         """Header options that repeat across requests (deadlines, exposed decisions)."""
         self.limit_store: LimitStore = limit_store

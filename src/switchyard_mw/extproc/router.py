@@ -167,9 +167,9 @@ class RouterStream:
     def answer(
         self, request: ep.ProcessingRequest
     ) -> ep.ProcessingResponse | Awaitable[ep.ProcessingResponse]:
-        """The answer to `request`, given at once for every phase but the request's body,
-        whose placing may wait (a judge, a tenant's store, a probe's claim): that one is
-        awaited (`h2_stream.Handler`)."""
+        """The answer to `request`, given at once but for a request's body whose placing
+        waits (a judge, a tenant's store, a probe's claim): that one is awaited
+        (`h2_stream.Handler`)."""
         kind = request.WhichOneof("request")
         if kind == "response_body" and self.usage is not None:
             return self.on_response_body(request.response_body)
@@ -182,8 +182,11 @@ class RouterStream:
             return msg.empty_for(request)
         self.seen.add(kind)
         if kind == "request_body":
-            return self._placed(request.request_body.body)
-        if kind == "request_headers":
+            placed = self.on_request_body(request.request_body.body)
+            if not isinstance(placed, ep.ProcessingResponse):
+                return self._placed_later(placed)
+            answer, last = placed, False
+        elif kind == "request_headers":
             answer = self.on_request_headers(request.request_headers)
             last = False
         else:
@@ -195,8 +198,10 @@ class RouterStream:
             self.close()
         return answer
 
-    async def _placed(self, body: bytes) -> ep.ProcessingResponse:
-        answer = await self.on_request_body(body)
+    async def _placed_later(
+        self, placing: Awaitable[ep.ProcessingResponse]
+    ) -> ep.ProcessingResponse:
+        answer = await placing
         if answer.HasField("immediate_response"):  # the last phase: see `answer`
             self.close()
         return answer
@@ -244,7 +249,12 @@ class RouterStream:
         answer = endpoints.answer(method, self.route, query, anthropic_version=versioned)
         return msg.json_reply(answer.status, answer.body, f"switchyard_{answer.status}")
 
-    async def on_request_body(self, body: bytes) -> ep.ProcessingResponse:
+    def on_request_body(
+        self, body: bytes
+    ) -> ep.ProcessingResponse | Awaitable[ep.ProcessingResponse]:
+        """Read the body, then place the request: at once, unless the placing asks a judge
+        (a judged route), a tenant's store (`[tenants]`) or a shared store (a probe's claim),
+        whose answers are awaited."""
         assert self.wire is not None
         limit = self.p.server.max_body_bytes
         if len(body) > limit:
@@ -260,6 +270,19 @@ class RouterStream:
         join(flight)
         flight.path = self.headers.get(":path", b"")
         tenancy = self.p.tenancy
+        if tenancy is not None or self.p.judged(ctx):
+            return self._decided(flight, tenancy)
+        if self.span is None:
+            self.p.assign_variant(ctx)
+        else:
+            with trace.use_span(self.span, end_on_exit=False):
+                self.p.assign_variant(ctx)
+        return self._begun(flight)
+
+    async def _decided(self, flight: Flight, tenancy: Tenancy | None) -> ep.ProcessingResponse:
+        """Place a request whose placing waits: its tenant checked and admitted, its route
+        judged, its variant chosen."""
+        ctx = flight.ctx
         # Who is asking, before anything is spent on the request (the judge included).
         if (
             tenancy is not None
@@ -279,12 +302,31 @@ class RouterStream:
             and (refused := await self._admit(tenancy, ctx)) is not None
         ):
             return refused
+        placed = self._begun(flight)
+        return placed if isinstance(placed, ep.ProcessingResponse) else await placed
+
+    def _begun(self, flight: Flight) -> ep.ProcessingResponse | Awaitable[ep.ProcessingResponse]:
+        """The machine's first attempt placed, once the model is decided: at once, unless it
+        asks for a probe's claim first."""
         machine = flight.machine = self.p.machine(flight)
         action = machine.begin()
         if isinstance(action, ClaimProbe):
-            action = await claimed(machine, action)
+            return self._claimed(flight, machine, action)
+        return self._sent(flight, action)
+
+    async def _claimed(
+        self, flight: Flight, machine: AttemptMachine, action: ClaimProbe
+    ) -> ep.ProcessingResponse:
+        return self._sent(flight, await claimed(machine, action))
+
+    def _sent(self, flight: Flight, action: Start) -> ep.ProcessingResponse:
+        """Where Envoy sends the machine's first attempt (its account's cluster, credential
+        and deadline), or the answer when it sends none."""
+        ctx = flight.ctx
         if not isinstance(action, Send):
             return self._unsent(action, ctx)
+        machine = flight.machine
+        assert machine is not None
         lease = action.lease
         reach = self.p.reach(lease.account, action.model)
         flight.order = order = reach.order
@@ -315,7 +357,7 @@ class RouterStream:
         answer = ep.ProcessingResponse()
         common = answer.request_body.response
         new_body = ctx.body_for_app()
-        if new_body is not body:
+        if new_body is not ctx.body:
             sets.append(msg.option("content-length", str(len(new_body)).encode()))
             common.body_mutation.body = new_body
         msg.fill(common, sets, CREDENTIAL_HEADERS)
