@@ -118,3 +118,12 @@ async def test_a_compressed_answer_keeps_its_bytes(servicer: ExtProcServicer) ->
     unchanged = await stream.send(response_body(piece, end=True))
     assert not unchanged.response_body.HasField("response")
     await stream.close()
+
+
+async def test_bedrocks_request_id_is_withheld_and_still_exposed(servicer: ExtProcServicer) -> None:
+    """`x-amzn-requestid` names the provider (withheld) and is its request id (exposed)."""
+    headers = {"content-type": "application/json", "x-amzn-requestid": "aws-1"}
+    stream, _, answer = await _answered(servicer, headers)
+    assert "x-amzn-requestid" in removes(answer)
+    assert sets(answer)["x-switchyard-upstream-request-id"] == b"aws-1"
+    await stream.close()

@@ -25,6 +25,13 @@ def withheld(name: bytes) -> bool:
     return name in WITHHELD_NAMES or name.startswith(WITHHELD_PREFIXES)
 
 
+WITHHELD_KEYS = frozenset(name.decode() for name in WITHHELD_NAMES)
+WITHHELD_KEY_PREFIXES = tuple(prefix.decode() for prefix in WITHHELD_PREFIXES)
+"""`withheld`'s names as text, for a front that reads header names as text (Envoy's)."""
+REQUEST_ID_KEYS = {name.decode(): name for name in REQUEST_ID_NAMES}
+"""`REQUEST_ID_NAMES` by their text."""
+
+
 def request_id(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
     """The provider's request id among `headers` (lowercase names); None: it sent none."""
     found: dict[bytes, bytes] = {}

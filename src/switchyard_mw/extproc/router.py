@@ -52,7 +52,13 @@ from ..engine.machine import (
     Start,
     State,
 )
-from ..engine.provider_headers import REQUEST_ID_NAMES, UPSTREAM_REQUEST_ID, request_id, withheld
+from ..engine.provider_headers import (
+    REQUEST_ID_KEYS,
+    UPSTREAM_REQUEST_ID,
+    WITHHELD_KEY_PREFIXES,
+    WITHHELD_KEYS,
+    request_id,
+)
 from ..engine.tenancy import PROVIDER_RATE_LIMIT_HEADERS, Admission, Refusal, Tenancy, billed
 from ..engine.usage import report_tokens
 from ..model_names import with_query
@@ -409,7 +415,7 @@ class RouterStream:
         flight = self.flight
         if flight is None:
             return msg.UNCHANGED_RESPONSE_HEADERS
-        h = msg.headers_of(request.response_headers, _READ_RESPONSE)
+        h, removed, ids = _response_headers(request.response_headers)
         status = int(h.get(":status", b"0") or 0)
         flight.ctx.response_status = status
         details = msg.attribute(request, "response.code_details")
@@ -424,7 +430,8 @@ class RouterStream:
             plan = body_usage.plan(flight.ctx, self.wire, status, h)
         self._attempt_ended(flight, h, status, details, local=local, body_follows=plan is not None)
         machine = flight.machine
-        removed = _provider_headers(request.response_headers, flight.ctx, local)
+        # The provider's request id noted (an answer Envoy made itself has none).
+        flight.ctx.upstream_request_id = None if local else request_id(ids)
         instead = None if machine is None or local else machine.replacement()
         if instead is not None:
             # The last attempt refused its account's key or billing: the provider's refusal
@@ -611,19 +618,24 @@ class RouterStream:
 _UPSTREAM_ID = UPSTREAM_REQUEST_ID.decode()
 
 
-def _provider_headers(http: ep.HttpHeaders, ctx: RequestContext, local: bool) -> list[str]:
-    """The provider's own headers to remove from the answer (`engine.provider_headers`), its
-    request id noted on `ctx` (an answer Envoy made itself has none)."""
+def _response_headers(
+    http: ep.HttpHeaders,
+) -> tuple[msg.Headers, list[str], list[tuple[bytes, bytes]]]:
+    """In one pass over the answer's headers: those the router reads (`_READ_RESPONSE`, a
+    repeated name keeps its first), the provider's own to remove from the answer and its
+    request ids (`engine.provider_headers`)."""
+    read: msg.Headers = {}
     removed: list[str] = []
     ids: list[tuple[bytes, bytes]] = []
     for header in http.headers.headers:
-        name = header.key.encode()
-        if withheld(name):
-            removed.append(header.key)
-        if name in REQUEST_ID_NAMES:
-            ids.append((name, header.raw_value))
-    ctx.upstream_request_id = None if local else request_id(ids)
-    return removed
+        key = header.key
+        if key in _READ_RESPONSE and key not in read:
+            read[key] = header.raw_value or header.value.encode()
+        if key in WITHHELD_KEYS or key.startswith(WITHHELD_KEY_PREFIXES):
+            removed.append(key)
+        if key in REQUEST_ID_KEYS:  # Bedrock's is withheld too: both
+            ids.append((REQUEST_ID_KEYS[key], header.raw_value))
+    return read, removed, ids
 
 
 def _new_body(body: bytes, was: int, *, whole: bool) -> ep.ProcessingResponse:
