@@ -149,8 +149,11 @@ async def worker(
                 tally["refused"] += 1
                 continue
             tally["granted"] += 1
-            local = outages[-1] if not store.healthy and outages else None
-            tally["local"] += local is not None
+            # Made on the share, as the store holds it: Redis may have been found gone (by
+            # another request) after this one was granted there.
+            on_share = store.on_share(outcome.reservation)
+            local = outages[-1] if on_share and outages else None
+            tally["local"] += on_share
             await asyncio.sleep(rng.uniform(0.001, 0.01))
             used = ESTIMATE + rng.randint(-ERROR, ERROR) + rng.randint(0, MAX_TOKENS)
             tally["charged"] += used

@@ -236,6 +236,7 @@ async def test_a_dead_store_falls_back_to_the_replicas_share_without_waiting(
     limits = store(replicas_hint=2, timeout_secs=0.1)
     shared = await limits.reserve({DAY: 100})
     assert isinstance(shared, Granted)
+    assert not limits.on_share(shared.reservation)  # Redis holds it
     degraded = otel_metrics.value(tm.STATE_DEGRADED)
     redis_server.kill()
 
@@ -244,6 +245,8 @@ async def test_a_dead_store_falls_back_to_the_replicas_share_without_waiting(
     assert time.perf_counter() - began < 0.1 + 0.15
     assert isinstance(first, Granted)
     assert not limits.healthy
+    assert limits.on_share(first.reservation)
+    assert not limits.on_share(shared.reservation)  # still Redis's, whatever the health now
     # The share is 1000 / 2 = 500, seeded with its half of the 100 Redis last held: 50 + 400
     # held, 50 more fits and 51 does not.
     refused = await limits.reserve({DAY: 51})

@@ -176,6 +176,12 @@ class RedisLimits:
     async def settle(self, reservation: Reservation, used: Mapping[Measure, float]) -> None:
         await self._undo(reservation, used)
 
+    def on_share(self, reservation: Reservation) -> bool:
+        """Whether `reservation` (not yet settled or released) was made on this replica's
+        share during an outage, not in Redis: told by where it is held, not by whether Redis
+        is reachable now, which another request may have changed since."""
+        return isinstance(self._open.get(reservation.ticket), _Local)
+
     async def release(self, reservation: Reservation) -> None:
         await self._undo(reservation, None)
 
