@@ -54,6 +54,9 @@ from _harness import (
     start_envoy,
 )
 
+if TYPE_CHECKING:
+    from switchyard_mw.extproc.h2_transport import EndStream, OpenStream
+
 RECORDINGS = BENCH / "out" / "envoy-bytes"
 TRANSPORTS = ("h2", "frames")
 _WARMUP = 20
@@ -93,8 +96,9 @@ def _pump(src: socket.socket, dst: socket.socket, reads: list[bytes] | None) -> 
         dst.close()
 
 
-def record(size: str, requests: int, workdir: Path) -> Path:
-    """Envoy's reads of one ext_proc connection serving `requests` requests of `size`."""
+def record(size: str, requests: int, workdir: Path, into: Path = RECORDINGS) -> Path:
+    """Envoy's reads of one ext_proc connection serving `requests` requests of `size`, kept
+    in `into`."""
     from _envoy import EXAMPLE, drop_block, processor_config
 
     from switchyard_mw.testing.envoy import with_ports
@@ -139,8 +143,8 @@ def record(size: str, requests: int, workdir: Path) -> Path:
     finally:
         stop.set()
         procs.close()
-    RECORDINGS.mkdir(parents=True, exist_ok=True)
-    path = RECORDINGS / f"{size}.bin"
+    into.mkdir(parents=True, exist_ok=True)
+    path = into / f"{size}.bin"
     path.write_bytes(b"".join(struct.pack(">I", len(r)) + r for r in reads))
     return path
 
@@ -246,10 +250,6 @@ async def _processor(workdir: Path) -> tuple[OpenStream, EndStream]:
     await policies.start()
     servicer = ExtProcServicer(policies)
     return servicer.open, servicer.end
-
-
-if TYPE_CHECKING:
-    from switchyard_mw.extproc.h2_transport import EndStream, OpenStream
 
 
 def child(transport: str, path: Path, streams: int, handler: str = "fixed") -> None:
