@@ -9,6 +9,7 @@ import threading
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_check_utf8 import check_says, whole_says  # the verdicts, as that file reads them
 
 from switchyard_mw import utf8
 from switchyard_mw.wire import Wire, WireError, read_request
@@ -23,22 +24,6 @@ BAD = [
     b"\xed\xa0\x80",  # a surrogate
     b"\xf4\x90\x80\x80",  # above U+10FFFF
 ]
-
-
-def decoder_says(body: bytes) -> bool:
-    try:
-        body.decode()
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
-def check_says(body: bytes) -> bool:
-    try:
-        utf8.check_utf8(body)
-    except UnicodeDecodeError:
-        return False
-    return True
 
 
 @pytest.fixture
@@ -74,7 +59,7 @@ def test_what_is_not_utf8_is_refused_by_both(bad: bytes, at: str, decodes: list[
     text = "texte é " * 20_000
     where = {"start": 0, "middle": len(text) // 2, "end": len(text)}[at]
     body = b'{"a":"' + text[:where].encode() + bad + text[where:].encode() + b'"}'
-    assert not decoder_says(body)
+    assert not whole_says(body)
     assert not check_says(body)
     assert decodes == [len(body)]  # simdjson refused it; the decoder gave the verdict
 
@@ -147,4 +132,4 @@ def test_threads_checking_at_once_each_get_their_own_answer() -> None:
 @given(st.binary(max_size=64), st.text(max_size=40))
 def test_the_verdict_is_the_decoders_for_any_bytes_in_a_string(raw: bytes, text: str) -> None:
     body = b'{"a":"' + text.encode() + raw.replace(b'"', b"").replace(b"\\", b"") + b'"}'
-    assert check_says(body) is decoder_says(body)
+    assert check_says(body) is whole_says(body)
