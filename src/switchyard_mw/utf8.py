@@ -4,7 +4,8 @@ msgspec skips the fields a wire does not read without checking their UTF-8, so a
 body is checked once more, over all its bytes: at 1 MB the costliest part of reading a
 request. With pysimdjson installed (the `gateway` and `envoy` extras bring it), simdjson's
 parse checks it: it validates the whole input's UTF-8 with vector instructions, two to three
-times faster than Python's decoder here (docs/performance.md, "The UTF-8 check").
+times faster than Python's decoder here (docs/performance.md, "The UTF-8 check by
+simdjson").
 
 Python's decoder stays the judge: whatever simdjson refuses (a body that is not UTF-8, but
 also a document it does not read: nested deeper than 1,024, a number wider than 64 bits, a
