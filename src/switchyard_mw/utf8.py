@@ -36,11 +36,21 @@ def check_utf8(body: bytes) -> None:
         _decoder_check(body)
 
 
-def _simd_reads(body: bytes) -> bool:
+def simd_parser() -> Any:
+    """This thread's simdjson parser, or None without pysimdjson.
+
+    A parser is not thread-safe, and it refuses to parse again while a proxy of its last
+    document lives: a caller drops every proxy before it returns, as `_simd_reads` does.
+    """
     try:
-        parser = _local.parser
+        return _local.parser
     except AttributeError:
         parser = _local.parser = _new_parser()
+        return parser
+
+
+def _simd_reads(body: bytes) -> bool:
+    parser = simd_parser()
     if parser is None:
         return False
     try:

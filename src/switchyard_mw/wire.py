@@ -6,6 +6,7 @@ Only the fields a policy needs are decoded; msgspec skips the rest without build
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import re
 import threading
@@ -15,6 +16,7 @@ from typing import Annotated, Any, ParamSpec, TypeVar, cast
 import msgspec
 from msgspec import Meta, Raw, Struct
 
+from . import simd_read
 from .errors import WireError as WireError  # its home before the one exception tree
 from .utf8 import check_utf8
 
@@ -95,6 +97,7 @@ class RequestView:
         first_turn: Raw | str | None = None,
         messages: list[_Message] | None = None,
         has_thinking: bool = False,
+        thinking_in_body: bool = False,
         body: bytes = b"",
     ) -> None:
         self.wire = wire
@@ -109,7 +112,10 @@ class RequestView:
         self._messages = messages
         self._body = body  # the bytes `messages` was read from (a reference, not a copy)
         self._hash: str | None = _UNSET
-        self._thinking: bool = _UNSET if messages is not None else has_thinking
+        # `thinking_in_body`: an Anthropic body read without its messages (`simd_read`); they
+        # are decoded from `body` if a policy asks, and only if it may hold signed thinking.
+        unknown = messages is not None or thinking_in_body
+        self._thinking: bool = _UNSET if unknown else has_thinking
 
     @property
     def first_turn_hash(self) -> str | None:
@@ -135,11 +141,11 @@ class RequestView:
             # Signed thinking always has a `signature` (or is `redacted_thinking`): a body with
             # neither word has none, found by two C searches instead of decoding every turn.
             maybe = not body or b'"signature"' in body or b'"redacted_thinking"' in body
-            messages = self._messages or []
+            messages = self._messages
             try:
-                self._thinking = maybe and _messages_think(messages)
+                self._thinking = maybe and _thinks(messages, body)
             except RecursionError:
-                self._thinking = on_fresh_stack(_messages_think, messages)
+                self._thinking = on_fresh_stack(_thinks, messages, body)
         return self._thinking
 
     def __repr__(self) -> str:
@@ -174,6 +180,12 @@ class _Anthropic(Struct):
     max_tokens: NonNegInt | None = None
     stream: bool | None = None
     metadata: _AnthropicMetadata | None = None
+    messages: list[_Message] = []
+
+
+class _Messages(Struct):
+    """An Anthropic body's messages alone, decoded when `RequestView.has_thinking` asks."""
+
     messages: list[_Message] = []
 
 
@@ -220,6 +232,7 @@ _DECODERS: dict[Wire, msgspec.json.Decoder[Any]] = {
     Wire.OPENAI_RESPONSES: msgspec.json.Decoder(_Responses),
     Wire.GENERIC: msgspec.json.Decoder(_Generic),
 }
+_MESSAGES = msgspec.json.Decoder(_Messages)
 _BLOCKS = msgspec.json.Decoder(list[_Block] | str | None)
 _ITEMS = msgspec.json.Decoder(list[_Item] | str | None)
 _ANY = msgspec.json.Decoder()
@@ -239,7 +252,10 @@ def read_request(wire: Wire, body: bytes, path: str = "") -> RequestView:
     """
     try:
         try:
-            view = _read(wire, body)
+            if len(body) < simd_read.MIN_BYTES:
+                view = _read(wire, body)
+            else:
+                view = _read_large(wire, body) or _read(wire, body)
         except RecursionError:
             view = on_fresh_stack(_read, wire, body)  # the one nesting decision: see there
     except msgspec.ValidationError as exc:
@@ -263,11 +279,70 @@ def check_model(model: str) -> None:
     it, Envoy fails the stream), and a long one makes every response carry it. Both fronts
     call this through `read_request`, before any policy sees the name.
     """
-    # Four bytes at most per character: a name of up to 64 characters needs no encoding.
+    # Four bytes at most per character: a name of up to 64 characters needs no encoding (and
+    # no `len`: an empty slice is found without a call, on every request).
     if not model.isprintable():
         raise bad_request("model: must not contain control or other non-printable characters")
-    if len(model) > MAX_MODEL_BYTES // 4 and len(model.encode()) > MAX_MODEL_BYTES:
+    if model[MAX_MODEL_BYTES // 4 :] and len(model.encode()) > MAX_MODEL_BYTES:
         raise bad_request(f"model: must be at most {MAX_MODEL_BYTES} bytes")
+
+
+def _read_large(wire: Wire, body: bytes) -> RequestView | None:
+    """A large conversation read by `simd_read` (one simdjson parse); None: msgspec reads it."""
+    if wire not in _CONVERSATIONS:
+        return None
+    fields = simd_read.read(body, chat=wire is Wire.OPENAI_CHAT, pad=_simd_pad())
+    if fields is None:
+        return None
+    return RequestView(
+        wire=wire,
+        model=fields.model,
+        max_tokens=fields.max_tokens,
+        stream=fields.stream,
+        user_key=fields.user_key,
+        first_turn=fields.first_turn,
+        thinking_in_body=wire is Wire.ANTHROPIC,
+        body=body,
+    )
+
+
+_CONVERSATIONS = frozenset({Wire.ANTHROPIC, Wire.OPENAI_CHAT})
+
+
+_NESTING_MARGIN = 16
+
+
+@functools.cache
+def _simd_pad() -> int:
+    """How many levels to wrap a body in so that simdjson refuses it before it nests as deep
+    as msgspec's read can go (`on_fresh_stack`); msgspec then reads it and decides.
+
+    msgspec's limit is Python's stack, so it is found, not assumed (it moves with the
+    interpreter's version and recursion limit): the deepest body `_read` reads on a fresh
+    stack, by halving, once per process (about ten short threads). That depth moves by a
+    level from one thread to the next (measured: 994 or 995 on CPython 3.11), so simdjson
+    stops `_NESTING_MARGIN` levels short of it: a body that deep is left to msgspec, whose
+    verdict it gets today, and every body simdjson reads, msgspec's later readers can.
+    """
+    deepest, refused = 1, simd_read.SIMD_MAX_DEPTH + 1
+    while refused - deepest > 1:
+        depth = (deepest + refused) // 2
+        if _reads_nested(depth):
+            deepest = depth
+        else:
+            refused = depth
+    return max(0, simd_read.SIMD_MAX_DEPTH - deepest + _NESTING_MARGIN)
+
+
+def _reads_nested(depth: int) -> bool:
+    """Whether `_read` reads, on a fresh stack, a body nested `depth` levels (its object one)."""
+    inner = depth - 1
+    body = b'{"model": "m", "x": ' + b"[" * inner + b"]" * inner + b"}"
+    try:
+        on_fresh_stack(_read, Wire.GENERIC, body)
+    except RecursionError:
+        return False
+    return True
 
 
 def _read(wire: Wire, body: bytes) -> RequestView:
@@ -379,6 +454,12 @@ def _turn_hash_of(turn: Raw | str) -> str:
     except msgspec.DecodeError:
         # Not decodable (bad UTF-8 deep inside, say): its bytes still key it stably.
         return hashlib.blake2b(raw, digest_size=16).hexdigest()
+
+
+def _thinks(messages: list[_Message] | None, body: bytes) -> bool:
+    if messages is None:  # read by `simd_read`, which leaves the messages in the body
+        messages = _MESSAGES.decode(body).messages if body else []
+    return _messages_think(messages)
 
 
 def _messages_think(messages: list[_Message]) -> bool:

@@ -1,0 +1,178 @@
+"""A large conversation's request body read from simdjson's one parse, not msgspec's scan.
+
+`wire.read_request` decodes a body with msgspec into the few fields the policies use. msgspec
+still walks every byte of what it skips (a byte at a time) and builds a struct for each
+message of a conversation, and a body past ASCII is then parsed once more by simdjson for its
+UTF-8 (`utf8`). For the two conversation wires (Anthropic Messages, OpenAI Chat), a body of
+`MIN_BYTES` or more is read here instead, when pysimdjson is installed: one parse checks its
+JSON and its UTF-8 at vector speed, and the fields are taken from the document
+(docs/performance.md, "The read by simdjson").
+
+msgspec stays the judge. This read answers only for a body that msgspec reads to the same
+view, and None for anything else: a field of another type, a key given twice (msgspec keeps
+the last, simdjson finds the first), a message that is not an object, a first turn whose
+content is a bare number, a body simdjson refuses. Such a body is then read by msgspec, whose
+verdict and words stand. How deep a body may nest is the one limit the two set apart
+(simdjson's is 1,024 levels, msgspec's Python's stack): the caller wraps the body in as many
+levels as simdjson's limit exceeds msgspec's, so that simdjson refuses what msgspec would.
+"""
+
+from __future__ import annotations
+
+from itertools import repeat
+from typing import Any, NamedTuple
+
+from msgspec import Raw
+
+from switchyard_mw.utf8 import SIMD_MAX_BYTES, simd_parser
+
+MIN_BYTES = 16384
+"""The smallest body read here: below, msgspec's read costs no more than the parse and the
+calls that take the fields from the document."""
+
+SIMD_MAX_DEPTH = 1024
+"""simdjson's nesting limit (its default, which pysimdjson does not change)."""
+
+_NULL = Raw(b"null")
+_ABSENT: Any = object()  # `messages` left out: msgspec's default, an empty list
+
+
+class Fields(NamedTuple):
+    """What `wire.RequestView` is built from, as msgspec's read gives it."""
+
+    model: str
+    max_tokens: int | None
+    stream: bool
+    user_key: str | None
+    first_turn: Raw | str | None
+    """The first user turn's content (`Raw` JSON, or the text of a string); None: no user turn."""
+
+
+class _Refused(Exception):
+    """A body this read does not answer for: msgspec reads it."""
+
+
+def read(body: bytes, *, chat: bool, pad: int) -> Fields | None:
+    """The fields of an OpenAI Chat (`chat`) or Anthropic Messages body, or None: msgspec reads
+    it. `pad`: levels to wrap the body in, so that simdjson refuses a body nested deeper than
+    msgspec reads."""
+    parser = simd_parser()
+    if parser is None or len(body) + 2 * pad > SIMD_MAX_BYTES:
+        return None
+    try:
+        # Every proxy of the document is a local of this frame or its callees, gone when
+        # they return: the thread's parser is free again for the next body.
+        doc = parser.parse(b"[" * pad + body + b"]" * pad if pad else body)
+    except (ValueError, RuntimeError):  # not JSON, not UTF-8, too deep: msgspec's verdict
+        return None
+    top = doc.at_pointer("/0" * pad) if pad else doc
+    try:
+        return _chat(top) if chat else _anthropic(top)
+    except _Refused:
+        return None
+
+
+def _anthropic(doc: Any) -> Fields:
+    get = _members(doc)
+    metadata = get("metadata", None)
+    user_id = None if metadata is None else _optional_str(_members(metadata)("user_id", None))
+    return Fields(
+        model=_str(get("model", None)),
+        max_tokens=_count(get("max_tokens", None)),
+        stream=_flag(get("stream", None)),
+        user_key=user_id or None,
+        first_turn=_first_turn(get("messages", _ABSENT)),
+    )
+
+
+def _chat(doc: Any) -> Fields:
+    get = _members(doc)
+    completion = _count(get("max_completion_tokens", None))
+    legacy = _count(get("max_tokens", None))
+    user = _optional_str(get("user", None))
+    safety = _optional_str(get("safety_identifier", None))
+    return Fields(
+        model=_str(get("model", None)),
+        max_tokens=completion if completion is not None else legacy,
+        stream=_flag(get("stream", None)),
+        user_key=user or safety or None,
+        first_turn=_first_turn(get("messages", _ABSENT)),
+    )
+
+
+def _members(value: Any) -> Any:
+    """`value.get` for an object whose keys are all different; refused otherwise."""
+    if not _is_object(value) or len(set(value.keys())) != len(value):
+        raise _Refused
+    return value.get
+
+
+def _first_turn(messages: Any) -> Raw | str | None:
+    if messages is _ABSENT:
+        return None
+    if not _is_array(messages) or not all(map(isinstance, messages, repeat(_OBJECT))):
+        raise _Refused  # msgspec words which message, and how it is wrong
+    for message in messages:  # a loop, not a generator: the first user turn is near the start
+        get = _members(message)
+        role = get("role", None)
+        if type(role) is str and role == "user":
+            return _content(get("content", None))
+    return None
+
+
+def _content(content: Any) -> Raw | str:
+    if content is None:
+        return _NULL
+    if type(content) is str:
+        return content
+    if _is_object(content) or _is_array(content):
+        # Minified, the same JSON (numbers keep their kind: 1.0 stays 1.0): its hash, worked
+        # out by `wire` on first use, is the one msgspec's raw bytes give.
+        return Raw(content.mini)
+    raise _Refused  # a bare number or boolean: rare enough to leave to msgspec
+
+
+def _str(value: Any) -> str:
+    if type(value) is not str:
+        raise _Refused
+    return value
+
+
+def _optional_str(value: Any) -> str | None:
+    if value is not None and type(value) is not str:
+        raise _Refused
+    return value
+
+
+def _count(value: Any) -> int | None:
+    """A `NonNegInt | None`, as msgspec reads one (a boolean is not a number there)."""
+    if value is None or (type(value) is int and value >= 0):
+        return value
+    raise _Refused
+
+
+def _flag(value: Any) -> bool:
+    if value is None or value is False:
+        return False
+    if value is True:
+        return True
+    raise _Refused
+
+
+def _object_type() -> tuple[type, type]:
+    try:
+        from simdjson import Array, Object
+    except ImportError:  # no parser either: `read` answers None before any proxy
+        return type(None), type(None)
+    return Object, Array
+
+
+_OBJECT, _ARRAY = _object_type()
+
+
+def _is_object(value: Any) -> bool:
+    return type(value) is _OBJECT
+
+
+def _is_array(value: Any) -> bool:
+    return type(value) is _ARRAY
