@@ -19,6 +19,7 @@ levels as simdjson's limit exceeds msgspec's, so that simdjson refuses what msgs
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from itertools import repeat
 from typing import Any, NamedTuple
 
@@ -74,12 +75,12 @@ def read(body: bytes, *, chat: bool, pad: int) -> Fields | None:
 
 def _anthropic(doc: Any) -> Fields:
     get = _members(doc)
-    metadata = get("metadata", None)
-    user_id = None if metadata is None else _optional_str(_members(metadata)("user_id", None))
+    metadata = get("metadata")
+    user_id = None if metadata is None else _optional_str(_members(metadata)("user_id"))
     return Fields(
-        model=_str(get("model", None)),
-        max_tokens=_count(get("max_tokens", None)),
-        stream=_flag(get("stream", None)),
+        model=_str(get("model")),
+        max_tokens=_count(get("max_tokens")),
+        stream=_flag(get("stream")),
         user_key=user_id or None,
         first_turn=_first_turn(get("messages", _ABSENT)),
     )
@@ -87,24 +88,36 @@ def _anthropic(doc: Any) -> Fields:
 
 def _chat(doc: Any) -> Fields:
     get = _members(doc)
-    completion = _count(get("max_completion_tokens", None))
-    legacy = _count(get("max_tokens", None))
-    user = _optional_str(get("user", None))
-    safety = _optional_str(get("safety_identifier", None))
+    completion = _count(get("max_completion_tokens"))
+    legacy = _count(get("max_tokens"))
+    user = _optional_str(get("user"))
+    safety = _optional_str(get("safety_identifier"))
     return Fields(
-        model=_str(get("model", None)),
+        model=_str(get("model")),
         max_tokens=completion if completion is not None else legacy,
-        stream=_flag(get("stream", None)),
+        stream=_flag(get("stream")),
         user_key=user or safety or None,
         first_turn=_first_turn(get("messages", _ABSENT)),
     )
 
 
-def _members(value: Any) -> Any:
-    """`value.get` for an object whose keys are all different; refused otherwise."""
-    if not _is_object(value) or len(set(value.keys())) != len(value):
+def _members(value: Any) -> Callable[..., Any]:
+    """`get(key, default=None)` for an object whose keys are all different; refused otherwise.
+
+    The keys are looked up in a set of their names first: pysimdjson finds a key that is not
+    there by raising and catching an exception, about 2 µs each (measured), for each of the
+    optional fields most bodies leave out.
+    """
+    if not _is_object(value):
         raise _Refused
-    return value.get
+    names = set(value.keys())
+    if len(names) != len(value):
+        raise _Refused
+
+    def get(key: str, default: Any = None) -> Any:
+        return value[key] if key in names else default
+
+    return get
 
 
 def _first_turn(messages: Any) -> Raw | str | None:
@@ -114,9 +127,9 @@ def _first_turn(messages: Any) -> Raw | str | None:
         raise _Refused  # msgspec words which message, and how it is wrong
     for message in messages:  # a loop, not a generator: the first user turn is near the start
         get = _members(message)
-        role = get("role", None)
+        role = get("role")
         if type(role) is str and role == "user":
-            return _content(get("content", None))
+            return _content(get("content"))
     return None
 
 
