@@ -252,7 +252,7 @@ def read_request(wire: Wire, body: bytes, path: str = "") -> RequestView:
     """
     try:
         try:
-            if len(body) < simd_read.MIN_BYTES:
+            if len(body) < _SIMD_MIN_BYTES:
                 view = _read(wire, body)
             else:
                 view = _read_large(wire, body) or _read(wire, body)
@@ -307,6 +307,7 @@ def _read_large(wire: Wire, body: bytes) -> RequestView | None:
 
 
 _CONVERSATIONS = frozenset({Wire.ANTHROPIC, Wire.OPENAI_CHAT})
+_SIMD_MIN_BYTES = simd_read.MIN_BYTES  # a global, not an attribute: read on every request
 
 
 _NESTING_MARGIN = 16

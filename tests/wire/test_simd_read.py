@@ -303,8 +303,8 @@ def test_simdjson_stops_short_of_the_depth_msgspec_reads() -> None:
     pad = wire._simd_pad()
     deepest = simd_read.SIMD_MAX_DEPTH - pad  # the deepest body simdjson reads, wrapped
     assert deepest <= 1000
-    for depth in (deepest - 1, deepest):
-        assert wire._reads_nested(depth + wire._NESTING_MARGIN)  # msgspec reads past it
+    # msgspec reads past it, by more than the level its own limit moves between threads
+    assert wire._reads_nested(deepest + wire._NESTING_MARGIN // 2)
     for wire_ in WIRES:
         for where in ("skipped", "content"):
             for depth in range(deepest - 2, deepest + 3):
