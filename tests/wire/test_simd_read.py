@@ -505,3 +505,33 @@ def _readable_bodies(draw: st.DrawFn) -> bytes:
 @given(wire_=st.sampled_from(WIRES), body=_readable_bodies())
 def test_every_readable_large_body_gets_msgspecs_view(wire_: Wire, body: bytes) -> None:
     assert verdict(wire_, body) == by_msgspec(wire_, body)
+
+
+def test_the_wrapping_buffer_is_reused_and_never_reads_an_older_bodys_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A body is wrapped for the nesting bound in one buffer per thread, written over: a body
+    read after a larger one reads only its own bytes, and the buffer is not replaced."""
+    monkeypatch.setattr(simd_read, "_local", threading.local())
+    pad = wire._simd_pad()
+    large, small = conversation(Wire.OPENAI_CHAT, 2400), conversation(Wire.OPENAI_CHAT, 60)
+    for body in (large, small, large, small):
+        assert verdict(Wire.OPENAI_CHAT, body) == by_msgspec(Wire.OPENAI_CHAT, body)
+    held = simd_read._local.held
+    assert held[0] == pad
+    assert len(held[1]) == len(large) + 2 * pad
+    assert verdict(Wire.OPENAI_CHAT, small[:-1]) == by_msgspec(Wire.OPENAI_CHAT, small[:-1])
+    assert simd_read._local.held is held  # the same buffer, written over
+    other = simd_read.read(small, chat=True, pad=pad + 1)  # another depth: a buffer of its own
+    assert other == simd_read.read(small, chat=True, pad=pad)
+
+
+def test_the_buffers_hold_at_most_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(simd_read, "_local", threading.local())
+    pad = wire._simd_pad()
+    body = conversation(Wire.ANTHROPIC, 300)
+    over = body[:-1] + b', "x": "' + b"y" * (utf8.SIMD_MAX_BYTES - len(body)) + b'"}'
+    assert len(over) + 2 * pad > utf8.SIMD_MAX_BYTES
+    assert simd_read.read(over, chat=False, pad=pad) is None  # msgspec reads it
+    assert not hasattr(simd_read._local, "held")
+    assert verdict(Wire.ANTHROPIC, over) == by_msgspec(Wire.ANTHROPIC, over)
