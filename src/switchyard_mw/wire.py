@@ -504,12 +504,17 @@ def _turn_hash(content: Any) -> str:
 
 
 def _plain_text(block: Any) -> bool:
-    return (
-        isinstance(block, dict)
-        and block.get("type") in _TEXT_TYPES
-        and isinstance(block.get("text"), str)
-        and len(block) == 2
-    )
+    return _text_block(block) and len(block) == 2
+
+
+def _text_block(block: Any) -> bool:
+    """A `{"type": "text" | "input_text", "text": "..."}` block (other keys allowed). Its type
+    is checked to be a string before the set lookup: a client's `type` may be any JSON value,
+    and a list or an object is not hashable."""
+    if not isinstance(block, dict):
+        return False
+    kind = block.get("type")
+    return isinstance(kind, str) and kind in _TEXT_TYPES and isinstance(block.get("text"), str)
 
 
 def _field_message(raw: str, *, prefix: str = "") -> str:
@@ -897,10 +902,4 @@ def _text_of(content: Any) -> str:
         return content
     if not isinstance(content, list):
         return ""
-    return "\n".join(
-        block["text"]
-        for block in content
-        if isinstance(block, dict)
-        and block.get("type") in _TEXT_TYPES
-        and isinstance(block.get("text"), str)
-    )
+    return "\n".join(block["text"] for block in content if _text_block(block))

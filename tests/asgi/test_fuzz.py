@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 import msgspec
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -159,3 +160,16 @@ def test_valid_requests_reach_the_app_with_only_model_changed() -> None:
     assert status == 200
     assert json.loads(answer) == {"len": len(body)}  # no canary for "other": byte for byte
     assert calls["app"] == before + 1
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/chat/completions"])
+@pytest.mark.parametrize("kind", ["[]", "{}", '["text"]', "1", "null"])
+def test_a_first_turn_block_whose_type_is_any_json_value_is_canaried(path: str, kind: str) -> None:
+    """The canary keys a conversation on its first user turn's hash, which reads each block's
+    `type`: a list or an object there is not hashable, and was a 500 (found by the read's
+    Hypothesis test against msgspec's)."""
+    block = f'{{"type": {kind}, "text": "x"}}'
+    turn = f'{{"role": "user", "content": [{block}]}}'
+    body = f'{{"model": "m", "max_tokens": 5, "messages": [{turn}]}}'
+    status, answer, _ = asyncio.run(call(path, body.encode(), []))
+    assert status == 200, answer[:200]

@@ -630,3 +630,17 @@ def test_thinking_is_found_only_where_signed_and_the_word_alone_is_not_enough() 
     worded = [{"role": "user", "content": 'my "signature" and "redacted_thinking"'}]
     assert not view(worded)
     assert not view([{"role": "assistant", "content": [{"type": "text", "text": "no"}]}])
+
+
+@pytest.mark.parametrize("wire", [Wire.ANTHROPIC, Wire.OPENAI_CHAT])
+def test_a_block_whose_type_is_not_a_string_is_read_as_no_text(wire: Wire) -> None:
+    """A block's `type` may be any JSON value; a list or an object is not hashable, and the
+    text-block test looked it up in a set (a TypeError, a 500 behind a canary or a judge)."""
+    blocks = [{"type": kind, "text": "x"} for kind in ([], {}, ["text"], 1, None)]
+    text = {"type": "text", "text": "t"}
+    raw = body({"model": "m", "messages": [{"role": "user", "content": [*blocks, text]}]})
+    assert last_user_text(wire, raw) == "t"
+    view = read_request(wire, raw)
+    assert view.first_turn_hash is not None
+    alone = body({"model": "m", "messages": [{"role": "user", "content": [blocks[0]]}]})
+    assert read_request(wire, alone).first_turn_hash != read_request(wire, raw).first_turn_hash
