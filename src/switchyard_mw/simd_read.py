@@ -50,8 +50,9 @@ class Fields(NamedTuple):
     """The first user turn's content (`Raw` JSON, or the text of a string); None: no user turn."""
 
 
-class _Refused(Exception):
-    """A body this read does not answer for: msgspec reads it."""
+_REFUSED = "not a body this read answers for: msgspec reads it"
+"""The words of the `ValueError` a helper raises to hand the body to msgspec (a fresh one each
+time: a raised exception keeps its frames, and their proxies would keep the parser busy)."""
 
 
 def read(body: bytes, *, chat: bool, pad: int) -> Fields | None:
@@ -74,7 +75,7 @@ def read(body: bytes, *, chat: bool, pad: int) -> Fields | None:
     top = doc.at_pointer("/0" * pad) if pad else doc
     try:
         return _chat(top) if chat else _anthropic(top)
-    except _Refused:
+    except ValueError:  # `_REFUSED`: msgspec reads the body, and its verdict stands
         return None
 
 
@@ -137,10 +138,10 @@ def _members(value: Any) -> Callable[..., Any]:
     optional fields most bodies leave out.
     """
     if not _is_object(value):
-        raise _Refused
+        raise ValueError(_REFUSED)
     names = set(value.keys())
     if len(names) != len(value):
-        raise _Refused
+        raise ValueError(_REFUSED)
 
     def get(key: str, default: Any = None) -> Any:
         return value[key] if key in names else default
@@ -152,7 +153,7 @@ def _first_turn(messages: Any) -> Raw | str | None:
     if messages is _ABSENT:
         return None
     if not _is_array(messages) or not all(map(isinstance, messages, repeat(_OBJECT))):
-        raise _Refused  # msgspec words which message, and how it is wrong
+        raise ValueError(_REFUSED)  # msgspec words which message, and how it is wrong
     for message in messages:  # a loop, not a generator: the first user turn is near the start
         get = _members(message)
         role = get("role")
@@ -170,18 +171,18 @@ def _content(content: Any) -> Raw | str:
         # Minified, the same JSON (numbers keep their kind: 1.0 stays 1.0): its hash, worked
         # out by `wire` on first use, is the one msgspec's raw bytes give.
         return Raw(content.mini)
-    raise _Refused  # a bare number or boolean: rare enough to leave to msgspec
+    raise ValueError(_REFUSED)  # a bare number or boolean: rare enough to leave to msgspec
 
 
 def _str(value: Any) -> str:
     if type(value) is not str:
-        raise _Refused
+        raise ValueError(_REFUSED)
     return value
 
 
 def _optional_str(value: Any) -> str | None:
     if value is not None and type(value) is not str:
-        raise _Refused
+        raise ValueError(_REFUSED)
     return value
 
 
@@ -189,7 +190,7 @@ def _count(value: Any) -> int | None:
     """A `NonNegInt | None`, as msgspec reads one (a boolean is not a number there)."""
     if value is None or (type(value) is int and value >= 0):
         return value
-    raise _Refused
+    raise ValueError(_REFUSED)
 
 
 def _flag(value: Any) -> bool:
@@ -197,7 +198,7 @@ def _flag(value: Any) -> bool:
         return False
     if value is True:
         return True
-    raise _Refused
+    raise ValueError(_REFUSED)
 
 
 def _object_type() -> tuple[type, type]:
