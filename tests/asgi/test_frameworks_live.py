@@ -39,6 +39,7 @@ from typing import Any
 
 import anthropic
 import httpx
+import msgspec
 import openai
 import pytest
 import uvicorn
@@ -676,3 +677,33 @@ def test_deadline_alone_answers_504(
         )
     assert error.value.status_code == 504
     assert error.value.response.json()["error"]["code"] == "deadline_exceeded"
+
+
+def _long_conversation() -> list[dict[str, Any]]:
+    """About 60 KB past ASCII, blocks and strings: read by simdjson (`simd_read`), not msgspec."""
+    turns: list[dict[str, Any]] = []
+    for i in range(120):
+        text = f'turn {i}: grüße, 日本語 ☕ and "quoted" words\n' * 8
+        if i % 2:
+            turns.append({"role": "assistant", "content": text})
+        else:
+            turns.append({"role": "user", "content": [{"type": "text", "text": text}]})
+    return turns
+
+
+def test_a_long_conversation_is_read_and_forwarded_whole(
+    target: Target, mock: tuple[MockProvider, str]
+) -> None:
+    turns = _long_conversation()
+    raw = _anthropic(target).messages.with_raw_response.create(
+        model="m-ok", max_tokens=32, messages=turns
+    )
+    assert raw.parse().content[0].type == "text"
+    assert raw.headers["x-switchyard-account"] == "ok"
+    assert raw.headers["x-switchyard-attempts"] == "1"
+    chat = _openai(target).chat.completions.with_raw_response.create(model="m-ok", messages=turns)
+    assert chat.parse().choices[0].message.content
+    sent = [msgspec.json.decode(r.body) for r in mock[0].requests]
+    assert len(sent) == 2
+    assert all(len(r.body) >= 16384 for r in mock[0].requests)
+    assert all(body["messages"] == turns and body["model"] == "m-ok" for body in sent)
