@@ -434,6 +434,134 @@ def test_data_is_handed_on_as_views_of_the_read_not_copies() -> None:
     assert b"".join(pieces) == body
 
 
+def _one_frame_cut(at: int, *, end_stream: bool = False) -> tuple[FrameConnection, list[bytes]]:
+    """A server greeted, stream 1 open, and one 16 KB DATA frame of stream 1 cut into two
+    reads `at` bytes into its payload (not yet received)."""
+    srv, cli = greeted()
+    cli.send_headers(1, REQUEST)
+    srv.receive_data(cli.data_to_send())
+    srv.data_to_send()
+    cli.send_data(1, bytes(range(256)) * 64, end_stream=end_stream)
+    sent = cli.data_to_send()
+    return srv, [sent[: 9 + at], sent[9 + at :]]
+
+
+def _data(events: list[h2.events.Event]) -> list[h2.events.DataReceived]:
+    return [e for e in events if isinstance(e, h2.events.DataReceived)]
+
+
+def test_a_data_frame_cut_by_a_read_is_handed_on_in_pieces_as_views_of_each_read() -> None:
+    """Not put together first: each piece of its payload is handed on as it arrives (a view
+    of its read once it is large), so a body whose frames the reads cut is not copied twice
+    more on its way (the cut frame's bytes sliced, then joined)."""
+    srv, reads = _one_frame_cut(6000, end_stream=True)
+    first = srv.receive_data(reads[0])
+    assert [type(e) for e in first] == [h2.events.DataReceived]  # the stream has not ended
+    second = srv.receive_data(reads[1])
+    assert [type(e) for e in second] == [h2.events.DataReceived, h2.events.StreamEnded]
+    pieces = [e.data for e in _data(first + second)]
+    assert [len(p) for p in pieces] == [6000, 16384 - 6000]
+    assert all(isinstance(p, memoryview) for p in pieces)
+    assert pieces[0].obj is reads[0]  # type: ignore[attr-defined]
+    assert pieces[1].obj is reads[1]  # type: ignore[attr-defined]
+    assert b"".join(pieces) == bytes(range(256)) * 64
+    # The whole frame counts against the windows once, with its first piece.
+    assert [e.flow_controlled_length for e in _data(first + second)] == [16384, 0]
+
+
+@pytest.mark.parametrize("at", [0, 1, 100, 4095])
+def test_a_small_piece_of_a_cut_frame_is_a_copy_and_an_empty_one_still_counts(at: int) -> None:
+    srv, reads = _one_frame_cut(at)
+    (first,) = _data(srv.receive_data(reads[0]))
+    assert isinstance(first.data, bytes)
+    assert len(first.data) == at
+    assert first.flow_controlled_length == 16384
+    (second,) = _data(srv.receive_data(reads[1]))
+    assert isinstance(second.data, memoryview)
+    assert len(second.data) == 16384 - at
+    assert second.flow_controlled_length == 0
+
+
+def test_a_data_frame_sent_a_byte_a_read_is_handed_on_a_byte_a_read() -> None:
+    """A peer trickling a frame costs a piece per read, not a copy of all it sent so far per
+    read (putting a 16 KB frame together a byte at a time copied about 134 MB)."""
+    srv, reads = _one_frame_cut(0)
+    srv.receive_data(reads[0])
+    rest = reads[1]
+    sizes = []
+    for i in range(len(rest)):
+        (piece,) = _data(srv.receive_data(rest[i : i + 1]))
+        sizes.append(len(piece.data))
+    assert sizes == [1] * 16384
+
+
+def test_a_cut_frame_over_the_streams_window_resets_it_before_the_rest_arrives() -> None:
+    srv, cli = greeted()
+    cli.send_headers(1, REQUEST)
+    srv.receive_data(cli.data_to_send())
+    srv.data_to_send()
+    whole = DataFrame(1)
+    whole.data = b"x" * 16384
+    for _ in range(STREAM_WINDOW // 16384):
+        srv.receive_data(raw(whole))
+    srv.data_to_send()
+    over = raw(whole)
+    (reset,) = srv.receive_data(over[:100])
+    assert isinstance(reset, h2.events.StreamReset)
+    assert reset.error_code == E.FLOW_CONTROL_ERROR
+    assert srv.receive_data(over[100:]) == []  # the rest is dropped
+    # and the connection reads on: the next frame is whole and its own
+    cli.send_headers(3, REQUEST)
+    (opened,) = srv.receive_data(cli.data_to_send())
+    assert isinstance(opened, h2.events.RequestReceived)
+
+
+def test_a_cut_frame_over_the_connections_window_ends_the_connection_at_once() -> None:
+    srv = FrameConnection()  # the connection's window left at 65,535 bytes
+    srv.initiate(
+        max_streams=100,
+        stream_window=STREAM_WINDOW,
+        connection_window=65535,
+        max_header_list_bytes=64 << 10,
+    )
+    srv.receive_data(preface_and_settings())
+    srv.data_to_send()
+    head = HeadersFrame(1)
+    head.data = hpack.Encoder().encode(REQUEST)
+    head.flags.add("END_HEADERS")
+    srv.receive_data(raw(head))
+    data = DataFrame(1)
+    data.data = b"x" * 16384
+    for _ in range(3):
+        srv.receive_data(raw(data))  # 49,152 bytes, not given back: 16,383 left
+    with pytest.raises(h2.exceptions.ProtocolError):
+        srv.receive_data(raw(data)[:50])
+    assert goaway_code(srv) == E.FLOW_CONTROL_ERROR
+
+
+def test_the_rest_of_a_cut_frame_on_a_stream_reset_meanwhile_is_dropped() -> None:
+    srv, reads = _one_frame_cut(6000, end_stream=True)
+    (first,) = _data(srv.receive_data(reads[0]))
+    srv.acknowledge_received_data(first.flow_controlled_length, 1)
+    srv.reset_stream(1, E.CANCEL)
+    srv.data_to_send()
+    assert srv.receive_data(reads[1]) == []  # no data, no end: the stream is gone
+    assert srv._recv_window + srv._unacked == CONNECTION_WINDOW  # credited once, whole
+
+
+def test_a_padded_frame_cut_by_a_read_is_put_together_and_unpadded() -> None:
+    srv, cli = greeted()
+    cli.send_headers(1, REQUEST)
+    srv.receive_data(cli.data_to_send())
+    srv.data_to_send()
+    cli.send_data(1, b"y" * 9000, pad_length=20)
+    sent = cli.data_to_send()
+    assert _data(srv.receive_data(sent[:5000])) == []
+    (data,) = _data(srv.receive_data(sent[5000:]))
+    assert bytes(data.data) == b"y" * 9000
+    assert data.flow_controlled_length == 9000 + 20 + 1
+
+
 def test_padding_is_dropped_and_padding_longer_than_its_frame_ends_the_connection() -> None:
     srv, cli = greeted()
     cli.send_headers(1, REQUEST)

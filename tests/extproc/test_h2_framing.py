@@ -78,6 +78,51 @@ def test_messages_cut_anywhere_arrive_whole_and_in_order(
     assert reader.size == 0
 
 
+@given(
+    payloads=st.lists(st.binary(max_size=600), min_size=1, max_size=5),
+    cuts=st.lists(st.integers(min_value=1, max_value=700), max_size=30),
+)
+def test_asked_only_once_its_need_is_met_a_reader_gives_every_message(
+    payloads: list[bytes], cuts: list[int]
+) -> None:
+    """The transport asks for a message only when `size` reaches `need` (not for each DATA
+    piece of a large one): no message is missed or held back for it."""
+    wire = b"".join(frame(p) for p in payloads)
+    reader = MessageReader()
+    got: list[bytes] = []
+    at = 0
+    for cut in [*cuts, len(wire)]:
+        piece = wire[at : at + cut]
+        at += len(piece)
+        if piece:
+            reader.add(piece)
+            while reader.size >= reader.need:
+                payload = reader.next_message(LIMIT)
+                if payload is None:
+                    break
+                assert isinstance(payload, memoryview)
+                got.append(bytes(payload))
+    assert got == payloads
+    assert reader.size == 0
+    assert reader.need == PREFIX_BYTES
+
+
+def test_the_need_is_a_prefix_then_the_whole_message_then_a_prefix_again() -> None:
+    data = frame(b"x" * 70_000)
+    reader = MessageReader()
+    assert reader.need == PREFIX_BYTES
+    reader.add(data[:16_000])
+    assert reader.next_message(LIMIT) is None
+    assert reader.need == PREFIX_BYTES + 70_000
+    reader.add(data[16_000:])
+    assert bytes(reader.next_message(LIMIT)) == b"x" * 70_000  # type: ignore[arg-type]
+    assert reader.need == PREFIX_BYTES
+    reader.add(data[:100])
+    assert reader.next_message(LIMIT) is None
+    assert reader.drop_partial() == 100
+    assert reader.need == PREFIX_BYTES
+
+
 def test_a_length_prefix_split_over_pieces_is_read() -> None:
     data = frame(b"x" * 300)
     reader = MessageReader()

@@ -346,7 +346,7 @@ class GrpcConnection:
         to the health service."""
         limit = self.limits.max_message_bytes
         process = stream.method == PROCESS_PATH
-        while stream.size >= PREFIX_BYTES:  # (a call fewer per DATA frame than asking)
+        while stream.size >= stream.need:  # (a call fewer per DATA frame than asking)
             payload = stream.next_message(limit)
             if payload is None:
                 break

@@ -25,7 +25,7 @@ the connection with GOAWAY (`ProtocolError` to the caller, as `h2` does).
 from __future__ import annotations
 
 import struct
-from typing import Final, cast, overload
+from typing import Final, overload
 
 import h2.errors
 import h2.events
@@ -74,6 +74,23 @@ class _Stream:
         self.remote_done = False
         self.unacked = 0
         """Bytes received and handed on, not yet given back in a WINDOW_UPDATE."""
+
+
+class _CutData:
+    """The rest of a DATA frame a read cut, still to come: its pieces are handed on as they
+    arrive (`FrameConnection._go_on`), not put together first."""
+
+    __slots__ = ("ends", "kept", "left", "sid")
+
+    def __init__(self, sid: int, left: int, ends: bool, kept: bool) -> None:
+        self.sid = sid
+        self.left = left
+        """Payload bytes of the frame not yet read."""
+        self.ends = ends
+        """The frame carries END_STREAM: the stream's end is told after its last piece."""
+        self.kept = kept
+        """The frame was admitted (its stream open, its windows kept): its pieces are handed
+        on; if not, they are dropped (the whole frame was given back at its header)."""
 
 
 class _CountingTable(hpack.table.HeaderTable):
@@ -193,6 +210,9 @@ class FrameConnection:
         are closed."""
         self._out: list[bytes | memoryview] = []
         self._pending = b""
+        """A frame the last read cut in its header, or one not DATA (or padded) cut anywhere:
+        put together from the next read."""
+        self._cut: _CutData | None = None
         self._preface_left = len(PREFACE)
         self._greeted = False
         self._block: list[bytes] | None = None
@@ -250,9 +270,13 @@ class FrameConnection:
             at = self._read_preface(data)
             if self._preface_left:
                 return events
+        if self._cut is not None:
+            at = self._go_on(self._cut, data, at, events)
+            if self._cut is not None:
+                return events
         if self._pending:
-            # Only the frame the last read cut is completed by copying: a large body arrives
-            # in reads that cut its frames, and the rest of each read is parsed in place.
+            # Only a frame the last read cut and that is not handed on in pieces is completed
+            # by copying; the rest of each read is parsed in place.
             at = self._complete(data, at, events)
             if self._pending:
                 return events
@@ -307,6 +331,8 @@ class FrameConnection:
             if length > MAX_FRAME_BYTES:
                 self._fail(_E.FRAME_SIZE_ERROR, f"a frame of {length} bytes")
             if end - at - 9 < length:
+                if kind == DATA and not flags & PADDED and self._block is None and self._greeted:
+                    at = self._cut_at(flags, sid & _MAX_WINDOW, length, data, at + 9, events)
                 break
             start, at = at + 9, at + 9 + length
             if kind == DATA and length >= VIEW_BYTES and self._block is None and self._greeted:
@@ -360,9 +386,24 @@ class FrameConnection:
     def _on_data(
         self, flags: int, sid: int, payload: bytes | memoryview, events: list[h2.events.Event]
     ) -> None:
+        length = len(payload)
+        stream = self._admit(sid, length, events)
+        if stream is None:
+            return
+        data = self._unpadded(payload, flags) if flags & PADDED else payload
+        events.append(
+            # (a view: the connection reads it as any buffer; typed as h2 types its own)
+            h2.events.DataReceived(stream_id=sid, data=data, flow_controlled_length=length)  # type: ignore[arg-type]
+        )
+        if flags & END_STREAM:
+            stream.remote_done = True
+            events.append(h2.events.StreamEnded(stream_id=sid))
+
+    def _admit(self, sid: int, length: int, events: list[h2.events.Event]) -> _Stream | None:
+        """A DATA frame of `length` payload bytes counted against the windows: its stream, or
+        None when its bytes are dropped (given back at once) and the stream reset."""
         if sid == 0 or sid > self.highest:
             self._fail(_E.PROTOCOL_ERROR, "DATA on an idle stream")
-        length = len(payload)
         if length > self._recv_window:
             self._fail(_E.FLOW_CONTROL_ERROR, "DATA over the connection's window")
         self._recv_window -= length
@@ -373,20 +414,69 @@ class FrameConnection:
             self._credit(length)
             if stream is not None:  # the peer had ended its side: STREAM_CLOSED
                 self._reset(sid, _E.STREAM_CLOSED, events)
-            return
+            return None
         stream.receivable -= length
         if stream.receivable < 0:
             self._credit(length)
             self._reset(sid, _E.FLOW_CONTROL_ERROR, events)
-            return
-        # (a view: the connection reads it as any buffer; typed as h2 types its own)
-        data = cast("bytes", self._unpadded(payload, flags))
-        events.append(
-            h2.events.DataReceived(stream_id=sid, data=data, flow_controlled_length=length)
-        )
-        if flags & END_STREAM:
-            stream.remote_done = True
-            events.append(h2.events.StreamEnded(stream_id=sid))
+            return None
+        return stream
+
+    def _cut_at(
+        self,
+        flags: int,
+        sid: int,
+        length: int,
+        data: bytes,
+        start: int,
+        events: list[h2.events.Event],
+    ) -> int:
+        """An unpadded DATA frame whose payload the read cuts at its end: admitted by its
+        header, its first piece handed on now and the rest as it comes (`_go_on`); the
+        read's end.
+
+        Not put together first: a large body's frames are cut by most reads, and putting one
+        together copied its bytes twice (a slice of each read, then the two joined) before
+        the message's own join copied them again. The whole frame counts against the windows
+        with the first piece (`flow_controlled_length`), the later pieces with none.
+        """
+        kept = self._admit(sid, length, events) is not None
+        end = len(data)
+        if kept:
+            events.append(
+                h2.events.DataReceived(
+                    stream_id=sid,
+                    data=self._piece(data, start, end),  # type: ignore[arg-type]
+                    flow_controlled_length=length,
+                )
+            )
+        self._cut = _CutData(sid, length - (end - start), bool(flags & END_STREAM), kept)
+        return end
+
+    def _go_on(self, cut: _CutData, data: bytes, at: int, events: list[h2.events.Event]) -> int:
+        """The next piece of the DATA frame `cut` by the last read handed on (or dropped);
+        where in `data` the next frame starts."""
+        take = min(cut.left, len(data) - at)
+        cut.left -= take
+        stream = self.streams.get(cut.sid) if cut.kept else None
+        if stream is not None and take:
+            piece = self._piece(data, at, at + take)
+            events.append(
+                h2.events.DataReceived(stream_id=cut.sid, data=piece, flow_controlled_length=0)  # type: ignore[arg-type]
+            )
+        if not cut.left:
+            self._cut = None
+            if cut.ends and stream is not None:
+                stream.remote_done = True
+                events.append(h2.events.StreamEnded(stream_id=cut.sid))
+        return at + take
+
+    @staticmethod
+    def _piece(data: bytes, start: int, end: int) -> bytes | memoryview:
+        """`data[start:end]`, a view when it is large (as `_frames` hands DATA on)."""
+        if end - start >= VIEW_BYTES:
+            return memoryview(data)[start:end]
+        return data[start:end]
 
     def _on_headers(
         self, flags: int, sid: int, payload: bytes, events: list[h2.events.Event]

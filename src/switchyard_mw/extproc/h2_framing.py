@@ -90,13 +90,16 @@ class MessageReader:
     object fewer per stream on the hot path.
     """
 
-    __slots__ = ("parts", "size")
+    __slots__ = ("need", "parts", "size")
 
     def __init__(self) -> None:
         self.parts: list[Piece] = []
         """The pieces of the message now arriving (and of any after it)."""
         self.size = 0
         """Bytes in `parts`."""
+        self.need = PREFIX_BYTES
+        """What `size` must reach before asking `next_message`: a prefix, then, once one is
+        in, its whole message (a large message's DATA pieces are not each asked about)."""
 
     def add(self, data: bytes) -> None:
         """Take one DATA piece (not empty)."""
@@ -124,6 +127,7 @@ class MessageReader:
             return Refusal(RESOURCE_EXHAUSTED, f"message of {size} bytes over {limit}")
         end = PREFIX_BYTES + size
         if self.size < end:
+            self.need = end
             return None
         if head[0]:
             return Refusal(INTERNAL, "compressed message but no grpc-encoding")
@@ -136,6 +140,7 @@ class MessageReader:
             whole = memoryview(head)
         parts.clear()
         self.size -= end
+        self.need = PREFIX_BYTES
         if self.size:
             # The next message's start. After a join it is copied (at most the last piece),
             # so that a few bytes never keep a whole large message alive.
@@ -161,6 +166,7 @@ class MessageReader:
         dropped = self.size
         self.parts.clear()
         self.size = 0
+        self.need = PREFIX_BYTES
         return dropped
 
 

@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
-from .h2_framing import OK, MessageReader
+from .h2_framing import OK, PREFIX_BYTES, MessageReader
 
 if TYPE_CHECKING:
     import contextvars
@@ -167,6 +167,7 @@ class Stream(MessageReader):
     def __init__(self, sid: int, method: bytes) -> None:
         self.parts = []  # `MessageReader`'s, set here: a call fewer per stream
         self.size = 0
+        self.need = PREFIX_BYTES
         self.sid = sid
         self.method = method
         self.state = StreamState.OPEN
