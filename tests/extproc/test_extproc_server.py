@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,41 @@ async def test_health_says_serving(served: tuple[ExtProcServer, MockProvider, gr
     for service in ("", "envoy.service.ext_proc.v3.ExternalProcessor"):
         reply = await stub.Check(health_pb2.HealthCheckRequest(service=service))
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+@pytest.mark.parametrize("transport", ["frames", "h2"])
+def test_the_server_serves_in_an_apps_uvloop_loop(transport: Transport) -> None:
+    """`start_server` in an application's uvloop loop (what uvicorn runs with
+    `uvicorn[standard]`), whose transports are no `asyncio.Transport` subclasses."""
+    import uvloop
+
+    loop = uvloop.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    mock = MockProvider()
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=mock))
+    config = parse_config(CONFIG)
+    policies = Policies(config, build_accounts(config, {"KEY_A": "ka"}), judge_http_client=http)
+    started = start_server(policies, "127.0.0.1:0", transport=transport)
+    server = asyncio.run_coroutine_threadsafe(started, loop).result(10)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            check = health_pb2_grpc.HealthStub(channel).Check
+            reply = check(health_pb2.HealthCheckRequest(), timeout=10)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+            body = msgspec.json.encode(
+                {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            )
+            process = ep_grpc.ExternalProcessorStub(channel).Process
+            answers = list(process(iter([request_headers(), request_body(body)]), timeout=10))
+        assert len(answers) == 2
+        assert sets(answers[1])["x-switchyard-cluster"] == b"prov"
+    finally:
+        asyncio.run_coroutine_threadsafe(server.stop(grace_secs=0), loop).result(10)
+        asyncio.run_coroutine_threadsafe(http.aclose(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
 
 
 async def test_a_body_over_grpcs_default_4_mib_limit_round_trips(

@@ -44,7 +44,7 @@ import socket
 import stat
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import h2.errors
 from google.protobuf.message import DecodeError
@@ -133,8 +133,9 @@ class _Connection(asyncio.Protocol):
 
     # asyncio.Protocol ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream transport, whatever its class: uvloop's (an application's loop under
+        # `uvicorn[standard]`, say) has asyncio.Transport's methods without subclassing it.
+        self.transport = transport = cast("asyncio.Transport", transport)
         transport.set_write_buffer_limits(high=WRITE_BUFFER_BYTES)
         server = self.server
         server.open_connections += 1
