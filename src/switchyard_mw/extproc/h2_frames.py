@@ -89,8 +89,9 @@ class _CutData:
         self.ends = ends
         """The frame carries END_STREAM: the stream's end is told after its last piece."""
         self.kept = kept
-        """The frame was admitted (its stream open, its windows kept): its pieces are handed
-        on; if not, they are dropped (the whole frame was given back at its header)."""
+        """The frame was admitted (its stream open, the frame within both windows): its
+        pieces are handed on; if not, they are dropped (the whole frame was given back to the
+        connection's window at its header)."""
 
 
 class _CountingTable(hpack.table.HeaderTable):
@@ -435,9 +436,10 @@ class FrameConnection:
         header, its first piece handed on now and the rest as it comes (`_go_on`); the
         read's end.
 
-        Not put together first: a large body's frames are cut by most reads, and putting one
-        together copied its bytes twice (a slice of each read, then the two joined) before
-        the message's own join copied them again. The whole frame counts against the windows
+        Not put together first: a read often ends inside a large body's frame, and putting
+        that frame together copied its bytes twice (a slice of each read, then the two
+        joined) before the message's own join copied them again, and a frame trickled a byte
+        a read was copied whole on every read. The whole frame counts against the windows
         with the first piece (`flow_controlled_length`), the later pieces with none.
         """
         kept = self._admit(sid, length, events) is not None
