@@ -5,6 +5,7 @@ trailers written."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterator
 
 import pytest
 from hypothesis import given
@@ -54,54 +55,39 @@ def test_two_messages_in_one_piece_come_out_in_order() -> None:
     assert reader.parts == []
 
 
+def take_due(reader: MessageReader) -> list[bytes]:
+    """As the transport takes them: asked only while `size` reaches `need` (not for each DATA
+    piece of a large message)."""
+    found = []
+    while reader.size >= reader.need and (payload := reader.next_message(LIMIT)) is not None:
+        assert isinstance(payload, memoryview)
+        found.append(bytes(payload))
+    return found
+
+
+def cut_up(wire: bytes, cuts: list[int]) -> Iterator[bytes]:
+    """`wire` in pieces of the sizes in `cuts`, the rest in one last piece."""
+    at = 0
+    for cut in [*cuts, len(wire)]:
+        piece = wire[at : at + cut]
+        at += len(piece)
+        if piece:
+            yield piece
+
+
+@pytest.mark.parametrize("take", [take_all, take_due])
 @given(
     payloads=st.lists(st.binary(max_size=600), min_size=1, max_size=5),
     cuts=st.lists(st.integers(min_value=1, max_value=700), max_size=30),
 )
 def test_messages_cut_anywhere_arrive_whole_and_in_order(
-    payloads: list[bytes], cuts: list[int]
+    take: Callable[[MessageReader], list[bytes]], payloads: list[bytes], cuts: list[int]
 ) -> None:
-    wire = b"".join(frame(p) for p in payloads)
     reader = MessageReader()
     got: list[bytes] = []
-    at = 0
-    for cut in [*cuts, len(wire)]:
-        piece = wire[at : at + cut]
-        at += len(piece)
-        if piece:
-            reader.add(piece)
-            got += take_all(reader)
-    if at < len(wire):
-        reader.add(wire[at:])
-        got += take_all(reader)
-    assert got == payloads
-    assert reader.size == 0
-
-
-@given(
-    payloads=st.lists(st.binary(max_size=600), min_size=1, max_size=5),
-    cuts=st.lists(st.integers(min_value=1, max_value=700), max_size=30),
-)
-def test_asked_only_once_its_need_is_met_a_reader_gives_every_message(
-    payloads: list[bytes], cuts: list[int]
-) -> None:
-    """The transport asks for a message only when `size` reaches `need` (not for each DATA
-    piece of a large one): no message is missed or held back for it."""
-    wire = b"".join(frame(p) for p in payloads)
-    reader = MessageReader()
-    got: list[bytes] = []
-    at = 0
-    for cut in [*cuts, len(wire)]:
-        piece = wire[at : at + cut]
-        at += len(piece)
-        if piece:
-            reader.add(piece)
-            while reader.size >= reader.need:
-                payload = reader.next_message(LIMIT)
-                if payload is None:
-                    break
-                assert isinstance(payload, memoryview)
-                got.append(bytes(payload))
+    for piece in cut_up(b"".join(frame(p) for p in payloads), cuts):
+        reader.add(piece)
+        got += take(reader)
     assert got == payloads
     assert reader.size == 0
     assert reader.need == PREFIX_BYTES
