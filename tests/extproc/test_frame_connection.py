@@ -271,7 +271,10 @@ def test_received_data_is_given_back_once_half_a_window_is_due() -> None:
     assert sids == {0, 1}
 
 
-def test_data_over_a_streams_window_resets_that_stream_alone() -> None:
+@pytest.mark.parametrize("cut", [None, 100], ids=["whole", "cut-by-a-read"])
+def test_data_over_a_streams_window_resets_that_stream_alone(cut: int | None) -> None:
+    """A frame past the window, whole or cut by a read: reset at its header (before the rest
+    of a cut one arrives, which is dropped), and the connection reads on."""
     srv, cli = greeted()
     cli.send_headers(1, REQUEST)
     srv.receive_data(cli.data_to_send())
@@ -283,11 +286,17 @@ def test_data_over_a_streams_window_resets_that_stream_alone() -> None:
     for _ in range(STREAM_WINDOW // 16384):
         events += srv.receive_data(chunk)
     assert all(isinstance(e, h2.events.DataReceived) for e in events)
-    (reset,) = srv.receive_data(chunk)
+    srv.data_to_send()
+    (reset,) = srv.receive_data(chunk[:cut])
     assert isinstance(reset, h2.events.StreamReset)
     assert reset.error_code == E.FLOW_CONTROL_ERROR
     (rst,) = [f for f in frames(srv.data_to_send()) if isinstance(f, RstStreamFrame)]
     assert rst.error_code == E.FLOW_CONTROL_ERROR
+    if cut is not None:
+        assert srv.receive_data(chunk[cut:]) == []  # the rest is dropped
+    cli.send_headers(3, REQUEST)
+    (opened,) = srv.receive_data(cli.data_to_send())
+    assert isinstance(opened, h2.events.RequestReceived)
 
 
 def test_data_after_the_stream_closed_is_dropped_and_given_back() -> None:
@@ -493,27 +502,6 @@ def test_a_data_frame_sent_a_byte_a_read_is_handed_on_a_byte_a_read() -> None:
         (piece,) = _data(srv.receive_data(rest[i : i + 1]))
         sizes.append(len(piece.data))
     assert sizes == [1] * 16384
-
-
-def test_a_cut_frame_over_the_streams_window_resets_it_before_the_rest_arrives() -> None:
-    srv, cli = greeted()
-    cli.send_headers(1, REQUEST)
-    srv.receive_data(cli.data_to_send())
-    srv.data_to_send()
-    whole = DataFrame(1)
-    whole.data = b"x" * 16384
-    for _ in range(STREAM_WINDOW // 16384):
-        srv.receive_data(raw(whole))
-    srv.data_to_send()
-    over = raw(whole)
-    (reset,) = srv.receive_data(over[:100])
-    assert isinstance(reset, h2.events.StreamReset)
-    assert reset.error_code == E.FLOW_CONTROL_ERROR
-    assert srv.receive_data(over[100:]) == []  # the rest is dropped
-    # and the connection reads on: the next frame is whole and its own
-    cli.send_headers(3, REQUEST)
-    (opened,) = srv.receive_data(cli.data_to_send())
-    assert isinstance(opened, h2.events.RequestReceived)
 
 
 def test_a_cut_frame_over_the_connections_window_ends_the_connection_at_once() -> None:
