@@ -59,6 +59,22 @@ def test_each_bound_holds_exactly_its_size(
     assert (stream.held, buffers.held, buffers.process.held) == (0, 0, 0)
 
 
+@pytest.mark.parametrize(("limits", "room"), [((100, 1000, 1000), 70), ((1000, 50, 1000), 20)])
+def test_the_room_a_stream_has_is_what_its_tightest_bound_leaves(
+    limits: tuple[int, int, int], room: int
+) -> None:
+    stream_limit, connection_limit, process_limit = limits
+    buffers = Buffers(stream_limit, connection_limit, ProcessBytes(process_limit))
+    stream = Held()
+    assert buffers.add(stream, 30) is None
+    assert buffers.room(stream) == room
+    assert buffers.add(stream, room) is None
+    assert buffers.add(stream, 1) is not None  # a byte more crosses that bound
+    process = ProcessBytes(100)
+    Buffers(1000, 1000, process).add(Held(), 90)  # another connection's
+    assert Buffers(1000, 1000, process).room(Held()) == 10
+
+
 def test_the_connection_bound_counts_its_streams_together() -> None:
     buffers = Buffers(100, 150, ProcessBytes(1000))
     assert buffers.add(Held(), 80) is None

@@ -486,6 +486,41 @@ def test_messages_queued_behind_a_busy_handler_are_bounded(engine: Engine) -> No
     assert [s.sid for s in peer.ended] == [sid]
 
 
+@pytest.mark.parametrize("room", [200_000, 90_000, 70_000])
+def test_frames_in_one_read_are_taken_and_bounded_as_frames_read_one_at_a_time(
+    engine: Engine, room: int
+) -> None:
+    """`frames` hands a stream's DATA frames back to back in one read on as one event; the
+    stream takes them at once only when they fit its bounds, else a frame at a time, so the
+    same messages reach the handler and the same bound fails the stream either way."""
+    limits = H2Limits.for_message_size(MB, stream_buffer_bytes=room)
+
+    def sent(one_read: bool) -> tuple[list[bytes], int | None, bytes, int]:
+        peer = Peer(engine, limits)
+        peer.answering = False
+        sid = peer.open()
+        peer.exchange()
+        wire = frame(b"a" * 30_000) + frame(b"b" * 40_000) + frame(b"c" * 20_000)
+        for at in range(0, len(wire), 16384):
+            peer.send(sid, wire[at : at + 16384])
+            if not one_read:
+                peer.core.receive(peer.client.data_to_send(), peer.now)
+        peer.exchange()
+        taken = [bytes(m) for s in peer.working for m in s.pending]
+        detail = (peer.trailers(sid) or {}).get(b"grpc-message", b"")
+        return taken, peer.status(sid), detail, peer.shared.buffers.held
+
+    together, apart = sent(one_read=True), sent(one_read=False)
+    assert together == apart
+    taken, status, detail, _ = together
+    if room >= 90_015:
+        assert (len(taken), status) == (3, None)
+    else:
+        assert status == 8
+        assert detail.startswith(b"stream buffers over")
+        assert together[3] == 0
+
+
 def test_answers_a_peer_does_not_read_are_bounded(engine: Engine) -> None:
     peer = Peer(engine, window=0)
     sid = peer.open()

@@ -67,6 +67,15 @@ class Buffers:
             return f"process buffers over {process.limit} bytes"
         return None
 
+    def room(self, stream: Holder) -> int:
+        """Bytes `stream` may take on before `add` says a bound is crossed."""
+        process = self.process
+        return min(
+            self.stream_limit - stream.held,
+            self.connection_limit - self.held,
+            process.limit - process.held,
+        )
+
     def release(self, stream: Holder, size: int) -> None:
         """`size` bytes of `stream`'s are no longer held."""
         stream.held -= size

@@ -37,7 +37,7 @@ from hyperframe.frame import GoAwayFrame
 
 from .h2_accounting import Buffers, Cut, ProcessBytes, ProcessResets, ResetBudget, StreamsCut
 from .h2_engine import HTTP2
-from .h2_frames import VIEW_BYTES
+from .h2_frames import VIEW_BYTES, DataPieces
 from .h2_framing import (
     DEADLINE_EXCEEDED,
     OK,
@@ -230,6 +230,10 @@ class GrpcConnection:
                     sid = event.stream_id  # type: ignore[attr-defined]
                     received[sid] = received.get(sid, 0) + event.flow_controlled_length  # type: ignore[attr-defined]
                     self._on_data(event)  # type: ignore[arg-type]
+                elif kind is DataPieces:
+                    sid = event.stream_id  # type: ignore[attr-defined]
+                    received[sid] = received.get(sid, 0) + event.flow_controlled_length  # type: ignore[attr-defined]
+                    self._on_pieces(event)  # type: ignore[arg-type]
                 elif kind is h2.events.RequestReceived:
                     self._on_request(event)  # type: ignore[arg-type]
                 elif kind is h2.events.StreamEnded:
@@ -237,9 +241,7 @@ class GrpcConnection:
                 elif kind is h2.events.StreamReset:
                     self._on_reset(event.stream_id)  # type: ignore[attr-defined]
                 elif kind is h2.events.WindowUpdated or kind is h2.events.RemoteSettingsChanged:
-                    self.timers.greeted = True  # the client's first SETTINGS ends its preface
-                    for stream in list(self.streams.values()):
-                        self._send_out(stream)
+                    self._room_to_send()
                 elif kind is h2.events.ConnectionTerminated:
                     self._close()
                     return
@@ -254,6 +256,12 @@ class GrpcConnection:
         finally:
             if len(data) >= VIEW_BYTES:  # (a shorter read holds no view: see there)
                 self._settle(received)
+
+    def _room_to_send(self) -> None:
+        """The peer's window grew or its settings changed: what waited for room goes out."""
+        self.timers.greeted = True  # the client's first SETTINGS ends its preface
+        for stream in list(self.streams.values()):
+            self._send_out(stream)
 
     def _settle(self, received: dict[int, int]) -> None:
         """What a stream keeps of a message still arriving holds no view of the read just
@@ -338,6 +346,25 @@ class GrpcConnection:
         if over is not None:
             self._overflow(stream, over)
             return
+        self._take_messages(stream)
+
+    def _on_pieces(self, event: DataPieces) -> None:
+        """A run of DATA frames taken at once when it fits every bound of the byte account
+        (nothing taken meanwhile gives bytes back, so neither would a frame at a time cross
+        one); else a frame at a time, so that a bound is crossed where it always was."""
+        sid, size = event.stream_id, event.flow_controlled_length  # (no padding in a run)
+        stream = self.streams.get(sid)
+        if stream is None or stream.state not in TAKING:
+            return
+        if size > self.buffers.room(stream):
+            for data in event.pieces:
+                self._on_data(h2.events.DataReceived(stream_id=sid, data=data))  # type: ignore[arg-type]
+            return
+        if not stream.size:
+            stream.partial_at = self.now
+            self.timers.partial.add(stream)
+        stream.add_all(event.pieces)
+        self.buffers.add(stream, size)
         self._take_messages(stream)
 
     def _take_messages(self, stream: Stream) -> None:

@@ -8,7 +8,7 @@ ends with `grpc-status` (and `grpc-message`, percent-encoded) in its trailers (`
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 # gRPC status codes (grpc/doc/statuscodes.md)
@@ -111,6 +111,12 @@ class MessageReader:
         else:
             parts.append(bytearray(data))
         self.size += len(data)
+
+    def add_all(self, pieces: Sequence[bytes | memoryview]) -> None:
+        """Take the pieces of several DATA frames (some may be empty)."""
+        for data in pieces:
+            if data:
+                self.add(data)  # type: ignore[arg-type]
 
     def next_message(self, limit: int) -> memoryview | Refusal | None:
         """The payload of the next whole message (its prefix dropped), or None until one is
