@@ -428,31 +428,39 @@ def test_frames_cut_anywhere_by_reads_give_the_same_events(cut: int) -> None:
     kinds = [type(e) for e in events]
     assert kinds[0] is h2.events.RequestReceived
     assert kinds[-1] is h2.events.StreamEnded
-    (data,) = [told for told in received(events) if told[0] == "data"]
+    (data,) = [item for item in merged(told(events)) if item[0] == "data"]
     assert data[2] == body
 
 
-def received(events: list[h2.events.Event]) -> list[tuple[object, ...]]:
-    """What `events` tell, each stream's DATA back to back taken as one: (data, stream, its
-    bytes, flow-controlled length), (end, stream), (reset, stream, code)."""
-    told: list[tuple[object, ...]] = []
+def told(events: list[h2.events.Event]) -> list[tuple[object, ...]]:
+    """What `events` tell, one item each: (data, stream, its bytes, flow-controlled length),
+    (end, stream), (reset, stream, code)."""
+    items: list[tuple[object, ...]] = []
     for e in events:
         if isinstance(e, h2.events.DataReceived | DataPieces):
             pieces = e.pieces if isinstance(e, DataPieces) else [e.data]
             data = b"".join(bytes(p) for p in pieces)
-            if told and told[-1][:2] == ("data", e.stream_id):
-                _, _, before, flow = told.pop()
-                data, length = before + data, flow + e.flow_controlled_length  # type: ignore[operator]
-            else:
-                length = e.flow_controlled_length
-            told.append(("data", e.stream_id, data, length))
+            items.append(("data", e.stream_id, data, e.flow_controlled_length))
         elif isinstance(e, h2.events.StreamEnded):
-            told.append(("end", e.stream_id))
+            items.append(("end", e.stream_id))
         elif isinstance(e, h2.events.StreamReset):
-            told.append(("reset", e.stream_id, e.error_code))
+            items.append(("reset", e.stream_id, e.error_code))
         else:
-            told.append((type(e).__name__,))
-    return told
+            items.append((type(e).__name__,))
+    return items
+
+
+def merged(items: list[tuple[object, ...]]) -> list[tuple[object, ...]]:
+    """`told`'s items with each stream's DATA back to back taken as one (however many events
+    or reads it came in)."""
+    out: list[tuple[object, ...]] = []
+    for item in items:
+        if item[0] == "data" and out and out[-1][:2] == item[:2]:
+            _, sid, before, flow = out.pop()
+            out.append(("data", sid, before + item[2], flow + item[3]))  # type: ignore[operator]
+        else:
+            out.append(item)
+    return out
 
 
 def test_data_frames_of_a_stream_back_to_back_in_a_read_are_one_event_of_views() -> None:
@@ -556,34 +564,21 @@ def test_data_frames_in_one_read_tell_what_they_tell_a_read_each(
 
     wire = [_data_bytes(sid, b"d" * size, end=end, pad=pad) for sid, size, end, pad in sent]
     together, apart = opened(), opened()
+    one_read: list[tuple[object, ...]] | None
     try:
-        told = received(together.receive_data(b"".join(wire)))
+        one_read = merged(told(together.receive_data(b"".join(wire))))
     except h2.exceptions.ProtocolError:
-        told = None
-    told_apart: list[tuple[object, ...]] | None = []
+        one_read = None
+    a_read_each: list[tuple[object, ...]] | None = []
     for frame in wire:
         try:
-            told_apart += received(apart.receive_data(frame))  # type: ignore[operator]
+            a_read_each += told(apart.receive_data(frame))  # type: ignore[operator]
         except h2.exceptions.ProtocolError:
-            told_apart = None
+            a_read_each = None
             break
-    if told is None:
-        assert told_apart is None  # both end the connection, with the same GOAWAY
-    else:
-        assert told == received_merged(told_apart)
+    # Both end the connection (with the same GOAWAY, below), or tell the same.
+    assert one_read == (None if a_read_each is None else merged(a_read_each))
     assert together.data_to_send() == apart.data_to_send()
-
-
-def received_merged(told: list[tuple[object, ...]] | None) -> list[tuple[object, ...]]:
-    """`received`'s merge applied across reads."""
-    merged: list[tuple[object, ...]] = []
-    for item in told or []:
-        if item[0] == "data" and merged and merged[-1][:2] == item[:2]:
-            _, sid, before, flow = merged.pop()
-            merged.append(("data", sid, before + item[2], flow + item[3]))  # type: ignore[operator]
-        else:
-            merged.append(item)
-    return merged
 
 
 def _one_frame_cut(at: int, *, end_stream: bool = False) -> tuple[FrameConnection, list[bytes]]:

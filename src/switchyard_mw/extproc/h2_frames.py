@@ -101,8 +101,6 @@ class DataPieces(h2.events.Event):
     large body added to the transport's work. Only frames that both windows admit together
     come so (`FrameConnection._on_run`); the others are handed on a frame at a time."""
 
-    __slots__ = ("flow_controlled_length", "pieces", "stream_id")
-
     def __init__(
         self, stream_id: int, pieces: list[bytes | memoryview], flow_controlled_length: int
     ) -> None:
@@ -468,10 +466,7 @@ class FrameConnection:
         """DATA frames of `sid` (a payload `whole[start:stop]` for each span; the last ends
         the stream if `ends`) handed on as one `DataPieces` when both windows admit them all,
         else each in turn, as a frame alone is (charged, or refused, frame by frame)."""
-        pieces = [
-            whole[start:stop] if stop - start >= VIEW_BYTES else whole[start:stop].tobytes()
-            for start, stop in spans
-        ]
+        pieces = [self._piece(whole, start, stop) for start, stop in spans]
         total = sum(map(len, pieces))
         stream = self.streams.get(sid)
         if (
@@ -565,11 +560,12 @@ class FrameConnection:
         return at + take
 
     @staticmethod
-    def _piece(data: bytes, start: int, end: int) -> bytes | memoryview:
-        """`data[start:end]`, a view when it is large (as `_frames` hands DATA on)."""
+    def _piece(data: bytes | memoryview, start: int, end: int) -> bytes | memoryview:
+        """`data[start:end]`, a view of the read when it is large (as `_frames` hands DATA
+        on), else a copy."""
         if end - start >= VIEW_BYTES:
             return memoryview(data)[start:end]
-        return data[start:end]
+        return bytes(data[start:end])
 
     def _on_headers(
         self, flags: int, sid: int, payload: bytes, events: list[h2.events.Event]

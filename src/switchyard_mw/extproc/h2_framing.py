@@ -101,7 +101,7 @@ class MessageReader:
         """What `size` must reach before asking `next_message`: a prefix, then, once one is
         in, its whole message (a large message's DATA pieces are not each asked about)."""
 
-    def add(self, data: bytes) -> None:
+    def add(self, data: bytes | memoryview) -> None:
         """Take one DATA piece (not empty)."""
         parts = self.parts
         if len(data) >= SMALL_PIECE:
@@ -116,7 +116,7 @@ class MessageReader:
         """Take the pieces of several DATA frames (some may be empty)."""
         for data in pieces:
             if data:
-                self.add(data)  # type: ignore[arg-type]
+                self.add(data)
 
     def next_message(self, limit: int) -> memoryview | Refusal | None:
         """The payload of the next whole message (its prefix dropped), or None until one is
