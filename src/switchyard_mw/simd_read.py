@@ -92,11 +92,14 @@ def _wrapped(body: bytes, pad: int) -> memoryview:
     held: tuple[int, bytearray] | None = getattr(_local, "held", None)
     if held is None or held[0] != pad or len(held[1]) < size:
         held = _local.held = (pad, bytearray(b"[" * pad) + bytearray(size - pad))
-    buffer = held[1]
+    # Written through a view: a `bytearray` slice given `bytes` first copies them into a
+    # new bytearray of their size (CPython's `bytearray_ass_subscript`), a second copy of
+    # the body and an allocation of its size on every read.
+    view = memoryview(held[1])[:size]
     end = size - pad
-    buffer[pad:end] = body
-    buffer[end:size] = b"]" * pad
-    return memoryview(buffer)[:size]
+    view[pad:end] = body
+    view[end:] = b"]" * pad
+    return view
 
 
 _local = threading.local()

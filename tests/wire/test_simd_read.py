@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import tracemalloc
 from typing import Any
 
 import pytest
@@ -535,3 +536,27 @@ def test_the_buffers_hold_at_most_the_bound(monkeypatch: pytest.MonkeyPatch) -> 
     assert simd_read.read(over, chat=False, pad=pad) is None  # msgspec reads it
     assert not hasattr(simd_read._local, "held")
     assert verdict(Wire.ANTHROPIC, over) == by_msgspec(Wire.ANTHROPIC, over)
+
+
+def test_a_body_is_wrapped_in_one_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Wrapping a body writes its bytes into the thread's buffer once: no temporary of the
+    body's size on the way (a `bytearray` slice given `bytes` copies them into a new
+    bytearray first; a large body would pay for two copies, and the second's allocation)."""
+    monkeypatch.setattr(simd_read, "_local", threading.local())
+    pad = wire._simd_pad()
+    body = conversation(Wire.ANTHROPIC, 600)
+    assert len(body) > 100_000
+    with simd_read._wrapped(body, pad):  # the buffer made once, at its size
+        pass
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        with simd_read._wrapped(body, pad) as wrapped:
+            _, peak = tracemalloc.get_traced_memory()
+            assert bytes(wrapped[pad:-pad]) == body
+            assert bytes(wrapped[:pad]) == b"[" * pad
+            assert bytes(wrapped[-pad:]) == b"]" * pad
+    finally:
+        tracemalloc.stop()
+    assert peak - before < len(body) // 2, peak - before
