@@ -16,7 +16,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from hostile_peers import HOST, Peer, grpc_message, status_of
+from switchyard_mw._protos.envoy.config.core.v3 import base_pb2
 from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from switchyard_mw.extproc.body_envelope import MIN_BYTES
 from switchyard_mw.extproc.h2_transport import ENGINES, Engine, H2Server
 
 pytestmark = pytest.mark.integration  # serves on a loopback port
@@ -82,8 +84,10 @@ def _answers(peer: Peer, sid: int) -> list[bytes]:
         if getattr(e, "stream_id", None) == sid and hasattr(e, "data")
     )
     out = []
-    while data:
+    while len(data) >= 5:
         size = int.from_bytes(data[1:5], "big")
+        if len(data) < 5 + size:
+            break  # an answer still arriving
         answer = ep.ProcessingResponse.FromString(data[5 : 5 + size])
         out.append(answer.request_body.response.body_mutation.body)
         data = data[5 + size :]
@@ -147,4 +151,75 @@ async def test_a_message_that_waits_is_answered_in_a_task_and_those_behind_it_wa
     assert waited_in is not None
     assert [task for _, task, _ in Recorder.seen] == [None, None, waited_in, None]
     assert {value for _, _, value in Recorder.seen} == {"mine"}
+    peer.close()
+
+
+class BodyTaker(Recorder):
+    """A `TakesBody`: records which of its two ways each message came by; a body that starts
+    with b"wait" is answered when `go` is set."""
+
+    ways: list[tuple[str, bytes]]
+
+    def answer(
+        self, request: ep.ProcessingRequest
+    ) -> ep.ProcessingResponse | Awaitable[ep.ProcessingResponse]:
+        BodyTaker.ways.append(("answer", request.request_body.body))
+        return self._body(request.request_body.body)
+
+    def answer_body(self, body: bytes) -> ep.ProcessingResponse | Awaitable[ep.ProcessingResponse]:
+        assert type(body) is bytes  # the handler's own: not a view of the connection's bytes
+        BodyTaker.ways.append(("answer_body", body))
+        return self._body(body)
+
+    def _body(self, body: bytes) -> ep.ProcessingResponse | Awaitable[ep.ProcessingResponse]:
+        Recorder.seen.append((body, asyncio.current_task(), STREAM_VAR.get()))
+        if body.startswith(b"wait"):
+            return self._later(body)
+        return _answer(body)
+
+
+@pytest.fixture(params=ENGINES)
+async def taker(request: pytest.FixtureRequest) -> AsyncIterator[H2Server]:
+    engine: Engine = request.param
+    Recorder.go, Recorder.seen, Recorder.awaited_in = asyncio.Event(), [], []
+    BodyTaker.ways = []
+    served = H2Server(lambda _: BodyTaker(), lambda _: None, services=(), engine=engine)  # type: ignore[arg-type,return-value]
+    await served.listen(f"{HOST}:0")
+    yield served
+    await served.stop(0)
+
+
+async def test_a_large_request_body_reaches_a_taker_as_its_own_bytes(taker: H2Server) -> None:
+    """A large message that is a request body is handed to `answer_body` as the body's bytes
+    (in many DATA frames, behind a message that waits, or itself waiting); a small one, and
+    any other message (a large body with metadata beside it), to `answer`, parsed."""
+    assert taker.port is not None
+    peer = await Peer.connect(taker.port)
+    sid = peer.open()
+    large = bytes(range(256)) * 800  # 200 KB: many DATA frames
+    wait = b"wait" + b"w" * MIN_BYTES
+    beside = b"b" * MIN_BYTES
+    with_metadata = ep.ProcessingRequest(
+        request_body=ep.HttpBody(body=beside),
+        metadata_context=base_pb2.Metadata(filter_metadata={"f": {}}),
+    ).SerializeToString()
+    await peer.send(sid, _message(b"one") + _message(large))
+    await _answered(peer, sid, 2)
+    await peer.send(sid, grpc_message(with_metadata) + _message(wait) + _message(large))
+    await _until(lambda: len(Recorder.seen) == 4)
+    Recorder.go.set()
+    await _answered(peer, sid, 5)
+    await peer.send(sid, _message(b""), end=True)
+    assert await peer.until(lambda _: status_of(peer, sid) == 0)
+    assert _answers(peer, sid) == [b"one", large, beside, wait, large, b""]
+    assert BodyTaker.ways == [
+        ("answer", b"one"),
+        ("answer_body", large),
+        ("answer", beside),
+        ("answer_body", wait),
+        ("answer_body", large),
+        ("answer", b""),
+    ]
+    (waited_in,) = Recorder.awaited_in
+    assert [task for _, task, _ in Recorder.seen][3:5] == [None, waited_in]
     peer.close()

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import msgspec
 import pytest
 
-from extproc_helpers import answered, request_body, request_headers, sets
+from extproc_helpers import answered, request_body, request_headers, response_headers, sets
 from switchyard_mw._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from switchyard_mw.accounts import build_accounts
 from switchyard_mw.config import parse_config
@@ -136,3 +136,86 @@ async def test_a_body_refused_is_answered_at_once(body: bytes) -> None:
     assert isinstance(answer, ep.ProcessingResponse)
     assert answer.immediate_response.status.code == 400
     assert stream.closed  # the refusal is the last phase
+
+
+async def _both_ways(config: str, steps: list[ep.ProcessingRequest]) -> list[list[object]]:
+    """Each of `steps` answered by a fresh stream twice: every message by `answer`, then
+    the request bodies by `answer_body` (as the transport hands them on); what each gave
+    (one that waits: awaited, and marked so), and whether the stream closed after it."""
+    ways = []
+    for by_body in (False, True):
+        stream, seen = _stream(config), []
+        for step in steps:
+            if by_body and step.WhichOneof("request") == "request_body":
+                answer = stream.answer_body(step.request_body.body)
+            else:
+                answer = stream.answer(step)
+            if isinstance(answer, ep.ProcessingResponse):
+                seen.append((answer, stream.closed))
+            else:
+                waited = await asyncio.wait_for(answered(answer), 5)
+                seen.append(("waited", waited, stream.closed))
+        ways.append(seen)
+    return ways
+
+
+@pytest.mark.parametrize(
+    ("config", "steps"),
+    [
+        (ACCOUNTS, [request_headers(), _body("m")]),
+        (ACCOUNTS + CANARY, [request_headers(), _body("m", user="a conversation")]),
+        (ACCOUNTS, [request_headers(), request_body(b"{")]),  # refused: the last phase
+        (ACCOUNTS, [_body("m")]),  # before the headers
+        (ACCOUNTS, [request_headers(), _body("m"), _body("m")]),  # twice
+        (ACCOUNTS, [request_headers(), request_body(b"{"), _body("m")]),  # after the end
+        (ACCOUNTS, [request_headers(), response_headers(200), _body("m")]),  # after the answer
+        (ACCOUNTS, [request_headers(path="/v1/other"), _body("m")]),  # headers not read
+        (ACCOUNTS + JUDGED, [request_headers(), _body("auto")]),  # waits for its judge
+        (ACCOUNTS, [request_headers(), request_body(b"")]),
+    ],
+    ids=[
+        "placed",
+        "canaried",
+        "refused",
+        "early",
+        "twice",
+        "after the end",
+        "after the answer",
+        "not read",
+        "judged",
+        "empty",
+    ],
+)
+async def test_a_body_taken_as_its_bytes_answers_as_its_message_does(
+    config: str, steps: list[ep.ProcessingRequest]
+) -> None:
+    by_message, by_body = await _both_ways(config, steps)
+    assert by_body == by_message
+
+
+@pytest.mark.parametrize(
+    "before",
+    [
+        [],
+        [request_headers(), _body("m")],
+        [request_headers(), request_body(b"{")],
+        [request_headers(), response_headers(200)],
+        [request_headers(path="/v1/other")],
+    ],
+    ids=["before the headers", "twice", "after the end", "after the answer", "headers not read"],
+)
+async def test_a_body_out_of_order_changes_nothing(before: list[ep.ProcessingRequest]) -> None:
+    """Envoy sends each phase once, in order: a body that comes out of it is answered
+    unchanged and starts no second flight, whichever way it is handed on."""
+    for take in ("answer", "answer_body"):
+        stream = _stream(ACCOUNTS)
+        for step in before:
+            stream.answer(step)
+        flight = stream.flight
+        body = _body("m")
+        if take == "answer":
+            answer = stream.answer(body)
+        else:
+            answer = stream.answer_body(body.request_body.body)
+        assert answer == ep.ProcessingResponse(request_body=ep.BodyResponse()), take
+        assert stream.flight is flight

@@ -126,6 +126,7 @@ def response_headers(change: ep.HeaderMutation | None = None) -> ep.ProcessingRe
 UNCHANGED_REQUEST_HEADERS = request_headers()
 UNCHANGED_RESPONSE_HEADERS = response_headers()
 UNCHANGED_RESPONSE_BODY = ep.ProcessingResponse(response_body=ep.BodyResponse())
+UNCHANGED_REQUEST_BODY = ep.ProcessingResponse(request_body=ep.BodyResponse())
 READ_STREAMED = _Mode(response_body_mode=_Mode.STREAMED)
 """A `mode_override` at the response headers: send the response body piece by piece as it
 passes (each piece waits for its answer, so every one is answered at once)."""
@@ -135,7 +136,7 @@ READ_BUFFERED = _Mode(response_body_mode=_Mode.BUFFERED)
 _EMPTY = {
     "request_headers": UNCHANGED_REQUEST_HEADERS,
     "response_headers": UNCHANGED_RESPONSE_HEADERS,
-    "request_body": ep.ProcessingResponse(request_body=ep.BodyResponse()),
+    "request_body": UNCHANGED_REQUEST_BODY,
     "response_body": UNCHANGED_RESPONSE_BODY,
     "request_trailers": ep.ProcessingResponse(request_trailers=ep.TrailersResponse()),
     "response_trailers": ep.ProcessingResponse(response_trailers=ep.TrailersResponse()),

@@ -61,6 +61,15 @@ class Handler(Protocol):
     def answer(self, request: ep.ProcessingRequest) -> Answering: ...
 
 
+class TakesBody(Handler, Protocol):
+    """A handler that takes a request body's bytes beside its message: a large message that
+    is a request body (`body_envelope`) is handed to `answer_body` as the body itself, taken
+    out of the gRPC message once, not parsed by protobuf (whose parse and `request_body.body`
+    copy a body twice). It answers as `answer` answers that message."""
+
+    def answer_body(self, body: bytes) -> Answering: ...
+
+
 class StreamState(enum.IntEnum):
     """Where a stream is in its life (an IntEnum: the hot path hashes and compares ints)."""
 
@@ -147,6 +156,7 @@ class Stream(MessageReader):
     too: one object per stream on the hot path, not two."""
 
     __slots__ = (
+        "answer_body",
         "context",
         "detail",
         "handler",
@@ -174,6 +184,8 @@ class Stream(MessageReader):
         self.metadata: list[tuple[str, bytes]] | None = None
         """A Process call's request headers that are not pseudo-headers: its handler's."""
         self.handler: Handler | None = None
+        self.answer_body: Callable[[bytes], Answering] | None = None
+        """The handler's `answer_body`, when it is a `TakesBody`."""
         self.context: contextvars.Context | None = None
         self.pending: deque[memoryview] = deque()
         """Whole messages not yet handed to the handler."""

@@ -50,6 +50,8 @@ import h2.errors
 from google.protobuf.message import DecodeError
 
 from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from .body_envelope import MIN_BYTES as _ENVELOPE_MIN_BYTES
+from .body_envelope import REQUEST_BODY, body_span
 from .h2_connection import (
     CHECK_PATH,
     DRAIN_ROUND_TRIP_SECS,
@@ -216,6 +218,7 @@ class _Connection(asyncio.Protocol):
             attach = getattr(handler, "attach", None)
             if attach is not None:
                 attach(lambda answer: self._push(stream, answer))
+            stream.answer_body = getattr(handler, "answer_body", None)  # `TakesBody`, alike
         except Exception as exc:
             _log.exception("ext_proc stream could not start")
             self.core.fail(stream, UNKNOWN, f"{type(exc).__name__}: {exc}", _now())
@@ -251,7 +254,11 @@ class _Connection(asyncio.Protocol):
         assert context is not None
         while (request := self._next_request(stream)) is not None:
             try:
-                answering = context.run(handler.answer, request)
+                if isinstance(request, bytes):  # a request body, for a `TakesBody`
+                    assert stream.answer_body is not None
+                    answering = context.run(stream.answer_body, request)
+                else:
+                    answering = context.run(handler.answer, request)
             except Exception as exc:
                 self._failed(stream, exc)
                 return
@@ -266,11 +273,14 @@ class _Connection(asyncio.Protocol):
         order; the next one after them starts anew (`_answer`)."""
         handler = stream.handler
         assert handler is not None
-        request: ep.ProcessingRequest | None = None
+        request: ep.ProcessingRequest | bytes | None = None
         try:
             while True:
                 try:
-                    if request is not None:
+                    if isinstance(request, bytes):
+                        assert stream.answer_body is not None
+                        answering = stream.answer_body(request)
+                    elif request is not None:
                         answering = handler.answer(request)
                     if answering is None or isinstance(answering, _RESPONSE):
                         answer = answering
@@ -286,13 +296,22 @@ class _Connection(asyncio.Protocol):
             stream.task = None  # before any later message: that one starts anew
         self._act_soon()
 
-    def _next_request(self, stream: Stream) -> ep.ProcessingRequest | None:
+    def _next_request(self, stream: Stream) -> ep.ProcessingRequest | bytes | None:
         """The stream's next message, parsed; None when none is left (or it did not parse:
-        the stream then fails)."""
+        the stream then fails). A large request body's own bytes (`bytes`) for a handler that
+        takes them (`TakesBody`), when the message is that body (`body_envelope`)."""
         core = self.core
         payload = core.take(stream, _now())
         if payload is None:
             return None
+        if (
+            len(payload) >= _ENVELOPE_MIN_BYTES  # first: most messages are small
+            and payload[0] == REQUEST_BODY
+            and stream.answer_body is not None
+        ):
+            span = body_span(payload)
+            if span is not None:
+                return bytes(payload[span[0] : span[1]])
         try:
             return ep.ProcessingRequest.FromString(payload)
         except DecodeError:

@@ -104,7 +104,9 @@ _READ = frozenset(
     [":method", ":path", "content-type", "content-length", REQUEST_ID_HEADER, VERSION_HEADER]
     + [name.decode() for name in BUDGET_HEADERS]
 )
-_PHASES = frozenset(["request_headers", "request_body", "response_headers"])
+_BODY = "request_body"
+_ANSWERED = "response_headers"
+_PHASES = frozenset(["request_headers", _BODY, _ANSWERED])
 """The phases a router-level stream takes part in (Envoy sends the others only when
 misconfigured; they get a no-change answer)."""
 _READ_RESPONSE = frozenset(
@@ -179,20 +181,12 @@ class RouterStream:
         kind = request.WhichOneof("request")
         if kind == "response_body" and self.usage is not None:
             return self.on_response_body(request.response_body)
+        if kind == _BODY:
+            return self.answer_body(request.request_body.body)
         if not self._in_order(kind):
-            # Envoy sends each phase once, in order; another message (a second body, headers
-            # again, anything after the request's end) would start a second flight over the
-            # first: it changes nothing instead.
-            if kind in self.seen or (self.closed and kind in _PHASES):
-                out_of_order(kind)
-            return msg.empty_for(request)
+            return self._out_of_order(kind, msg.empty_for(request))
         self.seen.add(kind)
-        if kind == "request_body":
-            placed = self.on_request_body(request.request_body.body)
-            if not isinstance(placed, ep.ProcessingResponse):
-                return self._placed_later(placed)
-            answer, last = placed, False
-        elif kind == "request_headers":
+        if kind == "request_headers":
             answer = self.on_request_headers(request.request_headers)
             last = False
         else:
@@ -204,6 +198,31 @@ class RouterStream:
             self.close()
         return answer
 
+    def answer_body(self, body: bytes) -> ep.ProcessingResponse | Awaitable[ep.ProcessingResponse]:
+        """`answer` for the request's body, handed on as its own bytes (`h2_stream.TakesBody`:
+        the transport takes them out of the message without protobuf's two copies)."""
+        # In order only after headers switchyard reads, and before the answer's headers (the
+        # body's rule of `_in_order`, here: a call fewer on every request).
+        if self.closed or _BODY in self.seen or self.wire is None or _ANSWERED in self.seen:
+            return self._out_of_order(_BODY, msg.UNCHANGED_REQUEST_BODY)
+        self.seen.add(_BODY)
+        placed = self.on_request_body(body)
+        if not isinstance(placed, ep.ProcessingResponse):
+            return self._placed_later(placed)
+        if placed.HasField("immediate_response"):  # the last phase: see `answer`
+            self.close()
+        return placed
+
+    def _out_of_order(
+        self, kind: str | None, unchanged: ep.ProcessingResponse
+    ) -> ep.ProcessingResponse:
+        # Envoy sends each phase once, in order; another message (a second body, headers
+        # again, anything after the request's end) would start a second flight over the
+        # first: it changes nothing instead.
+        if kind in self.seen or (self.closed and kind in _PHASES):
+            out_of_order(kind)
+        return unchanged
+
     async def _placed_later(
         self, placing: Awaitable[ep.ProcessingResponse]
     ) -> ep.ProcessingResponse:
@@ -213,12 +232,11 @@ class RouterStream:
         return answer
 
     def _in_order(self, kind: str | None) -> bool:
-        """Whether `kind` is a phase this stream still takes: request headers first, a body
-        only after headers switchyard reads, response headers once; none after the end."""
+        """Whether `kind`, a phase but the body (`answer_body` has its rule), is one this
+        stream still takes: request headers first, response headers once after them; none
+        after the end."""
         if self.closed or kind not in _PHASES or kind in self.seen:
             return False
-        if kind == "request_body":
-            return self.wire is not None and "response_headers" not in self.seen
         return kind == "request_headers" or "request_headers" in self.seen
 
     def on_request_headers(self, http: ep.HttpHeaders) -> ep.ProcessingResponse:
