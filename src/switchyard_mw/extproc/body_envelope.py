@@ -1,17 +1,17 @@
 """Where a request body's bytes lie in its `ProcessingRequest`, read without protobuf.
 
 Envoy sends a buffered request body as a `ProcessingRequest` whose field is `request_body`,
-an `HttpBody` holding the body and its `end_of_stream` flag, beside an empty `metadata_context`
-(Envoy 1.40 sends one on every message; no handler reads it). Parsed by
+an `HttpBody` holding the body and its `end_of_stream` flag, beside an empty
+`metadata_context` (Envoy 1.40 sends one on every message; no handler reads it). Parsed by
 protobuf, the body is copied into the message's arena, then out of it again when the handler
 reads `request_body.body`: two passes over a body that is often a long conversation. Read
 here, it is taken out of the gRPC message once (`h2_stream.TakesBody`).
 
 Only that one shape is read here: the body's message first, holding at most the body, then
-the flag, each once (the order protobuf writes them in, the flag in its one byte), and after it
-nothing but an empty metadata context (its tag and a length of 0). Any
-other message, and any that is cut or out of that shape, is protobuf's to read (None), so a
-body found here is always the one protobuf would give (`tests/extproc/test_body_envelope.py`).
+the flag, each once (the order protobuf writes them in, the flag in its one byte), and after
+it nothing but an empty metadata context (its tag and a length of 0). Any other message, and
+any that is cut or out of that shape, is protobuf's to read (None), so a body found here is
+always the one protobuf would give (`tests/extproc/test_body_envelope.py`).
 """
 
 from __future__ import annotations

@@ -218,7 +218,7 @@ class _Connection(asyncio.Protocol):
             attach = getattr(handler, "attach", None)
             if attach is not None:
                 attach(lambda answer: self._push(stream, answer))
-            stream.answer_body = getattr(handler, "answer_body", None)  # `TakesBody`, alike
+            stream.answer_body = getattr(handler, "answer_body", None)  # a `TakesBody`'s
         except Exception as exc:
             _log.exception("ext_proc stream could not start")
             self.core.fail(stream, UNKNOWN, f"{type(exc).__name__}: {exc}", _now())
