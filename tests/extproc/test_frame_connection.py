@@ -724,6 +724,10 @@ def test_the_events_built_directly_are_the_ones_h2_builds() -> None:
             h2.events.RequestReceived(stream_id=5, headers=[]),
         ),
         (stream_reset(7, 8), h2.events.StreamReset(stream_id=7, error_code=8)),
+        (
+            stream_reset(7, E.CANCEL, remote=False),
+            h2.events.StreamReset(stream_id=7, error_code=E.CANCEL, remote_reset=False),
+        ),
     ]
     for built, by_h2 in pairs:
         assert type(built) is type(by_h2)

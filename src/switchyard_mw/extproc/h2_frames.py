@@ -124,12 +124,12 @@ def request_received(
     return event
 
 
-def stream_reset(sid: int, code: int) -> h2.events.StreamReset:
-    """h2's `StreamReset` for the peer's RST_STREAM with `code`."""
+def stream_reset(sid: int, code: int, remote: bool = True) -> h2.events.StreamReset:
+    """h2's `StreamReset` for a RST_STREAM with `code`: the peer's, or ours (`remote` False)."""
     event = _new(h2.events.StreamReset)
     event.stream_id = sid
     event.error_code = code
-    event.remote_reset = True
+    event.remote_reset = remote
     return event
 
 
@@ -766,7 +766,7 @@ class FrameConnection:
     def _reset(self, sid: int, code: h2.errors.ErrorCodes, events: list[h2.events.Event]) -> None:
         """A stream error: RST_STREAM, and the stream's end told to the connection."""
         self.reset_stream(sid, code)
-        events.append(h2.events.StreamReset(stream_id=sid, error_code=code, remote_reset=False))
+        events.append(stream_reset(sid, code, remote=False))
 
     # flow control -------------------------------------------------------------------------
     def acknowledge_received_data(self, size: int, sid: int) -> None:
