@@ -15,18 +15,9 @@ import asyncio
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable
-from typing import ClassVar, TypeVar
+from typing import ClassVar
 
-_T = TypeVar("_T")
-
-try:  # read by mypyc in the compiled build (docs/performance.md); a no-op in Python
-    from mypy_extensions import mypyc_attr
-except ImportError:  # the pure-Python install has no mypy_extensions, and needs none
-
-    def mypyc_attr(*attrs: str, **kwattrs: object) -> Callable[[_T], _T]:
-        return lambda cls: cls
-
+from ..core.compiled import mypyc_attr
 
 WATCH_AFTER_SECS = 0.1
 """How long a request runs before its client is watched: a departure goes unseen for at most

@@ -328,9 +328,12 @@ class FrameConnection:
             at = self._read_preface(data)
             if self._preface_left:
                 return events
-        if self._cut is not None:
-            at = self._go_on(self._cut, data, at, events)
-            if self._cut is not None:
+        cut = self._cut
+        if cut is not None:
+            at = self._go_on(cut, data, at, events)
+            # Asked of `cut`, not `self._cut`: mypy keeps that narrowed past the call that
+            # clears it, and a compiled build would then check None as a `_CutData`.
+            if cut.left:
                 return events
         if self._pending:
             # Only a frame the last read cut and that is not handed on in pieces is completed

@@ -27,6 +27,7 @@ from .._protos.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from ..accounts import Account
 from ..answer_names import Namer
 from ..context import RequestContext, decision_attributes
+from ..core.compiled import mypyc_attr
 from ..core.deadline_math import BUDGET_HEADERS
 from ..core.throttle import READ_HEADERS as RETRY_TIME_HEADERS
 from ..engine.answers import (
@@ -129,6 +130,7 @@ def _gone() -> bool:
     return True
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # compiled, tests still subclass it
 class RouterStream:
     """The state of one router-level ext_proc stream (one HTTP request)."""
 
